@@ -1,0 +1,222 @@
+"""The public API: ``build`` -> ``Gemm``, ``Gemm.__call__``, and the functional ``gemm``."""
+from __future__ import annotations
+
+import dataclasses
+import operator
+import threading
+
+import numpy as np
+
+from . import config as config_mod
+from . import device, dtypes, jit, runtime
+from .arrays import MatrixView, matrix_view, overlaps
+from .errors import NoGPUError
+from .spec import GemmSpec
+
+_MAX_M = 2**31 - 1
+
+
+def _check_m(m: object, arg: str = "M", allow_zero: bool = False) -> int:
+    if isinstance(m, bool):
+        raise TypeError(f"{arg} must be an integer, got bool")
+    try:
+        v = operator.index(m)
+    except TypeError:
+        raise TypeError(f"{arg} must be an integer, got {type(m).__name__}") from None
+    if v < (0 if allow_zero else 1) or v > _MAX_M:
+        raise ValueError(f"{arg} must be in [{0 if allow_zero else 1}, {_MAX_M}], got {v}")
+    return v
+
+
+class Gemm:
+    """A compiled GEMM for one spec: call it on device arrays of any M.
+
+    Contract (``layout`` letters say how A and B are stored, D is always row-major):
+
+    - ``nt``: a (M, K), b (N, K) -> d (M, N) = a @ b.T   (b like ``nn.Linear.weight``)
+    - ``nn``: a (M, K), b (K, N) -> d = a @ b
+    - ``tn``: a (K, M), b (K, N) -> d = a.T @ b
+    - ``tt``: a (K, M), b (N, K) -> d = a.T @ b.T
+
+    a and b have the spec's input dtype (float16, ml_dtypes.bfloat16, float32 for tf32),
+    unit stride along their last dimension, any row stride. d has ``out_dtype``.
+
+    Example::
+
+        g = deepgemm_jit.build(4096, 7168, 2048, dtype="bf16")
+        d = g(a, b)                 # new (M, N) array
+        g(a, b, out=d)              # or into your own
+    """
+
+    def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact):
+        self.spec = spec
+        self.arch = arch
+        self.m_hint = m_hint
+        self.config = artifact.config
+        self.artifact = artifact
+        self._variants: dict[tuple[int, int], jit.KernelArtifact] = {(artifact.config.vec_a,
+                                                                        artifact.config.vec_b): artifact}
+        self._lock = threading.Lock()
+
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+    def __repr__(self) -> str:
+        return f"Gemm({self.spec.tag}, {self.config.tag}, arch={self.arch})"
+
+    # -- validation -------------------------------------------------------------
+    def _operands(self, a, b, out) -> tuple[int, MatrixView, MatrixView, MatrixView | None]:
+        spec = self.spec
+        in_dtype = dtypes.numpy_dtype(spec.dtype)
+        va = matrix_view(a, "a")
+        vb = matrix_view(b, "b")
+        for view, arg in ((va, "a"), (vb, "b")):
+            if view.dtype != in_dtype:
+                raise TypeError(f"{arg} has dtype {view.dtype}, but this Gemm takes {in_dtype} ({spec.dtype})")
+        if spec.a_k_major:
+            m, a_k = va.rows, va.cols
+            a_desc = "(M, K)"
+        else:
+            a_k, m = va.rows, va.cols
+            a_desc = "(K, M)"
+        if a_k != spec.k:
+            raise ValueError(f"a has shape {(va.rows, va.cols)}; layout {spec.layout!r} wants a {a_desc} "
+                             f"with K={spec.k}")
+        if (vb.rows, vb.cols) != spec.b_shape():
+            want = "(N, K)" if spec.b_k_major else "(K, N)"
+            raise ValueError(f"b has shape {(vb.rows, vb.cols)}; layout {spec.layout!r} wants b {want} = "
+                             f"{spec.b_shape()}")
+        m = _check_m(m, "M (rows of a)" if spec.a_k_major else "M (columns of a)", allow_zero=True)
+        if vb.device != va.device:
+            raise ValueError(f"a is on device {va.device} but b is on device {vb.device}")
+        vd = None
+        if out is not None:
+            vd = matrix_view(out, "out")
+            out_dtype = dtypes.numpy_dtype(spec.out_dtype)
+            if vd.dtype != out_dtype:
+                raise TypeError(f"out has dtype {vd.dtype}, but this Gemm writes {out_dtype} ({spec.out_dtype})")
+            if (vd.rows, vd.cols) != spec.out_shape(m):
+                raise ValueError(f"out has shape {(vd.rows, vd.cols)}, expected (M, N) = {spec.out_shape(m)}")
+            if vd.device != va.device:
+                raise ValueError(f"out is on device {vd.device} but a is on device {va.device}")
+            if overlaps(vd, va) or overlaps(vd, vb):
+                raise ValueError("out overlaps a or b; the kernel would read what it overwrites")
+        return m, va, vb, vd
+
+    # -- kernel variants ----------------------------------------------------------
+    def _artifact_for(self, va: MatrixView, vb: MatrixView) -> jit.KernelArtifact:
+        """The compiled kernel whose vector loads these operands allow (built on demand)."""
+        esize = dtypes.get(self.spec.dtype).storage_bytes
+        base = self.artifact.config
+        vec_a = min(base.vec_a, config_mod.max_vector(esize, va.ptr, va.row_stride, va.rows))
+        vec_b = min(base.vec_b, config_mod.max_vector(esize, vb.ptr, vb.row_stride, vb.rows))
+        variant = self._variants.get((vec_a, vec_b))
+        if variant is None:
+            with self._lock:
+                variant = self._variants.get((vec_a, vec_b))
+                if variant is None:
+                    cfg = dataclasses.replace(base, vec_a=vec_a, vec_b=vec_b)
+                    variant = jit.get_kernel(self.spec, cfg, self.arch)
+                    self._variants[(vec_a, vec_b)] = variant
+        return variant
+
+    # -- call -----------------------------------------------------------------------
+    def __call__(self, a, b, *, out=None, stream=None):
+        """d = op(a) @ op(b) for this Gemm's layout; returns `out` if given, else a new CuPy array."""
+        m, va, vb, vd = self._operands(a, b, out)
+        if device.gpu_count() == 0:
+            raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
+                             "cached and inspected here, but running it needs a GPU")
+        import cupy
+
+        dev = device.current_device_id()
+        if va.device != dev:
+            raise ValueError(f"a is on device {va.device}, but the current device is {dev}")
+        major, minor = device.capability(dev)
+        if not device.runs_on(self.arch, major, minor):
+            raise ValueError(f"this Gemm was compiled for {self.arch}, the current device is "
+                             f"sm_{major}{minor}: build it again with arch=None")
+        cu_stream = runtime.resolve_stream(stream)
+        if out is None:
+            out = cupy.empty(self.spec.out_shape(m), dtype=dtypes.numpy_dtype(self.spec.out_dtype))
+            vd = matrix_view(out, "out")
+        if m == 0:
+            return out
+        artifact = self._artifact_for(va, vb)
+        cfg = artifact.config
+        kernel = runtime.loaded_kernel(artifact, dev, cfg.smem_bytes(self.spec))
+        grid = ((m + cfg.block_m - 1) // cfg.block_m, (self.spec.n + cfg.block_n - 1) // cfg.block_n, 1)
+        args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
+                np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))
+        kernel.launch(grid, (cfg.num_threads, 1, 1), args, cu_stream)
+        return out
+
+    def explain(self) -> dict:
+        from .explain import describe
+
+        return describe(self)
+
+
+def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
+          arch: str | None = None) -> Gemm:
+    """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
+
+    M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
+    ``"fp16"``, ``"bf16"`` or ``"tf32"``; ``out_dtype`` defaults to the input type
+    (fp32 for tf32); ``layout`` is ``"nt"`` (default), ``"nn"``, ``"tn"`` or ``"tt"`` (see
+    :class:`Gemm`). ``arch=None`` targets the current GPU; ``arch="sm_90a"`` compiles
+    without one (the Gemm can then be cached and explained, and run where a GPU is).
+
+    Example::
+
+        g = deepgemm_jit.build(4096, 4096, 4096, dtype="bf16")
+        d = g(a, b)   # a (M, 4096), b (4096, 4096) as (N, K) -> d (M, 4096)
+    """
+    m_hint = _check_m(M)
+    spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout)
+    target = device.normalize_arch(arch) if arch is not None else device.current_arch()
+    cfg = config_mod.choose_config(spec, m_hint, target)
+    return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
+
+
+_functional: dict[tuple, Gemm] = {}
+
+
+def _infer_dtype(x) -> str:
+    name = dtypes.storage_name_of(getattr(x, "dtype", None) or np.dtype("V1"))
+    if name in ("fp16", "bf16"):
+        return name
+    if name == "fp32":
+        raise ValueError("a is float32: say dtype='tf32' (TF32 tensor cores) to multiply it")
+    raise TypeError(f"a has dtype {getattr(x, 'dtype', None)}; pass float16 or bfloat16 arrays, or dtype=")
+
+
+def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout: str = "nt",
+         out=None, stream=None):
+    """Functional form: builds (once per problem, memoized) and calls a :class:`Gemm`.
+
+    ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16). Example::
+
+        d = deepgemm_jit.gemm(a, b)            # a (M, K), b (N, K) -> (M, N)
+    """
+    if not isinstance(layout, str) or layout.lower() not in ("nt", "nn", "tn", "tt"):
+        raise ValueError(f"layout={layout!r} is not supported; choose one of nt, nn, tn, tt")
+    layout = layout.lower()
+    name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES) if dtype else _infer_dtype(a)
+    a_shape, b_shape = getattr(a, "shape", None), getattr(b, "shape", None)
+    if a_shape is None or len(a_shape) != 2:
+        raise ValueError(f"a must be 2-D, got shape {a_shape}")
+    if b_shape is None or len(b_shape) != 2:
+        raise ValueError(f"b must be 2-D, got shape {b_shape}")
+    m, k = (a_shape[0], a_shape[1]) if layout[0] == "n" else (a_shape[1], a_shape[0])
+    n = b_shape[0] if layout[1] == "t" else b_shape[1]
+    arch = device.current_arch()
+    bucket = config_mod.m_bucket(m)
+    spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout)
+    key = (spec, arch, bucket)
+    g = _functional.get(key)
+    if g is None:
+        g = build(max(m, 1), n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch)
+        _functional[key] = g
+    return g(a, b, out=out, stream=stream)

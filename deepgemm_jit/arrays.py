@@ -1,0 +1,95 @@
+"""Device-array inspection and validation, before anything is launched.
+
+Accepts CuPy arrays and any object exposing ``__cuda_array_interface__``; produces
+a small description (pointer, shape, row stride in elements, dtype, device) and
+raises ValueError/TypeError naming the argument for everything a kernel could not
+handle. Nothing below this module knows which array library the user holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    ptr: int
+    rows: int
+    cols: int
+    row_stride: int   # elements between the starts of consecutive rows
+    dtype: np.dtype
+    device: int
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def byte_span(self) -> tuple[int, int]:
+        """[start, end) of the bytes this matrix can touch."""
+        if self.rows == 0 or self.cols == 0:
+            return self.ptr, self.ptr
+        last = (self.rows - 1) * self.row_stride + self.cols
+        return self.ptr, self.ptr + last * self.itemsize
+
+
+def _device_of_pointer(ptr: int) -> int:
+    import cupy
+
+    attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
+    if attrs.type not in (2, 3):  # cudaMemoryTypeDevice, cudaMemoryTypeManaged
+        raise ValueError("pointer is not device memory")
+    return int(attrs.device)
+
+
+def matrix_view(x: object, arg: str) -> MatrixView:
+    """Describe the 2-D device matrix `x`; errors name `arg`."""
+    import cupy
+
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{arg} is a NumPy (host) array; pass a GPU array, e.g. cupy.asarray({arg})")
+    if isinstance(x, cupy.ndarray):
+        shape, strides, dtype, ptr = x.shape, x.strides, x.dtype, x.data.ptr
+        device = x.device.id
+    else:
+        try:
+            cai = x.__cuda_array_interface__
+        except AttributeError:
+            raise TypeError(f"{arg} must be a GPU array (CuPy, or any object with "
+                            f"__cuda_array_interface__), got {type(x).__name__}") from None
+        except Exception as exc:  # e.g. torch bfloat16 tensors refuse to export it
+            raise TypeError(f"{arg} ({type(x).__name__}) could not export __cuda_array_interface__: {exc}") from None
+        shape = tuple(cai["shape"])
+        dtype = np.dtype(cai["typestr"])
+        ptr = int(cai["data"][0])
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
+                            for i in range(len(shape)))
+        try:
+            device = _device_of_pointer(ptr) if ptr else 0
+        except Exception as exc:
+            raise ValueError(f"{arg} does not point to GPU memory ({exc})") from None
+    if len(shape) != 2:
+        raise ValueError(f"{arg} must be 2-D, got shape {tuple(shape)}")
+    rows, cols = int(shape[0]), int(shape[1])
+    itemsize = dtype.itemsize
+    s0, s1 = int(strides[0]), int(strides[1])
+    if s0 % itemsize or s1 % itemsize:
+        raise ValueError(f"{arg} has strides {tuple(strides)} that are not whole elements")
+    if cols > 1 and s1 != itemsize:
+        raise ValueError(f"{arg} must have unit stride along its last dimension (got {s1 // itemsize} "
+                         f"elements); pass a row-major view or a copy (e.g. {arg}.copy())")
+    row_stride = s0 // itemsize if rows > 1 else max(cols, 1)
+    if rows > 1 and row_stride < cols:
+        raise ValueError(f"{arg} has a row stride of {row_stride} elements for rows of {cols}: rows overlap")
+    if ptr % itemsize:
+        raise ValueError(f"{arg} data pointer 0x{ptr:x} is not aligned to its {itemsize}-byte elements")
+    return MatrixView(ptr=ptr, rows=rows, cols=cols, row_stride=row_stride, dtype=np.dtype(dtype),
+                      device=int(device))
+
+
+def overlaps(x: MatrixView, y: MatrixView) -> bool:
+    x0, x1 = x.byte_span()
+    y0, y1 = y.byte_span()
+    return x0 < y1 and y0 < x1

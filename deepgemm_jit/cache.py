@@ -1,0 +1,227 @@
+"""Content-addressed on-disk store of compiled kernels (cubin + JSON metadata).
+
+Rules (DESIGN.md, "Cache"):
+- The key hashes what determines the cubin: the rendered source, the name and
+  contents of every header it includes, the compile options, the NVRTC version,
+  the target arch, the package version and the store's format. Never a path, an
+  mtime or a ``repr``: the cache stays valid when the package or the cache
+  directory moves.
+- Writes go to a temporary file in the same directory, are fsynced and renamed
+  into place; the cubin first, the JSON (carrying the cubin's SHA-256) last, so
+  an entry exists only once both are whole.
+- A per-key file lock with a second look after taking it: N processes that want
+  the same kernel compile it once.
+- A checksum mismatch or unreadable metadata is reported (CacheCorruptionWarning),
+  the entry removed, and the kernel rebuilt.
+- A cache directory that cannot be written degrades to in-memory compilation with
+  one CacheUnavailableWarning, never a crash.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import env
+from .errors import CacheCorruptionWarning, CacheUnavailableWarning
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no cross-process lock, the double check still holds
+    fcntl = None
+
+FORMAT = 1
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def kernel_key(*, source: str, headers: tuple[tuple[str, str], ...], options: tuple[str, ...],
+               nvrtc_version: tuple[int, int], arch: str, package_version: str) -> str:
+    material = {
+        "format": FORMAT,
+        "source": _sha256(source.encode()),
+        "headers": [[name, _sha256(text.encode())] for name, text in sorted(headers)],
+        "options": list(options),
+        "nvrtc": list(nvrtc_version),
+        "arch": arch,
+        "package": package_version,
+    }
+    return _sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode())
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    key: str
+    cubin: bytes
+    meta: dict
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class DiskCache:
+    """The store under one root directory (no I/O happens in the constructor)."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    # -- layout ---------------------------------------------------------------
+    def _dir(self, key: str) -> Path:
+        return self.root / "kernels" / key[:2]
+
+    def cubin_path(self, key: str) -> Path:
+        return self._dir(key) / f"{key}.cubin"
+
+    def meta_path(self, key: str) -> Path:
+        return self._dir(key) / f"{key}.json"
+
+    # -- read -------------------------------------------------------------------
+    def load(self, key: str) -> CacheEntry | None:
+        """The entry, verified; None when absent. Corrupt entries are reported and removed."""
+        meta_path = self.meta_path(key)
+        try:
+            meta_bytes = meta_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            meta = json.loads(meta_bytes)
+            cubin = self.cubin_path(key).read_bytes()
+            ok = (isinstance(meta, dict) and meta.get("key") == key
+                  and meta.get("cubin_sha256") == _sha256(cubin) and meta.get("cubin_bytes") == len(cubin))
+        except (ValueError, OSError) as exc:
+            ok, reason = False, f"{type(exc).__name__}: {exc}"
+        else:
+            reason = "checksum mismatch"
+        if not ok:
+            warnings.warn(f"deepgemm-jit: cache entry {key[:16]} in {self._dir(key)} is corrupt "
+                          f"({reason}); removing it and rebuilding", CacheCorruptionWarning, stacklevel=3)
+            self.remove(key)
+            return None
+        return CacheEntry(key=key, cubin=cubin, meta=meta)
+
+    # -- write ------------------------------------------------------------------
+    def store(self, key: str, cubin: bytes, meta: dict) -> CacheEntry:
+        meta = dict(meta, key=key, cubin_sha256=_sha256(cubin), cubin_bytes=len(cubin),
+                    format=FORMAT, created=time.time())
+        self._dir(key).mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.cubin_path(key), cubin)
+        _atomic_write(self.meta_path(key), json.dumps(meta, indent=1, sort_keys=True).encode())
+        return CacheEntry(key=key, cubin=cubin, meta=meta)
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        lock_dir = self.root / "locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{key}.lock", "a+b") as f:
+            if fcntl is not None:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                if fcntl is not None:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    # -- management ---------------------------------------------------------------
+    def remove(self, key: str) -> None:
+        for path in (self.meta_path(key), self.cubin_path(key)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def keys(self) -> list[str]:
+        base = self.root / "kernels"
+        if not base.is_dir():
+            return []
+        return sorted(p.stem for p in base.glob("*/*.json"))
+
+    def entries(self) -> list[dict]:
+        """Metadata of every readable entry, with its on-disk size."""
+        out = []
+        for key in self.keys():
+            try:
+                meta = json.loads(self.meta_path(key).read_bytes())
+                size = self.cubin_path(key).stat().st_size + self.meta_path(key).stat().st_size
+            except (OSError, ValueError):
+                continue
+            meta["disk_bytes"] = size
+            out.append(meta)
+        return out
+
+    def clear(self) -> int:
+        """Remove every entry (and stale temporaries); returns the number of entries removed."""
+        keys = self.keys()
+        for key in keys:
+            self.remove(key)
+        base = self.root / "kernels"
+        if base.is_dir():
+            for tmp in base.glob("*/.tmp-*"):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        return len(keys)
+
+
+def default_cache() -> DiskCache | None:
+    """The cache at DEEPGEMM_JIT_CACHE_DIR (or the user cache dir); None if disabled."""
+    if env.disk_cache_disabled():
+        return None
+    return DiskCache(env.cache_dir())
+
+
+_warned_unavailable: set[str] = set()
+
+
+def _warn_unavailable(root: Path, exc: OSError) -> None:
+    if str(root) in _warned_unavailable:
+        return
+    _warned_unavailable.add(str(root))
+    warnings.warn(f"deepgemm-jit: cache directory {root} is not usable ({exc}); kernels are compiled "
+                  "in memory only for this process. Set DEEPGEMM_JIT_CACHE_DIR to a writable directory.",
+                  CacheUnavailableWarning, stacklevel=4)
+
+
+def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[bytes, dict]]
+                 ) -> tuple[CacheEntry, bool]:
+    """(entry, compiled_now): from disk if present, else built once across processes."""
+
+    def in_memory() -> tuple[CacheEntry, bool]:
+        cubin, meta = build()
+        return CacheEntry(key=key, cubin=cubin, meta=dict(meta, key=key)), True
+
+    if cache is None:
+        return in_memory()
+    try:
+        entry = cache.load(key)
+        if entry is not None:
+            return entry, False
+        with cache.lock(key):
+            entry = cache.load(key)  # someone may have built it while we waited
+            if entry is not None:
+                return entry, False
+            cubin, meta = build()
+            try:
+                return cache.store(key, cubin, meta), True
+            except OSError as exc:  # full disk, or lost rights mid-way: keep the kernel
+                _warn_unavailable(cache.root, exc)
+                return CacheEntry(key=key, cubin=cubin, meta=dict(meta, key=key)), True
+    except OSError as exc:  # the directory cannot be read, created or locked
+        _warn_unavailable(cache.root, exc)
+        return in_memory()

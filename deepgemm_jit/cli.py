@@ -1,0 +1,163 @@
+"""The `deepgemm-jit` command: demo, explain, cache."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import __version__, cache, device, dtypes
+from .errors import DeepGemmError
+
+DEMO_SHAPES = [(17, 33, 65), (1000, 1001, 1003), (4096, 4096, 4096)]
+DEMO_DTYPES = ["fp16", "bf16", "tf32"]
+
+
+def _cmd_demo(args) -> int:
+    from .api import build
+
+    has_gpu = device.gpu_count() > 0
+    arch = device.current_arch() if has_gpu else (args.arch or "sm_90a")
+    if not has_gpu:
+        print(f"No GPU found: compiling the demo kernels for {arch} only (nothing is run).")
+        for dt in DEMO_DTYPES:
+            for m, n, k in DEMO_SHAPES:
+                start = time.perf_counter()
+                g = build(m, n, k, dtype=dt, arch=arch)
+                took = time.perf_counter() - start
+                how = "compiled" if g.artifact.compiled_now else "cached"
+                print(f"  {dt:5s} {m}x{n}x{k}: {g.config.tag} {how} in {took:.2f} s -> "
+                      f"{g.artifact.cubin_path or '(memory only)'}")
+        print("No GPU found: kernels were compiled and cached, not run.")
+        return 0
+
+    from . import reference
+    from .baseline import cublas_fn
+    from .timing import time_interleaved
+
+    print(f"deepgemm-jit {__version__} on {_gpu_name()} ({arch}); error vs float64, time vs cuBLAS")
+    print(f"{'dtype':5s} {'M':>5s} {'N':>5s} {'K':>5s} {'rel.err':>9s} {'ok':>3s} {'us':>9s} "
+          f"{'TFLOPS':>7s} {'cuBLAS us':>9s} {'ratio':>6s}")
+    failures = 0
+    for dt in DEMO_DTYPES:
+        for m, n, k in DEMO_SHAPES:
+            g = build(m, n, k, dtype=dt)
+            a, b = reference.random_operands(g.spec, m)
+            out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
+            g(a, b, out=out)
+            err = reference.relative_error(out, reference.reference(g.spec, a, b))
+            ok = err <= reference.ERROR_BOUND[dt]
+            failures += not ok
+            try:
+                _, base = cublas_fn(g.spec, a, b, out)
+                ours_t, base_t = time_interleaved([lambda: g(a, b, out=out), base], reps=args.reps)
+                us, bus = ours_t["median_us"], base_t["median_us"]
+                print(f"{dt:5s} {m:5d} {n:5d} {k:5d} {err:9.2e} {'yes' if ok else 'NO':>3s} {us:9.1f} "
+                      f"{2 * m * n * k / us / 1e6:7.1f} {bus:9.1f} {bus / us:6.2f}")
+            except Exception as exc:  # a missing baseline must not hide the check
+                print(f"{dt:5s} {m:5d} {n:5d} {k:5d} {err:9.2e} {'yes' if ok else 'NO':>3s}  (timing: {exc})")
+    print("all results within bounds" if not failures else f"{failures} result(s) OUT OF BOUNDS")
+    return 0 if not failures else 1
+
+
+def _gpu_name() -> str:
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(device.current_device_id())["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _cmd_explain(args) -> int:
+    from .api import build
+
+    g = build(args.M, args.N, args.K, dtype=args.dtype, out_dtype=args.out_dtype, layout=args.layout,
+              arch=args.arch)
+    info = g.explain()
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"spec      {g.spec.tag}  (M hint {g.m_hint})")
+    print(f"arch      {info['arch']}")
+    print(f"family    {info['family']}   config {info['config_tag']}")
+    print(f"threads   {info['num_threads']}   registers {info['registers']}   shared {info['shared_bytes']} B"
+          f"   local {info['local_bytes']} B")
+    print(f"cache key {info['cache_key']}")
+    print(f"cubin     {info['cubin']}")
+    mix = ", ".join(f"{op} {n}" for op, n in list(info["sass"].items())[:16])
+    print(f"SASS      {mix}")
+    return 0
+
+
+def _cmd_cache(args) -> int:
+    store = cache.default_cache()
+    if store is None:
+        print("the disk cache is disabled (DEEPGEMM_JIT_DISABLE_DISK_CACHE)")
+        return 0
+    if args.action == "list":
+        entries = store.entries()
+        total = sum(e["disk_bytes"] for e in entries)
+        print(f"{store.root}: {len(entries)} kernels, {total / 1e6:.1f} MB")
+        for e in entries:
+            print(f"  {e['key'][:16]}  {e.get('arch', '?'):7s} {e['disk_bytes'] / 1e3:8.1f} kB  {e.get('name', '?')}")
+        return 0
+    if args.action == "info":
+        matches = [k for k in store.keys() if k.startswith(args.key or "")]
+        if len(matches) != 1:
+            print(f"{len(matches)} entries match {args.key!r}", file=sys.stderr)
+            return 2
+        entry = store.load(matches[0])
+        if entry is None:
+            print("entry was corrupt and has been removed", file=sys.stderr)
+            return 2
+        meta = {k: v for k, v in entry.meta.items() if k != "log"}
+        print(json.dumps(meta, indent=1, sort_keys=True))
+        return 0
+    if args.action == "clear":
+        if not args.yes:
+            print(f"this removes every kernel under {store.root}; run again with --yes", file=sys.stderr)
+            return 2
+        print(f"removed {store.clear()} kernels from {store.root}")
+        return 0
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deepgemm-jit", description="JIT-generated GEMM kernels")
+    p.add_argument("--version", action="version", version=__version__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="build, check and time a few GEMMs (compile only without a GPU)")
+    d.add_argument("--arch", default=None, help="target when no GPU is present (default sm_90a)")
+    d.add_argument("--reps", type=int, default=30)
+    d.set_defaults(fn=_cmd_demo)
+
+    e = sub.add_parser("explain", help="show the chosen config, resources and SASS mix of a GEMM")
+    e.add_argument("M", type=int)
+    e.add_argument("N", type=int)
+    e.add_argument("K", type=int)
+    e.add_argument("--dtype", default="bf16", choices=dtypes.INPUT_DTYPES)
+    e.add_argument("--out-dtype", default=None, choices=dtypes.OUTPUT_DTYPES)
+    e.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))
+    e.add_argument("--arch", default=None, help="e.g. sm_90a (needed without a GPU)")
+    e.add_argument("--json", action="store_true", help="one JSON object")
+    e.set_defaults(fn=_cmd_explain)
+
+    c = sub.add_parser("cache", help="list, inspect or clear the kernel cache")
+    c.add_argument("action", choices=("list", "info", "clear"))
+    c.add_argument("key", nargs="?", help="key prefix (for info)")
+    c.add_argument("--yes", action="store_true", help="confirm clear")
+    c.set_defaults(fn=_cmd_cache)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (DeepGemmError, ValueError, TypeError) as exc:
+        print(f"deepgemm-jit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The element types the library knows: names users write, storage, C++ spelling.
+
+One table, so that validation, rendering and array checks agree on what
+``"bf16"`` means.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str             # canonical name, as in the spec and the cache key
+    storage_bytes: int    # bytes per element in memory
+    cpp_storage: str      # C++ storage type inside namespace dgjit
+    numpy_name: str       # numpy / ml_dtypes name of the storage type
+    is_input: bool        # may be a GEMM operand type
+    is_output: bool       # may be a GEMM output type
+
+    @property
+    def numpy(self) -> np.dtype:
+        return numpy_dtype(self.name)
+
+
+_TABLE = {
+    "fp16": DType("fp16", 2, "half_t", "float16", True, True),
+    "bf16": DType("bf16", 2, "bfloat16_t", "bfloat16", True, True),
+    # TF32 operands are stored as FP32 and rounded to TF32 by the kernel.
+    "tf32": DType("tf32", 4, "float32_t", "float32", True, False),
+    "fp32": DType("fp32", 4, "float32_t", "float32", False, True),
+}
+
+_ALIASES = {
+    "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "fp32", "float": "fp32", "f32": "fp32",
+}
+
+INPUT_DTYPES = tuple(n for n, d in _TABLE.items() if d.is_input)
+OUTPUT_DTYPES = tuple(n for n, d in _TABLE.items() if d.is_output)
+# What an unspecified out_dtype becomes: the input's own type, FP32 for TF32.
+DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "tf32": "fp32"}
+
+
+def canonical(name: object, *, arg: str, allowed: tuple[str, ...]) -> str:
+    """The canonical name of a dtype the user wrote, or a ValueError naming `arg`."""
+    if not isinstance(name, str):
+        raise TypeError(f"{arg} must be a string such as {allowed[0]!r}, got {type(name).__name__}")
+    key = name.lower()
+    key = _ALIASES.get(key, key)
+    if key not in allowed:
+        raise ValueError(f"{arg}={name!r} is not supported; choose one of {', '.join(allowed)}")
+    return key
+
+
+def get(name: str) -> DType:
+    return _TABLE[name]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """NumPy dtype of the storage of `name` (bf16 needs the ml_dtypes package)."""
+    npname = _TABLE[name].numpy_name
+    if npname == "bfloat16":
+        import ml_dtypes  # CuPy's bfloat16 arrays are ml_dtypes.bfloat16 arrays
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(npname)
+
+
+def storage_name_of(dtype: np.dtype) -> str | None:
+    """Which storage names (fp16/bf16/fp32) a NumPy dtype is, or None."""
+    dt = np.dtype(dtype)
+    if dt == np.float16:
+        return "fp16"
+    if dt == np.float32:
+        return "fp32"
+    if dt.name == "bfloat16":
+        return "bf16"
+    return None

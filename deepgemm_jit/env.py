@@ -1,0 +1,54 @@
+"""Environment switches, declared once, typed, read lazily (never at import).
+
+| variable                         | type | meaning                                                  |
+|----------------------------------|------|----------------------------------------------------------|
+| DEEPGEMM_JIT_CACHE_DIR           | path | kernel cache location (default: the user cache dir)      |
+| DEEPGEMM_JIT_DISABLE_DISK_CACHE  | bool | compile in memory only; never read or write the disk     |
+| DEEPGEMM_JIT_VERBOSE             | bool | print one line per compile / disk load to stderr          |
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} is not a boolean (use 1/0, true/false)")
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def cache_dir() -> Path:
+    raw = os.environ.get("DEEPGEMM_JIT_CACHE_DIR")
+    if raw:
+        return Path(raw).expanduser()
+    import platformdirs  # only needed when no directory is given
+
+    return Path(platformdirs.user_cache_dir("deepgemm-jit"))
+
+
+def disk_cache_disabled() -> bool:
+    return env_bool("DEEPGEMM_JIT_DISABLE_DISK_CACHE")
+
+
+def verbose() -> bool:
+    return env_bool("DEEPGEMM_JIT_VERBOSE")

@@ -1,0 +1,88 @@
+"""Jinja2 rendering of kernel sources, and the headers each source includes.
+
+The one ``jinja2.Environment`` of the package lives here. A render produces the
+source text plus every ``dgjit/...`` header it includes (transitively), by
+name and content: NVRTC receives the headers in memory (no ``-I`` path), and the
+cache key hashes exactly these bytes, so editing a header invalidates the
+kernels that include it and nothing else.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from . import dtypes
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"(dgjit/[^"]+)"', re.MULTILINE)
+
+
+def templates_dir() -> Path:
+    """`templates/` shipped inside the wheel, or at the top of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "include" / "dgjit").is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"deepgemm-jit templates not found next to {here}; the installation is incomplete")
+
+
+def _cpp_bool(value: object) -> str:
+    if not isinstance(value, bool):
+        raise TypeError(f"cpp_bool expects a bool, got {value!r}")
+    return "true" if value else "false"
+
+
+def _cpp_storage(dtype_name: str) -> str:
+    return dtypes.get(dtype_name).cpp_storage
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(root: str) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["cpp_bool"] = _cpp_bool
+    env.filters["cpp_storage"] = _cpp_storage
+    return env
+
+
+@dataclass(frozen=True)
+class RenderedSource:
+    name: str                          # file name given to NVRTC, e.g. "gemm_sm80.cu"
+    source: str
+    headers: tuple[tuple[str, str], ...]  # (include name, contents), sorted by name
+    entry: str                         # the extern "C" kernel name
+
+
+def collect_headers(source: str, include_root: Path) -> tuple[tuple[str, str], ...]:
+    """Every ``#include "dgjit/..."`` reachable from `source`, with contents."""
+    found: dict[str, str] = {}
+    pending = _INCLUDE.findall(source)
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        path = include_root / name
+        if not path.is_file():
+            raise FileNotFoundError(f"kernel header {name!r} not found under {include_root}")
+        text = path.read_text(encoding="utf-8")
+        found[name] = text
+        pending.extend(_INCLUDE.findall(text))
+    return tuple(sorted(found.items()))
+
+
+def render(template: str, entry: str, **context) -> RenderedSource:
+    root = templates_dir()
+    source = _environment(str(root)).get_template(template).render(entry=entry, **context)
+    name = template[:-3] if template.endswith(".j2") else template
+    return RenderedSource(name=name, source=source, headers=collect_headers(source, root / "include"),
+                          entry=entry)

@@ -1,0 +1,75 @@
+"""Loading cubins into the current CUDA context and launching them (CuPy driver API)."""
+from __future__ import annotations
+
+import threading
+
+from .jit import KernelArtifact
+
+_DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in
+
+
+class LoadedKernel:
+    """One cubin loaded on one device, with its shared-memory opt-in done."""
+
+    def __init__(self, artifact: KernelArtifact, dynamic_smem_bytes: int):
+        import cupy
+
+        self.module = cupy.cuda.function.Module()
+        self.module.load(artifact.cubin)
+        self.function = self.module.get_function(artifact.entry)
+        self.dynamic_smem_bytes = dynamic_smem_bytes
+        if dynamic_smem_bytes > _DEFAULT_SMEM_LIMIT:
+            cupy.cuda.driver.funcSetAttribute(
+                self.function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic_smem_bytes)
+
+    def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, stream) -> None:
+        self.function(grid, block, args, shared_mem=self.dynamic_smem_bytes, stream=stream)
+
+
+_loaded: dict[tuple[str, int], LoadedKernel] = {}
+_lock = threading.Lock()
+
+
+def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: int) -> LoadedKernel:
+    key = (artifact.key, device_id)
+    kernel = _loaded.get(key)
+    if kernel is None:
+        with _lock:
+            kernel = _loaded.get(key)
+            if kernel is None:
+                kernel = LoadedKernel(artifact, dynamic_smem_bytes)
+                _loaded[key] = kernel
+    return kernel
+
+
+class _RawStream:
+    """A raw cudaStream_t handle, presented through the CUDA stream protocol."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def resolve_stream(stream: object):
+    """A CuPy stream for `stream`: None (current), a CuPy stream, a raw handle, an object
+    speaking the CUDA stream protocol, or one with a ``cuda_stream`` handle (torch)."""
+    import cupy
+
+    if stream is None:
+        return cupy.cuda.get_current_stream()
+    if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
+        return stream
+    if isinstance(stream, bool):
+        raise TypeError("stream must be a CUDA stream, a raw handle or None, got bool")
+    if isinstance(stream, int):
+        return cupy.cuda.Stream.from_external(_RawStream(stream))
+    if hasattr(stream, "__cuda_stream__"):
+        return cupy.cuda.Stream.from_external(stream)
+    handle = getattr(stream, "cuda_stream", None)
+    if isinstance(handle, int):
+        return cupy.cuda.Stream.from_external(_RawStream(handle))
+    raise TypeError(f"stream must be a CuPy stream, an object with .cuda_stream, a raw handle or None; "
+                    f"got {type(stream).__name__}")

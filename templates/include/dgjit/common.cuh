@@ -1,0 +1,52 @@
+// Shared device basics for every kernel family: fixed-width types, the 16-bit
+// storage types and their conversions.
+//
+// NOTES: kernels are compiled by NVRTC with no system include path at all (no
+// cuda_fp16.h / cuda_bf16.h / <cstdint>): that keeps a cold compile near one
+// second and makes the rendered source plus these headers the complete input of
+// the compile, which is exactly what the cache key hashes.
+#pragma once
+
+#ifndef DGJIT_FIXED_WIDTH_TYPES
+#define DGJIT_FIXED_WIDTH_TYPES
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef signed char int8_t;
+typedef int int32_t;
+typedef long long int64_t;
+#endif
+
+#define DGJIT_DEVICE __device__ __forceinline__
+
+namespace dgjit {
+
+// 16-bit floating-point storage. Arithmetic happens in FP32 registers; these
+// types only exist so that pointers carry the element size and the format.
+typedef float float32_t;  // FP32 storage (also what TF32 operands are stored as)
+struct half_t { uint16_t bits; };
+struct bfloat16_t { uint16_t bits; };
+static_assert(sizeof(half_t) == 2 && sizeof(bfloat16_t) == 2, "16-bit storage");
+
+template <class A, class B> struct is_same { static constexpr bool value = false; };
+template <class A> struct is_same<A, A> { static constexpr bool value = true; };
+
+// float -> storage, round to nearest even (what cuBLAS does on output).
+DGJIT_DEVICE void store_converted(float* dst, float x) { *dst = x; }
+DGJIT_DEVICE void store_converted(half_t* dst, float x) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  dst->bits = h;
+}
+DGJIT_DEVICE void store_converted(bfloat16_t* dst, float x) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  dst->bits = h;
+}
+
+template <class T> DGJIT_DEVICE T ceil_div(T a, T b) { return (a + b - 1) / b; }
+template <class T> constexpr T ceil_div_c(T a, T b) { return (a + b - 1) / b; }
+constexpr int min_c(int a, int b) { return a < b ? a : b; }
+
+}  // namespace dgjit

@@ -1,0 +1,32 @@
+import os
+import sys
+
+import pytest
+
+from deepgemm_jit import device, jit
+
+
+def pytest_collection_modifyitems(config, items):
+    if device.gpu_count() > 0:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh, private kernel cache (and an empty in-process memo) for one test."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(root))
+    monkeypatch.delenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", raising=False)
+    jit.clear_memo()
+    yield root
+    jit.clear_memo()
+
+
+@pytest.fixture(scope="session")
+def shared_cache_dir(tmp_path_factory):
+    """One cache shared by the compile-heavy CPU tests (each kernel compiled once per run)."""
+    return tmp_path_factory.mktemp("shared-cache")

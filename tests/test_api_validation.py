@@ -1,0 +1,111 @@
+"""Every user error is a ValueError/TypeError naming the argument, raised before any launch.
+
+Runs without a GPU: operands are stand-ins exposing __cuda_array_interface__, and the
+device-pointer query is replaced so that they count as memory of device 0.
+"""
+import numpy as np
+import pytest
+
+import deepgemm_jit as dg
+from deepgemm_jit import arrays, dtypes
+from deepgemm_jit.errors import NoGPUError
+
+
+class FakeDeviceArray:
+    """Just enough of a GPU array: shape, dtype, strides and a pointer."""
+
+    def __init__(self, shape, dtype, ptr=1 << 20, strides=None):
+        dtype = np.dtype(dtype)
+        self.shape, self.dtype = tuple(shape), dtype
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": dtype.str, "data": (ptr, False), "version": 3,
+            "strides": None if strides is None else tuple(s * dtype.itemsize for s in strides)}
+
+
+@pytest.fixture
+def fake_gpu_memory(monkeypatch):
+    monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)
+
+
+@pytest.fixture
+def g(shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    return dg.build(64, 48, 40, dtype="fp16", arch="sm_90a")
+
+
+F16 = np.float16
+BASE = 1 << 20
+
+
+@pytest.mark.parametrize("make,exc,word", [
+    (lambda: (np.zeros((5, 40), F16), FakeDeviceArray((48, 40), F16)), TypeError, "a is a NumPy"),
+    (lambda: ([[1.0]], FakeDeviceArray((48, 40), F16)), TypeError, "a must be a GPU array"),
+    (lambda: (FakeDeviceArray((5, 40), np.float32), FakeDeviceArray((48, 40), F16)), TypeError, "a has dtype"),
+    (lambda: (FakeDeviceArray((5, 40), F16), FakeDeviceArray((48, 40), np.float32)), TypeError, "b has dtype"),
+    (lambda: (FakeDeviceArray((5, 41), F16), FakeDeviceArray((48, 40), F16)), ValueError, "a has shape"),
+    (lambda: (FakeDeviceArray((5, 40), F16), FakeDeviceArray((40, 48), F16)), ValueError, "b has shape"),
+    (lambda: (FakeDeviceArray((5, 40, 1), F16), FakeDeviceArray((48, 40), F16)), ValueError, "a must be 2-D"),
+    (lambda: (FakeDeviceArray((5, 40), F16, strides=(80, 2)), FakeDeviceArray((48, 40), F16)),
+     ValueError, "a must have unit stride"),
+    (lambda: (FakeDeviceArray((5, 40), F16), FakeDeviceArray((48, 40), F16, strides=(20, 1))),
+     ValueError, "b has a row stride"),
+    (lambda: (FakeDeviceArray((5, 40), F16, ptr=BASE + 1), FakeDeviceArray((48, 40), F16)),
+     ValueError, "a data pointer"),
+])
+def test_operand_errors(g, fake_gpu_memory, make, exc, word):
+    a, b = make()
+    with pytest.raises(exc, match=word):
+        g(a, b)
+
+
+def test_out_errors(g, fake_gpu_memory):
+    a = FakeDeviceArray((5, 40), F16, ptr=BASE)
+    b = FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
+    with pytest.raises(ValueError, match="out has shape"):
+        g(a, b, out=FakeDeviceArray((5, 47), F16, ptr=BASE + 65536))
+    with pytest.raises(TypeError, match="out has dtype"):
+        g(a, b, out=FakeDeviceArray((5, 48), np.float32, ptr=BASE + 65536))
+    with pytest.raises(ValueError, match="out overlaps"):
+        g(a, b, out=FakeDeviceArray((5, 48), F16, ptr=BASE + 4096 + 64))
+    with pytest.raises(ValueError, match="out must have unit stride"):
+        g(a, b, out=FakeDeviceArray((5, 48), F16, ptr=BASE + 65536, strides=(96, 2)))
+
+
+def test_valid_call_without_gpu_is_a_clear_error(g, fake_gpu_memory):
+    a = FakeDeviceArray((5, 40), F16, ptr=BASE)
+    b = FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
+    from deepgemm_jit import device
+    if device.gpu_count():
+        pytest.skip("a GPU is present")
+    with pytest.raises(NoGPUError, match="needs a GPU"):
+        g(a, b)
+    # Padded row strides (inner stride 1) are accepted by validation.
+    a_padded = FakeDeviceArray((5, 40), F16, ptr=BASE, strides=(64, 1))
+    with pytest.raises(NoGPUError):
+        g(a_padded, b)
+
+
+def test_build_argument_errors(cache_dir):
+    with pytest.raises(ValueError, match="M must be"):
+        dg.build(0, 8, 8, arch="sm_90a")
+    with pytest.raises(TypeError, match="M must be an integer"):
+        dg.build("8", 8, 8, arch="sm_90a")
+    with pytest.raises(ValueError, match="dtype"):
+        dg.build(8, 8, 8, dtype="fp64", arch="sm_90a")
+    with pytest.raises(ValueError, match="layout"):
+        dg.build(8, 8, 8, layout="NTT", arch="sm_90a")
+    with pytest.raises(ValueError, match="arch"):
+        dg.build(8, 8, 8, arch="sm_70")
+
+
+def test_build_without_gpu_needs_arch(cache_dir):
+    from deepgemm_jit import device
+    if device.gpu_count():
+        pytest.skip("a GPU is present")
+    with pytest.raises(NoGPUError, match="arch='sm_90a'"):
+        dg.build(8, 8, 8)
+
+
+def test_bf16_dtype_is_ml_dtypes():
+    assert dtypes.numpy_dtype("bf16").name == "bfloat16"
+    assert dtypes.storage_name_of(dtypes.numpy_dtype("bf16")) == "bf16"

@@ -1,0 +1,174 @@
+"""The disk cache: key rules, atomic writes, corruption recovery, concurrency."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import deepgemm_jit as dg
+from deepgemm_jit import cache, jit, render
+from deepgemm_jit.errors import CacheCorruptionWarning, CacheUnavailableWarning
+
+KEY_ARGS = dict(source="int x;", headers=(("dgjit/a.cuh", "A"), ("dgjit/b.cuh", "B")),
+                options=("--gpu-architecture=sm_90a", "-std=c++17"), nvrtc_version=(13, 0),
+                arch="sm_90a", package_version="0.1.0")
+
+
+def test_key_is_stable_and_sensitive():
+    k = cache.kernel_key(**KEY_ARGS)
+    assert k == cache.kernel_key(**KEY_ARGS)
+    assert k == cache.kernel_key(**dict(KEY_ARGS, headers=tuple(reversed(KEY_ARGS["headers"]))))
+    for field, value in [("source", "int y;"), ("headers", (("dgjit/a.cuh", "A2"), ("dgjit/b.cuh", "B"))),
+                         ("options", ("--gpu-architecture=sm_90a",)), ("nvrtc_version", (13, 1)),
+                         ("arch", "sm_80"), ("package_version", "0.2.0")]:
+        assert cache.kernel_key(**dict(KEY_ARGS, **{field: value})) != k, field
+
+
+def _build_small(arch="sm_90a"):
+    return dg.build(32, 40, 48, dtype="bf16", arch=arch)
+
+
+def test_second_build_hits_disk(cache_dir):
+    g1 = _build_small()
+    assert g1.artifact.compiled_now
+    jit.clear_memo()
+    g2 = _build_small()
+    assert not g2.artifact.compiled_now and g2.artifact.cubin == g1.artifact.cubin
+    meta = json.loads((cache_dir / "kernels" / g1.artifact.key[:2] / f"{g1.artifact.key}.json").read_text())
+    assert meta["arch"] == "sm_90a" and meta["cubin_bytes"] == len(g1.artifact.cubin)
+    assert str(cache_dir) not in json.dumps(meta)  # no absolute paths in the metadata
+    assert not list(cache_dir.glob("kernels/*/.tmp-*"))
+
+
+def test_moved_cache_still_hits(cache_dir, tmp_path, monkeypatch):
+    key = _build_small().artifact.key
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(cache_dir, moved)
+    shutil.rmtree(cache_dir)
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(moved))
+    jit.clear_memo()
+    g = _build_small()
+    assert g.artifact.key == key and not g.artifact.compiled_now
+
+
+def _copy_templates(tmp_path, monkeypatch):
+    root = tmp_path / "templates"
+    shutil.copytree(render.templates_dir(), root)
+    monkeypatch.setattr(render, "templates_dir", lambda: root)
+    render._environment.cache_clear()
+    return root
+
+
+def test_header_change_invalidates_only_includers(cache_dir, tmp_path, monkeypatch):
+    root = _copy_templates(tmp_path, monkeypatch)
+    key = _build_small().artifact.key
+    # A header no kernel includes: same key.
+    (root / "include" / "dgjit" / "unused.cuh").write_text("// nothing\n")
+    jit.clear_memo()
+    assert _build_small().artifact.key == key
+    # A header the kernel includes (even a comment): new key, recompiled.
+    common = root / "include" / "dgjit" / "common.cuh"
+    common.write_text(common.read_text() + "\n// changed\n")
+    jit.clear_memo()
+    g = _build_small()
+    assert g.artifact.key != key and g.artifact.compiled_now
+    render._environment.cache_clear()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "bad_json", "no_cubin"])
+def test_corrupt_entry_is_detected_and_rebuilt(cache_dir, damage):
+    art = _build_small().artifact
+    store = cache.DiskCache(cache_dir)
+    cubin_path, meta_path = store.cubin_path(art.key), store.meta_path(art.key)
+    if damage == "flip":
+        data = bytearray(cubin_path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        cubin_path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        cubin_path.write_bytes(cubin_path.read_bytes()[:100])
+    elif damage == "bad_json":
+        meta_path.write_text("{not json")
+    else:
+        cubin_path.unlink()
+    jit.clear_memo()
+    with pytest.warns(CacheCorruptionWarning, match="corrupt"):
+        g = _build_small()
+    assert g.artifact.compiled_now and g.artifact.cubin == art.cubin
+    assert store.load(art.key) is not None  # rebuilt entry is whole
+
+
+def test_entry_without_metadata_is_invisible(cache_dir):
+    """A kill between the cubin and the JSON rename leaves nothing loadable."""
+    art = _build_small().artifact
+    store = cache.DiskCache(cache_dir)
+    store.meta_path(art.key).unlink()
+    assert store.load(art.key) is None
+    jit.clear_memo()
+    assert _build_small().artifact.compiled_now
+
+
+def test_unwritable_cache_degrades_to_memory(tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        target = tmp_path / "a-file"  # root ignores permissions: use a path under a regular file
+        target.write_text("x")
+        root = target / "cache"
+    else:
+        root = tmp_path / "ro"
+        root.mkdir()
+        root.chmod(0o500)
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(root))
+    jit.clear_memo()
+    cache._warned_unavailable.clear()
+    with pytest.warns(CacheUnavailableWarning, match="not usable"):
+        g = _build_small()
+    assert g.artifact.compiled_now and g.artifact.cubin[:4] == b"\x7fELF"
+    jit.clear_memo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per directory, not per kernel
+        dg.build(32, 40, 56, dtype="bf16", arch="sm_90a")
+    jit.clear_memo()
+
+
+def test_disabled_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "never"))
+    monkeypatch.setenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", "1")
+    jit.clear_memo()
+    assert _build_small().artifact.compiled_now
+    assert not (tmp_path / "never").exists()
+    jit.clear_memo()
+
+
+def test_clear(cache_dir):
+    _build_small()
+    store = cache.DiskCache(cache_dir)
+    assert len(store.keys()) == 1
+    assert store.clear() == 1 and store.keys() == []
+
+
+_WORKER = textwrap.dedent("""
+    import sys, time
+    import deepgemm_jit as dg
+    start = float(sys.argv[1])
+    while time.time() < start:
+        time.sleep(0.001)
+    g = dg.build(96, 80, 72, dtype="fp16", arch="sm_90a")
+    print("compiled" if g.artifact.compiled_now else "loaded", g.artifact.key)
+""")
+
+
+def test_concurrent_processes_compile_once(cache_dir):
+    import time
+    start = time.time() + 3.0
+    env = dict(os.environ, DEEPGEMM_JIT_CACHE_DIR=str(cache_dir))
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(start)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    lines = [out.split() for out, _ in results]
+    assert sorted(l[0] for l in lines) == ["compiled", "loaded", "loaded", "loaded"], lines
+    assert len({l[1] for l in lines}) == 1

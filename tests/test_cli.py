@@ -1,0 +1,40 @@
+import json
+
+import pytest
+
+from deepgemm_jit import cli, device
+
+
+def test_demo_without_gpu_compiles_and_says_so(cache_dir, capsys):
+    if device.gpu_count():
+        pytest.skip("a GPU is present: the GPU demo runs in the GPU tests")
+    assert cli.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "No GPU found" in out and str(cache_dir) in out
+
+
+def test_explain_json(cache_dir, capsys):
+    assert cli.main(["explain", "100", "200", "300", "--dtype", "fp16", "--layout", "tn", "--arch", "sm_90a",
+                     "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["family"] == "sm80" and info["local_bytes"] == 0 and info["sass"]["HMMA"] > 0
+    assert info["cubin"].startswith(str(cache_dir))
+
+
+def test_explain_text_and_cache_commands(cache_dir, capsys):
+    assert cli.main(["explain", "64", "64", "64", "--arch", "sm_90a"]) == 0
+    assert "HMMA" in capsys.readouterr().out
+    assert cli.main(["cache", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "1 kernels" in listing
+    key = listing.splitlines()[1].split()[0]
+    assert cli.main(["cache", "info", key]) == 0
+    assert json.loads(capsys.readouterr().out)["arch"] == "sm_90a"
+    assert cli.main(["cache", "clear"]) == 2
+    assert cli.main(["cache", "clear", "--yes"]) == 0
+    assert "removed 1" in capsys.readouterr().out
+
+
+def test_cli_reports_bad_arguments(cache_dir, capsys):
+    assert cli.main(["explain", "0", "8", "8", "--arch", "sm_90a"]) == 2
+    assert "M must be" in capsys.readouterr().err

@@ -1,0 +1,139 @@
+"""End-to-end GPU sweeps: random inputs, float64 references, NaN-poisoned outputs.
+
+Skipped cleanly without a GPU (marker `gpu`).
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+import deepgemm_jit as dg
+from deepgemm_jit import reference
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ("fp16", "bf16", "tf32")
+LAYOUTS = ("nt", "nn", "tn", "tt")
+SHAPES = [(1, 1, 1), (17, 33, 65), (1000, 1001, 1003), (128, 256, 512), (257, 129, 4096), (4096, 4096, 4096),
+          (3, 4000, 17), (300, 24, 1536)]
+
+
+def check(g, m, out=None, a=None, b=None, **call_kwargs):
+    cupy = pytest.importorskip("cupy")
+    spec = g.spec
+    if a is None:
+        a, b = reference.random_operands(spec, m)
+    if out is None:
+        out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
+    result = g(a, b, out=out, **call_kwargs)
+    assert result is out
+    cupy.cuda.get_current_stream().synchronize()
+    err = reference.relative_error(out, reference.reference(spec, a, b))
+    bound = reference.ERROR_BOUND[spec.dtype]
+    assert err <= bound, f"m={m} n={spec.n} k={spec.k} dtype={spec.dtype} layout={spec.layout} " \
+                         f"out={spec.out_dtype} cfg={g.config.tag} err={err:.2e} bound={bound}"
+    return err
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_sweep(m, n, k, dtype, layout):
+    check(dg.build(m, n, k, dtype=dtype, layout=layout), m)
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "fp16"),
+                                             ("fp16", "bf16"), ("tf32", "bf16")])
+def test_out_dtypes(dtype, out_dtype):
+    check(dg.build(200, 136, 264, dtype=dtype, out_dtype=out_dtype), 200)
+
+
+def test_one_kernel_serves_every_m():
+    g = dg.build(4096, 520, 1032, dtype="bf16")
+    for m in (1, 2, 63, 64, 65, 127, 129, 777, 5001):
+        check(g, m)
+    assert len(g._variants) == 1  # packed operands: no other variant was needed
+
+
+def test_new_output_array():
+    cupy = pytest.importorskip("cupy")
+    g = dg.build(65, 72, 80, dtype="fp16")
+    a, b = reference.random_operands(g.spec, 65)
+    d = g(a, b)
+    assert isinstance(d, cupy.ndarray) and d.shape == (65, 72) and d.dtype == np.float16
+    assert reference.relative_error(d, reference.reference(g.spec, a, b)) <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ("nt", "nn"))
+def test_padded_and_offset_operands(dtype, layout):
+    """Row strides wider than the row, and base pointers off 16-byte alignment."""
+    g = dg.build(96, 136, 200, dtype=dtype, layout=layout)
+    m = 96
+    spec = g.spec
+    (ar, ac), (br, bc) = spec.a_shape(m), spec.b_shape()
+    for pad, off in ((8, 0), (3, 0), (8, 1), (0, 1)):
+        a_big = reference.random_matrix((ar, ac + pad + off), dtype)
+        b_big = reference.random_matrix((br, bc + pad + off), dtype)
+        a, b = a_big[:, off:off + ac], b_big[:, off:off + bc]
+        out_big = reference.poisoned((m, spec.n + 5), spec.out_dtype)
+        out = out_big[:, 2:2 + spec.n]
+        check(g, m, out=out, a=a, b=b)
+        # The padding of out was never written.
+        assert not bool(np.isfinite(reference.to_float64(out_big[:, :2])).any())
+
+
+def test_streams_and_ordering():
+    cupy = pytest.importorskip("cupy")
+    g = dg.build(512, 512, 512, dtype="bf16")
+    a, b = reference.random_operands(g.spec, 512)
+    ref = reference.reference(g.spec, a, b)
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        a2 = a.copy()  # queued on the side stream
+        out = reference.poisoned((512, 512), "bf16")
+        g(a2, b, out=out)  # current stream is `side`
+    side.synchronize()
+    assert reference.relative_error(out, ref) <= 1e-2
+    out2 = reference.poisoned((512, 512), "bf16")
+    g(a, b, out=out2, stream=side)
+    g(a, b, out=out2, stream=side.ptr)
+    side.synchronize()
+    assert reference.relative_error(out2, ref) <= 1e-2
+
+
+def test_functional_gemm_memoizes():
+    cupy = pytest.importorskip("cupy")
+    a = reference.random_matrix((70, 96), "bf16")
+    b = reference.random_matrix((40, 96), "bf16")
+    d1 = dg.gemm(a, b)
+    d2 = dg.gemm(a, b)
+    spec = dg.GemmSpec.create(40, 96, dtype="bf16")
+    assert reference.relative_error(d1, reference.reference(spec, a, b)) <= 1e-2
+    assert bool(cupy.all(d1.view(cupy.uint16) == d2.view(cupy.uint16)))
+    from deepgemm_jit import api as gemm_mod
+    assert len([k for k in gemm_mod._functional if k[0] == spec]) == 1
+
+
+def test_zero_m_returns_empty():
+    cupy = pytest.importorskip("cupy")
+    g = dg.build(8, 16, 16, dtype="fp16")
+    a = cupy.empty((0, 16), dtype=cupy.float16)
+    b = reference.random_matrix((16, 16), "fp16")
+    assert g(a, b).shape == (0, 16)
+
+
+def test_wrong_device_arch_is_refused():
+    g = dg.build(8, 16, 16, dtype="fp16", arch="sm_80")
+    a, b = reference.random_operands(g.spec, 8)
+    from deepgemm_jit import device
+    if device.runs_on("sm_80", *device.capability()):
+        pytest.skip("this GPU runs sm_80 cubins")
+    with pytest.raises(ValueError, match="compiled for sm_80"):
+        g(a, b)
+
+
+def test_demo_on_gpu(capsys):
+    from deepgemm_jit import cli
+    assert cli.main(["demo", "--reps", "5"]) == 0
+    assert "all results within bounds" in capsys.readouterr().out

@@ -1,0 +1,90 @@
+import pytest
+
+from deepgemm_jit import GemmSpec, KernelConfig, config, device
+
+
+def test_spec_defaults_and_tag():
+    s = GemmSpec.create(4096, 7168, dtype="bfloat16")
+    assert (s.dtype, s.out_dtype, s.layout) == ("bf16", "bf16", "nt")
+    assert GemmSpec.create(8, 8, dtype="tf32").out_dtype == "fp32"
+    assert s.tag == "gemm_bf16_bf16_nt_n4096_k7168"
+    assert hash(s) == hash(GemmSpec.create(4096, 7168, dtype="bf16"))
+
+
+@pytest.mark.parametrize("layout,a_shape,b_shape", [
+    ("nt", (5, 7), (3, 7)), ("nn", (5, 7), (7, 3)), ("tn", (7, 5), (7, 3)), ("tt", (7, 5), (3, 7))])
+def test_layout_shapes(layout, a_shape, b_shape):
+    s = GemmSpec.create(3, 7, dtype="fp16", layout=layout)
+    assert s.a_shape(5) == a_shape and s.b_shape() == b_shape and s.out_shape(5) == (5, 3)
+
+
+@pytest.mark.parametrize("kwargs,exc,word", [
+    (dict(n=0, k=8), ValueError, "N"),
+    (dict(n=8, k=-1), ValueError, "K"),
+    (dict(n=8.0, k=8), TypeError, "N"),
+    (dict(n=True, k=8), TypeError, "N"),
+    (dict(n=8, k=8, dtype="int4"), ValueError, "dtype"),
+    (dict(n=8, k=8, dtype=3), TypeError, "dtype"),
+    (dict(n=8, k=8, out_dtype="tf32"), ValueError, "out_dtype"),
+    (dict(n=8, k=8, layout="xx"), ValueError, "layout"),
+])
+def test_spec_rejects(kwargs, exc, word):
+    with pytest.raises(exc, match=word):
+        GemmSpec.create(**kwargs)
+
+
+def test_config_validation():
+    good = dict(family="sm80", block_m=128, block_n=128, block_k=32, num_stages=3, warps_m=2, warps_n=4,
+                vec_a=8, vec_b=8)
+    KernelConfig(**good)
+    for field, value in [("family", "sm70"), ("num_stages", 1), ("block_m", 100), ("vec_a", 3), ("warps_n", 0)]:
+        with pytest.raises(ValueError):
+            KernelConfig(**dict(good, **{field: value}))
+
+
+def test_config_checks_against_spec():
+    spec = GemmSpec.create(64, 64, dtype="tf32")
+    cfg = KernelConfig("sm80", 128, 128, 32, 3, 2, 4, vec_a=8, vec_b=4)  # 8 fp32 = 32 bytes
+    with pytest.raises(ValueError, match="vec_a"):
+        cfg.check_for(spec, "sm_90a")
+    huge = KernelConfig("sm80", 128, 128, 64, 8, 2, 4, vec_a=4, vec_b=4)
+    with pytest.raises(ValueError, match="shared memory"):
+        huge.check_for(spec, "sm_90a")
+
+
+def test_max_vector():
+    # 16-bit elements: 16-byte loads need 8-element aligned rows and a 16-byte aligned base.
+    assert config.max_vector(2, 0, 4096, 100) == 8
+    assert config.max_vector(2, 0, 1003, 100) == 1
+    assert config.max_vector(2, 0, 1002, 100) == 2
+    assert config.max_vector(2, 8, 4096, 100) == 4
+    assert config.max_vector(2, 0, 1003, 1) == 8   # one row: the stride never matters
+    assert config.max_vector(4, 0, 65, 2) == 1
+    assert config.max_vector(4, 0, 68, 2) == 4
+
+
+def test_heuristic_buckets_and_vectors():
+    spec = GemmSpec.create(4096, 4096, dtype="bf16")
+    small = config.choose_config(spec, 16, "sm_90a")
+    large = config.choose_config(spec, 4096, "sm_90a")
+    assert small.block_m == 64 and large.block_m == 128
+    assert (large.vec_a, large.vec_b) == (8, 8)
+    odd = config.choose_config(GemmSpec.create(1001, 1003, dtype="bf16", layout="nn"), 1000, "sm_90a")
+    assert (odd.vec_a, odd.vec_b) == (1, 1)
+    for dt in ("fp16", "bf16", "tf32"):
+        for layout in ("nt", "nn", "tn", "tt"):
+            s = GemmSpec.create(7168, 2048, dtype=dt, layout=layout)
+            cfg = config.choose_config(s, 4096, "sm_90a")
+            assert cfg.smem_bytes(s) <= config.smem_limit_bytes("sm_90a")
+
+
+def test_arch_handling():
+    assert device.normalize_arch("SM_90a") == "sm_90a"
+    assert device.arch_of_capability(9, 0) == "sm_90a"
+    assert device.arch_of_capability(8, 6) == "sm_86"
+    for bad in ("sm_70", "90a", "sm_86a", ""):
+        with pytest.raises(ValueError, match="arch"):
+            device.normalize_arch(bad)
+    assert device.runs_on("sm_90a", 9, 0) and not device.runs_on("sm_90a", 10, 0)
+    assert device.runs_on("sm_80", 8, 6) and not device.runs_on("sm_86", 8, 0)
+    assert not device.runs_on("sm_80", 9, 0)
