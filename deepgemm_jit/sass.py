@@ -35,7 +35,8 @@ def find_cuobjdump() -> str:
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
-    raise ToolNotFoundError("cuobjdump not found: pip install 'nvidia-cuda-cuobjdump>=13.2' or put the "
+    raise ToolNotFoundError("cuobjdump not found: pip install 'nvidia-cuda-cuobjdump>=13.2' "
+                            "'nvidia-cuda-nvdisasm>=13.2' or put the "
                             "CUDA toolkit's bin directory on PATH")
 
 
@@ -43,7 +44,10 @@ def _run(args: list[str], cubin: bytes) -> str:
     with tempfile.TemporaryDirectory(prefix="dgjit-sass-") as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        proc = subprocess.run([find_cuobjdump(), *args, str(path)], capture_output=True, text=True)
+        tool = find_cuobjdump()
+        # cuobjdump -sass runs nvdisasm, which the wheels install beside it.
+        env = dict(os.environ, PATH=os.pathsep.join([str(Path(tool).parent), os.environ.get("PATH", "")]))
+        proc = subprocess.run([tool, *args, str(path)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"cuobjdump {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
