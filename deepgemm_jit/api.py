@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, jit, runtime
+from . import device, dtypes, jit, launch, runtime
 from .arrays import MatrixView, matrix_view, overlaps
 from .errors import NoGPUError
 from .spec import GemmSpec
@@ -54,8 +54,10 @@ class Gemm:
         self.m_hint = m_hint
         self.config = artifact.config
         self.artifact = artifact
-        self._variants: dict[tuple[int, int], jit.KernelArtifact] = {(artifact.config.vec_a,
-                                                                        artifact.config.vec_b): artifact}
+        # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
+        self._variants: dict[tuple[int, int], jit.KernelArtifact] = {}
+        if artifact.config.family == "sm80":
+            self._variants[(artifact.config.vec_a, artifact.config.vec_b)] = artifact
         self._lock = threading.Lock()
 
     @property
@@ -105,18 +107,30 @@ class Gemm:
         return m, va, vb, vd
 
     # -- kernel variants ----------------------------------------------------------
-    def _artifact_for(self, va: MatrixView, vb: MatrixView) -> jit.KernelArtifact:
-        """The compiled kernel whose vector loads these operands allow (built on demand)."""
-        esize = dtypes.get(self.spec.dtype).storage_bytes
+    def _artifact_for(self, va: MatrixView, vb: MatrixView, vd: MatrixView) -> jit.KernelArtifact:
+        """The compiled kernel these operands allow: the built one, or (for strides or pointers
+        that TMA or wide loads cannot take) a portable variant built on first use."""
         base = self.artifact.config
-        vec_a = min(base.vec_a, config_mod.max_vector(esize, va.ptr, va.row_stride, va.rows))
-        vec_b = min(base.vec_b, config_mod.max_vector(esize, vb.ptr, vb.row_stride, vb.rows))
+        if base.family == "sm90":
+            if launch.tma_legal(va) and launch.tma_legal(vb) and launch.tma_legal(vd):
+                return self.artifact
+            widest = 16 // dtypes.get(self.spec.dtype).storage_bytes
+        else:
+            widest = None
+        esize = dtypes.get(self.spec.dtype).storage_bytes
+        vec_a = config_mod.max_vector(esize, va.ptr, va.row_stride, va.rows)
+        vec_b = config_mod.max_vector(esize, vb.ptr, vb.row_stride, vb.rows)
+        if widest is None:
+            vec_a, vec_b = min(base.vec_a, vec_a), min(base.vec_b, vec_b)
         variant = self._variants.get((vec_a, vec_b))
         if variant is None:
             with self._lock:
                 variant = self._variants.get((vec_a, vec_b))
                 if variant is None:
-                    cfg = dataclasses.replace(base, vec_a=vec_a, vec_b=vec_b)
+                    if base.family == "sm80":
+                        cfg = dataclasses.replace(base, vec_a=vec_a, vec_b=vec_b)
+                    else:
+                        cfg = config_mod.choose_sm80_config(self.spec, self.m_hint, self.arch, vec_a, vec_b)
                     variant = jit.get_kernel(self.spec, cfg, self.arch)
                     self._variants[(vec_a, vec_b)] = variant
         return variant
@@ -143,13 +157,9 @@ class Gemm:
             vd = matrix_view(out, "out")
         if m == 0:
             return out
-        artifact = self._artifact_for(va, vb)
-        cfg = artifact.config
-        kernel = runtime.loaded_kernel(artifact, dev, cfg.smem_bytes(self.spec))
-        grid = ((m + cfg.block_m - 1) // cfg.block_m, (self.spec.n + cfg.block_n - 1) // cfg.block_n, 1)
-        args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
-                np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))
-        kernel.launch(grid, (cfg.num_threads, 1, 1), args, cu_stream)
+        artifact = self._artifact_for(va, vb, vd)
+        kernel = runtime.loaded_kernel(artifact, dev, artifact.config.smem_bytes(self.spec))
+        launch.launch(kernel, artifact, self.spec, m, va, vb, vd, dev, cu_stream)
         return out
 
     def explain(self) -> dict:
@@ -176,7 +186,8 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     m_hint = _check_m(M)
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
-    cfg = config_mod.choose_config(spec, m_hint, target)
+    num_sms = device.num_sms() if arch is None else None  # without a GPU: the arch's usual count
+    cfg = config_mod.choose_config(spec, m_hint, target, num_sms)
     return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
 
 

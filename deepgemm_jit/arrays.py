@@ -75,6 +75,8 @@ def matrix_view(x: object, arg: str) -> MatrixView:
     rows, cols = int(shape[0]), int(shape[1])
     itemsize = dtype.itemsize
     s0, s1 = int(strides[0]), int(strides[1])
+    if rows == 0 or cols == 0:  # nothing is read or written; strides are meaningless (CuPy gives 0)
+        s0, s1 = max(cols, 1) * itemsize, itemsize
     if s0 % itemsize or s1 % itemsize:
         raise ValueError(f"{arg} has strides {tuple(strides)} that are not whole elements")
     if cols > 1 and s1 != itemsize:

@@ -31,8 +31,7 @@ def _cmd_demo(args) -> int:
         print("No GPU found: kernels were compiled and cached, not run.")
         return 0
 
-    from . import reference
-    from .baseline import cublas_fn
+    from . import baseline, reference
     from .timing import time_interleaved
 
     print(f"deepgemm-jit {__version__} on {_gpu_name()} ({arch}); error vs float64, time vs cuBLAS")
@@ -45,17 +44,23 @@ def _cmd_demo(args) -> int:
             a, b = reference.random_operands(g.spec, m)
             out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
             g(a, b, out=out)
-            err = reference.relative_error(out, reference.reference(g.spec, a, b))
-            ok = err <= reference.ERROR_BOUND[dt]
+            ref = reference.reference(g.spec, a, b)
+            err = reference.relative_error(out, ref)
+            ok = reference.within_bound(err, dt)
             failures += not ok
+            line = f"{dt:5s} {m:5d} {n:5d} {k:5d} {err:9.2e} {'yes' if ok else 'NO':>3s}"
             try:
-                _, base = cublas_fn(g.spec, a, b, out)
-                ours_t, base_t = time_interleaved([lambda: g(a, b, out=out), base], reps=args.reps)
-                us, bus = ours_t["median_us"], base_t["median_us"]
-                print(f"{dt:5s} {m:5d} {n:5d} {k:5d} {err:9.2e} {'yes' if ok else 'NO':>3s} {us:9.1f} "
-                      f"{2 * m * n * k / us / 1e6:7.1f} {bus:9.1f} {bus / us:6.2f}")
-            except Exception as exc:  # a missing baseline must not hide the check
-                print(f"{dt:5s} {m:5d} {n:5d} {k:5d} {err:9.2e} {'yes' if ok else 'NO':>3s}  (timing: {exc})")
+                base, reasons = baseline.bind(g.spec, a, b)
+                if base is None:
+                    raise RuntimeError("no cuBLAS baseline: " + "; ".join(reasons))
+                base_check = baseline.check(base, g.spec, ref)
+                if not base_check.is_ok:
+                    raise RuntimeError(base_check.note)
+                times = time_interleaved({"ours": lambda: g(a, b, out=out), "cublas": base.fn}, reps=args.reps)
+                us, bus = times["ours"].median_us, times["cublas"].median_us
+                print(f"{line} {us:9.1f} {2 * m * n * k / us / 1e6:7.1f} {bus:9.1f} {bus / us:6.2f}")
+            except Exception as exc:  # a missing or wrong baseline must not hide the check
+                print(f"{line}  (timing: {exc})")
     print("all results within bounds" if not failures else f"{failures} result(s) OUT OF BOUNDS")
     return 0 if not failures else 1
 
@@ -83,7 +88,9 @@ def _cmd_explain(args) -> int:
           f"   local {info['local_bytes']} B")
     print(f"cache key {info['cache_key']}")
     print(f"cubin     {info['cubin']}")
+    tensor_ops = ", ".join(f"{op} {n}" for op, n in info["sass"].items() if "MMA" in op) or "none"
     mix = ", ".join(f"{op} {n}" for op, n in list(info["sass"].items())[:16])
+    print(f"MMA       {tensor_ops}")
     print(f"SASS      {mix}")
     return 0
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from . import dtypes
 from .spec import GemmSpec
 
-FAMILIES = ("sm80",)
+FAMILIES = ("sm80", "sm90")
+# Hopper's per-block opt-in maximum is 232,448 B; the sm90 family stays 1 KiB under it because the
+# driver reserves 1 KiB of system shared memory per block (cuobjdump shows SHARED:1024).
+SM90_SMEM_BUDGET_BYTES = 232448 - 1024
+SM90_NUM_THREADS = 384  # one producer warpgroup + two consumer warpgroups
+# SM count assumed when compiling for sm_90a without a GPU (H100 SXM / H200); with a GPU the
+# device's own count is used.
+DEFAULT_SM90_NUM_SMS = 132
 # Opt-in dynamic shared memory per block on sm_80 / sm_90 (bytes).
 SMEM_LIMIT_BYTES = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
 
@@ -29,13 +36,15 @@ class KernelConfig:
     num_stages: int
     warps_m: int
     warps_n: int
-    vec_a: int  # elements per global load of A (16 bytes / element size when aligned)
+    vec_a: int  # sm80: elements per global load of A (16 bytes / element size when aligned)
     vec_b: int
+    group_m: int = 1  # sm90: M blocks walked together by the persistent scheduler (L2 reuse)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"family={self.family!r} is not one of {FAMILIES}")
-        for name in ("block_m", "block_n", "block_k", "num_stages", "warps_m", "warps_n", "vec_a", "vec_b"):
+        for name in ("block_m", "block_n", "block_k", "num_stages", "warps_m", "warps_n", "vec_a", "vec_b",
+                     "group_m"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -51,15 +60,22 @@ class KernelConfig:
 
     @property
     def num_threads(self) -> int:
+        if self.family == "sm90":
+            return SM90_NUM_THREADS
         return 32 * self.warps_m * self.warps_n
 
     @property
     def tag(self) -> str:
+        if self.family == "sm90":
+            return f"sm90_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}_g{self.group_m}"
         return (f"{self.family}_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_w{self.warps_m}x{self.warps_n}_v{self.vec_a}{self.vec_b}")
 
     def smem_bytes(self, spec: GemmSpec) -> int:
-        """Dynamic shared memory of the sm80 kernel; mirrors GemmSm80::kSmemBytes."""
+        """Dynamic shared memory; mirrors kSmemBytes of the family's kernel (the GPU tests compare
+        it with the value the sm90 module exports)."""
+        if self.family == "sm90":
+            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages)
         esize = dtypes.get(spec.dtype).storage_bytes
         pad = 16 // esize
         a_rows, a_cols = (self.block_m, self.block_k) if spec.a_k_major else (self.block_k, self.block_m)
@@ -69,6 +85,9 @@ class KernelConfig:
 
     def check_for(self, spec: GemmSpec, arch: str) -> None:
         """Raise ValueError if this config cannot compute `spec` on `arch`."""
+        if self.family == "sm90":
+            _check_sm90(self, spec, arch)
+            return
         esize = dtypes.get(spec.dtype).storage_bytes
         mma_k = 8 if spec.dtype == "tf32" else 16
         if self.block_k % mma_k:
@@ -85,6 +104,89 @@ class KernelConfig:
             raise ValueError(
                 f"config {self.tag} needs {self.smem_bytes(spec)} B of shared memory; "
                 f"{arch} allows {smem_limit_bytes(arch)} B: lower num_stages or the block shape")
+
+
+def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int) -> int:
+    """D staging tile + stages x (A tile + B tile, 128 bytes of K per row) + full/empty barriers
+    + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
+    d_bytes = block_m * block_n * dtypes.get(spec.out_dtype).storage_bytes
+    return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + 1024
+
+
+def sm90_supports(spec: GemmSpec, arch: str) -> bool:
+    """Whether the Hopper family can take this spec with packed operands: sm_90a, both operands
+    K-major (the TMA/WGMMA layouts implemented so far) and TMA-legal row strides (16-byte
+    multiples for A, B and D)."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    return (arch == "sm_90a" and spec.layout == "nt" and (spec.k * esize) % 16 == 0
+            and (spec.n * out_esize) % 16 == 0)
+
+
+def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
+    if arch != "sm_90a":
+        raise ValueError(f"the sm90 family needs arch='sm_90a', got {arch!r}")
+    if spec.layout != "nt":
+        raise ValueError(f"the sm90 family implements layout 'nt' only, got {spec.layout!r}")
+    esize = dtypes.get(spec.dtype).storage_bytes
+    if cfg.block_k * esize != 128:
+        raise ValueError(f"sm90 block_k must span 128 bytes ({128 // esize} for {spec.dtype}), got {cfg.block_k}")
+    if cfg.block_m not in (64, 128, 256):
+        raise ValueError(f"sm90 block_m must be 64, 128 or 256, got {cfg.block_m}")
+    if cfg.block_n % 8 or not 8 <= cfg.block_n <= 256:
+        raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256], got {cfg.block_n}")
+    if cfg.smem_bytes(spec) > SM90_SMEM_BUDGET_BYTES:
+        raise ValueError(f"config {cfg.tag} needs {cfg.smem_bytes(spec)} B of shared memory; "
+                         f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
+
+
+def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int) -> int:
+    """As many stages as fit (2..8)."""
+    for stages in range(8, 1, -1):
+        if sm90_smem_bytes(spec, block_m, block_n, stages) <= SM90_SMEM_BUDGET_BYTES:
+            return stages
+    return 0
+
+
+def sm90_tile_cost(m: int, n: int, block_m: int, block_n: int, num_sms: int) -> float:
+    """Relative time of a tile shape under the persistent schedule (smaller is better).
+
+    Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
+    whole wave; a tile's time grows with its area (padding past N or M included) divided by
+    its efficiency, which drops for thin tiles because shared-memory traffic per FLOP is
+    (bm + bn) / (bm * bn). The constant 24 fits the H200 measurements in docs/NOTES.md
+    (128x256 > 128x176 > 128x128 per tile, all else equal).
+    """
+    tiles = -(-m // block_m) * -(-n // block_n)
+    waves = -(-tiles // num_sms)
+    area = block_m * block_n
+    efficiency = area / (area + 24 * (block_m + block_n))
+    return waves * area / efficiency
+
+
+SM90_BLOCK_N = tuple(range(256, 7, -8))
+
+
+def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
+    """Tile shape by the waves model of `sm90_tile_cost` over BLOCK_M in {64, 128} and every
+    BLOCK_N multiple of 8 up to 256 (non-powers of two like 176 or 208 included); ties go to the
+    wider tile. Stages: as many as shared memory holds."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    best = None
+    for block_m in (128, 64):
+        if block_m == 64 and m_hint > 128:
+            continue  # one consumer warpgroup idles at BLOCK_M 64: only for small M
+        for block_n in SM90_BLOCK_N:
+            stages = _sm90_stages(spec, block_m, block_n)
+            if stages < 3:
+                continue
+            cost = sm90_tile_cost(m_hint, spec.n, block_m, block_n, num_sms)
+            if best is None or cost < best[0]:
+                best = (cost, block_m, block_n, stages)
+    _, block_m, block_n, stages = best
+    return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
+                        num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,
+                        group_m=16)
 
 
 def max_vector(esize: int, ptr: int, row_stride: int, rows: int) -> int:
@@ -118,8 +220,18 @@ def m_bucket(m: int) -> str:
     return "small" if m <= 64 else "large"
 
 
-def choose_config(spec: GemmSpec, m_hint: int, arch: str, vec_a: int | None = None,
-                  vec_b: int | None = None) -> KernelConfig:
+def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None) -> KernelConfig:
+    """The heuristic choice: the Hopper family where it applies (sm_90a, layout nt, TMA-legal
+    strides), the portable family otherwise."""
+    if sm90_supports(spec, arch):
+        cfg = choose_sm90_config(spec, m_hint, num_sms or DEFAULT_SM90_NUM_SMS)
+        cfg.check_for(spec, arch)
+        return cfg
+    return choose_sm80_config(spec, m_hint, arch)
+
+
+def choose_sm80_config(spec: GemmSpec, m_hint: int, arch: str, vec_a: int | None = None,
+                       vec_b: int | None = None) -> KernelConfig:
     """The heuristic choice for the portable family.
 
     - 128x128 tiles with 8 warps (64x32 per warp) for large M; 64x128 with 4 warps

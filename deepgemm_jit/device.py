@@ -80,3 +80,10 @@ def num_sms(device_id: int | None = None) -> int:
 
     dev_id = current_device_id() if device_id is None else device_id
     return int(cupy.cuda.runtime.getDeviceProperties(dev_id)["multiProcessorCount"])
+
+
+def l2_bytes(device_id: int | None = None) -> int:
+    import cupy
+
+    dev_id = current_device_id() if device_id is None else device_id
+    return int(cupy.cuda.runtime.getDeviceProperties(dev_id)["l2CacheSize"])

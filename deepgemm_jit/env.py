@@ -52,3 +52,8 @@ def disk_cache_disabled() -> bool:
 
 def verbose() -> bool:
     return env_bool("DEEPGEMM_JIT_VERBOSE")
+
+
+def cupy_tf32() -> bool:
+    """CuPy's own switch (read as CuPy reads it): with CUPY_TF32=1 its float32 matmuls run on TF32."""
+    return os.environ.get("CUPY_TF32", "0") == "1"

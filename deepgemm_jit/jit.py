@@ -16,7 +16,8 @@ from .config import KernelConfig
 from .render import RenderedSource, render
 from .spec import GemmSpec
 
-_TEMPLATES = {"sm80": ("gemm_sm80.cu.j2", "dgjit_gemm_sm80")}
+_TEMPLATES = {"sm80": ("gemm_sm80.cu.j2", "dgjit_gemm_sm80"),
+              "sm90": ("gemm_sm90.cu.j2", "dgjit_gemm_sm90")}
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,35 @@ class LoadedKernel:
         self.module = cupy.cuda.function.Module()
         self.module.load(artifact.cubin)
         self.function = self.module.get_function(artifact.entry)
+        self.entry = artifact.entry
+        exported = self.symbols.get("smem_bytes") if artifact.config.family == "sm90" else None
+        if exported is not None and exported != dynamic_smem_bytes:
+            raise RuntimeError(f"shared-memory layout mismatch for {artifact.meta.get('name')}: the kernel "
+                               f"exports {exported} B, config.py computes {dynamic_smem_bytes} B")
         self.dynamic_smem_bytes = dynamic_smem_bytes
         if dynamic_smem_bytes > _DEFAULT_SMEM_LIMIT:
             cupy.cuda.driver.funcSetAttribute(
                 self.function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dynamic_smem_bytes)
+
+    @property
+    def symbols(self) -> dict[str, int]:
+        """The `<entry>_<name>` unsigned-int constants a kernel exports (layout facts for the host)."""
+        cached = getattr(self, "_symbols", None)
+        if cached is None:
+            cached = {name: self.read_u32(f"{self.entry}_{name}")
+                      for name in ("smem_bytes", "num_threads", "d_box_cols", "d_box_rows", "d_swizzle_bytes")}
+            self._symbols = cached
+        return cached
+
+    def read_u32(self, symbol: str) -> int:
+        import cupy
+        import numpy as np
+
+        ptr = self.module.get_global_var(symbol)
+        host = np.zeros(1, dtype=np.uint32)
+        cupy.cuda.runtime.memcpy(host.ctypes.data, int(ptr), 4, cupy.cuda.runtime.memcpyDeviceToHost)
+        return int(host[0])
 
     def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, stream) -> None:
         self.function(grid, block, args, shared_mem=self.dynamic_smem_bytes, stream=stream)

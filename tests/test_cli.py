@@ -23,7 +23,7 @@ def test_explain_json(cache_dir, capsys):
 
 def test_explain_text_and_cache_commands(cache_dir, capsys):
     assert cli.main(["explain", "64", "64", "64", "--arch", "sm_90a"]) == 0
-    assert "HMMA" in capsys.readouterr().out
+    assert "HGMMA" in capsys.readouterr().out  # 64x64x64 nt bf16 goes to the Hopper family
     assert cli.main(["cache", "list"]) == 0
     listing = capsys.readouterr().out
     assert "1 kernels" in listing

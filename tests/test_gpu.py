@@ -52,7 +52,18 @@ def test_one_kernel_serves_every_m():
     g = dg.build(4096, 520, 1032, dtype="bf16")
     for m in (1, 2, 63, 64, 65, 127, 129, 777, 5001):
         check(g, m)
-    assert len(g._variants) == 1  # packed operands: no other variant was needed
+    # Packed operands need no fallback variant beyond the kernel built.
+    assert len(g._variants) == (0 if g.family == "sm90" else 1)
+
+
+def test_sm90_is_used_and_tma_fallback_works():
+    g = dg.build(512, 520, 1032, dtype="bf16")
+    assert g.family == "sm90"
+    check(g, 333)
+    a_big = reference.random_matrix((333, 1032 + 3), "bf16")  # row stride 2070 B: not TMA-legal
+    b = reference.random_matrix((520, 1032), "bf16")
+    check(g, 333, a=a_big[:, :1032], b=b)
+    assert [art.config.family for art in g._variants.values()] == ["sm80"]
 
 
 def test_new_output_array():

@@ -18,7 +18,7 @@ def all_variants():
             spec = GemmSpec.create(1001, 1003 if dt != "tf32" else 1000, dtype=dt, out_dtype=out_dtype,
                                    layout=layout)
             for m_hint in (16, 4096):
-                yield spec, config.choose_config(spec, m_hint, "sm_90a")
+                yield spec, config.choose_sm80_config(spec, m_hint, "sm_90a")
 
 
 def test_render_every_combination():
@@ -60,10 +60,16 @@ def test_compile_sm90a_no_local_memory(dt, layout, shared_cache_dir, monkeypatch
         case = f"{dt=} {layout=} {m=} {n=} {k=} {g.config.tag}"
         assert info["local_bytes"] == 0, case
         assert info["spill_bytes"] == 0, case
-        assert info["sass"].get("HMMA", 0) > 0, case  # tensor cores do the math
         assert "STL" not in info["sass"] and "LDL" not in info["sass"], case
-        if (m, n, k) == (4096, 4096, 4096):
+        if g.family == "sm90":
+            assert info["sass"].get("HGMMA", 0) > 0, case  # warpgroup MMA
+            assert info["sass"].get("UTMALDG", 0) > 0 and info["sass"].get("UTMASTG", 0) > 0, case
+        else:
+            assert info["sass"].get("HMMA", 0) > 0, case  # tensor cores do the math
+        if (m, n, k) == (4096, 4096, 4096) and g.family == "sm80":
             assert info["sass"].get("LDGSTS", 0) > 0, case  # cp.async pipeline
+        # Hopper takes every nt problem whose strides TMA can describe; the rest go portable.
+        assert g.family == ("sm90" if layout == "nt" and (m, n, k) == (4096, 4096, 4096) else "sm80"), case
         assert g.artifact.cubin[:4] == b"\x7fELF"
 
 
@@ -72,7 +78,7 @@ def test_explain_json_keys(shared_cache_dir, monkeypatch):
     info = build(64, 128, 256, dtype="bf16", arch="sm_90a").explain()
     for key in ("family", "config", "registers", "shared_bytes", "local_bytes", "sass", "cubin"):
         assert key in info
-    assert info["family"] == "sm80" and info["registers"] > 0 and info["shared_bytes"] > 0
+    assert info["family"] == "sm90" and info["registers"] > 0 and info["shared_bytes"] > 0
 
 
 def test_sass_opcode_parser():
@@ -86,3 +92,41 @@ def test_sass_opcode_parser():
     import collections
     counts = collections.Counter(m.group(1) for m in sass._INSTR.finditer(fake))
     assert counts == {"NOP": 1, "BRA": 1, "HMMA": 2, "HGMMA": 1}
+
+
+SM90_VARIANTS = [  # (dtype, out_dtype, block_m, block_n)
+    ("bf16", "bf16", 128, 256), ("bf16", "fp32", 128, 208), ("bf16", "bf16", 128, 176),
+    ("fp16", "fp16", 128, 144), ("fp16", "bf16", 64, 112), ("bf16", "fp16", 64, 56), ("bf16", "bf16", 64, 8),
+    ("tf32", "fp32", 128, 176), ("tf32", "bf16", 64, 72),
+]
+
+
+@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n", SM90_VARIANTS)
+def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, shared_cache_dir, monkeypatch):
+    """Every sm90 variant: HGMMA and TMA in the SASS, no local memory, setmaxnreg kept."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(1024, 2048, dtype=dtype, out_dtype=out_dtype)
+    esize = 4 if dtype == "tf32" else 2
+    stages = config._sm90_stages(spec, block_m, block_n)
+    cfg = config.KernelConfig("sm90", block_m, block_n, 128 // esize, min(stages, 4), 2, 1, 16 // esize,
+                              16 // esize, group_m=16)
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    mix = sass.opcode_mix(art.cubin)
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    case = f"{dtype=} {out_dtype=} {cfg.tag}"
+    assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
+    assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
+
+
+def test_sm90_rejections():
+    spec = GemmSpec.create(1024, 2048, dtype="bf16")
+    ok = config.choose_sm90_config(spec, 4096, 132)
+    with pytest.raises(ValueError, match="sm_90a"):
+        ok.check_for(spec, "sm_80")
+    with pytest.raises(ValueError, match="layout"):
+        ok.check_for(GemmSpec.create(1024, 2048, dtype="bf16", layout="nn"), "sm_90a")
+    with pytest.raises(ValueError, match="block_k"):
+        dataclasses.replace(ok, block_k=32).check_for(spec, "sm_90a")
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(ok, num_stages=8).check_for(spec, "sm_90a")

@@ -65,11 +65,12 @@ def test_max_vector():
 
 def test_heuristic_buckets_and_vectors():
     spec = GemmSpec.create(4096, 4096, dtype="bf16")
-    small = config.choose_config(spec, 16, "sm_90a")
-    large = config.choose_config(spec, 4096, "sm_90a")
+    small = config.choose_sm80_config(spec, 16, "sm_90a")
+    large = config.choose_sm80_config(spec, 4096, "sm_90a")
     assert small.block_m == 64 and large.block_m == 128
     assert (large.vec_a, large.vec_b) == (8, 8)
     odd = config.choose_config(GemmSpec.create(1001, 1003, dtype="bf16", layout="nn"), 1000, "sm_90a")
+    assert odd.family == "sm80"
     assert (odd.vec_a, odd.vec_b) == (1, 1)
     for dt in ("fp16", "bf16", "tf32"):
         for layout in ("nt", "nn", "tn", "tt"):
@@ -88,3 +89,30 @@ def test_arch_handling():
     assert device.runs_on("sm_90a", 9, 0) and not device.runs_on("sm_90a", 10, 0)
     assert device.runs_on("sm_80", 8, 6) and not device.runs_on("sm_86", 8, 0)
     assert not device.runs_on("sm_80", 9, 0)
+
+
+def test_family_selection():
+    def fam(n, k, layout="nt", dtype="bf16", out=None, arch="sm_90a"):
+        return config.choose_config(GemmSpec.create(n, k, dtype=dtype, out_dtype=out, layout=layout), 4096,
+                                    arch).family
+    assert fam(4096, 4096) == "sm90"
+    assert fam(4096, 4096, dtype="tf32") == "sm90"
+    assert fam(4096, 4096, layout="nn") == "sm80"       # MN-major operands: portable for now
+    assert fam(4096, 4100) == "sm80"                      # K * 2 bytes not a multiple of 16: no TMA
+    assert fam(4100, 4096) == "sm80"                      # nor N for D's rows
+    assert fam(4100, 4096, out="fp32") == "sm90"          # 4100 * 4 bytes is
+    assert fam(4096, 4096, arch="sm_80") == "sm80"
+
+
+def test_sm90_heuristic_follows_waves():
+    """Shapes measured on the H200 (docs/NOTES.md): the waves model picks the measured winner."""
+    pick = lambda m, n, k: config.choose_config(GemmSpec.create(n, k, dtype="bf16"), m, "sm_90a", 132)
+    assert (pick(4096, 7168, 16384).block_m, pick(4096, 7168, 16384).block_n) == (128, 256)
+    assert pick(4096, 4096, 7168).block_n == 256
+    assert pick(4096, 2112, 7168).block_n == 176   # 12 N tiles x 32 M tiles = 2.9 waves of 132
+    small = pick(64, 7168, 16384)
+    assert small.block_m == 64 and -(-7168 // small.block_n) <= 132  # one wave over the SMs
+    for m, n, k in ((4096, 24576, 1536), (128, 2112, 7168), (1, 4096, 4096)):
+        cfg = pick(m, n, k)
+        assert cfg.num_stages >= 3
+        assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= config.SM90_SMEM_BUDGET_BYTES

@@ -1,0 +1,318 @@
+"""Run records: header (environment), JSON, markdown, PNG roofline plot, and the short printed table.
+
+Pure Python except ``collect_env`` (queries the GPU when called) and ``write_plot`` (imports matplotlib lazily).
+
+JSON schema (``SCHEMA_VERSION``): {"schema": int, "header": {...HEADER_KEYS}, "rows": [{...ROW_KEYS, ...}]}.
+``ratio`` = baseline_us / us: above 1 we are faster. ``tflops`` = 2MNK/t, ``gbps`` = (A + B + D bytes)/t.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from . import dtypes as bench_dtypes
+from . import metrics
+
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+HEADER_KEYS = ("date", "gpu", "sm_count", "cc", "l2_bytes", "driver", "runtime", "cupy", "nvrtc", "torch",
+               "torch_cuda", "numpy", "ml_dtypes", "python", "deepgemm_jit", "git_commit", "git_dirty",
+               "source_sha256", "command", "suites", "dtypes", "layouts", "reps", "warmup", "flush_bytes",
+               "seed", "quick", "baselines", "gpu_state")
+# Every row has these keys (values may be None when a row failed); extra keys are allowed.
+ROW_KEYS = ("suite", "dtype", "layout", "m", "n", "k", "status", "us", "tflops", "gbps", "baseline",
+            "baseline_us", "ratio", "err", "family", "config")
+ROW_STATUSES = ("ok", "fail", "error", "skipped")
+
+
+# ------------------------------------------------------------------------------------------ header / provenance
+def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 10.0) -> str | None:
+    try:
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def git_info(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the repo, (None, None) where git or the history is missing (the GPU machine's copy)."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    if commit is None:
+        return None, None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return commit, (None if status is None else bool(status))
+
+
+def source_sha256(root: Path = REPO_ROOT) -> str:
+    """Hash of the code that ran (library, templates, bench; results excluded): identifies it without git."""
+    h = hashlib.sha256()
+    for top in ("deepgemm_jit", "templates", "bench"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*")):
+            rel = p.relative_to(root).as_posix()
+            if not p.is_file() or "__pycache__" in rel or rel.startswith("bench/results/"):
+                continue
+            if p.suffix not in (".py", ".cuh", ".cu", ".h", ".jinja", ".j2", ".toml", ".md", ".txt"):
+                continue
+            h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _version(module_name: str) -> str | None:
+    try:
+        mod = __import__(module_name)
+    except Exception:
+        return None
+    return str(getattr(mod, "__version__", "?"))
+
+
+def collect_env(argv: list[str], settings: dict) -> dict:
+    """The run's header. Queries the GPU (call it after CUDA is known to work)."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"]
+    nvrtc = cupy.cuda.nvrtc.getVersion()
+    torch_version = torch_cuda = None
+    if _version("torch") is not None:
+        torch = sys.modules["torch"]
+        torch_version = str(torch.__version__)
+        torch_cuda = str(getattr(torch.version, "cuda", None))
+    commit, dirty = git_info()
+    smi = _run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,"
+                "power.limit,persistence_mode", "--format=csv,noheader", "-i", str(cupy.cuda.Device().id)])
+    header = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": name.decode() if isinstance(name, bytes) else str(name),
+        "sm_count": int(props["multiProcessorCount"]),
+        "cc": f"{props['major']}.{props['minor']}",
+        "l2_bytes": int(props["l2CacheSize"]),
+        "driver": cupy.cuda.runtime.driverGetVersion(),
+        "runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "cupy": cupy.__version__,
+        "nvrtc": ".".join(map(str, nvrtc)),
+        "torch": torch_version,
+        "torch_cuda": torch_cuda,
+        "numpy": _version("numpy"),
+        "ml_dtypes": _version("ml_dtypes"),
+        "python": platform.python_version(),
+        "deepgemm_jit": _version("deepgemm_jit"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "source_sha256": source_sha256(),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bench", *argv]),
+        "gpu_state": smi,  # "sm clock, max sm clock, mem clock, temperature, power, power limit, persistence"
+    }
+    header.update(settings)
+    return header
+
+
+def result_stem(date_iso: str, suites, commit: str | None, dirty: bool | None, source_sha: str) -> str:
+    """'<date>-<suite>-<gitshort>': 20261129T071502Z-deepseek+square-1a2b3c4, src-<hash8> without git."""
+    when = _dt.datetime.fromisoformat(date_iso).astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    short = commit[:7] if commit else f"src{source_sha[:7]}"
+    if dirty:
+        short += "-dirty"
+    return f"{when}-{'+'.join(suites)}-{short}"
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+def validate(record: dict) -> list[str]:
+    """Problems with a run record (empty list: fine). The CPU tests hold the schema to this."""
+    problems = []
+    if record.get("schema") != SCHEMA_VERSION:
+        problems.append(f"schema {record.get('schema')!r} != {SCHEMA_VERSION}")
+    header = record.get("header", {})
+    problems += [f"header lacks {k}" for k in HEADER_KEYS if k not in header]
+    for i, row in enumerate(record.get("rows", [])):
+        problems += [f"row {i} lacks {k}" for k in ROW_KEYS if k not in row]
+        if row.get("status") not in ROW_STATUSES:
+            problems.append(f"row {i} status {row.get('status')!r}")
+        if row.get("status") == "ok" and not (isinstance(row.get("us"), (int, float)) and row["us"] > 0):
+            problems.append(f"row {i} is ok without a time")
+        if row.get("status") == "fail" and row.get("us") is not None:
+            problems.append(f"row {i} failed its check but carries a time")
+    return problems
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def to_json(header: dict, rows: list[dict]) -> str:
+    """NaN (a non-finite output's err) is stored as null, with the row's status saying why."""
+    return json.dumps(_json_safe({"schema": SCHEMA_VERSION, "header": header, "rows": rows}), indent=1,
+                      allow_nan=False)
+
+
+# -------------------------------------------------------------------------------------------------- summaries
+def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
+    """{dtype: {"ratio": geomean of ratio, "tflops", "baseline_tflops", "n" (rows in the mean), "n_ok",
+    "n_bad"}} over the rows with status ok (and a baseline, for ratio)."""
+    out: dict[str, dict] = {}
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        rs = [r for r in rows if r["dtype"] == dtype]
+        ok = [r for r in rs if r["status"] == "ok"]
+        paired = [r for r in ok if r.get("ratio")]
+        out[dtype] = {
+            "ratio": metrics.geomean(r["ratio"] for r in paired),
+            "tflops": metrics.geomean(r["tflops"] for r in paired),
+            "baseline_tflops": metrics.geomean(r.get("baseline_tflops") for r in paired),
+            "n": len(paired), "n_ok": len(ok), "n_bad": len(rs) - len(ok),
+        }
+    return out
+
+
+def _f(x, fmt: str, none: str = "-") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none
+    return format(x, fmt)
+
+
+def _err_text(r: dict) -> str:
+    """A failed row without a finite error had a non-finite output (NaN is stored as null in the JSON)."""
+    err = r.get("err")
+    if err is None or (isinstance(err, float) and math.isnan(err)):
+        return "NaN" if r["status"] == "fail" else "-"
+    return _f(err, ".1e")
+
+
+def render_markdown(header: dict, rows: list[dict]) -> str:
+    lines = [
+        f"# deepgemm-jit bench: {'+'.join(header.get('suites', []))}",
+        "",
+        f"{header.get('date')} · {header.get('gpu')} ({header.get('sm_count')} SMs) · driver "
+        f"{header.get('driver')} runtime {header.get('runtime')} · CuPy {header.get('cupy')} NVRTC "
+        f"{header.get('nvrtc')} · torch {header.get('torch')} · commit {header.get('git_commit') or '-'}"
+        f"{' (dirty)' if header.get('git_dirty') else ''} · src {str(header.get('source_sha256'))[:12]}",
+        "",
+        f"`{header.get('command')}` · median of {header.get('reps')} reps, L2 flushed "
+        f"({(header.get('flush_bytes') or 0) >> 20} MiB written) before each, ours and baseline interleaved. "
+        "ratio = baseline µs / our µs (> 1: we are faster). GB/s counts A + B + D once.",
+        "",
+        "| dtype | layout | M | N | K | µs | TFLOPS | GB/s | baseline | base µs | base TFLOPS | ratio | err | ref "
+        "| family | config | status |",
+        "|---|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|---|---|---|---|",
+    ]
+    for r in rows:
+        status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
+        detail = r.get("error") or r.get("note") or ""
+        if detail:
+            status += ": " + detail.replace("|", "\\|").replace("\n", " ")[:200]
+        lines.append(
+            f"| {r['dtype']} | {r['layout']} | {r['m']} | {r['n']} | {r['k']} | {_f(r['us'], '.1f')} "
+            f"| {_f(r['tflops'], '.1f')} | {_f(r['gbps'], '.0f')} | {r.get('baseline') or '-'} "
+            f"| {_f(r['baseline_us'], '.1f')} | {_f(r.get('baseline_tflops'), '.1f')} | {_f(r['ratio'], '.3f')} "
+            f"| {_err_text(r)} | {r.get('ref') or '-'} | {r.get('family') or '-'} "
+            f"| {str(r.get('config') or '-').replace('|', '/')} | {status} |")
+    lines.append("")
+    for dtype, g in geomean_by_dtype(rows).items():
+        lines.append(f"- **geomean {dtype}**: ratio {_f(g['ratio'], '.3f')} over {g['n']} rows with a baseline; "
+                     f"ours {_f(g['tflops'], '.1f')} TFLOPS vs baseline {_f(g['baseline_tflops'], '.1f')} "
+                     f"(geomean); {g['n_ok']} ok, {g['n_bad']} failed/errored/skipped")
+    return "\n".join(lines) + "\n"
+
+
+def render_short_table(rows: list[dict]) -> str:
+    """The table printed at the end of a run (the device tool returns only the tail of stdout)."""
+    lines = [f"{'dtype':5} {'lay':3} {'M':>5} {'N':>6} {'K':>6} {'us':>9} {'TFLOPS':>7} {'base_us':>9} "
+             f"{'ratio':>6} {'err':>8} status"]
+    for r in rows:
+        status = r["status"]
+        if r["status"] != "ok":
+            status += " " + (r.get("error") or r.get("note") or "")[:60].replace("\n", " ")
+        elif r.get("note"):
+            status += " *"
+        lines.append(f"{r['dtype']:5} {r['layout']:3} {r['m']:>5} {r['n']:>6} {r['k']:>6} {_f(r['us'], '9.1f'):>9} "
+                     f"{_f(r['tflops'], '7.1f'):>7} {_f(r['baseline_us'], '9.1f'):>9} {_f(r['ratio'], '6.3f'):>6} "
+                     f"{_err_text(r):>8} {status}")
+    for dtype, g in geomean_by_dtype(rows).items():
+        lines.append(f"geomean {dtype}: ratio {_f(g['ratio'], '.3f')} over {g['n']} rows "
+                     f"({g['n_ok']} ok, {g['n_bad']} not)")
+    if any(r["status"] == "ok" and r.get("note") for r in rows):
+        lines.append("* = the row has a note in the .md/.json")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------------------- plot
+def write_plot(path: Path, header: dict, rows: list[dict]) -> str | None:
+    """Roofline PNG: achieved TFLOPS vs FLOP/byte, log-log, one panel per dtype. Returns None, or why not."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:
+        return f"no plot: matplotlib unavailable ({exc.__class__.__name__}: {exc})"
+    ok = [r for r in rows if r["status"] == "ok" and r.get("intensity")]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in ok))
+    if not dtypes:
+        return "no plot: no timed rows"
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 5.0), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        info = bench_dtypes.get(dtype)
+        rs = [r for r in ok if r["dtype"] == dtype]
+        xs = [r["intensity"] for r in rs]
+        lo, hi = min(xs) / 2, max(xs) * 2
+        peak = info.peak_tflops
+        if peak:
+            lo = min(lo, peak / bench_dtypes.COPY_TBPS / 4)
+            hi = max(hi, peak / bench_dtypes.COPY_TBPS * 4)
+            grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+            ax.plot(grid, [metrics.roofline_tflops(x, peak, bench_dtypes.COPY_TBPS) for x in grid], "k-", lw=1,
+                    label=f"roof: {bench_dtypes.COPY_TBPS} TB/s copy, {peak:g} TFLOPS datasheet")
+        if info.cublas_tflops:
+            ax.axhline(info.cublas_tflops, color="gray", ls="--", lw=1,
+                       label=f"cuBLAS measured ceiling ~{info.cublas_tflops:g}")
+        ax.scatter(xs, [r["tflops"] for r in rs], marker="o", s=28, color="tab:blue", zorder=3,
+                   label="deepgemm-jit")
+        based = [r for r in rs if r.get("baseline_tflops")]
+        if based:
+            ax.scatter([r["intensity"] for r in based], [r["baseline_tflops"] for r in based], marker="x", s=34,
+                       color="tab:red", zorder=3, label=str(based[0].get("baseline") or "baseline"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel("arithmetic intensity (FLOP / byte, A + B + D once)")
+        ax.set_ylabel("achieved TFLOPS (2MNK / t)")
+        ax.set_title(f"{dtype}: {len(rs)} shapes")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"{header.get('gpu')} · {header.get('date')} · {str(header.get('git_commit') or '')[:7]}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write_all(out_dir: Path, header: dict, rows: list[dict]) -> dict[str, Path | str]:
+    """JSON + markdown + PNG with one stem; returns their paths (and "plot_skipped" with the reason)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = result_stem(header["date"], header["suites"], header.get("git_commit"), header.get("git_dirty"),
+                       header["source_sha256"])
+    paths: dict[str, Path | str] = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
+    paths["json"].write_text(to_json(header, rows))
+    paths["md"].write_text(render_markdown(header, rows))
+    png = out_dir / f"{stem}.png"
+    why = write_plot(png, header, rows)
+    if why is None:
+        paths["png"] = png
+    else:
+        paths["plot_skipped"] = why
+    return paths

@@ -1,0 +1,112 @@
+"""Benchmark suites as data, and their expansion into cases (pure Python, no GPU).
+
+A suite is a list of (M, N, K); a case is one (suite, dtype, layout, M, N, K) row of a run.
+Layouts name the storage of A and B, first letter A, second B (BLAS/DeepGEMM convention, math is D = A·B with
+A (M, K) and B (K, N)): 'n' = stored as in the math, 't' = stored transposed, as ``deepgemm_jit.spec.LAYOUTS``
+(``GemmSpec.a_shape`` / ``b_shape`` give the stored shapes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from deepgemm_jit.spec import LAYOUTS
+
+from . import dtypes as bench_dtypes
+
+Shape = tuple[int, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    shapes: tuple[Shape, ...]
+    quick_shapes: tuple[Shape, ...]   # the subset run under --quick
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    suite: str
+    dtype: str
+    layout: str
+    m: int
+    n: int
+    k: int
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
+        bench_dtypes.get(self.dtype)
+        for dim, v in (("m", self.m), ("n", self.n), ("k", self.k)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{dim}={v!r} must be a positive int")
+
+    @property
+    def tag(self) -> str:
+        return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}"
+
+
+def _product(ms, nks) -> tuple[Shape, ...]:
+    return tuple((m, n, k) for m, (n, k) in itertools.product(ms, nks))
+
+
+# DeepSeek-V3 dense projections (DeepGEMM's own benchmark shapes): decode (64), small prefill (128), prefill (4096).
+_DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite("deepseek", _product((64, 128, 4096), _DEEPSEEK_NK),
+              _product((64, 4096), ((2112, 7168), (7168, 2048))),
+              "DeepSeek-V3 projections, M in {64, 128, 4096}"),
+        Suite("square", ((4096, 4096, 4096), (8192, 8192, 8192)), ((4096, 4096, 4096),),
+              "large square, compute-bound"),
+        Suite("seed", ((64, 4096, 4096), (1, 4096, 4096), (4096, 4096, 4096)),
+              ((64, 4096, 4096), (1, 4096, 4096), (4096, 4096, 4096)),
+              "the first issue's acceptance shapes"),
+        # DESIGN.md: odd and small sizes belong to every sweep. K*itemsize not a multiple of 16 may be refused
+        # by a TMA path (then the row reports the library's ValueError, which is also worth seeing).
+        Suite("odd", ((1, 1, 8), (7, 13, 24), (129, 257, 136), (1000, 1000, 1000), (4095, 4097, 4104),
+                      (333, 7168, 2048)),
+              ((7, 13, 24), (1000, 1000, 1000)),
+              "odd and small sizes (correctness-minded)"),
+    )
+}
+
+DEFAULT_SUITES = ("deepseek", "square", "seed")
+DEFAULT_DTYPES = ("bf16", "fp16", "tf32")
+
+
+def parse_list(text: str | None, allowed, default, what: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'), checked against `allowed`; None or '' -> default; 'all' -> every allowed value."""
+    if not text:
+        return tuple(default)
+    if text.strip() == "all":
+        return tuple(allowed)
+    items = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise ValueError(f"unknown {what} {bad}; choose from {sorted(allowed)}")
+    return items
+
+
+def expand(suites, dtypes, layouts=("nt",), quick: bool = False) -> list[Case]:
+    """Every case of the run, suite-major then dtype then layout then shape; a shape met twice runs once."""
+    cases: list[Case] = []
+    seen: set[tuple] = set()
+    for suite_name in suites:
+        if suite_name not in SUITES:
+            raise ValueError(f"unknown suite {suite_name!r}; choose from {sorted(SUITES)}")
+        suite = SUITES[suite_name]
+        shapes = suite.quick_shapes if quick else suite.shapes
+        for dtype in dtypes:
+            for layout in layouts:
+                for m, n, k in shapes:
+                    key = (dtype, layout, m, n, k)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    cases.append(Case(suite_name, dtype, layout, m, n, k))
+    return cases
+

@@ -1,0 +1,56 @@
+"""Kernel arguments and grid per family: what a launch of a compiled kernel needs.
+
+sm80: raw pointers and row strides, one block per output tile.
+sm90: TMA tensor maps (encoded on the host, memoized per buffer) and a persistent grid of at
+most one block per SM.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import device, tma
+from .arrays import MatrixView
+from .jit import KernelArtifact
+from .runtime import LoadedKernel
+from .spec import GemmSpec
+
+
+def tma_legal(view: MatrixView) -> bool:
+    """TMA needs a 16-byte aligned base and row strides that are multiples of 16 bytes."""
+    return view.ptr % 16 == 0 and (view.rows <= 1 or (view.row_stride * view.itemsize) % 16 == 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_map(ptr: int, dtype: str, rows: int, cols: int, stride_bytes: int, box_rows: int, box_cols: int,
+                swizzle: int):
+    # A tensor map depends only on these values: memoizing keeps the driver call off the hot path
+    # when a buffer is reused (the common case in inference loops).
+    return tma.encode_tiled_2d(ptr, dtype, rows, cols, stride_bytes, box_rows, box_cols, swizzle)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_id: int) -> int:
+    return device.num_sms(device_id)
+
+
+def launch(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
+           vb: MatrixView, vd: MatrixView, device_id: int, stream) -> None:
+    cfg = artifact.config
+    if cfg.family == "sm90":
+        sym = kernel.symbols
+        tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, va.row_stride * va.itemsize, cfg.block_m,
+                             cfg.block_k, 128)
+        tmap_b = _tensor_map(vb.ptr, spec.dtype, spec.n, spec.k, vb.row_stride * vb.itemsize, cfg.block_n,
+                             cfg.block_k, 128)
+        tmap_d = _tensor_map(vd.ptr, spec.out_dtype, m, spec.n, vd.row_stride * vd.itemsize,
+                             sym["d_box_rows"], sym["d_box_cols"], sym["d_swizzle_bytes"])
+        tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
+        grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
+        kernel.launch(grid, (sym["num_threads"], 1, 1), (tmap_a, tmap_b, tmap_d, np.uint32(m)), stream)
+        return
+    grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
+    args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
+            np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))
+    kernel.launch(grid, (cfg.num_threads, 1, 1), args, stream)

@@ -1,0 +1,372 @@
+// Hopper (sm_90a) GEMM: persistent, warp-specialised, TMA + WGMMA.
+//
+//   D (M x N, row-major) = A (M x K, row-major) * B (N x K, row-major)^T       ("nt", both K-major)
+//
+// One CTA per SM walks the output tiles in a grouped order (TileScheduler). Warpgroups:
+//   * 0 .. kNumMathWGs-1  consumers: each owns kWGRows rows of the kBlockM x kBlockN tile, issues
+//                         wgmma on the shared B stage and its slice of the A stage, then runs the
+//                         epilogue for its rows (registers -> swizzled smem -> TMA store).
+//   * 2                   producer: one elected thread issues the TMA loads of A and B into a
+//                         kNumStages-deep shared-memory ring.
+//   * 1 when kBlockM = 64 idle: the kernel always has 384 threads so that the register budget at entry
+//                         (65536 / 384 = 168) and the setmaxnreg split (40 / 232) are the same for
+//                         every configuration; the idle warpgroup gives its registers back and exits.
+// Handshake per ring stage s (mbarriers in shared memory):
+//   full[s]  : 1 arrival (producer's arrive.expect_tx) + the TMA transaction bytes of A and B.
+//   empty[s] : one arrival per consumer warp once its wgmmas reading stage s have completed.
+// Producer and consumers walk the same tile sequence and K loop, so they agree on (stage, phase)
+// without communicating anything else.
+//
+// Tails: M, N and K need no special code. TMA zero-fills the parts of a load box outside the tensor
+// (zeros contribute nothing to the dot products) and clips the parts of a store box outside D.
+#pragma once
+#include "dgjit/ptx_sm90.cuh"
+
+namespace dgjit {
+namespace sm90 {
+
+// Storage type of the operands -> wgmma operand kind. FP32 storage means TF32 MMAs (the tensor
+// cores ignore the low 13 mantissa bits).
+template <class T> struct OperandTraits;
+template <> struct OperandTraits<bfloat16_t> { static constexpr MmaKind kKind = MmaKind::kBF16; };
+template <> struct OperandTraits<half_t> { static constexpr MmaKind kKind = MmaKind::kFP16; };
+template <> struct OperandTraits<float> { static constexpr MmaKind kKind = MmaKind::kTF32; };
+
+// How D leaves shared memory. TMA stores column slices whose smem row is one swizzle span, so the
+// slice width is the widest of 128/64/32/16 bytes that divides the tile's row (kBlockN = 112 bf16 ->
+// 224 bytes -> 32-byte slices). A slice may never reach into the neighbouring tile's columns, which a
+// fixed 128-byte slice would do for such N. The swizzle makes the epilogue's st.shared pattern (8 rows
+// x 16 bytes per warp instruction) conflict-free; 16-byte rows are conflict-free without one.
+// The host must encode D's tensor map with box = (kSliceCols, kWGRows) and this swizzle.
+template <class TD, uint32_t kBlockN>
+struct StoreTraits {
+  static constexpr uint32_t kElemBytes = sizeof(TD);
+  static constexpr uint32_t kTileRowBytes = kBlockN * kElemBytes;
+  static constexpr uint32_t kSliceRowBytes = kTileRowBytes % 128 == 0   ? 128
+                                             : kTileRowBytes % 64 == 0  ? 64
+                                             : kTileRowBytes % 32 == 0  ? 32
+                                                                        : 16;
+  static constexpr uint32_t kSliceCols = kSliceRowBytes / kElemBytes;
+  static constexpr uint32_t kNumSlices = kBlockN / kSliceCols;
+  static constexpr uint32_t kSwizzleBytes = kSliceRowBytes >= 32 ? kSliceRowBytes : 0;
+  static_assert(kTileRowBytes % 16 == 0, "a D tile row must be a whole number of 16-byte chunks");
+
+  // TMA's swizzle (on 1024-byte aligned buffers): the 16-byte chunk index inside each 128-byte line
+  // is XORed with the line index modulo (span / 16).
+  static DGJIT_DEVICE uint32_t swizzle(uint32_t offset_bytes) {
+    if constexpr (kSwizzleBytes == 0) {
+      return offset_bytes;
+    } else {
+      return offset_bytes ^ (((offset_bytes >> 7) & (kSwizzleBytes / 16 - 1)) << 4);
+    }
+  }
+};
+
+// Ring position shared by producer and consumers: the stage, and the parity of the barrier phase
+// that the next use of the stage waits for.
+template <uint32_t kNumStages>
+struct PipelineState {
+  uint32_t stage = 0;
+  uint32_t phase = 0;
+  DGJIT_DEVICE void advance() {
+    if (++stage == kNumStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Persistent tile walk: CTA b takes tiles b, b + gridDim.x, ... Tiles are numbered in groups of
+// kGroupM consecutive M blocks; inside a group the M block varies fastest. The CTAs running at the
+// same time then cover a roughly square patch of D, so the A rows and B rows they need are read from
+// DRAM about once and served from L2 afterwards.
+template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM>
+struct TileScheduler {
+  static_assert(kGroupM >= 1, "group size must be positive");
+  uint32_t num_m_blocks;
+  uint32_t num_tiles;
+  uint32_t next_tile;
+
+  DGJIT_DEVICE explicit TileScheduler(uint32_t m)
+      : num_m_blocks((m + kBlockM - 1) / kBlockM), num_tiles(num_m_blocks * kNumNBlocks), next_tile(blockIdx.x) {}
+
+  DGJIT_DEVICE bool next(uint32_t& m_block, uint32_t& n_block) {
+    if (next_tile >= num_tiles) return false;
+    constexpr uint32_t kTilesPerGroup = kGroupM * kNumNBlocks;
+    const uint32_t group = next_tile / kTilesPerGroup;
+    const uint32_t first_m_block = group * kGroupM;
+    const uint32_t rows_left = num_m_blocks - first_m_block;
+    const uint32_t group_m_blocks = rows_left < kGroupM ? rows_left : kGroupM;
+    const uint32_t in_group = next_tile - group * kTilesPerGroup;
+    m_block = first_m_block + in_group % group_m_blocks;
+    n_block = in_group / group_m_blocks;
+    next_tile += gridDim.x;
+    return true;
+  }
+};
+
+template <class TA,           // operand storage: bfloat16_t, half_t, or float (TF32 MMAs)
+          class TD,           // output storage: bfloat16_t, half_t or float
+          uint32_t kN,        // problem N (columns of D, rows of B)
+          uint32_t kK,        // problem K
+          uint32_t kBlockM,   // 64 (one consumer), 128 or 256 (two consumers of 64 / 128 rows)
+          uint32_t kBlockN,   // multiple of 8 in 8..256 (one wgmma instruction spans it)
+          uint32_t kBlockK,   // 128 bytes of K: 64 for 16-bit types, 32 for TF32
+          uint32_t kNumStages,
+          uint32_t kGroupM>   // M blocks per raster group
+struct GemmSm90 {
+  // ---- roles and threads -------------------------------------------------------------------------
+  static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
+  static constexpr uint32_t kNumMathWGs = kBlockM == 64 ? 1 : 2;
+  static constexpr uint32_t kProducerWG = 2;
+  static constexpr uint32_t kWGRows = kBlockM / kNumMathWGs;
+  static constexpr uint32_t kNumM64PerWG = kWGRows / 64;
+  // 40 + 232 (+ 232) per thread over 3 warpgroups = 504 <= 3 * 168: the consumers' increase is covered
+  // by what the producer (and the idle warpgroup) release.
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kMathRegs = 232;
+
+  // ---- MMA geometry ------------------------------------------------------------------------------
+  static constexpr MmaKind kKind = OperandTraits<TA>::kKind;
+  using Mma = WgmmaM64<kBlockN>;
+  static constexpr uint32_t kMmaK = wgmma_k<kKind>();
+  static constexpr uint32_t kNumAccum = kBlockN / 2;  // fp32 accumulators per thread per m64 slice
+  static constexpr uint32_t kInBytes = sizeof(TA);
+  static constexpr uint32_t kSmemRowBytes = kBlockK * kInBytes;  // one 128B-swizzled row per M/N index
+  static constexpr uint32_t kNumKBlocks = (kK + kBlockK - 1) / kBlockK;
+  static constexpr uint32_t kNumNBlocks = (kN + kBlockN - 1) / kBlockN;
+
+  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "kBlockM must be 64, 128 or 256");
+  static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "kBlockN: multiple of 8 in 8..256");
+  static_assert(kSmemRowBytes == 128,
+                "kBlockK must span 128 bytes (64 for 16-bit operands, 32 for TF32): TMA box rows and "
+                "wgmma descriptors assume the 128-byte swizzle");
+  static_assert(kNumStages >= 2, "the ring needs at least two stages to overlap loads with MMAs");
+  static_assert(kN >= 1 && kK >= 1, "empty problems are handled on the host");
+  static_assert(kNumM64PerWG * kNumAccum <= 128,
+                "more than 128 accumulators per consumer thread will not fit in 232 registers");
+
+  // ---- shared memory (one source of truth; the host reads kSmemBytes from the module) ------------
+  using Store = StoreTraits<TD, kBlockN>;
+  static constexpr uint32_t kSmemDBytesPerWG = kWGRows * kBlockN * sizeof(TD);
+  static constexpr uint32_t kSmemDSliceBytes = kWGRows * Store::kSliceRowBytes;
+  static constexpr uint32_t kSmemABytesPerStage = kBlockM * kSmemRowBytes;
+  static constexpr uint32_t kSmemBBytesPerStage = kBlockN * kSmemRowBytes;
+  static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBytesPerStage;
+  static constexpr uint32_t kSmemDOffset = 0;
+  static constexpr uint32_t kSmemAOffset = kSmemDOffset + kNumMathWGs * kSmemDBytesPerWG;
+  static constexpr uint32_t kSmemBOffset = kSmemAOffset + kNumStages * kSmemABytesPerStage;
+  static constexpr uint32_t kSmemBarrierOffset = kSmemBOffset + kNumStages * kSmemBBytesPerStage;
+  // 2 barriers per stage; then 1024 bytes of slack so the base can be rounded up to the 1024-byte
+  // swizzle repeat at run time (the dynamic smem base alignment is not guaranteed beyond 16 bytes).
+  static constexpr uint32_t kSmemBytes = kSmemBarrierOffset + 2 * kNumStages * 8 + 1024;
+  static_assert(kSmemDSliceBytes % 1024 == 0 && kSmemABytesPerStage % 1024 == 0 &&
+                    kSmemBBytesPerStage % 1024 == 0 && kSmemDBytesPerWG % 1024 == 0,
+                "every swizzled buffer must start on a 1024-byte boundary");
+  static_assert(kSmemBytes <= 232448, "shared memory exceeds the 227 KiB a Hopper CTA can opt into");
+
+  using Scheduler = TileScheduler<kBlockM, kNumNBlocks, kGroupM>;
+  using State = PipelineState<kNumStages>;
+
+  struct Smem {
+    uint8_t* base;  // 1024-byte aligned
+    DGJIT_DEVICE uint8_t* d(uint32_t math_wg) const { return base + kSmemDOffset + math_wg * kSmemDBytesPerWG; }
+    DGJIT_DEVICE uint8_t* a(uint32_t stage) const { return base + kSmemAOffset + stage * kSmemABytesPerStage; }
+    DGJIT_DEVICE uint8_t* b(uint32_t stage) const { return base + kSmemBOffset + stage * kSmemBBytesPerStage; }
+    DGJIT_DEVICE uint64_t* full(uint32_t stage) const {
+      return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + stage;
+    }
+    DGJIT_DEVICE uint64_t* empty(uint32_t stage) const {
+      return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + kNumStages + stage;
+    }
+  };
+
+  // ---- producer: one thread keeps the ring full ---------------------------------------------------
+  static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
+                                   uint32_t m) {
+    Scheduler scheduler(m);
+    State state;
+    uint32_t m_block, n_block;
+    while (scheduler.next(m_block, n_block)) {
+#pragma unroll 1
+      for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+        // Parity flipped: the first pass over the ring finds every stage free.
+        mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
+        uint64_t* full = smem.full(state.stage);
+        mbarrier_arrive_expect_tx(full, kStageTxBytes);
+        const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
+        tma_load_2d(smem.a(state.stage), &tmap_a, full, k_idx, static_cast<int32_t>(m_block * kBlockM));
+        tma_load_2d(smem.b(state.stage), &tmap_b, full, k_idx, static_cast<int32_t>(n_block * kBlockN));
+        state.advance();
+      }
+    }
+  }
+
+  // ---- consumer main loop: accumulate one tile over K ---------------------------------------------
+  // Group g of wgmmas (one per K block) is committed, then we wait for group g-1 only: the tensor
+  // cores always have the next batch queued while the previous stage is handed back to the producer.
+  static DGJIT_DEVICE void release_stage(const Smem& smem, uint32_t stage) {
+    // One arrival per warp (empty barrier count = 4 * kNumMathWGs), after this warp's wait_group.
+    if (lane_idx() == 0) mbarrier_arrive(smem.empty(stage));
+  }
+
+  static DGJIT_DEVICE void fence_accumulators(float (&acc)[kNumM64PerWG][kNumAccum]) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+#pragma unroll
+      for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[mi][i]);
+  }
+
+  static DGJIT_DEVICE void mainloop(const Smem& smem, State& state, uint32_t math_wg,
+                                    float (&acc)[kNumM64PerWG][kNumAccum]) {
+    uint32_t previous_stage = 0;
+#pragma unroll 1
+    for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+      mbarrier_wait(smem.full(state.stage), state.phase);
+      const uint64_t desc_a =
+          make_smem_desc_k_major<128>(shared_addr(smem.a(state.stage)) + math_wg * kWGRows * kSmemRowBytes);
+      const uint64_t desc_b = make_smem_desc_k_major<128>(shared_addr(smem.b(state.stage)));
+      fence_accumulators(acc);
+      wgmma_fence();
+#pragma unroll
+      for (uint32_t k = 0; k < kBlockK / kMmaK; ++k) {
+        // scale_d = 0 on the tile's first K step overwrites stale accumulators from the previous tile.
+        const uint32_t scale_d = (k_block | k) != 0 ? 1u : 0u;
+#pragma unroll
+        for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+          Mma::template mma<kKind, false, false>(
+              acc[mi], smem_desc_advance(desc_a, mi * 64 * kSmemRowBytes + k * kMmaK * kInBytes),
+              smem_desc_advance(desc_b, k * kMmaK * kInBytes), scale_d);
+        }
+      }
+      wgmma_commit_group();
+      fence_accumulators(acc);
+      if (k_block > 0) {
+        wgmma_wait_group<1>();
+        release_stage(smem, previous_stage);
+      }
+      previous_stage = state.stage;
+      state.advance();
+    }
+    wgmma_wait_group<0>();
+    release_stage(smem, previous_stage);
+    fence_accumulators(acc);
+  }
+
+  // ---- epilogue: accumulators -> D tile (this warpgroup's kWGRows rows) ---------------------------
+  // Accumulator layout of m64nN (per warp w of the warpgroup, lane l): register 4j + 2h + e holds
+  // row 16w + l/4 + 8h, column 8j + 2(l%4) + e. Each (j, h) pair is one 2-element store.
+  static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
+                                    uint32_t m, uint32_t m_block, uint32_t n_block,
+                                    const float (&acc)[kNumM64PerWG][kNumAccum]) {
+    const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
+    const uint32_t barrier_id = 1 + math_wg;
+    // The previous tile's TMA store must have finished reading the buffer before it is overwritten.
+    if (is_store_thread) tma_store_wait_read<0>();
+    named_barrier_sync(barrier_id, kWarpgroupThreads);
+
+    const uint32_t d_base = shared_addr(smem.d(math_wg));
+    const uint32_t warp = warp_idx_in_warpgroup();
+    const uint32_t lane = lane_idx();
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+      for (uint32_t j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
+          const uint32_t col = j * 8 + 2 * (lane % 4);
+          const uint32_t slice = col / Store::kSliceCols;
+          const uint32_t col_in_slice = col % Store::kSliceCols;
+          const uint32_t addr = d_base + slice * kSmemDSliceBytes +
+                                Store::swizzle(row * Store::kSliceRowBytes + col_in_slice * sizeof(TD));
+          const float lo = acc[mi][4 * j + 2 * h];
+          const float hi = acc[mi][4 * j + 2 * h + 1];
+          if constexpr (is_same<TD, float>::value) {
+            st_shared_v2_f32(addr, lo, hi);
+          } else if constexpr (is_same<TD, bfloat16_t>::value) {
+            st_shared_b32(addr, pack_bf16x2(lo, hi));
+          } else {
+            static_assert(is_same<TD, half_t>::value, "output storage must be float, bfloat16_t or half_t");
+            st_shared_b32(addr, pack_f16x2(lo, hi));
+          }
+        }
+      }
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(barrier_id, kWarpgroupThreads);
+
+    const uint32_t row0 = m_block * kBlockM + math_wg * kWGRows;
+    // Parts of a box past M or N are clipped by TMA; boxes lying entirely past them (small M, the last
+    // N block) are not issued at all.
+    if (is_store_thread && row0 < m) {
+#pragma unroll
+      for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
+        const uint32_t col0 = n_block * kBlockN + slice * Store::kSliceCols;
+        if (col0 < kN) {
+          tma_store_2d(&tmap_d, smem.d(math_wg) + slice * kSmemDSliceBytes, static_cast<int32_t>(col0),
+                       static_cast<int32_t>(row0));
+        }
+      }
+      tma_store_commit();
+    }
+  }
+
+  static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg, uint32_t m) {
+    float acc[kNumM64PerWG][kNumAccum];
+    Scheduler scheduler(m);
+    State state;
+    uint32_t m_block, n_block;
+    while (scheduler.next(m_block, n_block)) {
+      mainloop(smem, state, math_wg, acc);
+      epilogue(smem, tmap_d, math_wg, m, m_block, n_block, acc);
+    }
+    // Shared memory must outlive the last store's reads, and the writes should be done before exit.
+    if (threadIdx.x % kWarpgroupThreads == 0) tma_store_wait_all<0>();
+  }
+
+  // ---- entry ------------------------------------------------------------------------------------
+  static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
+                               uint32_t m) {
+    // Only 16-byte alignment of dynamic shared memory is promised; the 1024 bytes of slack in
+    // kSmemBytes pay for rounding up to the swizzle repeat.
+    extern __shared__ __align__(16) uint8_t dgjit_smem_raw[];
+    const uint32_t raw_addr = shared_addr(dgjit_smem_raw);
+    const Smem smem{dgjit_smem_raw + ((1024 - raw_addr % 1024) % 1024)};
+
+    const uint32_t wg = warpgroup_idx();
+    if (threadIdx.x == kProducerWG * kWarpgroupThreads) {
+      tma_prefetch_descriptor(&tmap_a);
+      tma_prefetch_descriptor(&tmap_b);
+      tma_prefetch_descriptor(&tmap_d);
+#pragma unroll 1
+      for (uint32_t s = 0; s < kNumStages; ++s) {
+        mbarrier_init(smem.full(s), 1);
+        mbarrier_init(smem.empty(s), 4 * kNumMathWGs);
+      }
+      fence_mbarrier_init();
+      fence_proxy_async_shared();
+    }
+    __syncthreads();
+
+    if (wg == kProducerWG) {
+      setmaxnreg_dec<kProducerRegs>();
+      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m);
+    } else if (wg < kNumMathWGs) {
+      setmaxnreg_inc<kMathRegs>();
+      consume(smem, tmap_d, wg, m);
+    } else {
+      setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
+    }
+  }
+};
+
+// The kernel body as a free function (what the rendered entry calls).
+template <class Gemm>
+DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
+                                 uint32_t m) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, m);
+}
+
+}  // namespace sm90
+}  // namespace dgjit

@@ -1,0 +1,459 @@
+// One small wrapper per sm_90a PTX instruction used by the Hopper family (TMA, mbarrier, WGMMA,
+// setmaxnreg). The kernel body in gemm_sm90.cuh is written only in terms of these, so that it reads
+// like the protocol (producer loads, consumers multiply, epilogue stores) and every instruction's
+// contract is stated once, here.
+//
+// Conventions: "smem address" means the 32-bit address in the shared-memory window (what PTX's
+// .shared state space takes); a generic pointer is converted once with shared_addr(). Everything
+// lives in dgjit::sm90 so that it cannot collide with the sm_80 wrappers of the same names.
+#pragma once
+#include "dgjit/common.cuh"
+
+#ifndef DGJIT_CUTENSORMAP_DEFINED
+#define DGJIT_CUTENSORMAP_DEFINED
+// The driver's opaque 128-byte tensor map (cuda.h is not available under NVRTC without include
+// paths). It is encoded on the host (deepgemm_jit/tma.py) and passed by value as a
+// __grid_constant__ kernel parameter, so TMA instructions can address it in the param space.
+struct alignas(64) CUtensorMap { unsigned long long opaque[16]; };
+#endif
+
+namespace dgjit {
+namespace sm90 {
+
+// ------------------------------------------------------------------------------------------------
+// Thread geometry
+// ------------------------------------------------------------------------------------------------
+
+constexpr uint32_t kWarpgroupThreads = 128;
+
+DGJIT_DEVICE uint32_t shared_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The warpgroup index, made warp-uniform with shfl so the compiler knows every branch on it is
+// uniform (role dispatch and setmaxnreg must be taken by whole warpgroups).
+DGJIT_DEVICE uint32_t warpgroup_idx() {
+  return __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0);
+}
+DGJIT_DEVICE uint32_t warp_idx_in_warpgroup() {
+  return __shfl_sync(0xffffffffu, (threadIdx.x / 32) % 4, 0);
+}
+DGJIT_DEVICE uint32_t lane_idx() { return threadIdx.x % 32; }
+
+// elect.sync: exactly one active lane of the (fully active) warp gets true. Cheaper and clearer than
+// "lane == 0" because the compiler learns the predicate is warp-uniform-elected.
+DGJIT_DEVICE bool elect_one() {
+  uint32_t is_elected = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "elect.sync _|p, 0xffffffff;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(is_elected));
+  return is_elected != 0;
+}
+
+// setmaxnreg: move registers between warpgroups of the CTA. The producer needs few registers
+// (addresses and loop counters) and gives them to the consumers, whose accumulators need many.
+// Only effective when the kernel has a register cap at entry (__launch_bounds__(threads, 1)) and the
+// calls sit in the two branches of one role if/else (ptxas warns C7508 otherwise).
+template <uint32_t kRegs>
+DGJIT_DEVICE void setmaxnreg_dec() {
+  static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256, multiple of 8");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kRegs));
+}
+template <uint32_t kRegs>
+DGJIT_DEVICE void setmaxnreg_inc() {
+  static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256, multiple of 8");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" : : "n"(kRegs));
+}
+
+// Named barrier over a subset of warps (here: one consumer warpgroup), so the two consumer
+// warpgroups never wait on each other in their epilogues. ID 0 is __syncthreads'.
+DGJIT_DEVICE void named_barrier_sync(uint32_t barrier_id, uint32_t num_threads) {
+  asm volatile("bar.sync %0, %1;\n" : : "r"(barrier_id), "r"(num_threads) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------------
+// mbarrier (shared-memory transaction barriers): the producer/consumer handshake of the smem ring
+// ------------------------------------------------------------------------------------------------
+
+DGJIT_DEVICE void mbarrier_init(uint64_t* bar, uint32_t arrive_count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" : : "r"(shared_addr(bar)), "r"(arrive_count));
+}
+
+// Makes barrier initialisation visible to the async proxy (TMA's complete_tx) and, for clusters,
+// to the peer CTAs; must precede the CTA-wide barrier that publishes the initialised barriers.
+DGJIT_DEVICE void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" : : : "memory");
+}
+
+// Arrive once and announce `tx_bytes` bytes the async proxy will deliver in this phase: the phase
+// completes when all arrivals are in AND all announced bytes have landed.
+DGJIT_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               : : "r"(shared_addr(bar)), "r"(tx_bytes) : "memory");
+}
+
+DGJIT_DEVICE void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" : : "r"(shared_addr(bar)) : "memory");
+}
+
+// Blocks until the phase with parity `phase` has completed. A fresh barrier is in phase 0, so waiting
+// on parity 1 returns at once: that is how "all stages empty" is expressed at start-up without an
+// extra arrival. try_wait (not test_wait) lets the hardware suspend the thread for a while.
+// The retry loop is in C++ because inline-asm labels would be duplicated when this is inlined twice.
+DGJIT_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+  const uint32_t addr = shared_addr(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done) : "r"(addr), "r"(phase) : "memory");
+  } while (done == 0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Proxy fences
+// ------------------------------------------------------------------------------------------------
+
+// Generic-proxy writes to shared memory (st.shared in the epilogue) are not ordered with later
+// async-proxy reads (TMA store, wgmma) of the same bytes unless each writing thread fences.
+DGJIT_DEVICE void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" : : : "memory");
+}
+
+// ------------------------------------------------------------------------------------------------
+// TMA (cp.async.bulk.tensor): whole tiles between global and shared memory, described by a tensor map
+// ------------------------------------------------------------------------------------------------
+
+// Pull the descriptor into the TMA unit's cache before the first copy that uses it.
+DGJIT_DEVICE void tma_prefetch_descriptor(const CUtensorMap* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" : : "l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// Box at (col, row) -> smem; completion is signalled as transaction bytes on `bar`. Coordinates are
+// in elements, innermost first. Out-of-bounds parts of the box are zero-filled but still counted in
+// the transaction bytes, which is what makes M/N/K tails need no special code.
+DGJIT_DEVICE void tma_load_2d(void* smem_dst, const CUtensorMap* tmap, uint64_t* bar,
+                              int32_t col, int32_t row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n"
+      :
+      : "r"(shared_addr(smem_dst)), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(shared_addr(bar)),
+        "r"(col), "r"(row)
+      : "memory");
+}
+
+// smem -> box at (col, row). Parts of the box outside the tensor are not written: M/N tails of D are
+// clipped by the hardware. Completion is tracked per thread with bulk groups (commit/wait below).
+DGJIT_DEVICE void tma_store_2d(const CUtensorMap* tmap, const void* smem_src, int32_t col, int32_t row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+      :
+      : "l"(reinterpret_cast<uint64_t>(tmap)), "r"(shared_addr(smem_src)), "r"(col), "r"(row)
+      : "memory");
+}
+
+DGJIT_DEVICE void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" : : : "memory"); }
+
+// Wait until at most kPending bulk groups are still reading their shared-memory source, so the
+// buffer can be overwritten (the global writes may still be in flight).
+template <int kPending>
+DGJIT_DEVICE void tma_store_wait_read() {
+  static_assert(kPending >= 0 && kPending <= 7, "bulk wait_group takes a small immediate");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" : : "n"(kPending) : "memory");
+}
+
+// Wait until the stores are complete (writes performed), e.g. before the CTA exits.
+template <int kPending>
+DGJIT_DEVICE void tma_store_wait_all() {
+  static_assert(kPending >= 0 && kPending <= 7, "bulk wait_group takes a small immediate");
+  asm volatile("cp.async.bulk.wait_group %0;\n" : : "n"(kPending) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------------
+// WGMMA: warpgroup-wide asynchronous MMA, operands from shared memory via matrix descriptors
+// ------------------------------------------------------------------------------------------------
+
+// Orders this warpgroup's earlier register accesses (accumulators) before the next wgmma reads
+// them; required before the first wgmma of a batch.
+DGJIT_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" : : : "memory"); }
+
+// Closes the batch of wgmmas issued since the last commit into one group that can be waited on.
+DGJIT_DEVICE void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" : : : "memory"); }
+
+// Waits until at most kPending committed groups are in flight. With kPending = 1 the tensor cores
+// keep working on the newest group while the oldest one's smem stage is handed back.
+template <int kPending>
+DGJIT_DEVICE void wgmma_wait_group() {
+  static_assert(kPending >= 0 && kPending <= 7, "wgmma.wait_group takes a small immediate");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" : : "n"(kPending) : "memory");
+}
+
+// The compiler sees the wgmma asm as writing the accumulators synchronously; without this it could
+// move reads of them (epilogue) above wgmma_wait_group. An empty asm that "reads and writes" the
+// register pins the order.
+DGJIT_DEVICE void fence_operand(float& reg) { asm volatile("" : "+f"(reg) : : "memory"); }
+
+// Shared-memory matrix descriptor (64 bits) for a K-major operand tile laid out the way TMA writes
+// a box whose inner extent equals the swizzle span:
+//   bits  0..13  start address >> 4
+//   bits 16..29  leading-dimension byte offset >> 4: unused for swizzled K-major tiles whose K extent
+//                per instruction (32 bytes) stays inside one swizzle row; set to 1 as a harmless value
+//   bits 32..45  stride-dimension byte offset >> 4: distance between consecutive 8-row groups
+//                = 8 rows * kSwizzleBytes (one swizzle atom)
+//   bits 49..51  base offset: 0, as every stage buffer is aligned to the 1024-byte swizzle repeat
+//   bits 62..63  layout: 1 = 128B swizzle, 2 = 64B, 3 = 32B, 0 = none (interleaved)
+// Advancing along K inside the swizzle row is a plain add of (bytes >> 4) to the start address: the
+// hardware applies the XOR swizzle to the final address bits, exactly as TMA did when writing.
+template <uint32_t kSwizzleBytes>
+DGJIT_DEVICE uint64_t make_smem_desc_k_major(uint32_t smem_addr) {
+  static_assert(kSwizzleBytes == 128 || kSwizzleBytes == 64 || kSwizzleBytes == 32,
+                "K-major wgmma operands use a 32/64/128-byte swizzle here");
+  constexpr uint64_t kLayout = kSwizzleBytes == 128 ? 1 : (kSwizzleBytes == 64 ? 2 : 3);
+  constexpr uint64_t kStrideBytes = 8 * kSwizzleBytes;
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>(1) << 16;
+  desc |= (kStrideBytes >> 4) << 32;
+  desc |= kLayout << 62;
+  return desc;
+}
+
+// Offsetting a descriptor by a byte distance within the same buffer (no carry leaves the 14-bit
+// start-address field: shared memory is < 256 KiB).
+DGJIT_DEVICE uint64_t smem_desc_advance(uint64_t desc, uint32_t offset_bytes) {
+  return desc + static_cast<uint64_t>(offset_bytes >> 4);
+}
+
+// The operand kinds of wgmma with FP32 accumulation that this library emits.
+enum class MmaKind { kBF16, kFP16, kTF32 };
+
+// wgmma.mma_async m64nNk{16,8}: D(64xN, fp32, registers) (+)= A(64xK, smem) * B(NxK, smem)^T.
+// A instruction names its register count (N/2 per thread), so each N needs its own asm string. The
+// tables below spell the operand numbers for every N in 8..256 step 8 (G = N/8 groups of 4 registers);
+// they are mechanical (generated once), and DGJIT_DEFINE_WGMMA stamps out one specialisation per N.
+// scale_d = 0 makes the instruction ignore (overwrite) the accumulators: used for the first K step of
+// a tile, so accumulators never need zeroing. trans_a/trans_b select MN-major smem operands (16-bit
+// types only; tf32 supports K-major only and has no transpose immediates).
+// Operand numbers of the accumulator registers, as the asm string spells them: group g holds the 4 registers
+// of one 8-column slice of the m64nN tile (registers 4g .. 4g+3).
+#define DGJIT_WGMMA_ACC_IDX_1 "%0, %1, %2, %3"
+#define DGJIT_WGMMA_ACC_IDX_2 DGJIT_WGMMA_ACC_IDX_1 ", %4, %5, %6, %7"
+#define DGJIT_WGMMA_ACC_IDX_3 DGJIT_WGMMA_ACC_IDX_2 ", %8, %9, %10, %11"
+#define DGJIT_WGMMA_ACC_IDX_4 DGJIT_WGMMA_ACC_IDX_3 ", %12, %13, %14, %15"
+#define DGJIT_WGMMA_ACC_IDX_5 DGJIT_WGMMA_ACC_IDX_4 ", %16, %17, %18, %19"
+#define DGJIT_WGMMA_ACC_IDX_6 DGJIT_WGMMA_ACC_IDX_5 ", %20, %21, %22, %23"
+#define DGJIT_WGMMA_ACC_IDX_7 DGJIT_WGMMA_ACC_IDX_6 ", %24, %25, %26, %27"
+#define DGJIT_WGMMA_ACC_IDX_8 DGJIT_WGMMA_ACC_IDX_7 ", %28, %29, %30, %31"
+#define DGJIT_WGMMA_ACC_IDX_9 DGJIT_WGMMA_ACC_IDX_8 ", %32, %33, %34, %35"
+#define DGJIT_WGMMA_ACC_IDX_10 DGJIT_WGMMA_ACC_IDX_9 ", %36, %37, %38, %39"
+#define DGJIT_WGMMA_ACC_IDX_11 DGJIT_WGMMA_ACC_IDX_10 ", %40, %41, %42, %43"
+#define DGJIT_WGMMA_ACC_IDX_12 DGJIT_WGMMA_ACC_IDX_11 ", %44, %45, %46, %47"
+#define DGJIT_WGMMA_ACC_IDX_13 DGJIT_WGMMA_ACC_IDX_12 ", %48, %49, %50, %51"
+#define DGJIT_WGMMA_ACC_IDX_14 DGJIT_WGMMA_ACC_IDX_13 ", %52, %53, %54, %55"
+#define DGJIT_WGMMA_ACC_IDX_15 DGJIT_WGMMA_ACC_IDX_14 ", %56, %57, %58, %59"
+#define DGJIT_WGMMA_ACC_IDX_16 DGJIT_WGMMA_ACC_IDX_15 ", %60, %61, %62, %63"
+#define DGJIT_WGMMA_ACC_IDX_17 DGJIT_WGMMA_ACC_IDX_16 ", %64, %65, %66, %67"
+#define DGJIT_WGMMA_ACC_IDX_18 DGJIT_WGMMA_ACC_IDX_17 ", %68, %69, %70, %71"
+#define DGJIT_WGMMA_ACC_IDX_19 DGJIT_WGMMA_ACC_IDX_18 ", %72, %73, %74, %75"
+#define DGJIT_WGMMA_ACC_IDX_20 DGJIT_WGMMA_ACC_IDX_19 ", %76, %77, %78, %79"
+#define DGJIT_WGMMA_ACC_IDX_21 DGJIT_WGMMA_ACC_IDX_20 ", %80, %81, %82, %83"
+#define DGJIT_WGMMA_ACC_IDX_22 DGJIT_WGMMA_ACC_IDX_21 ", %84, %85, %86, %87"
+#define DGJIT_WGMMA_ACC_IDX_23 DGJIT_WGMMA_ACC_IDX_22 ", %88, %89, %90, %91"
+#define DGJIT_WGMMA_ACC_IDX_24 DGJIT_WGMMA_ACC_IDX_23 ", %92, %93, %94, %95"
+#define DGJIT_WGMMA_ACC_IDX_25 DGJIT_WGMMA_ACC_IDX_24 ", %96, %97, %98, %99"
+#define DGJIT_WGMMA_ACC_IDX_26 DGJIT_WGMMA_ACC_IDX_25 ", %100, %101, %102, %103"
+#define DGJIT_WGMMA_ACC_IDX_27 DGJIT_WGMMA_ACC_IDX_26 ", %104, %105, %106, %107"
+#define DGJIT_WGMMA_ACC_IDX_28 DGJIT_WGMMA_ACC_IDX_27 ", %108, %109, %110, %111"
+#define DGJIT_WGMMA_ACC_IDX_29 DGJIT_WGMMA_ACC_IDX_28 ", %112, %113, %114, %115"
+#define DGJIT_WGMMA_ACC_IDX_30 DGJIT_WGMMA_ACC_IDX_29 ", %116, %117, %118, %119"
+#define DGJIT_WGMMA_ACC_IDX_31 DGJIT_WGMMA_ACC_IDX_30 ", %120, %121, %122, %123"
+#define DGJIT_WGMMA_ACC_IDX_32 DGJIT_WGMMA_ACC_IDX_31 ", %124, %125, %126, %127"
+
+// The matching output operand lists ("+f": the accumulators are read and written by every wgmma).
+#define DGJIT_WGMMA_ACC_OPS_1(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define DGJIT_WGMMA_ACC_OPS_2(d) DGJIT_WGMMA_ACC_OPS_1(d), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define DGJIT_WGMMA_ACC_OPS_3(d) DGJIT_WGMMA_ACC_OPS_2(d), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+#define DGJIT_WGMMA_ACC_OPS_4(d) DGJIT_WGMMA_ACC_OPS_3(d), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define DGJIT_WGMMA_ACC_OPS_5(d) DGJIT_WGMMA_ACC_OPS_4(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+#define DGJIT_WGMMA_ACC_OPS_6(d) DGJIT_WGMMA_ACC_OPS_5(d), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+#define DGJIT_WGMMA_ACC_OPS_7(d) DGJIT_WGMMA_ACC_OPS_6(d), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+#define DGJIT_WGMMA_ACC_OPS_8(d) DGJIT_WGMMA_ACC_OPS_7(d), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define DGJIT_WGMMA_ACC_OPS_9(d) DGJIT_WGMMA_ACC_OPS_8(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+#define DGJIT_WGMMA_ACC_OPS_10(d) DGJIT_WGMMA_ACC_OPS_9(d), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+#define DGJIT_WGMMA_ACC_OPS_11(d) DGJIT_WGMMA_ACC_OPS_10(d), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43])
+#define DGJIT_WGMMA_ACC_OPS_12(d) DGJIT_WGMMA_ACC_OPS_11(d), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define DGJIT_WGMMA_ACC_OPS_13(d) DGJIT_WGMMA_ACC_OPS_12(d), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51])
+#define DGJIT_WGMMA_ACC_OPS_14(d) DGJIT_WGMMA_ACC_OPS_13(d), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+#define DGJIT_WGMMA_ACC_OPS_15(d) DGJIT_WGMMA_ACC_OPS_14(d), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59])
+#define DGJIT_WGMMA_ACC_OPS_16(d) DGJIT_WGMMA_ACC_OPS_15(d), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define DGJIT_WGMMA_ACC_OPS_17(d) DGJIT_WGMMA_ACC_OPS_16(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+#define DGJIT_WGMMA_ACC_OPS_18(d) DGJIT_WGMMA_ACC_OPS_17(d), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+#define DGJIT_WGMMA_ACC_OPS_19(d) DGJIT_WGMMA_ACC_OPS_18(d), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75])
+#define DGJIT_WGMMA_ACC_OPS_20(d) DGJIT_WGMMA_ACC_OPS_19(d), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+#define DGJIT_WGMMA_ACC_OPS_21(d) DGJIT_WGMMA_ACC_OPS_20(d), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83])
+#define DGJIT_WGMMA_ACC_OPS_22(d) DGJIT_WGMMA_ACC_OPS_21(d), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+#define DGJIT_WGMMA_ACC_OPS_23(d) DGJIT_WGMMA_ACC_OPS_22(d), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91])
+#define DGJIT_WGMMA_ACC_OPS_24(d) DGJIT_WGMMA_ACC_OPS_23(d), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define DGJIT_WGMMA_ACC_OPS_25(d) DGJIT_WGMMA_ACC_OPS_24(d), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99])
+#define DGJIT_WGMMA_ACC_OPS_26(d) DGJIT_WGMMA_ACC_OPS_25(d), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
+#define DGJIT_WGMMA_ACC_OPS_27(d) DGJIT_WGMMA_ACC_OPS_26(d), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107])
+#define DGJIT_WGMMA_ACC_OPS_28(d) DGJIT_WGMMA_ACC_OPS_27(d), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
+#define DGJIT_WGMMA_ACC_OPS_29(d) DGJIT_WGMMA_ACC_OPS_28(d), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115])
+#define DGJIT_WGMMA_ACC_OPS_30(d) DGJIT_WGMMA_ACC_OPS_29(d), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
+#define DGJIT_WGMMA_ACC_OPS_31(d) DGJIT_WGMMA_ACC_OPS_30(d), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123])
+#define DGJIT_WGMMA_ACC_OPS_32(d) DGJIT_WGMMA_ACC_OPS_31(d), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+// Operand numbers that follow the 4g accumulators: desc_a, desc_b, scale_d, trans_a, trans_b.
+#define DGJIT_WGMMA_TAIL_IDX_1 4, 5, 6, 7, 8
+#define DGJIT_WGMMA_TAIL_IDX_2 8, 9, 10, 11, 12
+#define DGJIT_WGMMA_TAIL_IDX_3 12, 13, 14, 15, 16
+#define DGJIT_WGMMA_TAIL_IDX_4 16, 17, 18, 19, 20
+#define DGJIT_WGMMA_TAIL_IDX_5 20, 21, 22, 23, 24
+#define DGJIT_WGMMA_TAIL_IDX_6 24, 25, 26, 27, 28
+#define DGJIT_WGMMA_TAIL_IDX_7 28, 29, 30, 31, 32
+#define DGJIT_WGMMA_TAIL_IDX_8 32, 33, 34, 35, 36
+#define DGJIT_WGMMA_TAIL_IDX_9 36, 37, 38, 39, 40
+#define DGJIT_WGMMA_TAIL_IDX_10 40, 41, 42, 43, 44
+#define DGJIT_WGMMA_TAIL_IDX_11 44, 45, 46, 47, 48
+#define DGJIT_WGMMA_TAIL_IDX_12 48, 49, 50, 51, 52
+#define DGJIT_WGMMA_TAIL_IDX_13 52, 53, 54, 55, 56
+#define DGJIT_WGMMA_TAIL_IDX_14 56, 57, 58, 59, 60
+#define DGJIT_WGMMA_TAIL_IDX_15 60, 61, 62, 63, 64
+#define DGJIT_WGMMA_TAIL_IDX_16 64, 65, 66, 67, 68
+#define DGJIT_WGMMA_TAIL_IDX_17 68, 69, 70, 71, 72
+#define DGJIT_WGMMA_TAIL_IDX_18 72, 73, 74, 75, 76
+#define DGJIT_WGMMA_TAIL_IDX_19 76, 77, 78, 79, 80
+#define DGJIT_WGMMA_TAIL_IDX_20 80, 81, 82, 83, 84
+#define DGJIT_WGMMA_TAIL_IDX_21 84, 85, 86, 87, 88
+#define DGJIT_WGMMA_TAIL_IDX_22 88, 89, 90, 91, 92
+#define DGJIT_WGMMA_TAIL_IDX_23 92, 93, 94, 95, 96
+#define DGJIT_WGMMA_TAIL_IDX_24 96, 97, 98, 99, 100
+#define DGJIT_WGMMA_TAIL_IDX_25 100, 101, 102, 103, 104
+#define DGJIT_WGMMA_TAIL_IDX_26 104, 105, 106, 107, 108
+#define DGJIT_WGMMA_TAIL_IDX_27 108, 109, 110, 111, 112
+#define DGJIT_WGMMA_TAIL_IDX_28 112, 113, 114, 115, 116
+#define DGJIT_WGMMA_TAIL_IDX_29 116, 117, 118, 119, 120
+#define DGJIT_WGMMA_TAIL_IDX_30 120, 121, 122, 123, 124
+#define DGJIT_WGMMA_TAIL_IDX_31 124, 125, 126, 127, 128
+#define DGJIT_WGMMA_TAIL_IDX_32 128, 129, 130, 131, 132
+
+#define DGJIT_WGMMA_ASM_16BIT(N, T, ACC, TAIL) DGJIT_WGMMA_ASM_16BIT_(N, T, ACC, TAIL)
+#define DGJIT_WGMMA_ASM_16BIT_(N, T, ACC, da, db, sd, ta, tb)                                      \
+  "{\n"                                                                                             \
+  ".reg .pred p;\n"                                                                                 \
+  "setp.ne.b32 p, %" #sd ", 0;\n"                                                                   \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" ACC "}, %" #da ", %" #db         \
+  ", p, 1, 1, %" #ta ", %" #tb ";\n"                                                                \
+  "}\n"
+
+#define DGJIT_WGMMA_ASM_TF32(N, ACC, TAIL) DGJIT_WGMMA_ASM_TF32_(N, ACC, TAIL)
+#define DGJIT_WGMMA_ASM_TF32_(N, ACC, da, db, sd, ta, tb)                                          \
+  "{\n"                                                                                             \
+  ".reg .pred p;\n"                                                                                 \
+  "setp.ne.b32 p, %" #sd ", 0;\n"                                                                   \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" ACC "}, %" #da ", %" #db           \
+  ", p, 1, 1;\n"                                                                                    \
+  "}\n"
+
+template <uint32_t kN>
+struct WgmmaM64 {
+  static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "wgmma m64nNk*: N must be a multiple of 8 in 8..256");
+};
+
+#define DGJIT_DEFINE_WGMMA(G, N)                                                                    \
+  template <>                                                                                       \
+  struct WgmmaM64<N> {                                                                              \
+    static constexpr uint32_t kNumAccum = N / 2;                                                    \
+    template <MmaKind kKind, bool kTransA, bool kTransB>                                           \
+    static DGJIT_DEVICE void mma(float* d, uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {    \
+      if constexpr (kKind == MmaKind::kBF16) {                                                      \
+        asm volatile(DGJIT_WGMMA_ASM_16BIT(N, "bf16", DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G) \
+                     : DGJIT_WGMMA_ACC_OPS_##G(d)                                                   \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(int(kTransA)), "n"(int(kTransB))); \
+      } else if constexpr (kKind == MmaKind::kFP16) {                                               \
+        asm volatile(DGJIT_WGMMA_ASM_16BIT(N, "f16", DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G) \
+                     : DGJIT_WGMMA_ACC_OPS_##G(d)                                                   \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(int(kTransA)), "n"(int(kTransB))); \
+      } else {                                                                                      \
+        static_assert(!kTransA && !kTransB, "tf32 wgmma reads K-major operands only");              \
+        asm volatile(DGJIT_WGMMA_ASM_TF32(N, DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G)      \
+                     : DGJIT_WGMMA_ACC_OPS_##G(d)                                                   \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(0), "n"(0));                     \
+      }                                                                                             \
+    }                                                                                               \
+  };
+
+DGJIT_DEFINE_WGMMA(1, 8)
+DGJIT_DEFINE_WGMMA(2, 16)
+DGJIT_DEFINE_WGMMA(3, 24)
+DGJIT_DEFINE_WGMMA(4, 32)
+DGJIT_DEFINE_WGMMA(5, 40)
+DGJIT_DEFINE_WGMMA(6, 48)
+DGJIT_DEFINE_WGMMA(7, 56)
+DGJIT_DEFINE_WGMMA(8, 64)
+DGJIT_DEFINE_WGMMA(9, 72)
+DGJIT_DEFINE_WGMMA(10, 80)
+DGJIT_DEFINE_WGMMA(11, 88)
+DGJIT_DEFINE_WGMMA(12, 96)
+DGJIT_DEFINE_WGMMA(13, 104)
+DGJIT_DEFINE_WGMMA(14, 112)
+DGJIT_DEFINE_WGMMA(15, 120)
+DGJIT_DEFINE_WGMMA(16, 128)
+DGJIT_DEFINE_WGMMA(17, 136)
+DGJIT_DEFINE_WGMMA(18, 144)
+DGJIT_DEFINE_WGMMA(19, 152)
+DGJIT_DEFINE_WGMMA(20, 160)
+DGJIT_DEFINE_WGMMA(21, 168)
+DGJIT_DEFINE_WGMMA(22, 176)
+DGJIT_DEFINE_WGMMA(23, 184)
+DGJIT_DEFINE_WGMMA(24, 192)
+DGJIT_DEFINE_WGMMA(25, 200)
+DGJIT_DEFINE_WGMMA(26, 208)
+DGJIT_DEFINE_WGMMA(27, 216)
+DGJIT_DEFINE_WGMMA(28, 224)
+DGJIT_DEFINE_WGMMA(29, 232)
+DGJIT_DEFINE_WGMMA(30, 240)
+DGJIT_DEFINE_WGMMA(31, 248)
+DGJIT_DEFINE_WGMMA(32, 256)
+
+#undef DGJIT_DEFINE_WGMMA
+
+// K extent of one wgmma instruction for each operand kind (32 bytes of K in every case).
+template <MmaKind kKind>
+constexpr uint32_t wgmma_k() { return kKind == MmaKind::kTF32 ? 8 : 16; }
+
+// ------------------------------------------------------------------------------------------------
+// Conversions and shared-memory stores of the epilogue
+// ------------------------------------------------------------------------------------------------
+
+// Two floats -> packed 16-bit pair, `lo` in the low half (lower address / lower column). PTX's cvt
+// packs its first source into the upper half, hence the swapped operands.
+DGJIT_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+DGJIT_DEVICE uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t packed;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
+DGJIT_DEVICE void st_shared_b32(uint32_t smem_addr, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" : : "r"(smem_addr), "r"(value) : "memory");
+}
+DGJIT_DEVICE void st_shared_v2_f32(uint32_t smem_addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" : : "r"(smem_addr), "f"(x), "f"(y) : "memory");
+}
+
+}  // namespace sm90
+}  // namespace dgjit
