@@ -46,7 +46,9 @@ def git_info(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the repo, (None, None) where git or the history is missing (the GPU machine's copy)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
-        return None, None
+        # The GPU machine gets a copy without .git: scripts/device_run.sh passes the commit along.
+        passed = os.environ.get("DEEPGEMM_JIT_GIT_COMMIT") or None
+        return passed, (None if passed is None else os.environ.get("DEEPGEMM_JIT_GIT_DIRTY") == "1")
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return commit, (None if status is None else bool(status))
 
@@ -118,12 +120,12 @@ def collect_env(argv: list[str], settings: dict) -> dict:
 
 
 def result_stem(date_iso: str, suites, commit: str | None, dirty: bool | None, source_sha: str) -> str:
-    """'<date>-<suite>-<gitshort>': 20261129T071502Z-deepseek+square-1a2b3c4, src-<hash8> without git."""
+    """'<date>-<suites>-<gitshort>': 20261129T071502Z-deepseek_square-1a2b3c4, src-<hash8> without git."""
     when = _dt.datetime.fromisoformat(date_iso).astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     short = commit[:7] if commit else f"src{source_sha[:7]}"
     if dirty:
         short += "-dirty"
-    return f"{when}-{'+'.join(suites)}-{short}"
+    return f"{when}-{'_'.join(suites)}-{short}"
 
 
 # ---------------------------------------------------------------------------------------------------- checks

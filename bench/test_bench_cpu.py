@@ -113,7 +113,7 @@ def test_json_record_schema_round_trip(tmp_path):
     bad = json.loads(report.to_json(_header(), [dict(rows[1], us=12.0)]))
     assert any("carries a time" in p for p in report.validate(bad))
     stem = report.result_stem("2026-11-29T07:15:02+00:00", ["deepseek", "square"], "0123456789ab", True, "ab" * 32)
-    assert stem == "20261129T071502Z-deepseek+square-0123456-dirty"
+    assert stem == "20261129T071502Z-deepseek_square-0123456-dirty"
     assert report.result_stem("2026-11-29T07:15:02+00:00", ["seed"], None, None, "ab" * 32).endswith("-srcabababa")
 
 

@@ -302,6 +302,18 @@ class Kernel:
         drv = cupy.cuda.driver
         drv.funcSetAttribute(self.fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem_bytes)
         self.num_regs = drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_NUM_REGS, self.fn.ptr)
+        self.max_active_clusters = None
+        if self.cluster_m > 1:  # diagnostic: can all num_sms / cluster_m clusters be resident at once?
+            try:
+                from cuda.bindings import driver as cbd
+                cfg = cbd.CUlaunchConfig()
+                cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.cluster_m * 64, 1, 1
+                cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.num_threads, 1, 1
+                cfg.sharedMemBytes = self.smem_bytes
+                err, num = cbd.cuOccupancyMaxActiveClusters(cbd.CUfunction(self.fn.ptr), cfg)
+                self.max_active_clusters = int(num) if int(err) == 0 else f"error {err}"
+            except Exception as exc:  # noqa: BLE001 - diagnostic only
+                self.max_active_clusters = f"{type(exc).__name__}: {exc}"[:120]
         self.local_bytes = drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.fn.ptr)
 
     def _symbol(self, name: str) -> int:
@@ -624,7 +636,8 @@ def main() -> int:
             cache[key] = kern
             info = dict(variant=v.tag, n=n, k=k, regs=kern.num_regs, local_bytes=kern.local_bytes,
                         smem_bytes=kern.smem_bytes, d_box=list(kern.d_box), compile_s=round(kern.compile_s, 2),
-                        cluster_m=kern.cluster_m, d_chunk_slices=kern.d_chunk_slices)
+                        cluster_m=kern.cluster_m, d_chunk_slices=kern.d_chunk_slices,
+                        max_active_clusters=kern.max_active_clusters)
             kernels_info.append(info)
         return cache[key]
 
@@ -667,7 +680,8 @@ def main() -> int:
     for info in kernels_info:
         print(f"{info['variant']:44s} n={info['n']:6d} k={info['k']:6d} regs={info['regs']:4d} "
               f"local={info['local_bytes']} smem={info['smem_bytes']} d_box={info['d_box']}"
-              + (f" d_chunk_slices={info['d_chunk_slices']}" if LAYOUT_V2 else ""))
+              + (f" d_chunk_slices={info['d_chunk_slices']}" if LAYOUT_V2 else "")
+              + (f" max_active_clusters={info['max_active_clusters']}" if info["cluster_m"] > 1 else ""))
 
     if not args.no_bench:
         print(f"\n## timing (median of {10 if args.quick else args.reps}, L2 flushed; torch = cuBLAS)")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, demo, and optional extras.
 # Usage (from the repo root, through the device tool, carrying .whl):
-#   bash scripts/device_run.sh [tests] [demo] [sm90] [bench ARGS...]
+#   bash scripts/prepare_device.sh        # here: wheels + commit into ignored folders
+#   bash scripts/device_run.sh [tests] [alltests] [demo] [sm90 ARGS...] [bench ARGS...]   # there
 # Writes logs and JSON under $OUT (or ./device-out when OUT is unset).
 set -uo pipefail
 OUT=${OUT:-./device-out}
@@ -9,6 +10,12 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export DEEPGEMM_JIT_CACHE_DIR=/tmp/dgjit-cache
+# The copy on the GPU machine has no .git: the commit travels in .carry/commit (written by
+# scripts/prepare_device.sh here) so that benchmark results name the code that produced them.
+if [ -f .carry/commit ]; then
+  read -r DEEPGEMM_JIT_GIT_COMMIT DEEPGEMM_JIT_GIT_DIRTY < .carry/commit
+  export DEEPGEMM_JIT_GIT_COMMIT DEEPGEMM_JIT_GIT_DIRTY
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/env.txt"
 python3 -c "import cupy, torch, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'torch', torch.__version__)" | tee -a "$OUT/env.txt"
 rc=0
@@ -17,7 +24,7 @@ while [ $# -gt 0 ]; do
     tests) python3 -m pytest -q -m gpu tests -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25; rc=$((rc | $?));;
     alltests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/all_tests.log" | tail -25; rc=$((rc | $?));;
     demo) python3 -m deepgemm_jit demo 2>&1 | tee "$OUT/demo.log"; rc=$((rc | $?));;
-    sm90) python3 dev/sm90_proto.py 2>&1 | tee "$OUT/sm90_proto.log" | tail -40;;
+    sm90) shift; python3 dev/sm90_proto.py "$@" 2>&1 | tee "$OUT/sm90_proto.log" | tail -40; break;;
     bench) shift; python3 -m bench "$@" 2>&1 | tee "$OUT/bench.log" | tail -40; break;;
   esac
   shift
