@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 from deepgemm_jit.spec import LAYOUTS
 
@@ -33,6 +34,7 @@ class Case:
     m: int
     n: int
     k: int
+    tiles: str | None = None  # forced sm90 tile "BMxBN" or "BMxBNsS" (None: the library's heuristic)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -44,7 +46,20 @@ class Case:
 
     @property
     def tag(self) -> str:
-        return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}"
+        tiles = f"_t{self.tiles}" if self.tiles else ""
+        return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}{tiles}"
+
+    def forced_config(self, spec):
+        """The KernelConfig `tiles` asks for, or None for the heuristic's choice."""
+        if not self.tiles:
+            return None
+        from deepgemm_jit import config
+
+        match = re.fullmatch(r"(\d+)x(\d+)(?:s(\d+))?", self.tiles)
+        if match is None:
+            raise ValueError(f"tiles={self.tiles!r}: write BMxBN or BMxBNsS, e.g. 128x256 or 128x192s4")
+        stages = int(match.group(3)) if match.group(3) else None
+        return config.sm90_config(spec, int(match.group(1)), int(match.group(2)), stages)
 
 
 def _product(ms, nks) -> tuple[Shape, ...]:
@@ -91,8 +106,9 @@ def parse_list(text: str | None, allowed, default, what: str) -> tuple[str, ...]
     return items
 
 
-def expand(suites, dtypes, layouts=("nt",), quick: bool = False) -> list[Case]:
-    """Every case of the run, suite-major then dtype then layout then shape; a shape met twice runs once."""
+def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,)) -> list[Case]:
+    """Every case of the run, suite-major then dtype then layout then shape (then forced tile, for
+    sweeps); a shape met twice runs once."""
     cases: list[Case] = []
     seen: set[tuple] = set()
     for suite_name in suites:
@@ -102,11 +118,11 @@ def expand(suites, dtypes, layouts=("nt",), quick: bool = False) -> list[Case]:
         shapes = suite.quick_shapes if quick else suite.shapes
         for dtype in dtypes:
             for layout in layouts:
-                for m, n, k in shapes:
-                    key = (dtype, layout, m, n, k)
+                for (m, n, k), tile in itertools.product(shapes, tiles):
+                    key = (dtype, layout, m, n, k, tile)
                     if key in seen:
                         continue
                     seen.add(key)
-                    cases.append(Case(suite_name, dtype, layout, m, n, k))
+                    cases.append(Case(suite_name, dtype, layout, m, n, k, tile))
     return cases
 

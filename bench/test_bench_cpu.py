@@ -128,3 +128,16 @@ def test_write_all_files(tmp_path):
         assert "matplotlib" in paths["plot_skipped"]
     else:
         assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tile_sweep_cases_force_configs():
+    from deepgemm_jit import GemmSpec
+    cases = suites.expand(["square"], ["bf16"], tiles=(None, "128x256", "128x192s4"))
+    assert [c.tiles for c in cases[:3]] == [None, "128x256", "128x192s4"]
+    assert cases[1].tag.endswith("_t128x256")
+    spec = GemmSpec.create(4096, 4096, dtype="bf16")
+    assert cases[0].forced_config(spec) is None
+    cfg = cases[2].forced_config(spec)
+    assert (cfg.family, cfg.block_m, cfg.block_n, cfg.num_stages) == ("sm90", 128, 192, 4)
+    with pytest.raises(ValueError, match="BMxBN"):
+        suites.Case("square", "bf16", "nt", 8, 8, 8, "big").forced_config(spec)

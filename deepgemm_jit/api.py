@@ -11,7 +11,7 @@ from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime
 from .arrays import MatrixView, matrix_view, overlaps
 from .errors import NoGPUError
-from .spec import GemmSpec
+from .spec import LAYOUTS, GemmSpec
 
 _MAX_M = 2**31 - 1
 
@@ -54,10 +54,15 @@ class Gemm:
         self.m_hint = m_hint
         self.config = artifact.config
         self.artifact = artifact
+        # Resolved once here rather than on every call.
+        self._in_dtype = dtypes.numpy_dtype(spec.dtype)
+        self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
+        self._esize = dtypes.get(spec.dtype).storage_bytes
         # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
         self._variants: dict[tuple[int, int], jit.KernelArtifact] = {}
         if artifact.config.family == "sm80":
             self._variants[(artifact.config.vec_a, artifact.config.vec_b)] = artifact
+        self._ready_devices: set[int] = set()  # devices checked to run this arch
         self._lock = threading.Lock()
 
     @property
@@ -70,7 +75,7 @@ class Gemm:
     # -- validation -------------------------------------------------------------
     def _operands(self, a, b, out) -> tuple[int, MatrixView, MatrixView, MatrixView | None]:
         spec = self.spec
-        in_dtype = dtypes.numpy_dtype(spec.dtype)
+        in_dtype = self._in_dtype
         va = matrix_view(a, "a")
         vb = matrix_view(b, "b")
         for view, arg in ((va, "a"), (vb, "b")):
@@ -95,7 +100,7 @@ class Gemm:
         vd = None
         if out is not None:
             vd = matrix_view(out, "out")
-            out_dtype = dtypes.numpy_dtype(spec.out_dtype)
+            out_dtype = self._out_dtype
             if vd.dtype != out_dtype:
                 raise TypeError(f"out has dtype {vd.dtype}, but this Gemm writes {out_dtype} ({spec.out_dtype})")
             if (vd.rows, vd.cols) != spec.out_shape(m):
@@ -108,26 +113,21 @@ class Gemm:
 
     # -- kernel variants ----------------------------------------------------------
     def _artifact_for(self, va: MatrixView, vb: MatrixView, vd: MatrixView) -> jit.KernelArtifact:
-        """The compiled kernel these operands allow: the built one, or (for strides or pointers
-        that TMA or wide loads cannot take) a portable variant built on first use."""
-        base = self.artifact.config
-        if base.family == "sm90":
-            if launch.tma_legal(va) and launch.tma_legal(vb) and launch.tma_legal(vd):
-                return self.artifact
-            widest = 16 // dtypes.get(self.spec.dtype).storage_bytes
-        else:
-            widest = None
-        esize = dtypes.get(self.spec.dtype).storage_bytes
-        vec_a = config_mod.max_vector(esize, va.ptr, va.row_stride, va.rows)
-        vec_b = config_mod.max_vector(esize, vb.ptr, vb.row_stride, vb.rows)
-        if widest is None:
+        """The compiled kernel these operands allow: the built one, or a portable variant (built on
+        first use) with loads as wide as the operands' alignment permits."""
+        base = self.config
+        if base.family == "sm90" and launch.tma_legal(va) and launch.tma_legal(vb) and launch.tma_legal(vd):
+            return self.artifact
+        vec_a = config_mod.max_vector(self._esize, va.ptr, va.row_stride, va.rows)
+        vec_b = config_mod.max_vector(self._esize, vb.ptr, vb.row_stride, vb.rows)
+        if base.family == "sm80":  # never wider than what was built
             vec_a, vec_b = min(base.vec_a, vec_a), min(base.vec_b, vec_b)
         variant = self._variants.get((vec_a, vec_b))
         if variant is None:
             with self._lock:
                 variant = self._variants.get((vec_a, vec_b))
                 if variant is None:
-                    if base.family == "sm80":
+                    if base.family == "sm80":  # same tiles as built, narrower loads
                         cfg = dataclasses.replace(base, vec_a=vec_a, vec_b=vec_b)
                     else:
                         cfg = config_mod.choose_sm80_config(self.spec, self.m_hint, self.arch, vec_a, vec_b)
@@ -135,11 +135,21 @@ class Gemm:
                     self._variants[(vec_a, vec_b)] = variant
         return variant
 
+    def _check_device(self, device_id: int) -> None:
+        """Once per device: a GPU is there and runs this Gemm's arch."""
+        if device_id in self._ready_devices:
+            return
+        major, minor = device.capability(device_id)
+        if not device.runs_on(self.arch, major, minor):
+            raise ValueError(f"this Gemm was compiled for {self.arch}, the current device is "
+                             f"sm_{major}{minor}: build it again with arch=None")
+        self._ready_devices.add(device_id)
+
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, out=None, stream=None):
         """d = op(a) @ op(b) for this Gemm's layout; returns `out` if given, else a new CuPy array."""
         m, va, vb, vd = self._operands(a, b, out)
-        if device.gpu_count() == 0:
+        if not self._ready_devices and device.gpu_count() == 0:
             raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
                              "cached and inspected here, but running it needs a GPU")
         import cupy
@@ -147,18 +157,15 @@ class Gemm:
         dev = device.current_device_id()
         if va.device != dev:
             raise ValueError(f"a is on device {va.device}, but the current device is {dev}")
-        major, minor = device.capability(dev)
-        if not device.runs_on(self.arch, major, minor):
-            raise ValueError(f"this Gemm was compiled for {self.arch}, the current device is "
-                             f"sm_{major}{minor}: build it again with arch=None")
+        self._check_device(dev)
         cu_stream = runtime.resolve_stream(stream)
         if out is None:
-            out = cupy.empty(self.spec.out_shape(m), dtype=dtypes.numpy_dtype(self.spec.out_dtype))
+            out = cupy.empty(self.spec.out_shape(m), dtype=self._out_dtype)
             vd = matrix_view(out, "out")
         if m == 0:
             return out
         artifact = self._artifact_for(va, vb, vd)
-        kernel = runtime.loaded_kernel(artifact, dev, artifact.config.smem_bytes(self.spec))
+        kernel = launch.load(artifact, self.spec, dev)
         launch.launch(kernel, artifact, self.spec, m, va, vb, vd, dev, cu_stream)
         return out
 
@@ -169,7 +176,7 @@ class Gemm:
 
 
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
-          arch: str | None = None) -> Gemm:
+          arch: str | None = None, config: config_mod.KernelConfig | None = None) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -177,6 +184,8 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     (fp32 for tf32); ``layout`` is ``"nt"`` (default), ``"nn"``, ``"tn"`` or ``"tt"`` (see
     :class:`Gemm`). ``arch=None`` targets the current GPU; ``arch="sm_90a"`` compiles
     without one (the Gemm can then be cached and explained, and run where a GPU is).
+    ``config`` overrides the heuristic's :class:`KernelConfig` (tuning, experiments); it is
+    checked against the problem and the arch first (ValueError if it cannot compute it).
 
     Example::
 
@@ -186,8 +195,14 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     m_hint = _check_m(M)
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
-    num_sms = device.num_sms() if arch is None else None  # without a GPU: the arch's usual count
-    cfg = config_mod.choose_config(spec, m_hint, target, num_sms)
+    if config is None:
+        num_sms = device.num_sms() if arch is None else None  # without a GPU: the arch's usual count
+        cfg = config_mod.choose_config(spec, m_hint, target, num_sms)
+    elif isinstance(config, config_mod.KernelConfig):
+        cfg = config
+        cfg.check_for(spec, target)
+    else:
+        raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
     return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
 
 
@@ -211,8 +226,8 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
 
         d = deepgemm_jit.gemm(a, b)            # a (M, K), b (N, K) -> (M, N)
     """
-    if not isinstance(layout, str) or layout.lower() not in ("nt", "nn", "tn", "tt"):
-        raise ValueError(f"layout={layout!r} is not supported; choose one of nt, nn, tn, tt")
+    if not isinstance(layout, str) or layout.lower() not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
     layout = layout.lower()
     name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES) if dtype else _infer_dtype(a)
     a_shape, b_shape = getattr(a, "shape", None), getattr(b, "shape", None)
@@ -227,7 +242,7 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout)
     key = (spec, arch, bucket)
     g = _functional.get(key)
-    if g is None:
-        g = build(max(m, 1), n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch)
+    if g is None:  # built for the bucket's representative M, which serves every M of the bucket
+        g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch)
         _functional[key] = g
     return g(a, b, out=out, stream=stream)

@@ -184,9 +184,17 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfi
             if best is None or cost < best[0]:
                 best = (cost, block_m, block_n, stages)
     _, block_m, block_n, stages = best
+    return sm90_config(spec, block_m, block_n, stages)
+
+
+def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | None = None,
+                group_m: int = 16) -> KernelConfig:
+    """An sm90 config for `spec` with the given tile (stages: as many as fit when None)."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    stages = _sm90_stages(spec, block_m, block_n) if num_stages is None else num_stages
     return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
                         num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,
-                        group_m=16)
+                        group_m=group_m)
 
 
 def max_vector(esize: int, ptr: int, row_stride: int, rows: int) -> int:
@@ -215,16 +223,24 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
     return vec_a, vec_b
 
 
-def m_bucket(m: int) -> str:
-    """The M buckets the heuristic distinguishes (one compiled config per bucket)."""
-    return "small" if m <= 64 else "large"
+def m_bucket(m: int) -> int:
+    """The M a config is chosen for: M rounded up to a power of two in [64, 16384].
+
+    Heuristics see this representative, not the exact M, so that every M of a bucket shares one
+    compiled kernel (and the functional ``gemm`` one memo entry); above 16384 rows the wave
+    quantisation the heuristics model no longer changes the choice.
+    """
+    bucket = 64
+    while bucket < m and bucket < 16384:
+        bucket *= 2
+    return bucket
 
 
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None) -> KernelConfig:
-    """The heuristic choice: the Hopper family where it applies (sm_90a, layout nt, TMA-legal
-    strides), the portable family otherwise."""
+    """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, layout nt,
+    TMA-legal strides), the portable family otherwise."""
     if sm90_supports(spec, arch):
-        cfg = choose_sm90_config(spec, m_hint, num_sms or DEFAULT_SM90_NUM_SMS)
+        cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         cfg.check_for(spec, arch)
         return cfg
     return choose_sm80_config(spec, m_hint, arch)
@@ -245,7 +261,7 @@ def choose_sm80_config(spec: GemmSpec, m_hint: int, arch: str, vec_a: int | None
         pa, pb = packed_vectors(spec)
         vec_a = pa if vec_a is None else vec_a
         vec_b = pb if vec_b is None else vec_b
-    if m_bucket(m_hint) == "small":
+    if m_bucket(m_hint) == 64:
         block_m, warps_m = 64, 1
     else:
         block_m, warps_m = 128, 2

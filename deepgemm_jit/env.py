@@ -5,6 +5,8 @@
 | DEEPGEMM_JIT_CACHE_DIR           | path | kernel cache location (default: the user cache dir)      |
 | DEEPGEMM_JIT_DISABLE_DISK_CACHE  | bool | compile in memory only; never read or write the disk     |
 | DEEPGEMM_JIT_VERBOSE             | bool | print one line per compile / disk load to stderr          |
+| DEEPGEMM_JIT_TEMPLATES_DIR       | path | render kernels from another copy of `templates/` (kernel  |
+|                                  |      | experiments; the cache key hashes what is rendered)       |
 """
 from __future__ import annotations
 
@@ -57,3 +59,8 @@ def verbose() -> bool:
 def cupy_tf32() -> bool:
     """CuPy's own switch (read as CuPy reads it): with CUPY_TF32=1 its float32 matmuls run on TF32."""
     return os.environ.get("CUPY_TF32", "0") == "1"
+
+
+def templates_dir_override() -> Path | None:
+    raw = os.environ.get("DEEPGEMM_JIT_TEMPLATES_DIR")
+    return Path(raw).expanduser() if raw else None

@@ -12,9 +12,13 @@ import numpy as np
 
 from . import device, tma
 from .arrays import MatrixView
+from . import runtime
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
 from .spec import GemmSpec
+
+# Layout facts the sm90 kernel exports as `<entry>_<name>` constants (gemm_sm90.cu.j2).
+SM90_SYMBOLS = ("smem_bytes", "num_threads", "d_box_cols", "d_box_rows", "d_swizzle_bytes")
 
 
 def tma_legal(view: MatrixView) -> bool:
@@ -33,6 +37,18 @@ def _tensor_map(ptr: int, dtype: str, rows: int, cols: int, stride_bytes: int, b
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_id: int) -> int:
     return device.num_sms(device_id)
+
+
+def load(artifact: KernelArtifact, spec: GemmSpec, device_id: int) -> LoadedKernel:
+    """Load `artifact` on `device_id`; for sm90, check config.py's shared-memory mirror against the
+    value the kernel itself exports (a mismatch is a bug in the mirror, caught before any launch)."""
+    smem = artifact.config.smem_bytes(spec)
+    family = artifact.config.family
+    kernel = runtime.loaded_kernel(artifact, device_id, smem, SM90_SYMBOLS if family == "sm90" else ())
+    if family == "sm90" and kernel.symbols["smem_bytes"] != smem:
+        raise RuntimeError(f"shared-memory layout mismatch for {artifact.meta.get('name')}: the kernel "
+                           f"exports {kernel.symbols['smem_bytes']} B, config.py computes {smem} B")
+    return kernel
 
 
 def launch(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,

@@ -15,13 +15,19 @@ from pathlib import Path
 
 import jinja2
 
-from . import dtypes
+from . import dtypes, env
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"(dgjit/[^"]+)"', re.MULTILINE)
 
 
 def templates_dir() -> Path:
-    """`templates/` shipped inside the wheel, or at the top of a source checkout."""
+    """`templates/` shipped inside the wheel, or at the top of a source checkout, unless
+    DEEPGEMM_JIT_TEMPLATES_DIR names another copy (kernel experiments)."""
+    override = env.templates_dir_override()
+    if override is not None:
+        if not (override / "include" / "dgjit").is_dir():
+            raise FileNotFoundError(f"DEEPGEMM_JIT_TEMPLATES_DIR={override} has no include/dgjit/")
+        return override
     here = Path(__file__).resolve().parent
     for candidate in (here / "templates", here.parent / "templates"):
         if (candidate / "include" / "dgjit").is_dir():

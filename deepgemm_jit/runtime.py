@@ -9,40 +9,30 @@ _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in
 
 
 class LoadedKernel:
-    """One cubin loaded on one device, with its shared-memory opt-in done."""
+    """One cubin loaded on one device, with its shared-memory opt-in done.
 
-    def __init__(self, artifact: KernelArtifact, dynamic_smem_bytes: int):
+    `exported` names the ``<entry>_<name>`` unsigned-int constants the kernel exports (layout facts
+    the host needs); they are read once here, into ``symbols``.
+    """
+
+    def __init__(self, artifact: KernelArtifact, dynamic_smem_bytes: int, exported: tuple[str, ...] = ()):
         import cupy
 
         self.module = cupy.cuda.function.Module()
         self.module.load(artifact.cubin)
         self.function = self.module.get_function(artifact.entry)
-        self.entry = artifact.entry
-        exported = self.symbols.get("smem_bytes") if artifact.config.family == "sm90" else None
-        if exported is not None and exported != dynamic_smem_bytes:
-            raise RuntimeError(f"shared-memory layout mismatch for {artifact.meta.get('name')}: the kernel "
-                               f"exports {exported} B, config.py computes {dynamic_smem_bytes} B")
+        self.symbols = {name: self._read_u32(f"{artifact.entry}_{name}") for name in exported}
         self.dynamic_smem_bytes = dynamic_smem_bytes
         if dynamic_smem_bytes > _DEFAULT_SMEM_LIMIT:
             cupy.cuda.driver.funcSetAttribute(
                 self.function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dynamic_smem_bytes)
 
-    @property
-    def symbols(self) -> dict[str, int]:
-        """The `<entry>_<name>` unsigned-int constants a kernel exports (layout facts for the host)."""
-        cached = getattr(self, "_symbols", None)
-        if cached is None:
-            cached = {name: self.read_u32(f"{self.entry}_{name}")
-                      for name in ("smem_bytes", "num_threads", "d_box_cols", "d_box_rows", "d_swizzle_bytes")}
-            self._symbols = cached
-        return cached
-
-    def read_u32(self, symbol: str) -> int:
+    def _read_u32(self, symbol: str) -> int:
         import cupy
         import numpy as np
 
-        ptr = self.module.get_global_var(symbol)
+        ptr = self.module.get_global_var(symbol)  # CuPy 14 returns the device address as an int
         host = np.zeros(1, dtype=np.uint32)
         cupy.cuda.runtime.memcpy(host.ctypes.data, int(ptr), 4, cupy.cuda.runtime.memcpyDeviceToHost)
         return int(host[0])
@@ -55,14 +45,16 @@ _loaded: dict[tuple[str, int], LoadedKernel] = {}
 _lock = threading.Lock()
 
 
-def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: int) -> LoadedKernel:
+def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: int,
+                  exported: tuple[str, ...] = ()) -> LoadedKernel:
+    """The kernel of `artifact` loaded on `device_id` (loaded once per process and device)."""
     key = (artifact.key, device_id)
     kernel = _loaded.get(key)
     if kernel is None:
         with _lock:
             kernel = _loaded.get(key)
             if kernel is None:
-                kernel = LoadedKernel(artifact, dynamic_smem_bytes)
+                kernel = LoadedKernel(artifact, dynamic_smem_bytes, exported)
                 _loaded[key] = kernel
     return kernel
 

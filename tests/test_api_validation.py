@@ -109,3 +109,16 @@ def test_build_without_gpu_needs_arch(cache_dir):
 def test_bf16_dtype_is_ml_dtypes():
     assert dtypes.numpy_dtype("bf16").name == "bfloat16"
     assert dtypes.storage_name_of(dtypes.numpy_dtype("bf16")) == "bf16"
+
+
+def test_explicit_config(cache_dir):
+    cfg = dg.KernelConfig("sm80", 64, 64, 32, 2, 2, 2, vec_a=8, vec_b=8)
+    g = dg.build(100, 64, 64, dtype="bf16", arch="sm_90a", config=cfg)
+    assert g.config == cfg and g.family == "sm80"
+    with pytest.raises(ValueError, match="vec_a"):
+        dg.build(100, 64, 64, dtype="tf32", arch="sm_90a", config=cfg)  # 8 fp32 = 32-byte loads
+    sm90 = dg.KernelConfig("sm90", 128, 64, 64, 4, 2, 1, 8, 8, group_m=8)
+    with pytest.raises(ValueError, match="layout"):
+        dg.build(100, 64, 64, dtype="bf16", layout="nn", arch="sm_90a", config=sm90)
+    with pytest.raises(TypeError, match="KernelConfig"):
+        dg.build(100, 64, 64, arch="sm_90a", config={"block_m": 64})

@@ -130,3 +130,21 @@ def test_sm90_rejections():
         dataclasses.replace(ok, block_k=32).check_for(spec, "sm_90a")
     with pytest.raises(ValueError, match="shared memory"):
         dataclasses.replace(ok, num_stages=8).check_for(spec, "sm_90a")
+
+
+def test_templates_dir_override(tmp_path, monkeypatch, cache_dir):
+    import shutil
+    copy = tmp_path / "tpl"
+    shutil.copytree(render.templates_dir(), copy)
+    (copy / "include" / "dgjit" / "common.cuh").write_text(
+        (copy / "include" / "dgjit" / "common.cuh").read_text() + "\n// experiment\n")
+    base_key = build(64, 64, 64, dtype="bf16", arch="sm_90a").artifact.key
+    monkeypatch.setenv("DEEPGEMM_JIT_TEMPLATES_DIR", str(copy))
+    render._environment.cache_clear()
+    jit.clear_memo()
+    assert build(64, 64, 64, dtype="bf16", arch="sm_90a").artifact.key != base_key
+    monkeypatch.setenv("DEEPGEMM_JIT_TEMPLATES_DIR", str(tmp_path / "missing"))
+    jit.clear_memo()
+    with pytest.raises(FileNotFoundError, match="DEEPGEMM_JIT_TEMPLATES_DIR"):
+        build(64, 64, 72, dtype="bf16", arch="sm_90a")
+    render._environment.cache_clear()

@@ -116,3 +116,11 @@ def test_sm90_heuristic_follows_waves():
         cfg = pick(m, n, k)
         assert cfg.num_stages >= 3
         assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= config.SM90_SMEM_BUDGET_BYTES
+
+
+def test_m_buckets_are_powers_of_two():
+    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 4096, 4097, 10**6)] == \
+        [64, 64, 128, 128, 256, 4096, 8192, 16384]
+    spec = GemmSpec.create(7168, 16384, dtype="bf16")
+    # Every M of a bucket gets the same config (and so the same compiled kernel).
+    assert config.choose_config(spec, 3000, "sm_90a") == config.choose_config(spec, 4096, "sm_90a")
