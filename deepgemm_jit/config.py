@@ -148,20 +148,36 @@ def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int) -> int:
     return 0
 
 
-def sm90_tile_cost(m: int, n: int, block_m: int, block_n: int, num_sms: int) -> float:
+def sm90_d_slice_bytes(block_n: int, out_esize: int) -> int:
+    """Width of the column slices the sm90 epilogue stores D in: the widest of 128/64/32/16 bytes
+    that divides a tile row (mirror of StoreTraits in gemm_sm90.cuh)."""
+    row_bytes = block_n * out_esize
+    return next(w for w in (128, 64, 32, 16) if row_bytes % w == 0)
+
+
+# Relative speed of the epilogue by slice width: 16-byte slices cannot be swizzled and take many small
+# TMA stores (4096x32768x512: 128x216 ran at 0.55x cuBLAS where 128x256 ran at 1.07x).
+_SLICE_EFFICIENCY = {128: 1.0, 64: 0.7, 32: 0.7, 16: 0.25}
+# The epilogue of a tile costs about this many K blocks of main loop (fitted, with the constants
+# above and below, to the H200 tile sweeps in docs/NOTES.md).
+_EPILOGUE_K_BLOCKS = 5.5
+
+
+def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, out_esize: int,
+                   num_sms: int) -> float:
     """Relative time of a tile shape under the persistent schedule (smaller is better).
 
     Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
-    whole wave; a tile's time grows with its area (padding past N or M included) divided by
-    its efficiency, which drops for thin tiles because shared-memory traffic per FLOP is
-    (bm + bn) / (bm * bn). The constant 24 fits the H200 measurements in docs/NOTES.md
-    (128x256 > 128x176 > 128x128 per tile, all else equal).
+    whole wave. A tile costs its main loop, K blocks of area / efficiency, where efficiency
+    drops for thin tiles because shared-memory traffic per FLOP is (bm + bn) / (bm * bn), plus
+    its epilogue, which weighs more when K is short and when D leaves in narrow slices.
     """
     tiles = -(-m // block_m) * -(-n // block_n)
     waves = -(-tiles // num_sms)
     area = block_m * block_n
-    efficiency = area / (area + 24 * (block_m + block_n))
-    return waves * area / efficiency
+    main_loop = -(-k // block_k) * (area + 24 * (block_m + block_n))
+    epilogue = _EPILOGUE_K_BLOCKS * area / _SLICE_EFFICIENCY[sm90_d_slice_bytes(block_n, out_esize)]
+    return waves * (main_loop + epilogue)
 
 
 SM90_BLOCK_N = tuple(range(256, 7, -8))
@@ -180,7 +196,8 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfi
             stages = _sm90_stages(spec, block_m, block_n)
             if stages < 3:
                 continue
-            cost = sm90_tile_cost(m_hint, spec.n, block_m, block_n, num_sms)
+            cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize,
+                                  dtypes.get(spec.out_dtype).storage_bytes, num_sms)
             if best is None or cost < best[0]:
                 best = (cost, block_m, block_n, stages)
     _, block_m, block_n, stages = best

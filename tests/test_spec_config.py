@@ -110,6 +110,10 @@ def test_sm90_heuristic_follows_waves():
     assert (pick(4096, 7168, 16384).block_m, pick(4096, 7168, 16384).block_n) == (128, 256)
     assert pick(4096, 4096, 7168).block_n == 256
     assert pick(4096, 2112, 7168).block_n == 176   # 12 N tiles x 32 M tiles = 2.9 waves of 132
+    # K = 512: the epilogue weighs; 216 would store D in 16-byte slices (measured 0.55x vs 1.07x).
+    assert pick(4096, 32768, 512).block_n == 256
+    assert pick(8192, 8192, 8192).block_n == 256      # 224 measured 1.004x, 256 1.057x
+    assert pick(4096, 24576, 1536).block_n == 256     # 240 measured 0.993x, 256 1.020x
     small = pick(64, 7168, 16384)
     assert small.block_m == 64 and -(-7168 // small.block_n) <= 132  # one wave over the SMs
     for m, n, k in ((4096, 24576, 1536), (128, 2112, 7168), (1, 4096, 4096)):
@@ -124,3 +128,8 @@ def test_m_buckets_are_powers_of_two():
     spec = GemmSpec.create(7168, 16384, dtype="bf16")
     # Every M of a bucket gets the same config (and so the same compiled kernel).
     assert config.choose_config(spec, 3000, "sm_90a") == config.choose_config(spec, 4096, "sm_90a")
+
+
+def test_d_slice_widths_mirror_the_kernel():
+    assert [config.sm90_d_slice_bytes(bn, 2) for bn in (256, 224, 176, 216, 8)] == [128, 64, 32, 16, 16]
+    assert config.sm90_d_slice_bytes(216, 4) == 32
