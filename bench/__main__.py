@@ -37,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--flush-mb", type=int, default=timing.DEFAULT_FLUSH_BYTES >> 20, help="L2 flush buffer in MiB")
     p.add_argument("--tiles", default=None,
                    help="sweep forced sm90 tiles instead of the heuristic's: comma list of BMxBN[sS], "
-                        "e.g. 128x256,128x192s4 (add 'auto' for the heuristic's own choice)")
+                        "e.g. 128x256,128x192s4 ('auto': the heuristic's choice; 'tuned': build(tune=True))")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     args = p.parse_args(argv)
     if args.quick and "--reps" not in " ".join(argv):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    tiles = tuple(None if t.strip() == "auto" else t.strip() for t in args.tiles.split(",")) if args.tiles else (None,)
+    tiles = tuple(t.strip() for t in args.tiles.split(",")) if args.tiles else (None,)
     cases = suites.expand(suite_names, dtype_names, layouts, quick=args.quick, tiles=tiles)
     if args.only:
         cases = [c for c in cases if re.search(args.only, c.tag)]

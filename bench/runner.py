@@ -108,7 +108,8 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
 
     t0 = time.perf_counter()
     spec = ctx.dg.GemmSpec.create(n, k, dtype=case.dtype, layout=case.layout)
-    g = ctx.dg.build(m, n, k, dtype=case.dtype, layout=case.layout, config=case.forced_config(spec))
+    g = ctx.dg.build(m, n, k, dtype=case.dtype, layout=case.layout, config=case.forced_config(spec),
+                     tune=case.tiles == "tuned")
     row["build_s"] = time.perf_counter() - t0
     row["family"], row["config"], row["config_fields"] = _config_strings(g)
 

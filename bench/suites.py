@@ -34,7 +34,9 @@ class Case:
     m: int
     n: int
     k: int
-    tiles: str | None = None  # forced sm90 tile "BMxBN" or "BMxBNsS" (None: the library's heuristic)
+    # forced sm90 tile "BMxBN"/"BMxBNsS"; "auto": the heuristic's choice; "tuned": build(tune=True);
+    # None: whatever build() picks (a stored tuning result, else the heuristic)
+    tiles: str | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -51,9 +53,12 @@ class Case:
 
     def forced_config(self, spec):
         """The KernelConfig `tiles` asks for, or None for the heuristic's choice."""
-        if not self.tiles:
+        if not self.tiles or self.tiles == "tuned":
             return None
-        from deepgemm_jit import config
+        from deepgemm_jit import config, device
+
+        if self.tiles == "auto":  # the heuristic's own choice, even where a tuning result is stored
+            return config.choose_config(spec, self.m, device.current_arch(), device.num_sms())
 
         match = re.fullmatch(r"(\d+)x(\d+)(?:s(\d+))?", self.tiles)
         if match is None:

@@ -8,9 +8,9 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, jit, launch, runtime
+from . import device, dtypes, env, jit, launch, runtime
 from .arrays import MatrixView, matrix_view, overlaps
-from .errors import NoGPUError
+from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
 _MAX_M = 2**31 - 1
@@ -176,7 +176,8 @@ class Gemm:
 
 
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
-          arch: str | None = None, config: config_mod.KernelConfig | None = None) -> Gemm:
+          arch: str | None = None, config: config_mod.KernelConfig | None = None,
+          tune: bool | None = None) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -186,6 +187,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     without one (the Gemm can then be cached and explained, and run where a GPU is).
     ``config`` overrides the heuristic's :class:`KernelConfig` (tuning, experiments); it is
     checked against the problem and the arch first (ValueError if it cannot compute it).
+    Without it, a stored tuning result for this GPU, problem and M bucket is used when there is one;
+    ``tune=True`` (default: ``DEEPGEMM_JIT_TUNE``) times candidate configs on the GPU when there is
+    none and stores the winner (see ``tuning.py``); otherwise the heuristic decides.
 
     Example::
 
@@ -196,14 +200,43 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:
-        num_sms = device.num_sms() if arch is None else None  # without a GPU: the arch's usual count
-        cfg = config_mod.choose_config(spec, m_hint, target, num_sms)
+        cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config
         cfg.check_for(spec, target)
     else:
         raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
-    return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
+    try:
+        return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
+    except KernelNotCachedError as exc:
+        from .warmup import warmup_command_for
+
+        raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target)) from None
+
+
+def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tune: bool
+                        ) -> config_mod.KernelConfig:
+    if not on_gpu:  # compiling for an arch without its GPU: nothing to look up or time
+        if tune:
+            raise NoGPUError("tune=True needs the GPU the kernel will run on; drop arch= or tune=")
+        return config_mod.choose_config(spec, m_hint, arch)
+    from . import tuning
+
+    num_sms = device.num_sms()
+    bucket = config_mod.m_bucket(m_hint)
+    identity = tuning.DeviceIdentity.current()
+    stored = tuning.lookup(identity, spec, bucket)
+    if stored is not None:
+        try:
+            stored.check_for(spec, arch)
+            return stored
+        except ValueError:
+            pass  # stale record (e.g. limits changed): fall through
+    if not tune:
+        return config_mod.choose_config(spec, m_hint, arch, num_sms)
+    candidates = config_mod.candidate_configs(spec, m_hint, arch, num_sms)
+    make = lambda cfg: Gemm(spec, arch, m_hint, jit.get_kernel(spec, cfg, arch))  # noqa: E731
+    return tuning.tune(identity, spec, bucket, candidates, make).config
 
 
 _functional: dict[tuple, Gemm] = {}

@@ -38,6 +38,7 @@ except ImportError:  # not POSIX: no cross-process lock, the double check still 
     fcntl = None
 
 FORMAT = 1
+_TOUCH_INTERVAL_S = 24 * 3600
 
 
 def _sha256(data: bytes) -> str:
@@ -112,12 +113,23 @@ class DiskCache:
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         else:
             reason = "checksum mismatch"
-        if not ok:
+        if ok:
+            self._touch(meta_path)
+        else:
             warnings.warn(f"deepgemm-jit: cache entry {key[:16]} in {self._dir(key)} is corrupt "
                           f"({reason}); removing it and rebuilding", CacheCorruptionWarning, stacklevel=3)
             self.remove(key)
             return None
         return CacheEntry(key=key, cubin=cubin, meta=meta)
+
+    @staticmethod
+    def _touch(meta_path: Path) -> None:
+        """Record use (the metadata's mtime) for `prune`, at most once a day per entry."""
+        try:
+            if time.time() - meta_path.stat().st_mtime > _TOUCH_INTERVAL_S:
+                os.utime(meta_path)
+        except OSError:  # a read-only cache still serves
+            pass
 
     # -- write ------------------------------------------------------------------
     def store(self, key: str, cubin: bytes, meta: dict) -> CacheEntry:
@@ -166,6 +178,25 @@ class DiskCache:
             out.append(meta)
         return out
 
+    def prune(self, older_than_s: float) -> int:
+        """Remove entries not used (loaded or written) for `older_than_s` seconds, and stale
+        temporaries and locks; returns the number of entries removed."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for key in self.keys():
+            try:
+                if self.meta_path(key).stat().st_mtime < cutoff:
+                    self.remove(key)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        for pattern in ("kernels/*/.tmp-*", "locks/*.lock"):
+            for path in self.root.glob(pattern):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+        return removed
+
     def clear(self) -> int:
         """Remove every entry (and stale temporaries); returns the number of entries removed."""
         keys = self.keys()
@@ -198,9 +229,18 @@ def _warn_unavailable(root: Path, exc: OSError) -> None:
                   CacheUnavailableWarning, stacklevel=4)
 
 
-def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[bytes, dict]]
-                 ) -> tuple[CacheEntry, bool]:
-    """(entry, compiled_now): from disk if present, else built once across processes."""
+def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[bytes, dict]],
+                 missing: Callable[[], Exception] | None = None) -> tuple[CacheEntry, bool]:
+    """(entry, compiled_now): from disk if present, else built once across processes.
+
+    `missing`, when given, forbids building: it makes the exception raised for an absent entry
+    (offline mode).
+    """
+    if missing is not None:
+        entry = cache.load(key) if cache is not None else None
+        if entry is None:
+            raise missing()
+        return entry, False
 
     def in_memory() -> tuple[CacheEntry, bool]:
         cubin, meta = build()

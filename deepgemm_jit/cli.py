@@ -1,12 +1,13 @@
-"""The `deepgemm-jit` command: demo, explain, cache."""
+"""The `deepgemm-jit` command: demo, explain, warmup, cache."""
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import time
 
-from . import __version__, cache, device, dtypes
+from . import __version__, cache, device, dtypes, warmup
 from .errors import DeepGemmError
 
 DEMO_SHAPES = [(17, 33, 65), (1000, 1001, 1003), (4096, 4096, 4096)]
@@ -119,6 +120,13 @@ def _cmd_cache(args) -> int:
         meta = {k: v for k, v in entry.meta.items() if k != "log"}
         print(json.dumps(meta, indent=1, sort_keys=True))
         return 0
+    if args.action == "prune":
+        if args.older_than is None or args.older_than < 0:
+            print("prune needs --older-than DAYS (>= 0)", file=sys.stderr)
+            return 2
+        removed = store.prune(args.older_than * 86400.0)
+        print(f"removed {removed} kernels unused for {args.older_than:g} days from {store.root}")
+        return 0
     if args.action == "clear":
         if not args.yes:
             print(f"this removes every kernel under {store.root}; run again with --yes", file=sys.stderr)
@@ -149,10 +157,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON object")
     e.set_defaults(fn=_cmd_explain)
 
-    c = sub.add_parser("cache", help="list, inspect or clear the kernel cache")
-    c.add_argument("action", choices=("list", "info", "clear"))
+    warmup.add_parser(sub)
+
+    c = sub.add_parser("cache", help="list, inspect, prune or clear the kernel cache")
+    c.add_argument("action", choices=("list", "info", "prune", "clear"))
     c.add_argument("key", nargs="?", help="key prefix (for info)")
     c.add_argument("--yes", action="store_true", help="confirm clear")
+    c.add_argument("--older-than", type=float, default=None, metavar="DAYS",
+                   help="prune: remove kernels not loaded or written for this many days")
     c.set_defaults(fn=_cmd_cache)
     return p
 
@@ -161,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.fn(args)
+    except BrokenPipeError:  # `deepgemm-jit cache list | head`: the reader left, not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except (DeepGemmError, ValueError, TypeError) as exc:
         print(f"deepgemm-jit: error: {exc}", file=sys.stderr)
         return 2

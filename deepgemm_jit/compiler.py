@@ -5,6 +5,7 @@ on a CPU-only machine (pre-generation, CI) and on the GPU machine.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import tempfile
@@ -32,6 +33,7 @@ class CompileResult:
     static_smem_bytes: int
 
 
+@functools.lru_cache(maxsize=None)
 def nvrtc_version() -> tuple[int, int]:
     from cupy_backends.cuda.libs import nvrtc
 

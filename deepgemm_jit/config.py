@@ -5,6 +5,7 @@ shape, pipeline depth, warp layout and the vector width of global loads.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from . import dtypes
@@ -193,25 +194,61 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
 SM90_BLOCK_N = tuple(range(256, 7, -8))
 
 
-def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
-    """Tile shape by the waves model of `sm90_tile_cost` over BLOCK_M in {64, 128} and every
-    BLOCK_N multiple of 8 up to 256 (non-powers of two like 176 or 208 included); ties go to the
-    wider tile. Stages: as many as shared memory holds."""
+def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple[float, KernelConfig]]:
+    """Every sm90 tile with at least 3 stages, by `sm90_tile_cost` (cheapest first): BLOCK_M in
+    {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N multiple of 8
+    up to 256; stages as many as shared memory holds."""
     esize = dtypes.get(spec.dtype).storage_bytes
-    best = None
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    ranked = []
     for block_m in (128, 64):
         if block_m == 64 and m_hint > 128:
-            continue  # one consumer warpgroup idles at BLOCK_M 64: only for small M
+            continue
         for block_n in SM90_BLOCK_N:
             stages = _sm90_stages(spec, block_m, block_n)
             if stages < 3:
                 continue
-            cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize,
-                                  dtypes.get(spec.out_dtype).storage_bytes, num_sms, stages)
-            if best is None or cost < best[0]:
-                best = (cost, block_m, block_n, stages)
-    _, block_m, block_n, stages = best
-    return sm90_config(spec, block_m, block_n, stages)
+            cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
+                                  stages)
+            ranked.append((cost, sm90_config(spec, block_m, block_n, stages)))
+    ranked.sort(key=lambda item: item[0])  # stable: ties keep the wider tile first
+    return ranked
+
+
+def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
+    """The cheapest tile of `sm90_ranked`."""
+    return sm90_ranked(spec, m_hint, num_sms)[0][1]
+
+
+def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None,
+                      limit: int = 8) -> list[KernelConfig]:
+    """What the tuner times for M's bucket: the heuristic's choice first (and it with one stage fewer),
+    then the model's next best tiles (sm90), or the portable tile shapes (sm80)."""
+    first = choose_config(spec, m_hint, arch, num_sms)
+    found = [first]
+    if first.family == "sm90":
+        if first.num_stages > 3:
+            found.append(dataclasses.replace(first, num_stages=first.num_stages - 1))
+        ranked = [cfg for _, cfg in sm90_ranked(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)]
+        # The tiles that won somewhere in the H200 sweeps, then the model's order.
+        staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
+        for cfg in staples + ranked:
+            if len(found) >= limit:
+                break
+            if all((cfg.block_m, cfg.block_n) != (f.block_m, f.block_n) for f in found):
+                found.append(cfg)
+    else:
+        for block_m, warps_m in ((128, 2), (64, 1)):
+            for block_n, warps_n in ((128, 4), (64, 2)):
+                cfg = dataclasses.replace(first, block_m=block_m, warps_m=warps_m, block_n=block_n,
+                                          warps_n=warps_n)
+                try:
+                    cfg.check_for(spec, arch)
+                except ValueError:
+                    continue
+                if cfg not in found:
+                    found.append(cfg)
+    return found[:limit]
 
 
 def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | None = None,

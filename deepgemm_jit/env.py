@@ -5,6 +5,10 @@
 | DEEPGEMM_JIT_CACHE_DIR           | path | kernel cache location (default: the user cache dir)      |
 | DEEPGEMM_JIT_DISABLE_DISK_CACHE  | bool | compile in memory only; never read or write the disk     |
 | DEEPGEMM_JIT_VERBOSE             | bool | print one line per compile / disk load to stderr          |
+| DEEPGEMM_JIT_OFFLINE             | bool | never compile: a kernel missing from the cache is an error|
+|                                  |      | naming the `deepgemm-jit warmup` line that would make it  |
+| DEEPGEMM_JIT_TUNE                | bool | `build()` tunes (times candidates on the GPU) when no     |
+|                                  |      | tuning result is stored for the problem (as tune=True)    |
 | DEEPGEMM_JIT_TEMPLATES_DIR       | path | render kernels from another copy of `templates/` (kernel  |
 |                                  |      | experiments; the cache key hashes what is rendered)       |
 """
@@ -64,3 +68,11 @@ def cupy_tf32() -> bool:
 def templates_dir_override() -> Path | None:
     raw = os.environ.get("DEEPGEMM_JIT_TEMPLATES_DIR")
     return Path(raw).expanduser() if raw else None
+
+
+def offline() -> bool:
+    return env_bool("DEEPGEMM_JIT_OFFLINE")
+
+
+def tune() -> bool:
+    return env_bool("DEEPGEMM_JIT_TUNE")

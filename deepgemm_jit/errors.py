@@ -29,6 +29,25 @@ class NoGPUError(DeepGemmError, RuntimeError):
     """A GPU is needed (to launch, or to pick the target arch) and none is usable."""
 
 
+class KernelNotCachedError(DeepGemmError):
+    """DEEPGEMM_JIT_OFFLINE=1 forbids compiling and the kernel is not in the cache.
+
+    ``warmup_command`` (set by ``build``) is the line that would put it there.
+    """
+
+    def __init__(self, message: str, *, spec_tag: str, config_tag: str, arch: str, cache_dir: str | None,
+                 warmup_command: str | None = None):
+        self.spec_tag, self.config_tag, self.arch = spec_tag, config_tag, arch
+        self.cache_dir, self.warmup_command = cache_dir, warmup_command
+        self.base_message = message
+        hint = f"\n  pre-generate it with: {warmup_command}" if warmup_command else ""
+        super().__init__(f"{message}{hint}")
+
+    def with_warmup_command(self, command: str) -> "KernelNotCachedError":
+        return KernelNotCachedError(self.base_message, spec_tag=self.spec_tag, config_tag=self.config_tag,
+                                    arch=self.arch, cache_dir=self.cache_dir, warmup_command=command)
+
+
 class ToolNotFoundError(DeepGemmError):
     """An optional external tool (cuobjdump) is missing."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from . import __version__, cache, compiler, env
 from .config import KernelConfig
+from .errors import KernelNotCachedError
 from .render import RenderedSource, render
 from .spec import GemmSpec
 
@@ -96,7 +97,16 @@ def _build(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
         }
         return result.cubin, meta
 
-    entry, compiled_now = cache.get_or_build(cache.default_cache(), key, build)
+    store = cache.default_cache()
+    missing = None
+    if env.offline():
+        def missing() -> Exception:
+            return KernelNotCachedError(
+                f"DEEPGEMM_JIT_OFFLINE=1 and kernel {spec.tag} {config.tag} for {arch} is not in the cache "
+                f"({store.root if store is not None else 'disk cache disabled'})",
+                spec_tag=spec.tag, config_tag=config.tag, arch=arch,
+                cache_dir=str(store.root) if store is not None else None)
+    entry, compiled_now = cache.get_or_build(store, key, build, missing)
     if env.verbose() and not compiled_now:
         print(f"deepgemm-jit: loaded {spec.tag} {config.tag} for {arch} from the cache", file=sys.stderr)
     return KernelArtifact(spec=spec, config=config, arch=arch, key=key, entry=rendered.entry,

@@ -148,3 +148,19 @@ def test_demo_on_gpu(capsys):
     from deepgemm_jit import cli
     assert cli.main(["demo", "--reps", "5"]) == 0
     assert "all results within bounds" in capsys.readouterr().out
+
+
+def test_tuning_persists_and_is_reused(tmp_path, monkeypatch):
+    from deepgemm_jit import jit, timing, tuning
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    jit.clear_memo()
+    g = dg.build(4096, 2112, 1024, dtype="bf16", tune=True)
+    assert list((tmp_path / "cache" / "tuning").glob("*.json"))
+    check(g, 4096)
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a stored tuning result must be reused without timing")
+    monkeypatch.setattr(timing, "time_interleaved", no_timing)
+    jit.clear_memo()
+    again = dg.build(3000, 2112, 1024, dtype="bf16", tune=True)   # same M bucket
+    assert again.config == g.config

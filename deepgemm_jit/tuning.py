@@ -1,0 +1,128 @@
+"""Autotuning: time candidate configs on the GPU, keep the fastest correct one, and remember it.
+
+A tuning result is keyed by what makes timings transferable: GPU name, SM count, compute
+capability, driver and NVRTC versions, package version, the spec and the M bucket. It is stored
+as one JSON file per key under ``<cache dir>/tuning/``; later processes read it and time nothing.
+
+The tuner does not build kernels itself: ``build`` hands it a function from a config to a callable
+GEMM, so that this module needs nothing above the config layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import __version__, cache, compiler, env, reference, timing
+from .config import KernelConfig
+from .spec import GemmSpec
+
+FORMAT = 1
+TUNE_REPS = 30   # the measuring protocol's minimum (DESIGN.md)
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What a timing depends on, beyond the kernel itself."""
+
+    name: str
+    num_sms: int
+    capability: str
+    driver: int
+    nvrtc: str
+
+    @classmethod
+    def current(cls) -> "DeviceIdentity":
+        import cupy
+
+        dev = cupy.cuda.runtime.getDevice()
+        props = cupy.cuda.runtime.getDeviceProperties(dev)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        major, minor = compiler.nvrtc_version()
+        return cls(name=name, num_sms=int(props["multiProcessorCount"]),
+                   capability=f"{props['major']}.{props['minor']}", driver=int(cupy.cuda.runtime.driverGetVersion()),
+                   nvrtc=f"{major}.{minor}")
+
+
+def tuning_key(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int) -> str:
+    material = {"format": FORMAT, "device": dataclasses.asdict(identity), "package": __version__,
+                "spec": dataclasses.asdict(spec), "m_bucket": m_bucket}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _store_dir() -> Path:
+    return env.cache_dir() / "tuning"
+
+
+def lookup(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int) -> KernelConfig | None:
+    """The stored winner for this problem on this device, or None (absent, unreadable or stale)."""
+    path = _store_dir() / f"{tuning_key(identity, spec, m_bucket)}.json"
+    try:
+        record = json.loads(path.read_text())
+        return KernelConfig(**record["config"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged record is as good as none: the heuristic serves, tuning rewrites it
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    config: KernelConfig
+    table: list[dict]  # one row per candidate: tag, median_us, err, ok (why not)
+
+
+def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: list[KernelConfig],
+         make: Callable[[KernelConfig], Callable], *, reps: int = TUNE_REPS) -> TuneResult:
+    """Time every candidate on fresh random operands of M = m_bucket (protocol of DESIGN.md:
+    warm-up, L2 flushed, interleaved, medians), reject any whose result misses the float64 reference
+    bound, store and return the fastest. The first candidate should be the heuristic's choice, so
+    a tuned config is never slower than the heuristic within timing noise."""
+    if not candidates:
+        raise ValueError("no candidate configs to tune")
+    a, b = reference.random_operands(spec, m_bucket)
+    ref = reference.reference(spec, a, b)
+    table: list[dict] = []
+    runnable: dict[str, Callable[[], object]] = {}
+    by_tag: dict[str, KernelConfig] = {}
+    for cfg in candidates:
+        row = {"config": cfg.tag, "median_us": None, "err": None, "ok": False, "why": ""}
+        table.append(row)
+        try:
+            gemm = make(cfg)
+            out = reference.poisoned(spec.out_shape(m_bucket), spec.out_dtype)
+            gemm(a, b, out=out)
+            err = reference.relative_error(out, ref)
+        except Exception as exc:  # a candidate that cannot build or run is skipped, with the reason
+            row["why"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        row["err"] = err
+        if not reference.within_bound(err, spec.dtype):
+            row["why"] = f"error {err:.2e} over the bound"
+            continue
+        row["ok"] = True
+        runnable[cfg.tag] = (lambda g=gemm, o=out: g(a, b, out=o))
+        by_tag[cfg.tag] = cfg
+    if not runnable:
+        raise RuntimeError(f"no candidate config ran correctly for {spec.tag} (M={m_bucket}): {table}")
+    timings = timing.time_interleaved(runnable, reps=reps)
+    for row in table:
+        if row["config"] in timings:
+            row["median_us"] = timings[row["config"]].median_us
+    best_tag = min(timings, key=lambda tag: timings[tag].median_us)
+    best = by_tag[best_tag]
+    record = {"format": FORMAT, "device": dataclasses.asdict(identity), "package": __version__,
+              "spec": dataclasses.asdict(spec), "m_bucket": m_bucket, "config": dataclasses.asdict(best),
+              "tuned_at": time.time(), "candidates": table}
+    directory = _store_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        cache._atomic_write(directory / f"{tuning_key(identity, spec, m_bucket)}.json",
+                            json.dumps(record, indent=1).encode())
+    except OSError:
+        pass  # an unwritable cache only loses the memory of the result, not the result
+    return TuneResult(config=best, table=table)

@@ -1,0 +1,396 @@
+"""Pre-generation: turn a list of GEMM problems into compiled, cached kernels (``deepgemm-jit warmup``).
+
+A problem is a spec (N, K, dtype, layout, out_dtype) and the M buckets it runs at; each bucket maps to
+the heuristic's config (``config.choose_config``), and every distinct (spec, config) is compiled once
+through ``jit.get_kernel`` into the disk cache. No GPU is needed with ``--arch``.
+
+Where problems come from:
+
+- a shapes file, JSON::
+
+      {"gemms": [
+        {"n": 7168, "k": 2048, "dtype": "bf16", "layout": "nt", "out_dtype": null, "m": [1, 16384]},
+        {"n": 4096, "k": 7168, "m_values": [1, 64, 4096], "name": "experts.gate_up"}
+      ]}
+
+  ``n`` and ``k`` are required. ``dtype`` defaults to bf16, ``layout`` to nt, ``out_dtype`` (null) to the
+  input type (fp32 for tf32). ``m`` is an inclusive range ``[lo, hi]`` (default ``[1, 16384]``) or one
+  integer; ``m_values`` (instead of ``m``) lists single M values. Either becomes the M buckets it touches
+  (``config.m_bucket``: powers of two in [64, 16384]; every M of a bucket shares one kernel). ``name``
+  is a free label. ``scaling`` and ``epilogue`` are reserved: present and not null, they are refused
+  (not supported yet). Unknown keys are refused.
+- ``--shape M:N:K:dtype[:layout[:out_dtype]]``, M one value or ``lo-hi`` (repeatable); this is the line
+  ``warmup_command_for`` writes for a kernel missing from the cache.
+- ``--from-hf-config config.json``: every weight GEMM of the model (``model_shapes.gemm_shapes``), for
+  each ``--dtype`` and the ``--m`` range.
+
+Example::
+
+    deepgemm-jit warmup --from-hf-config examples/configs/deepseek-v3.json --arch sm_90a --jobs 2
+    deepgemm-jit warmup --arch sm_90a --shape 1-16384:7168:2048:bf16 --dry-run
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import config as config_mod
+from . import device, dtypes, model_shapes
+from .config import KernelConfig
+from .errors import DeepGemmError
+from .spec import GemmSpec
+
+M_MAX_BUCKET = 16384
+DEFAULT_M_RANGE = (1, M_MAX_BUCKET)
+SHAPE_SYNTAX = "M:N:K:dtype[:layout[:out_dtype]] (M one value or lo-hi)"
+RESERVED_KEYS = ("scaling", "epilogue")
+_FILE_KEYS = {"n", "k", "dtype", "layout", "out_dtype", "m", "m_values", "name"} | set(RESERVED_KEYS)
+_OFFLINE = "DEEPGEMM_JIT_OFFLINE"
+_ISSUE4_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8", "block")
+
+
+@dataclass(frozen=True)
+class WarmupEntry:
+    """One problem to pre-generate: a spec and the M buckets it runs at."""
+    spec: GemmSpec
+    m_buckets: tuple[int, ...]
+    source: str = ""  # where it came from, for messages ("shapes.json #3", "--shape ...", a model row)
+
+
+@dataclass
+class Summary:
+    compiled: int = 0
+    cached: int = 0
+    failed: list = field(default_factory=list)  # (spec, config, error message)
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.compiled + self.cached + len(self.failed)
+
+    def line(self, arch: str) -> str:
+        return (f"warmup: {self.total} kernels for {arch}: compiled {self.compiled}, already cached {self.cached}, "
+                f"failed {len(self.failed)} in {self.seconds:.1f} s")
+
+
+# -- M ranges -----------------------------------------------------------------------------------------
+def m_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    """The buckets every M in [lo, hi] falls in: (64, 128, ...) up to m_bucket(hi)."""
+    for name, value in (("lo", lo), ("hi", hi)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"M range {name} must be a positive integer, got {value!r}")
+    if lo > hi:
+        raise ValueError(f"M range [{lo}, {hi}] is empty (lo > hi)")
+    buckets, bucket = [], config_mod.m_bucket(lo)
+    last = config_mod.m_bucket(hi)
+    while bucket <= last:
+        buckets.append(bucket)
+        bucket *= 2
+    return tuple(buckets)
+
+
+def parse_m(text: str) -> tuple[int, ...]:
+    """'4096' -> (4096's bucket,); '1-16384' -> every bucket of the range."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None:
+        raise ValueError(f"M={text!r}: write one value (4096) or a range lo-hi (1-16384)")
+    lo = int(match.group(1))
+    return m_buckets(lo, int(match.group(2)) if match.group(2) else lo)
+
+
+def _m_text(buckets: tuple[int, ...]) -> str:
+    return ",".join(str(b) for b in buckets)
+
+
+# -- sources ------------------------------------------------------------------------------------------
+def _input_dtype(name: str, where: str) -> str:
+    if isinstance(name, str) and name.lower() in _ISSUE4_DTYPES:
+        raise ValueError(f"{where}: dtype {name!r} is not supported yet (FP8/INT8 and block scaling come with "
+                         "issue 4); use bf16, fp16 or tf32")
+    return dtypes.canonical(name, arg=f"{where}: dtype", allowed=dtypes.INPUT_DTYPES)
+
+
+def parse_shape(text: str) -> WarmupEntry:
+    """One ``--shape M:N:K:dtype[:layout[:out_dtype]]`` (M may be lo-hi) -> a WarmupEntry."""
+    parts = text.strip().split(":")
+    if not 4 <= len(parts) <= 6:
+        raise ValueError(f"--shape {text!r}: expected {SHAPE_SYNTAX}, e.g. 1-16384:7168:2048:bf16")
+    where = f"--shape {text}"
+    try:
+        n, k = int(parts[1]), int(parts[2])
+    except ValueError:
+        raise ValueError(f"{where}: N and K must be integers ({SHAPE_SYNTAX})") from None
+    layout = parts[4] if len(parts) > 4 else "nt"
+    out_dtype = parts[5] if len(parts) > 5 else None
+    spec = GemmSpec.create(n, k, dtype=_input_dtype(parts[3], where), out_dtype=out_dtype, layout=layout)
+    return WarmupEntry(spec=spec, m_buckets=parse_m(parts[0]), source=where)
+
+
+def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
+    """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch).
+
+    Example: ``warmup_command_for(GemmSpec.create(7168, 2048), 4096, "sm_90a")`` ->
+    ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:bf16"``.
+    """
+    fields = [str(m_hint), str(spec.n), str(spec.k), spec.dtype]
+    if spec.out_dtype != dtypes.DEFAULT_OUT[spec.dtype]:
+        fields += [spec.layout, spec.out_dtype]
+    elif spec.layout != "nt":
+        fields.append(spec.layout)
+    return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
+
+
+def parse_shapes_file(path: str | Path) -> list[WarmupEntry]:
+    """The entries of a shapes file (format in the module docstring); ValueError naming the entry."""
+    path = Path(path)
+    doc = _read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("gemms"), list):
+        raise ValueError(f'{path}: expected an object {{"gemms": [...]}}')
+    return [_file_entry(item, f"{path} gemms[{i}]") for i, item in enumerate(doc["gemms"])]
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _file_entry(item: object, where: str) -> WarmupEntry:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: each gemm is an object with at least n and k")
+    unknown = sorted(set(item) - _FILE_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(_FILE_KEYS)}")
+    for key in RESERVED_KEYS:
+        if item.get(key) is not None:
+            raise ValueError(f"{where}: {key}={item[key]!r} is not supported by this version of deepgemm-jit yet "
+                             f"(reserved for FP8 scaling / fused epilogues); remove the key or set it to null")
+    for key in ("n", "k"):
+        if key not in item:
+            raise ValueError(f"{where}: missing {key!r}")
+    if "m" in item and "m_values" in item:
+        raise ValueError(f"{where}: give either m ([lo, hi] or one value) or m_values, not both")
+    if "m_values" in item:
+        values = item["m_values"]
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}: m_values must be a non-empty list of M values")
+        buckets = tuple(sorted({b for v in values for b in m_buckets(v, v)}))
+    else:
+        m = item.get("m", list(DEFAULT_M_RANGE))
+        if isinstance(m, int) and not isinstance(m, bool):
+            buckets = m_buckets(m, m)
+        elif isinstance(m, list) and len(m) == 2:
+            buckets = m_buckets(m[0], m[1])
+        else:
+            raise ValueError(f"{where}: m must be [lo, hi] or one integer, got {m!r} (m_values lists single values)")
+    try:
+        spec = GemmSpec.create(item["n"], item["k"], dtype=_input_dtype(item.get("dtype", "bf16"), where),
+                               out_dtype=item.get("out_dtype"), layout=item.get("layout", "nt"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return WarmupEntry(spec=spec, m_buckets=buckets, source=item.get("name") or where)
+
+
+def hf_config_entries(path: str | Path, dtype_names: list[str], m_range: tuple[int, ...]) -> list[WarmupEntry]:
+    """Every weight GEMM of the model in a config.json, for each dtype, at the buckets `m_range`."""
+    config = _read_json(Path(path))
+    entries = []
+    for name in dtype_names:
+        dtype = _input_dtype(name, f"--dtype for {path}")
+        for gemm in model_shapes.gemm_shapes(config):
+            entries.append(WarmupEntry(spec=GemmSpec.create(gemm.n, gemm.k, dtype=dtype), m_buckets=m_range,
+                                       source=f"{Path(path).name}: {gemm.name}"))
+    return entries
+
+
+# -- plan and run ---------------------------------------------------------------------------------------
+def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
+                 ) -> dict[tuple[GemmSpec, KernelConfig], tuple[int, ...]]:
+    """(spec, config) -> the M buckets it serves, in first-seen order."""
+    served: dict[tuple[GemmSpec, KernelConfig], set[int]] = {}
+    for entry in entries:
+        for bucket in entry.m_buckets:
+            cfg = config_mod.choose_config(entry.spec, bucket, arch, num_sms)
+            served.setdefault((entry.spec, cfg), set()).add(bucket)
+    return {key: tuple(sorted(b)) for key, b in served.items()}
+
+
+def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None) -> list[tuple[GemmSpec, KernelConfig]]:
+    """Distinct (spec, config) pairs the entries need on `arch` (heuristic choice per M bucket; num_sms
+    None means the arch's usual count, as ``build(arch=...)`` assumes)."""
+    return list(plan_buckets(entries, arch, num_sms))
+
+
+def _compile_one(spec: GemmSpec, cfg: KernelConfig, arch: str) -> tuple[bool, str | None]:
+    """Worker: (compiled now, error message or None). Never raises, so one bad kernel fails alone."""
+    from . import jit
+
+    try:
+        return jit.get_kernel(spec, cfg, arch).compiled_now, None
+    except Exception as exc:  # any failure is reported per kernel in the summary
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def _init_worker(environ: dict[str, str]) -> None:
+    # A reused forkserver/spawn parent may hold an older environment: take the caller's switches.
+    for key in [k for k in os.environ if k.startswith("DEEPGEMM_JIT_")]:
+        del os.environ[key]
+    os.environ.update(environ)
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.start = time.perf_counter()
+
+    def show(self, summary: Summary) -> None:
+        if not self.enabled:
+            return
+        width = len(str(self.total))
+        sys.stderr.write(f"\r[{summary.total:>{width}}/{self.total}] compiled {summary.compiled} cached "
+                         f"{summary.cached} failed {len(summary.failed)}  {time.perf_counter() - self.start:.1f} s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def run(work: list[tuple[GemmSpec, KernelConfig]], arch: str, jobs: int = 1, progress: bool = True) -> Summary:
+    """Compile every (spec, config) of `work` for `arch` into the disk cache; `jobs` > 1 compiles in that
+    many processes (the cache's per-key lock keeps it one compile per kernel across processes)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    summary = Summary()
+    bar = _Progress(len(work), progress)
+    start = time.perf_counter()
+
+    def record(spec, cfg, result) -> None:
+        compiled_now, error = result
+        if error is not None:
+            summary.failed.append((spec, cfg, error))
+        elif compiled_now:
+            summary.compiled += 1
+        else:
+            summary.cached += 1
+        summary.seconds = time.perf_counter() - start
+        bar.show(summary)
+
+    bar.show(summary)
+    # Compiling is the point of warmup: DEEPGEMM_JIT_OFFLINE (set for the serving process, perhaps in the
+    # same container) is lifted for this call and its workers, and restored after.
+    offline = os.environ.pop(_OFFLINE, None)
+    try:
+        if jobs == 1 or len(work) <= 1:
+            for spec, cfg in work:
+                record(spec, cfg, _compile_one(spec, cfg, arch))
+        else:
+            environ = {k: v for k, v in os.environ.items() if k.startswith("DEEPGEMM_JIT_")}
+            context = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=context,
+                                                        initializer=_init_worker, initargs=(environ,)) as pool:
+                futures = {pool.submit(_compile_one, spec, cfg, arch): (spec, cfg) for spec, cfg in work}
+                for future in concurrent.futures.as_completed(futures):
+                    spec, cfg = futures[future]
+                    try:
+                        result = future.result()
+                    except Exception as exc:  # the worker died (killed, out of memory)
+                        result = (False, f"{type(exc).__name__}: {exc}")
+                    record(spec, cfg, result)
+    finally:
+        if offline is not None:
+            os.environ[_OFFLINE] = offline
+        bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+# -- command line -----------------------------------------------------------------------------------------
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``warmup`` on an argparse subparsers object (sets ``fn=main``)."""
+    w = subparsers.add_parser("warmup", help="pre-generate kernels into the cache (no GPU needed with --arch)",
+                              description=__doc__.split("\n\n")[0])
+    w.add_argument("shapes_file", nargs="?", help="JSON shapes file (format: docs/warmup.md)")
+    w.add_argument("--from-hf-config", action="append", default=[], metavar="PATH",
+                   help="a Hugging Face config.json: every weight GEMM of the model (repeatable)")
+    w.add_argument("--shape", action="append", default=[], metavar="M:N:K:DTYPE[:LAYOUT[:OUT]]",
+                   help="one problem, M one value or lo-hi (repeatable)")
+    w.add_argument("--dtype", default="bf16", help="dtypes for --from-hf-config, comma separated (default bf16)")
+    w.add_argument("--m", default=f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}",
+                   help="M range lo-hi for --from-hf-config (default 1-16384)")
+    w.add_argument("--arch", default=None, help="target, e.g. sm_90a (default: the GPU's; required without one)")
+    w.add_argument("--jobs", type=int, default=1, help="compile in N processes (default 1)")
+    w.add_argument("--dry-run", action="store_true", help="print the plan, compile nothing")
+    w.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line on stderr (default: when stderr is a terminal)")
+    w.set_defaults(fn=main)
+    return w
+
+
+def _entries(args) -> list[WarmupEntry]:
+    entries = parse_shapes_file(args.shapes_file) if args.shapes_file else []
+    entries += [parse_shape(text) for text in args.shape]
+    dtype_names = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    m_range = parse_m(args.m)
+    for path in args.from_hf_config:
+        entries += hf_config_entries(path, dtype_names, m_range)
+    if not entries:
+        raise ValueError("nothing to warm up: give a shapes file, --shape or --from-hf-config")
+    return entries
+
+
+def _target(arch: str | None) -> tuple[str, int | None]:
+    """(arch, num_sms for the heuristic): the given arch with the arch's usual SM count, or the GPU's own."""
+    if arch is not None:
+        return device.normalize_arch(arch), None
+    if device.gpu_count() == 0:
+        raise ValueError("no CUDA GPU found: pass --arch (e.g. --arch sm_90a) to pre-generate kernels for it")
+    return device.current_arch(), device.num_sms()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``warmup`` for parsed arguments: 0 when every kernel is in the cache, 1 when any failed."""
+    arch, num_sms = _target(args.arch)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    served = plan_buckets(_entries(args), arch, num_sms)
+    if args.dry_run:
+        for (spec, cfg), buckets in served.items():
+            print(f"{spec.tag:40s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
+        print(f"warmup plan: {len(served)} kernels for {arch} (dry run, nothing compiled)")
+        return 0
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    summary = run(list(served), arch, jobs=args.jobs, progress=progress)
+    for spec, cfg, error in summary.failed:
+        print(f"FAILED {spec.tag} {cfg.tag}: {error.splitlines()[0] if error else '?'}", file=sys.stderr)
+    print(summary.line(arch))
+    return 0 if not summary.failed else 1
+
+
+def _standalone(argv: list[str] | None = None) -> int:
+    """``python -m deepgemm_jit.warmup ...`` (the same options as ``deepgemm-jit warmup``)."""
+    parser = argparse.ArgumentParser(prog="python -m deepgemm_jit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["warmup", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.fn(args)
+    except (DeepGemmError, ValueError, TypeError) as exc:  # as cli.main reports them
+        print(f"deepgemm-jit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_standalone())

@@ -1,0 +1,49 @@
+"""Tuning records: keys, lookup, damaged records; candidates (CPU only)."""
+import dataclasses
+import json
+
+import pytest
+
+from deepgemm_jit import GemmSpec, config, tuning
+
+IDENTITY = tuning.DeviceIdentity(name="NVIDIA H200", num_sms=132, capability="9.0", driver=13000, nvrtc="13.0")
+SPEC = GemmSpec.create(7168, 2048, dtype="bf16")
+
+
+def test_key_depends_on_everything_that_changes_timings():
+    k = tuning.tuning_key(IDENTITY, SPEC, 4096)
+    assert k == tuning.tuning_key(IDENTITY, SPEC, 4096)
+    others = [tuning.tuning_key(dataclasses.replace(IDENTITY, **{f: v}), SPEC, 4096)
+              for f, v in (("name", "NVIDIA H100"), ("num_sms", 114), ("driver", 13010), ("nvrtc", "13.1"))]
+    others += [tuning.tuning_key(IDENTITY, SPEC, 2048),
+               tuning.tuning_key(IDENTITY, GemmSpec.create(7168, 2048, dtype="fp16"), 4096)]
+    assert len(set(others + [k])) == len(others) + 1
+
+
+def test_lookup_reads_stored_record_and_ignores_damage(cache_dir):
+    assert tuning.lookup(IDENTITY, SPEC, 4096) is None
+    cfg = config.sm90_config(SPEC, 128, 192, 4)
+    path = cache_dir / "tuning" / f"{tuning.tuning_key(IDENTITY, SPEC, 4096)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    assert tuning.lookup(IDENTITY, SPEC, 4096) == cfg
+    path.write_text("{broken")
+    assert tuning.lookup(IDENTITY, SPEC, 4096) is None
+
+
+def test_candidates_start_with_the_heuristic_and_are_valid():
+    for n, k, dt, m in ((7168, 2048, "bf16", 4096), (2112, 7168, "bf16", 64), (4096, 4096, "tf32", 4096),
+                        (1001, 1003, "fp16", 100)):
+        spec = GemmSpec.create(n, k, dtype=dt)
+        cands = config.candidate_configs(spec, m, "sm_90a")
+        assert cands[0] == config.choose_config(spec, m, "sm_90a")
+        assert 2 <= len(cands) <= 8 and len(set(cands)) == len(cands)
+        for cfg in cands:
+            cfg.check_for(spec, "sm_90a")
+
+
+def test_tune_without_gpu_is_refused(cache_dir):
+    import deepgemm_jit as dg
+    from deepgemm_jit.errors import NoGPUError
+    with pytest.raises(NoGPUError, match="tune=True"):
+        dg.build(64, 64, 64, arch="sm_90a", tune=True)

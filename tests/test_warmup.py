@@ -1,0 +1,243 @@
+"""warmup: model shapes from HF configs, the shapes file and --shape, the plan, parallel compiles (CPU)."""
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from deepgemm_jit import config, model_shapes, warmup
+from deepgemm_jit.spec import GemmSpec
+
+CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
+ALL_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _config(name: str) -> dict:
+    return json.loads((CONFIGS / name).read_text())
+
+
+def _nk(cfg: dict) -> list[tuple[int, int]]:
+    return [(g.n, g.k) for g in model_shapes.gemm_shapes(cfg)]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    warmup.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["warmup", *argv])
+
+
+# -- model shapes -------------------------------------------------------------------------------------
+def test_deepseek_v3_shapes_cover_the_bench_suite():
+    rows = {(g.n, g.k): g for g in model_shapes.gemm_shapes(_config("deepseek-v3.json"))}
+    assert list(rows) == [(1536, 7168), (24576, 1536), (2112, 7168), (576, 7168), (32768, 512), (7168, 16384),
+                          (36864, 7168), (7168, 18432), (4096, 7168), (7168, 2048), (129280, 7168)]
+    assert rows[(2112, 7168)].name == "layers.self_attn.q_a+kv_a"
+    assert rows[(1536, 7168)].count == 61 and rows[(36864, 7168)].count == 3
+    # routed experts (58 MoE layers x 256) and the shared expert have the same shapes: one merged row
+    assert rows[(4096, 7168)].count == 58 * 256 + 58 and "shared_experts" in rows[(4096, 7168)].name
+    from bench.suites import SUITES
+
+    assert {(n, k) for _, n, k in SUITES["deepseek"].shapes} <= set(rows)
+
+
+def test_llama_8b_shapes():
+    assert _nk(_config("llama-3.1-8b.json")) == [(4096, 4096), (1024, 4096), (6144, 4096), (14336, 4096),
+                                                  (28672, 4096), (4096, 14336), (128256, 4096)]
+
+
+def test_qwen_and_mixtral_shapes():
+    assert _nk(_config("qwen2.5-7b.json")) == [(3584, 3584), (512, 3584), (4608, 3584), (18944, 3584),
+                                                (37888, 3584), (3584, 18944), (152064, 3584)]
+    mixtral = {(g.n, g.k): g for g in model_shapes.gemm_shapes(_config("mixtral-8x7b.json"))}
+    assert mixtral[(4096, 14336)].count == 32 * 8 and (32000, 4096) in mixtral
+
+
+def test_qwen_moe_and_mla_without_q_lora():
+    qwen_moe = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936, "num_experts": 60,
+                "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632}
+    rows = {(g.n, g.k): g for g in model_shapes.gemm_shapes(qwen_moe)}
+    assert rows[(2 * 1408, 2048)].count == 24 * 60 and rows[(2048, 1408)].count == 24 * 60
+    assert rows[(2 * 5632, 2048)].name == "layers.mlp.shared_expert.gate_up_proj"
+    lite = dict(_config("deepseek-v3.json"), model_type="deepseek_v2", q_lora_rank=None)
+    assert (128 * 192, 7168) in _nk(lite) and (1536, 7168) not in _nk(lite)
+
+
+def test_model_shapes_errors_name_the_key():
+    with pytest.raises(ValueError, match="unknown architecture.*'gpt2'"):
+        model_shapes.gemm_shapes({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    broken = _config("deepseek-v3.json")
+    del broken["kv_lora_rank"]
+    with pytest.raises(ValueError, match="'kv_lora_rank'"):
+        model_shapes.gemm_shapes(broken)
+    # architectures alone identify the family
+    by_arch = {k: v for k, v in _config("llama-3.1-8b.json").items() if k != "model_type"}
+    assert _nk(by_arch) == _nk(_config("llama-3.1-8b.json"))
+
+
+# -- sources ------------------------------------------------------------------------------------------
+def test_m_buckets():
+    assert warmup.m_buckets(1, 16384) == ALL_BUCKETS
+    assert warmup.m_buckets(100, 100) == (128,) and warmup.m_buckets(65, 1000) == (128, 256, 512, 1024)
+    assert warmup.m_buckets(1, 10**6) == ALL_BUCKETS
+    assert warmup.parse_m("1-16384") == ALL_BUCKETS and warmup.parse_m("4096") == (4096,)
+    for bad in ("0-5", "9-3", "x", "1-2-3"):
+        with pytest.raises(ValueError):
+            warmup.parse_m(bad)
+
+
+def test_shapes_file(tmp_path):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({"gemms": [
+        {"n": 7168, "k": 2048},
+        {"n": 4096, "k": 7168, "dtype": "fp16", "layout": "nt", "out_dtype": "fp32", "m": [65, 256],
+         "scaling": None, "epilogue": None, "name": "experts"},
+        {"n": 96, "k": 64, "dtype": "tf32", "layout": "tn", "m": 100},
+        {"n": 96, "k": 64, "m_values": [1, 3000, 5000]},
+    ]}))
+    e = warmup.parse_shapes_file(path)
+    assert e[0].spec == GemmSpec(7168, 2048, "bf16", "bf16", "nt") and e[0].m_buckets == ALL_BUCKETS
+    assert e[1].spec == GemmSpec(4096, 7168, "fp16", "fp32", "nt") and e[1].m_buckets == (128, 256)
+    assert e[1].source == "experts"
+    assert e[2].spec == GemmSpec(96, 64, "tf32", "fp32", "tn") and e[2].m_buckets == (128,)
+    assert e[3].m_buckets == (64, 4096, 8192)
+
+
+@pytest.mark.parametrize("item, message", [
+    ({"n": 8, "k": 8, "scaling": "block"}, "scaling='block' is not supported"),
+    ({"n": 8, "k": 8, "epilogue": "bias+gelu"}, "epilogue='bias\\+gelu' is not supported"),
+    ({"n": 8, "k": 8, "dtype": "fp8"}, "not supported yet .*issue 4"),
+    ({"n": 8}, "gemms\\[0\\]: missing 'k'"),
+    ({"n": 8, "k": 8, "m": [1, 2, 3]}, "m must be \\[lo, hi\\]"),
+    ({"n": 8, "k": 8, "m": [100, 10]}, "empty"),
+    ({"n": 8, "k": 8, "m": [1, 9], "m_values": [3]}, "not both"),
+    ({"n": 8, "k": 8, "layout": "xx"}, "gemms\\[0\\]: layout='xx'"),
+    ({"n": 8, "k": 8, "bias": True}, "unknown key"),
+])
+def test_shapes_file_errors(tmp_path, item, message):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({"gemms": [item]}))
+    with pytest.raises(ValueError, match=message):
+        warmup.parse_shapes_file(path)
+
+
+def test_shapes_file_not_json(tmp_path):
+    path = tmp_path / "shapes.json"
+    path.write_text("{gemms: }")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        warmup.parse_shapes_file(path)
+    path.write_text("[]")
+    with pytest.raises(ValueError, match='"gemms"'):
+        warmup.parse_shapes_file(path)
+    with pytest.raises(ValueError, match="cannot be read"):
+        warmup.parse_shapes_file(path.parent / "missing.json")
+    with pytest.raises(ValueError, match="cannot be read"):
+        warmup.hf_config_entries(path.parent / "missing.json", ["bf16"], (64,))
+
+
+def test_shape_option_and_warmup_command_round_trip():
+    entry = warmup.parse_shape("1-16384:7168:2048:bf16")
+    assert entry.spec == GemmSpec.create(7168, 2048, "bf16") and entry.m_buckets == ALL_BUCKETS
+    for spec, m in [(GemmSpec.create(7168, 2048, "bf16"), 4096), (GemmSpec.create(100, 200, "fp16", "fp32", "tn"), 3),
+                    (GemmSpec.create(64, 64, "tf32", layout="nn"), 20000)]:
+        line = warmup.warmup_command_for(spec, m, "sm_90a")
+        assert line.startswith("deepgemm-jit warmup --arch sm_90a --shape ")
+        args = _args(*line.split()[2:])
+        assert args.arch == "sm_90a"
+        [back] = [warmup.parse_shape(text) for text in args.shape]
+        assert back.spec == spec and back.m_buckets == (config.m_bucket(m),)
+    assert (warmup.warmup_command_for(GemmSpec.create(7168, 2048), 4096, "sm_90a")
+            == "deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:bf16")
+    for bad, message in [("7168:2048:bf16", "expected M:N:K"), ("1:a:8:bf16", "integers"),
+                         ("1:8:8:fp8", "issue 4"), ("1:8:8:bf16:nq", "layout")]:
+        with pytest.raises(ValueError, match=message):
+            warmup.parse_shape(bad)
+
+
+def test_hf_dtype_list_and_unsupported_dtypes():
+    entries = warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", ["bf16", "fp16"], (4096,))
+    assert len(entries) == 14 and {e.spec.dtype for e in entries} == {"bf16", "fp16"}
+    for name in ("fp8", "block"):
+        with pytest.raises(ValueError, match="not supported yet.*issue 4"):
+            warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", [name], (4096,))
+
+
+# -- plan and run -------------------------------------------------------------------------------------
+def test_plan_keeps_distinct_configs_only():
+    spec = GemmSpec.create(7168, 2048, "bf16")
+    entries = [warmup.parse_shape("1-16384:7168:2048:bf16"), warmup.parse_shape("4096:7168:2048:bf16")]
+    work = warmup.plan(entries, "sm_90a")
+    expected = {config.choose_config(spec, m, "sm_90a") for m in ALL_BUCKETS}
+    assert len(work) == len(expected) < len(ALL_BUCKETS)
+    assert set(work) == {(spec, cfg) for cfg in expected}
+
+
+def test_run_in_two_processes_then_nothing_to_compile(cache_dir):
+    work = warmup.plan([warmup.parse_shape("1-16384:64:64:bf16")], "sm_90a")
+    assert len(work) >= 2
+    first = warmup.run(work, "sm_90a", jobs=2, progress=False)
+    assert (first.compiled, first.cached, first.failed) == (len(work), 0, [])
+    assert len(list(cache_dir.glob("kernels/*/*.cubin"))) == len(work)
+    second = warmup.run(work, "sm_90a", jobs=2, progress=False)
+    assert (second.compiled, second.cached, second.failed) == (0, len(work), [])
+
+
+def test_run_reports_a_failing_kernel_and_keeps_going(cache_dir, capsys):
+    good = warmup.plan([warmup.parse_shape("64:64:64:bf16")], "sm_90a")
+    bad_spec = GemmSpec.create(64, 64, "bf16", layout="nn")  # the sm90 family takes nt only
+    work = [(bad_spec, good[0][1]), *good]
+    summary = warmup.run(work, "sm_90a", jobs=2, progress=True)
+    assert summary.compiled == 1 and len(summary.failed) == 1
+    spec, cfg, error = summary.failed[0]
+    assert spec == bad_spec and "layout 'nt' only" in error
+    progress = capsys.readouterr().err
+    assert progress.startswith("\r[0/2] compiled 0 cached 0 failed 0") and "[2/2] compiled 1 cached 0 failed 1" in progress
+
+
+def test_main_exit_codes_and_dry_run(cache_dir, capsys, monkeypatch):
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "1-256:64:64:bf16", "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert "gemm_bf16_bf16_nt_n64_k64" in out and "dry run" in out and not cache_dir.exists()
+
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "100:64:64:bf16", "--no-progress")) == 0
+    assert "compiled 1, already cached 0, failed 0" in capsys.readouterr().out
+
+    from deepgemm_jit import jit
+
+    def broken(spec, cfg, arch):
+        raise RuntimeError("NVRTC said no")
+
+    monkeypatch.setattr(jit, "get_kernel", broken)
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "100:64:64:bf16", "--no-progress")) == 1
+    captured = capsys.readouterr()
+    assert "failed 1" in captured.out and "NVRTC said no" in captured.err
+
+
+def test_warmup_compiles_even_in_offline_mode(cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    work = warmup.plan([warmup.parse_shape("100:64:64:bf16")], "sm_90a")
+    summary = warmup.run(work, "sm_90a", jobs=1, progress=False)
+    assert (summary.compiled, summary.failed) == (1, [])
+    import os
+
+    assert os.environ["DEEPGEMM_JIT_OFFLINE"] == "1"  # restored for the rest of the process
+
+
+def test_main_argument_errors(monkeypatch):
+    with pytest.raises(ValueError, match="nothing to warm up"):
+        warmup.main(_args("--arch", "sm_90a"))
+    with pytest.raises(ValueError, match="issue 4"):
+        warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "llama-3.1-8b.json"),
+                          "--dtype", "bf16,fp8"))
+    from deepgemm_jit import device
+
+    monkeypatch.setattr(device, "gpu_count", lambda: 0)
+    with pytest.raises(ValueError, match="pass --arch"):
+        warmup.main(_args("--shape", "1:8:8:bf16"))
+
+
+def test_hf_config_dry_run_counts(capsys):
+    assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
+                             "--m", "4096", "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert "warmup plan: 11 kernels for sm_90a" in out  # one per distinct (n, k) at one bucket
