@@ -1,4 +1,4 @@
-"""Kernel arguments and grid per family: what a launch of a compiled kernel needs.
+"""Kernel arguments and grid per family: what a launch of a compiled kernel needs (a LaunchPlan).
 
 sm80: raw pointers and row strides, one block per output tile.
 sm90: TMA tensor maps (encoded on the host, memoized per buffer) and a persistent grid of at
@@ -7,6 +7,7 @@ most one block per SM.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,8 +52,22 @@ def load(artifact: KernelArtifact, spec: GemmSpec, device_id: int) -> LoadedKern
     return kernel
 
 
-def launch(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
-           vb: MatrixView, vd: MatrixView, device_id: int, stream) -> None:
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch needs once the operands are validated: run it on a stream."""
+
+    kernel: LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple
+    device_id: int
+
+    def run(self, stream) -> None:
+        self.kernel.launch(self.grid, self.block, self.args, stream)
+
+
+def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
+         vb: MatrixView, vd: MatrixView, device_id: int) -> LaunchPlan:
     cfg = artifact.config
     if cfg.family == "sm90":
         sym = kernel.symbols
@@ -64,9 +79,9 @@ def launch(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: in
                              sym["d_box_rows"], sym["d_box_cols"], sym["d_swizzle_bytes"])
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
-        kernel.launch(grid, (sym["num_threads"], 1, 1), (tmap_a, tmap_b, tmap_d, np.uint32(m)), stream)
-        return
+        return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), (tmap_a, tmap_b, tmap_d, np.uint32(m)),
+                          device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
             np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))
-    kernel.launch(grid, (cfg.num_threads, 1, 1), args, stream)
+    return LaunchPlan(kernel, grid, (cfg.num_threads, 1, 1), args, device_id)

@@ -164,3 +164,22 @@ def test_tuning_persists_and_is_reused(tmp_path, monkeypatch):
     jit.clear_memo()
     again = dg.build(3000, 2112, 1024, dtype="bf16", tune=True)   # same M bucket
     assert again.config == g.config
+
+
+def test_repeat_calls_reuse_plans_and_see_new_data():
+    cupy = pytest.importorskip("cupy")
+    for dtype, layout in (("bf16", "nt"), ("fp16", "nn")):
+        g = dg.build(256, 136, 200, dtype=dtype, layout=layout)
+        a, b = reference.random_operands(g.spec, 256)
+        out = reference.poisoned((256, 136), g.spec.out_dtype)
+        check(g, 256, out=out, a=a, b=b)
+        assert len(g._launch_plans) == 1
+        a[...] = reference.random_matrix(a.shape, dtype)   # same buffers, new values
+        out[...] = reference.poisoned(out.shape, g.spec.out_dtype)
+        check(g, 256, out=out, a=a, b=b)                   # the stored plan, fresh data
+        assert len(g._launch_plans) == 1
+        other = reference.poisoned((256, 136), g.spec.out_dtype)
+        check(g, 256, out=other, a=a, b=b)                  # a new output buffer: a new plan
+        assert len(g._launch_plans) == 2
+        with pytest.raises(ValueError, match="out has shape"):   # validation still guards new buffers
+            g(a, b, out=reference.poisoned((256, 135), g.spec.out_dtype))
