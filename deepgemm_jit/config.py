@@ -194,13 +194,13 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
 SM90_BLOCK_N = tuple(range(256, 7, -8))
 
 
-def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple[float, KernelConfig]]:
-    """Every sm90 tile with at least 3 stages, by `sm90_tile_cost` (cheapest first): BLOCK_M in
-    {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N multiple of 8
-    up to 256; stages as many as shared memory holds."""
+def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple[float, int, int, int]]:
+    """(cost, block_m, block_n, stages) of every sm90 tile with at least 3 stages, cheapest first:
+    BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
+    multiple of 8 up to 256; stages as many as shared memory holds."""
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
-    ranked = []
+    tiles = []
     for block_m in (128, 64):
         if block_m == 64 and m_hint > 128:
             continue
@@ -210,14 +210,20 @@ def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple[float, 
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
                                   stages)
-            ranked.append((cost, sm90_config(spec, block_m, block_n, stages)))
-    ranked.sort(key=lambda item: item[0])  # stable: ties keep the wider tile first
-    return ranked
+            tiles.append((cost, block_m, block_n, stages))
+    tiles.sort(key=lambda t: t[0])  # stable: ties keep the wider tile first
+    return tiles
+
+
+def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[KernelConfig]:
+    """Every sm90 tile config by `sm90_tile_cost`, cheapest first."""
+    return [sm90_config(spec, bm, bn, st) for _, bm, bn, st in _sm90_tiles_by_cost(spec, m_hint, num_sms)]
 
 
 def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
-    """The cheapest tile of `sm90_ranked`."""
-    return sm90_ranked(spec, m_hint, num_sms)[0][1]
+    """The cheapest tile of the cost model."""
+    _, block_m, block_n, stages = _sm90_tiles_by_cost(spec, m_hint, num_sms)[0]
+    return sm90_config(spec, block_m, block_n, stages)
 
 
 def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None,
@@ -229,7 +235,7 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
     if first.family == "sm90":
         if first.num_stages > 3:
             found.append(dataclasses.replace(first, num_stages=first.num_stages - 1))
-        ranked = [cfg for _, cfg in sm90_ranked(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)]
+        ranked = sm90_ranked(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         for cfg in staples + ranked:
