@@ -9,7 +9,7 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, env, jit, launch, runtime
-from .arrays import MatrixView, matrix_view, overlaps, signature
+from .arrays import MatrixView, array_kind, matrix_view, overlaps, signature
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -66,7 +66,7 @@ class Gemm:
         self._ready_devices: set[int] = set()  # devices checked to run this arch
         # Launches already validated, by the signatures of (a, b, out): a repeat call with the same
         # buffers (the inference loop) skips validation, variant choice and tensor-map look-ups.
-        self._launch_plans: dict[tuple, launch.LaunchPlan] = {}
+        self._launch_plans: dict[tuple, tuple[launch.LaunchPlan, str]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -151,27 +151,30 @@ class Gemm:
 
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, out=None, stream=None):
-        """d = op(a) @ op(b) for this Gemm's layout; returns `out` if given, else a new CuPy array."""
+        """d = op(a) @ op(b) for this Gemm's layout; returns `out` if given, else a new array of the
+        inputs' kind (CuPy in, CuPy out; torch in, torch out). Runs on `stream`, else on the current
+        stream of the inputs' library (CuPy's, or torch's for torch tensors)."""
         key = None
         if out is not None:
             key = (signature(a), signature(b), signature(out))
-            plan = self._launch_plans.get(key) if None not in key else None
-            if plan is not None and plan.device_id == device.current_device_id():
-                plan.run(runtime.resolve_stream(stream))
+            hit = self._launch_plans.get(key) if None not in key else None
+            if hit is not None and hit[0].device_id == device.current_device_id():
+                plan, kind = hit
+                plan.run(_stream_for(kind, stream, plan.device_id))
                 return out
+        kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
         if not self._ready_devices and device.gpu_count() == 0:
             raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
                              "cached and inspected here, but running it needs a GPU")
-        import cupy
-
         dev = device.current_device_id()
         if va.device != dev:
-            raise ValueError(f"a is on device {va.device}, but the current device is {dev}")
+            raise ValueError(f"a is on device {va.device}, but the current device is {dev} "
+                             "(torch.cuda.set_device / cupy.cuda.Device(i).use() select it)")
         self._check_device(dev)
-        cu_stream = runtime.resolve_stream(stream)
+        cu_stream = _stream_for(kind, stream, dev)
         if out is None:
-            out = cupy.empty(self.spec.out_shape(m), dtype=self._out_dtype)
+            out = self._new_output(kind, m, dev)
             vd = matrix_view(out, "out")
         if m == 0:
             return out
@@ -181,13 +184,45 @@ class Gemm:
         if key is not None and None not in key:
             if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
                 self._launch_plans.clear()
-            self._launch_plans[key] = plan
+            self._launch_plans[key] = (plan, kind)
         return out
+
+    def _new_output(self, kind: str, m: int, device_id: int):
+        shape = self.spec.out_shape(m)
+        if kind == "torch":
+            import torch
+
+            dtype = getattr(torch, dtypes.get(self.spec.out_dtype).numpy_name)
+            return torch.empty(shape, dtype=dtype, device=f"cuda:{device_id}")
+        import cupy
+
+        return cupy.empty(shape, dtype=self._out_dtype)
 
     def explain(self) -> dict:
         from .explain import describe
 
         return describe(self)
+
+
+def _common_kind(a, b, out) -> str:
+    """The array library of the call: a, b (and out) must all come from the same one."""
+    kinds = {"a": array_kind(a), "b": array_kind(b)}
+    if out is not None:
+        kinds["out"] = array_kind(out)
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{arg} is {type(x).__module__}.{type(x).__name__}"
+                           for arg, x in zip(kinds, (a, b, out)))
+        raise TypeError(f"a, b and out must come from the same array library; {listed}")
+    return kinds["a"]
+
+
+def _stream_for(kind: str, stream, device_id: int):
+    """The explicit stream, else the current stream of the caller's array library."""
+    if stream is None and kind == "torch":
+        import torch
+
+        stream = torch.cuda.current_stream(device_id).cuda_stream
+    return runtime.resolve_stream(stream)
 
 
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",

@@ -1,12 +1,14 @@
 """Device-array inspection and validation, before anything is launched.
 
-Accepts CuPy arrays and any object exposing ``__cuda_array_interface__``; produces
+Accepts CuPy arrays, PyTorch CUDA tensors (read in place through ``data_ptr``/``stride``: no copy, bf16
+included) and any object exposing ``__cuda_array_interface__``; produces
 a small description (pointer, shape, row stride in elements, dtype, device) and
 raises ValueError/TypeError naming the argument for everything a kernel could not
 handle. Nothing below this module knows which array library the user holds.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,20 +44,65 @@ def _device_of_pointer(ptr: int) -> int:
     return int(attrs.device)
 
 
+def _torch_tensor_type():
+    """torch.Tensor if torch is already imported (a torch tensor implies it is), else None."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+def array_kind(x: object) -> str:
+    """'cupy', 'torch' or 'other' (anything with __cuda_array_interface__): outputs are made in the
+    caller's kind."""
+    import cupy
+
+    if isinstance(x, cupy.ndarray):
+        return "cupy"
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(x, tensor):
+        return "torch"
+    return "other"
+
+
+def numpy_dtype_of_torch(dtype) -> np.dtype | None:
+    """The NumPy/ml_dtypes storage dtype of a torch dtype (None where there is none)."""
+    name = str(dtype).removeprefix("torch.")
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
+
+
+def _torch_fields(x, arg: str):
+    if x.device.type != "cuda":
+        raise TypeError(f"{arg} is a torch tensor on {x.device}; move it to the GPU first ({arg}.cuda())")
+    dtype = numpy_dtype_of_torch(x.dtype)
+    if dtype is None:
+        raise TypeError(f"{arg} has dtype {x.dtype}, which this library does not take")
+    strides = tuple(s * dtype.itemsize for s in x.stride())
+    return tuple(x.shape), strides, dtype, int(x.data_ptr()), int(x.device.index)
+
+
 def matrix_view(x: object, arg: str) -> MatrixView:
     """Describe the 2-D device matrix `x`; errors name `arg`."""
     import cupy
 
     if isinstance(x, np.ndarray):
         raise TypeError(f"{arg} is a NumPy (host) array; pass a GPU array, e.g. cupy.asarray({arg})")
+    tensor = _torch_tensor_type()
     if isinstance(x, cupy.ndarray):
         memptr = x.data
         shape, strides, dtype, ptr, device = x.shape, x.strides, x.dtype, memptr.ptr, memptr.device_id
+    elif tensor is not None and isinstance(x, tensor):
+        shape, strides, dtype, ptr, device = _torch_fields(x, arg)
     else:
         try:
             cai = x.__cuda_array_interface__
         except AttributeError:
-            raise TypeError(f"{arg} must be a GPU array (CuPy, or any object with "
+            raise TypeError(f"{arg} must be a GPU array (CuPy, a torch CUDA tensor, or any object with "
                             f"__cuda_array_interface__), got {type(x).__name__}") from None
         except Exception as exc:  # e.g. torch bfloat16 tensors refuse to export it
             raise TypeError(f"{arg} ({type(x).__name__}) could not export __cuda_array_interface__: {exc}") from None
@@ -99,9 +146,12 @@ def overlaps(x: MatrixView, y: MatrixView) -> bool:
 
 def signature(x: object):
     """A hashable key that determines everything `matrix_view` checks and returns, for CuPy arrays
-    (None for other kinds): equal signatures validate and launch identically."""
+    and torch tensors (None for other kinds): equal signatures validate and launch identically."""
     import cupy
 
-    if type(x) is not cupy.ndarray:
-        return None
-    return (x.data.ptr, x.shape, x.strides, x.dtype)
+    if type(x) is cupy.ndarray:
+        return (x.data.ptr, x.shape, x.strides, x.dtype)
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(x, tensor):
+        return (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+    return None

@@ -69,6 +69,21 @@ class _RawStream:
         return (0, self.handle)
 
 
+_external_streams: dict[int, object] = {}
+
+
+def _external(handle: int):
+    """A CuPy view of a raw stream handle, made once per handle (a view holds nothing but it)."""
+    import cupy
+
+    wrapped = _external_streams.get(handle)
+    if wrapped is None:
+        if len(_external_streams) > 256:
+            _external_streams.clear()
+        wrapped = _external_streams[handle] = cupy.cuda.Stream.from_external(_RawStream(handle))
+    return wrapped
+
+
 def resolve_stream(stream: object):
     """A CuPy stream for `stream`: None (current), a CuPy stream, a raw handle, an object
     speaking the CUDA stream protocol, or one with a ``cuda_stream`` handle (torch)."""
@@ -81,11 +96,11 @@ def resolve_stream(stream: object):
     if isinstance(stream, bool):
         raise TypeError("stream must be a CUDA stream, a raw handle or None, got bool")
     if isinstance(stream, int):
-        return cupy.cuda.Stream.from_external(_RawStream(stream))
+        return _external(stream)
     if hasattr(stream, "__cuda_stream__"):
         return cupy.cuda.Stream.from_external(stream)
     handle = getattr(stream, "cuda_stream", None)
     if isinstance(handle, int):
-        return cupy.cuda.Stream.from_external(_RawStream(handle))
+        return _external(handle)
     raise TypeError(f"stream must be a CuPy stream, an object with .cuda_stream, a raw handle or None; "
                     f"got {type(stream).__name__}")

@@ -122,3 +122,48 @@ def test_explicit_config(cache_dir):
         dg.build(100, 64, 64, dtype="bf16", layout="nn", arch="sm_90a", config=sm90)
     with pytest.raises(TypeError, match="KernelConfig"):
         dg.build(100, 64, 64, arch="sm_90a", config={"block_m": 64})
+
+
+class _FakeTorch:
+    """Stand-in for the torch module: enough of torch.Tensor for arrays.py (no torch needed)."""
+
+    class Tensor:
+        def __init__(self, shape, dtype="torch.float16", device=("cuda", 0), ptr=1 << 20, stride=None):
+            self.shape = tuple(shape)
+            self.dtype = dtype
+            self.device = type("Device", (), {"type": device[0], "index": device[1],
+                                             "__str__": lambda s: f"{device[0]}:{device[1]}"})()
+            self._ptr = ptr
+            self._stride = stride or (shape[1], 1)
+
+        def data_ptr(self):
+            return self._ptr
+
+        def stride(self):
+            return self._stride
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch)
+    return _FakeTorch
+
+
+def test_torch_tensors_are_read_in_place(fake_torch):
+    from deepgemm_jit import arrays
+    t = fake_torch.Tensor((5, 40), "torch.bfloat16", ptr=BASE + 256, stride=(48, 1))
+    v = arrays.matrix_view(t, "a")
+    assert (v.ptr, v.rows, v.cols, v.row_stride, v.dtype.name, v.device) == (BASE + 256, 5, 40, 48, "bfloat16", 0)
+    assert arrays.array_kind(t) == "torch"
+    with pytest.raises(TypeError, match="a is a torch tensor on cpu"):
+        arrays.matrix_view(fake_torch.Tensor((5, 40), device=("cpu", None)), "a")
+    with pytest.raises(TypeError, match="a has dtype torch.quint8"):
+        arrays.matrix_view(fake_torch.Tensor((5, 40), "torch.quint8"), "a")
+
+
+def test_mixed_array_libraries_are_refused(g, fake_torch, fake_gpu_memory):
+    a = fake_torch.Tensor((5, 40), "torch.float16", ptr=BASE)
+    b = FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
+    with pytest.raises(TypeError, match="same array library"):
+        g(a, b)

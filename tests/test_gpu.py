@@ -183,3 +183,25 @@ def test_repeat_calls_reuse_plans_and_see_new_data():
         assert len(g._launch_plans) == 2
         with pytest.raises(ValueError, match="out has shape"):   # validation still guards new buffers
             g(a, b, out=reference.poisoned((256, 135), g.spec.out_dtype))
+
+
+def test_torch_side_stream_ordering():
+    torch = pytest.importorskip("torch")
+    g = dg.build(512, 512, 512, dtype="bf16")
+    a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    ref = (a.double() @ b.double().T)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)        # keep the side stream busy...
+        a2 = a * 1.0                          # ...so this copy lands late
+        d = g(a2, b)                          # torch's current stream here is `side`
+    assert isinstance(d, torch.Tensor) and d.device == a.device and d.dtype == torch.bfloat16
+    side.synchronize()
+    err = float((d.double() - ref).norm() / ref.norm())
+    assert err <= 1e-2, f"torch side-stream ordering: err={err:.2e}"
+    out = torch.full((512, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert g(a, b, out=out) is out and out.data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    assert float((out.double() - ref).norm() / ref.norm()) <= 1e-2
