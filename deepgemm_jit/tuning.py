@@ -23,6 +23,8 @@ from .spec import GemmSpec
 
 FORMAT = 1
 TUNE_REPS = 30   # the measuring protocol's minimum (DESIGN.md)
+# A challenger replaces the heuristic's config only if it is this much faster head to head.
+CONFIRM_LEAD = 1.01
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,8 @@ def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: li
          make: Callable[[KernelConfig], Callable], *, reps: int = TUNE_REPS) -> TuneResult:
     """Time every candidate on fresh random operands of M = m_bucket (protocol of DESIGN.md:
     warm-up, L2 flushed, interleaved, medians), reject any whose result misses the float64 reference
-    bound, store and return the fastest. The first candidate should be the heuristic's choice, so
-    a tuned config is never slower than the heuristic within timing noise."""
+    bound, and store and return the fastest. The first candidate is the heuristic's choice: a faster
+    challenger must then beat it again head to head, by at least 1%, to replace it."""
     if not candidates:
         raise ValueError("no candidate configs to tune")
     a, b = reference.random_operands(spec, m_bucket)
@@ -114,6 +116,18 @@ def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: li
         if row["config"] in timings:
             row["median_us"] = timings[row["config"]].median_us
     best_tag = min(timings, key=lambda tag: timings[tag].median_us)
+    first_tag = candidates[0].tag
+    if best_tag != first_tag and first_tag in runnable:
+        # Confirm a challenger against the heuristic head to head: one pass over many candidates has a
+        # spread of a few percent, and replacing the heuristic on noise would make tuning a loss.
+        duel = timing.time_interleaved({first_tag: runnable[first_tag], best_tag: runnable[best_tag]},
+                                       reps=2 * reps)
+        lead = duel[first_tag].median_us / duel[best_tag].median_us
+        for row in table:
+            if row["config"] in duel:
+                row["duel_median_us"] = duel[row["config"]].median_us
+        if lead < CONFIRM_LEAD:
+            best_tag = first_tag
     best = by_tag[best_tag]
     record = {"format": FORMAT, "device": dataclasses.asdict(identity), "package": __version__,
               "spec": dataclasses.asdict(spec), "m_bucket": m_bucket, "config": dataclasses.asdict(best),
