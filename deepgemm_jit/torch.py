@@ -114,7 +114,7 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Op
         out = torch.empty((p.m, p.n), dtype=p.torch_out_dtype, device=a.device)
         if p.m and p.n:
             a2 = a.reshape(p.m, p.k) if p.layout == "nt" else a  # a view when a's leading dims allow one
-            _gemm_for(p, a.device.index)(a2, b, out=out, stream=torch.cuda.current_stream(a.device).cuda_stream)
+            _gemm_for(p, a.device.index)(a2, b, out=out)   # on torch's current stream: Gemm's default for torch
     return out.view(p.out_shape)
 
 
@@ -233,17 +233,21 @@ def swap_linears(module: torch.nn.Module,
         n = deepgemm_jit.torch.swap_linears(model, lambda name, m: "mlp" in name)
     """
     choose = predicate or _on_cuda
-    swapped: dict[int, Linear] = {}
+    # id of a replaced nn.Linear -> (that Linear, kept alive so its id is not reused; its replacement)
+    swapped: dict[int, tuple[torch.nn.Linear, Linear]] = {}
 
     def walk(parent: torch.nn.Module, prefix: str) -> None:
-        for child_name, child in list(parent.named_children()):
+        # _modules, not named_children(): that one hides a module's second name, which must be swapped too.
+        for child_name, child in list(parent._modules.items()):
             name = f"{prefix}{child_name}"
+            if child is None:
+                continue
             if id(child) in swapped:
-                setattr(parent, child_name, swapped[id(child)])
+                setattr(parent, child_name, swapped[id(child)][1])
             elif (type(child) is torch.nn.Linear and child.weight.dtype in _LINEAR_DTYPES
                   and choose(name, child)):
-                swapped[id(child)] = Linear.from_linear(child)
-                setattr(parent, child_name, swapped[id(child)])
+                swapped[id(child)] = (child, Linear.from_linear(child))
+                setattr(parent, child_name, swapped[id(child)][1])
             else:
                 walk(child, name + ".")
 

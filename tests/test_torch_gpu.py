@@ -1,0 +1,367 @@
+"""PyTorch on the GPU: zero-copy torch tensors, bit-for-bit agreement with the CuPy path, the custom op under
+opcheck, a transformer block with its Linears swapped, CUDA-graph capture and torch.compile(fullgraph=True).
+
+Random inputs, float64 references, NaN-poisoned outputs; every message names its case. Skipped cleanly
+without torch, without a GPU, or with a CPU-only torch.
+"""
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import deepgemm_jit as dg  # noqa: E402
+from deepgemm_jit import dtypes  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+BOUND = 1e-2  # DESIGN.md's bound for 16-bit inputs (rel. Frobenius error vs float64); TF32 gets 5e-3
+TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
+BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+LAYOUTS = ("nt", "nn", "tn", "tt")
+
+
+@pytest.fixture(autouse=True)
+def torch_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} was built without CUDA or sees no GPU")
+    return pytest.importorskip("deepgemm_jit.torch")
+
+
+def rand(shape, dtype, scale=1.0):
+    return (torch.randn(shape, device="cuda", dtype=torch.float32) * scale).to(dtype)
+
+
+def poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+def rel_err(d, ref):
+    d, ref = d.double(), ref.double()
+    return ((d - ref).norm() / ref.norm()).item()
+
+
+def operand_shapes(layout, m, n, k):
+    return ((m, k) if layout[0] == "n" else (k, m)), ((n, k) if layout[1] == "t" else (k, n))
+
+
+def ref64(a, b, layout):
+    a64, b64 = a.double(), b.double()
+    return (a64 if layout[0] == "n" else a64.T) @ (b64.T if layout[1] == "t" else b64)
+
+
+def to_cupy(t):
+    """A CuPy view of a torch tensor (bfloat16 through an int16 view: DLPack exporters disagree on it)."""
+    cupy = pytest.importorskip("cupy")
+    if t.dtype == torch.bfloat16:
+        return cupy.from_dlpack(t.view(torch.int16)).view(dtypes.numpy_dtype("bf16"))
+    return cupy.from_dlpack(t)
+
+
+def bits_torch(t):
+    return t.contiguous().view(BITS[t.dtype]).cpu().numpy()
+
+
+def bits_cupy(x):
+    cupy = pytest.importorskip("cupy")
+    return cupy.asnumpy(x.view(np.int16 if x.dtype.itemsize == 2 else np.int32))
+
+
+def assert_same_bits(got, want_bits, case):
+    got_bits = bits_torch(got)
+    assert got_bits.shape == want_bits.shape, f"{case}: shape {got_bits.shape} vs {want_bits.shape}"
+    num_diff = int((got_bits != want_bits).sum())
+    assert num_diff == 0, f"{case}: {num_diff} of {got_bits.size} elements differ from the CuPy path"
+
+
+# -- zero copy -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "tf32"])
+def test_gemm_call_torch_in_torch_out_zero_copy(dtype):
+    cupy = pytest.importorskip("cupy")
+    m, n, k = 200, 136, 264
+    g = dg.build(m, n, k, dtype=dtype)
+    t_in, t_out = TORCH_DTYPE[dtype], TORCH_DTYPE[g.spec.out_dtype]
+    a, b = rand((m, k), t_in), rand((n, k), t_in)
+    out = poisoned((m, n), t_out)
+    g(a, b, out=out)   # warm-up: compile, load, plan
+    torch.cuda.synchronize()
+    case = f"Gemm({dtype}) on torch tensors"
+
+    a.copy_(rand((m, k), t_in))          # same buffer, new values: the call must read a itself
+    out.fill_(float("nan"))
+    torch_before = torch.cuda.memory_allocated()
+    cupy_before = cupy.get_default_memory_pool().used_bytes()
+    result = g(a, b, out=out)
+    torch.cuda.synchronize()
+    assert isinstance(result, torch.Tensor), f"{case}: returned {type(result).__name__}, not a torch.Tensor"
+    assert result.data_ptr() == out.data_ptr(), f"{case}: result does not share out's memory"
+    assert result.shape == out.shape and result.dtype == t_out and result.device == out.device, case
+    assert torch.cuda.memory_allocated() == torch_before, f"{case}: torch allocated during a call with out="
+    assert cupy.get_default_memory_pool().used_bytes() == cupy_before, f"{case}: CuPy allocated with out="
+    err = rel_err(out, ref64(a, b, "nt"))
+    assert err <= BOUND, f"{case} with out=: {err=:.2e}"
+
+    fresh = g(a, b)
+    torch.cuda.synchronize()
+    assert isinstance(fresh, torch.Tensor), f"{case} without out=: returned {type(fresh).__name__}"
+    assert fresh.device == a.device and fresh.dtype == t_out and fresh.shape == (m, n), \
+        f"{case} without out=: {fresh.device} {fresh.dtype} {tuple(fresh.shape)}"
+    assert_same_bits(fresh, bits_torch(out), f"{case}: new output vs out=")
+
+
+def test_op_allocates_only_its_output():
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    cupy = pytest.importorskip("cupy")
+    a, w = rand((2, 37, 256), torch.bfloat16), rand((512, 256), torch.bfloat16)
+    dgt.gemm(a, w)   # warm-up
+    torch.cuda.synchronize()
+    torch_before = torch.cuda.memory_allocated()
+    cupy_before = cupy.get_default_memory_pool().used_bytes()
+    d = dgt.gemm(a, w)
+    torch.cuda.synchronize()
+    out_bytes = d.numel() * d.element_size()
+    grown = torch.cuda.memory_allocated() - torch_before
+    assert out_bytes <= grown <= -(-out_bytes // 512) * 512, f"op grew torch memory by {grown} B, output is {out_bytes} B"
+    assert cupy.get_default_memory_pool().used_bytes() == cupy_before, "the op allocated through CuPy"
+
+
+# -- the same bits as the CuPy path ------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype,out_dtype", [("bf16", None), ("fp16", None), ("tf32", None), ("bf16", "fp32")])
+def test_bitwise_equal_to_cupy_path(dtype, out_dtype, layout):
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    m, n, k = 300, 136, 264
+    case = f"{dtype=} {out_dtype=} {layout=} {m=} {n=} {k=}"
+    a_shape, b_shape = operand_shapes(layout, m, n, k)
+    a, b = rand(a_shape, TORCH_DTYPE[dtype]), rand(b_shape, TORCH_DTYPE[dtype])
+    ca, cb = to_cupy(a), to_cupy(b)
+    assert ca.data.ptr == a.data_ptr() and cb.data.ptr == b.data_ptr(), f"{case}: CuPy views copied"
+
+    want = dg.gemm(ca, cb, dtype=dtype, out_dtype=out_dtype, layout=layout)   # CuPy in, CuPy out
+    torch.cuda.synchronize()
+    want_bits = bits_cupy(want)
+    d_op = dgt.gemm(a, b, layout=layout, out_dtype=out_dtype)                 # the custom op
+    g = dg.build(m, n, k, dtype=dtype, out_dtype=out_dtype, layout=layout)
+    d_call = g(a, b)                                                           # Gemm on torch tensors
+    d_call_cupy = g(ca, cb)
+    torch.cuda.synchronize()
+    assert isinstance(d_op, torch.Tensor) and isinstance(d_call, torch.Tensor), case
+    err = rel_err(d_op, ref64(a, b, layout))
+    assert err <= (5e-3 if dtype == "tf32" else BOUND), f"{case} op vs float64: {err=:.2e}"
+    assert_same_bits(d_op, want_bits, f"{case} torch op vs dg.gemm on CuPy views")
+    # g was built for M=300, dg.gemm for M's bucket: the configs may differ, so compare g with itself.
+    assert_same_bits(d_call, bits_cupy(d_call_cupy), f"{case} Gemm(torch) vs Gemm(CuPy), {g.config.tag}")
+
+
+@pytest.mark.parametrize("a_shape,slicer", [((2, 37, 256), None), ((37, 256), None), ((256,), None),
+                                            ((4, 37, 256), slice(None, None, 2)), ((0, 5, 256), None)])
+def test_nt_leading_dims_match_flat_cupy(a_shape, slicer):
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    w = rand((520, 256), torch.bfloat16)
+    a = rand(a_shape, torch.bfloat16)
+    if slicer is not None:
+        a = a[slicer]   # leading dims that cannot be viewed as one: the op reshapes with a copy
+    case = f"a {tuple(a.shape)} stride {a.stride()}"
+    d = dgt.gemm(a, w)
+    assert tuple(d.shape) == tuple(a.shape[:-1]) + (520,), f"{case}: shape {tuple(d.shape)}"
+    if a.numel() == 0:
+        return
+    flat = a.reshape(-1, 256).contiguous()
+    want = dg.gemm(to_cupy(flat), to_cupy(w), dtype="bf16")
+    torch.cuda.synchronize()
+    assert_same_bits(d.reshape(-1, 520), bits_cupy(want), case)
+
+
+def test_op_passes_opcheck():
+    """torch's own checks of a custom op: schema (no aliasing, no mutation), fake vs real, AOT dispatch."""
+    pytest.importorskip("deepgemm_jit.torch")
+    for args in [(rand((74, 256), torch.bfloat16), rand((512, 256), torch.bfloat16), "nt", None),
+                 (rand((2, 37, 256), torch.float16), rand((136, 256), torch.float16), "nt", "fp32"),
+                 (rand((256, 74), torch.float16), rand((256, 136), torch.float16), "tn", None)]:
+        case = f"a {tuple(args[0].shape)} {args[0].dtype} b {tuple(args[1].shape)} {args[2:]}"
+        try:
+            torch.library.opcheck(torch.ops.deepgemm_jit.gemm.default, args)
+        except Exception as exc:  # report which case failed, with torch's message
+            pytest.fail(f"opcheck {case}: {type(exc).__name__}: {exc}")
+
+
+def test_op_runs_on_torch_current_stream():
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    w = rand((512, 256), torch.bfloat16)
+    dgt.gemm(rand((1024, 256), torch.bfloat16), w)   # warm-up
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)              # keep the side stream busy (~tens of ms)
+        a = rand((1024, 256), torch.bfloat16)      # queued behind the sleep
+        d = dgt.gemm(a, w)                         # must run after it, on `side`
+    side.synchronize()
+    err = rel_err(d, ref64(a, w, "nt"))
+    assert err <= BOUND, f"op on a side stream read a before it was written: {err=:.2e}"
+
+
+# -- a transformer block with its Linears swapped -------------------------------------------------------------
+class Block(torch.nn.Module):
+    """Pre-norm attention (q/k/v/o projections, causal SDPA) + gated MLP (gate/up/down), no nn.MultiheadAttention."""
+
+    def __init__(self, hidden=256, num_heads=4, ffn=688, dtype=torch.bfloat16, device="cuda"):
+        super().__init__()
+        kw = {"dtype": dtype, "device": device}
+        self.num_heads = num_heads
+        self.norm1 = torch.nn.LayerNorm(hidden, **kw)
+        self.norm2 = torch.nn.LayerNorm(hidden, **kw)
+        self.q = torch.nn.Linear(hidden, hidden, bias=True, **kw)
+        self.k = torch.nn.Linear(hidden, hidden, bias=True, **kw)
+        self.v = torch.nn.Linear(hidden, hidden, bias=True, **kw)
+        self.o = torch.nn.Linear(hidden, hidden, bias=False, **kw)
+        self.gate = torch.nn.Linear(hidden, ffn, bias=False, **kw)
+        self.up = torch.nn.Linear(hidden, ffn, bias=False, **kw)
+        self.down = torch.nn.Linear(ffn, hidden, bias=True, **kw)
+
+    def forward(self, x):
+        batch, seq, hidden = x.shape
+
+        def heads(t):
+            return t.view(batch, seq, self.num_heads, hidden // self.num_heads).transpose(1, 2)
+
+        y = self.norm1(x)
+        att = torch.nn.functional.scaled_dot_product_attention(heads(self.q(y)), heads(self.k(y)),
+                                                               heads(self.v(y)), is_causal=True)
+        x = x + self.o(att.transpose(1, 2).reshape(batch, seq, hidden))
+        y = self.norm2(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+def test_transformer_block_with_swapped_linears():
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    torch.manual_seed(0)
+    block = Block()
+    block64 = copy.deepcopy(block).double()
+    x = rand((2, 37, 256), torch.bfloat16)
+    with torch.inference_mode():
+        want = block64(x.double())
+        original = block(x)
+        num_swapped = dgt.swap_linears(block)
+        assert num_swapped == 7, f"swap_linears replaced {num_swapped} Linears, the block has 7"
+        assert all(isinstance(getattr(block, name), dgt.Linear) for name in "qkvo") and \
+            all(isinstance(getattr(block, name), dgt.Linear) for name in ("gate", "up", "down"))
+        seen = []   # every swapped Linear, checked on the activations it really received
+        hooks = [module.register_forward_hook(lambda mod, inp, out, name=name: seen.append((name, mod, inp[0], out)))
+                 for name, module in block.named_modules() if isinstance(module, dgt.Linear)]
+        swapped = block(x)
+        for hook in hooks:
+            hook.remove()
+    torch.cuda.synchronize()
+    assert sorted(name for name, *_ in seen) == sorted(["q", "k", "v", "o", "gate", "up", "down"]), seen
+    for name, mod, inp, out in seen:
+        ref = inp.double() @ mod.weight.double().T + (0 if mod.bias is None else mod.bias.double())
+        err = rel_err(out, ref)
+        assert out.dtype == torch.bfloat16 and out.shape == (2, 37, mod.out_features), f"Linear {name}"
+        assert err <= BOUND, f"swapped Linear {name} ({tuple(inp.shape)} x {tuple(mod.weight.shape)}): {err=:.2e}"
+    err_original, err_swapped = rel_err(original, want), rel_err(swapped, want)
+    err_between = rel_err(swapped, original)
+    msg = f"block 2x37x256 bf16: original {err_original:.2e}, swapped {err_swapped:.2e}, between {err_between:.2e}"
+    assert torch.isfinite(swapped).all(), msg
+    assert err_original <= BOUND and err_swapped <= BOUND and err_between <= BOUND, msg
+
+
+# -- CUDA graphs ---------------------------------------------------------------------------------------------------
+def _graph_cases(dgt):
+    linear = dgt.Linear(256, 520, bias=True, device="cuda", dtype=torch.bfloat16)
+    w_nn = rand((264, 136), torch.float16)
+    w_tf32 = rand((136, 264), torch.float32)
+
+    def linear_ref(x):
+        return x.double() @ linear.weight.double().T + linear.bias.double()
+
+    return {
+        "Linear bf16 nt, bias, x (2, 37, 256)": ((2, 37, 256), torch.bfloat16, linear, linear_ref, BOUND),
+        "op fp16 nn, a (300, 264)": ((300, 264), torch.float16, lambda a: dgt.gemm(a, w_nn, "nn"),
+                                     lambda a: ref64(a, w_nn, "nn"), BOUND),
+        "op tf32 nt, a (77, 264)": ((77, 264), torch.float32, lambda a: dgt.gemm(a, w_tf32),
+                                    lambda a: ref64(a, w_tf32, "nt"), 5e-3),
+    }
+
+
+@pytest.mark.parametrize("case", ["Linear bf16 nt, bias, x (2, 37, 256)", "op fp16 nn, a (300, 264)",
+                                  "op tf32 nt, a (77, 264)"])
+def test_cuda_graph_capture_and_replay(case):
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    shape, dtype, fn, ref_fn, bound = _graph_cases(dgt)[case]
+    static_in = rand(shape, dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):   # no_grad, not inference_mode: the loop below writes
+        for _ in range(2):   # warm-up outside capture: compile, load, plan
+            fn(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        try:
+            with torch.cuda.graph(graph):
+                static_out = fn(static_in)
+        except Exception as exc:
+            pytest.fail(f"{case}: capture failed: {type(exc).__name__}: {exc}")
+    for trial in range(3):
+        static_in.copy_(rand(shape, dtype))
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        err = rel_err(static_out, ref_fn(static_in))
+        assert err <= bound, f"{case}: replay {trial} with new input: {err=:.2e}"
+
+
+# -- torch.compile -----------------------------------------------------------------------------------------------------
+class _Net(torch.nn.Module):
+    def __init__(self, dgt):
+        super().__init__()
+        self.gemm = dgt.gemm
+        self.up = dgt.Linear(256, 688, bias=True, device="cuda", dtype=torch.bfloat16)
+        self.w_down = torch.nn.Parameter(rand((688, 256), torch.bfloat16) * 0.05)   # (K, N): layout nn
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.up(x))
+        return self.gemm(h, self.w_down, layout="nn")   # a must be 2-D for nn
+
+    def reference(self, x):
+        h = torch.nn.functional.gelu(x.double() @ self.up.weight.double().T + self.up.bias.double())
+        return h @ self.w_down.double()
+
+
+def test_torch_compile_fullgraph():
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    torch.manual_seed(0)
+    net = _Net(dgt)
+    graph_targets = []
+
+    def recording_backend(gm, example_inputs):
+        graph_targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        try:
+            torch.compile(net, backend=recording_backend, fullgraph=True)(rand((74, 256), torch.bfloat16))
+        except Exception as exc:
+            pytest.fail(f"dynamo could not trace the op in one graph: {type(exc).__name__}: {exc}")
+    assert sum("deepgemm_jit" in t for t in graph_targets) == 2, f"graph calls: {graph_targets}"
+
+    torch._dynamo.reset()
+    compiled = torch.compile(net, fullgraph=True)   # inductor
+    with torch.no_grad():
+        for m in (74, 37, 129):   # new M: recompiles with a dynamic M, through the fake impl's SymInts
+            x = rand((m, 256), torch.bfloat16)
+            try:
+                got = compiled(x)
+            except Exception as exc:
+                pytest.fail(f"torch.compile(fullgraph=True) at M={m}: {type(exc).__name__}: {exc}")
+            eager = net(x)
+            torch.cuda.synchronize()
+            want = net.reference(x)
+            err_compiled, err_eager = rel_err(got, want), rel_err(eager, want)
+            assert got.shape == (m, 256) and got.dtype == torch.bfloat16, f"M={m}: {got.shape} {got.dtype}"
+            assert err_compiled <= BOUND and err_eager <= BOUND, \
+                f"M={m}: compiled {err_compiled:.2e}, eager {err_eager:.2e} vs float64"
