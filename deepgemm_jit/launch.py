@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import device, tma
+from . import cubin as cubin_mod
+from . import device, runtime, tma
 from .arrays import MatrixView
-from . import runtime
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
 from .spec import GemmSpec
@@ -40,16 +40,33 @@ def _num_sms(device_id: int) -> int:
     return device.num_sms(device_id)
 
 
-def load(artifact: KernelArtifact, spec: GemmSpec, device_id: int) -> LoadedKernel:
-    """Load `artifact` on `device_id`; for sm90, check config.py's shared-memory mirror against the
-    value the kernel itself exports (a mismatch is a bug in the mirror, caught before any launch)."""
-    smem = artifact.config.smem_bytes(spec)
-    family = artifact.config.family
-    kernel = runtime.loaded_kernel(artifact, device_id, smem, SM90_SYMBOLS if family == "sm90" else ())
-    if family == "sm90" and kernel.symbols["smem_bytes"] != smem:
+@functools.lru_cache(maxsize=1024)
+def _sm90_symbols(cubin: bytes, entry: str) -> dict[str, int]:
+    raw = cubin_mod.read_u32_symbols(cubin, tuple(f"{entry}_{name}" for name in SM90_SYMBOLS))
+    return {name: raw[f"{entry}_{name}"] for name in SM90_SYMBOLS}
+
+
+def sm90_symbols(artifact: KernelArtifact) -> dict[str, int]:
+    """The layout facts an sm90 kernel exports, read from its cubin on the host."""
+    return _sm90_symbols(artifact.cubin, artifact.entry)
+
+
+def check_layout(artifact: KernelArtifact, spec: GemmSpec) -> None:
+    """For sm90: config.py's shared-memory mirror must equal what the kernel itself computed (a
+    mismatch is a bug in the mirror, caught before any launch)."""
+    if artifact.config.family != "sm90":
+        return
+    exported = sm90_symbols(artifact)["smem_bytes"]
+    mirror = artifact.config.smem_bytes(spec)
+    if exported != mirror:
         raise RuntimeError(f"shared-memory layout mismatch for {artifact.meta.get('name')}: the kernel "
-                           f"exports {kernel.symbols['smem_bytes']} B, config.py computes {smem} B")
-    return kernel
+                           f"computes {exported} B, config.py {mirror} B")
+
+
+def load(artifact: KernelArtifact, spec: GemmSpec, device_id: int) -> LoadedKernel:
+    """Load `artifact` on `device_id` after checking its layout against config.py."""
+    check_layout(artifact, spec)
+    return runtime.loaded_kernel(artifact, device_id, artifact.config.smem_bytes(spec))
 
 
 @dataclass(frozen=True)
@@ -70,7 +87,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
          vb: MatrixView, vd: MatrixView, device_id: int) -> LaunchPlan:
     cfg = artifact.config
     if cfg.family == "sm90":
-        sym = kernel.symbols
+        sym = sm90_symbols(artifact)
         tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, va.row_stride * va.itemsize, cfg.block_m,
                              cfg.block_k, 128)
         tmap_b = _tensor_map(vb.ptr, spec.dtype, spec.n, spec.k, vb.row_stride * vb.itemsize, cfg.block_n,

@@ -9,33 +9,19 @@ _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in
 
 
 class LoadedKernel:
-    """One cubin loaded on one device, with its shared-memory opt-in done.
+    """One cubin loaded on one device, with its shared-memory opt-in done."""
 
-    `exported` names the ``<entry>_<name>`` unsigned-int constants the kernel exports (layout facts
-    the host needs); they are read once here, into ``symbols``.
-    """
-
-    def __init__(self, artifact: KernelArtifact, dynamic_smem_bytes: int, exported: tuple[str, ...] = ()):
+    def __init__(self, artifact: KernelArtifact, dynamic_smem_bytes: int):
         import cupy
 
         self.module = cupy.cuda.function.Module()
         self.module.load(artifact.cubin)
         self.function = self.module.get_function(artifact.entry)
-        self.symbols = {name: self._read_u32(f"{artifact.entry}_{name}") for name in exported}
         self.dynamic_smem_bytes = dynamic_smem_bytes
         if dynamic_smem_bytes > _DEFAULT_SMEM_LIMIT:
             cupy.cuda.driver.funcSetAttribute(
                 self.function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dynamic_smem_bytes)
-
-    def _read_u32(self, symbol: str) -> int:
-        import cupy
-        import numpy as np
-
-        ptr = self.module.get_global_var(symbol)  # CuPy 14 returns the device address as an int
-        host = np.zeros(1, dtype=np.uint32)
-        cupy.cuda.runtime.memcpy(host.ctypes.data, int(ptr), 4, cupy.cuda.runtime.memcpyDeviceToHost)
-        return int(host[0])
 
     def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, stream) -> None:
         self.function(grid, block, args, shared_mem=self.dynamic_smem_bytes, stream=stream)
@@ -45,8 +31,7 @@ _loaded: dict[tuple[str, int], LoadedKernel] = {}
 _lock = threading.Lock()
 
 
-def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: int,
-                  exported: tuple[str, ...] = ()) -> LoadedKernel:
+def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: int) -> LoadedKernel:
     """The kernel of `artifact` loaded on `device_id` (loaded once per process and device)."""
     key = (artifact.key, device_id)
     kernel = _loaded.get(key)
@@ -54,7 +39,7 @@ def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: 
         with _lock:
             kernel = _loaded.get(key)
             if kernel is None:
-                kernel = LoadedKernel(artifact, dynamic_smem_bytes, exported)
+                kernel = LoadedKernel(artifact, dynamic_smem_bytes)
                 _loaded[key] = kernel
     return kernel
 

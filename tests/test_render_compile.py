@@ -117,6 +117,17 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, shared_cache_di
     assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
+    # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
+    from deepgemm_jit import launch
+    sym = launch.sm90_symbols(art)
+    out_esize = 4 if out_dtype == "fp32" else 2
+    slice_bytes = config.sm90_d_slice_bytes(block_n, out_esize)
+    assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
+    assert sym["num_threads"] == cfg.num_threads == 384, case
+    assert sym["d_box_cols"] * out_esize == slice_bytes, case
+    assert sym["d_box_rows"] == (64 if block_m == 64 else block_m // 2), case
+    assert sym["d_swizzle_bytes"] == (slice_bytes if slice_bytes >= 32 else 0), case
+    launch.check_layout(art, spec)
 
 
 def test_sm90_rejections():
@@ -148,3 +159,9 @@ def test_templates_dir_override(tmp_path, monkeypatch, cache_dir):
     with pytest.raises(FileNotFoundError, match="DEEPGEMM_JIT_TEMPLATES_DIR"):
         build(64, 64, 72, dtype="bf16", arch="sm_90a")
     render._environment.cache_clear()
+
+
+def test_cubin_symbol_reader_rejects_what_it_cannot_read():
+    from deepgemm_jit import cubin
+    with pytest.raises(ValueError, match="ELF64"):
+        cubin.read_u32_symbols(b"not an elf", ("x",))
