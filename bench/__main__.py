@@ -22,16 +22,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--suite", default=",".join(suites.DEFAULT_SUITES),
                    help=f"comma list of {sorted(suites.SUITES)} or 'all' (default %(default)s)")
     p.add_argument("--dtype", default=",".join(suites.DEFAULT_DTYPES),
-                   help=f"comma list of {sorted(bench_dtypes.DTYPES)} or 'all' (default %(default)s)")
-    p.add_argument("--layout", default="nt", help=f"comma list of {suites.LAYOUTS} or 'all' (default nt)")
+                   help=f"comma list of {list(bench_dtypes.DTYPES)} or 'all' (default %(default)s); fp8_* are "
+                        "FP8 E4M3 scaling recipes (tensor, row, 1x128 x 128x128 block), int8 is INT8 -> INT32")
+    p.add_argument("--layout", default="nt", help=f"comma list of {suites.LAYOUTS} or 'all' (default nt; "
+                                                  "8-bit dtypes run nt only)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
                    help="directory for <date>-<suite>-<gitshort>.{json,md,png} (default bench/results)")
     p.add_argument("--reps", type=int, default=timing.MIN_PROTOCOL_REPS, help="timed repetitions per contender (≥ 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls per contender first (default 5)")
     p.add_argument("--quick", action="store_true",
                    help="each suite's quick subset, 10 reps: a smoke run, not protocol-grade numbers")
-    p.add_argument("--baseline", default="torch,cupy",
-                   help="baseline kinds in order of preference (default torch,cupy: the first that binds)")
+    p.add_argument("--baseline", default=",".join(baseline.DEFAULT_ORDER),
+                   help="baseline kinds in order of preference, the first that computes the case binds "
+                        "(default %(default)s: torch.mm, torch FP8 scaled matmuls, torch._int_mm, cupy.matmul)")
     p.add_argument("--only", default=None, help="regex on the case tag, e.g. 'bf16_nt_m4096'")
     p.add_argument("--seed", type=int, default=None, help="base seed of the random inputs (default: time)")
     p.add_argument("--flush-mb", type=int, default=timing.DEFAULT_FLUSH_BYTES >> 20, help="L2 flush buffer in MiB")
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"bench: deepgemm_jit does not import: {exc!r}", file=sys.stderr)
         return 2
-    if "torch" in baseline_order:
+    if any(name.startswith("torch") for name in baseline_order):
         try:
             import torch  # noqa: F401  (initialize it before any timing)
             if torch.cuda.is_available():

@@ -3,7 +3,9 @@
 Pure Python except ``collect_env`` (queries the GPU when called) and ``write_plot`` (imports matplotlib lazily).
 
 JSON schema (``SCHEMA_VERSION``): {"schema": int, "header": {...HEADER_KEYS}, "rows": [{...ROW_KEYS, ...}]}.
-``ratio`` = baseline_us / us: above 1 we are faster. ``tflops`` = 2MNK/t, ``gbps`` = (A + B + D bytes)/t.
+``ratio`` = baseline_us / us: above 1 we are faster. ``tflops`` = 2MNK/t (TOPS for int8), ``gbps`` = (A + B + D
+bytes, + the scales for FP8)/t. FP8 rows add ``err_cos`` / ``baseline_err_cos`` (DeepGEMM's cos difference vs the
+BF16-input product), shown as the markdown's cos column when a run has any.
 """
 from __future__ import annotations
 
@@ -195,7 +197,21 @@ def _err_text(r: dict) -> str:
     return _f(err, ".1e")
 
 
+def _tol_text(rows: list[dict], prefix: str) -> str:
+    """The tolerance(s) of the rows whose dtype starts with `prefix`, e.g. '0.03'."""
+    tols = sorted({r["tol"] for r in rows if str(r["dtype"]).startswith(prefix) and r.get("tol") is not None})
+    return "/".join(f"{t:g}" for t in tols) or "-"
+
+
+def _cos_text(r: dict) -> str:
+    """'ours / baseline' cos differences of an FP8 row, '-' elsewhere."""
+    if r.get("err_cos") is None and r.get("baseline_err_cos") is None:
+        return "-"
+    return f"{_f(r.get('err_cos'), '.1e')} / {_f(r.get('baseline_err_cos'), '.1e')}"
+
+
 def render_markdown(header: dict, rows: list[dict]) -> str:
+    has_cos = any(r.get("err_cos") is not None for r in rows)
     lines = [
         f"# deepgemm-jit bench: {'+'.join(header.get('suites', []))}",
         "",
@@ -206,11 +222,19 @@ def render_markdown(header: dict, rows: list[dict]) -> str:
         "",
         f"`{header.get('command')}` · median of {header.get('reps')} reps, L2 flushed "
         f"({(header.get('flush_bytes') or 0) >> 20} MiB written) before each, ours and baseline interleaved. "
-        "ratio = baseline µs / our µs (> 1: we are faster). GB/s counts A + B + D once.",
+        "ratio = baseline µs / our µs (> 1: we are faster). GB/s counts A + B + D once (and the FP8 scales); "
+        "TFLOPS are TOPS for int8.",
         "",
-        "| dtype | layout | M | N | K | µs | TFLOPS | GB/s | baseline | base µs | base TFLOPS | ratio | err | ref "
-        "| family | config | status |",
-        "|---|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|---|---|---|---|",
+    ]
+    if has_cos:
+        lines += [f"FP8 rows: err = ‖d − ref‖/‖ref‖ against the float64 product of the dequantized operands "
+                  f"(tol {_tol_text(rows, 'fp8')}); cos = DeepGEMM's 1 − 2⟨x,y⟩/(‖x‖²+‖y‖²) against the product "
+                  "of the BF16 inputs, ours / baseline (DeepGEMM accepts < 1e-3).", ""]
+    cos_head, cos_rule = (" cos |", "--:|") if has_cos else ("", "")
+    lines += [
+        "| dtype | layout | M | N | K | µs | TFLOPS | GB/s | baseline | base µs | base TFLOPS | ratio | err |"
+        f"{cos_head} ref | family | config | status |",
+        f"|---|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|{cos_rule}---|---|---|---|",
     ]
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
@@ -221,19 +245,21 @@ def render_markdown(header: dict, rows: list[dict]) -> str:
             f"| {r['dtype']} | {r['layout']} | {r['m']} | {r['n']} | {r['k']} | {_f(r['us'], '.1f')} "
             f"| {_f(r['tflops'], '.1f')} | {_f(r['gbps'], '.0f')} | {r.get('baseline') or '-'} "
             f"| {_f(r['baseline_us'], '.1f')} | {_f(r.get('baseline_tflops'), '.1f')} | {_f(r['ratio'], '.3f')} "
-            f"| {_err_text(r)} | {r.get('ref') or '-'} | {r.get('family') or '-'} "
+            f"| {_err_text(r)} |{f' {_cos_text(r)} |' if has_cos else ''} {r.get('ref') or '-'} "
+            f"| {r.get('family') or '-'} "
             f"| {str(r.get('config') or '-').replace('|', '/')} | {status} |")
     lines.append("")
     for dtype, g in geomean_by_dtype(rows).items():
+        unit = bench_dtypes.DTYPES[dtype].unit if dtype in bench_dtypes.DTYPES else "TFLOPS"
         lines.append(f"- **geomean {dtype}**: ratio {_f(g['ratio'], '.3f')} over {g['n']} rows with a baseline; "
-                     f"ours {_f(g['tflops'], '.1f')} TFLOPS vs baseline {_f(g['baseline_tflops'], '.1f')} "
+                     f"ours {_f(g['tflops'], '.1f')} {unit} vs baseline {_f(g['baseline_tflops'], '.1f')} "
                      f"(geomean); {g['n_ok']} ok, {g['n_bad']} failed/errored/skipped")
     return "\n".join(lines) + "\n"
 
 
 def render_short_table(rows: list[dict]) -> str:
     """The table printed at the end of a run (the device tool returns only the tail of stdout)."""
-    lines = [f"{'dtype':5} {'lay':3} {'M':>5} {'N':>6} {'K':>6} {'us':>9} {'TFLOPS':>7} {'base_us':>9} "
+    lines = [f"{'dtype':10} {'lay':3} {'M':>5} {'N':>6} {'K':>6} {'us':>9} {'TFLOPS':>7} {'base_us':>9} "
              f"{'ratio':>6} {'err':>8} status"]
     for r in rows:
         status = r["status"]
@@ -241,7 +267,7 @@ def render_short_table(rows: list[dict]) -> str:
             status += " " + (r.get("error") or r.get("note") or "")[:60].replace("\n", " ")
         elif r.get("note"):
             status += " *"
-        lines.append(f"{r['dtype']:5} {r['layout']:3} {r['m']:>5} {r['n']:>6} {r['k']:>6} {_f(r['us'], '9.1f'):>9} "
+        lines.append(f"{r['dtype']:10} {r['layout']:3} {r['m']:>5} {r['n']:>6} {r['k']:>6} {_f(r['us'], '9.1f'):>9} "
                      f"{_f(r['tflops'], '7.1f'):>7} {_f(r['baseline_us'], '9.1f'):>9} {_f(r['ratio'], '6.3f'):>6} "
                      f"{_err_text(r):>8} {status}")
     for dtype, g in geomean_by_dtype(rows).items():
@@ -277,7 +303,7 @@ def write_plot(path: Path, header: dict, rows: list[dict]) -> str | None:
             hi = max(hi, peak / bench_dtypes.COPY_TBPS * 4)
             grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
             ax.plot(grid, [metrics.roofline_tflops(x, peak, bench_dtypes.COPY_TBPS) for x in grid], "k-", lw=1,
-                    label=f"roof: {bench_dtypes.COPY_TBPS} TB/s copy, {peak:g} TFLOPS datasheet")
+                    label=f"roof: {bench_dtypes.COPY_TBPS} TB/s copy, {peak:g} {info.unit} datasheet")
         if info.cublas_tflops:
             ax.axhline(info.cublas_tflops, color="gray", ls="--", lw=1,
                        label=f"cuBLAS measured ceiling ~{info.cublas_tflops:g}")
@@ -291,7 +317,7 @@ def write_plot(path: Path, header: dict, rows: list[dict]) -> str | None:
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
         ax.set_xlabel("arithmetic intensity (FLOP / byte, A + B + D once)")
-        ax.set_ylabel("achieved TFLOPS (2MNK / t)")
+        ax.set_ylabel(f"achieved {info.unit} (2MNK / t)")
         ax.set_title(f"{dtype}: {len(rs)} shapes")
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=8, loc="lower right")

@@ -1,5 +1,13 @@
 """One row at a time: build, check against float64, then (only if correct) time ours and the baseline.
 
+Operands (``Operands``): 16/32-bit rows multiply fresh N(0, 1) inputs in their storage type and are judged
+against the float64 product of exactly those inputs. 8-bit rows (``bench/dtypes.py`` recipes) start from fresh
+N(0, 1) inputs rounded to BF16 (as DeepGEMM's tests do), quantize them with the library's
+``reference.quantize_reference`` and are judged against the float64 product of the *dequantized* operands
+(rel_fro, the dtype's bound); FP8 rows also record DeepGEMM's cos difference against the product of the BF16
+inputs (``err_cos``, ``baseline_err_cos``; noted above ``reference.FP8_COS_BOUND``, not judged), and INT8 rows,
+whose INT32 product is exact, fail on any element that differs from it.
+
 Each row is isolated: an exception becomes the row's ``error`` and the run goes on. A sticky CUDA error (the
 context is lost, e.g. an illegal address) cannot be recovered in-process: the remaining rows are marked skipped
 and the run ends with what it has (rerun them with ``--only``).
@@ -16,6 +24,7 @@ import cupy
 
 from deepgemm_jit import baseline, reference, timing
 
+from . import dtypes as bench_dtypes
 from . import metrics
 from .suites import Case
 
@@ -31,15 +40,88 @@ class RunContext:
     is_context_lost: bool = False
 
 
+# ------------------------------------------------------------------------------------------------- operands
+def quantize(x32, lib_dtype: str, granularity: str):
+    """(q, scales) of float32 CuPy `x32`: the library's quantization reference (the one place that names it)."""
+    return reference.quantize_reference(x32, lib_dtype, granularity)
+
+
+def dequantize(q, scales, lib_dtype: str, granularity: str):
+    """float64 CuPy q · s: the library's dequantization reference (the one place that names it)."""
+    return reference.dequantize_reference(q, scales, lib_dtype, granularity)
+
+
+@dataclasses.dataclass
+class Operands:
+    """One row's inputs, and the float64 (M, N) products they are judged against."""
+
+    a: object
+    b: object
+    ref: object                              # the product the dtype's bound applies to
+    ref_kind: str                            # how it was computed (row["ref"])
+    scaling: baseline.Scaling | None = None  # FP8 scales: passed to ours and to the baseline
+    ref_cos: object | None = None            # FP8: product of the BF16 inputs, for DeepGEMM's cos difference
+    is_exact: bool = False                   # INT8 -> INT32: every element must equal the reference
+    ours_scale_a: object | None = None       # scale_a in the layout documented as our fast one (block: M-major)
+
+    def call_kwargs(self) -> dict:
+        """Keyword arguments of our kernel's call besides out=."""
+        if self.scaling is None:
+            return {}
+        scale_a = self.scaling.scale_a if self.ours_scale_a is None else self.ours_scale_a
+        return {"scale_a": scale_a, "scale_b": self.scaling.scale_b}
+
+    @property
+    def scale_bytes(self) -> int:
+        return 0 if self.scaling is None else self.scaling.num_bytes
+
+
+def plain_operands(spec, m: int, rng) -> Operands:
+    """Fresh N(0, 1) inputs in the spec's storage type, and their exact float64 product."""
+    a, b = reference.random_operands(spec, m, rng=rng)
+    return Operands(a, b, reference.reference(spec, a, b), reference.reference_kind(spec, m))
+
+
+def quantized_operands(info: bench_dtypes.BenchDtype, spec, m: int, rng) -> Operands:
+    """Fresh N(0, 1) inputs rounded to BF16, quantized per the recipe `info`; the references of the module doc."""
+    x_a = reference.random_matrix(spec.a_shape(m), "bf16", rng)
+    x_b = reference.random_matrix(spec.b_shape(), "bf16", rng)
+    kind = reference.reference_kind(spec, m)
+    ref_cos = reference.reference(spec, x_a, x_b) if info.scaling else None
+    qa, sa = quantize(reference.to_float64(x_a).astype(cupy.float32), info.lib, info.quant_a)
+    qb, sb = quantize(reference.to_float64(x_b).astype(cupy.float32), info.lib, info.quant_b)
+    del x_a, x_b
+    if info.scaling is None:
+        # INT8: the kernel multiplies the integers (the scales belong to a later epilogue), exactly.
+        return Operands(qa, qb, reference.reference(spec, qa, qb), kind, is_exact=True)
+    scaling = baseline.Scaling(info.scaling, sa, sb)
+    scaling.check(m, spec.n, spec.k)
+    ref = reference.reference(spec, dequantize(qa, sa, info.lib, info.quant_a),
+                              dequantize(qb, sb, info.lib, info.quant_b))
+    # Block scales of A go to our kernel M-major (column-major, the layout deepgemm_jit.quantize emits and
+    # torch's block-scaled matmul requires as well): a K block's scales are then one contiguous run.
+    ours_sa = cupy.asfortranarray(sa) if info.scaling == "block" else None
+    return Operands(qa, qb, ref, f"{kind}-dequant", scaling, ref_cos, ours_scale_a=ours_sa)
+
+
+def num_mismatches(out, ref) -> int:
+    """Elements of `out` that differ from `ref` (an exact product), NaN included."""
+    return int(cupy.count_nonzero(~(reference.to_float64(out) == ref)))
+
+
+# ------------------------------------------------------------------------------------------------------- rows
 def empty_row(case: Case) -> dict:
+    info = bench_dtypes.get(case.dtype)
     return {
         "suite": case.suite, "dtype": case.dtype, "layout": case.layout, "m": case.m, "n": case.n, "k": case.k,
         "status": "error", "error": None, "note": "",
         "us": None, "us_min": None, "us_p20": None, "us_p80": None, "tflops": None, "gbps": None,
         "baseline": None, "baseline_us": None, "baseline_us_min": None, "baseline_us_p20": None,
         "baseline_us_p80": None, "baseline_tflops": None, "ratio": None,
-        "err": None, "tol": reference.ERROR_BOUND[case.dtype],
-        "err_metric": reference.ERROR_METRIC[case.dtype], "ref": None, "baseline_err": None,
+        "err": None, "tol": reference.ERROR_BOUND[info.lib],
+        "err_metric": reference.ERROR_METRIC[info.lib], "ref": None, "baseline_err": None,
+        "library_dtype": info.lib, "scaling": info.scaling, "err_cos": None, "baseline_err_cos": None,
+        "cos_tol": reference.FP8_COS_BOUND if info.scaling else None,
         "poison": None, "intensity": None, "io_bytes": None, "out_dtype": None,
         "family": None, "config": None, "config_fields": None, "build_s": None, "first_call_s": None,
         "reps": None, "host_us": None, "baseline_host_us": None, "flush_us": None,
@@ -104,54 +186,71 @@ def run_case(case: Case, ctx: RunContext, index: int) -> dict:
 
 def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     m, n, k = case.m, case.n, case.k
-    metric = reference.ERROR_METRIC[case.dtype]
+    info = bench_dtypes.get(case.dtype)
+    metric = reference.ERROR_METRIC[info.lib]
 
     t0 = time.perf_counter()
-    spec = ctx.dg.GemmSpec.create(n, k, dtype=case.dtype, layout=case.layout)
-    g = ctx.dg.build(m, n, k, dtype=case.dtype, layout=case.layout, config=case.forced_config(spec),
-                     tune=case.tiles == "tuned")
+    kwargs = case.build_kwargs()
+    if case.tiles and case.tiles != "tuned":
+        kwargs["config"] = case.forced_config(case.make_spec())
+    g = ctx.dg.build(m, n, k, **kwargs)
     row["build_s"] = time.perf_counter() - t0
     row["family"], row["config"], row["config_fields"] = _config_strings(g)
 
     # ---- correctness: fresh inputs, poisoned output, float64 reference
-    a, b = reference.random_operands(g.spec, m, rng=cupy.random.default_rng(ctx.seed + index))
+    rng = cupy.random.default_rng(ctx.seed + index)
+    ops = quantized_operands(info, g.spec, m, rng) if info.is_quantized else plain_operands(g.spec, m, rng)
+    a, b, call_kwargs = ops.a, ops.b, ops.call_kwargs()
     d = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
     t0 = time.perf_counter()
-    g(a, b, out=d)
+    g(a, b, out=d, **call_kwargs)
     cupy.cuda.Device().synchronize()
     row["first_call_s"] = time.perf_counter() - t0
     row["poison"] = "out="
     row["out_dtype"] = d.dtype.name
-    row["ref"] = reference.reference_kind(g.spec, m)
-    ref = reference.reference(g.spec, a, b)
-    row["err"] = reference.error(d, ref, metric)
+    row["ref"] = ops.ref_kind
+    row["err"] = reference.error(d, ops.ref, metric)
     notes = []
     if math.isnan(row["err"]):
         notes.append(f"{reference.num_nonfinite(d)} non-finite output elements (unwritten or overflow)")
+    is_within = reference.within_bound(row["err"], info.lib)
+    # An exact product (INT8 -> INT32, float64 reference) leaves no room for error: any difference is a bug.
+    num_wrong = num_mismatches(d, ops.ref) if ops.is_exact and ops.ref_kind == "fp64" else 0
+    if num_wrong:
+        notes.append(f"{num_wrong} of {m * n} elements differ from the exact integer product")
+    if ops.ref_cos is not None:
+        row["err_cos"] = reference.error(d, ops.ref_cos, "cos")
+        if not row["err_cos"] <= reference.FP8_COS_BOUND:
+            notes.append(f"cos diff {row['err_cos']:.2e} > {reference.FP8_COS_BOUND:g} vs the BF16-input product "
+                         "(recorded, not judged)")
     io_bytes = metrics.gemm_io_bytes(m, n, k, a.dtype.itemsize, b.dtype.itemsize, d.dtype.itemsize)
+    io_bytes += ops.scale_bytes
     row["io_bytes"] = io_bytes
     row["intensity"] = metrics.gemm_flops(m, n, k) / io_bytes
-    if not reference.within_bound(row["err"], case.dtype):
+    if not is_within or num_wrong:
         row["status"] = "fail"
-        row["note"] = "; ".join(notes + [f"err {row['err']:.3e} > tol {row['tol']:g}: not timed"])
+        verdict = f"err {row['err']:.3e} > tol {row['tol']:g}" if not is_within else "not exact"
+        row["note"] = "; ".join(notes + [f"{verdict}: not timed"])
         return
 
-    base, reasons = baseline.bind(g.spec, a, b, ctx.baseline_order)
+    base, reasons = baseline.bind(g.spec, a, b, ctx.baseline_order, scaling=ops.scaling)
     if base is not None:
-        base_check = baseline.check(base, g.spec, ref)
+        base_check = baseline.check(base, g.spec, ops.ref)
         row["baseline_err"] = base_check.err
+        if ops.ref_cos is not None:
+            row["baseline_err_cos"] = reference.error(base.result_f64(), ops.ref_cos, "cos")
         if base_check.note:
             notes.append(base_check.note)
         if not base_check.is_ok:
             base = None
     else:
         notes.append("no baseline: " + "; ".join(reasons))
-    del ref
+    del ops
     if base is not None:
         row["baseline"] = base.name
 
     # ---- timing, ours and the baseline interleaved
-    fns = {"ours": lambda: g(a, b, out=d)}
+    fns = {"ours": lambda: g(a, b, out=d, **call_kwargs)}
     if base is not None:
         fns["base"] = base.fn
     if ctx.flusher is None:

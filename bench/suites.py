@@ -1,6 +1,7 @@
 """Benchmark suites as data, and their expansion into cases (pure Python, no GPU).
 
-A suite is a list of (M, N, K); a case is one (suite, dtype, layout, M, N, K) row of a run.
+A suite is a list of (M, N, K); a case is one (suite, dtype, layout, M, N, K) row of a run, ``dtype`` being a
+bench dtype of ``dtypes.py`` (bf16, ..., or an 8-bit recipe such as fp8_block).
 Layouts name the storage of A and B, first letter A, second B (BLAS/DeepGEMM convention, math is D = A·B with
 A (M, K) and B (K, N)): 'n' = stored as in the math, 't' = stored transposed, as ``deepgemm_jit.spec.LAYOUTS``
 (``GemmSpec.a_shape`` / ``b_shape`` give the stored shapes).
@@ -41,7 +42,9 @@ class Case:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
-        bench_dtypes.get(self.dtype)
+        info = bench_dtypes.get(self.dtype)
+        if self.layout not in info.layouts:
+            raise ValueError(f"{self.dtype} is built for layouts {info.layouts}, not {self.layout!r}")
         for dim, v in (("m", self.m), ("n", self.n), ("k", self.k)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{dim}={v!r} must be a positive int")
@@ -50,6 +53,22 @@ class Case:
     def tag(self) -> str:
         tiles = f"_t{self.tiles}" if self.tiles else ""
         return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}{tiles}"
+
+    def make_spec(self):
+        """The library's GemmSpec of this case (pure Python)."""
+        from deepgemm_jit import GemmSpec
+
+        info = bench_dtypes.get(self.dtype)
+        extra = {"scaling": info.scaling} if info.scaling else {}
+        return GemmSpec.create(self.n, self.k, dtype=info.lib, layout=self.layout, **extra)
+
+    def build_kwargs(self) -> dict:
+        """What ``dg.build(M, N, K, **kwargs)`` takes for this case, forced tile aside (``forced_config``)."""
+        info = bench_dtypes.get(self.dtype)
+        kwargs = {"dtype": info.lib, "layout": self.layout, "tune": self.tiles == "tuned"}
+        if info.scaling:
+            kwargs["scaling"] = info.scaling
+        return kwargs
 
     def forced_config(self, spec):
         """The KernelConfig `tiles` asks for, or None for the heuristic's choice."""
@@ -113,7 +132,7 @@ def parse_list(text: str | None, allowed, default, what: str) -> tuple[str, ...]
 
 def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,)) -> list[Case]:
     """Every case of the run, suite-major then dtype then layout then shape (then forced tile, for
-    sweeps); a shape met twice runs once."""
+    sweeps); a shape met twice runs once, a layout the dtype is not built for (8-bit: nt only) not at all."""
     cases: list[Case] = []
     seen: set[tuple] = set()
     for suite_name in suites:
@@ -122,7 +141,7 @@ def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,)) 
         suite = SUITES[suite_name]
         shapes = suite.quick_shapes if quick else suite.shapes
         for dtype in dtypes:
-            for layout in layouts:
+            for layout in (x for x in layouts if x in bench_dtypes.get(dtype).layouts):
                 for (m, n, k), tile in itertools.product(shapes, tiles):
                     key = (dtype, layout, m, n, k, tile)
                     if key in seen:

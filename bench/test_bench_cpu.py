@@ -141,3 +141,390 @@ def test_tile_sweep_cases_force_configs():
     assert (cfg.family, cfg.block_m, cfg.block_n, cfg.num_stages) == ("sm90", 128, 192, 4)
     with pytest.raises(ValueError, match="BMxBN"):
         suites.Case("square", "bf16", "nt", 8, 8, 8, "big").forced_config(spec)
+
+
+# ------------------------------------------------------------------------------------------ 8-bit recipes
+def test_recipe_table_builds_the_right_library_gemms():
+    from deepgemm_jit import reference
+    expected = {  # bench dtype: (library dtype, scaling, A granularity, B granularity)
+        "fp8_tensor": ("fp8_e4m3", "tensor", "tensor", "tensor"),
+        "fp8_row": ("fp8_e4m3", "row", "row", "row"),
+        "fp8_block": ("fp8_e4m3", "block", "group128", "block128"),
+        "int8": ("int8", None, "row", "row"),
+    }
+    for name, (lib, scaling, qa, qb) in expected.items():
+        d = bench_dtypes.get(name)
+        assert (d.lib, d.scaling, d.quant_a, d.quant_b, d.layouts) == (lib, scaling, qa, qb, ("nt",)), name
+        assert d.is_quantized and d.peak_tflops == 1979.0 and d.cublas_tflops < d.peak_tflops
+        assert reference.ERROR_BOUND[d.lib] == (3e-2 if lib == "fp8_e4m3" else 1e-2)
+    assert bench_dtypes.get("int8").unit == "TOPS" and bench_dtypes.get("fp8_row").unit == "TFLOPS"
+    bf16 = bench_dtypes.get("bf16")   # the 16-bit rows are what they were
+    assert (bf16.lib, bf16.scaling, bf16.is_quantized, bf16.layouts) == ("bf16", None, False, suites.LAYOUTS)
+    with pytest.raises(ValueError, match="needs quantized operands"):
+        bench_dtypes.BenchDtype("fp8_x", library_dtype="fp8_e4m3", scaling="row")
+    with pytest.raises(ValueError, match="granularity"):
+        bench_dtypes.BenchDtype("fp8_x", library_dtype="fp8_e4m3", scaling="row", quant_a="row", quant_b="col")
+    with pytest.raises(ValueError, match="no error bound"):
+        bench_dtypes.BenchDtype("fp4")
+
+
+def test_recipe_cases_specs_and_build_arguments():
+    cases = suites.expand(("deepseek",), ("fp8_block", "int8"), suites.LAYOUTS)   # 8-bit: nt only
+    assert len(cases) == 2 * 18 and {c.layout for c in cases} == {"nt"}
+    assert cases[0].tag == "fp8_block_nt_m64n2112k7168"
+    with pytest.raises(ValueError, match="layouts"):
+        suites.Case("deepseek", "fp8_row", "nn", 64, 2112, 7168)
+    fp8 = suites.Case("square", "fp8_row", "nt", 4096, 4096, 4096)
+    assert fp8.build_kwargs() == {"dtype": "fp8_e4m3", "layout": "nt", "tune": False, "scaling": "row"}
+    assert suites.Case("square", "int8", "nt", 64, 64, 64).build_kwargs() == {"dtype": "int8", "layout": "nt",
+                                                                              "tune": False}
+    assert suites.Case("square", "bf16", "tn", 8, 8, 8, "tuned").build_kwargs() == {
+        "dtype": "bf16", "layout": "tn", "tune": True}
+    spec = fp8.make_spec()
+    assert (spec.dtype, spec.out_dtype, spec.n, spec.k) == ("fp8_e4m3", "bf16", 4096, 4096)
+    if hasattr(spec, "scaling"):   # the library's spec carries the scaling once FP8 lands
+        assert spec.scaling == "row"
+
+
+def test_cli_lists_recipe_cases_and_keeps_bf16(capsys):
+    from bench.__main__ import main, parse_args
+    assert main(["--suite", "deepseek", "--dtype", "fp8_block", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "18 cases" and all("fp8_block_nt_m" in line for line in out[:-1])
+    assert main(["--suite", "seed", "--dtype", "fp8_tensor,fp8_row,int8", "--layout", "all", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "9 cases"
+    assert main(["--suite", "square", "--dtype", "bf16", "--layout", "all", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "8 cases"
+    assert main(["--dtype", "fp8", "--list"]) == 2              # not a recipe: refused before any GPU work
+    assert "unknown dtype" in capsys.readouterr().err
+    args = parse_args(["--dtype", "fp8_block"])
+    assert args.dtype == "fp8_block" and args.baseline.split(",") == list(baseline_mod().DEFAULT_ORDER)
+
+
+def baseline_mod():
+    from deepgemm_jit import baseline
+    return baseline
+
+
+def test_scaling_shapes_and_bytes():
+    np = pytest.importorskip("numpy")
+    bl = baseline_mod()
+    assert bl.Scaling.shapes("tensor", 64, 7168, 2048) == ((1,), (1,))
+    assert bl.Scaling.shapes("row", 64, 7168, 2048) == ((64,), (7168,))
+    assert bl.Scaling.shapes("block", 65, 2112, 7200) == ((65, 57), (17, 57))   # ceil: partial blocks count
+    s = bl.Scaling("block", np.ones((65, 57), np.float32), np.ones((17, 57), np.float32))
+    s.check(65, 2112, 7200)
+    assert s.num_bytes == (65 * 57 + 17 * 57) * 4
+    with pytest.raises(ValueError, match="scales for M=64"):
+        s.check(64, 2112, 7200)
+    with pytest.raises(ValueError, match="recipe"):
+        bl.Scaling("group", s.scale_a, s.scale_b)
+
+
+def test_torch_size_rules():
+    bl = baseline_mod()
+    assert bl.int_mm_refusal(64, 7168, 2048) is None and bl.int_mm_refusal(17, 8, 8) is None
+    assert "M > 16" in bl.int_mm_refusal(16, 7168, 2048) and "M > 16" in bl.int_mm_refusal(1, 4096, 4096)
+    assert "multiples of 8" in bl.int_mm_refusal(64, 4097, 4096)
+    assert bl.scaled_mm_refusal(1, 4096, 4096) is None
+    assert "multiples of 16" in bl.scaled_mm_refusal(64, 4096, 4104)
+
+
+# Scale layouts on CPU torch: values, strides, and torch's own shape/stride checks (meta tensors).
+def _fp8_case(torch, m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, generator=g).to(torch.float8_e4m3fn)
+    return a, b, g
+
+
+def _dequant_product(np, a, b, recipe, sa, sb):
+    """float64 (a · sa) @ (b · sb).T from our row-major scales, written out element-block by element-block."""
+    A, B = a.float().double().numpy(), b.float().double().numpy()
+    sa, sb = sa.double().numpy(), sb.double().numpy()
+    if recipe == "tensor":
+        A, B = A * sa[0], B * sb[0]
+    elif recipe == "row":
+        A, B = A * sa[:, None], B * sb[:, None]
+    else:
+        A = A * np.repeat(sa, 128, axis=1)[:, :A.shape[1]]
+        B = B * np.repeat(np.repeat(sb, 128, axis=0), 128, axis=1)[:B.shape[0], :B.shape[1]]
+    return A @ B.T
+
+
+def test_torch_scale_layouts_hold_our_values():
+    torch = pytest.importorskip("torch")
+    bl = baseline_mod()
+    m, n, k = 65, 384, 384     # ceil(K/128) = 3: padded to 4 for torch's 128x128 scales
+    g = torch.Generator().manual_seed(1)
+    sa = torch.rand(m, 3, generator=g) + 0.5
+    sb = torch.rand(3, 3, generator=g) + 0.5
+    ta = bl.torch_scales_1x128(sa)
+    assert ta.shape == (m, 3) and ta.stride() == (1, m) and torch.equal(ta, sa)
+    one_row = bl.torch_scales_1x128(sa[:1])
+    assert one_row.stride() == (1, 1) and torch.equal(one_row, sa[:1])    # M = 1: stride(0) must still be 1
+    tb = bl.torch_scales_128x128(sb)
+    assert tb.shape == (4, 3) and tb.stride() == (1, 4)
+    assert torch.equal(tb[:3, :], sb.t()) and torch.equal(tb[3, :], torch.ones(3))   # padding scales nothing
+    tb1 = bl.torch_scales_128x128(sb, 1)
+    assert tb1.shape == (3, 3) and tb1.stride() == (1, 3) and torch.equal(tb1, sb.t())
+    t_a, t_b = bl.torch_tensorwise_scales(torch.tensor([2.0]), torch.tensor([0.5]))
+    assert t_a.shape == () and t_a.item() == 2.0 and t_b.item() == 0.5
+    r_a, r_b = bl.torch_rowwise_scales(torch.ones(m), torch.ones(n))
+    assert r_a.shape == (m, 1) and r_b.shape == (1, n) and r_a.is_contiguous() and r_b.is_contiguous()
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 256, 512), (1, 128, 384), (130, 2048, 7168)])
+def test_block_scale_layout_passes_torchs_own_checks(m, n, k):
+    """torch's meta kernel of scaled_mm (the checks torch.compile relies on) accepts our conversion.
+
+    N and K stay multiples of 128 here: the meta kernel (torch 2.13) checks N // 128 and K // 128 scale blocks
+    where the CUDA kernel checks ceil(N/128), ceil(K/128) (docs/fp8-baselines.md); we follow the CUDA kernel.
+    """
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    if not hasattr(F, "scaled_mm"):
+        pytest.skip(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
+    bl = baseline_mod()
+    kb, nb = -(-k // 128), -(-n // 128)
+    a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="meta")
+    b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device="meta")
+    sa = bl.torch_scales_1x128(torch.ones(m, kb)).to("meta")
+    sb = bl.torch_scales_128x128(torch.ones(nb, kb)).to("meta")
+    assert sa.stride() == (1, m)
+    d = F.scaled_mm(a, b.t(), sa, F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128,
+                    output_dtype=torch.bfloat16)
+    assert d.shape == (m, n) and d.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):   # and refuses the row-major layout we hold, so the check has teeth
+        F.scaled_mm(a, b.t(), torch.ones(m, kb, device="meta"), F.ScalingType.BlockWise1x128,
+                    torch.ones(nb, kb, device="meta"), F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("recipe", ["tensor", "row", "block"])
+def test_torch_scaled_calls_compute_our_dequantized_product_on_cpu(recipe):
+    """The very calls the baseline times, on CPU tensors: torch multiplies by our scales the way we mean them."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    bl = baseline_mod()
+    m, n, k = 48, 256, 512
+    a, b, g = _fp8_case(torch, m, n, k)
+    shape_a, shape_b = bl.Scaling.shapes(recipe, m, n, k)
+    sa = torch.rand(shape_a, generator=g) * 2 + 0.25
+    sb = torch.rand(shape_b, generator=g) * 2 + 0.25
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    calls = bl.torch_scaled_mm_calls(torch, a, b, recipe, sa, sb, out)
+    assert calls and all(label.startswith(("torch._scaled_mm", "F.scaled_mm")) for label, _ in calls)
+    try:
+        label, call = bl.first_that_runs(calls, recipe)
+    except bl.BaselineUnavailable as exc:   # CPU torch has no block-scaled kernel (the GPU path is cuBLASLt)
+        assert recipe == "block" and "refuses" in str(exc), exc
+        return
+    d = call().double().numpy()
+    ref = _dequant_product(np, a, b, recipe, sa, sb)
+    err = np.linalg.norm(d - ref) / np.linalg.norm(ref)
+    assert err < 1e-2, f"{recipe=} {label=} err={err:.2e}"                        # bf16 output rounding
+    wrong = _dequant_product(np, a, b, recipe, 1 / sa, 1 / sb)                     # scales used as divisors
+    assert np.linalg.norm(d - wrong) / np.linalg.norm(wrong) > 0.1
+
+
+def test_first_that_runs_reports_every_refusal():
+    bl = baseline_mod()
+
+    def refuse():
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul\nmore")
+
+    label, call = bl.first_that_runs([("bad", refuse), ("good", lambda: 7)], "x")
+    assert (label, call()) == ("good", 7)
+    with pytest.raises(bl.BaselineUnavailable, match="bad: RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED"):
+        bl.first_that_runs([("bad", refuse)], "block-scaled fp8 at M=1")
+    with pytest.raises(bl.BaselineUnavailable, match="no API"):
+        bl.first_that_runs([], "block-scaled fp8")
+
+
+def test_bind_passes_over_kinds_that_do_not_cover_the_dtype():
+    from deepgemm_jit.spec import GemmSpec
+    bl = baseline_mod()
+    spec = GemmSpec.create(256, 512, dtype="int8")
+    assert [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(spec)] == ["torch_int"]
+    fp8 = GemmSpec.create(256, 512, dtype="fp8_e4m3", **({"scaling": "row"} if hasattr(spec, "scaling") else {}))
+    assert [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(fp8)] == ["torch_scaled"]
+    base, reasons = bl.bind(fp8, None, None, ("torch", "cupy"))
+    assert base is None and reasons == ["no baseline kind in ['torch', 'cupy'] computes fp8_e4m3"]
+    bf16 = GemmSpec.create(256, 512, dtype="bf16")
+    assert [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(bf16)] == ["torch", "cupy"]
+
+
+def test_recipe_rows_and_report(tmp_path):
+    from bench import runner
+    row = runner.empty_row(suites.Case("deepseek", "fp8_block", "nt", 64, 2112, 7168))
+    assert (row["dtype"], row["library_dtype"], row["scaling"]) == ("fp8_block", "fp8_e4m3", "block")
+    assert (row["tol"], row["err_metric"], row["cos_tol"]) == (3e-2, "rel_fro", 1e-3)
+    i8 = runner.empty_row(suites.Case("deepseek", "int8", "nt", 64, 2112, 7168))
+    assert (i8["library_dtype"], i8["scaling"], i8["tol"], i8["cos_tol"]) == ("int8", None, 1e-2, None)
+
+    def fp8_row(dtype, m, us, base_us, cos=4e-4):
+        r = dict(_row(dtype=dtype, m=m, n=7168, k=16384, us=us, base_us=base_us, err=2e-3), err_cos=cos,
+                 baseline_err_cos=5e-4, tol=3e-2, baseline="F.scaled_mm(1x128,128x128)")
+        return r
+    rows = [fp8_row("fp8_block", 4096, 800.0, 900.0), fp8_row("fp8_block", 64, 40.0, 50.0),
+            dict(_row(dtype="int8", m=4096, n=7168, k=16384, us=1000.0, base_us=1101.2, err=0.0), tol=1e-2),
+            _row(dtype="bf16")]
+    md = report.render_markdown(_header(), rows)
+    assert "| cos |" in md and "| 4.0e-04 / 5.0e-04 |" in md and "(tol 0.03)" in md
+    assert md.count("\n| fp8_block |") == 2 and "\n| int8 |" in md
+    assert "geomean fp8_block**: ratio 1.186 over 2 rows" in md          # sqrt(1.125 · 1.25)
+    bf16_line = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
+    head = next(line for line in md.splitlines() if line.startswith("| dtype |"))
+    assert bf16_line.count("|") == head.count("|")                       # a '-' cell, not a missing one
+    assert " - |" in bf16_line
+    assert "| cos |" not in report.render_markdown(_header(), [_row()])    # 16-bit runs keep today's table
+    table = report.render_short_table(rows)
+    assert table.splitlines()[1].startswith("fp8_block  nt ") and "geomean int8: ratio 1.101" in table
+    record = json.loads(report.to_json(_header(), rows))
+    assert report.validate(record) == [] and record["rows"][0]["err_cos"] == 4e-4
+    paths = report.write_all(tmp_path, _header(), rows)
+    assert paths["md"].exists() and paths["json"].exists()
+
+
+def test_operands_call_kwargs_and_scale_bytes():
+    np = pytest.importorskip("numpy")
+    from bench import runner
+    bl = baseline_mod()
+    sa, sb = np.ones((64, 56), np.float32), np.ones((17, 56), np.float32)
+    ops = runner.Operands("a", "b", None, "fp64-dequant", bl.Scaling("block", sa, sb), None)
+    assert ops.call_kwargs() == {"scale_a": sa, "scale_b": sb} and ops.scale_bytes == (64 + 17) * 56 * 4
+    plain = runner.Operands("a", "b", None, "fp64")
+    assert plain.call_kwargs() == {} and plain.scale_bytes == 0 and not plain.is_exact
+
+
+# ------------------------------------------- run_case end to end on the CPU: NumPy standing in for CuPy
+# CuPy is replaced by NumPy, and the GPU-only pieces by small NumPy stand-ins (our kernel, the torch baseline,
+# the event timer, the poisoning memset). The library's quantization references run as they are (they take
+# NumPy arrays), and everything between — operand preparation, scales, references, checks, notes, metrics,
+# the row — is the real runner code.
+def _dequantize(q, scales, granularity):
+    from deepgemm_jit import reference
+    return reference.dequantize_reference(q, scales, "fp8_e4m3", granularity)
+
+
+class _FakeGemm:
+    """Our kernel's call contract, computed in NumPy; `damage` spoils the output the way a bug would."""
+
+    def __init__(self, np, spec, recipe, damage=None):
+        self.np, self.spec, self.recipe, self.damage = np, spec, recipe, damage
+        self.family, self.config = "sm90", "m128n128_s4"
+
+    def __call__(self, a, b, *, out, scale_a=None, scale_b=None):
+        np = self.np
+        import ml_dtypes
+        if self.recipe is None:
+            prod = a.astype(np.int64) @ b.astype(np.int64).T
+        else:
+            assert scale_a is not None and scale_b is not None, "an fp8 call without scales"
+            qa, qb = self.recipe
+            prod = _dequantize(a, scale_a, qa) @ _dequantize(b, scale_b, qb).T
+        if self.damage == "scales_ignored":
+            prod = a.view(ml_dtypes.float8_e4m3fn).astype(np.float64) @ b.view(ml_dtypes.float8_e4m3fn).astype(
+                np.float64).T
+        out[...] = prod.astype(out.dtype)
+        if self.damage == "one_element":
+            out[0, 0] += 1
+        return out
+
+
+@pytest.fixture
+def cpu_runner(monkeypatch):
+    """bench.runner with CuPy replaced by NumPy and the GPU-only pieces by stand-ins."""
+    import sys
+    import types
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("ml_dtypes")
+    from bench import runner
+    from deepgemm_jit import baseline, dtypes, reference, timing
+    if not hasattr(reference, "quantize_reference"):
+        pytest.skip("deepgemm_jit.reference has no quantize_reference yet")
+
+    class CupyOnNumpy(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+    shim = CupyOnNumpy("cupy")
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+    shim.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
+                                      get_current_stream=lambda: stream)
+    shim.random = types.SimpleNamespace(default_rng=np.random.default_rng)
+    shim.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", shim)
+    monkeypatch.setattr(runner, "cupy", shim)
+
+    def poisoned(shape, name):   # the same NaN (0xFF) bytes, without cudaMemsetAsync
+        x = np.empty(shape, dtype=dtypes.numpy_dtype(name))
+        x.view(np.uint8)[...] = reference.POISON_BYTE
+        return x
+    monkeypatch.setattr(reference, "poisoned", poisoned)
+
+    seen = {}
+
+    def bind(spec, a, b, order, *, scaling=None):   # a torch-like baseline on the very arrays ours reads
+        seen["scaling"] = scaling
+        gemm = _FakeGemm(np, spec, None if scaling is None else {
+            "tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}[scaling.recipe])
+        out = poisoned((a.shape[0], spec.n), spec.out_dtype)
+        kw = {} if scaling is None else {"scale_a": scaling.scale_a, "scale_b": scaling.scale_b}
+        return baseline.Bound("fake_torch", lambda: gemm(a, b, out=out, **kw),
+                              lambda: reference.to_float64(out)), []
+    monkeypatch.setattr(baseline, "bind", bind)
+
+    def time_interleaved(fns, *, reps, warmup, flush):
+        us = {"ours": 80.0, "base": 100.0}
+        for fn in fns.values():
+            fn()
+        return {name: timing.Timing(us[name], us[name], us[name], us[name], reps, 5.0, 50.0, ())
+                for name in fns}
+    monkeypatch.setattr(timing, "time_interleaved", time_interleaved)
+
+    def run(dtype, m, n, k, damage=None):
+        from deepgemm_jit.spec import GemmSpec
+        info = bench_dtypes.get(dtype)
+        recipe = None if info.scaling is None else (info.quant_a, info.quant_b)
+
+        def build(m_, n_, k_, **kwargs):
+            assert kwargs.get("scaling") == info.scaling and kwargs["dtype"] == info.lib
+            spec = GemmSpec.create(n_, k_, dtype=info.lib, layout=kwargs["layout"],
+                                   **({"scaling": info.scaling} if info.scaling else {}))
+            return _FakeGemm(np, spec, recipe, damage)
+        ctx = runner.RunContext(reps=30, warmup=1, baseline_order=baseline.DEFAULT_ORDER, seed=7,
+                                flusher=object(), dg=types.SimpleNamespace(build=build))
+        return runner.run_case(suites.Case("deepseek", dtype, "nt", m, n, k), ctx, 0), seen
+
+    return run
+
+
+@pytest.mark.parametrize("dtype", ["fp8_tensor", "fp8_row", "fp8_block"])
+def test_run_case_fp8_rows_on_cpu(cpu_runner, dtype):
+    m, n, k = 96, 384, 656                        # partial 128-blocks along M and K
+    row, seen = cpu_runner(dtype, m, n, k)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert seen["scaling"].recipe == dtype.split("_")[1]
+    assert row["err"] < 5e-3 and row["baseline_err"] < 5e-3          # bf16 rounding of the output only
+    assert 0 < row["err_cos"] < 1e-2 and 0 < row["baseline_err_cos"] < 1e-2   # quantization error, vs BF16 inputs
+    assert row["ref"] == "fp64-dequant" and row["scaling"] == dtype.split("_")[1]
+    assert row["ratio"] == pytest.approx(1.25) and row["baseline"] == "fake_torch"
+    kb, nb = -(-k // 128), -(-n // 128)
+    scale_elems = {"fp8_tensor": 2, "fp8_row": m + n, "fp8_block": m * kb + nb * kb}[dtype]
+    assert row["io_bytes"] == m * k + n * k + m * n * 2 + 4 * scale_elems
+
+
+def test_run_case_fails_an_fp8_kernel_that_ignores_scales(cpu_runner):
+    row, _ = cpu_runner("fp8_block", 64, 256, 512, damage="scales_ignored")
+    assert row["status"] == "fail" and row["us"] is None and "not timed" in row["note"]
+
+
+def test_run_case_int8_is_exact_or_fails(cpu_runner):
+    row, seen = cpu_runner("int8", 64, 256, 512)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert row["err"] == 0.0 and row["err_cos"] is None and seen["scaling"] is None
+    assert row["io_bytes"] == 64 * 512 + 256 * 512 + 64 * 256 * 4
+    row, _ = cpu_runner("int8", 64, 256, 512, damage="one_element")
+    assert row["err"] < 1e-2                                   # within the bound, yet wrong:
+    assert row["status"] == "fail" and "1 of 16384 elements differ" in row["note"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, env, jit, launch, runtime
-from .arrays import MatrixView, array_kind, matrix_view, overlaps, signature
+from .arrays import MatrixView, ScaleView, array_kind, matrix_view, overlaps, scale_view, signature
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -39,8 +39,15 @@ class Gemm:
     - ``tn``: a (K, M), b (K, N) -> d = a.T @ b
     - ``tt``: a (K, M), b (N, K) -> d = a.T @ b.T
 
-    a and b have the spec's input dtype (float16, ml_dtypes.bfloat16, float32 for tf32),
-    unit stride along their last dimension, any row stride. d has ``out_dtype``.
+    a and b have the spec's input dtype (float16, ml_dtypes.bfloat16, float32 for tf32; FP8 as torch
+    float8_e4m3fn/float8_e5m2 tensors or uint8 arrays of the FP8 bits; int8), unit stride along their last
+    dimension, any row stride. d has ``out_dtype``.
+
+    FP8 and scaled INT8 take ``scale_a``/``scale_b`` (float32 dequantization factors, x = q * s) in the
+    shapes of ``spec.scaling``: tensor (1,) and (1,); row (M,) and (N,); block (M, ceil(K/128)) per 1x128
+    group of A and (ceil(N/128), ceil(K/128)) per 128x128 block of B. Any strides are read as they are:
+    row-major, or DeepGEMM's column-major scale_a (a transposed view), which makes a warp's loads of
+    consecutive rows contiguous and is the (slightly) faster one.
 
     Example::
 
@@ -57,6 +64,8 @@ class Gemm:
         self.artifact = artifact
         # Resolved once here rather than on every call.
         self._in_dtype = dtypes.numpy_dtype(spec.dtype)
+        self._a_dtypes = _accepted_dtypes(spec.dtype)
+        self._b_dtypes = _accepted_dtypes(spec.b_type)
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._esize = dtypes.get(spec.dtype).storage_bytes
         # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
@@ -82,9 +91,10 @@ class Gemm:
         in_dtype = self._in_dtype
         va = matrix_view(a, "a")
         vb = matrix_view(b, "b")
-        for view, arg in ((va, "a"), (vb, "b")):
-            if view.dtype != in_dtype:
-                raise TypeError(f"{arg} has dtype {view.dtype}, but this Gemm takes {in_dtype} ({spec.dtype})")
+        for view, arg, accepted, name in ((va, "a", self._a_dtypes, spec.dtype), (vb, "b", self._b_dtypes, spec.b_type)):
+            if view.dtype not in accepted:
+                raise TypeError(f"{arg} has dtype {view.dtype}, but this Gemm takes "
+                                f"{' or '.join(str(d) for d in accepted)} ({name})")
         if spec.a_k_major:
             m, a_k = va.rows, va.cols
             a_desc = "(M, K)"
@@ -115,11 +125,39 @@ class Gemm:
                 raise ValueError("out overlaps a or b; the kernel would read what it overwrites")
         return m, va, vb, vd
 
+    def _scales(self, m: int, va: MatrixView, vd: MatrixView | None, scale_a, scale_b
+                ) -> tuple[ScaleView | None, ScaleView | None]:
+        spec = self.spec
+        shapes = spec.scale_shapes(m)
+        if shapes is None:
+            for x, arg in ((scale_a, "scale_a"), (scale_b, "scale_b")):
+                if x is not None:
+                    raise TypeError(f"{arg} was given, but this Gemm ({spec.dtype}, scaling={spec.scaling!r}) "
+                                    "takes no scales")
+            return None, None
+        meaning = {"tensor": ("one scale for all of A", "one scale for all of B"),
+                   "row": ("(M,): one per row of A", "(N,): one per row of B, i.e. per output column"),
+                   "block": ("(M, ceil(K/128)): one per 1x128 group of A",
+                             "(ceil(N/128), ceil(K/128)): one per 128x128 block of B")}[spec.scaling]
+        views = []
+        for x, arg, shape, what in zip((scale_a, scale_b), ("scale_a", "scale_b"), shapes, meaning):
+            if x is None:
+                raise TypeError(f"{arg} is required: this Gemm has scaling={spec.scaling!r} ({what})")
+            view = scale_view(x, arg, shape, what)
+            if view.device != va.device:
+                raise ValueError(f"{arg} is on device {view.device} but a is on device {va.device}")
+            if vd is not None and m > 0 and overlaps(vd, view):
+                raise ValueError(f"out overlaps {arg}; the kernel would read what it overwrites")
+            views.append(view)
+        return views[0], views[1]
+
     # -- kernel variants ----------------------------------------------------------
     def _artifact_for(self, va: MatrixView, vb: MatrixView, vd: MatrixView) -> jit.KernelArtifact:
         """The compiled kernel these operands allow: the built one, or a portable variant (built on
         first use) with loads as wide as the operands' alignment permits."""
         base = self.config
+        if dtypes.is_quantized(self.spec.dtype):
+            return self.artifact
         if base.family == "sm90" and launch.tma_legal(va) and launch.tma_legal(vb) and launch.tma_legal(vd):
             return self.artifact
         vec_a = config_mod.max_vector(self._esize, va.ptr, va.row_stride, va.rows)
@@ -150,13 +188,13 @@ class Gemm:
         self._ready_devices.add(device_id)
 
     # -- call -----------------------------------------------------------------------
-    def __call__(self, a, b, *, out=None, stream=None):
-        """d = op(a) @ op(b) for this Gemm's layout; returns `out` if given, else a new array of the
-        inputs' kind (CuPy in, CuPy out; torch in, torch out). Runs on `stream`, else on the current
-        stream of the inputs' library (CuPy's, or torch's for torch tensors)."""
+    def __call__(self, a, b, *, scale_a=None, scale_b=None, out=None, stream=None):
+        """d = op(a) @ op(b) for this Gemm's layout (times the scales for FP8 / scaled INT8); returns `out`
+        if given, else a new array of the inputs' kind (CuPy in, CuPy out; torch in, torch out). Runs on
+        `stream`, else on the current stream of the inputs' library (CuPy's, or torch's for torch tensors)."""
         key = None
         if out is not None:
-            key = (signature(a), signature(b), signature(out))
+            key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b))
             hit = self._launch_plans.get(key) if None not in key else None
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit
@@ -164,6 +202,7 @@ class Gemm:
                 return out
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
+        sa, sb = self._scales(m, va, vd, scale_a, scale_b)
         if not self._ready_devices and device.gpu_count() == 0:
             raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
                              "cached and inspected here, but running it needs a GPU")
@@ -178,14 +217,51 @@ class Gemm:
             vd = matrix_view(out, "out")
         if m == 0:
             return out
+        if dtypes.is_quantized(self.spec.dtype) and not all(map(launch.tma_legal, (va, vb, vd))):
+            self._run_staged(m, va, vb, vd, sa, sb, dev, cu_stream)
+            return out
         artifact = self._artifact_for(va, vb, vd)
-        plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev)
+        plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb)
         plan.run(cu_stream)
         if key is not None and None not in key:
             if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
                 self._launch_plans.clear()
             self._launch_plans[key] = (plan, kind)
         return out
+
+    def _run_staged(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb, dev: int,
+                    cu_stream) -> None:
+        """8-bit operands TMA cannot describe (row pitch not a multiple of 16 bytes, e.g. K % 16 != 0, or a
+        misaligned base) have no other kernel family: they are copied into buffers with an aligned pitch,
+        and D goes through one when it is unaligned. The stream is synchronised before the buffers are
+        released, so this path is correct but slow: use K and N that are multiples of 16 for speed."""
+        import cupy
+
+        staged: list = []
+
+        def aligned(view: MatrixView, copy_in: bool) -> MatrixView:
+            if launch.tma_legal(view):
+                return view
+            row_bytes = view.cols * view.itemsize
+            pitch = -(-row_bytes // 16) * 16
+            buf = cupy.empty((view.rows, pitch), dtype=cupy.uint8)
+            staged.append(buf)
+            if copy_in:
+                cupy.cuda.runtime.memcpy2DAsync(buf.data.ptr, pitch, view.ptr, view.row_stride * view.itemsize,
+                                                row_bytes, view.rows, 3, cu_stream.ptr)  # 3: device to device
+            return dataclasses.replace(view, ptr=buf.data.ptr, row_stride=pitch // view.itemsize)
+
+        with cupy.cuda.Device(dev):
+            va2, vb2, vd2 = aligned(va, True), aligned(vb, True), aligned(vd, False)
+            plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m, va2, vb2,
+                               vd2, dev, sa, sb)
+            plan.run(cu_stream)
+            if vd2 is not vd:
+                cupy.cuda.runtime.memcpy2DAsync(vd.ptr, vd.row_stride * vd.itemsize, vd2.ptr,
+                                                vd2.row_stride * vd2.itemsize, vd.cols * vd.itemsize, vd.rows, 3,
+                                                cu_stream.ptr)
+            cu_stream.synchronize()
+            del staged
 
     def _new_output(self, kind: str, m: int, device_id: int):
         shape = self.spec.out_shape(m)
@@ -227,12 +303,18 @@ def _stream_for(kind: str, stream, device_id: int):
 
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
           arch: str | None = None, config: config_mod.KernelConfig | None = None,
-          tune: bool | None = None) -> Gemm:
+          tune: bool | None = None, *, scaling: str | None = None, b_dtype: str | None = None,
+          fast_accum: bool = False) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
-    ``"fp16"``, ``"bf16"`` or ``"tf32"``; ``out_dtype`` defaults to the input type
-    (fp32 for tf32); ``layout`` is ``"nt"`` (default), ``"nn"``, ``"tn"`` or ``"tt"`` (see
+    ``"fp16"``, ``"bf16"``, ``"tf32"``, ``"fp8"`` (= ``"fp8_e4m3"``), ``"fp8_e5m2"`` or ``"int8"``;
+    ``out_dtype`` defaults to the input type (fp32 for tf32, bf16 for fp8 and scaled int8, int32 for
+    unscaled int8). 8-bit GEMMs: ``scaling`` is ``"tensor"``, ``"row"`` or ``"block"`` for fp8 (default
+    block, DeepGEMM's recipe) and ``"none"`` (default) / ``"tensor"`` / ``"row"`` for int8 (see
+    :class:`Gemm` for the scale shapes); ``b_dtype`` mixes E4M3 and E5M2; ``fast_accum=True`` skips the
+    FP32 promotion of FP8 partial sums every 128 K (tensor/row only: faster, less accurate for long K).
+    ``layout`` is ``"nt"`` (default), ``"nn"``, ``"tn"`` or ``"tt"`` (see
     :class:`Gemm`). ``arch=None`` targets the current GPU; ``arch="sm_90a"`` compiles
     without one (the Gemm can then be cached and explained, and run where a GPU is).
     ``config`` overrides the heuristic's :class:`KernelConfig` (tuning, experiments); it is
@@ -247,7 +329,8 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         d = g(a, b)   # a (M, 4096), b (4096, 4096) as (N, K) -> d (M, 4096)
     """
     m_hint = _check_m(M)
-    spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout)
+    spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
+                           fast_accum=fast_accum)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:
         cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)
@@ -292,22 +375,38 @@ def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tu
 _functional: dict[tuple, Gemm] = {}
 
 
+def _accepted_dtypes(name: str) -> tuple[np.dtype, ...]:
+    """Storage dtypes an operand of type `name` may arrive in: FP8 also as uint8 bit patterns (CuPy has no
+    float8 dtype)."""
+    own = dtypes.numpy_dtype(name)
+    return (own, np.dtype(np.uint8)) if name in dtypes.FP8_DTYPES else (own,)
+
+
 def _infer_dtype(x) -> str:
-    name = dtypes.storage_name_of(getattr(x, "dtype", None) or np.dtype("V1"))
-    if name in ("fp16", "bf16"):
+    dt = getattr(x, "dtype", None)
+    if dt is not None and not isinstance(dt, np.dtype):  # torch dtypes
+        from .arrays import numpy_dtype_of_torch
+
+        dt = numpy_dtype_of_torch(dt)
+    name = dtypes.storage_name_of(dt if dt is not None else np.dtype("V1"))
+    if name in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8"):
         return name
     if name == "fp32":
         raise ValueError("a is float32: say dtype='tf32' (TF32 tensor cores) to multiply it")
-    raise TypeError(f"a has dtype {getattr(x, 'dtype', None)}; pass float16 or bfloat16 arrays, or dtype=")
+    raise TypeError(f"a has dtype {getattr(x, 'dtype', None)}; pass float16, bfloat16, float8 or int8 arrays, "
+                    "or dtype= (uint8 arrays of FP8 bits need dtype='fp8_e4m3' or 'fp8_e5m2')")
 
 
 def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout: str = "nt",
-         out=None, stream=None):
+         out=None, stream=None, scale_a=None, scale_b=None, scaling: str | None = None,
+         b_dtype: str | None = None, fast_accum: bool = False):
     """Functional form: builds (once per problem, memoized) and calls a :class:`Gemm`.
 
-    ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16). Example::
+    ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16, torch float8 -> fp8, int8 -> int8);
+    8-bit arguments as in :func:`build`. Example::
 
         d = deepgemm_jit.gemm(a, b)            # a (M, K), b (N, K) -> (M, N)
+        d = deepgemm_jit.gemm(qa, qb, scale_a=sa, scale_b=sb, scaling="block")
     """
     if not isinstance(layout, str) or layout.lower() not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
@@ -322,10 +421,12 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     n = b_shape[0] if layout[1] == "t" else b_shape[1]
     arch = device.current_arch()
     bucket = config_mod.m_bucket(m)
-    spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout)
+    spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
+                           fast_accum=fast_accum)
     key = (spec, arch, bucket)
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket
-        g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch)
+        g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch,
+                  scaling=spec.scaling, b_dtype=spec.b_dtype, fast_accum=spec.fast_accum)
         _functional[key] = g
-    return g(a, b, out=out, stream=stream)
+    return g(a, b, out=out, stream=stream, scale_a=scale_a, scale_b=scale_b)

@@ -66,10 +66,10 @@ def array_kind(x: object) -> str:
 def numpy_dtype_of_torch(dtype) -> np.dtype | None:
     """The NumPy/ml_dtypes storage dtype of a torch dtype (None where there is none)."""
     name = str(dtype).removeprefix("torch.")
-    if name == "bfloat16":
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     try:
         return np.dtype(name)
     except TypeError:
@@ -86,8 +86,8 @@ def _torch_fields(x, arg: str):
     return tuple(x.shape), strides, dtype, int(x.data_ptr()), int(x.device.index)
 
 
-def matrix_view(x: object, arg: str) -> MatrixView:
-    """Describe the 2-D device matrix `x`; errors name `arg`."""
+def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...], np.dtype, int, int]:
+    """(shape, strides in bytes, dtype, data pointer, device) of a device array; errors name `arg`."""
     import cupy
 
     if isinstance(x, np.ndarray):
@@ -95,28 +95,32 @@ def matrix_view(x: object, arg: str) -> MatrixView:
     tensor = _torch_tensor_type()
     if isinstance(x, cupy.ndarray):
         memptr = x.data
-        shape, strides, dtype, ptr, device = x.shape, x.strides, x.dtype, memptr.ptr, memptr.device_id
-    elif tensor is not None and isinstance(x, tensor):
-        shape, strides, dtype, ptr, device = _torch_fields(x, arg)
-    else:
-        try:
-            cai = x.__cuda_array_interface__
-        except AttributeError:
-            raise TypeError(f"{arg} must be a GPU array (CuPy, a torch CUDA tensor, or any object with "
-                            f"__cuda_array_interface__), got {type(x).__name__}") from None
-        except Exception as exc:  # e.g. torch bfloat16 tensors refuse to export it
-            raise TypeError(f"{arg} ({type(x).__name__}) could not export __cuda_array_interface__: {exc}") from None
-        shape = tuple(cai["shape"])
-        dtype = np.dtype(cai["typestr"])
-        ptr = int(cai["data"][0])
-        strides = cai.get("strides")
-        if strides is None:  # C-contiguous
-            strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
-                            for i in range(len(shape)))
-        try:
-            device = _device_of_pointer(ptr) if ptr else 0
-        except Exception as exc:
-            raise ValueError(f"{arg} does not point to GPU memory ({exc})") from None
+        return tuple(x.shape), tuple(x.strides), x.dtype, memptr.ptr, memptr.device_id
+    if tensor is not None and isinstance(x, tensor):
+        return _torch_fields(x, arg)
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        raise TypeError(f"{arg} must be a GPU array (CuPy, a torch CUDA tensor, or any object with "
+                        f"__cuda_array_interface__), got {type(x).__name__}") from None
+    except Exception as exc:  # e.g. torch bfloat16 tensors refuse to export it
+        raise TypeError(f"{arg} ({type(x).__name__}) could not export __cuda_array_interface__: {exc}") from None
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    ptr = int(cai["data"][0])
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous
+        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
+    try:
+        device = _device_of_pointer(ptr) if ptr else 0
+    except Exception as exc:
+        raise ValueError(f"{arg} does not point to GPU memory ({exc})") from None
+    return shape, tuple(strides), dtype, ptr, device
+
+
+def matrix_view(x: object, arg: str) -> MatrixView:
+    """Describe the 2-D device matrix `x`; errors name `arg`."""
+    shape, strides, dtype, ptr, device = array_fields(x, arg)
     if len(shape) != 2:
         raise ValueError(f"{arg} must be 2-D, got shape {tuple(shape)}")
     rows, cols = int(shape[0]), int(shape[1])
@@ -138,7 +142,48 @@ def matrix_view(x: object, arg: str) -> MatrixView:
                       device=int(device))
 
 
-def overlaps(x: MatrixView, y: MatrixView) -> bool:
+@dataclass(frozen=True)
+class ScaleView:
+    """An FP32 scale array read by a kernel as element (i, j) at ptr + 4 * (i * stride_i + j * stride_j)."""
+
+    ptr: int
+    shape: tuple[int, int]      # logical (rows, cols); (n, 1) for per-row vectors, (1, 1) for per-tensor
+    stride_i: int               # elements
+    stride_j: int
+    device: int
+
+    def byte_span(self) -> tuple[int, int]:
+        last = (self.shape[0] - 1) * self.stride_i + (self.shape[1] - 1) * self.stride_j
+        return self.ptr, self.ptr + 4 * (last + 1)
+
+
+def scale_view(x: object, arg: str, shape: tuple[int, ...], what: str) -> ScaleView:
+    """Validate an FP32 scale array against its logical `shape` ((1,), (n,) or (r, c)): any strides
+    (row- or column-major), extra unit dimensions allowed for vectors ((n, 1) or (1, n)); `what` says in
+    the error what the shape means."""
+    fshape, fstrides, dtype, ptr, device = array_fields(x, arg)
+    if dtype != np.float32:
+        raise TypeError(f"{arg} has dtype {dtype}; scales are float32")
+    if any(s < 0 for s in fstrides):
+        raise ValueError(f"{arg} has negative strides {fstrides}; pass a copy")
+    if any(s % 4 for s in fstrides) or ptr % 4:
+        raise ValueError(f"{arg} is not aligned to its 4-byte elements")
+    # Drop unit dimensions (their strides mean nothing) and compare what is left.
+    dims = [(n, st // 4) for n, st in zip(fshape, fstrides) if n != 1]
+    want = [n for n in shape if n != 1]
+    if [n for n, _ in dims] != want:
+        raise ValueError(f"{arg} has shape {tuple(fshape)}; expected {tuple(shape)} ({what})")
+    if len(shape) == 2:
+        strides = []
+        it = iter(dims)
+        for n in shape:
+            strides.append(next(it)[1] if n != 1 else 0)
+        return ScaleView(ptr, (shape[0], shape[1]), strides[0], strides[1], int(device))
+    stride = dims[0][1] if dims else 0
+    return ScaleView(ptr, (shape[0], 1), stride, 0, int(device))
+
+
+def overlaps(x, y) -> bool:
     x0, x1 = x.byte_span()
     y0, y1 = y.byte_span()
     return x0 < y1 and y0 < x1
@@ -149,6 +194,8 @@ def signature(x: object):
     and torch tensors (None for other kinds): equal signatures validate and launch identically."""
     import cupy
 
+    if x is None:
+        return ()
     if type(x) is cupy.ndarray:
         return (x.data.ptr, x.shape, x.strides, x.dtype)
     tensor = _torch_tensor_type()

@@ -1,10 +1,17 @@
 """cuBLAS baselines, bound to the very arrays our kernel reads, computing the same product in the same layout.
 
-A baseline kind is a class with ``name``, ``available()`` and ``bind(spec, a, b) -> Bound``; add a kind
-(torch._scaled_mm for fp8, torch._int_mm for int8, ...) by writing one and listing it in ``KINDS``.
-``Bound.fn()`` runs the product into its own preallocated output (of ``spec.out_dtype``) on the current CuPy
-stream, so that the events of ``timing.py`` bracket it; ``Bound.result_f64()`` returns the last result as a
-float64 CuPy (M, N) array, and ``check`` judges it like our own output before it may be timed.
+A baseline kind is a class with ``name``, ``covers(spec)``, ``available()`` and
+``bind(spec, a, b, scaling=None) -> Bound``; add a kind by writing one and listing it in ``KINDS``. Kinds:
+``torch`` (``torch.mm``: fp16/bf16/tf32/fp32), ``torch_scaled`` (FP8: ``torch._scaled_mm`` per-tensor and
+row-wise, ``torch.nn.functional.scaled_mm`` 1x128 x 128x128 block-wise), ``torch_int`` (INT8:
+``torch._int_mm``) and ``cupy`` (``cupy.matmul``). docs/fp8-baselines.md records the torch API facts (scale
+layouts, size rules) and where in torch's source they come from.
+
+``Bound.fn()`` runs the product on the current CuPy stream, so that the events of ``timing.py`` bracket it;
+``Bound.result_f64()`` returns the last result as a float64 CuPy (M, N) array, and ``check`` judges it like our
+own output before it may be timed. FP8 scales reach a kind as a ``Scaling`` in the library's own layout
+(row-major, x ≈ q · s); whatever torch wants instead is made once in ``bind``, outside the timed call. A kind
+that cannot compute a case raises ``BaselineUnavailable`` with the reason, and the row reports no baseline.
 
 Nothing here imports torch or touches the GPU at import time.
 """
@@ -18,14 +25,26 @@ from typing import Callable
 from . import dtypes, env, reference
 from .spec import GemmSpec
 
-DEFAULT_ORDER = ("torch", "cupy")
+DEFAULT_ORDER = ("torch", "torch_scaled", "torch_int", "cupy")
 # torch's FP32 matmul mode around the call: tf32 must run on TF32 tensor cores, fp32 (3xTF32) against IEEE.
 _TORCH_TF32 = {"tf32": True, "fp32": False}
 _SAME_WIDTH_INT = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+_FLOAT_DTYPES = ("fp16", "bf16", "tf32", "fp32")
+
+SCALING_RECIPES = ("tensor", "row", "block")
+SCALE_BLOCK = 128   # K elements per scale of A (1x128 groups) and of B (128x128 blocks), DeepSeek-V3's recipe
+# torch's 1x128 x 128x128 path takes B's scales with ceil(K/128) padded up to a multiple of 4 ("L4": 16-byte
+# aligned columns of the scale matrix cuBLASLt reads); see docs/fp8-baselines.md.
+TORCH_128X128_K_BLOCK_MULTIPLE = 4
+# torch._int_mm (CUDA): self.size(0) > 16; K and N multiples of 8 (Blas.cpp, _int_mm_out_cuda).
+INT_MM_MIN_M = 17
+INT_MM_MULTIPLE = 8
+# torch._scaled_mm / scaled_mm (CUDA): K and N multiples of 16 ("mat2 shape ... must be divisible by 16").
+SCALED_MM_MULTIPLE = 16
 
 
 class BaselineUnavailable(RuntimeError):
-    """This baseline kind cannot compute this product (missing package, unsupported dtype)."""
+    """This baseline kind cannot compute this product (missing package, unsupported dtype, size rule)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +61,50 @@ class BaselineCheck:
     note: str = ""       # why not, or what looks wrong
 
 
+def _ceil_div(x: int, y: int) -> int:
+    return -(-x // y)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """FP8 dequantization factors as the library takes them: float32, row-major, x ≈ q · s.
+
+    ``recipe`` "tensor": scale_a (1,), scale_b (1,); "row": scale_a (M,), scale_b (N,); "block": scale_a
+    (M, ceil(K/128)) per 1x128 group of A along K, scale_b (ceil(N/128), ceil(K/128)) per 128x128 block of the
+    (N, K) B. Arrays are CuPy on the GPU (NumPy or CPU torch in tests).
+
+    >>> base, reasons = bind(g.spec, qa, qb, scaling=Scaling("block", sa, sb))
+    """
+
+    recipe: str
+    scale_a: object
+    scale_b: object
+
+    def __post_init__(self) -> None:
+        if self.recipe not in SCALING_RECIPES:
+            raise ValueError(f"scaling recipe {self.recipe!r} not in {SCALING_RECIPES}")
+
+    @staticmethod
+    def shapes(recipe: str, m: int, n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(scale_a shape, scale_b shape) of `recipe` for an (M, N, K) product."""
+        kb = _ceil_div(k, SCALE_BLOCK)
+        return {"tensor": ((1,), (1,)), "row": ((m,), (n,)),
+                "block": ((m, kb), (_ceil_div(n, SCALE_BLOCK), kb))}[recipe]
+
+    def check(self, m: int, n: int, k: int) -> None:
+        """ValueError unless the scales have the shapes of the recipe for (M, N, K)."""
+        want_a, want_b = self.shapes(self.recipe, m, n, k)
+        got_a, got_b = tuple(self.scale_a.shape), tuple(self.scale_b.shape)
+        if (got_a, got_b) != (want_a, want_b):
+            raise ValueError(f"{self.recipe} scales for M={m} N={n} K={k} are {want_a} and {want_b}, "
+                             f"got {got_a} and {got_b}")
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of both scale arrays (read by the kernel, so counted in GB/s)."""
+        return int(self.scale_a.nbytes) + int(self.scale_b.nbytes)
+
+
 def math_operands(spec: GemmSpec, a, b):
     """(A (M, K), B (K, N)) views of stored a, b; works on CuPy arrays and torch tensors."""
     return (a if spec.a_k_major else a.T), (b.T if spec.b_k_major else b)
@@ -54,6 +117,17 @@ def _torch():
     except Exception as exc:  # ImportError, or a broken install
         raise BaselineUnavailable(f"torch does not import: {exc!r}") from None
     return torch
+
+
+def _torch_cuda_missing() -> str | None:
+    """None when torch imports and sees a GPU, else why not."""
+    try:
+        torch = _torch()
+    except BaselineUnavailable as exc:
+        return str(exc)
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False"
+    return None
 
 
 def cupy_to_torch(x):
@@ -76,6 +150,30 @@ def cupy_to_torch(x):
         raise RuntimeError(f"torch view of a CuPy array is not the same memory ({t.data_ptr():#x} vs "
                            f"{x.data.ptr:#x}, {tuple(t.shape)} vs {x.shape})")
     return t
+
+
+def _torch_operand(x, torch_dtype):
+    """torch view of operand `x` as `torch_dtype`: FP8 arrives as uint8 bits (or ml_dtypes float8) in CuPy."""
+    t = cupy_to_torch(x)
+    return t if t.dtype == torch_dtype else t.view(torch_dtype)
+
+
+def _on_cupy_stream(torch) -> Callable[[], contextlib.AbstractContextManager]:
+    """A context factory that runs torch work on the current CuPy stream, the one the events are recorded on
+    (both default to the legacy default stream, where nothing needs switching)."""
+    import cupy
+
+    cupy_stream_ptr = cupy.cuda.get_current_stream().ptr
+    if torch.cuda.current_stream().cuda_stream == cupy_stream_ptr:
+        return contextlib.nullcontext
+    stream = torch.cuda.ExternalStream(cupy_stream_ptr)
+    return lambda: torch.cuda.stream(stream)
+
+
+def _to_cupy_f64(torch, t):
+    import cupy
+
+    return cupy.from_dlpack(t.to(torch.float64).contiguous())
 
 
 @contextlib.contextmanager
@@ -104,19 +202,16 @@ class TorchMatmul:
 
     name = "torch"
 
+    def covers(self, spec: GemmSpec) -> bool:
+        return spec.dtype in _FLOAT_DTYPES
+
     def available(self) -> str | None:
         """None when usable, else why not."""
-        try:
-            torch = _torch()
-        except BaselineUnavailable as exc:
-            return str(exc)
-        if not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False"
-        return None
+        return _torch_cuda_missing()
 
-    def bind(self, spec: GemmSpec, a, b) -> Bound:
-        import cupy
-
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None) -> Bound:
+        if not self.covers(spec) or scaling is not None:
+            raise BaselineUnavailable(f"torch.mm multiplies fp16/bf16/tf32/fp32 without scales, not {spec.dtype}")
         torch = _torch()
         ta, tb = cupy_to_torch(a), cupy_to_torch(b)
         A, B = math_operands(spec, ta, tb)
@@ -142,14 +237,7 @@ class TorchMatmul:
                 def product():
                     out.copy_(torch.mm(A, B))
 
-        # Run on the CuPy stream the events are recorded on (both default to the legacy default stream).
-        cupy_stream_ptr = cupy.cuda.get_current_stream().ptr
-        stream = None
-        if torch.cuda.current_stream().cuda_stream != cupy_stream_ptr:
-            stream = torch.cuda.ExternalStream(cupy_stream_ptr)
-
-        def on_stream():
-            return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+        on_stream = _on_cupy_stream(torch)
 
         def fn() -> None:
             with torch_fp32_mode(torch, allow_tf32), on_stream():
@@ -157,7 +245,219 @@ class TorchMatmul:
 
         def result_f64():
             with on_stream():
-                return cupy.from_dlpack(out.to(torch.float64).contiguous())
+                return _to_cupy_f64(torch, out)
+
+        return Bound(label, fn, result_f64)
+
+
+# ---------------------------------------------------------------------------- torch FP8: scale layouts, calls
+# Pure functions of torch tensors (CPU tensors in the tests): our row-major scales -> what torch checks for.
+def torch_tensorwise_scales(scale_a, scale_b):
+    """(1,) and (1,) -> 0-dim views: torch._scaled_mm's per-tensor scales are single float32 elements."""
+    return scale_a.reshape(()), scale_b.reshape(())
+
+
+def torch_rowwise_scales(scale_a, scale_b):
+    """(M,) and (N,) -> (M, 1) and (1, N) contiguous views: torch._scaled_mm's row-wise layout."""
+    return scale_a.reshape(-1, 1), scale_b.reshape(1, -1)
+
+
+def torch_scales_1x128(scale_a):
+    """(M, ceil(K/128)) row-major -> the same values column-major ("outer-dim-major", strides exactly (1, M)),
+    the layout torch's BlockWise1x128 takes for A. A copy: made once in ``bind``.
+
+    Allocated with those strides rather than by ``.t().contiguous().t()``, which keeps the row-major strides
+    when M == 1 (a (1, kb) tensor is already "contiguous") and torch then refuses stride(0) != 1.
+    """
+    num_rows, num_k_blocks = scale_a.shape
+    out = scale_a.new_empty((num_k_blocks, num_rows)).t()
+    out.copy_(scale_a)
+    return out
+
+
+def torch_scales_128x128(scale_b, k_block_multiple: int = TORCH_128X128_K_BLOCK_MULTIPLE):
+    """(ceil(N/128), ceil(K/128)) row-major -> (L, ceil(N/128)) with strides (1, L), L = ceil(K/128) rounded up
+    to `k_block_multiple`: the transposed, padded layout torch's BlockWise128x128 takes for mat2 = b.t().
+
+    Padding entries (K blocks past the end of K) are 1.0: they scale nothing but are never NaN.
+    ``k_block_multiple=1`` gives the unpadded layout older/other torch builds check for instead.
+    """
+    num_n_blocks, num_k_blocks = scale_b.shape
+    padded_k_blocks = _ceil_div(num_k_blocks, k_block_multiple) * k_block_multiple
+    padded = scale_b.new_ones((num_n_blocks, padded_k_blocks))
+    padded[:, :num_k_blocks] = scale_b
+    return padded.t()
+
+
+def scaled_mm_refusal(m: int, n: int, k: int) -> str | None:
+    """Why torch's CUDA scaled matmul refuses (M, N, K), or None (the size rules of docs/fp8-baselines.md)."""
+    if k % SCALED_MM_MULTIPLE or n % SCALED_MM_MULTIPLE:
+        return f"torch scaled matmul needs K and N multiples of {SCALED_MM_MULTIPLE} (got N={n}, K={k})"
+    return None
+
+
+def int_mm_refusal(m: int, n: int, k: int) -> str | None:
+    """Why torch._int_mm (CUDA) refuses (M, N, K), or None (its checks in Blas.cpp, _int_mm_out_cuda)."""
+    if m < INT_MM_MIN_M:
+        return f"torch._int_mm needs M > 16 (got M={m})"
+    if k % INT_MM_MULTIPLE or n % INT_MM_MULTIPLE:
+        return f"torch._int_mm needs K and N multiples of {INT_MM_MULTIPLE} (got N={n}, K={k})"
+    return None
+
+
+def torch_scaled_mm_calls(torch, a, b, recipe: str, scale_a, scale_b, out, *, use_fast_accum: bool = False
+                          ) -> list[tuple[str, Callable[[], object]]]:
+    """Ways to compute D = (a · sa) @ (b · sb).T with torch, best first: [(label, call returning D), ...].
+
+    a (M, K) and b (N, K) are row-major FP8 tensors, scales in our row-major layout (see ``Scaling``), `out` a
+    preallocated (M, N) output (used where the op has ``out=``). mat2 is ``b.t()``: cuBLASLt FP8 on Hopper takes
+    a row-major A and a column-major B only. The scale layouts torch wants are made here, once. Several
+    candidates exist only where torch builds disagree on a layout (block scales of B when ceil(K/128) is not a
+    multiple of 4); ``first_that_runs`` picks the one this torch accepts.
+    """
+    mat2 = b.t()
+    if recipe in ("tensor", "row"):
+        convert = torch_tensorwise_scales if recipe == "tensor" else torch_rowwise_scales
+        sa, sb = convert(scale_a, scale_b)
+
+        def call():
+            return torch._scaled_mm(a, mat2, sa, sb, out_dtype=out.dtype, use_fast_accum=use_fast_accum, out=out)
+
+        return [(f"torch._scaled_mm({recipe}{', fast_accum' if use_fast_accum else ''})", call)]
+    if recipe != "block":
+        raise ValueError(f"scaling recipe {recipe!r} not in {SCALING_RECIPES}")
+    F = torch.nn.functional
+    if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
+        return []  # torch < 2.10: no public block-scaled API
+    sa = torch_scales_1x128(scale_a)
+    num_k_blocks = scale_b.shape[1]
+    multiples = [TORCH_128X128_K_BLOCK_MULTIPLE]
+    if num_k_blocks % TORCH_128X128_K_BLOCK_MULTIPLE:
+        multiples.append(1)  # the two layouts differ only here
+    calls = []
+    for multiple in multiples:
+        sb = torch_scales_128x128(scale_b, multiple)
+
+        def call(sb=sb):  # F.scaled_mm has no out=: it returns a new tensor from torch's caching allocator
+            return F.scaled_mm(a, mat2, sa, F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128,
+                               output_dtype=out.dtype, use_fast_accum=use_fast_accum)
+
+        pad = "" if multiple == TORCH_128X128_K_BLOCK_MULTIPLE else ", unpadded"
+        calls.append((f"F.scaled_mm(1x128,128x128{pad})", call))
+    return calls
+
+
+def first_that_runs(calls: list[tuple[str, Callable[[], object]]], what: str) -> tuple[str, Callable[[], object]]:
+    """The first (label, call) that runs once without raising; BaselineUnavailable with every refusal if none.
+
+    torch checks shapes, strides and cuBLAS support (e.g. block scales at M=1: CUBLAS_STATUS_NOT_SUPPORTED) on
+    the host before launching, so a refusal here leaves the CUDA context usable.
+    """
+    if not calls:
+        raise BaselineUnavailable(f"this torch has no API for {what}")
+    refusals = []
+    for label, call in calls:
+        try:
+            call()
+            return label, call
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            refusals.append(f"{label}: {type(exc).__name__}: {first_line[:300]}")
+    raise BaselineUnavailable(f"torch refuses {what}: " + " | ".join(refusals))
+
+
+class TorchScaledMM:
+    """FP8 through torch on the CuPy inputs' memory: ``torch._scaled_mm`` (per-tensor, row-wise scales, into a
+    preallocated output) and ``torch.nn.functional.scaled_mm`` (1x128 x 128x128 block scales), on the CuPy
+    stream, with ``use_fast_accum`` as the spec says (default False: FP32 promotion, like ours)."""
+
+    name = "torch_scaled"
+
+    def covers(self, spec: GemmSpec) -> bool:
+        return spec.dtype in dtypes.FP8_DTYPES
+
+    def available(self) -> str | None:
+        return _torch_cuda_missing()
+
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None) -> Bound:
+        if not self.covers(spec):
+            raise BaselineUnavailable(f"torch scaled matmul multiplies fp8, not {spec.dtype}")
+        if scaling is None:
+            raise BaselineUnavailable("fp8 needs scales: pass scaling=Scaling(recipe, scale_a, scale_b)")
+        spec_scaling = getattr(spec, "scaling", scaling.recipe)
+        if spec_scaling != scaling.recipe:
+            raise ValueError(f"the spec scales {spec_scaling!r}, the scales given are {scaling.recipe!r}")
+        if spec.layout != "nt":
+            raise BaselineUnavailable(f"torch scaled matmul takes a (M, K) and b (N, K) K-contiguous (layout nt), "
+                                      f"not {spec.layout}")
+        m, n, k = a.shape[0], spec.n, spec.k
+        scaling.check(m, n, k)
+        why = scaled_mm_refusal(m, n, k)
+        if why:
+            raise BaselineUnavailable(why)
+        torch = _torch()
+        ta = _torch_operand(a, getattr(torch, dtypes.get(spec.dtype).numpy_name))
+        tb = _torch_operand(b, getattr(torch, dtypes.get(getattr(spec, "b_dtype", None) or spec.dtype).numpy_name))
+        on_stream = _on_cupy_stream(torch)
+        with on_stream():  # the scale copies too: they read what the CuPy stream wrote
+            out = torch.empty((m, n), dtype=getattr(torch, dtypes.get(spec.out_dtype).numpy_name), device=ta.device)
+            calls = torch_scaled_mm_calls(torch, ta, tb, scaling.recipe, cupy_to_torch(scaling.scale_a),
+                                          cupy_to_torch(scaling.scale_b), out,
+                                          use_fast_accum=bool(getattr(spec, "fast_accum", False)))
+            label, call = first_that_runs(calls, f"{scaling.recipe}-scaled {spec.dtype} at M={m} N={n} K={k}")
+        last = [out]
+
+        def fn() -> None:
+            with on_stream():
+                last[0] = call()
+
+        def result_f64():
+            with on_stream():
+                return _to_cupy_f64(torch, last[0])
+
+        return Bound(label, fn, result_f64)
+
+
+class TorchIntMM:
+    """INT8 x INT8 -> INT32 through ``torch._int_mm(a, b.t(), out=D)`` (cuBLASLt) on the CuPy inputs' memory."""
+
+    name = "torch_int"
+
+    def covers(self, spec: GemmSpec) -> bool:
+        return spec.dtype == "int8"
+
+    def available(self) -> str | None:
+        return _torch_cuda_missing()
+
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None) -> Bound:
+        if not self.covers(spec) or spec.out_dtype != "int32" or scaling is not None:
+            raise BaselineUnavailable(f"torch._int_mm computes int8 x int8 -> int32 without scales, not "
+                                      f"{spec.dtype} -> {spec.out_dtype}{' with scales' if scaling else ''}")
+        if spec.layout != "nt":
+            raise BaselineUnavailable(f"torch._int_mm is bound for layout nt (a (M, K), b (N, K)), not {spec.layout}")
+        m, n, k = a.shape[0], spec.n, spec.k
+        why = int_mm_refusal(m, n, k)
+        if why:
+            raise BaselineUnavailable(why)
+        torch = _torch()
+        ta, tb = cupy_to_torch(a), cupy_to_torch(b)
+        mat2 = tb.t()   # column-major (K, N): the "TN" operand order cuBLASLt's integer GEMM wants
+        on_stream = _on_cupy_stream(torch)
+        with on_stream():
+            out = torch.empty((m, n), dtype=torch.int32, device=ta.device)
+
+            def call():
+                return torch._int_mm(ta, mat2, out=out)
+
+            label, call = first_that_runs([("torch._int_mm", call)], f"int8 at M={m} N={n} K={k}")
+
+        def fn() -> None:
+            with on_stream():
+                call()
+
+        def result_f64():
+            with on_stream():
+                return _to_cupy_f64(torch, out)
 
         return Bound(label, fn, result_f64)
 
@@ -168,17 +468,21 @@ class CupyMatmul:
 
     name = "cupy"
 
+    def covers(self, spec: GemmSpec) -> bool:
+        return spec.dtype in _FLOAT_DTYPES
+
     def available(self) -> str | None:
         return None
 
-    def bind(self, spec: GemmSpec, a, b) -> Bound:
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None) -> Bound:
         import cupy
 
         if spec.dtype == "tf32" and not env.cupy_tf32():
             raise BaselineUnavailable("cupy.matmul computes tf32 only with CUPY_TF32=1 in the environment")
         if spec.dtype == "fp32" and env.cupy_tf32():
             raise BaselineUnavailable("CUPY_TF32=1 is set: cupy.matmul would not compute full fp32")
-        if a.dtype.name not in ("float16", "float32") or dtypes.get(spec.out_dtype).numpy_name != a.dtype.name:
+        if (scaling is not None or a.dtype.name not in ("float16", "float32")
+                or dtypes.get(spec.out_dtype).numpy_name != a.dtype.name):
             raise BaselineUnavailable(f"cupy.matmul covers fp16/fp32 with out = in, not {spec.dtype}->"
                                       f"{spec.out_dtype}")
         A, B = math_operands(spec, a, b)
@@ -190,23 +494,31 @@ class CupyMatmul:
         return Bound(f"cupy.matmul({spec.dtype})", fn, lambda: out.astype(cupy.float64))
 
 
-KINDS = {k.name: k for k in (TorchMatmul(), CupyMatmul())}
+KINDS = {k.name: k for k in (TorchMatmul(), TorchScaledMM(), TorchIntMM(), CupyMatmul())}
 
 
-def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER) -> tuple[Bound | None, list[str]]:
+def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER, *, scaling: Scaling | None = None
+         ) -> tuple[Bound | None, list[str]]:
     """The first baseline kind in `order` that computes op(a) @ op(b) of `spec`, and why the others did not.
 
+    Kinds that do not cover the dtype at all (torch.mm for fp8, ...) are passed over without a reason.
+    `scaling` carries FP8 scales in the library's layout (see ``Scaling``).
+
     >>> base, reasons = bind(g.spec, a, b)      # base.fn() runs cuBLAS on a and b, into its own output
+    >>> base, reasons = bind(g.spec, qa, qb, scaling=Scaling("row", sa, sb))
     """
     reasons: list[str] = []
-    for name in order:
+    covering = [name for name in order if KINDS[name].covers(spec)]
+    if not covering:
+        return None, [f"no baseline kind in {list(order)} computes {spec.dtype}"]
+    for name in covering:
         kind = KINDS[name]
         why = kind.available()
         if why is not None:
             reasons.append(f"{name}: {why}")
             continue
         try:
-            return kind.bind(spec, a, b), reasons
+            return kind.bind(spec, a, b, scaling=scaling), reasons
         except BaselineUnavailable as exc:
             reasons.append(f"{name}: {exc}")
     return None, reasons

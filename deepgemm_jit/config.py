@@ -56,8 +56,8 @@ class KernelConfig:
         if self.block_n % (8 * self.warps_n):
             raise ValueError(f"block_n={self.block_n} is not a multiple of 8 * warps_n={self.warps_n}")
         for name in ("vec_a", "vec_b"):
-            if getattr(self, name) not in (1, 2, 4, 8):
-                raise ValueError(f"{name} must be 1, 2, 4 or 8 elements")
+            if getattr(self, name) not in (1, 2, 4, 8, 16):
+                raise ValueError(f"{name} must be 1, 2, 4, 8 or 16 elements (16 bytes at most)")
 
     @property
     def num_threads(self) -> int:
@@ -89,6 +89,8 @@ class KernelConfig:
         if self.family == "sm90":
             _check_sm90(self, spec, arch)
             return
+        if dtypes.is_quantized(spec.dtype):
+            raise ValueError(f"{spec.dtype} GEMMs run on the sm90 family only (Hopper's 8-bit WGMMA)")
         esize = dtypes.get(spec.dtype).storage_bytes
         mma_k = 8 if spec.dtype == "tf32" else 16
         if self.block_k % mma_k:
@@ -109,15 +111,55 @@ class KernelConfig:
 
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int) -> int:
     """D staging tile + stages x (A tile + B tile, 128 bytes of K per row) + full/empty barriers
-    + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
+    + (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + 1 KiB
+    alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
     d_bytes = block_m * block_n * dtypes.get(spec.out_dtype).storage_bytes
-    return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + 1024
+    scale_bytes = 0
+    if spec.scaling == "block":  # per stage: block_m scales of A, the tile's B blocks, 16-byte slots
+        b_blocks = 1 if 128 % block_n == 0 else (block_n // 128 if block_n % 128 == 0 else block_n // 128 + 2)
+        scale_bytes = num_stages * -(-(block_m + b_blocks) // 4) * 16
+    if spec.scaling == "row":
+        num_math_wgs = 1 if block_m == 64 else 2
+        scale_bytes = (block_m + num_math_wgs * block_n) * 4
+    return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + 1024
+
+
+def sm90_max_accumulators(spec: GemmSpec) -> int:
+    """FP32/INT32 accumulators a consumer thread may hold within its 232 registers: 128, or 176 split into
+    two sets when FP8 partial sums are promoted (the partial set and the running set; 128x192 spilled to
+    the stack, 128x176 did not)."""
+    return 176 if spec.promote else 128
+
+
+def sm90_block_n_legal(spec: GemmSpec, block_n: int) -> bool:
+    """wgmma's N: any multiple of 8 up to 256, except that integer (s8) wgmma takes only 8, 16, 24 and the
+    multiples of 16 (ptxas rejects m64n136k32.s32.s8.s8)."""
+    if block_n % 8 or not 8 <= block_n <= 256:
+        return False
+    return spec.dtype != "int8" or block_n <= 24 or block_n % 16 == 0
+
+
+def sm90_block_n_preferred(spec: GemmSpec, block_n: int) -> bool:
+    """Tiles the heuristic considers. Block-scaled FP8 keeps to BLOCK_N dividing 128, so that a tile never
+    straddles two 128-column scale blocks and promotion needs one scale per row: on the H200 128x128 was the
+    fastest or within 1% on every M = 4096 DeepSeek shape, 128x176 (three scale blocks to select from)
+    up to 17% slower (bench/results, docs/NOTES.md). Other tiles stay legal for explicit configs."""
+    return spec.scaling != "block" or 128 % block_n == 0
+
+
+def sm90_accumulators(block_m: int, block_n: int, promote: bool) -> int:
+    """Accumulator registers per consumer thread for a tile (mirror of GemmSm90's static_assert)."""
+    per_wg_rows = block_m if block_m == 64 else block_m // 2
+    return (per_wg_rows // 64) * (block_n // 2) * (2 if promote else 1)
 
 
 def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     """Whether the Hopper family can take this spec with packed operands: sm_90a, both operands
     K-major (the TMA/WGMMA layouts implemented so far) and TMA-legal row strides (16-byte
-    multiples for A, B and D)."""
+    multiples for A, B and D). 8-bit specs always go to sm90 (they have no other family); operands
+    TMA cannot describe are staged through padded copies at call time."""
+    if dtypes.is_quantized(spec.dtype):
+        return arch == "sm_90a"
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     return (arch == "sm_90a" and spec.layout == "nt" and (spec.k * esize) % 16 == 0
@@ -134,8 +176,14 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
         raise ValueError(f"sm90 block_k must span 128 bytes ({128 // esize} for {spec.dtype}), got {cfg.block_k}")
     if cfg.block_m not in (64, 128, 256):
         raise ValueError(f"sm90 block_m must be 64, 128 or 256, got {cfg.block_m}")
-    if cfg.block_n % 8 or not 8 <= cfg.block_n <= 256:
-        raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256], got {cfg.block_n}")
+    if not sm90_block_n_legal(spec, cfg.block_n):
+        raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256] (int8: 8, 16, 24 or a multiple of 16), "
+                         f"got {cfg.block_n}")
+    if sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote) > sm90_max_accumulators(spec):
+        raise ValueError(f"sm90 tile {cfg.block_m}x{cfg.block_n} needs "
+                         f"{sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote)} accumulator registers per "
+                         f"thread; at most {sm90_max_accumulators(spec)} fit"
+                         + (" (FP8 promotion keeps two sets)" if spec.promote else ""))
     if cfg.smem_bytes(spec) > SM90_SMEM_BUDGET_BYTES:
         raise ValueError(f"config {cfg.tag} needs {cfg.smem_bytes(spec)} B of shared memory; "
                          f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
@@ -205,6 +253,10 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple
         if block_m == 64 and m_hint > 128:
             continue
         for block_n in SM90_BLOCK_N:
+            if not (sm90_block_n_legal(spec, block_n) and sm90_block_n_preferred(spec, block_n)):
+                continue
+            if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
+                continue
             stages = _sm90_stages(spec, block_m, block_n)
             if stages < 3:
                 continue
@@ -313,6 +365,8 @@ def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = 
         cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         cfg.check_for(spec, arch)
         return cfg
+    if dtypes.is_quantized(spec.dtype):
+        raise ValueError(f"{spec.dtype} GEMMs need a Hopper GPU (arch sm_90a), got arch {arch!r}")
     return choose_sm80_config(spec, m_hint, arch)
 
 

@@ -30,18 +30,36 @@ _TABLE = {
     # TF32 operands are stored as FP32 and rounded to TF32 by the kernel.
     "tf32": DType("tf32", 4, "float32_t", "float32", True, False),
     "fp32": DType("fp32", 4, "float32_t", "float32", False, True),
+    # 8-bit operands (Hopper WGMMA k32): FP8 in the OCP formats (E4M3 "fn": no infinities, max 448;
+    # E5M2: max 57344), and signed INT8 with INT32 accumulation.
+    "fp8_e4m3": DType("fp8_e4m3", 1, "float_e4m3_t", "float8_e4m3fn", True, False),
+    "fp8_e5m2": DType("fp8_e5m2", 1, "float_e5m2_t", "float8_e5m2", True, False),
+    "int8": DType("int8", 1, "int8_t", "int8", True, False),
+    "int32": DType("int32", 4, "int32_t", "int32", False, True),
 }
 
 _ALIASES = {
     "float16": "fp16", "half": "fp16", "f16": "fp16",
     "bfloat16": "bf16",
     "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3", "float8_e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
+    "s8": "int8", "s32": "int32",
 }
 
 INPUT_DTYPES = tuple(n for n, d in _TABLE.items() if d.is_input)
 OUTPUT_DTYPES = tuple(n for n, d in _TABLE.items() if d.is_output)
 # What an unspecified out_dtype becomes: the input's own type, FP32 for TF32.
-DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "tf32": "fp32"}
+DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "tf32": "fp32", "fp8_e4m3": "bf16", "fp8_e5m2": "bf16",
+               "int8": "int32"}
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+# Largest finite magnitude of each quantized format (what a scale maps a group's amax to).
+QUANT_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
+
+
+def is_quantized(name: str) -> bool:
+    """8-bit operand types, which carry scales (FP8) or integer accumulation (INT8)."""
+    return name in FP8_DTYPES or name == "int8"
 
 
 def canonical(name: object, *, arg: str, allowed: tuple[str, ...]) -> str:
@@ -62,10 +80,10 @@ def get(name: str) -> DType:
 def numpy_dtype(name: str) -> np.dtype:
     """NumPy dtype of the storage of `name` (bf16 needs the ml_dtypes package)."""
     npname = _TABLE[name].numpy_name
-    if npname == "bfloat16":
+    if npname in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         import ml_dtypes  # CuPy's bfloat16 arrays are ml_dtypes.bfloat16 arrays
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, npname))
     return np.dtype(npname)
 
 
@@ -78,4 +96,12 @@ def storage_name_of(dtype: np.dtype) -> str | None:
         return "fp32"
     if dt.name == "bfloat16":
         return "bf16"
+    if dt.name == "float8_e4m3fn":
+        return "fp8_e4m3"
+    if dt.name == "float8_e5m2":
+        return "fp8_e5m2"
+    if dt == np.int8:
+        return "int8"
+    if dt == np.int32:
+        return "int32"
     return None

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import cubin as cubin_mod
 from . import device, runtime, tma
-from .arrays import MatrixView
+from .arrays import MatrixView, ScaleView
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
 from .spec import GemmSpec
@@ -83,21 +83,31 @@ class LaunchPlan:
         self.kernel.launch(self.grid, self.block, self.args, stream)
 
 
+def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
+    """The six trailing sm90 arguments: scale pointers and (row, column) element strides (zeros when the
+    kernel takes no scales)."""
+    if sa is None or sb is None:
+        return (np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+    return (np.uint64(sa.ptr), np.uint64(sb.ptr), np.int64(sa.stride_i), np.int64(sa.stride_j),
+            np.int64(sb.stride_i), np.int64(sb.stride_j))
+
+
 def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
-         vb: MatrixView, vd: MatrixView, device_id: int) -> LaunchPlan:
+         vb: MatrixView, vd: MatrixView, device_id: int, sa: ScaleView | None = None,
+         sb: ScaleView | None = None) -> LaunchPlan:
     cfg = artifact.config
     if cfg.family == "sm90":
         sym = sm90_symbols(artifact)
         tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, va.row_stride * va.itemsize, cfg.block_m,
                              cfg.block_k, 128)
-        tmap_b = _tensor_map(vb.ptr, spec.dtype, spec.n, spec.k, vb.row_stride * vb.itemsize, cfg.block_n,
+        tmap_b = _tensor_map(vb.ptr, spec.b_type, spec.n, spec.k, vb.row_stride * vb.itemsize, cfg.block_n,
                              cfg.block_k, 128)
         tmap_d = _tensor_map(vd.ptr, spec.out_dtype, m, spec.n, vd.row_stride * vd.itemsize,
                              sym["d_box_rows"], sym["d_box_cols"], sym["d_swizzle_bytes"])
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
-        return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), (tmap_a, tmap_b, tmap_d, np.uint32(m)),
-                          device_id)
+        args = (tmap_a, tmap_b, tmap_d, np.uint32(m)) + _scale_args(sa, sb)
+        return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
             np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))

@@ -14,9 +14,16 @@ from . import dtypes, env
 from .spec import GemmSpec
 
 # Bounds of DESIGN.md ("Measuring") on the error metric vs float64, per input dtype (fp32 = the 3xTF32 mode).
-ERROR_BOUND = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 5e-3, "fp32": 1e-5}
-# "rel_fro": ||out - ref||_F / ||ref||_F; "cos": DeepGEMM's 1 - 2<x,y>/(|x|^2+|y|^2) (for FP8 when it lands).
-ERROR_METRIC = {"fp16": "rel_fro", "bf16": "rel_fro", "tf32": "rel_fro", "fp32": "rel_fro"}
+# FP8 and INT8 are judged against the float64 product of the *dequantized* operands (q * scale), so the bound
+# covers FP32 accumulation and the output rounding, not the quantization itself; INT8 with INT32 output is exact.
+ERROR_BOUND = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 5e-3, "fp32": 1e-5, "fp8_e4m3": 3e-2, "fp8_e5m2": 3e-2,
+               "int8": 1e-2}
+# "rel_fro": ||out - ref||_F / ||ref||_F; "cos": DeepGEMM's 1 - 2<x,y>/(|x|^2+|y|^2), used for FP8 against a
+# BF16-input reference in addition to rel_fro against the dequantized one.
+ERROR_METRIC = {"fp16": "rel_fro", "bf16": "rel_fro", "tf32": "rel_fro", "fp32": "rel_fro", "fp8_e4m3": "rel_fro",
+                "fp8_e5m2": "rel_fro", "int8": "rel_fro"}
+# DeepGEMM's acceptance threshold on the "cos" difference of an FP8 GEMM against a BF16-input reference.
+FP8_COS_BOUND = 1e-3
 
 # cuBLAS DGEMM on an H200 runs at ~50-60 TFLOPS: 1.2e13 FLOP is ~0.2 s, which covers 8192^3 and every DeepSeek
 # shape. Larger products are checked against an IEEE FP32 (not TF32) SGEMM on exactly upcast inputs.
@@ -137,3 +144,186 @@ def relative_error(out, ref) -> float:
 def within_bound(err: float, dtype: str) -> bool:
     """Whether an error passes the DESIGN.md bound of input dtype `dtype` (NaN never does)."""
     return not math.isnan(err) and err <= ERROR_BOUND[dtype]
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Quantization references (FP8 / INT8): the float64 ground truth of deepgemm_jit.quantize / dequantize
+# -------------------------------------------------------------------------------------------------------------------
+# They follow the contract in deepgemm_jit/quantize.py exactly, with the one difference it allows: q is x / s rounded
+# once from float64, where the kernels round x / s to float32 first (so a kernel's q may be one ulp away). The math
+# is written once against an array module: CuPy arrays in, CuPy arrays out (on the GPU); NumPy arrays in, NumPy out
+# (CPU tests, small examples). x may be float32, float16 or bfloat16 (ml_dtypes); q is given and returned as
+# quantize returns it for CuPy: uint8 FP8 bit patterns, or int8.
+
+QUANT_GROUP = 128  # group128 groups are 1 x 128 along K, block128 blocks 128 x 128
+
+# Per FP8 format: the ml_dtypes type, mantissa bits, the exponent of the smallest normal, and how many codes from 0x00
+# upward are finite non-negative values (in increasing order: E4M3 "fn" ends at 0x7E = 448, E5M2 at 0x7B = 57344).
+_FP8_FORMATS = {"fp8_e4m3": ("float8_e4m3fn", 3, -6, 0x7F), "fp8_e5m2": ("float8_e5m2", 2, -14, 0x7C)}
+_FP8_NAN_BITS = 0x7F  # what cvt.rn.satfinite makes of a NaN, in both formats
+_fp8_tables: dict[str, np.ndarray] = {}
+
+
+def _array_module(x):
+    """NumPy for NumPy arrays, else CuPy."""
+    if isinstance(x, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def _fp8_table(fmt: str) -> np.ndarray:
+    """float64 value of each of the 256 bit patterns of `fmt` (host array, built once with ml_dtypes)."""
+    table = _fp8_tables.get(fmt)
+    if table is None:
+        import ml_dtypes
+
+        codes = np.arange(256, dtype=np.uint8)
+        table = _fp8_tables[fmt] = codes.view(getattr(ml_dtypes, _FP8_FORMATS[fmt][0])).astype(np.float64)
+    return table
+
+
+def decode_fp8(bits, fmt: str):
+    """FP8 bit patterns (uint8 CuPy or NumPy array, any shape) -> their exact float64 values, same array module.
+
+    >>> decode_fp8(np.array([0x7E, 0x38, 0x81], np.uint8), "fp8_e4m3")   # -> [448., 1., -0.001953125]
+    """
+    fmt = dtypes.canonical(fmt, arg="fmt", allowed=dtypes.FP8_DTYPES)
+    if bits.dtype != np.uint8:
+        raise TypeError(f"bits has dtype {bits.dtype}; pass the FP8 bit patterns as uint8")
+    xp = _array_module(bits)
+    return xp.asarray(_fp8_table(fmt))[bits.astype(xp.intp)]
+
+
+def _quant_args(dtype: str, granularity: str) -> tuple[str, str]:
+    from .quantize import QUANT_DTYPES, check_granularity  # the contract's names, in one place
+
+    name = dtypes.canonical(dtype, arg="dtype", allowed=QUANT_DTYPES)
+    return name, check_granularity(granularity, name)
+
+
+def _exact_float64(x):
+    """Any supported storage dtype (CuPy or NumPy, bf16 included) -> float64, exactly."""
+    return x.astype(np.float64) if isinstance(x, np.ndarray) else to_float64(x)
+
+
+def _group_amax(xp, mag, granularity: str):
+    """max(|x|) per group of an (M, K) array of magnitudes, in the scale layout of `granularity`. Padding with
+    zeros does not change a maximum of magnitudes; a NaN propagates into its group."""
+    m, k = mag.shape
+    if granularity == "tensor":
+        return xp.max(mag).reshape(1)
+    if granularity == "row":
+        return xp.max(mag, axis=1)
+    num_groups = -(-k // QUANT_GROUP)
+    rows = m if granularity == "group128" else -(-m // QUANT_GROUP) * QUANT_GROUP
+    padded = xp.zeros((rows, num_groups * QUANT_GROUP), dtype=xp.float64)
+    padded[:m, :k] = mag
+    if granularity == "group128":
+        return xp.max(padded.reshape(m, num_groups, QUANT_GROUP), axis=2)
+    return xp.max(padded.reshape(rows // QUANT_GROUP, QUANT_GROUP, num_groups, QUANT_GROUP), axis=(1, 3))
+
+
+def _expand_scales(xp, scales64, granularity: str, m: int, k: int):
+    """The (M, K) array holding, at each element, the scale of its group."""
+    if granularity == "tensor":
+        return xp.broadcast_to(scales64.reshape(1, 1), (m, k))
+    if granularity == "row":
+        return xp.broadcast_to(scales64.reshape(m, 1), (m, k))
+    wide = xp.repeat(scales64, QUANT_GROUP, axis=1)[:, :k]
+    if granularity == "group128":
+        return wide
+    return xp.repeat(wide, QUANT_GROUP, axis=0)[:m]
+
+
+def _round_fp8(xp, v, fmt: str):
+    """float64 -> FP8 bit patterns (uint8): round to nearest even, saturate to the finite range, NaN -> 0x7F."""
+    _, mantissa_bits, min_exp, num_finite = _FP8_FORMATS[fmt]
+    limit = dtypes.QUANT_MAX[fmt]
+    # Saturation first: past the largest finite value, rounding could only reach it or overflow to it.
+    c = xp.clip(v, -limit, limit)
+    mag = xp.abs(c)
+    # mag = f * 2**e with f in [0.5, 1): values of the binade [2**(e-1), 2**e) are multiples of 2**(e-1-mantissa_bits);
+    # below the smallest normal the spacing stays that of the subnormals. Division by a power of two and rint are exact.
+    _, e = xp.frexp(mag)
+    quantum = xp.ldexp(xp.ones_like(mag), xp.maximum(e - 1, min_exp) - mantissa_bits)
+    rounded = xp.rint(mag / quantum) * quantum
+    # Non-negative finite codes increase with their value, so a value's code is its rank in the table.
+    finite = xp.asarray(_fp8_table(fmt)[:num_finite])
+    bits = (xp.searchsorted(finite, rounded) | (xp.signbit(c).astype(xp.int64) << 7)).astype(xp.uint8)
+    return xp.where(xp.isnan(v), xp.uint8(_FP8_NAN_BITS), bits)
+
+
+def _round_int8(xp, v):
+    """float64 -> int8: round half to even, saturate to [-127, 127], NaN -> 0 (as cvt.rni.s32.f32)."""
+    limit = dtypes.QUANT_MAX["int8"]
+    return xp.clip(xp.rint(xp.where(xp.isnan(v), 0.0, v)), -limit, limit).astype(xp.int8)
+
+
+def quantize_reference(x, dtype: str = "fp8", granularity: str = "group128"):
+    """(q, scales) of a 2-D (M, K) CuPy or NumPy array, by the contract of deepgemm_jit.quantize, in float64.
+
+    scales: float32, the scale layout of `granularity`: s = amax / QUANT_MAX as one IEEE float32 division (the
+    float64 quotient rounded once to float32 is exactly that), s = 1 where it is 0. q: round(x / s) from the exact
+    float64 quotient, as uint8 FP8 bit patterns or int8.
+
+    >>> q, s = quantize_reference(np.random.randn(3, 200).astype(np.float32), "fp8", "group128")  # s: (3, 2)
+    """
+    name, gran = _quant_args(dtype, granularity)
+    if len(x.shape) != 2:
+        raise ValueError(f"x must be 2-D, got shape {tuple(x.shape)}")
+    xp = _array_module(x)
+    x64 = _exact_float64(x)
+    m, k = x64.shape
+    with np.errstate(invalid="ignore", divide="ignore"):  # NaN inputs make NaN scales, as on the GPU
+        scales = (_group_amax(xp, xp.abs(x64), gran) / dtypes.QUANT_MAX[name]).astype(xp.float32)
+        scales = xp.where(scales == 0, xp.float32(1.0), scales)
+        v = x64 / _expand_scales(xp, scales.astype(xp.float64), gran, m, k)
+        q = _round_int8(xp, v) if name == "int8" else _round_fp8(xp, v, name)
+    return q, scales
+
+
+def dequantize_reference(q, scales, dtype: str = "fp8", granularity: str = "group128", k: int | None = None):
+    """float(q) * s exactly, as a float64 (M, k) array of q's array module (CuPy or NumPy).
+
+    q: uint8 FP8 bit patterns or int8, (M, K'); `k` (default K') takes only the first k columns, for q stored with
+    padded rows; scales: float32 in the layout of `granularity` for (M, k).
+    """
+    name, gran = _quant_args(dtype, granularity)
+    if len(q.shape) != 2:
+        raise ValueError(f"q must be 2-D, got shape {tuple(q.shape)}")
+    if k is not None:
+        if not 1 <= k <= q.shape[1]:
+            raise ValueError(f"k={k} must be in [1, {q.shape[1]}] (the columns of q)")
+        q = q[:, :k]
+    xp = _array_module(q)
+    m, k = q.shape
+    from .quantize import scale_shape
+
+    if tuple(scales.shape) != scale_shape(gran, m, k):
+        raise ValueError(f"scales has shape {tuple(scales.shape)}, expected {scale_shape(gran, m, k)}")
+    if name == "int8":
+        if q.dtype != np.int8:
+            raise TypeError(f"q has dtype {q.dtype}; int8 values are int8")
+        values = q.astype(xp.float64)
+    else:
+        values = decode_fp8(q, name)
+    return values * _expand_scales(xp, xp.asarray(scales).astype(xp.float64), gran, m, k)
+
+
+def quant_ulp_distance(a, b, dtype: str = "fp8"):
+    """Per element, how many representable steps apart two quantized arrays are (int64; +0 and -0 are 0 apart).
+
+    FP8 bit patterns: the distance of sign-magnitude codes (adjacent codes are adjacent values); INT8: |a - b|.
+    """
+    name = dtypes.canonical(dtype, arg="dtype", allowed=("fp8_e4m3", "fp8_e5m2", "int8"))
+    xp = _array_module(a)
+    if name == "int8":
+        return xp.abs(a.astype(xp.int64) - b.astype(xp.int64))
+
+    def signed(bits):
+        mag = (bits & 0x7F).astype(xp.int64)
+        return xp.where(bits >= 0x80, -mag, mag)
+
+    return xp.abs(signed(a) - signed(b))

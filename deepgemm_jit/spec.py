@@ -17,6 +17,13 @@ LAYOUTS = ("nt", "nn", "tn", "tt")
 #    "n" -> b is (K, N).
 # D is always (M, N) row-major.
 
+SCALINGS = ("none", "tensor", "row", "block")
+# What scale factors an 8-bit GEMM takes (x = q * s, FP32):
+#   tensor: scale_a (1,), scale_b (1,);  row: scale_a (M,) per row of A, scale_b (N,) per row of B (the
+#   (N, K) weight), i.e. per output column;  block (FP8 only): scale_a (M, ceil(K/128)) per 1x128 group of
+#   A along K, scale_b (ceil(N/128), ceil(K/128)) per 128x128 block of B.
+DEFAULT_SCALING = {"fp8_e4m3": "block", "fp8_e5m2": "block", "int8": "none"}
+
 # N tiles go on grid dimension y (at most 65535 blocks), which bounds N.
 MAX_N = 65535 * 64
 MAX_DIM = 2**31 - 1
@@ -43,6 +50,9 @@ class GemmSpec:
     dtype: str = "bf16"
     out_dtype: str = "bf16"
     layout: str = "nt"
+    b_dtype: str | None = None   # B's type when it differs from A's (FP8 E4M3 x E5M2); None = dtype
+    scaling: str = "none"        # see SCALINGS; "none" for 16/32-bit types and unscaled INT8
+    fast_accum: bool = False     # FP8 tensor/row: accumulate through K without FP32 promotion
 
     def __post_init__(self):
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
@@ -54,14 +64,86 @@ class GemmSpec:
         if not isinstance(self.layout, str) or self.layout.lower() not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
         object.__setattr__(self, "layout", self.layout.lower())
+        b_dtype = self.dtype if self.b_dtype is None else dtypes.canonical(
+            self.b_dtype, arg="b_dtype", allowed=dtypes.INPUT_DTYPES)
+        object.__setattr__(self, "b_dtype", b_dtype)
+        if not isinstance(self.scaling, str) or self.scaling.lower() not in SCALINGS:
+            raise ValueError(f"scaling={self.scaling!r} is not supported; choose one of {', '.join(SCALINGS)}")
+        object.__setattr__(self, "scaling", self.scaling.lower())
+        if not isinstance(self.fast_accum, bool):
+            raise TypeError(f"fast_accum must be a bool, got {type(self.fast_accum).__name__}")
+        self._check_quantized()
+
+    def _check_quantized(self) -> None:
+        """The 8-bit rules: which scalings, output types, layouts and type pairs go together."""
+        a, b, out, scaling = self.dtype, self.b_dtype, self.out_dtype, self.scaling
+        if not dtypes.is_quantized(a):
+            if b != a:
+                raise ValueError(f"b_dtype={b!r} differs from dtype={a!r}; only FP8 mixes E4M3 and E5M2")
+            if scaling != "none":
+                raise ValueError(f"scaling={scaling!r} applies to fp8/int8 operands, not {a}")
+            if out == "int32":
+                raise ValueError(f"out_dtype='int32' is the output of unscaled int8 GEMMs, not {a}")
+            if self.fast_accum:
+                raise ValueError("fast_accum applies to fp8 operands only")
+            return
+        if self.layout != "nt":
+            raise ValueError(f"{a} GEMMs need layout 'nt' (a (M, K) and b (N, K), both K-contiguous: Hopper's "
+                             f"8-bit tensor-core operands are K-major), got {self.layout!r}")
+        if a == "int8":
+            if b != "int8":
+                raise ValueError(f"b_dtype={b!r}: int8 multiplies int8 by int8")
+            if scaling not in ("none", "tensor", "row"):
+                raise ValueError(f"scaling={scaling!r} is not available for int8; choose none, tensor or row")
+            if (scaling == "none") != (out == "int32"):
+                raise ValueError("int8 without scaling writes out_dtype='int32'; with tensor/row scales it writes "
+                                 f"fp32/bf16/fp16 (got scaling={scaling!r}, out_dtype={out!r})")
+            if self.fast_accum:
+                raise ValueError("fast_accum applies to fp8 only (int8 accumulates exactly in int32)")
+            return
+        if b not in dtypes.FP8_DTYPES:
+            raise ValueError(f"b_dtype={b!r}: an fp8 A multiplies an fp8 B (fp8_e4m3 or fp8_e5m2)")
+        if scaling == "none":
+            raise ValueError("fp8 GEMMs need scaling='tensor', 'row' or 'block'")
+        if out == "int32":
+            raise ValueError("fp8 GEMMs write out_dtype bf16, fp16 or fp32")
+        if self.fast_accum and scaling == "block":
+            raise ValueError("fast_accum=True does not apply to scaling='block': block scales are applied "
+                             "when partial sums are promoted every 128 K")
+
+    @property
+    def b_type(self) -> str:
+        return self.b_dtype
+
+    @property
+    def promote(self) -> bool:
+        """FP8 partial sums are added into FP32 accumulators every 128 K (not with fast_accum)."""
+        return self.dtype in dtypes.FP8_DTYPES and not self.fast_accum
+
+    @property
+    def is_scaled(self) -> bool:
+        return self.scaling != "none"
+
+    def scale_shapes(self, m: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The logical shapes of scale_a and scale_b for M rows (None when the GEMM takes no scales)."""
+        kb, nb = -(-self.k // 128), -(-self.n // 128)
+        return {"none": None, "tensor": ((1,), (1,)), "row": ((m,), (self.n,)),
+                "block": ((m, kb), (nb, kb))}[self.scaling]
 
     @classmethod
-    def create(cls, n, k, dtype="bf16", out_dtype=None, layout="nt") -> "GemmSpec":
-        """Spec with `out_dtype` defaulted from `dtype` (fp16->fp16, bf16->bf16, tf32->fp32)."""
+    def create(cls, n, k, dtype="bf16", out_dtype=None, layout="nt", *, b_dtype=None, scaling=None,
+               fast_accum=False) -> "GemmSpec":
+        """Spec with defaults filled in: `out_dtype` from `dtype` (fp16->fp16, bf16->bf16, tf32->fp32,
+        fp8->bf16, int8->int32 unscaled or bf16 scaled) and `scaling` (fp8: block, int8: none)."""
         in_name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES)
+        if scaling is None:
+            scaling = DEFAULT_SCALING.get(in_name, "none")
         if out_dtype is None:
             out_dtype = dtypes.DEFAULT_OUT[in_name]
-        return cls(n=n, k=k, dtype=in_name, out_dtype=out_dtype, layout=layout)
+            if in_name == "int8" and isinstance(scaling, str) and scaling.lower() != "none":
+                out_dtype = "bf16"
+        return cls(n=n, k=k, dtype=in_name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
+                   fast_accum=fast_accum)
 
     @property
     def a_k_major(self) -> bool:
@@ -82,4 +164,6 @@ class GemmSpec:
 
     @property
     def tag(self) -> str:
-        return f"gemm_{self.dtype}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
+        types = self.dtype if self.b_dtype == self.dtype else f"{self.dtype}x{self.b_dtype}"
+        scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
+        return f"gemm_{types}{scaled}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"

@@ -2,7 +2,8 @@
 # One call on the GPU machine: environment, GPU tests, demo, and optional extras.
 # Usage (from the repo root, through the device tool, carrying .whl):
 #   bash scripts/prepare_device.sh        # here: wheels + commit into ignored folders
-#   bash scripts/device_run.sh [tests] [alltests] [demo] [bench ARGS...]   # there
+#   bash scripts/device_run.sh [tests] [alltests] [demo] [gpu PYTEST_ARGS...] [bench ARGS...]   # there
+# `gpu` runs only the GPU tests named by the remaining arguments (files, -k, -x ...).
 # Tile sweeps: bench --tiles auto,128x256,128x192s4; kernel experiments: DEEPGEMM_JIT_TEMPLATES_DIR=<copy>.
 # Writes logs and JSON under $OUT (or ./device-out when OUT is unset).
 set -uo pipefail
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
     tests) python3 -m pytest -q -m gpu tests -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25; rc=$((rc | $?));;
     alltests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/all_tests.log" | tail -25; rc=$((rc | $?));;
     demo) python3 -m deepgemm_jit demo 2>&1 | tee "$OUT/demo.log"; rc=$((rc | $?));;
+    gpu) shift; python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_subset.log" | tail -40; rc=$((rc | $?)); break;;
     bench) shift; python3 -m bench "$@" 2>&1 | tee "$OUT/bench.log" | tail -40; break;;
   esac
   shift

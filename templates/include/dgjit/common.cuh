@@ -28,9 +28,15 @@ typedef float float32_t;  // FP32 storage (also what TF32 operands are stored as
 struct half_t { uint16_t bits; };
 struct bfloat16_t { uint16_t bits; };
 static_assert(sizeof(half_t) == 2 && sizeof(bfloat16_t) == 2, "16-bit storage");
+// 8-bit floating-point storage (OCP FP8): only the tensor cores read these, as raw bytes.
+struct float_e4m3_t { uint8_t bits; };
+struct float_e5m2_t { uint8_t bits; };
+static_assert(sizeof(float_e4m3_t) == 1 && sizeof(float_e5m2_t) == 1, "8-bit storage");
 
 template <class A, class B> struct is_same { static constexpr bool value = false; };
 template <class A> struct is_same<A, A> { static constexpr bool value = true; };
+template <bool kCond, class A, class B> struct conditional { using type = A; };
+template <class A, class B> struct conditional<false, A, B> { using type = B; };
 
 // float -> storage, round to nearest even (what cuBLAS does on output).
 DGJIT_DEVICE void store_converted(float* dst, float x) { *dst = x; }

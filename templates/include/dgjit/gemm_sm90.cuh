@@ -17,6 +17,23 @@
 // Producer and consumers walk the same tile sequence and K loop, so they agree on (stage, phase)
 // without communicating anything else.
 //
+// 8-bit operands (FP8 E4M3/E5M2, INT8) use k32 wgmmas over the same 128-byte K blocks (128 elements).
+// Their scales (dequantization factors, x = q * s) are applied by kScaling:
+//   kTensor: one FP32 per operand, folded into the epilogue;
+//   kRow:    A per row (M), B per row of the (N, K) weight, i.e. per output column; staged into shared
+//            memory with cp.async while the tile's main loop runs, applied in the epilogue;
+//   kBlock:  A per 1x128 group along K, B per 128x128 block; applied per K block when the partial sums
+//            are promoted into the FP32 accumulators (the block size equals kBlockK = 128). Warp 1 of the
+//            producer warpgroup copies each stage's scales (kBlockM of A, the tile's B blocks) from
+//            global into the stage's slot in shared memory with cp.async, whose completion arrives on
+//            the stage's full barrier, so the consumers never wait on a global load (loading them in
+//            the consumers, even one K block ahead, measured 1010 against 1424 TFLOPS for per-tensor
+//            scales at 4096x7168x16384).
+// kPromote (FP8): every K block accumulates into fresh registers that are then added (scaled, for
+// kBlock) into the FP32 accumulators: Hopper's FP8 tensor-core accumulation keeps fewer mantissa bits
+// than FP32, so long K sums drift without it. Without kPromote (fast_accum) the wgmmas accumulate
+// straight through K like the 16-bit kernels.
+//
 // Tails: M, N and K need no special code. TMA zero-fills the parts of a load box outside the tensor
 // (zeros contribute nothing to the dot products) and clips the parts of a store box outside D.
 #pragma once
@@ -25,12 +42,30 @@
 namespace dgjit {
 namespace sm90 {
 
-// Storage type of the operands -> wgmma operand kind. FP32 storage means TF32 MMAs (the tensor
-// cores ignore the low 13 mantissa bits).
-template <class T> struct OperandTraits;
-template <> struct OperandTraits<bfloat16_t> { static constexpr MmaKind kKind = MmaKind::kBF16; };
-template <> struct OperandTraits<half_t> { static constexpr MmaKind kKind = MmaKind::kFP16; };
-template <> struct OperandTraits<float> { static constexpr MmaKind kKind = MmaKind::kTF32; };
+// Storage types of A and B -> wgmma operand kind. FP32 storage means TF32 MMAs (the tensor cores
+// ignore the low 13 mantissa bits).
+template <class TA, class TB> struct OperandTraits;
+template <> struct OperandTraits<bfloat16_t, bfloat16_t> { static constexpr MmaKind kKind = MmaKind::kBF16; };
+template <> struct OperandTraits<half_t, half_t> { static constexpr MmaKind kKind = MmaKind::kFP16; };
+template <> struct OperandTraits<float, float> { static constexpr MmaKind kKind = MmaKind::kTF32; };
+template <> struct OperandTraits<float_e4m3_t, float_e4m3_t> { static constexpr MmaKind kKind = MmaKind::kE4M3E4M3; };
+template <> struct OperandTraits<float_e4m3_t, float_e5m2_t> { static constexpr MmaKind kKind = MmaKind::kE4M3E5M2; };
+template <> struct OperandTraits<float_e5m2_t, float_e4m3_t> { static constexpr MmaKind kKind = MmaKind::kE5M2E4M3; };
+template <> struct OperandTraits<float_e5m2_t, float_e5m2_t> { static constexpr MmaKind kKind = MmaKind::kE5M2E5M2; };
+template <> struct OperandTraits<int8_t, int8_t> { static constexpr MmaKind kKind = MmaKind::kS8S8; };
+
+// How scale factors are applied (see the top of this file).
+enum class Scaling : uint32_t { kNone = 0, kTensor = 1, kRow = 2, kBlock = 3 };
+
+// Where the scale factors live: element (i, j) of scale_a is a[i * a_stride_m + j * a_stride_k]
+// (i: row of A, j: 128-group of K for kBlock, 0 otherwise), element (i, j) of scale_b is
+// b[i * b_stride_n + j * b_stride_k] (i: row of B for kRow, 128-block of rows for kBlock). Strides
+// make row-major and column-major (DeepGEMM's) scale layouts the same code.
+struct ScaleArgs {
+  const float* a;
+  const float* b;
+  int64_t a_stride_m, a_stride_k, b_stride_n, b_stride_k;
+};
 
 // How D leaves shared memory. TMA stores column slices whose smem row is one swizzle span, so the
 // slice width is the widest of 128/64/32/16 bytes that divides the tile's row (kBlockN = 112 bf16 ->
@@ -105,15 +140,18 @@ struct TileScheduler {
   }
 };
 
-template <class TA,           // operand storage: bfloat16_t, half_t, or float (TF32 MMAs)
-          class TD,           // output storage: bfloat16_t, half_t or float
+template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs), float_e4m3_t, float_e5m2_t, int8_t
+          class TB,           // B storage: as TA (FP8 may mix E4M3 and E5M2)
+          class TD,           // output storage: bfloat16_t, half_t, float, or int32_t (INT8 without scales)
           uint32_t kN,        // problem N (columns of D, rows of B)
           uint32_t kK,        // problem K
           uint32_t kBlockM,   // 64 (one consumer), 128 or 256 (two consumers of 64 / 128 rows)
           uint32_t kBlockN,   // multiple of 8 in 8..256 (one wgmma instruction spans it)
           uint32_t kBlockK,   // 128 bytes of K: 64 for 16-bit types, 32 for TF32
           uint32_t kNumStages,
-          uint32_t kGroupM>   // M blocks per raster group
+          uint32_t kGroupM,   // M blocks per raster group
+          Scaling kScaling,   // how scale factors are applied (kNone for unscaled types)
+          bool kPromote>      // FP8: promote each K block's partial sums into FP32 accumulators
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -127,7 +165,10 @@ struct GemmSm90 {
   static constexpr uint32_t kMathRegs = 232;
 
   // ---- MMA geometry ------------------------------------------------------------------------------
-  static constexpr MmaKind kKind = OperandTraits<TA>::kKind;
+  static constexpr MmaKind kKind = OperandTraits<TA, TB>::kKind;
+  static constexpr bool kIsInt = kKind == MmaKind::kS8S8;
+  static constexpr bool kIsFP8 = sizeof(TA) == 1 && !kIsInt;
+  using TAcc = typename conditional<kIsInt, int32_t, float>::type;
   using Mma = WgmmaM64<kBlockN>;
   static constexpr uint32_t kMmaK = wgmma_k<kKind>();
   static constexpr uint32_t kNumAccum = kBlockN / 2;  // fp32 accumulators per thread per m64 slice
@@ -138,13 +179,19 @@ struct GemmSm90 {
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "kBlockM must be 64, 128 or 256");
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "kBlockN: multiple of 8 in 8..256");
-  static_assert(kSmemRowBytes == 128,
-                "kBlockK must span 128 bytes (64 for 16-bit operands, 32 for TF32): TMA box rows and "
-                "wgmma descriptors assume the 128-byte swizzle");
+  static_assert(kSmemRowBytes == 128 && sizeof(TB) == sizeof(TA),
+                "kBlockK must span 128 bytes (128 for 8-bit operands, 64 for 16-bit, 32 for TF32): TMA box "
+                "rows and wgmma descriptors assume the 128-byte swizzle");
+  static_assert(kScaling == Scaling::kNone || sizeof(TA) == 1, "scale factors belong to 8-bit operands");
+  static_assert(kScaling != Scaling::kBlock || (kIsFP8 && kPromote && kBlockK == 128),
+                "block scaling is applied at promotion, once per 128-wide K block");
+  static_assert(!kPromote || kIsFP8, "promotion exists for FP8's reduced-precision accumulation");
+  static_assert(is_same<TD, int32_t>::value == (kIsInt && kScaling == Scaling::kNone),
+                "INT32 output is exactly the unscaled INT8 product");
   static_assert(kNumStages >= 2, "the ring needs at least two stages to overlap loads with MMAs");
   static_assert(kN >= 1 && kK >= 1, "empty problems are handled on the host");
-  static_assert(kNumM64PerWG * kNumAccum <= 128,
-                "more than 128 accumulators per consumer thread will not fit in 232 registers");
+  static_assert(kNumM64PerWG * kNumAccum * (kPromote ? 2 : 1) <= (kPromote ? 176 : 128),
+                "too many accumulators per consumer thread for 232 registers (promotion doubles them)");
 
   // ---- shared memory (one source of truth; the host reads kSmemBytes from the module) ------------
   using Store = StoreTraits<TD, kBlockN>;
@@ -157,9 +204,21 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemAOffset = kSmemDOffset + kNumMathWGs * kSmemDBytesPerWG;
   static constexpr uint32_t kSmemBOffset = kSmemAOffset + kNumStages * kSmemABytesPerStage;
   static constexpr uint32_t kSmemBarrierOffset = kSmemBOffset + kNumStages * kSmemBBytesPerStage;
-  // 2 barriers per stage; then 1024 bytes of slack so the base can be rounded up to the 1024-byte
-  // swizzle repeat at run time (the dynamic smem base alignment is not guaranteed beyond 16 bytes).
-  static constexpr uint32_t kSmemBytes = kSmemBarrierOffset + 2 * kNumStages * 8 + 1024;
+  // 2 barriers per stage; then (kRow only) each consumer's row and column scales of its current tile;
+  // then 1024 bytes of slack so the base can be rounded up to the 1024-byte swizzle repeat at run time
+  // (the dynamic smem base alignment is not guaranteed beyond 16 bytes).
+  // kBlock: per stage, kBlockM scales of A then kMaxScaleBBlocks of B (16-byte aligned slots).
+  static constexpr uint32_t kMaxScaleBBlocks =
+      128 % kBlockN == 0 ? 1 : (kBlockN % 128 == 0 ? kBlockN / 128 : kBlockN / 128 + 2);
+  static constexpr uint32_t kStageScaleFloats = (kBlockM + kMaxScaleBBlocks + 3) / 4 * 4;
+  static constexpr uint32_t kSmemStageScaleOffset = kSmemBarrierOffset + 2 * kNumStages * 8;
+  static constexpr uint32_t kSmemStageScaleBytes =
+      kScaling == Scaling::kBlock ? kNumStages * kStageScaleFloats * 4 : 0;
+  static constexpr uint32_t kSmemScaleOffset = kSmemStageScaleOffset + kSmemStageScaleBytes;
+  static constexpr uint32_t kSmemScaleFloatsPerWG = kWGRows + kBlockN;
+  static constexpr uint32_t kSmemScaleBytes =
+      kScaling == Scaling::kRow ? kNumMathWGs * kSmemScaleFloatsPerWG * 4 : 0;
+  static constexpr uint32_t kSmemBytes = kSmemScaleOffset + kSmemScaleBytes + 1024;
   static_assert(kSmemDSliceBytes % 1024 == 0 && kSmemABytesPerStage % 1024 == 0 &&
                     kSmemBBytesPerStage % 1024 == 0 && kSmemDBytesPerWG % 1024 == 0,
                 "every swizzled buffer must start on a 1024-byte boundary");
@@ -179,6 +238,18 @@ struct GemmSm90 {
     DGJIT_DEVICE uint64_t* empty(uint32_t stage) const {
       return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + kNumStages + stage;
     }
+    // kBlock: the stage's scales (A rows of the tile, then its B blocks).
+    DGJIT_DEVICE uint32_t stage_scales(uint32_t stage) const {
+      return shared_addr(base + kSmemStageScaleOffset + stage * kStageScaleFloats * 4);
+    }
+    DGJIT_DEVICE float* stage_scales_ptr(uint32_t stage) const {
+      return reinterpret_cast<float*>(base + kSmemStageScaleOffset + stage * kStageScaleFloats * 4);
+    }
+    // kRow: kWGRows row scales, then kBlockN column scales, per consumer warpgroup.
+    DGJIT_DEVICE float* row_scales(uint32_t math_wg) const {
+      return reinterpret_cast<float*>(base + kSmemScaleOffset + math_wg * kSmemScaleFloatsPerWG * 4);
+    }
+    DGJIT_DEVICE float* col_scales(uint32_t math_wg) const { return row_scales(math_wg) + kWGRows; }
   };
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
@@ -210,37 +281,46 @@ struct GemmSm90 {
     if (lane_idx() == 0) mbarrier_arrive(smem.empty(stage));
   }
 
-  static DGJIT_DEVICE void fence_accumulators(float (&acc)[kNumM64PerWG][kNumAccum]) {
+  template <class T>
+  static DGJIT_DEVICE void fence_accumulators(T (&acc)[kNumM64PerWG][kNumAccum]) {
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
       for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[mi][i]);
   }
 
+  // The wgmmas of one K block (stage) into `acc`; the first K step overwrites when `accumulate` is false.
+  template <class T>
+  static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
+                                         T (&acc)[kNumM64PerWG][kNumAccum]) {
+    const uint64_t desc_a =
+        make_smem_desc_k_major<128>(shared_addr(smem.a(stage)) + math_wg * kWGRows * kSmemRowBytes);
+    const uint64_t desc_b = make_smem_desc_k_major<128>(shared_addr(smem.b(stage)));
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t k = 0; k < kBlockK / kMmaK; ++k) {
+      const uint32_t scale_d = (accumulate || k != 0) ? 1u : 0u;
+#pragma unroll
+      for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+        Mma::template mma<kKind, false, false>(
+            acc[mi], smem_desc_advance(desc_a, mi * 64 * kSmemRowBytes + k * kMmaK * kInBytes),
+            smem_desc_advance(desc_b, k * kMmaK * kInBytes), scale_d);
+      }
+    }
+    wgmma_commit_group();
+    fence_accumulators(acc);
+  }
+
+  // Straight accumulation through K (16-bit, TF32, INT8, FP8 with fast_accum).
   static DGJIT_DEVICE void mainloop(const Smem& smem, State& state, uint32_t math_wg,
-                                    float (&acc)[kNumM64PerWG][kNumAccum]) {
+                                    TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     uint32_t previous_stage = 0;
 #pragma unroll 1
     for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
       mbarrier_wait(smem.full(state.stage), state.phase);
-      const uint64_t desc_a =
-          make_smem_desc_k_major<128>(shared_addr(smem.a(state.stage)) + math_wg * kWGRows * kSmemRowBytes);
-      const uint64_t desc_b = make_smem_desc_k_major<128>(shared_addr(smem.b(state.stage)));
-      fence_accumulators(acc);
-      wgmma_fence();
-#pragma unroll
-      for (uint32_t k = 0; k < kBlockK / kMmaK; ++k) {
-        // scale_d = 0 on the tile's first K step overwrites stale accumulators from the previous tile.
-        const uint32_t scale_d = (k_block | k) != 0 ? 1u : 0u;
-#pragma unroll
-        for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
-          Mma::template mma<kKind, false, false>(
-              acc[mi], smem_desc_advance(desc_a, mi * 64 * kSmemRowBytes + k * kMmaK * kInBytes),
-              smem_desc_advance(desc_b, k * kMmaK * kInBytes), scale_d);
-        }
-      }
-      wgmma_commit_group();
-      fence_accumulators(acc);
+      // The tile's first K block overwrites stale accumulators from the previous tile.
+      issue_k_block(smem, state.stage, math_wg, k_block != 0, acc);
       if (k_block > 0) {
         wgmma_wait_group<1>();
         release_stage(smem, previous_stage);
@@ -253,16 +333,152 @@ struct GemmSm90 {
     fence_accumulators(acc);
   }
 
+  // ---- FP8 with promotion: per-K-block partial sums, scaled (kBlock) into FP32 accumulators ---------
+  // (kMaxScaleBBlocks: the scale-B blocks a tile's columns can touch: one when 128 is a multiple of
+  // kBlockN, so tiles never straddle a 128-column block, else up to ceil(kBlockN / 128) + 1.)
+  static constexpr uint32_t kNumScaleBBlocks = (kN + 127) / 128;
+
+  struct BlockScales {
+    float a[kNumM64PerWG][2];     // this thread's two rows per m64 slice
+    float b[kMaxScaleBBlocks];    // the tile's 128-column blocks, from its first column's block on
+  };
+
+  // Rows of this thread's accumulators (clamped: rows past M compute garbage that is never stored).
+  static DGJIT_DEVICE uint32_t acc_row(uint32_t math_wg, uint32_t m_block, uint32_t mi, uint32_t h, uint32_t m) {
+    const uint32_t row = m_block * kBlockM + math_wg * kWGRows + mi * 64 + warp_idx_in_warpgroup() * 16 +
+                         lane_idx() / 4 + 8 * h;
+    return row < m ? row : m - 1;
+  }
+
+  // Producer side (warp 1 of the producer warpgroup): copy each stage's scales into shared memory, in
+  // the same tile / K-block order as the TMA producer. The copies are cp.async with a deferred arrival
+  // on the stage's full barrier (one per lane), so the warp runs ahead through the ring instead of
+  // waiting out a global-memory round trip per K block (which capped the kernel when it did).
+  static constexpr uint32_t kScaleWarpArrivals = 32;
+  static DGJIT_DEVICE void produce_scales(const Smem& smem, const ScaleArgs& scales, uint32_t m) {
+    Scheduler scheduler(m);
+    State state;
+    uint32_t m_block, n_block;
+    const uint32_t lane = lane_idx();
+    while (scheduler.next(m_block, n_block)) {
+      const uint32_t first_b = n_block * kBlockN / 128;
+#pragma unroll 1
+      for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+        mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
+        const uint32_t dst = smem.stage_scales(state.stage);
+#pragma unroll
+        for (uint32_t r = lane; r < kBlockM; r += 32) {
+          const uint32_t row = m_block * kBlockM + r;
+          cp_async_4(dst + 4 * r, scales.a + (row < m ? row : m - 1) * scales.a_stride_m + k_block * scales.a_stride_k);
+        }
+        if (lane < kMaxScaleBBlocks) {
+          const uint32_t blk = first_b + lane < kNumScaleBBlocks ? first_b + lane : kNumScaleBBlocks - 1;
+          cp_async_4(dst + 4 * (kBlockM + lane), scales.b + blk * scales.b_stride_n + k_block * scales.b_stride_k);
+        }
+        cp_async_mbarrier_arrive_noinc(smem.full(state.stage));
+        state.advance();
+      }
+    }
+    cp_async_wait_all();  // shared memory must outlive the copies in flight
+  }
+
+  // Consumer side: this thread's row scales and the tile's B blocks, from the stage's slot. Plain loads
+  // (not volatile asm), so the compiler may batch them; the full barrier's acquire made them visible.
+  static DGJIT_DEVICE void read_block_scales(BlockScales& out, const Smem& smem, uint32_t stage, uint32_t math_wg) {
+    const float* base = smem.stage_scales_ptr(stage);
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h)
+        out.a[mi][h] = base[math_wg * kWGRows + mi * 64 + warp_idx_in_warpgroup() * 16 + lane_idx() / 4 + 8 * h];
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxScaleBBlocks; ++i) out.b[i] = base[kBlockM + i];
+  }
+
+  // Scale-B of the 8 columns of accumulator group j (a group never straddles a 128-column block).
+  static DGJIT_DEVICE float scale_b_of_group(const BlockScales& sc, uint32_t n_block, uint32_t j) {
+    const uint32_t rel = ((n_block * kBlockN) % 128 + 8 * j) / 128;
+    float s = sc.b[0];
+    if constexpr (kMaxScaleBBlocks > 1) s = rel >= 1 ? sc.b[1] : s;
+    if constexpr (kMaxScaleBBlocks > 2) s = rel >= 2 ? sc.b[2] : s;
+    return s;
+  }
+
+  static DGJIT_DEVICE void mainloop_promoted(const Smem& smem, State& state, uint32_t math_wg, uint32_t n_block,
+                                             float (&acc)[kNumM64PerWG][kNumAccum]) {
+    float part[kNumM64PerWG][kNumAccum];
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+#pragma unroll
+      for (uint32_t i = 0; i < kNumAccum; ++i) acc[mi][i] = 0.0f;
+    // The trip count is hidden from the optimiser: with it known, NVVM unrolls this loop completely
+    // despite the pragma (K = 16384 gave 512 QGMMAs and minutes of compile time).
+    uint32_t num_k_blocks = kNumKBlocks;
+    asm volatile("" : "+r"(num_k_blocks));
+#pragma unroll 1
+    for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
+      mbarrier_wait(smem.full(state.stage), state.phase);
+      issue_k_block(smem, state.stage, math_wg, false, part);
+      // The stage's scales are read while its wgmmas run (the stage is released only after them).
+      BlockScales cur;
+      if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
+      wgmma_wait_group<0>();
+      release_stage(smem, state.stage);
+      state.advance();
+      fence_accumulators(part);
+#pragma unroll
+      for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+        for (uint32_t j = 0; j < kBlockN / 8; ++j) {
+          float sb = 1.0f;
+          if constexpr (kScaling == Scaling::kBlock) sb = scale_b_of_group(cur, n_block, j);
+#pragma unroll
+          for (uint32_t h = 0; h < 2; ++h) {
+            float s = 1.0f;
+            if constexpr (kScaling == Scaling::kBlock) s = cur.a[mi][h] * sb;
+#pragma unroll
+            for (uint32_t e = 0; e < 2; ++e) {
+              const uint32_t i = 4 * j + 2 * h + e;
+              acc[mi][i] = kScaling == Scaling::kBlock ? fmaf(part[mi][i], s, acc[mi][i]) : acc[mi][i] + part[mi][i];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // ---- kRow: stage the tile's row and column scales (asynchronously, during the main loop) --------
+  static DGJIT_DEVICE void stage_row_scales(const Smem& smem, const ScaleArgs& scales, uint32_t math_wg,
+                                            uint32_t m, uint32_t m_block, uint32_t n_block) {
+    const uint32_t t = threadIdx.x % kWarpgroupThreads;
+    const uint32_t row0 = m_block * kBlockM + math_wg * kWGRows;
+    const uint32_t col0 = n_block * kBlockN;
+#pragma unroll
+    for (uint32_t i = t; i < kWGRows; i += kWarpgroupThreads) {
+      const uint32_t row = row0 + i < m ? row0 + i : m - 1;
+      cp_async_4(shared_addr(smem.row_scales(math_wg) + i), scales.a + row * scales.a_stride_m);
+    }
+#pragma unroll
+    for (uint32_t i = t; i < kBlockN; i += kWarpgroupThreads) {
+      const uint32_t col = col0 + i < kN ? col0 + i : kN - 1;
+      cp_async_4(shared_addr(smem.col_scales(math_wg) + i), scales.b + col * scales.b_stride_n);
+    }
+    cp_async_commit_group();
+  }
+
   // ---- epilogue: accumulators -> D tile (this warpgroup's kWGRows rows) ---------------------------
   // Accumulator layout of m64nN (per warp w of the warpgroup, lane l): register 4j + 2h + e holds
   // row 16w + l/4 + 8h, column 8j + 2(l%4) + e. Each (j, h) pair is one 2-element store.
+  // `tensor_scale` is scale_a * scale_b for kTensor (1 otherwise).
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
-                                    uint32_t m, uint32_t m_block, uint32_t n_block,
-                                    const float (&acc)[kNumM64PerWG][kNumAccum]) {
+                                    uint32_t m, uint32_t m_block, uint32_t n_block, float tensor_scale,
+                                    const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     // The previous tile's TMA store must have finished reading the buffer before it is overwritten.
     if (is_store_thread) tma_store_wait_read<0>();
+    // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
+    if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
     named_barrier_sync(barrier_id, kWarpgroupThreads);
 
     const uint32_t d_base = shared_addr(smem.d(math_wg));
@@ -280,15 +496,30 @@ struct GemmSm90 {
           const uint32_t col_in_slice = col % Store::kSliceCols;
           const uint32_t addr = d_base + slice * kSmemDSliceBytes +
                                 Store::swizzle(row * Store::kSliceRowBytes + col_in_slice * sizeof(TD));
-          const float lo = acc[mi][4 * j + 2 * h];
-          const float hi = acc[mi][4 * j + 2 * h + 1];
-          if constexpr (is_same<TD, float>::value) {
-            st_shared_v2_f32(addr, lo, hi);
-          } else if constexpr (is_same<TD, bfloat16_t>::value) {
-            st_shared_b32(addr, pack_bf16x2(lo, hi));
+          if constexpr (is_same<TD, int32_t>::value) {
+            st_shared_v2_b32(addr, static_cast<uint32_t>(acc[mi][4 * j + 2 * h]),
+                             static_cast<uint32_t>(acc[mi][4 * j + 2 * h + 1]));
           } else {
-            static_assert(is_same<TD, half_t>::value, "output storage must be float, bfloat16_t or half_t");
-            st_shared_b32(addr, pack_f16x2(lo, hi));
+            float lo = static_cast<float>(acc[mi][4 * j + 2 * h]);
+            float hi = static_cast<float>(acc[mi][4 * j + 2 * h + 1]);
+            if constexpr (kScaling == Scaling::kTensor) {
+              lo *= tensor_scale;
+              hi *= tensor_scale;
+            } else if constexpr (kScaling == Scaling::kRow) {
+              // Plain shared loads: the barrier above made the staged scales visible, and the compiler
+              // can batch these (volatile asm loads were serialised against the stores: 0.83x torch).
+              const float sa = smem.row_scales(math_wg)[row];
+              lo *= sa * smem.col_scales(math_wg)[col];
+              hi *= sa * smem.col_scales(math_wg)[col + 1];
+            }
+            if constexpr (is_same<TD, float>::value) {
+              st_shared_v2_f32(addr, lo, hi);
+            } else if constexpr (is_same<TD, bfloat16_t>::value) {
+              st_shared_b32(addr, pack_bf16x2(lo, hi));
+            } else {
+              static_assert(is_same<TD, half_t>::value, "output storage must be float, bfloat16_t, half_t or int32_t");
+              st_shared_b32(addr, pack_f16x2(lo, hi));
+            }
           }
         }
       }
@@ -312,14 +543,22 @@ struct GemmSm90 {
     }
   }
 
-  static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg, uint32_t m) {
-    float acc[kNumM64PerWG][kNumAccum];
+  static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg, uint32_t m,
+                                   const ScaleArgs& scales) {
+    TAcc acc[kNumM64PerWG][kNumAccum];
+    float tensor_scale = 1.0f;
+    if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
     Scheduler scheduler(m);
     State state;
     uint32_t m_block, n_block;
     while (scheduler.next(m_block, n_block)) {
-      mainloop(smem, state, math_wg, acc);
-      epilogue(smem, tmap_d, math_wg, m, m_block, n_block, acc);
+      if constexpr (kScaling == Scaling::kRow) stage_row_scales(smem, scales, math_wg, m, m_block, n_block);
+      if constexpr (kPromote) {
+        mainloop_promoted(smem, state, math_wg, n_block, acc);
+      } else {
+        mainloop(smem, state, math_wg, acc);
+      }
+      epilogue(smem, tmap_d, math_wg, m, m_block, n_block, tensor_scale, acc);
     }
     // Shared memory must outlive the last store's reads, and the writes should be done before exit.
     if (threadIdx.x % kWarpgroupThreads == 0) tma_store_wait_all<0>();
@@ -327,7 +566,7 @@ struct GemmSm90 {
 
   // ---- entry ------------------------------------------------------------------------------------
   static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
-                               uint32_t m) {
+                               uint32_t m, const ScaleArgs& scales) {
     // Only 16-byte alignment of dynamic shared memory is promised; the 1024 bytes of slack in
     // kSmemBytes pay for rounding up to the swizzle repeat.
     extern __shared__ __align__(16) uint8_t dgjit_smem_raw[];
@@ -341,7 +580,8 @@ struct GemmSm90 {
       tma_prefetch_descriptor(&tmap_d);
 #pragma unroll 1
       for (uint32_t s = 0; s < kNumStages; ++s) {
-        mbarrier_init(smem.full(s), 1);
+        // kBlock: the scale warp's 32 deferred arrivals complete a stage together with the TMA producer's.
+        mbarrier_init(smem.full(s), kScaling == Scaling::kBlock ? 1 + kScaleWarpArrivals : 1);
         mbarrier_init(smem.empty(s), 4 * kNumMathWGs);
       }
       fence_mbarrier_init();
@@ -352,9 +592,12 @@ struct GemmSm90 {
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
       if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m);
+      if constexpr (kScaling == Scaling::kBlock) {
+        if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m);
+      }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
-      consume(smem, tmap_d, wg, m);
+      consume(smem, tmap_d, wg, m, scales);
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
     }
@@ -364,8 +607,8 @@ struct GemmSm90 {
 // The kernel body as a free function (what the rendered entry calls).
 template <class Gemm>
 DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
-                                 uint32_t m) {
-  Gemm::run(tmap_a, tmap_b, tmap_d, m);
+                                 uint32_t m, const ScaleArgs& scales) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, m, scales);
 }
 
 }  // namespace sm90

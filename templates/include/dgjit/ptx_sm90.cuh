@@ -201,6 +201,7 @@ DGJIT_DEVICE void wgmma_wait_group() {
 // move reads of them (epilogue) above wgmma_wait_group. An empty asm that "reads and writes" the
 // register pins the order.
 DGJIT_DEVICE void fence_operand(float& reg) { asm volatile("" : "+f"(reg) : : "memory"); }
+DGJIT_DEVICE void fence_operand(int32_t& reg) { asm volatile("" : "+r"(reg) : : "memory"); }
 
 // Shared-memory matrix descriptor (64 bits) for a K-major operand tile laid out the way TMA writes
 // a box whose inner extent equals the swizzle span:
@@ -233,8 +234,9 @@ DGJIT_DEVICE uint64_t smem_desc_advance(uint64_t desc, uint32_t offset_bytes) {
   return desc + static_cast<uint64_t>(offset_bytes >> 4);
 }
 
-// The operand kinds of wgmma with FP32 accumulation that this library emits.
-enum class MmaKind { kBF16, kFP16, kTF32 };
+// The operand kinds of wgmma that this library emits: FP32 accumulation for the floating types (FP8 in
+// all four E4M3/E5M2 pairings of A and B), INT32 accumulation for s8 x s8.
+enum class MmaKind { kBF16, kFP16, kTF32, kE4M3E4M3, kE4M3E5M2, kE5M2E4M3, kE5M2E5M2, kS8S8 };
 
 // wgmma.mma_async m64nNk{16,8}: D(64xN, fp32, registers) (+)= A(64xK, smem) * B(NxK, smem)^T.
 // A instruction names its register count (N/2 per thread), so each N needs its own asm string. The
@@ -278,39 +280,40 @@ enum class MmaKind { kBF16, kFP16, kTF32 };
 #define DGJIT_WGMMA_ACC_IDX_31 DGJIT_WGMMA_ACC_IDX_30 ", %120, %121, %122, %123"
 #define DGJIT_WGMMA_ACC_IDX_32 DGJIT_WGMMA_ACC_IDX_31 ", %124, %125, %126, %127"
 
-// The matching output operand lists ("+f": the accumulators are read and written by every wgmma).
-#define DGJIT_WGMMA_ACC_OPS_1(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-#define DGJIT_WGMMA_ACC_OPS_2(d) DGJIT_WGMMA_ACC_OPS_1(d), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define DGJIT_WGMMA_ACC_OPS_3(d) DGJIT_WGMMA_ACC_OPS_2(d), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-#define DGJIT_WGMMA_ACC_OPS_4(d) DGJIT_WGMMA_ACC_OPS_3(d), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define DGJIT_WGMMA_ACC_OPS_5(d) DGJIT_WGMMA_ACC_OPS_4(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
-#define DGJIT_WGMMA_ACC_OPS_6(d) DGJIT_WGMMA_ACC_OPS_5(d), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-#define DGJIT_WGMMA_ACC_OPS_7(d) DGJIT_WGMMA_ACC_OPS_6(d), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
-#define DGJIT_WGMMA_ACC_OPS_8(d) DGJIT_WGMMA_ACC_OPS_7(d), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define DGJIT_WGMMA_ACC_OPS_9(d) DGJIT_WGMMA_ACC_OPS_8(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-#define DGJIT_WGMMA_ACC_OPS_10(d) DGJIT_WGMMA_ACC_OPS_9(d), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-#define DGJIT_WGMMA_ACC_OPS_11(d) DGJIT_WGMMA_ACC_OPS_10(d), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43])
-#define DGJIT_WGMMA_ACC_OPS_12(d) DGJIT_WGMMA_ACC_OPS_11(d), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-#define DGJIT_WGMMA_ACC_OPS_13(d) DGJIT_WGMMA_ACC_OPS_12(d), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51])
-#define DGJIT_WGMMA_ACC_OPS_14(d) DGJIT_WGMMA_ACC_OPS_13(d), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-#define DGJIT_WGMMA_ACC_OPS_15(d) DGJIT_WGMMA_ACC_OPS_14(d), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59])
-#define DGJIT_WGMMA_ACC_OPS_16(d) DGJIT_WGMMA_ACC_OPS_15(d), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define DGJIT_WGMMA_ACC_OPS_17(d) DGJIT_WGMMA_ACC_OPS_16(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
-#define DGJIT_WGMMA_ACC_OPS_18(d) DGJIT_WGMMA_ACC_OPS_17(d), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
-#define DGJIT_WGMMA_ACC_OPS_19(d) DGJIT_WGMMA_ACC_OPS_18(d), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75])
-#define DGJIT_WGMMA_ACC_OPS_20(d) DGJIT_WGMMA_ACC_OPS_19(d), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
-#define DGJIT_WGMMA_ACC_OPS_21(d) DGJIT_WGMMA_ACC_OPS_20(d), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83])
-#define DGJIT_WGMMA_ACC_OPS_22(d) DGJIT_WGMMA_ACC_OPS_21(d), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-#define DGJIT_WGMMA_ACC_OPS_23(d) DGJIT_WGMMA_ACC_OPS_22(d), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91])
-#define DGJIT_WGMMA_ACC_OPS_24(d) DGJIT_WGMMA_ACC_OPS_23(d), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-#define DGJIT_WGMMA_ACC_OPS_25(d) DGJIT_WGMMA_ACC_OPS_24(d), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99])
-#define DGJIT_WGMMA_ACC_OPS_26(d) DGJIT_WGMMA_ACC_OPS_25(d), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
-#define DGJIT_WGMMA_ACC_OPS_27(d) DGJIT_WGMMA_ACC_OPS_26(d), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107])
-#define DGJIT_WGMMA_ACC_OPS_28(d) DGJIT_WGMMA_ACC_OPS_27(d), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
-#define DGJIT_WGMMA_ACC_OPS_29(d) DGJIT_WGMMA_ACC_OPS_28(d), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115])
-#define DGJIT_WGMMA_ACC_OPS_30(d) DGJIT_WGMMA_ACC_OPS_29(d), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
-#define DGJIT_WGMMA_ACC_OPS_31(d) DGJIT_WGMMA_ACC_OPS_30(d), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123])
-#define DGJIT_WGMMA_ACC_OPS_32(d) DGJIT_WGMMA_ACC_OPS_31(d), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+// The matching output operand lists, with the constraint `c` ("+f" for FP32 accumulators, "+r" for
+// INT32): the accumulators are read and written by every wgmma.
+#define DGJIT_WGMMA_ACC_OPS_1(c, d) c(d[0]), c(d[1]), c(d[2]), c(d[3])
+#define DGJIT_WGMMA_ACC_OPS_2(c, d) DGJIT_WGMMA_ACC_OPS_1(c, d), c(d[4]), c(d[5]), c(d[6]), c(d[7])
+#define DGJIT_WGMMA_ACC_OPS_3(c, d) DGJIT_WGMMA_ACC_OPS_2(c, d), c(d[8]), c(d[9]), c(d[10]), c(d[11])
+#define DGJIT_WGMMA_ACC_OPS_4(c, d) DGJIT_WGMMA_ACC_OPS_3(c, d), c(d[12]), c(d[13]), c(d[14]), c(d[15])
+#define DGJIT_WGMMA_ACC_OPS_5(c, d) DGJIT_WGMMA_ACC_OPS_4(c, d), c(d[16]), c(d[17]), c(d[18]), c(d[19])
+#define DGJIT_WGMMA_ACC_OPS_6(c, d) DGJIT_WGMMA_ACC_OPS_5(c, d), c(d[20]), c(d[21]), c(d[22]), c(d[23])
+#define DGJIT_WGMMA_ACC_OPS_7(c, d) DGJIT_WGMMA_ACC_OPS_6(c, d), c(d[24]), c(d[25]), c(d[26]), c(d[27])
+#define DGJIT_WGMMA_ACC_OPS_8(c, d) DGJIT_WGMMA_ACC_OPS_7(c, d), c(d[28]), c(d[29]), c(d[30]), c(d[31])
+#define DGJIT_WGMMA_ACC_OPS_9(c, d) DGJIT_WGMMA_ACC_OPS_8(c, d), c(d[32]), c(d[33]), c(d[34]), c(d[35])
+#define DGJIT_WGMMA_ACC_OPS_10(c, d) DGJIT_WGMMA_ACC_OPS_9(c, d), c(d[36]), c(d[37]), c(d[38]), c(d[39])
+#define DGJIT_WGMMA_ACC_OPS_11(c, d) DGJIT_WGMMA_ACC_OPS_10(c, d), c(d[40]), c(d[41]), c(d[42]), c(d[43])
+#define DGJIT_WGMMA_ACC_OPS_12(c, d) DGJIT_WGMMA_ACC_OPS_11(c, d), c(d[44]), c(d[45]), c(d[46]), c(d[47])
+#define DGJIT_WGMMA_ACC_OPS_13(c, d) DGJIT_WGMMA_ACC_OPS_12(c, d), c(d[48]), c(d[49]), c(d[50]), c(d[51])
+#define DGJIT_WGMMA_ACC_OPS_14(c, d) DGJIT_WGMMA_ACC_OPS_13(c, d), c(d[52]), c(d[53]), c(d[54]), c(d[55])
+#define DGJIT_WGMMA_ACC_OPS_15(c, d) DGJIT_WGMMA_ACC_OPS_14(c, d), c(d[56]), c(d[57]), c(d[58]), c(d[59])
+#define DGJIT_WGMMA_ACC_OPS_16(c, d) DGJIT_WGMMA_ACC_OPS_15(c, d), c(d[60]), c(d[61]), c(d[62]), c(d[63])
+#define DGJIT_WGMMA_ACC_OPS_17(c, d) DGJIT_WGMMA_ACC_OPS_16(c, d), c(d[64]), c(d[65]), c(d[66]), c(d[67])
+#define DGJIT_WGMMA_ACC_OPS_18(c, d) DGJIT_WGMMA_ACC_OPS_17(c, d), c(d[68]), c(d[69]), c(d[70]), c(d[71])
+#define DGJIT_WGMMA_ACC_OPS_19(c, d) DGJIT_WGMMA_ACC_OPS_18(c, d), c(d[72]), c(d[73]), c(d[74]), c(d[75])
+#define DGJIT_WGMMA_ACC_OPS_20(c, d) DGJIT_WGMMA_ACC_OPS_19(c, d), c(d[76]), c(d[77]), c(d[78]), c(d[79])
+#define DGJIT_WGMMA_ACC_OPS_21(c, d) DGJIT_WGMMA_ACC_OPS_20(c, d), c(d[80]), c(d[81]), c(d[82]), c(d[83])
+#define DGJIT_WGMMA_ACC_OPS_22(c, d) DGJIT_WGMMA_ACC_OPS_21(c, d), c(d[84]), c(d[85]), c(d[86]), c(d[87])
+#define DGJIT_WGMMA_ACC_OPS_23(c, d) DGJIT_WGMMA_ACC_OPS_22(c, d), c(d[88]), c(d[89]), c(d[90]), c(d[91])
+#define DGJIT_WGMMA_ACC_OPS_24(c, d) DGJIT_WGMMA_ACC_OPS_23(c, d), c(d[92]), c(d[93]), c(d[94]), c(d[95])
+#define DGJIT_WGMMA_ACC_OPS_25(c, d) DGJIT_WGMMA_ACC_OPS_24(c, d), c(d[96]), c(d[97]), c(d[98]), c(d[99])
+#define DGJIT_WGMMA_ACC_OPS_26(c, d) DGJIT_WGMMA_ACC_OPS_25(c, d), c(d[100]), c(d[101]), c(d[102]), c(d[103])
+#define DGJIT_WGMMA_ACC_OPS_27(c, d) DGJIT_WGMMA_ACC_OPS_26(c, d), c(d[104]), c(d[105]), c(d[106]), c(d[107])
+#define DGJIT_WGMMA_ACC_OPS_28(c, d) DGJIT_WGMMA_ACC_OPS_27(c, d), c(d[108]), c(d[109]), c(d[110]), c(d[111])
+#define DGJIT_WGMMA_ACC_OPS_29(c, d) DGJIT_WGMMA_ACC_OPS_28(c, d), c(d[112]), c(d[113]), c(d[114]), c(d[115])
+#define DGJIT_WGMMA_ACC_OPS_30(c, d) DGJIT_WGMMA_ACC_OPS_29(c, d), c(d[116]), c(d[117]), c(d[118]), c(d[119])
+#define DGJIT_WGMMA_ACC_OPS_31(c, d) DGJIT_WGMMA_ACC_OPS_30(c, d), c(d[120]), c(d[121]), c(d[122]), c(d[123])
+#define DGJIT_WGMMA_ACC_OPS_32(c, d) DGJIT_WGMMA_ACC_OPS_31(c, d), c(d[124]), c(d[125]), c(d[126]), c(d[127])
 
 // Operand numbers that follow the 4g accumulators: desc_a, desc_b, scale_d, trans_a, trans_b.
 #define DGJIT_WGMMA_TAIL_IDX_1 4, 5, 6, 7, 8
@@ -364,30 +367,67 @@ enum class MmaKind { kBF16, kFP16, kTF32 };
   ", p, 1, 1;\n"                                                                                    \
   "}\n"
 
+// 8-bit operands: k32, K-major only (no transpose immediates). FP8 keeps the +1 operand scales; the
+// integer form has none.
+#define DGJIT_WGMMA_ASM_FP8(N, TA, TB, ACC, TAIL) DGJIT_WGMMA_ASM_FP8_(N, TA, TB, ACC, TAIL)
+#define DGJIT_WGMMA_ASM_FP8_(N, TA, TB, ACC, da, db, sd, ta, tb)                                   \
+  "{\n"                                                                                             \
+  ".reg .pred p;\n"                                                                                 \
+  "setp.ne.b32 p, %" #sd ", 0;\n"                                                                   \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." TA "." TB " {" ACC "}, %" #da ", %" #db       \
+  ", p, 1, 1;\n"                                                                                    \
+  "}\n"
+
+#define DGJIT_WGMMA_ASM_S8(N, ACC, TAIL) DGJIT_WGMMA_ASM_S8_(N, ACC, TAIL)
+#define DGJIT_WGMMA_ASM_S8_(N, ACC, da, db, sd, ta, tb)                                            \
+  "{\n"                                                                                             \
+  ".reg .pred p;\n"                                                                                 \
+  "setp.ne.b32 p, %" #sd ", 0;\n"                                                                   \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {" ACC "}, %" #da ", %" #db ", p;\n"        \
+  "}\n"
+
 template <uint32_t kN>
 struct WgmmaM64 {
   static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "wgmma m64nNk*: N must be a multiple of 8 in 8..256");
 };
 
+// One asm statement per (kind, N); `ops` is the accumulator operand list for the kind's register type.
+#define DGJIT_WGMMA_CALL(ASM, OPS, ta, tb) \
+  asm volatile(ASM : OPS : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(ta), "n"(tb))
+#define DGJIT_WGMMA_FP8_CALL(G, N, TA, TB)                                                          \
+  DGJIT_WGMMA_CALL(DGJIT_WGMMA_ASM_FP8(N, TA, TB, DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G), \
+                   DGJIT_WGMMA_ACC_OPS_##G("+f", d), 0, 0)
+
 #define DGJIT_DEFINE_WGMMA(G, N)                                                                    \
   template <>                                                                                       \
   struct WgmmaM64<N> {                                                                              \
     static constexpr uint32_t kNumAccum = N / 2;                                                    \
-    template <MmaKind kKind, bool kTransA, bool kTransB>                                           \
-    static DGJIT_DEVICE void mma(float* d, uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {    \
+    template <MmaKind kKind, bool kTransA, bool kTransB, class TAcc>                               \
+    static DGJIT_DEVICE void mma(TAcc* d, uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {     \
+      static_assert(kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16 || (!kTransA && !kTransB),   \
+                    "tf32 and 8-bit wgmma read K-major operands only");                             \
+      static_assert(is_same<TAcc, int32_t>::value == (kKind == MmaKind::kS8S8),                     \
+                    "s8 wgmma accumulates in int32, every other kind in float");                    \
       if constexpr (kKind == MmaKind::kBF16) {                                                      \
-        asm volatile(DGJIT_WGMMA_ASM_16BIT(N, "bf16", DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G) \
-                     : DGJIT_WGMMA_ACC_OPS_##G(d)                                                   \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(int(kTransA)), "n"(int(kTransB))); \
+        DGJIT_WGMMA_CALL(DGJIT_WGMMA_ASM_16BIT(N, "bf16", DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G), \
+                         DGJIT_WGMMA_ACC_OPS_##G("+f", d), int(kTransA), int(kTransB));             \
       } else if constexpr (kKind == MmaKind::kFP16) {                                               \
-        asm volatile(DGJIT_WGMMA_ASM_16BIT(N, "f16", DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G) \
-                     : DGJIT_WGMMA_ACC_OPS_##G(d)                                                   \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(int(kTransA)), "n"(int(kTransB))); \
+        DGJIT_WGMMA_CALL(DGJIT_WGMMA_ASM_16BIT(N, "f16", DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G), \
+                         DGJIT_WGMMA_ACC_OPS_##G("+f", d), int(kTransA), int(kTransB));             \
+      } else if constexpr (kKind == MmaKind::kTF32) {                                               \
+        DGJIT_WGMMA_CALL(DGJIT_WGMMA_ASM_TF32(N, DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G),  \
+                         DGJIT_WGMMA_ACC_OPS_##G("+f", d), 0, 0);                                   \
+      } else if constexpr (kKind == MmaKind::kE4M3E4M3) {                                           \
+        DGJIT_WGMMA_FP8_CALL(G, N, "e4m3", "e4m3");                                                 \
+      } else if constexpr (kKind == MmaKind::kE4M3E5M2) {                                           \
+        DGJIT_WGMMA_FP8_CALL(G, N, "e4m3", "e5m2");                                                 \
+      } else if constexpr (kKind == MmaKind::kE5M2E4M3) {                                           \
+        DGJIT_WGMMA_FP8_CALL(G, N, "e5m2", "e4m3");                                                 \
+      } else if constexpr (kKind == MmaKind::kE5M2E5M2) {                                           \
+        DGJIT_WGMMA_FP8_CALL(G, N, "e5m2", "e5m2");                                                 \
       } else {                                                                                      \
-        static_assert(!kTransA && !kTransB, "tf32 wgmma reads K-major operands only");              \
-        asm volatile(DGJIT_WGMMA_ASM_TF32(N, DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G)      \
-                     : DGJIT_WGMMA_ACC_OPS_##G(d)                                                   \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(0), "n"(0));                     \
+        DGJIT_WGMMA_CALL(DGJIT_WGMMA_ASM_S8(N, DGJIT_WGMMA_ACC_IDX_##G, DGJIT_WGMMA_TAIL_IDX_##G),    \
+                         DGJIT_WGMMA_ACC_OPS_##G("+r", d), 0, 0);                                   \
       }                                                                                             \
     }                                                                                               \
   };
@@ -426,10 +466,14 @@ DGJIT_DEFINE_WGMMA(31, 248)
 DGJIT_DEFINE_WGMMA(32, 256)
 
 #undef DGJIT_DEFINE_WGMMA
+#undef DGJIT_WGMMA_FP8_CALL
+#undef DGJIT_WGMMA_CALL
 
 // K extent of one wgmma instruction for each operand kind (32 bytes of K in every case).
 template <MmaKind kKind>
-constexpr uint32_t wgmma_k() { return kKind == MmaKind::kTF32 ? 8 : 16; }
+constexpr uint32_t wgmma_k() {
+  return kKind == MmaKind::kTF32 ? 8 : (kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16) ? 16 : 32;
+}
 
 // ------------------------------------------------------------------------------------------------
 // Conversions and shared-memory stores of the epilogue
@@ -454,6 +498,38 @@ DGJIT_DEVICE void st_shared_b32(uint32_t smem_addr, uint32_t value) {
 DGJIT_DEVICE void st_shared_v2_f32(uint32_t smem_addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" : : "r"(smem_addr), "f"(x), "f"(y) : "memory");
 }
+DGJIT_DEVICE void st_shared_v2_b32(uint32_t smem_addr, uint32_t x, uint32_t y) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" : : "r"(smem_addr), "r"(x), "r"(y) : "memory");
+}
+DGJIT_DEVICE float ld_shared_f32(uint32_t smem_addr) {
+  float x;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(smem_addr) : "memory");
+  return x;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scale factors (FP8 / INT8): small read-only FP32 vectors in global memory
+// ------------------------------------------------------------------------------------------------
+
+// A read-only load through the non-coherent path: scales never change during a kernel.
+DGJIT_DEVICE float ld_global_nc_f32(const float* p) {
+  float x;
+  asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(x) : "l"(p));
+  return x;
+}
+
+// 4-byte cp.async global -> shared (asynchronous: the thread does not wait for the data), and the
+// waits. Used to stage a tile's row/column scales while its main loop runs.
+DGJIT_DEVICE void cp_async_4(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" : : "r"(smem_addr), "l"(gmem) : "memory");
+}
+// Arrive on an mbarrier once all of this thread's earlier cp.async copies have landed (.noinc: the
+// arrival is one of the barrier's expected count, so the thread goes on without waiting for the data).
+DGJIT_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" : : "r"(shared_addr(bar)) : "memory");
+}
+DGJIT_DEVICE void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" : : : "memory"); }
+DGJIT_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" : : : "memory"); }
 
 }  // namespace sm90
 }  // namespace dgjit

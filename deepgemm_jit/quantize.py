@@ -1,0 +1,540 @@
+"""Quantization for the FP8/INT8 GEMM: ``quantize`` and ``dequantize``, as JIT kernels.
+
+The contract (the GEMM consumes exactly these layouts):
+
+- Scales are *dequantization* factors, float32: ``x ~= float(q) * s``, s broadcast over its group.
+- ``s = amax(|x| over the group) / QUANT_MAX[dtype]`` (448 for E4M3, 57344 for E5M2, 127 for INT8), one
+  IEEE float32 division; a group whose scale would be 0 (all zeros) gets ``s = 1``.
+- ``q = round(x / s)``: FP8 round-to-nearest-even saturated to the finite range (``cvt.rn.satfinite``),
+  INT8 round-half-to-even saturated to [-127, 127]. A true division, so that the float64 reference
+  (``reference.quantize_reference``) agrees except for rare one-ulp double-rounding cases.
+- Scale layouts, for x of shape (M, K) (all row-major, contiguous, see :func:`scale_shape`):
+  ``tensor`` (1,); ``row`` (M,); ``group128`` (M, ceil(K/128)), 1x128 groups along K, the last one
+  partial when K % 128 != 0; ``block128`` (ceil(M/128), ceil(K/128)), 128x128 blocks. INT8 takes
+  ``tensor`` and ``row`` only.
+- A NaN in a group makes that group's scale NaN (and so its q); inputs are expected to be finite.
+
+Data flow as for the GEMM: validate -> :class:`QuantKernelSpec` -> render ``templates/quantize.cu.j2``
+-> NVRTC -> disk cache -> launch on the caller's stream. Device logic is in
+``templates/include/dgjit/quantize.cuh``. Nothing here reads device memory back to the host: the
+tensor-wide amax is reduced on the device into a zeroed device word that the quantize kernel reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import __version__, cache, compiler, config, cubin, device, dtypes, env, runtime
+from .api import _stream_for
+from .arrays import array_kind, matrix_view
+from .errors import KernelNotCachedError, NoGPUError
+from .render import RenderedSource, render
+
+GRANULARITIES = ("tensor", "row", "group128", "block128")
+INT8_GRANULARITIES = ("tensor", "row")
+QUANT_DTYPES = ("fp8_e4m3", "fp8_e5m2", "int8")
+SOURCE_DTYPES = ("fp32", "fp16", "bf16")  # what is quantized, and what dequantize writes
+OPS = ("quantize", "amax", "dequantize")
+GROUP = 128  # columns of a group128 group, rows and columns of a block128 block (quant::kGroupCols)
+
+_TEMPLATE = "quantize.cu.j2"
+_MAX_DIM = 2**31 - 1   # m and k are 32-bit kernel arguments
+_MAX_GRID = 2**31 - 1  # gridDim.x
+# Grid-stride kernels (tensor amax, dequantize) need only enough blocks to fill the GPU.
+_AMAX_BLOCKS_PER_SM = 8
+_DEQUANT_BLOCKS_PER_SM = 32
+# C++ enumerators of dgjit::quant (quantize.cuh); the template prints them as identifiers.
+_FORMAT_CPP = {"fp8_e4m3": "kE4M3", "fp8_e5m2": "kE5M2", "int8": "kInt8"}
+_GRANULARITY_CPP = {"tensor": "kTensor", "row": "kRow", "group128": "kGroup128", "block128": "kBlock128"}
+# Sizes each cubin exports as `<entry>_<name>` __constant__ symbols (quantize.cu.j2).
+SYMBOLS = ("num_threads", "units_per_block", "group_cols")
+
+
+def check_granularity(granularity: object, q_dtype: str) -> str:
+    """The granularity name, or a ValueError naming the argument (INT8: tensor and row only)."""
+    if not isinstance(granularity, str):
+        raise TypeError(f"granularity must be a string such as 'group128', got {type(granularity).__name__}")
+    value = granularity.lower()
+    if value not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is not supported; choose one of {', '.join(GRANULARITIES)}")
+    if q_dtype == "int8" and value not in INT8_GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is not supported for int8; choose "
+                         f"{' or '.join(repr(g) for g in INT8_GRANULARITIES)}")
+    return value
+
+
+def scale_shape(granularity: str, m: int, k: int) -> tuple[int, ...]:
+    """Shape of the float32 scales of an (m, k) matrix quantized with `granularity` (row-major).
+
+    >>> scale_shape("group128", 7, 300), scale_shape("block128", 300, 300)
+    ((7, 3), (3, 3))
+    """
+    num_groups = -(-k // GROUP)
+    if granularity == "tensor":
+        return (1,)
+    if granularity == "row":
+        return (m,)
+    if granularity == "group128":
+        return (m, num_groups)
+    if granularity == "block128":
+        return (-(-m // GROUP), num_groups)
+    raise ValueError(f"granularity={granularity!r} is not supported; choose one of {', '.join(GRANULARITIES)}")
+
+
+@dataclass(frozen=True)
+class QuantKernelSpec:
+    """What one quantization kernel is compiled for (m, k, pointers and strides are run-time arguments).
+
+    op "quantize": x (src_dtype) -> q (q_dtype) and scales, one granularity; vec = elements per load of x.
+    op "amax": the tensor-wide amax of x (src_dtype) into a device word (vec as for quantize).
+    op "dequantize": q (q_dtype) -> out (src_dtype); the scale layout is a run-time argument.
+    """
+
+    op: str
+    src_dtype: str
+    q_dtype: str | None = None
+    granularity: str | None = None
+    vec: int = 1
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"op={self.op!r} is not one of {', '.join(OPS)}")
+        if self.src_dtype not in SOURCE_DTYPES:
+            raise ValueError(f"src_dtype={self.src_dtype!r} is not one of {', '.join(SOURCE_DTYPES)}")
+        if (self.op == "amax") != (self.q_dtype is None):
+            raise ValueError(f"op={self.op!r}: q_dtype must be {'None' if self.op == 'amax' else 'set'}")
+        if self.q_dtype is not None and self.q_dtype not in QUANT_DTYPES:
+            raise ValueError(f"q_dtype={self.q_dtype!r} is not one of {', '.join(QUANT_DTYPES)}")
+        if self.op == "quantize":
+            check_granularity(self.granularity, self.q_dtype)
+        elif self.granularity is not None:
+            raise ValueError(f"op={self.op!r} takes no granularity (got {self.granularity!r})")
+        max_vec = 16 // dtypes.get(self.src_dtype).storage_bytes if self.op != "dequantize" else 1
+        if (isinstance(self.vec, bool) or not isinstance(self.vec, int) or self.vec < 1 or self.vec > max_vec
+                or self.vec & (self.vec - 1)):
+            raise ValueError(f"vec={self.vec!r} must be a power of two in [1, {max_vec}] for op={self.op!r} "
+                             f"and {self.src_dtype}")
+
+    @property
+    def entry(self) -> str:
+        return f"dgjit_{self.op}"
+
+    @property
+    def format_cpp(self) -> str:
+        return _FORMAT_CPP[self.q_dtype]
+
+    @property
+    def granularity_cpp(self) -> str:
+        return _GRANULARITY_CPP[self.granularity]
+
+    @property
+    def tag(self) -> str:
+        parts = [self.op, self.src_dtype, self.q_dtype, self.granularity,
+                 f"v{self.vec}" if self.op != "dequantize" else None]
+        return "quant_" + "_".join(p for p in parts if p is not None)
+
+
+@dataclass(frozen=True)
+class QuantArtifact:
+    """A compiled quantization kernel (the fields runtime.loaded_kernel reads: key, entry, cubin)."""
+
+    spec: QuantKernelSpec
+    arch: str
+    key: str
+    entry: str
+    cubin: bytes
+    meta: dict
+    compiled_now: bool  # this process ran NVRTC for it (False: memo or disk)
+
+
+_memo: dict[tuple[QuantKernelSpec, str], QuantArtifact] = {}
+_memo_lock = threading.Lock()
+
+
+def render_kernel(spec: QuantKernelSpec) -> RenderedSource:
+    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+
+
+def get_kernel(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
+    """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
+    hit = _memo.get((spec, arch))
+    if hit is not None:
+        return hit
+    with _memo_lock:
+        hit = _memo.get((spec, arch))
+        if hit is None:
+            hit = _build(spec, arch)
+            _memo[(spec, arch)] = dataclasses.replace(hit, compiled_now=False)
+        return hit
+
+
+def clear_memo() -> None:
+    with _memo_lock:
+        _memo.clear()
+
+
+def _build(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
+    # NOTES: the same render -> key -> cache.get_or_build steps as jit._build, which is written for
+    # (GemmSpec, KernelConfig) pairs; the key hashes the same material, so the cache rules hold.
+    rendered = render_kernel(spec)
+    options = compiler.compile_options(arch)
+    nvrtc_version = compiler.nvrtc_version()
+    key = cache.kernel_key(source=rendered.source, headers=rendered.headers, options=options,
+                           nvrtc_version=nvrtc_version, arch=arch, package_version=__version__)
+
+    def build() -> tuple[bytes, dict]:
+        start = time.perf_counter()
+        result = compiler.compile_cubin(rendered, arch)
+        seconds = time.perf_counter() - start
+        if env.verbose():
+            print(f"deepgemm-jit: compiled {spec.tag} for {arch} in {seconds:.2f} s", file=sys.stderr)
+        meta = {
+            "name": spec.tag,
+            "entry": rendered.entry,
+            "arch": arch,
+            "quant_spec": dataclasses.asdict(spec),
+            "package_version": __version__,
+            "nvrtc_version": list(nvrtc_version),
+            "options": list(options),
+            "compile_seconds": round(seconds, 4),
+            "registers": result.registers,
+            "stack_bytes": result.stack_bytes,
+            "spill_store_bytes": result.spill_store_bytes,
+            "spill_load_bytes": result.spill_load_bytes,
+            "static_smem_bytes": result.static_smem_bytes,
+            "log": result.log,
+        }
+        return result.cubin, meta
+
+    store = cache.default_cache()
+    missing = None
+    if env.offline():
+        def missing() -> Exception:
+            where = str(store.root) if store is not None else None
+            return KernelNotCachedError(
+                f"DEEPGEMM_JIT_OFFLINE=1 and kernel {spec.tag} for {arch} is not in the cache "
+                f"({where or 'disk cache disabled'})", spec_tag=spec.tag, config_tag="", arch=arch,
+                cache_dir=where)
+    entry, compiled_now = cache.get_or_build(store, key, build, missing)
+    return QuantArtifact(spec=spec, arch=arch, key=key, entry=rendered.entry, cubin=entry.cubin,
+                         meta=entry.meta, compiled_now=compiled_now)
+
+
+@functools.lru_cache(maxsize=256)
+def _symbols(cubin_bytes: bytes, entry: str) -> dict[str, int]:
+    raw = cubin.read_u32_symbols(cubin_bytes, tuple(f"{entry}_{name}" for name in SYMBOLS))
+    return {name: raw[f"{entry}_{name}"] for name in SYMBOLS}
+
+
+def kernel_symbols(artifact: QuantArtifact) -> dict[str, int]:
+    """num_threads, units_per_block and group_cols as the compiled kernel defines them (read on the host)."""
+    return _symbols(artifact.cubin, artifact.entry)
+
+
+# -- devices, streams, arrays ------------------------------------------------------------------------------
+
+_arch_of_device: dict[int, str] = {}
+
+
+def _device_of(view_device: int, arg: str) -> int:
+    """The current device, which must hold `arg`; NoGPUError without a GPU."""
+    if not _arch_of_device and device.gpu_count() == 0:
+        raise NoGPUError("no CUDA GPU found: quantize/dequantize run on the GPU")
+    dev = device.current_device_id()
+    if view_device != dev:
+        raise ValueError(f"{arg} is on device {view_device}, but the current device is {dev} "
+                         "(torch.cuda.set_device / cupy.cuda.Device(i).use() select it)")
+    return dev
+
+
+def _target_arch(device_id: int, q_dtype: str) -> str:
+    """The compile target of `device_id`; ValueError if that GPU cannot convert to `q_dtype`."""
+    arch = _arch_of_device.get(device_id)
+    if arch is None:
+        major, minor = device.capability(device_id)
+        if q_dtype in dtypes.FP8_DTYPES and (major, minor) < (8, 9):
+            raise ValueError(f"dtype={q_dtype!r} needs an sm_89 or newer GPU (FP8 conversions); device "
+                             f"{device_id} is sm_{major}{minor}")
+        arch = device.arch_of_capability(major, minor)
+        if (major, minor) >= (8, 9):  # remembered only where every dtype is allowed
+            _arch_of_device[device_id] = arch
+    return arch
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_id: int) -> int:
+    return device.num_sms(device_id)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8,
+            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "word": torch.int32}[name]
+
+
+def _cupy_dtype(name: str) -> np.dtype:
+    # CuPy has no float8 dtype: FP8 values travel as their uint8 bit patterns.
+    if name in dtypes.FP8_DTYPES:
+        return np.dtype(np.uint8)
+    if name == "word":
+        return np.dtype(np.uint32)
+    return dtypes.numpy_dtype(name)
+
+
+def _out_kind(kind: str) -> str:
+    """The library of the arrays quantize/dequantize return: torch for torch, else CuPy."""
+    return "torch" if kind == "torch" else "cupy"
+
+
+def _empty(kind: str, shape: tuple[int, ...], name: str, device_id: int, cu_stream, is_explicit_stream: bool):
+    """(array, data pointer): a new contiguous array of the caller's library, allocated for the stream
+    the kernels run on (both libraries' pools reuse freed memory per stream, so memory allocated for
+    another stream could still be in use there)."""
+    if kind == "torch":
+        import torch
+
+        dev = torch.device("cuda", device_id)
+        if is_explicit_stream:
+            with torch.cuda.stream(torch.cuda.ExternalStream(cu_stream.ptr, device=dev)):
+                t = torch.empty(shape, dtype=_torch_dtype(name), device=dev)
+        else:
+            t = torch.empty(shape, dtype=_torch_dtype(name), device=dev)
+        return t, int(t.data_ptr())
+    import cupy
+
+    with cupy.cuda.Device(device_id), cu_stream:
+        a = cupy.empty(shape, dtype=_cupy_dtype(name))
+    return a, int(a.data.ptr)
+
+
+def _as_bytes(q, q_name: str, kind: str, arg: str):
+    """q viewed as uint8/int8 (torch float8 tensors and ml_dtypes float8 arrays by bit pattern); TypeError
+    if its dtype cannot hold `q_name`."""
+    dtype = getattr(q, "dtype", None)
+    dtype_name = str(dtype).removeprefix("torch.")
+    accepted = {"fp8_e4m3": ("uint8", "float8_e4m3fn"), "fp8_e5m2": ("uint8", "float8_e5m2"),
+                "int8": ("int8",)}[q_name]
+    if dtype_name not in accepted:
+        raise TypeError(f"{arg} has dtype {dtype}; dtype={q_name!r} takes {arg} of dtype {' or '.join(accepted)}")
+    if dtype_name.startswith("float8"):
+        if kind == "torch":
+            import torch
+
+            return q.view(torch.uint8)
+        return q.view(np.uint8)
+    return q
+
+
+def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, dtype_words: str) -> None:
+    """Checks that `a` is an array of library `kind`, of dtype (dtype_ok), exactly `shape`, contiguous."""
+    if array_kind(a) != kind:
+        raise TypeError(f"{arg} must be a {'torch tensor' if kind == 'torch' else 'CuPy array'} here, got "
+                        f"{type(a).__module__}.{type(a).__name__}")
+    if not dtype_ok:
+        raise TypeError(f"{arg} has dtype {a.dtype}; {dtype_words}")
+    if tuple(a.shape) != shape:
+        raise ValueError(f"{arg} has shape {tuple(a.shape)}, expected {shape}")
+    if not (a.is_contiguous() if kind == "torch" else a.flags.c_contiguous):
+        raise ValueError(f"{arg} must be contiguous (row-major)")
+
+
+def _pointer(a, arg: str, kind: str, device_id: int) -> tuple[int, int]:
+    """(data pointer, bytes) of a contiguous CuPy array or torch tensor on `device_id`."""
+    if kind == "torch":
+        if not a.is_cuda or a.device.index != device_id:
+            raise ValueError(f"{arg} is on {a.device}, expected cuda:{device_id}")
+        return int(a.data_ptr()), a.numel() * a.element_size()
+    if a.data.device_id != device_id:
+        raise ValueError(f"{arg} is on device {a.data.device_id}, expected device {device_id}")
+    return int(a.data.ptr), int(a.nbytes)
+
+
+def _check_disjoint(spans: dict[str, tuple[int, int]]) -> None:
+    """An output that overlaps another array would be read or written while it is written."""
+    names = list(spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (pa, na), (pb, nb) = spans[a], spans[b]
+            if pa < pb + nb and pb < pa + na:
+                raise ValueError(f"{a} overlaps {b}")
+
+
+def _grid(num_blocks: int, what: str) -> tuple[int, int, int]:
+    if num_blocks > _MAX_GRID:
+        raise ValueError(f"{what} is too large for one launch ({num_blocks} blocks > {_MAX_GRID})")
+    return (max(1, num_blocks), 1, 1)
+
+
+def _launch(artifact: QuantArtifact, device_id: int, grid: tuple[int, int, int], args: tuple, cu_stream) -> None:
+    block = (kernel_symbols(artifact)["num_threads"], 1, 1)
+    runtime.loaded_kernel(artifact, device_id, 0).launch(grid, block, args, cu_stream)
+
+
+def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:
+    if rows < 1 or cols < 1:
+        raise ValueError(f"{arg} has shape ({rows}, {cols}); quantization needs M >= 1 and K >= 1")
+    if rows > _MAX_DIM or cols > _MAX_DIM:
+        raise ValueError(f"{arg} has shape ({rows}, {cols}); M and K must each be below 2**31")
+    return rows, cols
+
+
+# -- quantize ---------------------------------------------------------------------------------------------
+
+def _quantize_outputs(out, kind: str, q_name: str, shape: tuple[int, int], scales_shape: tuple[int, ...],
+                      device_id: int, cu_stream, is_explicit_stream: bool):
+    """(q, scales, q_ptr, scales_ptr, their byte spans): `out` checked, or new arrays."""
+    if out is None:
+        q, q_ptr = _empty(kind, shape, q_name, device_id, cu_stream, is_explicit_stream)
+        scales, scales_ptr = _empty(kind, scales_shape, "fp32", device_id, cu_stream, is_explicit_stream)
+        spans = {}
+    else:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(f"out must be a (q, scales) tuple, got {type(out).__name__}")
+        q, scales = out
+        _contiguous(q, "out[0]", kind, shape, True, "")
+        _as_bytes(q, q_name, kind, "out[0]")
+        _contiguous(scales, "out[1]", kind, scales_shape, str(scales.dtype).removeprefix("torch.") == "float32",
+                    "scales are float32")
+        q_ptr, q_bytes = _pointer(q, "out[0]", kind, device_id)
+        scales_ptr, scales_bytes = _pointer(scales, "out[1]", kind, device_id)
+        spans = {"out[0]": (q_ptr, q_bytes), "out[1]": (scales_ptr, scales_bytes)}
+    if q_ptr % 16:  # the kernel stores whole 4- or 8-byte chunks of q where K allows (quantize.cuh, store_chunk)
+        raise ValueError(f"out[0] data pointer 0x{q_ptr:x} is not 16-byte aligned")
+    return q, scales, q_ptr, scales_ptr, spans
+
+
+def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, stream=None):
+    """Quantize a 2-D (M, K) device matrix to FP8 or INT8; returns ``(q, scales)``.
+
+    - x: CuPy array or torch CUDA tensor of float32, float16 or bfloat16 (CuPy: ml_dtypes.bfloat16),
+      unit stride along K, any row stride.
+    - dtype: ``"fp8"`` (= ``"fp8_e4m3"``), ``"fp8_e4m3"``, ``"fp8_e5m2"`` or ``"int8"``.
+    - granularity: ``"tensor"`` -> scales (1,); ``"row"`` -> (M,); ``"group128"`` -> (M, ceil(K/128));
+      ``"block128"`` -> (ceil(M/128), ceil(K/128)). INT8: tensor or row.
+    - q: contiguous (M, K). torch in: torch.float8_e4m3fn / float8_e5m2 / int8 tensor; CuPy in: uint8
+      (the FP8 bit patterns) or int8. scales: contiguous float32 of the same library and device,
+      dequantization factors: ``x ~= float(q) * s`` (see the module docstring for the exact rule).
+    - out: optional ``(q, scales)`` to write into instead (the types above, contiguous, 16-byte aligned q);
+      they are returned.
+
+    Runs on `stream` (CuPy stream, raw handle, torch stream), else on the current stream of x's
+    library; it never waits for the GPU. Errors about the arguments are raised before any launch.
+
+    Example::
+
+        q, s = deepgemm_jit.quantize(a, "fp8", "group128")   # a (M, K) bf16 -> q (M, K), s (M, ceil(K/128))
+    """
+    q_name = dtypes.canonical(dtype, arg="dtype", allowed=QUANT_DTYPES)
+    gran = check_granularity(granularity, q_name)
+    kind = array_kind(x)
+    view = matrix_view(x, "x")
+    src = dtypes.storage_name_of(view.dtype)
+    if src not in SOURCE_DTYPES:
+        raise TypeError(f"x has dtype {view.dtype}; quantize takes float32, float16 or bfloat16")
+    m, k = _check_size(view.rows, view.cols, "x")
+    dev = _device_of(view.device, "x")
+    arch = _target_arch(dev, q_name)
+    cu_stream = _stream_for(kind, stream, dev)
+
+    # Loads as wide as x's base and row stride allow (16 bytes for packed rows of 8/4-element multiples).
+    vec = config.max_vector(view.itemsize, view.ptr, view.row_stride, view.rows)
+    art = get_kernel(QuantKernelSpec("quantize", src, q_name, gran, vec), arch)
+    sym = kernel_symbols(art)
+    if sym["group_cols"] != GROUP:
+        raise RuntimeError(f"{art.entry} groups {sym['group_cols']} columns, quantize.py {GROUP}")
+    num_groups = -(-k // GROUP)
+    if gran in ("tensor", "group128"):
+        grid = _grid(-(-m * num_groups // sym["units_per_block"]), "x")
+    elif gran == "row":
+        grid = _grid(m, "x")
+    else:
+        grid = _grid(-(-m // GROUP) * num_groups, "x")
+    amax_art = get_kernel(QuantKernelSpec("amax", src, vec=vec), arch) if gran == "tensor" else None
+
+    explicit = stream is not None
+    q, scales, q_ptr, scales_ptr, spans = _quantize_outputs(out, _out_kind(kind), q_name, (m, k),
+                                                            scale_shape(gran, m, k), dev, cu_stream, explicit)
+    x_start, x_end = view.byte_span()
+    _check_disjoint(dict(spans, x=(x_start, x_end - x_start)))
+    x_args = (np.uint64(view.ptr), np.int64(view.row_stride))
+    amax_ptr = 0
+    if amax_art is not None:
+        import cupy
+
+        # One zeroed device word receives the amax bits; it is freed (back to this stream's pool)
+        # when this function returns, after both launches are enqueued on the stream.
+        amax_word, amax_ptr = _empty(_out_kind(kind), (1,), "word", dev, cu_stream, explicit)
+        cupy.cuda.runtime.memsetAsync(amax_ptr, 0, 4, cu_stream.ptr)
+        units_per_block = kernel_symbols(amax_art)["units_per_block"]
+        amax_grid = _grid(min(-(-m * num_groups // units_per_block), _AMAX_BLOCKS_PER_SM * _num_sms(dev)), "x")
+        _launch(amax_art, dev, amax_grid, x_args + (np.uint64(amax_ptr), np.uint32(m), np.uint32(k)), cu_stream)
+    _launch(art, dev, grid, x_args + (np.uint64(q_ptr), np.uint64(scales_ptr), np.uint64(amax_ptr),
+                                      np.uint32(m), np.uint32(k)), cu_stream)
+    return q, scales
+
+
+# -- dequantize -------------------------------------------------------------------------------------------
+
+def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out_dtype: str = "fp32", *,
+               out=None, stream=None):
+    """x = float(q) * s as a contiguous (M, K) array of `out_dtype` ("fp32", "bf16" or "fp16").
+
+    q and scales as :func:`quantize` returns them (CuPy uint8/int8, or torch float8/int8 tensors, q with
+    unit stride along K and any row stride; scales float32, contiguous, of :func:`scale_shape`). The
+    product is rounded once to float32, then to `out_dtype`. `out`: an optional contiguous (M, K) array
+    of `out_dtype` (same library) to write into and return. A simple kernel for references and tests,
+    not a fast path. Runs on `stream`, else the current stream of q's library.
+
+    Example::
+
+        x_hat = deepgemm_jit.dequantize(q, s, "fp8", "group128")   # float32 (M, K)
+    """
+    q_name = dtypes.canonical(dtype, arg="dtype", allowed=QUANT_DTYPES)
+    gran = check_granularity(granularity, q_name)
+    out_name = dtypes.canonical(out_dtype, arg="out_dtype", allowed=SOURCE_DTYPES)
+    if isinstance(q, np.ndarray):
+        raise TypeError("q is a NumPy (host) array; pass a GPU array, e.g. cupy.asarray(q)")
+    kind = array_kind(q)
+    if kind == "other":
+        raise TypeError(f"q must be a CuPy array or a torch CUDA tensor, got {type(q).__name__}")
+    q_bytes = _as_bytes(q, q_name, kind, "q")
+    if len(q.shape) != 2:
+        raise ValueError(f"q must be 2-D, got shape {tuple(q.shape)}")
+    m, k = _check_size(int(q.shape[0]), int(q.shape[1]), "q")
+    shape = scale_shape(gran, m, k)
+    # dtype, shape and layout of scales (and out) before any GPU call
+    _contiguous(scales, "scales", kind, shape, str(scales.dtype).removeprefix("torch.") == "float32",
+                "scales are float32")
+    if out is not None:
+        want = _torch_dtype(out_name) if kind == "torch" else _cupy_dtype(out_name)
+        _contiguous(out, "out", kind, (m, k), out.dtype == want, f"out_dtype={out_name!r} writes {want}")
+    view = matrix_view(q_bytes, "q")
+    dev = _device_of(view.device, "q")
+    scales_ptr, scales_bytes = _pointer(scales, "scales", kind, dev)
+    arch = _target_arch(dev, q_name)
+    cu_stream = _stream_for(kind, stream, dev)
+
+    art = get_kernel(QuantKernelSpec("dequantize", out_name, q_name), arch)
+    rows_per_scale, cols_per_scale, scale_ld = {
+        "tensor": (m, k, 0), "row": (1, k, 1), "group128": (1, GROUP, shape[-1]),
+        "block128": (GROUP, GROUP, shape[-1])}[gran]
+    blocks = min(-(-m * k // kernel_symbols(art)["units_per_block"]), _DEQUANT_BLOCKS_PER_SM * _num_sms(dev))
+    if out is None:
+        out, out_ptr = _empty(kind, (m, k), out_name, dev, cu_stream, stream is not None)
+    else:
+        out_ptr, out_bytes = _pointer(out, "out", kind, dev)
+        q_start, q_end = view.byte_span()
+        _check_disjoint({"out": (out_ptr, out_bytes), "q": (q_start, q_end - q_start),
+                         "scales": (scales_ptr, scales_bytes)})
+    _launch(art, dev, _grid(blocks, "q"),
+            (np.uint64(view.ptr), np.int64(view.row_stride), np.uint64(scales_ptr), np.uint64(out_ptr),
+             np.uint32(m), np.uint32(k), np.uint32(rows_per_scale), np.uint32(cols_per_scale),
+             np.uint32(scale_ld)), cu_stream)
+    return out

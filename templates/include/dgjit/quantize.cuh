@@ -1,0 +1,390 @@
+// Quantization for the FP8/INT8 GEMM: FP32/FP16/BF16 -> FP8 (E4M3, E5M2) or INT8 with float32
+// dequantization scales, and back. The host side is deepgemm_jit/quantize.py; the float64 ground
+// truth is quantize_reference() in deepgemm_jit/reference.py. The contract, shared with the GEMM:
+//
+//   s = amax(|x| over the group) / kMax   (fp32, IEEE division); s == 0 (all-zero group) -> s = 1
+//   q = cvt.rn.satfinite(x / s)           FP8: round to nearest even, saturate to the finite range
+//   q = clamp(rint(x / s), -127, 127)     INT8: round half to even
+//   x ~= float(q) * s
+//
+// x / s is a true division (div.rn), not a multiplication by 1/s: the float64 reference then agrees
+// except where the FP32 quotient rounds onto a rounding boundary of the 8-bit format (one ulp).
+// amax is taken as the maximum of the unsigned bit patterns of |x|: for non-negative floats that
+// order is the numeric one, it lets the tensor-wide amax use an integer atomicMax, and a NaN (whose
+// bits exceed +inf's) propagates into its group's scale instead of being dropped.
+//
+// Work decomposition: a "unit" is one (row, 128-column group) pair. A run of kLanes consecutive
+// lanes owns a unit, each lane one chunk of 16 bytes of x (4 FP32 or 8 FP16/BF16 elements), so a
+// unit is one fully coalesced 512- or 256-byte read.
+//   group128, tensor: one lane run per unit; the chunk stays in registers between the amax
+//                     reduction (shuffles within the run) and the stores.
+//   row, block128:    one block per scale; the block reduces the amax of its rectangle (one row, or
+//                     128 rows x 128 columns), then reads it again (L1/L2 hits) to quantize.
+//   tensor amax:      a grid-stride pass that atomicMax-es one device word per block; the quantize
+//                     kernel then reads that word: no amax ever travels to the host.
+//
+// Everything lives in dgjit::quant so that nothing collides with the GEMM headers.
+#pragma once
+#include "dgjit/common.cuh"
+
+namespace dgjit {
+namespace quant {
+
+enum class Format { kE4M3, kE5M2, kInt8 };
+enum class Granularity { kTensor, kRow, kGroup128, kBlock128 };
+
+constexpr int kGroupCols = 128;  // group128: 1 x kGroupCols groups; block128: kGroupCols x kGroupCols
+constexpr int kNumThreads = 256;
+constexpr int kNumWarps = kNumThreads / 32;
+constexpr int kInt8Max = 127;  // symmetric: -128 is never produced, so -q is always representable
+
+template <Format F> struct FormatInfo;
+template <> struct FormatInfo<Format::kE4M3> { static constexpr float kMax = 448.0f; };
+template <> struct FormatInfo<Format::kE5M2> { static constexpr float kMax = 57344.0f; };
+template <> struct FormatInfo<Format::kInt8> { static constexpr float kMax = float(kInt8Max); };
+
+// ------------------------------------------------------------------------------------------------
+// PTX wrappers (one per instruction)
+// ------------------------------------------------------------------------------------------------
+
+// IEEE division, round to nearest even, subnormals kept: what the reference computes, whatever
+// fast-math or flush-to-zero options a compile might carry.
+DGJIT_DEVICE float div_rn(float a, float b) {
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// float -> int32, round half to even (NaN -> 0; out-of-range saturates to the int32 range).
+DGJIT_DEVICE int32_t cvt_rni_s32(float x) {
+  int32_t r;
+  asm("cvt.rni.s32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// Two floats -> two FP8 values in one 16-bit word, round to nearest even, saturating to the largest
+// finite value: `hi` lands in the upper byte, `lo` in the lower one (lower address in memory).
+template <Format F>
+DGJIT_DEVICE uint16_t cvt_fp8x2_satfinite(float hi, float lo) {
+  static_assert(F == Format::kE4M3 || F == Format::kE5M2, "FP8 formats only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  static_assert(F != F, "FP8 conversions (cvt ...e4m3x2/e5m2x2) need sm_89 or newer");
+#endif
+  uint16_t r;
+  if constexpr (F == Format::kE4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+// Two FP8 values (one 16-bit word) -> two FP16 values, exactly (both FP8 formats are subsets of FP16);
+// the upper byte becomes the upper half.
+template <Format F>
+DGJIT_DEVICE uint32_t cvt_f16x2_from_fp8x2(uint16_t pair) {
+  static_assert(F == Format::kE4M3 || F == Format::kE5M2, "FP8 formats only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  static_assert(F != F, "FP8 conversions (cvt ...e4m3x2/e5m2x2) need sm_89 or newer");
+#endif
+  uint32_t r;
+  if constexpr (F == Format::kE4M3) {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(pair));
+  } else {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(pair));
+  }
+  return r;
+}
+
+DGJIT_DEVICE float f16_bits_to_f32(uint16_t bits) {
+  float r;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(bits));
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Element conversions (all exact)
+// ------------------------------------------------------------------------------------------------
+
+DGJIT_DEVICE float to_float(float x) { return x; }
+DGJIT_DEVICE float to_float(half_t x) { return f16_bits_to_f32(x.bits); }
+// BF16 is the upper half of an FP32: widening is a shift.
+DGJIT_DEVICE float to_float(bfloat16_t x) { return __uint_as_float(uint32_t(x.bits) << 16); }
+
+template <Format F>
+DGJIT_DEVICE float dequantize_value(uint8_t q) {
+  if constexpr (F == Format::kInt8) {
+    return float(int8_t(q));
+  } else {
+    return f16_bits_to_f32(uint16_t(cvt_f16x2_from_fp8x2<F>(uint16_t(q)) & 0xFFFFu));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Chunks: the 16 bytes of x one lane owns, and the 4 or 8 quantized bytes it writes
+// ------------------------------------------------------------------------------------------------
+
+template <class T>
+struct Chunk {
+  static constexpr int kElems = 16 / int(sizeof(T));        // 4 (FP32) or 8 (FP16/BF16)
+  static constexpr int kLanes = kGroupCols / kElems;        // lanes per unit: 32 or 16
+  static constexpr int kUnitsPerBlock = kNumThreads / kLanes;
+  static constexpr int kWords = kElems / 4;                 // 32-bit words of quantized output
+  static_assert(kGroupCols % kElems == 0 && kLanes <= 32 && 32 % kLanes == 0, "a unit is a lane run");
+};
+
+// kVec elements moved as one load or store; alignas makes it one LDG/STG of that width.
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  T e[kVec];
+};
+
+// Elements [col, col + kElems) of `row` as floats; columns at or past `limit` read as 0 (they never
+// raise an amax and are never stored). kVec elements per load: the host checked that x's base and
+// row stride allow it, and col is a multiple of kElems (so of kVec).
+template <class T, int kVec>
+DGJIT_DEVICE void load_chunk(const T* __restrict__ row, uint32_t col, uint32_t limit,
+                             float (&v)[Chunk<T>::kElems]) {
+  constexpr int kElems = Chunk<T>::kElems;
+  static_assert(kVec >= 1 && kElems % kVec == 0, "kVec divides the chunk");
+  if (col + kElems <= limit) {
+#pragma unroll
+    for (int i = 0; i < kElems; i += kVec) {
+      const Vec<T, kVec> pack = *reinterpret_cast<const Vec<T, kVec>*>(row + col + i);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[i + j] = to_float(pack.e[j]);
+    }
+  } else {  // the tail of a row (or an idle lane run): element by element
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) v[i] = col + i < limit ? to_float(row[col + i]) : 0.0f;
+  }
+}
+
+DGJIT_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+DGJIT_DEVICE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+template <int kElems>
+DGJIT_DEVICE uint32_t chunk_amax_bits(const float (&v)[kElems]) {
+  uint32_t r = 0;
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) r = max_u32(r, abs_bits(v[i]));
+  return r;
+}
+
+// The scale of a group from its amax bits. s == 0 means an all-zero group (or an amax so small that
+// amax / kMax underflows): s = 1 then keeps q = x / s finite (0 / 0 would be NaN).
+template <Format F>
+DGJIT_DEVICE float scale_of(uint32_t amax_bits) {
+  const float s = div_rn(__uint_as_float(amax_bits), FormatInfo<F>::kMax);
+  return s == 0.0f ? 1.0f : s;
+}
+
+// q = round(v / s) into little-endian 32-bit words (element 0 in the lowest byte).
+template <Format F, int kElems>
+DGJIT_DEVICE void quantize_chunk(const float (&v)[kElems], float scale, uint32_t (&words)[kElems / 4]) {
+#pragma unroll
+  for (int w = 0; w < kElems / 4; ++w) {
+    float y[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) y[j] = div_rn(v[4 * w + j], scale);
+    if constexpr (F == Format::kInt8) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int32_t r = cvt_rni_s32(y[j]);
+        r = r < -kInt8Max ? -kInt8Max : (r > kInt8Max ? kInt8Max : r);
+        word |= (uint32_t(r) & 0xFFu) << (8 * j);
+      }
+      words[w] = word;
+    } else {
+      words[w] = uint32_t(cvt_fp8x2_satfinite<F>(y[1], y[0])) |
+                 (uint32_t(cvt_fp8x2_satfinite<F>(y[3], y[2])) << 16);
+    }
+  }
+}
+
+// Bytes [col, col + kElems) of a row of q, those before `k` only. q is the library's own contiguous
+// allocation (16-byte aligned), so a whole-chunk store is aligned exactly when k % kElems == 0.
+template <int kElems>
+DGJIT_DEVICE void store_chunk(uint8_t* __restrict__ row, uint32_t col, uint32_t k,
+                              const uint32_t (&words)[kElems / 4]) {
+  if (k % kElems == 0 && col + kElems <= k) {
+    Vec<uint32_t, kElems / 4> pack;
+#pragma unroll
+    for (int w = 0; w < kElems / 4; ++w) pack.e[w] = words[w];
+    *reinterpret_cast<Vec<uint32_t, kElems / 4>*>(row + col) = pack;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      if (col + i < k) row[col + i] = uint8_t(words[i / 4] >> (8 * (i % 4)));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reductions
+// ------------------------------------------------------------------------------------------------
+
+// Max over aligned runs of kLanes lanes; every lane of the warp must call it.
+template <int kLanes>
+DGJIT_DEVICE uint32_t reduce_max_lanes(uint32_t v) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "power-of-two lane runs");
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) v = max_u32(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+  return v;
+}
+
+// Max over the block, returned to every thread; every thread must call it, once per kernel (the
+// shared words are not reused, so one barrier suffices).
+DGJIT_DEVICE uint32_t reduce_max_block(uint32_t v, uint32_t (&shared)[kNumWarps]) {
+  v = reduce_max_lanes<32>(v);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  uint32_t r = 0;
+#pragma unroll
+  for (int i = 0; i < kNumWarps; ++i) r = max_u32(r, shared[i]);
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Kernel bodies
+// ------------------------------------------------------------------------------------------------
+
+// group128 and tensor: grid = ceil(m * num_groups / kUnitsPerBlock) blocks. For tensor, `amax_bits`
+// holds the tensor's amax (written by amax_body earlier on the stream) and block 0 stores the scale.
+template <class T, Format F, Granularity G, int kVec>
+DGJIT_DEVICE void quantize_units(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
+                                 float* __restrict__ scales, const uint32_t* __restrict__ amax_bits,
+                                 uint32_t m, uint32_t k) {
+  static_assert(G == Granularity::kGroup128 || G == Granularity::kTensor, "one lane run per unit");
+  using C = Chunk<T>;
+  const uint32_t num_groups = ceil_div(k, uint32_t(kGroupCols));
+  const uint64_t num_units = uint64_t(m) * num_groups;
+  const uint64_t unit = uint64_t(blockIdx.x) * C::kUnitsPerBlock + threadIdx.x / C::kLanes;
+  // Idle lane runs (past the last unit) still take part in the shuffles, reading nothing.
+  const bool is_active = unit < num_units;
+  const uint32_t row = is_active ? uint32_t(unit / num_groups) : 0;
+  const uint32_t col = (is_active ? uint32_t(unit % num_groups) : 0) * kGroupCols +
+                       (threadIdx.x % C::kLanes) * C::kElems;
+  float v[C::kElems];
+  load_chunk<T, kVec>(x + int64_t(row) * ldx, col, is_active ? k : 0, v);
+
+  float scale;
+  if constexpr (G == Granularity::kTensor) {
+    scale = scale_of<F>(*amax_bits);
+    if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = scale;
+  } else {
+    scale = scale_of<F>(reduce_max_lanes<C::kLanes>(chunk_amax_bits(v)));
+    // Scales are (m, num_groups) row-major: the unit index is the scale index.
+    if (is_active && threadIdx.x % C::kLanes == 0) scales[unit] = scale;
+  }
+  if (!is_active) return;
+  uint32_t words[C::kWords];
+  quantize_chunk<F>(v, scale, words);
+  store_chunk<C::kElems>(q + uint64_t(row) * k, col, k, words);
+}
+
+// row and block128: one block per scale, grid = m (row) or ceil(m / 128) * num_groups (block128,
+// block index = the scale's row-major index). Two passes over the block's rectangle: amax, then
+// quantize; the second pass re-reads x, which the first pass has just brought into L1/L2.
+template <class T, Format F, Granularity G, int kVec>
+DGJIT_DEVICE void quantize_rects(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
+                                 float* __restrict__ scales, uint32_t m, uint32_t k) {
+  static_assert(G == Granularity::kRow || G == Granularity::kBlock128, "one block per scale");
+  using C = Chunk<T>;
+  __shared__ uint32_t shared[kNumWarps];
+  const uint32_t num_groups = ceil_div(k, uint32_t(kGroupCols));
+  uint32_t row0, group0, num_units;
+  if constexpr (G == Granularity::kRow) {  // units: the groups of one row
+    row0 = blockIdx.x;
+    group0 = 0;
+    num_units = num_groups;
+  } else {  // units: up to 128 rows of one group
+    row0 = (blockIdx.x / num_groups) * kGroupCols;
+    group0 = blockIdx.x % num_groups;
+    num_units = min_c(kGroupCols, int(m - row0));
+  }
+  const uint32_t first_unit = threadIdx.x / C::kLanes;
+  const uint32_t lane_col = (threadIdx.x % C::kLanes) * C::kElems;
+  auto locate = [&](uint32_t u, uint32_t& row, uint32_t& col) {
+    row = G == Granularity::kRow ? row0 : row0 + u;
+    col = (G == Granularity::kRow ? u : group0) * kGroupCols + lane_col;
+  };
+
+  uint32_t amax = 0;
+  for (uint32_t u = first_unit; u < num_units; u += C::kUnitsPerBlock) {
+    uint32_t row, col;
+    locate(u, row, col);
+    float v[C::kElems];
+    load_chunk<T, kVec>(x + int64_t(row) * ldx, col, k, v);
+    amax = max_u32(amax, chunk_amax_bits(v));
+  }
+  const float scale = scale_of<F>(reduce_max_block(amax, shared));
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+
+  for (uint32_t u = first_unit; u < num_units; u += C::kUnitsPerBlock) {
+    uint32_t row, col;
+    locate(u, row, col);
+    float v[C::kElems];
+    load_chunk<T, kVec>(x + int64_t(row) * ldx, col, k, v);
+    uint32_t words[C::kWords];
+    quantize_chunk<F>(v, scale, words);
+    store_chunk<C::kElems>(q + uint64_t(row) * k, col, k, words);
+  }
+}
+
+template <class T, Format F, Granularity G, int kVec>
+DGJIT_DEVICE void quantize_body(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
+                                float* __restrict__ scales, const uint32_t* __restrict__ amax_bits,
+                                uint32_t m, uint32_t k) {
+  if constexpr (G == Granularity::kGroup128 || G == Granularity::kTensor) {
+    quantize_units<T, F, G, kVec>(x, ldx, q, scales, amax_bits, m, k);
+  } else {
+    quantize_rects<T, F, G, kVec>(x, ldx, q, scales, m, k);
+  }
+}
+
+// Tensor amax: a grid-stride loop over units, one atomicMax per block into `amax_bits`, which the
+// host zeroes on the same stream first.
+template <class T, int kVec>
+DGJIT_DEVICE void amax_body(const T* __restrict__ x, int64_t ldx, uint32_t* __restrict__ amax_bits,
+                            uint32_t m, uint32_t k) {
+  using C = Chunk<T>;
+  __shared__ uint32_t shared[kNumWarps];
+  const uint32_t num_groups = ceil_div(k, uint32_t(kGroupCols));
+  const uint64_t num_units = uint64_t(m) * num_groups;
+  const uint64_t stride = uint64_t(gridDim.x) * C::kUnitsPerBlock;
+  const uint32_t lane_col = (threadIdx.x % C::kLanes) * C::kElems;
+  uint32_t amax = 0;
+  for (uint64_t unit = uint64_t(blockIdx.x) * C::kUnitsPerBlock + threadIdx.x / C::kLanes; unit < num_units;
+       unit += stride) {
+    const uint32_t row = uint32_t(unit / num_groups);
+    const uint32_t col = uint32_t(unit % num_groups) * kGroupCols + lane_col;
+    float v[C::kElems];
+    load_chunk<T, kVec>(x + int64_t(row) * ldx, col, k, v);
+    amax = max_u32(amax, chunk_amax_bits(v));
+  }
+  amax = reduce_max_block(amax, shared);
+  if (threadIdx.x == 0) atomicMax(amax_bits, amax);
+}
+
+// x = float(q) * s, one element per thread and iteration (a reference path, not a fast one). The
+// scale of (row, col) is scales[(row / rows_per_scale) * scale_ld + col / cols_per_scale], which
+// spells every granularity: tensor (m, k, 0), row (1, k, 1), group128 (1, 128, G), block128
+// (128, 128, G). `out` is contiguous (m, k).
+template <Format F, class TOut>
+DGJIT_DEVICE void dequantize_body(const uint8_t* __restrict__ q, int64_t ldq, const float* __restrict__ scales,
+                                  TOut* __restrict__ out, uint32_t m, uint32_t k, uint32_t rows_per_scale,
+                                  uint32_t cols_per_scale, uint32_t scale_ld) {
+  const uint64_t total = uint64_t(m) * k;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const uint32_t row = uint32_t(i / k);
+    const uint32_t col = uint32_t(i % k);
+    const float s = scales[uint64_t(row / rows_per_scale) * scale_ld + col / cols_per_scale];
+    store_converted(out + i, dequantize_value<F>(q[int64_t(row) * ldq + col]) * s);
+  }
+}
+
+}  // namespace quant
+}  // namespace dgjit

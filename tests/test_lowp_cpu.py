@@ -1,0 +1,174 @@
+"""FP8 / INT8 GEMMs on the CPU: spec rules, tile limits, scale validation, and real sm_90a compiles of
+every 8-bit variant with SASS checks (QGMMA / IGMMA, no local memory, layout symbols = config.py)."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from deepgemm_jit import GemmSpec, build, config, jit, launch, sass
+from deepgemm_jit.arrays import scale_view
+
+
+# ---------------------------------------------------------------------------------------------- spec
+def test_spec_defaults():
+    s = GemmSpec.create(7168, 2048, "fp8")
+    assert (s.dtype, s.b_dtype, s.scaling, s.out_dtype, s.promote) == ("fp8_e4m3", "fp8_e4m3", "block", "bf16", True)
+    assert GemmSpec.create(64, 64, "int8").out_dtype == "int32"
+    assert GemmSpec.create(64, 64, "int8", scaling="row").out_dtype == "bf16"
+    assert not GemmSpec.create(64, 64, "fp8", scaling="tensor", fast_accum=True).promote
+    mixed = GemmSpec.create(64, 64, "fp8_e4m3", b_dtype="e5m2", scaling="row")
+    assert mixed.b_type == "fp8_e5m2" and "fp8_e4m3xfp8_e5m2_row" in mixed.tag
+    assert GemmSpec.create(64, 64, "bf16").scaling == "none"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dtype="bf16", scaling="row"), "scaling"),
+    (dict(dtype="bf16", b_dtype="fp16"), "b_dtype"),
+    (dict(dtype="fp8", scaling="none"), "fp8 GEMMs need scaling"),
+    (dict(dtype="fp8", scaling="block", fast_accum=True), "fast_accum"),
+    (dict(dtype="fp8", out_dtype="int32"), "out_dtype"),
+    (dict(dtype="fp8", b_dtype="int8"), "b_dtype"),
+    (dict(dtype="int8", scaling="block"), "int8"),
+    (dict(dtype="int8", out_dtype="bf16"), "int32"),
+    (dict(dtype="int8", scaling="row", out_dtype="int32"), "int32"),
+    (dict(dtype="int8", fast_accum=True), "fast_accum"),
+    (dict(dtype="fp8", layout="nn"), "layout 'nt'"),
+    (dict(dtype="bf16", out_dtype="int32"), "int32"),
+    (dict(dtype="fp8", scaling="rows"), "scaling"),
+])
+def test_spec_rejections(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        GemmSpec.create(256, 256, **kwargs)
+
+
+def test_scale_shapes():
+    s = GemmSpec.create(300, 1000, "fp8", scaling="block")
+    assert s.scale_shapes(77) == ((77, 8), (3, 8))
+    assert GemmSpec.create(300, 1000, "fp8", scaling="row").scale_shapes(5) == ((5,), (300,))
+    assert GemmSpec.create(300, 1000, "fp8", scaling="tensor").scale_shapes(5) == ((1,), (1,))
+    assert GemmSpec.create(300, 1000, "int8").scale_shapes(5) is None
+
+
+# ---------------------------------------------------------------------------------------------- config
+def test_promotion_limits_block_n():
+    spec = GemmSpec.create(7168, 16384, "fp8")
+    ranked = config.sm90_ranked(spec, 4096, 132)
+    assert ranked and all(config.sm90_accumulators(c.block_m, c.block_n, True) <= 176 for c in ranked)
+    assert max(c.block_n for c in ranked if c.block_m == 128) == 128  # block scaling: BLOCK_N divides 128
+    assert config.choose_sm90_config(spec, 4096, 132).block_n == 128
+    row = GemmSpec.create(7168, 16384, "fp8", scaling="row")
+    assert max(c.block_n for c in config.sm90_ranked(row, 4096, 132) if c.block_m == 128) == 176
+    with pytest.raises(ValueError, match="accumulator"):
+        config.sm90_config(spec, 128, 192).check_for(spec, "sm_90a")
+    fast = GemmSpec.create(7168, 16384, "fp8", scaling="tensor", fast_accum=True)
+    config.sm90_config(fast, 128, 256).check_for(fast, "sm_90a")  # one set of accumulators: fits
+
+
+def test_int8_block_n_is_a_legal_wgmma_n():
+    spec = GemmSpec.create(2112, 7168, "int8")
+    assert all(c.block_n <= 24 or c.block_n % 16 == 0 for c in config.sm90_ranked(spec, 512, 132))
+    with pytest.raises(ValueError, match="int8"):
+        config.sm90_config(spec, 128, 136).check_for(spec, "sm_90a")
+
+
+def test_choose_config_8bit():
+    spec = GemmSpec.create(7168, 1000, "fp8")  # K % 16 != 0: still sm90 (operands are staged at call time)
+    cfg = config.choose_config(spec, 4096, "sm_90a")
+    assert cfg.family == "sm90" and cfg.block_k == 128
+    with pytest.raises(ValueError, match="Hopper"):
+        config.choose_config(spec, 4096, "sm_80")
+    with pytest.raises(ValueError, match="sm90 family only"):
+        config.choose_sm80_config(GemmSpec.create(64, 64, "bf16"), 64, "sm_80").check_for(spec, "sm_80")
+
+
+def test_row_scaling_smem_mirror():
+    plain = GemmSpec.create(4096, 4096, "fp8", scaling="tensor")
+    row = GemmSpec.create(4096, 4096, "fp8", scaling="row")
+    assert config.sm90_smem_bytes(row, 128, 128, 4) - config.sm90_smem_bytes(plain, 128, 128, 4) == (128 + 2 * 128) * 4
+    assert config.sm90_smem_bytes(row, 64, 96, 4) - config.sm90_smem_bytes(plain, 64, 96, 4) == (64 + 96) * 4
+
+
+# ---------------------------------------------------------------------------------------------- scales
+class _FakeDeviceArray:
+    """Just enough __cuda_array_interface__ for validation (pointer 0 means device 0, never dereferenced)."""
+
+    def __init__(self, shape, strides_elems=None, typestr="<f4", ptr=0):
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "version": 3,
+            "strides": None if strides_elems is None else tuple(4 * s for s in strides_elems)}
+
+
+def test_scale_view_layouts():
+    row_major = scale_view(_FakeDeviceArray((77, 8)), "scale_a", (77, 8), "x")
+    assert (row_major.stride_i, row_major.stride_j) == (8, 1)
+    col_major = scale_view(_FakeDeviceArray((77, 8), (1, 80)), "scale_a", (77, 8), "x")  # DeepGEMM's, M padded
+    assert (col_major.stride_i, col_major.stride_j) == (1, 80)
+    assert scale_view(_FakeDeviceArray((5, 1)), "scale_a", (5,), "x").stride_i == 1
+    assert scale_view(_FakeDeviceArray((1, 300)), "scale_b", (300,), "x").stride_i == 1
+    assert scale_view(_FakeDeviceArray(()), "scale_a", (1,), "x").shape == (1, 1)
+    one_group = scale_view(_FakeDeviceArray((77, 1)), "scale_a", (77, 1), "x")
+    assert (one_group.stride_i, one_group.stride_j) == (1, 0)
+
+
+@pytest.mark.parametrize("arr,match", [
+    (_FakeDeviceArray((77, 7)), "expected"),
+    (_FakeDeviceArray((77, 8), typestr="<f2"), "float32"),
+    (_FakeDeviceArray((77, 8), (-8, 1)), "negative"),
+    (np.ones((77, 8), np.float32), "host"),
+])
+def test_scale_view_rejections(arr, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        scale_view(arr, "scale_a", (77, 8), "per 1x128 group")
+
+
+# ---------------------------------------------------------------------------------------------- compiles
+LOWP_VARIANTS = [  # (dtype, b_dtype, scaling, fast_accum, out_dtype, block_m, block_n)
+    ("fp8_e4m3", None, "block", False, "bf16", 128, 128),
+    ("fp8_e4m3", None, "block", False, "fp32", 128, 176),
+    ("fp8_e4m3", None, "block", False, "fp16", 64, 144),
+    ("fp8_e4m3", None, "block", False, "bf16", 128, 112),
+    ("fp8_e4m3", None, "tensor", False, "bf16", 128, 160),
+    ("fp8_e4m3", None, "tensor", True, "bf16", 128, 256),
+    ("fp8_e4m3", None, "row", False, "bf16", 128, 128),
+    ("fp8_e4m3", None, "row", True, "fp32", 64, 256),
+    ("fp8_e5m2", None, "row", False, "bf16", 128, 96),
+    ("fp8_e4m3", "fp8_e5m2", "tensor", False, "bf16", 128, 128),
+    ("fp8_e5m2", "fp8_e4m3", "block", False, "bf16", 128, 64),
+    ("int8", None, "none", False, "int32", 128, 128),
+    ("int8", None, "none", False, "int32", 64, 256),
+    ("int8", None, "row", False, "bf16", 128, 256),
+    ("int8", None, "tensor", False, "fp16", 128, 176),
+]
+
+
+@pytest.mark.parametrize("dtype,b_dtype,scaling,fast,out_dtype,block_m,block_n", LOWP_VARIANTS)
+def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, block_n, shared_cache_dir,
+                             monkeypatch):
+    """Every 8-bit variant: QGMMA/IGMMA and TMA in the SASS, no local memory or stack, setmaxnreg kept, the
+    exported layout equal to config.py's mirror."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(1000, 16384, dtype=dtype, b_dtype=b_dtype, scaling=scaling, fast_accum=fast,
+                           out_dtype=out_dtype)
+    cfg = config.sm90_config(spec, block_m, block_n)
+    cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 4))
+    cfg.check_for(spec, "sm_90a")
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    mix = sass.opcode_mix(art.cubin)
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    case = f"{spec.tag} {cfg.tag}"
+    mma = "IGMMA" if dtype == "int8" else "QGMMA"
+    # Each K block is 4 k32 instructions per m64 slice; more means the K loop was unrolled (code bloat).
+    assert 0 < mix.get(mma, 0) <= 4 * (block_m // 64) and mix.get("HGMMA", 0) == 0, (case, mix.get(mma))
+    assert mix.get("UTMALDG", 0) > 0, case
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
+    assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
+    assert launch.sm90_symbols(art)["smem_bytes"] == cfg.smem_bytes(spec), case
+    launch.check_layout(art, spec)
+
+
+def test_build_offline_fp8_explain(shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    g = build(4096, 7168, 2048, dtype="fp8", arch="sm_90a")
+    info = g.explain()
+    assert g.family == "sm90" and info["local_bytes"] == 0
+    assert info["sass"]["QGMMA"] > 0 and info["sass"].get("HGMMA", 0) == 0

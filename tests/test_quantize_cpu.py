@@ -1,0 +1,523 @@
+"""Quantization on the CPU: argument validation, rendering, real NVRTC compiles of every kernel variant to sm_90a
+with SASS checks, and the float64 references (on NumPy arrays) against ml_dtypes and hand-worked cases.
+
+The GPU side (kernels against these references) is tests/test_quantize_gpu.py.
+"""
+import itertools
+
+import jinja2
+import ml_dtypes
+import numpy as np
+import pytest
+
+from deepgemm_jit import arrays, cache, device, dtypes, quantize as quant, reference, render, sass
+from deepgemm_jit.errors import KernelNotCachedError, NoGPUError
+
+ARCH = "sm_90a"
+SRC = ("fp32", "fp16", "bf16")
+Q_GRAN = [(q, g) for q in quant.QUANT_DTYPES for g in quant.GRANULARITIES
+          if q != "int8" or g in quant.INT8_GRANULARITIES]
+BASE = 1 << 20
+
+
+def full_vec(src):
+    return 16 // dtypes.get(src).storage_bytes
+
+
+def vecs(src):
+    v = full_vec(src)
+    return [1 << i for i in range(v.bit_length())]  # 1, 2, 4 (, 8)
+
+
+# -- specs and validation ----------------------------------------------------------------------------------
+
+def test_spec_validation_and_tags():
+    spec = quant.QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+    assert spec.tag == "quant_quantize_bf16_fp8_e4m3_group128_v8" and spec.entry == "dgjit_quantize"
+    assert quant.QuantKernelSpec("amax", "fp32", vec=4).tag == "quant_amax_fp32_v4"
+    assert quant.QuantKernelSpec("dequantize", "fp16", "int8").tag == "quant_dequantize_fp16_int8"
+    bad = [dict(op="cast", src_dtype="bf16", q_dtype="int8"),
+           dict(op="quantize", src_dtype="tf32", q_dtype="int8", granularity="row"),
+           dict(op="quantize", src_dtype="bf16", q_dtype="int8", granularity="group128"),
+           dict(op="quantize", src_dtype="bf16", q_dtype="fp8", granularity="row"),  # canonical names only
+           dict(op="quantize", src_dtype="fp32", q_dtype="int8", granularity="row", vec=8),  # > 16 bytes
+           dict(op="quantize", src_dtype="bf16", q_dtype="int8", granularity="row", vec=3),
+           dict(op="amax", src_dtype="bf16", q_dtype="int8"),
+           dict(op="dequantize", src_dtype="bf16", q_dtype="int8", granularity="row"),
+           dict(op="dequantize", src_dtype="bf16", q_dtype="int8", vec=2)]
+    for kwargs in bad:
+        with pytest.raises(ValueError):
+            quant.QuantKernelSpec(**kwargs)
+
+
+def test_scale_shapes():
+    assert quant.scale_shape("tensor", 5, 7) == (1,)
+    assert quant.scale_shape("row", 5, 7) == (5,)
+    assert quant.scale_shape("group128", 5, 7) == (5, 1)
+    assert quant.scale_shape("group128", 3, 128) == (3, 1) and quant.scale_shape("group128", 3, 129) == (3, 2)
+    assert quant.scale_shape("block128", 129, 7168) == (2, 56) and quant.scale_shape("block128", 128, 1) == (1, 1)
+
+
+class FakeDeviceArray:
+    """Just enough of a GPU array for validation: shape, dtype, strides and a pointer (see fake_gpu_memory)."""
+
+    def __init__(self, shape, dtype, ptr=BASE, strides=None):
+        dtype = np.dtype(dtype)
+        self.shape, self.dtype = tuple(shape), dtype
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": dtype.str, "data": (ptr, False), "version": 3,
+            "strides": None if strides is None else tuple(s * dtype.itemsize for s in strides)}
+
+
+@pytest.fixture
+def fake_gpu_memory(monkeypatch):
+    monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)
+
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("x,kwargs,exc,words", [
+    (np.zeros((4, 8), F32), {}, TypeError, "x is a NumPy"),
+    ([[1.0]], {}, TypeError, "x must be a GPU array"),
+    (FakeDeviceArray((4, 8), np.int32), {}, TypeError, "x has dtype int32"),
+    (FakeDeviceArray((4, 8), np.float64), {}, TypeError, "x has dtype float64"),
+    (FakeDeviceArray((4, 8, 2), F32), {}, ValueError, "x must be 2-D"),
+    (FakeDeviceArray((4, 8), F32, strides=(16, 2)), {}, ValueError, "x must have unit stride"),
+    (FakeDeviceArray((4, 8), F32, ptr=BASE + 2), {}, ValueError, "x data pointer"),
+    (FakeDeviceArray((0, 8), F32), {}, ValueError, "M >= 1 and K >= 1"),
+    (FakeDeviceArray((4, 0), F32), {}, ValueError, "M >= 1 and K >= 1"),
+    (FakeDeviceArray((4, 8), F32), {"dtype": "fp16"}, ValueError, "dtype='fp16' is not supported"),
+    (FakeDeviceArray((4, 8), F32), {"dtype": 8}, TypeError, "dtype must be a string"),
+    (FakeDeviceArray((4, 8), F32), {"granularity": "group64"}, ValueError, "granularity='group64'"),
+    (FakeDeviceArray((4, 8), F32), {"granularity": None}, TypeError, "granularity must be a string"),
+    (FakeDeviceArray((4, 8), F32), {"dtype": "int8", "granularity": "group128"}, ValueError,
+     "not supported for int8; choose 'tensor' or 'row'"),
+    (FakeDeviceArray((4, 8), F32), {"dtype": "s8", "granularity": "block128"}, ValueError, "for int8"),
+])
+def test_quantize_argument_errors(fake_gpu_memory, x, kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        quant.quantize(x, **kwargs)
+
+
+def test_dtype_and_granularity_are_checked_before_x():
+    # No array is even looked at: the strings are wrong first.
+    with pytest.raises(ValueError, match="dtype="):
+        quant.quantize(object(), dtype="fp4")
+    with pytest.raises(ValueError, match="granularity="):
+        quant.dequantize(object(), object(), granularity="column")
+    with pytest.raises(ValueError, match="out_dtype="):
+        quant.dequantize(object(), object(), out_dtype="int8")
+
+
+def test_valid_call_without_gpu_is_a_clear_error(fake_gpu_memory):
+    if device.gpu_count():
+        pytest.skip("a GPU is present")
+    for dt, gran in Q_GRAN:
+        with pytest.raises(NoGPUError, match="GPU"):
+            quant.quantize(FakeDeviceArray((4, 8), np.float16), dt, gran)
+
+
+def test_dequantize_argument_errors():
+    with pytest.raises(TypeError, match="q is a NumPy"):
+        quant.dequantize(np.zeros((2, 2), np.uint8), np.ones(1, F32), granularity="tensor")
+    with pytest.raises(TypeError, match="CuPy array or a torch CUDA tensor"):
+        quant.dequantize(FakeDeviceArray((2, 2), np.uint8), FakeDeviceArray((1,), F32), granularity="tensor")
+
+
+def test_dequantize_argument_errors_torch():
+    """torch CPU tensors reach every check that precedes the GPU ones (dtype, shapes, scales layout)."""
+    torch = pytest.importorskip("torch")
+    q8 = torch.zeros((5, 300), dtype=torch.float8_e4m3fn)
+    s = torch.ones((5, 3), dtype=torch.float32)
+    cases = [
+        (lambda: quant.dequantize(q8, s, "fp8_e5m2"), TypeError, "q has dtype torch.float8_e4m3fn"),
+        (lambda: quant.dequantize(q8.view(torch.int8), s, "fp8"), TypeError, "q has dtype torch.int8"),
+        (lambda: quant.dequantize(torch.zeros(5, 300, dtype=torch.uint8), s, "int8", "row"), TypeError,
+         "takes q of dtype int8"),
+        (lambda: quant.dequantize(q8.reshape(5, 300, 1), s), ValueError, "q must be 2-D"),
+        (lambda: quant.dequantize(q8, s.double()), TypeError, "scales has dtype"),
+        (lambda: quant.dequantize(q8, s[:, :2]), ValueError, r"expected \(5, 3\)"),
+        (lambda: quant.dequantize(q8, torch.ones(3, 5).T), ValueError, "scales must be contiguous"),
+        (lambda: quant.dequantize(q8, s, granularity="block128"), ValueError, r"expected \(1, 3\)"),
+        (lambda: quant.dequantize(q8, np.ones((5, 3), F32)), TypeError, "scales must be a torch tensor"),
+        (lambda: quant.dequantize(q8, s, out=torch.empty(5, 300)[:, :299]), ValueError, r"out has shape"),
+        (lambda: quant.dequantize(q8, s, out_dtype="bf16", out=torch.empty(5, 300)), TypeError,
+         "out has dtype torch.float32; out_dtype='bf16' writes torch.bfloat16"),
+        (lambda: quant.dequantize(q8, s, out=torch.empty(300, 5).T), ValueError, "out must be contiguous"),
+        (lambda: quant.dequantize(q8, s), TypeError, "torch tensor on cpu"),  # all fine but for the device
+    ]
+    for call, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            call()
+
+
+def test_quantize_torch_cpu_tensor_is_refused():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="x is a torch tensor on cpu"):
+        quant.quantize(torch.randn(4, 8))
+
+
+# -- rendering ---------------------------------------------------------------------------------------------
+
+def all_specs():
+    """Every kernel variant the library can ask for."""
+    for src, (q, gran) in itertools.product(SRC, Q_GRAN):
+        for vec in vecs(src):
+            yield quant.QuantKernelSpec("quantize", src, q, gran, vec)
+    for src in SRC:
+        for vec in vecs(src):
+            yield quant.QuantKernelSpec("amax", src, vec=vec)
+    for src, q in itertools.product(SRC, quant.QUANT_DTYPES):
+        yield quant.QuantKernelSpec("dequantize", src, q)
+
+
+def test_render_every_variant():
+    seen = set()
+    for spec in all_specs():
+        src = quant.render_kernel(spec)
+        case = spec.tag
+        assert [name for name, _ in src.headers] == ["dgjit/common.cuh", "dgjit/quantize.cuh"], case
+        assert "{{" not in src.source and "{%" not in src.source, case
+        assert src.entry == spec.entry and "void __launch_bounds__" in src.source, case
+        assert f"{spec.entry}(" in src.source and f"{spec.entry}_units_per_block" in src.source, case
+        if spec.op != "dequantize":
+            assert f"constexpr int kVecIn = {spec.vec};" in src.source, case
+            assert f"using TIn = {dtypes.get(spec.src_dtype).cpp_storage};" in src.source, case
+        if spec.op == "quantize":
+            assert f"quant::Granularity::{spec.granularity_cpp};" in src.source, case
+        if spec.op != "amax":
+            assert f"quant::Format::{spec.format_cpp};" in src.source, case
+        seen.add(src.source)
+    assert len(seen) == len(list(all_specs()))  # every variant is a different source
+
+
+def test_render_is_strict():
+    with pytest.raises(jinja2.UndefinedError):
+        render.render("quantize.cu.j2", "k", tag="x")  # no spec
+
+
+# -- real compiles, SASS ----------------------------------------------------------------------------------
+
+def compile_all(specs, cache_root, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(cache_root))
+    return [(spec, quant.get_kernel(spec, ARCH)) for spec in specs]
+
+
+@pytest.mark.parametrize("src", SRC)
+def test_compile_every_variant_sm90a(src, shared_cache_dir, monkeypatch):
+    """NVRTC to sm_90a for every quantize/amax/dequantize variant of one source dtype (every vector width):
+    no local memory, no spills, and the sizes the host reads from the cubin."""
+    specs = [s for s in all_specs() if s.src_dtype == src]
+    lanes = quant.GROUP // full_vec(src)
+    for spec, art in compile_all(specs, shared_cache_dir, monkeypatch):
+        case = f"{spec.tag} {art.key[:12]}"
+        usage = sass.resource_usage(art.cubin)[art.entry]
+        assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
+        assert art.meta["spill_store_bytes"] == 0 and art.meta["spill_load_bytes"] == 0, case
+        assert 0 < usage["REG"] <= 64, case  # 256 threads: room for several blocks per SM
+        sym = quant.kernel_symbols(art)
+        assert sym["num_threads"] == 256 and sym["group_cols"] == quant.GROUP, case
+        assert sym["units_per_block"] == (256 if spec.op == "dequantize" else 256 // lanes), case
+        assert art.cubin[:4] == b"\x7fELF"
+
+
+S = quant.QuantKernelSpec
+F2FP_Q = "F2FP.SATFINITE.{}.F32.PACK_AB"  # cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32
+F2FP_DQ = "F2FP.F16.{}.UNPACK_B"          # cvt.rn.f16x2.{e4m3x2,e5m2x2}
+ROUND_INT = "F2I.NTZ "                     # cvt.rni.s32.f32 (the F2I of integer divisions say .TRUNC)
+# (spec, SASS it must contain, SASS it must not contain): one disassembly each covers every conversion, every
+# load width and every reduction scheme (cuobjdump takes ~0.6 s per cubin, so not all 130 variants).
+SASS_CASES = [
+    (S("quantize", "fp32", "fp8_e4m3", "group128", 4), ["LDG.E.128", F2FP_Q.format("E4M3"), "SHFL.BFLY"],
+     ["BAR.SYNC", "F2FP.SATFINITE.E5M2", ROUND_INT]),
+    (S("quantize", "bf16", "fp8_e4m3", "group128", 8), ["LDG.E.128", "STG.E.64", F2FP_Q.format("E4M3")], ["BAR.SYNC"]),
+    (S("quantize", "fp16", "fp8_e5m2", "tensor", 8), ["LDG.E.128", F2FP_Q.format("E5M2")], ["SHFL", "BAR.SYNC"]),
+    (S("quantize", "bf16", "fp8_e5m2", "row", 1), ["BAR.SYNC", F2FP_Q.format("E5M2")], ["LDG.E.128", "LDG.E.64"]),
+    (S("quantize", "fp16", "int8", "row", 4), ["LDG.E.64", ROUND_INT, "BAR.SYNC"], ["LDG.E.128", "F2FP"]),
+    (S("quantize", "fp32", "int8", "tensor", 2), ["LDG.E.64", ROUND_INT], ["LDG.E.128", "F2FP", "SHFL"]),
+    (S("quantize", "bf16", "fp8_e4m3", "block128", 4), ["LDG.E.64", "BAR.SYNC", F2FP_Q.format("E4M3")], ["LDG.E.128"]),
+    (S("quantize", "fp32", "fp8_e5m2", "block128", 1), ["BAR.SYNC", F2FP_Q.format("E5M2")], ["LDG.E.128", "LDG.E.64"]),
+    (S("amax", "bf16", vec=8), ["LDG.E.128", "REDG.E.MAX", "BAR.SYNC"], ["F2FP", "STG"]),
+    (S("amax", "fp32", vec=1), ["REDG.E.MAX"], ["LDG.E.128", "LDG.E.64"]),
+    (S("dequantize", "fp32", "fp8_e4m3"), [F2FP_DQ.format("E4M3")], [ROUND_INT]),
+    (S("dequantize", "bf16", "fp8_e5m2"), [F2FP_DQ.format("E5M2"), "F2FP.BF16.F32.PACK_AB"], []),
+    (S("dequantize", "fp16", "int8"), ["I2F.S8", "F2FP.F16.F32.PACK_AB"], ["UNPACK_B"]),
+]
+
+
+@pytest.mark.parametrize("spec,present,absent", SASS_CASES, ids=[c[0].tag for c in SASS_CASES])
+def test_sass_of_representative_variants(spec, present, absent, shared_cache_dir, monkeypatch):
+    (_, art), = compile_all([spec], shared_cache_dir, monkeypatch)
+    text = sass.disassemble(art.cubin)
+    for word in present:
+        assert word in text, f"{spec.tag}: {word!r} missing from the SASS"
+    for word in absent:
+        assert word not in text, f"{spec.tag}: unexpected {word!r} in the SASS"
+    assert "STL" not in text and "LDL" not in text, spec.tag
+
+
+def test_cache_reuse_and_offline(cache_dir, monkeypatch):
+    quant.clear_memo()  # the cache_dir fixture clears jit's memo, not this module's
+    spec = quant.QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+    first = quant.get_kernel(spec, ARCH)
+    assert first.compiled_now and first.meta["name"] == spec.tag
+    assert quant.get_kernel(spec, ARCH).compiled_now is False  # memo
+    quant.clear_memo()
+    again = quant.get_kernel(spec, ARCH)
+    assert again.compiled_now is False and again.key == first.key and again.cubin == first.cubin  # disk
+    assert any(e["name"] == spec.tag for e in cache.default_cache().entries())
+    quant.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    assert quant.get_kernel(spec, ARCH).key == first.key
+    with pytest.raises(KernelNotCachedError, match="quant_amax_bf16_v8"):
+        quant.get_kernel(quant.QuantKernelSpec("amax", "bf16", vec=8), ARCH)
+    quant.clear_memo()
+
+
+# -- references (NumPy) ------------------------------------------------------------------------------------
+
+ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+
+@pytest.mark.parametrize("fmt", dtypes.FP8_DTYPES)
+def test_decode_fp8_table(fmt):
+    bits = np.arange(256, dtype=np.uint8)
+    values = reference.decode_fp8(bits, fmt)
+    assert values.dtype == np.float64
+    expect = bits.view(ML[fmt]).astype(np.float64)
+    np.testing.assert_array_equal(values, expect)
+    assert values[0x7E if fmt == "fp8_e4m3" else 0x7B] == dtypes.QUANT_MAX[fmt]
+    with pytest.raises(TypeError, match="uint8"):
+        reference.decode_fp8(bits.astype(np.int16), fmt)
+
+
+@pytest.mark.parametrize("fmt", dtypes.FP8_DTYPES)
+def test_fp8_rounding_matches_ml_dtypes_on_float32_values(fmt):
+    """On float32 inputs (where ml_dtypes rounds once) the reference's arithmetic rounding is ml_dtypes'."""
+    rng = np.random.default_rng(1)
+    lim = dtypes.QUANT_MAX[fmt]
+    v = np.concatenate([rng.standard_normal(50000) * lim / 3, rng.standard_normal(20000) * 1e-3,
+                        rng.standard_normal(20000) * 1e-6, [0.0, -0.0, lim, -lim, 2 * lim, -1e30]]).astype(np.float32)
+    ours = reference._round_fp8(np, v.astype(np.float64), fmt)
+    theirs = np.clip(v, -lim, lim).astype(ML[fmt]).view(np.uint8)
+    np.testing.assert_array_equal(ours, theirs)
+    finite = np.isfinite(reference.decode_fp8(np.arange(256, dtype=np.uint8), fmt))
+    codes = np.arange(256, dtype=np.uint8)[finite]
+    np.testing.assert_array_equal(reference._round_fp8(np, reference.decode_fp8(codes, fmt), fmt), codes)
+
+
+def test_fp8_rounding_is_single_from_float64():
+    r = lambda vals, fmt="fp8_e4m3": reference.decode_fp8(reference._round_fp8(np, np.array(vals), fmt), fmt)
+    # 1.0625 is the midpoint of 1 and 1.125: ties go to the even mantissa (1.0); anything above goes up, even by 2**-30
+    # (where rounding through float32 first would land on the tie and go down).
+    np.testing.assert_array_equal(r([1.0625, 1.0625 + 2**-30, 1.1875, -1.0625]), [1.0, 1.125, 1.25, -1.0])
+    # subnormals: E4M3 steps of 2**-9; 2**-10 is a tie between 0 and 2**-9 -> 0, 3 * 2**-10 -> 2 * 2**-9
+    np.testing.assert_array_equal(r([2**-10, 3 * 2**-10, 2**-10 + 2**-40]), [0.0, 2**-8, 2**-9])
+    # saturation, not NaN/Inf
+    np.testing.assert_array_equal(r([464.0, 1e9, -np.inf]), [448.0, 448.0, -448.0])
+    np.testing.assert_array_equal(r([61440.0, -1e30], "fp8_e5m2"), [57344.0, -57344.0])
+    assert reference._round_fp8(np, np.array([np.nan]), "fp8_e4m3")[0] == 0x7F
+    assert reference._round_fp8(np, np.array([-1e-30]), "fp8_e4m3")[0] == 0x80  # -0 keeps its sign, like cvt
+
+
+def test_int8_rounding_half_even_and_saturating():
+    q = reference._round_int8(np, np.array([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 127.4, 200.0, -128.0, np.nan]))
+    np.testing.assert_array_equal(q, [0, 2, 2, 0, -2, 126, 127, 127, -127, 0])
+    assert q.dtype == np.int8
+
+
+def test_quantize_reference_scales_and_layouts():
+    rng = np.random.default_rng(2)
+    m, k = 130, 300  # partial last group (300 = 2 * 128 + 44) and partial last row block (130 = 128 + 2)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[5, 128:256] = 0.0  # one all-zero group
+    q, s = reference.quantize_reference(x, "fp8", "group128")
+    assert q.shape == (m, k) and q.dtype == np.uint8 and s.shape == (m, 3) and s.dtype == np.float32
+    a = np.abs(x.astype(np.float64))
+    expect = np.stack([a[:, :128].max(1), a[:, 128:256].max(1), a[:, 256:].max(1)], axis=1) / 448.0
+    expect = np.where(expect == 0, 1.0, expect).astype(np.float32)
+    np.testing.assert_array_equal(s, expect)
+    assert s[5, 1] == 1.0 and np.all(q[5, 128:256] == 0)
+    _, sb = reference.quantize_reference(x, "fp8_e5m2", "block128")
+    assert sb.shape == (2, 3)
+    assert sb[1, 2] == np.float32(a[128:, 256:].max() / 57344.0)
+    assert sb[0, 0] == np.float32(a[:128, :128].max() / 57344.0)
+    _, sr = reference.quantize_reference(x, "int8", "row")
+    np.testing.assert_array_equal(sr, (a.max(1) / 127.0).astype(np.float32))
+    _, st = reference.quantize_reference(x, "int8", "tensor")
+    assert st.shape == (1,) and st[0] == np.float32(a.max() / 127.0)
+    _, sz = reference.quantize_reference(np.zeros((3, 5), np.float32), "fp8", "tensor")
+    assert sz[0] == 1.0
+    with pytest.raises(ValueError, match="for int8"):
+        reference.quantize_reference(x, "int8", "group128")
+    with pytest.raises(ValueError, match="2-D"):
+        reference.quantize_reference(x[0], "fp8", "row")
+
+
+@pytest.mark.parametrize("dt,gran", Q_GRAN)
+@pytest.mark.parametrize("src", SRC)
+def test_reference_round_trip(src, dt, gran):
+    """dequantize(quantize(x)) is within half an 8-bit step of x, the group's largest value maps to the format's
+    maximum, and every value of q agrees with an independent ml_dtypes / numpy rounding of x / s."""
+    rng = np.random.default_rng(3)
+    m, k = 7, 129
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32).astype(dtypes.numpy_dtype(src))
+    x64 = x.astype(np.float64)
+    q, s = reference.quantize_reference(x, dt, gran)
+    s_full = reference._expand_scales(np, s.astype(np.float64), gran, m, k)
+    xhat = reference.dequantize_reference(q, s, dt, gran)
+    assert xhat.shape == (m, k) and xhat.dtype == np.float64
+    step = {"fp8_e4m3": 2.0**-3, "fp8_e5m2": 2.0**-2, "int8": None}[dt]
+    if step is None:
+        assert np.all(np.abs(xhat - x64) <= 0.5 * s_full + 1e-300)
+        np.testing.assert_array_equal(q, np.clip(np.rint(x64 / s_full), -127, 127).astype(np.int8))
+    else:  # relative half-step for normals, absolute for the (tiny) subnormal range
+        tiny = s_full * (2.0**-6 if dt == "fp8_e4m3" else 2.0**-14)
+        assert np.all(np.abs(xhat - x64) <= np.maximum(0.5 * step * np.abs(x64), tiny)), f"{src=} {dt=} {gran=}"
+        v = x64 / s_full
+        assert np.all(np.abs(v) <= dtypes.QUANT_MAX[dt] * (1 + 1e-6))
+    # The largest magnitude of each group becomes the format's largest value.
+    group_amax = reference._expand_scales(np, reference._group_amax(np, np.abs(x64), gran), gran, m, k)
+    decoded = reference.decode_fp8(q, dt) if dt != "int8" else q.astype(np.float64)
+    at_amax = np.abs(x64) == group_amax
+    assert at_amax.sum() >= s.size and np.all(np.abs(decoded[at_amax]) == dtypes.QUANT_MAX[dt]), f"{src=} {dt=} {gran=}"
+
+
+def test_dequantize_reference_padded_rows_and_errors():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 200)).astype(np.float32)
+    q, s = reference.quantize_reference(x, "fp8", "group128")
+    padded = np.zeros((3, 208), np.uint8)
+    padded[:, :200] = q
+    np.testing.assert_array_equal(reference.dequantize_reference(padded, s, "fp8", "group128", k=200),
+                                  reference.dequantize_reference(q, s, "fp8", "group128"))
+    with pytest.raises(ValueError, match="k=300"):
+        reference.dequantize_reference(padded, s, "fp8", "group128", k=300)
+    with pytest.raises(ValueError, match="scales has shape"):
+        reference.dequantize_reference(q, s[:, :1], "fp8", "group128")
+    with pytest.raises(TypeError, match="int8"):
+        reference.dequantize_reference(q, s[:, 0], "int8", "row")
+
+
+def test_quant_ulp_distance():
+    a = np.array([0x00, 0x80, 0x01, 0x81, 0x7E, 0x10], np.uint8)
+    b = np.array([0x80, 0x00, 0x81, 0x82, 0x7D, 0x12], np.uint8)
+    np.testing.assert_array_equal(reference.quant_ulp_distance(a, b, "fp8"), [0, 0, 2, 1, 1, 2])
+    np.testing.assert_array_equal(reference.quant_ulp_distance(np.array([-127, 5], np.int8),
+                                                               np.array([127, 4], np.int8), "int8"), [254, 1])
+
+
+# -- launches, with the GPU-touching pieces replaced -------------------------------------------------------------
+
+class FakeStream:
+    ptr = 0x5000
+
+
+@pytest.fixture
+def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
+    """quantize/dequantize run up to their launches: one sm_90 device with 132 SMs, outputs at fake addresses, the
+    launches and the memset recorded instead of issued (the kernels themselves are compiled for real)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    monkeypatch.setattr(quant, "_arch_of_device", {})
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    monkeypatch.setattr(device, "current_device_id", lambda: 0)
+    monkeypatch.setattr(device, "capability", lambda device_id=None: (9, 0))
+    monkeypatch.setattr(quant, "_num_sms", lambda device_id: 132)
+    monkeypatch.setattr(quant, "_stream_for", lambda kind, stream, device_id: FakeStream())
+    calls = []
+    addresses = iter(range(0x100000, 0x10000000, 0x100000))
+
+    def empty(kind, shape, name, device_id, cu_stream, is_explicit_stream):
+        ptr = next(addresses)
+        calls.append(("alloc", kind, shape, name, ptr))
+        return (shape, name), ptr
+
+    class Kernel:
+        def __init__(self, artifact):
+            self.entry = artifact.entry
+
+        def launch(self, grid, block, args, stream):
+            calls.append(("launch", self.entry, grid, block, args, stream.ptr))
+
+    import cupy
+    monkeypatch.setattr(quant, "_empty", empty)
+    monkeypatch.setattr(quant.runtime, "loaded_kernel", lambda artifact, device_id, smem: Kernel(artifact))
+    monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync", lambda *args: calls.append(("memset",) + args))
+    return calls
+
+
+def _types(args):
+    return [type(a).__name__ for a in args]
+
+
+@pytest.mark.parametrize("gran,m,k,grid", [
+    ("group128", 1000, 7168, 1000 * 56 // 16),   # 16 units of 1 x 128 per 256-thread block (8 lanes x 16 B each)
+    ("group128", 7, 129, 1),
+    ("row", 1000, 7168, 1000),                   # a block per row
+    ("block128", 1000, 7168, 8 * 56),            # a block per 128 x 128 block
+    ("tensor", 129, 1000, -(-129 * 8 // 16)),
+])
+def test_quantize_launches(fake_device, gran, m, k, grid):
+    ptr, row_stride = BASE + 4096, k + 8
+    q, s = quant.quantize(FakeDeviceArray((m, k), np.float16, ptr=ptr, strides=(row_stride, 1)), "fp8", gran)
+    assert q == ((m, k), "fp8_e4m3") and s == (quant.scale_shape(gran, m, k), "fp32")
+    allocs = [c for c in fake_device if c[0] == "alloc"]
+    launches = [c for c in fake_device if c[0] == "launch"]
+    q_ptr, s_ptr = allocs[0][4], allocs[1][4]
+    if gran == "tensor":
+        word_ptr = allocs[2][4]
+        assert allocs[2][2:4] == ((1,), "word")
+        memset = [c for c in fake_device if c[0] == "memset"]
+        assert memset == [("memset", word_ptr, 0, 4, FakeStream.ptr)]
+        assert fake_device.index(memset[0]) < fake_device.index(launches[0])  # zeroed before the amax kernel
+        amax, launches = launches[0], launches[1:]
+        assert amax[1] == "dgjit_amax" and amax[3] == (256, 1, 1)
+        assert amax[2] == (min(-(-m * (-(-k // 128)) // 16), 8 * 132), 1, 1)
+        assert amax[4] == (ptr, row_stride, word_ptr, m, k)
+        assert _types(amax[4]) == ["uint64", "int64", "uint64", "uint32", "uint32"]
+    else:
+        word_ptr = 0
+    (launch,) = launches
+    assert launch[1] == "dgjit_quantize" and launch[2] == (grid, 1, 1) and launch[3] == (256, 1, 1)
+    assert launch[4] == (ptr, row_stride, q_ptr, s_ptr, word_ptr, m, k) and launch[5] == FakeStream.ptr
+    assert _types(launch[4]) == ["uint64", "int64", "uint64", "uint64", "uint64", "uint32", "uint32"]
+
+
+def test_quantize_picks_the_widest_legal_load(fake_device, monkeypatch):
+    seen = []
+    real = quant.get_kernel
+    monkeypatch.setattr(quant, "get_kernel", lambda spec, arch: seen.append(spec) or real(spec, arch))
+    for dtype, ptr, stride, vec in [(np.float32, BASE, 64, 4), (np.float32, BASE + 8, 64, 2), (np.float32, BASE, 65, 1),
+                                    (np.float16, BASE, 64, 8), (np.float16, BASE + 4, 64, 2),
+                                    (np.float16, BASE, 68, 4)]:
+        seen.clear()
+        quant.quantize(FakeDeviceArray((3, 60), dtype, ptr=ptr, strides=(stride, 1)), "fp8", "row")
+        assert [s.vec for s in seen] == [vec], (dtype, ptr, stride)
+
+
+@pytest.mark.parametrize("gran,m,k,layout", [
+    ("tensor", 5, 300, (5, 300, 0)), ("row", 5, 300, (1, 300, 1)), ("group128", 5, 300, (1, 128, 3)),
+    ("block128", 300, 300, (128, 128, 3)),
+])
+def test_dequantize_launch(fake_device, monkeypatch, gran, m, k, layout):
+    """Every granularity's scale layout as the kernel's (rows_per_scale, cols_per_scale, scale_ld)."""
+    monkeypatch.setattr(quant, "array_kind", lambda a: "cupy")
+
+    class FakeCupy:
+        def __init__(self, shape, dtype, ptr, strides=None):
+            self.shape, self.dtype = shape, np.dtype(dtype)
+            self.flags = type("Flags", (), {"c_contiguous": strides is None})()
+            self.data = type("Mem", (), {"ptr": ptr, "device_id": 0})()
+            self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+            self.__cuda_array_interface__ = FakeDeviceArray(shape, dtype, ptr, strides).__cuda_array_interface__
+
+    q = FakeCupy((m, k), np.uint8, BASE, strides=(k + 16, 1))
+    s = FakeCupy(quant.scale_shape(gran, m, k), np.float32, BASE + (1 << 20))
+    assert quant.dequantize(q, s, "fp8", gran, out_dtype="bf16") == ((m, k), "bf16")
+    (launch,) = [c for c in fake_device if c[0] == "launch"]
+    out_ptr = [c for c in fake_device if c[0] == "alloc"][0][4]
+    assert launch[1] == "dgjit_dequantize" and launch[3] == (256, 1, 1)
+    assert launch[2] == (min(-(-m * k // 256), 32 * 132), 1, 1)
+    assert launch[4] == (BASE, k + 16, BASE + (1 << 20), out_ptr, m, k) + layout
+    assert _types(launch[4]) == ["uint64", "int64", "uint64", "uint64"] + ["uint32"] * 5

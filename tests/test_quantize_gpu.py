@@ -1,0 +1,399 @@
+"""Quantization kernels on the GPU against the float64 references (deepgemm_jit.reference.quantize_reference /
+dequantize_reference): fresh random inputs (never zeros) with per-row magnitudes spread over four decades, odd
+sizes, NaN-poisoned outputs, CuPy and torch inputs, streams, and no host synchronisation inside quantize.
+
+What "agrees" means (quantize.py's contract): scales equal the reference's (rtol 1e-6; they are in fact the same
+float32 division), q at most one FP8 ulp / one INT8 step from the reference and rarely so (the kernel rounds x / s to
+float32 before the 8-bit rounding), dequantize exactly the float32 rounding of the exact product (then the output
+type's rounding). Skipped cleanly without a GPU (marker `gpu`); torch tests also without torch.
+"""
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+import deepgemm_jit.quantize as quant
+from deepgemm_jit import dtypes, reference
+
+cupy = pytest.importorskip("cupy")
+
+pytestmark = pytest.mark.gpu
+
+SRC = ("fp32", "fp16", "bf16")
+Q_GRAN = [(q, g) for q in quant.QUANT_DTYPES for g in quant.GRANULARITIES
+          if q != "int8" or g in quant.INT8_GRANULARITIES]
+MS = (1, 7, 129, 1000)
+KS = (1, 100, 127, 129, 1000, 7168)
+BITS = {2: np.uint16, 4: np.uint32}
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+
+def random_input(shape, src, seed=None, decades=4.0):
+    """Fresh N(0, 1) values times a per-row factor 10**U(-decades/2, decades/2): groups get different scales."""
+    rng = cupy.random.default_rng(seed)
+    x = rng.standard_normal(shape, dtype=cupy.float32)
+    rows = shape[0] if len(shape) == 2 else 1
+    row_scale = (10.0 ** (rng.random((rows, 1), dtype=cupy.float32) * decades - decades / 2)).astype(cupy.float32)
+    return reference._to_storage(x * row_scale, src)
+
+
+def as_bits(x):
+    """An integer view of the same bytes (to write zeros, copy or compare any float storage type exactly)."""
+    return x.view(BITS[x.dtype.itemsize])
+
+
+# Bytes quantize never writes for finite inputs: an FP8 NaN (satfinite never makes NaN or Inf), INT8 -128 (it
+# saturates at -127). An output byte still holding one after the call was not written.
+Q_POISON = {"fp8_e4m3": 0xFF, "fp8_e5m2": 0xFF, "int8": 0x80}
+
+
+def poisoned_q(shape, q_name):
+    """Contiguous q output filled with Q_POISON[q_name]."""
+    x = cupy.empty(shape, dtype=np.int8 if q_name == "int8" else np.uint8)
+    cupy.cuda.runtime.memsetAsync(x.data.ptr, Q_POISON[q_name], x.nbytes, cupy.cuda.get_current_stream().ptr)
+    return x
+
+
+def assert_fully_written(q, q_name, case):
+    if q_name == "int8":
+        bad = int(cupy.count_nonzero(q == -128))
+    else:
+        bad = int(cupy.count_nonzero(~cupy.isfinite(reference.decode_fp8(q, q_name))))
+    assert bad == 0, f"{case}: {bad} values of q are NaN/Inf/-128 (unwritten?)"
+
+
+def poisoned_outputs(m, k, q_name, gran):
+    return poisoned_q((m, k), q_name), reference.poisoned(quant.scale_shape(gran, m, k), "fp32")
+
+
+def check_quantized(x, q, s, q_name, gran, case):
+    """q, scales (CuPy) against the float64 reference of x (CuPy)."""
+    m, k = x.shape
+    q_ref, s_ref = reference.quantize_reference(x, q_name, gran)
+    assert q.shape == (m, k) and q.dtype == q_ref.dtype, f"{case} q {q.shape} {q.dtype}"
+    assert s.shape == s_ref.shape == quant.scale_shape(gran, m, k) and s.dtype == np.float32, f"{case} s {s.shape}"
+    assert bool(cupy.isfinite(s).all()), f"{case}: scales not all written"
+    np.testing.assert_allclose(cupy.asnumpy(s), cupy.asnumpy(s_ref), rtol=1e-6, atol=0, err_msg=case)
+    assert_fully_written(q, q_name, case)
+    dist = reference.quant_ulp_distance(q, q_ref, q_name)
+    worst, num_off = int(dist.max()), int(cupy.count_nonzero(dist))
+    # One ulp only where float32(x / s) rounds onto an 8-bit rounding boundary: about 2**-20 of the values.
+    assert worst <= 1 and num_off <= max(2, q.size // 1000), f"{case} worst={worst} ulp, {num_off} values off"
+    return q_ref, s_ref
+
+
+def expected_dequantized(q, s, q_name, gran, out_name):
+    """What dequantize must write exactly: the float32 rounding of the exact product, then out_dtype's rounding."""
+    return reference._to_storage(reference.dequantize_reference(q, s, q_name, gran).astype(cupy.float32), out_name)
+
+
+def sync():
+    cupy.cuda.get_current_stream().synchronize()
+
+
+# -- CuPy sweeps -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,k", list(itertools.product(MS, KS)))
+@pytest.mark.parametrize("q_name,gran", Q_GRAN)
+@pytest.mark.parametrize("src", SRC)
+def test_quantize_matches_reference(src, q_name, gran, m, k):
+    x = random_input((m, k), src)
+    out = poisoned_outputs(m, k, q_name, gran)
+    q, s = quant.quantize(x, q_name, gran, out=out)
+    assert q is out[0] and s is out[1]
+    sync()
+    check_quantized(x, q, s, q_name, gran, f"{src=} {q_name=} {gran=} {m=} {k=}")
+
+
+@pytest.mark.parametrize("q_name,gran", Q_GRAN)
+@pytest.mark.parametrize("src", SRC)
+def test_new_outputs_and_dequantize(src, q_name, gran):
+    m, k = 257, 1000
+    x = random_input((m, k), src)
+    q, s = quant.quantize(x, q_name, gran)
+    assert isinstance(q, cupy.ndarray) and q.flags.c_contiguous and isinstance(s, cupy.ndarray)
+    assert q.dtype == (np.int8 if q_name == "int8" else np.uint8) and s.flags.c_contiguous
+    sync()
+    check_quantized(x, q, s, q_name, gran, f"{src=} {q_name=} {gran=}")
+    for out_name in SRC:
+        case = f"{src=} {q_name=} {gran=} {out_name=}"
+        out = reference.poisoned((m, k), out_name)
+        assert quant.dequantize(q, s, q_name, gran, out_dtype=out_name, out=out) is out
+        fresh = quant.dequantize(q, s, q_name, gran, out_dtype=out_name)
+        sync()
+        want = expected_dequantized(q, s, q_name, gran, out_name)
+        assert cupy.array_equal(as_bits(out), as_bits(want)), case
+        assert cupy.array_equal(as_bits(fresh), as_bits(want)) and fresh.dtype == dtypes.numpy_dtype(out_name), case
+        # and the round trip is as close to x as the 8-bit format allows
+        # (INT8 per tensor: rows 100x below the largest one keep only a few levels)
+        bound = {"fp8_e4m3": 0.04, "fp8_e5m2": 0.08, "int8": 0.1 if gran == "tensor" else 0.02}[q_name]
+        err = reference.relative_error(out, reference.to_float64(x))
+        assert err <= bound, f"{case} {err=:.3e}"
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (7, 127), (129, 129), (300, 7168)])
+@pytest.mark.parametrize("q_name", quant.QUANT_DTYPES)
+def test_dequantize_odd_sizes_and_padded_q(q_name, m, k):
+    gran = "row"
+    x = random_input((m, k), "bf16")
+    q, s = quant.quantize(x, q_name, gran)
+    wide = poisoned_q((m, k + 5), q_name)  # q with padded rows (row stride k + 5)
+    wide[:, :k] = q
+    out = reference.poisoned((m, k), "fp32")
+    quant.dequantize(wide[:, :k], s, q_name, gran, out=out)
+    sync()
+    assert cupy.array_equal(out, expected_dequantized(q, s, q_name, gran, "fp32")), f"{q_name=} {m=} {k=}"
+    np.testing.assert_array_equal(
+        cupy.asnumpy(reference.dequantize_reference(wide, s, q_name, gran, k=k)),
+        cupy.asnumpy(reference.dequantize_reference(q, s, q_name, gran)))
+
+
+@pytest.mark.parametrize("layout", ["offset", "odd_stride", "padded"])
+@pytest.mark.parametrize("q_name,gran", [("fp8_e4m3", "group128"), ("fp8_e5m2", "block128"), ("int8", "row"),
+                                         ("fp8_e4m3", "tensor")])
+@pytest.mark.parametrize("src", SRC)
+def test_strided_and_misaligned_inputs(src, q_name, gran, layout):
+    """Views that need narrower loads (or allow full ones) give exactly what their contiguous copy gives."""
+    m, k = 131, 1000
+    base = random_input((m, k + 9), src)
+    x = {"offset": base[:, 1:k + 1], "odd_stride": base[:, :k], "padded": None}[layout]
+    if x is None:
+        base = random_input((m, k + 24), src)  # a 16-byte multiple of row stride: full-width loads
+        x = base[:, 8:k + 8]
+    dense = cupy.ascontiguousarray(as_bits(x)).view(x.dtype)
+    q, s = quant.quantize(x, q_name, gran, out=poisoned_outputs(m, k, q_name, gran))
+    q_dense, s_dense = quant.quantize(dense, q_name, gran)
+    sync()
+    case = f"{src=} {q_name=} {gran=} {layout=}"
+    assert cupy.array_equal(q, q_dense) and cupy.array_equal(s, s_dense), case
+    check_quantized(dense, q, s, q_name, gran, case)
+
+
+@pytest.mark.parametrize("q_name,gran", Q_GRAN)
+@pytest.mark.parametrize("src", SRC)
+def test_all_zero_group_gets_scale_one(src, q_name, gran):
+    m, k = 300, 400
+    x = random_input((m, k), src)
+    region = {"tensor": (slice(None), slice(None)), "row": (5, slice(None)), "group128": (5, slice(128, 256)),
+              "block128": (slice(128, 256), slice(256, 384))}[gran]
+    as_bits(x)[region] = 0
+    q, s = quant.quantize(x, q_name, gran, out=poisoned_outputs(m, k, q_name, gran))
+    sync()
+    case = f"{src=} {q_name=} {gran=}"
+    check_quantized(x, q, s, q_name, gran, case)
+    index = {"tensor": (0,), "row": (5,), "group128": (5, 1), "block128": (1, 2)}[gran]
+    assert float(s[index]) == 1.0, case
+    assert int(cupy.count_nonzero(q[region])) == 0, case
+    if gran != "tensor":  # the other groups keep their own scales
+        assert int(cupy.count_nonzero(s == 1.0)) == 1, case
+
+
+@pytest.mark.parametrize("q_name", quant.QUANT_DTYPES)
+def test_extremes_saturate_and_keep_signs(q_name):
+    """Each group's largest magnitude maps exactly to -QUANT_MAX when it is negative; values far below it land in
+    the 8-bit format's subnormal range or round to zero, as in the reference."""
+    m, k = 64, 384
+    x = random_input((m, k), "fp32")
+    x[:, 7] = cupy.float32(-3.0e4)  # one dominant negative value per row
+    gran = "row"
+    q, s = quant.quantize(x, q_name, gran)
+    sync()
+    check_quantized(x, q, s, q_name, gran, f"{q_name=}")
+    top = reference.decode_fp8(q[:, 7], q_name) if q_name != "int8" else q[:, 7].astype(cupy.float64)
+    assert bool((top == -dtypes.QUANT_MAX[q_name]).all())
+
+
+# -- streams and synchronisation ---------------------------------------------------------------------------------
+
+_SPIN = r"""
+extern "C" __global__ void dgjit_test_spin(long long ns) {
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(10000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+"""
+
+
+def spin(stream, seconds):
+    """Keep `stream` busy for `seconds` on the GPU (the host does not wait)."""
+    kernel = cupy.RawKernel(_SPIN, "dgjit_test_spin")
+    with stream:
+        kernel((1,), (1,), (np.int64(seconds * 1e9),))
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.parametrize("gran", quant.GRANULARITIES)
+def test_runs_on_the_stream_without_waiting(gran, explicit):
+    """quantize enqueues on the given (or current) stream and returns while that stream is still busy: no host
+    synchronisation, the tensor amax included. Its output is still untouched while the stream spins."""
+    m, k = 1000, 1000
+    x = random_input((m, k), "bf16")
+    busy = cupy.cuda.Stream(non_blocking=True)
+    observer = cupy.cuda.Stream(non_blocking=True)
+    with busy:
+        quant.quantize(x, "fp8", gran)  # compile, load and warm the pool outside the measurement
+    out = poisoned_outputs(m, k, "fp8_e4m3", gran)
+    # Allocated now: a device allocation between the spin and the snapshot could serialise the two streams.
+    snapshot = cupy.empty_like(out[0])
+    cupy.cuda.Device().synchronize()
+    spin(busy, 1.0)
+    start = time.perf_counter()
+    if explicit:
+        quant.quantize(x, "fp8", gran, out=out, stream=busy)
+    else:
+        with busy:
+            quant.quantize(x, "fp8", gran, out=out)
+    elapsed = time.perf_counter() - start
+    assert not busy.done and elapsed < 0.5, f"{gran=} returned after {elapsed:.3f} s"
+    with observer:
+        cupy.copyto(snapshot, out[0])
+    observer.synchronize()
+    assert not busy.done, "the spin ended before the snapshot: the test proves nothing"
+    assert bool((snapshot == Q_POISON["fp8_e4m3"]).all()), f"{gran=}: q written before its stream got there"
+    busy.synchronize()
+    check_quantized(x, out[0], out[1], "fp8_e4m3", gran, f"{gran=} {explicit=}")
+
+
+def test_raw_stream_handle():
+    x = random_input((33, 300), "fp16")
+    s = cupy.cuda.Stream(non_blocking=True)
+    q, scales = quant.quantize(x, "fp8_e5m2", "group128", stream=s.ptr)
+    s.synchronize()
+    check_quantized(x, q, scales, "fp8_e5m2", "group128", "raw handle")
+
+
+# -- argument errors that need real device arrays ------------------------------------------------------------------
+
+def test_out_errors():
+    m, k = 10, 300
+    x = random_input((m, k), "bf16")
+    q, s = poisoned_outputs(m, k, "fp8_e4m3", "group128")
+    flat = cupy.empty(m * k + 4096, np.uint8)
+    cases = [
+        ((q,), TypeError, "out must be a"),
+        ((q[:, :299], s), ValueError, r"out\[0\] has shape"),
+        ((q.view(np.int8), s), TypeError, r"out\[0\] has dtype int8"),
+        ((q, s[:, :2]), ValueError, r"out\[1\] has shape"),
+        ((q, s.astype(cupy.float64)), TypeError, "scales are float32"),
+        ((cupy.empty((k, m), np.uint8).T, s), ValueError, "must be contiguous"),
+        ((cupy.ndarray((m, k), np.uint8, x.data), s), ValueError, r"out\[0\] overlaps x"),
+        ((flat[16:16 + m * k].reshape(m, k), flat[:3 * m * 4].view(np.float32).reshape(m, 3)), ValueError,
+         r"out\[0\] overlaps out\[1\]"),
+        ((flat[8:8 + m * k].reshape(m, k), s), ValueError, "not 16-byte aligned"),
+    ]
+    for out, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            quant.quantize(x, "fp8", "group128", out=out)
+    with pytest.raises(ValueError, match="scales has shape"):
+        quant.dequantize(q, s[:, :2], "fp8", "group128")
+    with pytest.raises(TypeError, match="out has dtype"):
+        quant.dequantize(q, s, "fp8", "group128", out_dtype="bf16", out=cupy.empty((m, k), np.float32))
+    big = cupy.empty(m * k + 64, np.float32)
+    with pytest.raises(ValueError, match="out overlaps scales"):
+        quant.dequantize(q, big[:3 * m].reshape(m, 3), "fp8", "group128", out=big[:m * k].reshape(m, k))
+
+
+# -- torch --------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} sees no GPU")
+    return torch
+
+
+TORCH_SRC = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TORCH_Q = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2", "int8": "int8"}
+
+
+def to_cupy(t):
+    """A CuPy view of a torch tensor's bytes (float8 as uint8, bfloat16 as ml_dtypes.bfloat16)."""
+    import torch
+
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return cupy.from_dlpack(t.view(torch.uint8))
+    if t.dtype == torch.bfloat16:
+        return cupy.from_dlpack(t.view(torch.int16)).view(dtypes.numpy_dtype("bf16"))
+    return cupy.from_dlpack(t)
+
+
+def torch_input(torch, shape, src):
+    scale = 10.0 ** (torch.rand((shape[0], 1), device="cuda") * 4 - 2)
+    return (torch.randn(shape, device="cuda") * scale).to(getattr(torch, TORCH_SRC[src]))
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (7, 129), (129, 1000), (1000, 7168)])
+@pytest.mark.parametrize("q_name,gran", Q_GRAN)
+@pytest.mark.parametrize("src", SRC)
+def test_torch_matches_cupy_and_reference(torch, src, q_name, gran, m, k):
+    case = f"torch {src=} {q_name=} {gran=} {m=} {k=}"
+    x = torch_input(torch, (m, k), src)
+    poison_q = (torch.full((m, k), float("nan"), device="cuda").to(getattr(torch, TORCH_Q[q_name]))
+                if q_name != "int8" else torch.full((m, k), -128, dtype=torch.int8, device="cuda"))
+    out = (poison_q, torch.full(quant.scale_shape(gran, m, k), float("nan"), device="cuda"))
+    q, s = quant.quantize(x, q_name, gran, out=out)
+    assert q is out[0] and s is out[1]
+    q_new, s_new = quant.quantize(x, q_name, gran)
+    assert q_new.dtype == getattr(torch, TORCH_Q[q_name]) and q_new.shape == (m, k) and q_new.is_contiguous()
+    assert s_new.dtype == torch.float32 and s_new.device == x.device and tuple(s_new.shape) == quant.scale_shape(
+        gran, m, k)
+    torch.cuda.synchronize()
+    x_cp = to_cupy(x)
+    q_cp, s_cp = quant.quantize(x_cp, q_name, gran)
+    sync()
+    for qq, ss in ((q, s), (q_new, s_new)):
+        assert cupy.array_equal(to_cupy(qq), q_cp) and cupy.array_equal(to_cupy(ss), s_cp), case
+    check_quantized(x_cp, to_cupy(q), to_cupy(s), q_name, gran, case)
+    for out_name in SRC:
+        d = quant.dequantize(q, s, q_name, gran, out_dtype=out_name)
+        assert d.dtype == getattr(torch, TORCH_SRC[out_name]) and d.shape == (m, k), case
+        torch.cuda.synchronize()
+        want = expected_dequantized(q_cp, s_cp, q_name, gran, out_name)
+        assert cupy.array_equal(as_bits(to_cupy(d)), as_bits(want)), f"{case} {out_name=}"
+
+
+@pytest.mark.parametrize("gran", quant.GRANULARITIES)
+def test_torch_current_stream_and_no_sync(torch, gran):
+    """torch tensors run on torch's current stream (or the one given), and quantize never synchronises."""
+    m, k = 500, 1000
+    x = torch_input(torch, (m, k), "bf16")
+    busy = torch.cuda.Stream()
+    with torch.cuda.stream(busy):  # compile, load, and leave enough blocks in the caching allocator
+        warm = [quant.quantize(x, "fp8", gran) for _ in range(2)] + [quant.quantize(x, "fp8", gran, stream=busy)]
+    del warm
+    torch.cuda.synchronize()
+    spin(cupy.cuda.ExternalStream(busy.cuda_stream), 1.0)
+    start = time.perf_counter()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(busy):
+            q, s = quant.quantize(x, "fp8", gran)
+        q2, s2 = quant.quantize(x, "fp8", gran, stream=busy)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    elapsed = time.perf_counter() - start
+    assert not busy.query() and elapsed < 0.5, f"{gran=} returned after {elapsed:.3f} s"
+    busy.synchronize()
+    q_cp, s_cp = quant.quantize(to_cupy(x), "fp8", gran)
+    sync()
+    for qq, ss in ((q, s), (q2, s2)):
+        assert cupy.array_equal(to_cupy(qq), q_cp) and cupy.array_equal(to_cupy(ss), s_cp), f"{gran=}"
+
+
+def test_torch_errors(torch):
+    x = torch_input(torch, (8, 256), "fp16")
+    with pytest.raises(TypeError, match="x has dtype"):
+        quant.quantize(x.double())
+    with pytest.raises(TypeError, match="must be a torch tensor"):
+        quant.quantize(x, out=(cupy.empty((8, 256), np.uint8), cupy.empty((8, 2), np.float32)))
+    q, s = quant.quantize(x, "fp8_e5m2")
+    with pytest.raises(TypeError, match="q has dtype torch.float8_e5m2"):
+        quant.dequantize(q, s, "fp8_e4m3")
+    with pytest.raises(TypeError, match="scales must be a torch tensor"):
+        quant.dequantize(q, to_cupy(s), "fp8_e5m2")
