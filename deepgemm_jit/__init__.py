@@ -4,6 +4,11 @@
     gemm = dg.build(4096, 7168, 2048, dtype="bf16")   # M is a hint; any M works
     d = gemm(a, b)                                    # a (M, K), b (N, K) -> d (M, N)
 
+    fp8 = dg.build(4096, 7168, 2048, dtype="fp8", scaling="block")
+    qa, sa = dg.quantize(a, "fp8", "group128")        # 1x128 groups of the activations
+    qb, sb = dg.quantize(b, "fp8", "block128")        # 128x128 blocks of the weight
+    d = fp8(qa, qb, scale_a=sa, scale_b=sb)
+
 Importing the package touches no GPU and creates no directory.
 """
 __version__ = "0.1.0"
@@ -13,6 +18,7 @@ from .errors import (CacheCorruptionWarning, CacheUnavailableWarning, CompileErr
 from .api import Gemm, build, gemm  # noqa: E402
 from .spec import GemmSpec  # noqa: E402
 from .config import KernelConfig  # noqa: E402
+from .quantization import dequantize, quantize  # noqa: E402
 
-__all__ = ["build", "gemm", "Gemm", "GemmSpec", "KernelConfig", "DeepGemmError", "CompileError",
+__all__ = ["build", "gemm", "quantize", "dequantize", "Gemm", "GemmSpec", "KernelConfig", "DeepGemmError", "CompileError",
            "NoGPUError", "CacheCorruptionWarning", "CacheUnavailableWarning", "__version__"]

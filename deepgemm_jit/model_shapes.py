@@ -23,6 +23,11 @@ Identical (n, k) rows are merged: names joined with ", ", counts added.
 Fused rows (``qkv_proj``, ``gate_up_proj``, ``q_a+kv_a``) are what serving stacks run when they
 concatenate the weights; the unfused rows are listed too.
 
+``weight_quantization(config)`` reads the checkpoint's ``quantization_config``: FP8 weights in 128x128
+blocks (DeepSeek-V3's ``{"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}``, the
+format of transformers' ``FineGrainedFP8Config``) become ``WeightQuantization("fp8_e4m3", "block", ...)``,
+which covers every row but ``lm_head`` and the modules the config lists as not converted.
+
 Example (Llama-3.1-8B): the first rows are ``ModelGemm("layers.self_attn.q_proj, layers.self_attn.o_proj",
 n=4096, k=4096, count=64)`` and ``ModelGemm("layers.self_attn.k_proj, layers.self_attn.v_proj", n=1024,
 k=4096, count=64)``.
@@ -56,6 +61,89 @@ class ModelGemm:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModelGemm {self.name!r}: {field} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class WeightQuantization:
+    """How a checkpoint stores its linear-layer weights, in deepgemm-jit's terms.
+
+    ``dtype`` and ``scaling`` are a ``GemmSpec``'s (``"fp8_e4m3"``, ``"block"``: activations quantized
+    per 1x128 group at run time, weights per 128x128 block). ``not_converted``: module names kept in the
+    checkpoint's 16-bit type in every layer (``lm_head`` always, as transformers does, and the config's
+    ``modules_to_not_convert`` / ``ignored_layers`` written without a layer index); ``not_converted_in_some``:
+    those listed with a layer index (``model.layers.0.mlp.down_proj``), which the merged rows of
+    ``gemm_shapes`` cannot tell apart, so such rows need both types.
+    """
+    dtype: str
+    scaling: str
+    not_converted: tuple[str, ...] = ("lm_head",)
+    not_converted_in_some: tuple[str, ...] = ()
+
+    def has_quantized(self, module: str) -> bool:
+        """Whether some weights of `module` (one name of a ``ModelGemm`` row, e.g. ``"layers.mlp.down_proj"``)
+        are quantized: no whole-model exclusion is a substring of it (transformers' rule)."""
+        return not any(skip in module for skip in self.not_converted)
+
+    def has_unquantized(self, module: str) -> bool:
+        """Whether some weights of `module` stay 16-bit: an exclusion, for any layer, is a substring of it."""
+        return any(skip in module for skip in self.not_converted + self.not_converted_in_some)
+
+
+# The block that the kernels' FP8 "block" scaling is built around (scale_b per 128x128 block of B).
+FP8_WEIGHT_BLOCK = [128, 128]
+
+
+def _module_pattern(name: str) -> tuple[str, bool]:
+    """A listed module name as a pattern for ``gemm_shapes``'s row names, and whether it named one layer:
+    ``"model.layers.3.mlp.gate"`` -> ``("layers.mlp.gate", True)``."""
+    parts = name.split(".")
+    if parts[0] == "model":
+        parts = parts[1:]
+    kept = [p for p in parts if not p.isdigit()]
+    return ".".join(kept), len(kept) < len(parts)
+
+
+def weight_quantization(config: dict) -> WeightQuantization | None:
+    """The FP8 block quantization `config` declares, or None (no ``quantization_config``, or a method
+    deepgemm-jit has no kernels for: AWQ, GPTQ, bitsandbytes... run 16-bit GEMMs after dequantization).
+
+    A ``quant_method: "fp8"`` that does not map onto the block-scaled kernels (not E4M3, no 128x128
+    ``weight_block_size``) raises ``ValueError``: choose the type yourself (``warmup --dtype fp8/row``...).
+
+    Example: the DeepSeek-V3 config (``{"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128,
+    128]}``) gives ``WeightQuantization("fp8_e4m3", "block", ("lm_head",), ())``.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise ValueError(f"config.json: 'quantization_config' must be an object, got {quant!r}")
+    if quant.get("quant_method") != "fp8":
+        return None
+    choose = "pass --dtype to choose the GEMM type (e.g. fp8/row, fp8/tensor, bf16)"
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"config.json: quantization_config fmt={fmt!r}: FP8 block weights are read as E4M3 "
+                         f"only; {choose}")
+    block = quant.get("weight_block_size")
+    if block != FP8_WEIGHT_BLOCK:
+        raise ValueError(f"config.json: quantization_config weight_block_size={block!r}: the block-scaled "
+                         f"kernels take {FP8_WEIGHT_BLOCK} blocks; {choose}")
+    everywhere, some = ["lm_head"], []
+    for key in ("modules_to_not_convert", "ignored_layers"):
+        names = quant.get(key) or []
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip(".") for n in names):
+            raise ValueError(f"config.json: quantization_config {key} must be a list of module names, got "
+                             f"{names!r}")
+        for name in names:
+            pattern, one_layer = _module_pattern(name)
+            target = some if one_layer else everywhere
+            if pattern and pattern not in target:
+                target.append(pattern)
+    return WeightQuantization(dtype="fp8_e4m3", scaling="block", not_converted=tuple(everywhere),
+                              not_converted_in_some=tuple(some))
 
 
 def _int(config: dict, key: str, default: int | None = None) -> int:

@@ -4,30 +4,36 @@ A problem is a spec (N, K, dtype, layout, out_dtype) and the M buckets it runs a
 the heuristic's config (``config.choose_config``), and every distinct (spec, config) is compiled once
 through ``jit.get_kernel`` into the disk cache. No GPU is needed with ``--arch``.
 
-Where problems come from:
+Where problems come from (the format in full: ``docs/warmup.md``):
 
 - a shapes file, JSON::
 
       {"gemms": [
         {"n": 7168, "k": 2048, "dtype": "bf16", "layout": "nt", "out_dtype": null, "m": [1, 16384]},
-        {"n": 4096, "k": 7168, "m_values": [1, 64, 4096], "name": "experts.gate_up"}
+        {"n": 4096, "k": 7168, "m_values": [1, 64, 4096], "name": "experts.gate_up"},
+        {"n": 7168, "k": 2048, "dtype": "fp8_e4m3", "scaling": "block", "m": [1, 4096]}
       ]}
 
-  ``n`` and ``k`` are required. ``dtype`` defaults to bf16, ``layout`` to nt, ``out_dtype`` (null) to the
-  input type (fp32 for tf32). ``m`` is an inclusive range ``[lo, hi]`` (default ``[1, 16384]``) or one
-  integer; ``m_values`` (instead of ``m``) lists single M values. Either becomes the M buckets it touches
-  (``config.m_bucket``: powers of two in [64, 16384]; every M of a bucket shares one kernel). ``name``
-  is a free label. ``scaling`` and ``epilogue`` are reserved: present and not null, they are refused
-  (not supported yet). Unknown keys are refused.
-- ``--shape M:N:K:dtype[:layout[:out_dtype]]``, M one value or ``lo-hi`` (repeatable); this is the line
-  ``warmup_command_for`` writes for a kernel missing from the cache.
+  ``n`` and ``k`` are required; ``dtype`` (any of ``dtypes.INPUT_DTYPES``, default bf16), ``b_dtype``
+  (null: as dtype), ``scaling`` (null: fp8 block, int8 none), ``fast_accum`` (false), ``layout`` (nt),
+  ``out_dtype`` (null: ``GemmSpec.create``'s default) as in ``build()``. ``m`` is an inclusive range
+  ``[lo, hi]`` (default ``[1, 16384]``) or one integer; ``m_values`` (instead of ``m``) lists single M
+  values. Either becomes the M buckets it touches (``config.m_bucket``: powers of two in [64, 16384];
+  every M of a bucket shares one kernel). ``name`` is a free label. ``epilogue`` is reserved: present
+  and not null, it is refused (not supported yet). Unknown keys are refused.
+- ``--shape M:N:K:TYPE[:layout[:out_dtype]]``, M one value or ``lo-hi`` (repeatable), TYPE
+  ``dtype[xb_dtype][/scaling][+fast_accum]`` (``bf16``, ``fp8/block``, ``fp8/tensor+fast_accum``,
+  ``int8/row``, ``fp8_e4m3xfp8_e5m2/tensor``); this is the line ``warmup_command_for`` writes for a
+  kernel missing from the cache.
 - ``--from-hf-config config.json``: every weight GEMM of the model (``model_shapes.gemm_shapes``), for
-  each ``--dtype`` and the ``--m`` range.
+  each ``--dtype`` TYPE and the ``--m`` range; without ``--dtype``, FP8 block-quantized checkpoints
+  (``model_shapes.weight_quantization``) get ``fp8_e4m3/block`` for their quantized layers and bf16 for
+  the rest (lm_head), other models bf16.
 
 Example::
 
     deepgemm-jit warmup --from-hf-config examples/configs/deepseek-v3.json --arch sm_90a --jobs 2
-    deepgemm-jit warmup --arch sm_90a --shape 1-16384:7168:2048:bf16 --dry-run
+    deepgemm-jit warmup --arch sm_90a --shape 1-16384:7168:2048:bf16 --shape 1-4096:7168:2048:fp8/block --dry-run
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,11 +57,13 @@ from .spec import GemmSpec
 
 M_MAX_BUCKET = 16384
 DEFAULT_M_RANGE = (1, M_MAX_BUCKET)
-SHAPE_SYNTAX = "M:N:K:dtype[:layout[:out_dtype]] (M one value or lo-hi)"
-RESERVED_KEYS = ("scaling", "epilogue")
-_FILE_KEYS = {"n", "k", "dtype", "layout", "out_dtype", "m", "m_values", "name"} | set(RESERVED_KEYS)
+TYPE_SYNTAX = "dtype[xb_dtype][/scaling][+fast_accum]"
+SHAPE_SYNTAX = f"M:N:K:TYPE[:layout[:out_dtype]] (M one value or lo-hi, TYPE {TYPE_SYNTAX})"
+TYPE_EXAMPLES = "bf16, fp8/block, fp8/tensor+fast_accum, int8/row, fp8_e4m3xfp8_e5m2/tensor"
+RESERVED_KEYS = ("epilogue",)
+_FILE_KEYS = ({"n", "k", "dtype", "b_dtype", "scaling", "fast_accum", "layout", "out_dtype", "m", "m_values", "name"}
+              | set(RESERVED_KEYS))
 _OFFLINE = "DEEPGEMM_JIT_OFFLINE"
-_ISSUE4_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8", "block")
 
 
 @dataclass(frozen=True)
@@ -65,20 +74,44 @@ class WarmupEntry:
     source: str = ""  # where it came from, for messages ("shapes.json #3", "--shape ...", a model row)
 
 
+@dataclass(frozen=True)
+class GemmType:
+    """The TYPE of ``--shape`` and ``--dtype``: what a spec says besides N, K, layout and out_dtype.
+
+    None fields take ``GemmSpec.create``'s defaults (b_dtype: as dtype; scaling: fp8 block, int8 none).
+    """
+    dtype: str
+    b_dtype: str | None = None
+    scaling: str | None = None
+    fast_accum: bool = False
+
+    def spec(self, n: int, k: int, out_dtype: str | None = None, layout: str = "nt") -> GemmSpec:
+        return GemmSpec.create(n, k, self.dtype, out_dtype, layout, b_dtype=self.b_dtype, scaling=self.scaling,
+                               fast_accum=self.fast_accum)
+
+
 @dataclass
 class Summary:
     compiled: int = 0
     cached: int = 0
     failed: list = field(default_factory=list)  # (spec, config, error message)
     seconds: float = 0.0
+    types: Counter = field(default_factory=Counter)  # type_text(spec) -> kernels of the run
 
     @property
     def total(self) -> int:
         return self.compiled + self.cached + len(self.failed)
 
     def line(self, arch: str) -> str:
-        return (f"warmup: {self.total} kernels for {arch}: compiled {self.compiled}, already cached {self.cached}, "
-                f"failed {len(self.failed)} in {self.seconds:.1f} s")
+        return (f"warmup: {self.total} kernels for {arch}{_types_note(self.types)}: compiled {self.compiled}, "
+                f"already cached {self.cached}, failed {len(self.failed)} in {self.seconds:.1f} s")
+
+
+def _types_note(types: Counter) -> str:
+    """' (bf16)' for one type, ' (50 fp8_e4m3/block, 5 bf16)' for several, '' for none."""
+    if len(types) <= 1:
+        return "".join(f" ({t})" for t in types)
+    return " (" + ", ".join(f"{num} {t}" for t, num in types.most_common()) + ")"
 
 
 # -- M ranges -----------------------------------------------------------------------------------------
@@ -111,18 +144,41 @@ def _m_text(buckets: tuple[int, ...]) -> str:
 
 
 # -- sources ------------------------------------------------------------------------------------------
-def _input_dtype(name: str, where: str) -> str:
-    if isinstance(name, str) and name.lower() in _ISSUE4_DTYPES:
-        raise ValueError(f"{where}: dtype {name!r} is not supported yet (FP8/INT8 and block scaling come with "
-                         "issue 4); use bf16, fp16 or tf32")
-    return dtypes.canonical(name, arg=f"{where}: dtype", allowed=dtypes.INPUT_DTYPES)
+def parse_type(text: str) -> GemmType:
+    """A TYPE ``dtype[xb_dtype][/scaling][+fast_accum]`` -> GemmType (names checked, combinations not:
+    ``GemmType.spec`` checks those). ``"fp8/tensor+fast_accum"`` -> ``GemmType("fp8_e4m3", None,
+    "tensor", True)``; ValueError for a malformed TYPE or an unknown name."""
+    if not isinstance(text, str):
+        raise TypeError(f"TYPE must be a string such as 'fp8/block', got {type(text).__name__}")
+    rest, plus, modifier = text.strip().lower().partition("+")
+    rest, slash, scaling = rest.partition("/")
+    a, times, b = rest.partition("x")
+    if (plus and modifier != "fast_accum") or (slash and not scaling) or (times and not b):
+        raise ValueError(f"TYPE {text!r}: write {TYPE_SYNTAX} (+fast_accum is the only modifier), e.g. "
+                         f"{TYPE_EXAMPLES}")
+    allowed = dtypes.INPUT_DTYPES
+    return GemmType(dtype=dtypes.canonical(a, arg="dtype", allowed=allowed),
+                    b_dtype=dtypes.canonical(b, arg="b_dtype", allowed=allowed) if times else None,
+                    scaling=scaling if slash else None, fast_accum=bool(plus))
+
+
+def type_text(spec: GemmSpec) -> str:
+    """The TYPE that gives back `spec`'s types, scaling and accumulation (``parse_type`` reads it):
+    ``"bf16"``, ``"fp8_e4m3/block"``, ``"fp8_e4m3xfp8_e5m2/tensor+fast_accum"``, ``"int8"`` (unscaled)."""
+    text = spec.dtype if spec.b_dtype == spec.dtype else f"{spec.dtype}x{spec.b_dtype}"
+    if spec.scaling != "none":
+        text += f"/{spec.scaling}"
+    return text + ("+fast_accum" if spec.fast_accum else "")
 
 
 def parse_shape(text: str) -> WarmupEntry:
-    """One ``--shape M:N:K:dtype[:layout[:out_dtype]]`` (M may be lo-hi) -> a WarmupEntry."""
+    """One ``--shape M:N:K:TYPE[:layout[:out_dtype]]`` (M may be lo-hi; TYPE as ``parse_type``) -> a
+    WarmupEntry. ``"1-4096:7168:2048:fp8/block"``: FP8 E4M3, 128x128 block scales, bf16 out, M buckets 64..4096.
+    """
     parts = text.strip().split(":")
     if not 4 <= len(parts) <= 6:
-        raise ValueError(f"--shape {text!r}: expected {SHAPE_SYNTAX}, e.g. 1-16384:7168:2048:bf16")
+        raise ValueError(f"--shape {text!r}: expected {SHAPE_SYNTAX}, e.g. 1-16384:7168:2048:bf16 or "
+                         "1-4096:7168:2048:fp8/block")
     where = f"--shape {text}"
     try:
         n, k = int(parts[1]), int(parts[2])
@@ -130,18 +186,25 @@ def parse_shape(text: str) -> WarmupEntry:
         raise ValueError(f"{where}: N and K must be integers ({SHAPE_SYNTAX})") from None
     layout = parts[4] if len(parts) > 4 else "nt"
     out_dtype = parts[5] if len(parts) > 5 else None
-    spec = GemmSpec.create(n, k, dtype=_input_dtype(parts[3], where), out_dtype=out_dtype, layout=layout)
-    return WarmupEntry(spec=spec, m_buckets=parse_m(parts[0]), source=where)
+    try:
+        spec = parse_type(parts[3]).spec(n, k, out_dtype, layout)
+        buckets = parse_m(parts[0])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return WarmupEntry(spec=spec, m_buckets=buckets, source=where)
 
 
 def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
-    """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch).
+    """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch):
+    its ``--shape`` gives back exactly `spec` (types, scaling, fast_accum, layout, out_dtype).
 
-    Example: ``warmup_command_for(GemmSpec.create(7168, 2048), 4096, "sm_90a")`` ->
-    ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:bf16"``.
+    Example: ``warmup_command_for(GemmSpec.create(7168, 2048, "fp8"), 4096, "sm_90a")`` ->
+    ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:fp8_e4m3/block"``.
     """
-    fields = [str(m_hint), str(spec.n), str(spec.k), spec.dtype]
-    if spec.out_dtype != dtypes.DEFAULT_OUT[spec.dtype]:
+    fields = [str(m_hint), str(spec.n), str(spec.k), type_text(spec)]
+    default_out = GemmSpec.create(spec.n, spec.k, spec.dtype, None, spec.layout, b_dtype=spec.b_dtype,
+                                  scaling=spec.scaling, fast_accum=spec.fast_accum).out_dtype
+    if spec.out_dtype != default_out:
         fields += [spec.layout, spec.out_dtype]
     elif spec.layout != "nt":
         fields.append(spec.layout)
@@ -175,7 +238,7 @@ def _file_entry(item: object, where: str) -> WarmupEntry:
     for key in RESERVED_KEYS:
         if item.get(key) is not None:
             raise ValueError(f"{where}: {key}={item[key]!r} is not supported by this version of deepgemm-jit yet "
-                             f"(reserved for FP8 scaling / fused epilogues); remove the key or set it to null")
+                             f"(reserved for fused epilogues); remove the key or set it to null")
     for key in ("n", "k"):
         if key not in item:
             raise ValueError(f"{where}: missing {key!r}")
@@ -194,24 +257,72 @@ def _file_entry(item: object, where: str) -> WarmupEntry:
             buckets = m_buckets(m[0], m[1])
         else:
             raise ValueError(f"{where}: m must be [lo, hi] or one integer, got {m!r} (m_values lists single values)")
+    given = {key: item[key] for key in ("dtype", "b_dtype", "scaling", "fast_accum", "layout") if
+             item.get(key) is not None}  # null is the default, as for out_dtype
     try:
-        spec = GemmSpec.create(item["n"], item["k"], dtype=_input_dtype(item.get("dtype", "bf16"), where),
-                               out_dtype=item.get("out_dtype"), layout=item.get("layout", "nt"))
+        spec = GemmSpec.create(item["n"], item["k"], dtype=_file_dtype(given.get("dtype", "bf16")),
+                               out_dtype=item.get("out_dtype"), layout=given.get("layout", "nt"),
+                               b_dtype=given.get("b_dtype"), scaling=given.get("scaling"),
+                               fast_accum=given.get("fast_accum", False))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     return WarmupEntry(spec=spec, m_buckets=buckets, source=item.get("name") or where)
 
 
-def hf_config_entries(path: str | Path, dtype_names: list[str], m_range: tuple[int, ...]) -> list[WarmupEntry]:
-    """Every weight GEMM of the model in a config.json, for each dtype, at the buckets `m_range`."""
-    config = _read_json(Path(path))
+def _file_dtype(name: object) -> str:
+    try:
+        return dtypes.canonical(name, arg="dtype", allowed=dtypes.INPUT_DTYPES)
+    except ValueError as exc:
+        if any(c in name for c in "x/+"):
+            raise ValueError(f"{exc}; in a shapes file, b_dtype, scaling and fast_accum are keys of their own "
+                             "(TYPE strings such as 'fp8/block' are for --shape and --dtype)") from None
+        raise
+
+
+_BF16 = GemmType("bf16")
+
+
+def hf_config_entries(path: str | Path, type_names: list[str] | None, m_range: tuple[int, ...]
+                      ) -> list[WarmupEntry]:
+    """Every weight GEMM of the model in a config.json at the buckets `m_range`: for each TYPE of
+    `type_names` (``["bf16", "fp8/row"]``), or with None the model's own types (``_model_types``)."""
+    path = Path(path)
+    config = _read_json(path)
+    try:
+        gemms = model_shapes.gemm_shapes(config)
+        quant = model_shapes.weight_quantization(config) if type_names is None else None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    given = []
+    for name in type_names or ():
+        try:
+            given.append((parse_type(name), f"--dtype {name}"))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--dtype {name}: {exc}") from None
     entries = []
-    for name in dtype_names:
-        dtype = _input_dtype(name, f"--dtype for {path}")
-        for gemm in model_shapes.gemm_shapes(config):
-            entries.append(WarmupEntry(spec=GemmSpec.create(gemm.n, gemm.k, dtype=dtype), m_buckets=m_range,
-                                       source=f"{Path(path).name}: {gemm.name}"))
+    for gemm in gemms:
+        types = given if type_names is not None else [(t, str(path)) for t in _model_types(gemm, quant)]
+        for gemm_type, where in types:
+            try:
+                spec = gemm_type.spec(gemm.n, gemm.k)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            entries.append(WarmupEntry(spec=spec, m_buckets=m_range, source=f"{path.name}: {gemm.name}"))
     return entries
+
+
+def _model_types(gemm: model_shapes.ModelGemm, quant: model_shapes.WeightQuantization | None) -> list[GemmType]:
+    """The types a model row runs in: bf16 without quantization; with FP8 block weights, the quantized type
+    where some merged module is converted and bf16 where some is not (lm_head), both when both."""
+    if quant is None:
+        return [_BF16]
+    names = gemm.name.split(", ")
+    types = []
+    if any(quant.has_quantized(name) for name in names):
+        types.append(GemmType(quant.dtype, scaling=quant.scaling))
+    if any(quant.has_unquantized(name) for name in names):
+        types.append(_BF16)
+    return types
 
 
 # -- plan and run ---------------------------------------------------------------------------------------
@@ -253,13 +364,19 @@ class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled = total, enabled
         self.start = time.perf_counter()
+        self.shown = 0  # longest line so far, so that a shorter one blanks its tail
 
-    def show(self, summary: Summary) -> None:
+    def show(self, summary: Summary, last: str = "") -> None:
+        """Rewrite the line: counts, time and `last`, the kernel that just finished (padded over the
+        previous line's tail)."""
         if not self.enabled:
             return
         width = len(str(self.total))
-        sys.stderr.write(f"\r[{summary.total:>{width}}/{self.total}] compiled {summary.compiled} cached "
-                         f"{summary.cached} failed {len(summary.failed)}  {time.perf_counter() - self.start:.1f} s")
+        text = (f"[{summary.total:>{width}}/{self.total}] compiled {summary.compiled} cached {summary.cached} "
+                f"failed {len(summary.failed)}  {time.perf_counter() - self.start:.1f} s")
+        text += f"  {last}" if last else ""
+        self.shown = max(self.shown, len(text))
+        sys.stderr.write("\r" + text.ljust(self.shown))
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -273,7 +390,7 @@ def run(work: list[tuple[GemmSpec, KernelConfig]], arch: str, jobs: int = 1, pro
     many processes (the cache's per-key lock keeps it one compile per kernel across processes)."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    summary = Summary()
+    summary = Summary(types=Counter(type_text(spec) for spec, _ in work))
     bar = _Progress(len(work), progress)
     start = time.perf_counter()
 
@@ -286,7 +403,7 @@ def run(work: list[tuple[GemmSpec, KernelConfig]], arch: str, jobs: int = 1, pro
         else:
             summary.cached += 1
         summary.seconds = time.perf_counter() - start
-        bar.show(summary)
+        bar.show(summary, f"{type_text(spec)} n{spec.n} k{spec.k}")
 
     bar.show(summary)
     # Compiling is the point of warmup: DEEPGEMM_JIT_OFFLINE (set for the serving process, perhaps in the
@@ -325,9 +442,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("shapes_file", nargs="?", help="JSON shapes file (format: docs/warmup.md)")
     w.add_argument("--from-hf-config", action="append", default=[], metavar="PATH",
                    help="a Hugging Face config.json: every weight GEMM of the model (repeatable)")
-    w.add_argument("--shape", action="append", default=[], metavar="M:N:K:DTYPE[:LAYOUT[:OUT]]",
-                   help="one problem, M one value or lo-hi (repeatable)")
-    w.add_argument("--dtype", default="bf16", help="dtypes for --from-hf-config, comma separated (default bf16)")
+    w.add_argument("--shape", action="append", default=[], metavar="M:N:K:TYPE[:LAYOUT[:OUT]]",
+                   help=f"one problem, M one value or lo-hi, TYPE {TYPE_SYNTAX} ({TYPE_EXAMPLES}) (repeatable)")
+    w.add_argument("--dtype", default=None, metavar="TYPE[,TYPE...]",
+                   help="types for --from-hf-config, comma separated TYPEs as in --shape (bf16,fp8/block); default: "
+                        "the model's own, fp8_e4m3/block for the quantized layers of an FP8 block-quantized "
+                        "checkpoint (bf16 for the rest), bf16 for other models")
     w.add_argument("--m", default=f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}",
                    help="M range lo-hi for --from-hf-config (default 1-16384)")
     w.add_argument("--arch", default=None, help="target, e.g. sm_90a (default: the GPU's; required without one)")
@@ -342,10 +462,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _entries(args) -> list[WarmupEntry]:
     entries = parse_shapes_file(args.shapes_file) if args.shapes_file else []
     entries += [parse_shape(text) for text in args.shape]
-    dtype_names = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    type_names = None if args.dtype is None else [d.strip() for d in args.dtype.split(",") if d.strip()]
+    if type_names == []:
+        raise ValueError(f"--dtype {args.dtype!r} names no type")
     m_range = parse_m(args.m)
     for path in args.from_hf_config:
-        entries += hf_config_entries(path, dtype_names, m_range)
+        entries += hf_config_entries(path, type_names, m_range)
     if not entries:
         raise ValueError("nothing to warm up: give a shapes file, --shape or --from-hf-config")
     return entries
@@ -368,8 +490,9 @@ def main(args: argparse.Namespace) -> int:
     served = plan_buckets(_entries(args), arch, num_sms)
     if args.dry_run:
         for (spec, cfg), buckets in served.items():
-            print(f"{spec.tag:40s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
-        print(f"warmup plan: {len(served)} kernels for {arch} (dry run, nothing compiled)")
+            print(f"{spec.tag:44s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
+        types = Counter(type_text(spec) for spec, _ in served)
+        print(f"warmup plan: {len(served)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     summary = run(list(served), arch, jobs=args.jobs, progress=progress)

@@ -151,3 +151,22 @@ def test_scale_errors_before_launch():
         g(qa.view(cupy.int8), qb, scale_a=sa, scale_b=sb)
     with pytest.raises(TypeError, match="takes no scales"):
         build(m, n, k, dtype="int8")(qa.view(cupy.int8), qb.view(cupy.int8), scale_a=sa)
+
+
+def test_quantize_then_gemm():
+    """The user's path: deepgemm_jit.quantize's outputs go straight into the block-scaled GEMM."""
+    import cupy
+
+    import deepgemm_jit as dg
+
+    m, n, k = 333, 1000, 1500
+    rng = cupy.random.default_rng(29)
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
+    qa, sa = dg.quantize(x, "fp8", "group128")
+    qb, sb = dg.quantize(w, "fp8", "block128")
+    d = build(m, n, k, dtype="fp8", scaling="block")(qa, qb, scale_a=sa, scale_b=sb)
+    ref = (reference.dequantize_reference(qa, sa, "fp8", "group128")
+           @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
+    assert reference.error(d, ref) < 5e-3
+    assert reference.error(d, _bf16_reference(x, w), "cos") < reference.FP8_COS_BOUND

@@ -10,7 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from deepgemm_jit import arrays, cache, device, dtypes, quantize as quant, reference, render, sass
+from deepgemm_jit import arrays, cache, device, dtypes, reference, render, sass
+from deepgemm_jit import quantization as quant
 from deepgemm_jit.errors import KernelNotCachedError, NoGPUError
 
 ARCH = "sm_90a"

@@ -2,7 +2,7 @@
 dequantize_reference): fresh random inputs (never zeros) with per-row magnitudes spread over four decades, odd
 sizes, NaN-poisoned outputs, CuPy and torch inputs, streams, and no host synchronisation inside quantize.
 
-What "agrees" means (quantize.py's contract): scales equal the reference's (rtol 1e-6; they are in fact the same
+What "agrees" means (deepgemm_jit/quantization.py's contract): scales equal the reference's (rtol 1e-6; they are in fact the same
 float32 division), q at most one FP8 ulp / one INT8 step from the reference and rarely so (the kernel rounds x / s to
 float32 before the 8-bit rounding), dequantize exactly the float32 rounding of the exact product (then the output
 type's rounding). Skipped cleanly without a GPU (marker `gpu`); torch tests also without torch.
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-import deepgemm_jit.quantize as quant
+import deepgemm_jit.quantization as quant
 from deepgemm_jit import dtypes, reference
 
 cupy = pytest.importorskip("cupy")
@@ -262,6 +262,9 @@ def test_runs_on_the_stream_without_waiting(gran, explicit):
 def test_raw_stream_handle():
     x = random_input((33, 300), "fp16")
     s = cupy.cuda.Stream(non_blocking=True)
+    # x was written on the current stream, which a non-blocking stream does not wait for: order them, as a
+    # user must (the first H200 run read x half-written here).
+    cupy.cuda.get_current_stream().synchronize()
     q, scales = quant.quantize(x, "fp8_e5m2", "group128", stream=s.ptr)
     s.synchronize()
     check_quantized(x, q, scales, "fp8_e5m2", "group128", "raw handle")

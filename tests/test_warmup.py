@@ -1,4 +1,5 @@
-"""warmup: model shapes from HF configs, the shapes file and --shape, the plan, parallel compiles (CPU)."""
+"""warmup: model shapes from HF configs, the shapes file and --shape (8-bit types too), the plan, parallel
+compiles (CPU)."""
 import argparse
 import json
 from pathlib import Path
@@ -63,6 +64,30 @@ def test_qwen_moe_and_mla_without_q_lora():
     assert (128 * 192, 7168) in _nk(lite) and (1536, 7168) not in _nk(lite)
 
 
+def test_deepseek_v3_weight_quantization():
+    quant = model_shapes.weight_quantization(_config("deepseek-v3.json"))
+    assert quant == model_shapes.WeightQuantization("fp8_e4m3", "block", ("lm_head",), ())
+    assert quant.has_quantized("layers.mlp.experts.down_proj") and not quant.has_unquantized("layers.mlp.down_proj")
+    assert quant.has_unquantized("lm_head") and not quant.has_quantized("lm_head (tied to embed_tokens)")
+    assert model_shapes.weight_quantization(_config("llama-3.1-8b.json")) is None
+    gptq = {"quantization_config": {"quant_method": "gptq", "bits": 4}}
+    assert model_shapes.weight_quantization(gptq) is None  # dequantized to 16-bit GEMMs: the bf16 default
+    listed = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                      "modules_to_not_convert": ["model.layers.0.mlp.down_proj", "kv_b_proj"]}}
+    quant = model_shapes.weight_quantization(listed)
+    assert quant.not_converted == ("lm_head", "kv_b_proj") and quant.not_converted_in_some == ("layers.mlp.down_proj",)
+    assert not quant.has_quantized("layers.self_attn.kv_b_proj")
+    # one layer's down_proj stays 16-bit: the merged row needs both types
+    assert quant.has_quantized("layers.mlp.down_proj") and quant.has_unquantized("layers.mlp.down_proj")
+    for quant_config, message in [({"quant_method": "fp8", "weight_block_size": [64, 64]}, "weight_block_size=\\[64"),
+                                  ({"quant_method": "fp8"}, "weight_block_size=None"),
+                                  ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fmt"),
+                                  ({"quant_method": "fp8", "weight_block_size": [128, 128],
+                                    "modules_to_not_convert": "lm_head"}, "list of module names")]:
+        with pytest.raises(ValueError, match=message):
+            model_shapes.weight_quantization({"quantization_config": quant_config})
+
+
 def test_model_shapes_errors_name_the_key():
     with pytest.raises(ValueError, match="unknown architecture.*'gpt2'"):
         model_shapes.gemm_shapes({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
@@ -94,6 +119,13 @@ def test_shapes_file(tmp_path):
          "scaling": None, "epilogue": None, "name": "experts"},
         {"n": 96, "k": 64, "dtype": "tf32", "layout": "tn", "m": 100},
         {"n": 96, "k": 64, "m_values": [1, 3000, 5000]},
+        {"n": 7168, "k": 2048, "dtype": "fp8_e4m3", "scaling": "block", "m": [1, 4096]},
+        {"n": 7168, "k": 2048, "dtype": "fp8", "m": 64},
+        {"n": 4096, "k": 512, "dtype": "fp8_e4m3", "b_dtype": "fp8_e5m2", "scaling": "row", "fast_accum": True,
+         "out_dtype": "fp32", "m": 64},
+        {"n": 4096, "k": 512, "dtype": "int8", "m": 64},
+        {"n": 4096, "k": 512, "dtype": "int8", "scaling": "tensor", "out_dtype": "fp16", "b_dtype": None,
+         "fast_accum": None, "m": 64},
     ]}))
     e = warmup.parse_shapes_file(path)
     assert e[0].spec == GemmSpec(7168, 2048, "bf16", "bf16", "nt") and e[0].m_buckets == ALL_BUCKETS
@@ -101,12 +133,27 @@ def test_shapes_file(tmp_path):
     assert e[1].source == "experts"
     assert e[2].spec == GemmSpec(96, 64, "tf32", "fp32", "tn") and e[2].m_buckets == (128,)
     assert e[3].m_buckets == (64, 4096, 8192)
+    block = GemmSpec(7168, 2048, "fp8_e4m3", "bf16", "nt", scaling="block")
+    assert e[4].spec == block and e[4].m_buckets == ALL_BUCKETS[:7]
+    assert e[5].spec == block  # fp8's default scaling is block
+    assert e[6].spec == GemmSpec(4096, 512, "fp8_e4m3", "fp32", "nt", b_dtype="fp8_e5m2", scaling="row",
+                                 fast_accum=True)
+    assert e[7].spec == GemmSpec(4096, 512, "int8", "int32", "nt", scaling="none")
+    assert e[8].spec == GemmSpec(4096, 512, "int8", "fp16", "nt", scaling="tensor")
 
 
 @pytest.mark.parametrize("item, message", [
-    ({"n": 8, "k": 8, "scaling": "block"}, "scaling='block' is not supported"),
     ({"n": 8, "k": 8, "epilogue": "bias+gelu"}, "epilogue='bias\\+gelu' is not supported"),
-    ({"n": 8, "k": 8, "dtype": "fp8"}, "not supported yet .*issue 4"),
+    ({"n": 8, "k": 8, "scaling": "block"}, "gemms\\[0\\]: scaling='block' applies to fp8/int8 operands, not bf16"),
+    ({"n": 8, "k": 8, "dtype": "int8", "scaling": "block"}, "gemms\\[0\\]: .*not available for int8"),
+    ({"n": 8, "k": 8, "dtype": "fp8", "scaling": "none"}, "gemms\\[0\\]: fp8 GEMMs need scaling"),
+    ({"n": 8, "k": 8, "dtype": "fp8", "fast_accum": True}, "gemms\\[0\\]: fast_accum=True does not apply"),
+    ({"n": 8, "k": 8, "dtype": "fp8", "scaling": "row", "fast_accum": "yes"},
+     "gemms\\[0\\]: fast_accum must be a bool"),
+    ({"n": 8, "k": 8, "dtype": "fp8", "layout": "tn"}, "gemms\\[0\\]: fp8_e4m3 GEMMs need layout 'nt'"),
+    ({"n": 8, "k": 8, "dtype": "bf16", "b_dtype": "fp16"}, "gemms\\[0\\]: b_dtype='fp16' differs"),
+    ({"n": 8, "k": 8, "dtype": "fp8/row"}, "gemms\\[0\\]: dtype='fp8/row' .*keys of their own"),
+    ({"n": 8, "k": 8, "dtype": "fp4"}, "gemms\\[0\\]: dtype='fp4' is not supported"),
     ({"n": 8}, "gemms\\[0\\]: missing 'k'"),
     ({"n": 8, "k": 8, "m": [1, 2, 3]}, "m must be \\[lo, hi\\]"),
     ({"n": 8, "k": 8, "m": [100, 10]}, "empty"),
@@ -135,31 +182,131 @@ def test_shapes_file_not_json(tmp_path):
         warmup.hf_config_entries(path.parent / "missing.json", ["bf16"], (64,))
 
 
-def test_shape_option_and_warmup_command_round_trip():
-    entry = warmup.parse_shape("1-16384:7168:2048:bf16")
-    assert entry.spec == GemmSpec.create(7168, 2048, "bf16") and entry.m_buckets == ALL_BUCKETS
-    for spec, m in [(GemmSpec.create(7168, 2048, "bf16"), 4096), (GemmSpec.create(100, 200, "fp16", "fp32", "tn"), 3),
-                    (GemmSpec.create(64, 64, "tf32", layout="nn"), 20000)]:
+ROUND_TRIP_SPECS = [
+    GemmSpec.create(7168, 2048, "bf16"),
+    GemmSpec.create(100, 200, "fp16", "fp32", "tn"),
+    GemmSpec.create(64, 64, "tf32", layout="nn"),
+    GemmSpec.create(4096, 7168, "tf32", "bf16"),
+    GemmSpec.create(7168, 2048, "fp8"),                                      # block, bf16 out: the defaults
+    GemmSpec.create(7168, 2048, "fp8_e5m2", "fp32"),
+    GemmSpec.create(4096, 512, "fp8", scaling="row", fast_accum=True),
+    GemmSpec.create(4096, 512, "fp8", scaling="tensor", fast_accum=True, out_dtype="fp16"),
+    GemmSpec.create(4096, 512, "fp8_e4m3", b_dtype="fp8_e5m2", scaling="tensor"),
+    GemmSpec.create(4096, 512, "fp8_e5m2", b_dtype="fp8_e4m3", scaling="block", out_dtype="fp32"),
+    GemmSpec.create(4096, 512, "int8"),                                      # unscaled: int32 out
+    GemmSpec.create(4096, 512, "int8", scaling="tensor"),                    # scaled: bf16 out
+    GemmSpec.create(4096, 512, "int8", "fp16", scaling="row"),
+]
+
+
+@pytest.mark.parametrize("spec", ROUND_TRIP_SPECS, ids=lambda spec: spec.tag)
+def test_warmup_command_round_trip(spec):
+    for m in (3, 4096, 20000):
         line = warmup.warmup_command_for(spec, m, "sm_90a")
         assert line.startswith("deepgemm-jit warmup --arch sm_90a --shape ")
         args = _args(*line.split()[2:])
         assert args.arch == "sm_90a"
         [back] = [warmup.parse_shape(text) for text in args.shape]
-        assert back.spec == spec and back.m_buckets == (config.m_bucket(m),)
-    assert (warmup.warmup_command_for(GemmSpec.create(7168, 2048), 4096, "sm_90a")
-            == "deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:bf16")
-    for bad, message in [("7168:2048:bf16", "expected M:N:K"), ("1:a:8:bf16", "integers"),
-                         ("1:8:8:fp8", "issue 4"), ("1:8:8:bf16:nq", "layout")]:
+        assert back.spec == spec, f"{line=} {back.spec=}"
+        assert back.m_buckets == (config.m_bucket(m),)
+        assert warmup.parse_type(warmup.type_text(spec)).spec(spec.n, spec.k, spec.out_dtype, spec.layout) == spec
+
+
+def test_warmup_command_lines():
+    line = lambda *a, **kw: warmup.warmup_command_for(GemmSpec.create(7168, 2048, *a, **kw), 4096, "sm_90a")  # noqa
+    prefix = "deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:"
+    assert line() == prefix + "bf16"
+    assert line("fp8") == prefix + "fp8_e4m3/block"
+    assert line("fp8", scaling="row", fast_accum=True) == prefix + "fp8_e4m3/row+fast_accum"
+    assert line("fp8", b_dtype="fp8_e5m2", scaling="tensor") == prefix + "fp8_e4m3xfp8_e5m2/tensor"
+    assert line("int8") == prefix + "int8"
+    assert line("int8", "fp16", scaling="row") == prefix + "int8/row:nt:fp16"
+    assert line("tf32", "bf16") == prefix + "tf32:nt:bf16"
+
+
+def test_shape_option():
+    entry = warmup.parse_shape("1-16384:7168:2048:bf16")
+    assert entry.spec == GemmSpec.create(7168, 2048, "bf16") and entry.m_buckets == ALL_BUCKETS
+    assert entry.source == "--shape 1-16384:7168:2048:bf16"
+    for text, spec in [
+        ("1-4096:7168:2048:fp8", GemmSpec.create(7168, 2048, "fp8_e4m3", scaling="block")),
+        ("1:8:8:FP8_E4M3/Block", GemmSpec.create(8, 8, "fp8_e4m3", scaling="block")),
+        ("1:8:8:fp8/tensor+fast_accum", GemmSpec.create(8, 8, "fp8", scaling="tensor", fast_accum=True)),
+        ("1:8:8:e4m3xe5m2/row", GemmSpec.create(8, 8, "fp8", b_dtype="fp8_e5m2", scaling="row")),
+        ("1:8:8:int8", GemmSpec.create(8, 8, "int8", "int32", scaling="none")),
+        ("1:8:8:int8/none", GemmSpec.create(8, 8, "int8", "int32", scaling="none")),
+        ("1:8:8:int8/row", GemmSpec.create(8, 8, "int8", "bf16", scaling="row")),
+        ("1:8:8:int8/row:nt:fp32", GemmSpec.create(8, 8, "int8", "fp32", scaling="row")),
+        ("1:8:8:fp8/block:nt:fp16", GemmSpec.create(8, 8, "fp8", "fp16", scaling="block")),
+    ]:
+        assert warmup.parse_shape(text).spec == spec, text
+    assert warmup.parse_shape("1-4096:8:8:fp8").m_buckets == ALL_BUCKETS[:7]
+    for bad, message in [
+        ("7168:2048:bf16", "expected M:N:K:TYPE"), ("1:a:8:bf16", "integers"), ("0:8:8:bf16", "--shape 0:8:8:bf16: M"),
+        ("1:8:8:bf16:nq", "--shape 1:8:8:bf16:nq: layout='nq'"),
+        ("1:8:8:fp4", "--shape 1:8:8:fp4: dtype='fp4' is not supported"),
+        ("1:8:8:fp8/", "TYPE 'fp8/': write dtype\\[xb_dtype\\]"),
+        ("1:8:8:fp8x", "TYPE 'fp8x'"),
+        ("1:8:8:fp8/row+fastacc", "only modifier"),
+        ("1:8:8:fp8/row+", "only modifier"),
+        ("1:8:8:fp8/none", "--shape 1:8:8:fp8/none: fp8 GEMMs need scaling"),
+        ("1:8:8:fp8/blocky", "scaling='blocky' is not supported"),
+        ("1:8:8:fp8+fast_accum", "fast_accum=True does not apply to scaling='block'"),
+        ("1:8:8:int8/block", "not available for int8"),
+        ("1:8:8:int8:nt:bf16", "int8 without scaling writes out_dtype='int32'"),
+        ("1:8:8:int8/row:nt:int32", "with tensor/row scales"),
+        ("1:8:8:bf16/row", "applies to fp8/int8 operands, not bf16"),
+        ("1:8:8:bf16xfp16", "b_dtype='fp16' differs"),
+        ("1:8:8:fp8xint8/row", "an fp8 A multiplies an fp8 B"),
+        ("1:8:8:fp8/block:tn", "--shape 1:8:8:fp8/block:tn: fp8_e4m3 GEMMs need layout 'nt'"),
+    ]:
         with pytest.raises(ValueError, match=message):
             warmup.parse_shape(bad)
 
 
-def test_hf_dtype_list_and_unsupported_dtypes():
+def test_hf_dtype_list():
     entries = warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", ["bf16", "fp16"], (4096,))
     assert len(entries) == 14 and {e.spec.dtype for e in entries} == {"bf16", "fp16"}
-    for name in ("fp8", "block"):
-        with pytest.raises(ValueError, match="not supported yet.*issue 4"):
+    entries = warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", ["fp8/row+fast_accum", "int8/tensor"], (64,))
+    assert {warmup.type_text(e.spec) for e in entries} == {"fp8_e4m3/row+fast_accum", "int8/tensor"}
+    assert warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", None, (64,)) == \
+        warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", ["bf16"], (64,))  # no quantization_config
+    for name, message in [("block", "--dtype block: dtype='block' is not supported"),
+                          ("fp8/none", "--dtype fp8/none: fp8 GEMMs need scaling"),
+                          ("int8/block", "--dtype int8/block: .*not available for int8")]:
+        with pytest.raises(ValueError, match=message):
             warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", [name], (4096,))
+
+
+def test_hf_fp8_block_config_gives_fp8_block_specs(tmp_path):
+    entries = warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", None, ALL_BUCKETS)
+    rows = model_shapes.gemm_shapes(_config("deepseek-v3.json"))
+    assert len(entries) == len(rows) == 11
+    for entry, row in zip(entries, rows):
+        want = (GemmSpec.create(row.n, row.k, "bf16") if row.name == "lm_head"
+                else GemmSpec(row.n, row.k, "fp8_e4m3", "bf16", "nt", scaling="block"))
+        assert entry.spec == want, row.name
+        assert entry.m_buckets == ALL_BUCKETS and entry.source == f"deepseek-v3.json: {row.name}"
+    # an explicit --dtype wins over the config
+    explicit = warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", ["bf16"], (64,))
+    assert {e.spec for e in explicit} == {GemmSpec.create(r.n, r.k, "bf16") for r in rows}
+    # a row with a module left in 16 bits in one layer gets both kernels
+    cfg = _config("deepseek-v3.json")
+    cfg["quantization_config"]["modules_to_not_convert"] = ["model.layers.0.self_attn.kv_b_proj"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    kv_b = [e.spec for e in warmup.hf_config_entries(path, None, (64,)) if (e.spec.n, e.spec.k) == (32768, 512)]
+    assert kv_b == [GemmSpec.create(32768, 512, "fp8"), GemmSpec.create(32768, 512, "bf16")]
+
+
+def test_hf_unsupported_fp8_quantization_needs_dtype(tmp_path):
+    cfg = _config("deepseek-v3.json")
+    cfg["quantization_config"]["weight_block_size"] = [64, 64]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="config.json: .*weight_block_size=\\[64, 64\\].*pass --dtype"):
+        warmup.hf_config_entries(path, None, (64,))
+    assert len(warmup.hf_config_entries(path, ["fp8/row"], (64,))) == 11
 
 
 # -- plan and run -------------------------------------------------------------------------------------
@@ -226,9 +373,12 @@ def test_warmup_compiles_even_in_offline_mode(cache_dir, monkeypatch):
 def test_main_argument_errors(monkeypatch):
     with pytest.raises(ValueError, match="nothing to warm up"):
         warmup.main(_args("--arch", "sm_90a"))
-    with pytest.raises(ValueError, match="issue 4"):
+    with pytest.raises(ValueError, match="--dtype fp8/none: fp8 GEMMs need scaling"):
         warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "llama-3.1-8b.json"),
-                          "--dtype", "bf16,fp8"))
+                          "--dtype", "bf16,fp8/none"))
+    with pytest.raises(ValueError, match="names no type"):
+        warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "llama-3.1-8b.json"),
+                          "--dtype", " , "))
     from deepgemm_jit import device
 
     monkeypatch.setattr(device, "gpu_count", lambda: 0)
@@ -240,4 +390,36 @@ def test_hf_config_dry_run_counts(capsys):
     assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
                              "--m", "4096", "--dry-run")) == 0
     out = capsys.readouterr().out
-    assert "warmup plan: 11 kernels for sm_90a" in out  # one per distinct (n, k) at one bucket
+    # one per distinct (n, k) at one bucket: the FP8 checkpoint's layers in fp8 block, lm_head in bf16
+    assert "warmup plan: 11 kernels for sm_90a (10 fp8_e4m3/block, 1 bf16); dry run" in out
+    assert "gemm_fp8_e4m3_block_bf16_nt_n7168_k2048" in out and "gemm_bf16_bf16_nt_n129280_k7168" in out
+    assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
+                             "--m", "4096", "--dtype", "bf16", "--dry-run")) == 0
+    assert "warmup plan: 11 kernels for sm_90a (bf16); dry run" in capsys.readouterr().out
+
+
+def test_fp8_block_offline_miss_then_warmup_then_nothing_to_compile(cache_dir, monkeypatch, capsys):
+    """The serving loop: an offline build misses, its error names the warmup line, that line compiles the
+    one FP8 block kernel (the only real compile here), and a second run and the build compile nothing."""
+    import deepgemm_jit as dg
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    with pytest.raises(KernelNotCachedError) as info:
+        dg.build(3000, 7168, 2048, dtype="fp8", arch="sm_90a")
+    line = info.value.warmup_command
+    assert line == "deepgemm-jit warmup --arch sm_90a --shape 3000:7168:2048:fp8_e4m3/block"
+    args = _args(*line.split()[2:], "--progress")
+    assert warmup.main(args) == 0
+    captured = capsys.readouterr()
+    assert "warmup: 1 kernels for sm_90a (fp8_e4m3/block): compiled 1, already cached 0, failed 0" in captured.out
+    assert "[1/1] compiled 1 cached 0 failed 0" in captured.err and "fp8_e4m3/block n7168 k2048" in captured.err
+    [cubin] = cache_dir.glob("kernels/*/*.cubin")
+    assert cubin.read_bytes()[:4] == b"\x7fELF"
+    assert warmup.main(_args(*line.split()[2:], "--no-progress")) == 0
+    assert "compiled 0, already cached 1, failed 0" in capsys.readouterr().out
+    from deepgemm_jit import jit
+
+    jit.clear_memo()
+    g = dg.build(3000, 7168, 2048, dtype="fp8", arch="sm_90a")  # still offline: served from the cache
+    assert not g.artifact.compiled_now and g.spec.scaling == "block"

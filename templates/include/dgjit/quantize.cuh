@@ -1,5 +1,5 @@
 // Quantization for the FP8/INT8 GEMM: FP32/FP16/BF16 -> FP8 (E4M3, E5M2) or INT8 with float32
-// dequantization scales, and back. The host side is deepgemm_jit/quantize.py; the float64 ground
+// dequantization scales, and back. The host side is deepgemm_jit/quantization.py; the float64 ground
 // truth is quantize_reference() in deepgemm_jit/reference.py. The contract, shared with the GEMM:
 //
 //   s = amax(|x| over the group) / kMax   (fp32, IEEE division); s == 0 (all-zero group) -> s = 1

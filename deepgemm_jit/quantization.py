@@ -448,7 +448,7 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
     art = get_kernel(QuantKernelSpec("quantize", src, q_name, gran, vec), arch)
     sym = kernel_symbols(art)
     if sym["group_cols"] != GROUP:
-        raise RuntimeError(f"{art.entry} groups {sym['group_cols']} columns, quantize.py {GROUP}")
+        raise RuntimeError(f"{art.entry} groups {sym['group_cols']} columns, quantization.py {GROUP}")
     num_groups = -(-k // GROUP)
     if gran in ("tensor", "group128"):
         grid = _grid(-(-m * num_groups // sym["units_per_block"]), "x")
