@@ -139,12 +139,17 @@ def sm90_block_n_legal(spec: GemmSpec, block_n: int) -> bool:
     return spec.dtype != "int8" or block_n <= 24 or block_n % 16 == 0
 
 
-def sm90_block_n_preferred(spec: GemmSpec, block_n: int) -> bool:
-    """Tiles the heuristic considers. Block-scaled FP8 keeps to BLOCK_N dividing 128, so that a tile never
-    straddles two 128-column scale blocks and promotion needs one scale per row: on the H200 128x128 was the
-    fastest or within 1% on every M = 4096 DeepSeek shape, 128x176 (three scale blocks to select from)
-    up to 17% slower (bench/results, docs/NOTES.md). Other tiles stay legal for explicit configs."""
-    return spec.scaling != "block" or 128 % block_n == 0
+def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int) -> bool:
+    """Tiles the heuristic considers (others stay legal for explicit configs and the tuner).
+
+    Block-scaled FP8 at M >= 256 keeps to BLOCK_N = 128: on the H200 128x128 was the fastest or within 1% on
+    every M = 4096 DeepSeek shape; 128x176 (a tile straddling three 128-column scale blocks) ran 8-20% slower
+    on four of them, and 128x64, which the waves model prefers for N = 2112, 13% slower (bench/results,
+    docs/NOTES.md). Smaller M keeps the BLOCK_N that divide 128, so that few tiles still spread over the SMs.
+    """
+    if spec.scaling != "block":
+        return True
+    return block_n == 128 if m_hint >= 256 else 128 % block_n == 0
 
 
 def sm90_accumulators(block_m: int, block_n: int, promote: bool) -> int:
@@ -253,7 +258,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple
         if block_m == 64 and m_hint > 128:
             continue
         for block_n in SM90_BLOCK_N:
-            if not (sm90_block_n_legal(spec, block_n) and sm90_block_n_preferred(spec, block_n)):
+            if not (sm90_block_n_legal(spec, block_n) and sm90_block_n_preferred(spec, block_n, m_hint)):
                 continue
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
                 continue

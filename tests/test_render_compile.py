@@ -117,6 +117,8 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, shared_cache_di
     assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
+    # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.
+    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
     from deepgemm_jit import launch
     sym = launch.sm90_symbols(art)

@@ -343,13 +343,6 @@ struct GemmSm90 {
     float b[kMaxScaleBBlocks];    // the tile's 128-column blocks, from its first column's block on
   };
 
-  // Rows of this thread's accumulators (clamped: rows past M compute garbage that is never stored).
-  static DGJIT_DEVICE uint32_t acc_row(uint32_t math_wg, uint32_t m_block, uint32_t mi, uint32_t h, uint32_t m) {
-    const uint32_t row = m_block * kBlockM + math_wg * kWGRows + mi * 64 + warp_idx_in_warpgroup() * 16 +
-                         lane_idx() / 4 + 8 * h;
-    return row < m ? row : m - 1;
-  }
-
   // Producer side (warp 1 of the producer warpgroup): copy each stage's scales into shared memory, in
   // the same tile / K-block order as the TMA producer. The copies are cp.async with a deferred arrival
   // on the stage's full barrier (one per lane), so the warp runs ahead through the ring instead of
@@ -404,9 +397,35 @@ struct GemmSm90 {
     return s;
   }
 
+  // acc += part (x the K block's scales for kBlock).
+  static DGJIT_DEVICE void promote(float (&acc)[kNumM64PerWG][kNumAccum], const float (&part)[kNumM64PerWG][kNumAccum],
+                                   const BlockScales& cur, uint32_t n_block) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+      for (uint32_t j = 0; j < kBlockN / 8; ++j) {
+        float sb = 1.0f;
+        if constexpr (kScaling == Scaling::kBlock) sb = scale_b_of_group(cur, n_block, j);
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          float s = 1.0f;
+          if constexpr (kScaling == Scaling::kBlock) s = cur.a[mi][h] * sb;
+#pragma unroll
+          for (uint32_t e = 0; e < 2; ++e) {
+            const uint32_t i = 4 * j + 2 * h + e;
+            acc[mi][i] = kScaling == Scaling::kBlock ? fmaf(part[mi][i], s, acc[mi][i]) : acc[mi][i] + part[mi][i];
+          }
+        }
+      }
+    }
+  }
+
+  // One partial set, waited for (wait_group 0) before each promotion. Tried and measured (docs/NOTES.md):
+  // two partial sets with K block i+1 issued before K block i is promoted (wait_group 1): ptxas (C7514)
+  // serialises the wgmmas; the two consumers taking turns (named barriers, one promotes while the other's
+  // wgmmas run): 23% slower per-tensor, block unchanged.
   static DGJIT_DEVICE void mainloop_promoted(const Smem& smem, State& state, uint32_t math_wg, uint32_t n_block,
                                              float (&acc)[kNumM64PerWG][kNumAccum]) {
-    float part[kNumM64PerWG][kNumAccum];
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
@@ -415,6 +434,7 @@ struct GemmSm90 {
     // despite the pragma (K = 16384 gave 512 QGMMAs and minutes of compile time).
     uint32_t num_k_blocks = kNumKBlocks;
     asm volatile("" : "+r"(num_k_blocks));
+    float part[kNumM64PerWG][kNumAccum];
 #pragma unroll 1
     for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
       mbarrier_wait(smem.full(state.stage), state.phase);
@@ -426,24 +446,7 @@ struct GemmSm90 {
       release_stage(smem, state.stage);
       state.advance();
       fence_accumulators(part);
-#pragma unroll
-      for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
-#pragma unroll
-        for (uint32_t j = 0; j < kBlockN / 8; ++j) {
-          float sb = 1.0f;
-          if constexpr (kScaling == Scaling::kBlock) sb = scale_b_of_group(cur, n_block, j);
-#pragma unroll
-          for (uint32_t h = 0; h < 2; ++h) {
-            float s = 1.0f;
-            if constexpr (kScaling == Scaling::kBlock) s = cur.a[mi][h] * sb;
-#pragma unroll
-            for (uint32_t e = 0; e < 2; ++e) {
-              const uint32_t i = 4 * j + 2 * h + e;
-              acc[mi][i] = kScaling == Scaling::kBlock ? fmaf(part[mi][i], s, acc[mi][i]) : acc[mi][i] + part[mi][i];
-            }
-          }
-        }
-      }
+      promote(acc, part, cur, n_block);
     }
   }
 
