@@ -1,16 +1,24 @@
-"""PyTorch integration: the GEMM as a ``torch.library`` custom op, and a drop-in ``Linear``.
+"""PyTorch integration: the GEMMs and FP8 quantization as ``torch.library`` custom ops, and a drop-in ``Linear``.
 
 Optional: importing this module needs torch >= 2.4 (``pip install "deepgemm-jit[torch]"``); the rest of
 the package never imports it.
 
     import deepgemm_jit.torch as dgt
     d = dgt.gemm(x, w)                        # x (..., K), w (N, K) CUDA tensors -> (..., N) tensor
-    block = dgt.swap_linears(model)           # every bf16/fp16 CUDA nn.Linear -> dgt.Linear
+    n = dgt.swap_linears(model)               # every bf16/fp16 CUDA nn.Linear -> dgt.Linear
+    n = dgt.swap_linears(model, dtype="fp8", scaling="block")   # the same, weights quantized to FP8 once
 
-The op ``torch.ops.deepgemm_jit.gemm`` has a fake (meta) implementation, so it traces under
-``torch.compile(fullgraph=True)`` and ``torch.export`` without a graph break; it synchronises nothing
-with the host and allocates only its output, so it can be captured in a CUDA graph once a call outside
-the capture has compiled and loaded the kernel. It has no autograd formula: inference only.
+    qx, sx = dgt.quantize(x2, "fp8", "group128")   # x2 (M, K) -> FP8 (M, K) and (M, ceil(K/128)) scales
+    y = dgt.gemm_fp8(qx, qw, sx, sw, "block")      # -> (M, N) bf16
+
+Three ops, ``torch.ops.deepgemm_jit.gemm``, ``.quantize`` and ``.gemm_fp8``, each with a fake (meta)
+implementation, so they trace under ``torch.compile(fullgraph=True)`` and ``torch.export`` without a graph
+break. They synchronise nothing with the host and allocate only their outputs from torch's allocator
+(``quantize`` with ``granularity="tensor"`` also a one-word amax), so they can be captured in a CUDA
+graph once a call outside the capture has compiled and loaded the kernels. One exception: an FP8
+operand whose rows are not a multiple of 16 bytes (K % 16 != 0), or an output whose rows are not
+(N % 8 != 0 for bf16/fp16 output), is staged through aligned copies and the stream is synchronised:
+correct but slow, and not capturable. No autograd formulas: inference only.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ from typing import Callable, Optional
 import torch
 
 from . import config as config_mod
-from . import dtypes
+from . import dtypes, quantization
 from .api import Gemm, build
 from .spec import LAYOUTS
 
@@ -31,9 +39,29 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
 # torch input dtype -> the library's input dtype name (float32 runs on TF32 tensor cores).
 _INPUT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "tf32"}
 _OUTPUT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+_FP8_INPUT_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+_QUANT_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8}
+_QUANT_SOURCES = (torch.float32, torch.float16, torch.bfloat16)   # what quantize reads
+_FP8_SCALINGS = ("tensor", "row", "block")
+_FP8_OUTPUTS = ("bf16", "fp16", "fp32")
 # Weight dtypes of a dense Linear (TF32 Linears stay with torch: their accuracy contract differs).
 _LINEAR_DTYPES = (torch.bfloat16, torch.float16)
-FP8_ISSUE = 4  # the FP8 block-scaled GEMM this module's weight_format="fp8_block" waits for
+_FP8_WEIGHT_DTYPE = torch.float8_e4m3fn   # FP8 Linears store E4M3 weights and quantize activations to E4M3
+
+
+@dataclass(frozen=True)
+class _Fp8Recipe:
+    """How an FP8 Linear quantizes: the GEMM's scaling and the two ``quantize`` granularities feeding it."""
+    scaling: str              # deepgemm_jit.build(scaling=...)
+    weight_granularity: str   # the (N, K) weight, once, when the Linear is made
+    input_granularity: str    # the (M, K) activations, on every call
+
+
+# weight_format -> recipe. DeepGEMM's (block) is the default of dtype="fp8".
+_FP8_RECIPES = {"fp8_block": _Fp8Recipe("block", "block128", "group128"),
+                "fp8_row": _Fp8Recipe("row", "row", "row"),
+                "fp8_tensor": _Fp8Recipe("tensor", "tensor", "tensor")}
+WEIGHT_FORMATS = ("bf16",) + tuple(_FP8_RECIPES)
 
 
 @dataclass(frozen=True)
@@ -87,34 +115,139 @@ def _problem(a: torch.Tensor, b: torch.Tensor, layout: str, out_dtype: Optional[
     return _Problem(m, n, k, name, out_name, layout, lead + (n,))
 
 
-# Built Gemms by (device index, N, K, dtype, layout, out dtype, M bucket): one per problem and bucket.
+@dataclass(frozen=True)
+class _Fp8Problem:
+    """One FP8 GEMM call, from shapes and dtypes only (real and fake impl share it)."""
+    m: int
+    n: int
+    k: int
+    dtype: str       # A's library dtype name (fp8_e4m3 or fp8_e5m2)
+    b_dtype: str     # B's
+    scaling: str     # tensor, row or block
+    out_dtype: str   # bf16, fp16 or fp32
+
+    @property
+    def torch_out_dtype(self) -> torch.dtype:
+        return _OUTPUT_DTYPES[self.out_dtype]
+
+
+def _fp8_scale_shapes(scaling: str, m, n, k) -> tuple[tuple, tuple]:
+    """(scale_a, scale_b) shapes, as GemmSpec.scale_shapes, for ints or the SymInts of a trace."""
+    num_k_blocks, num_n_blocks = -(-k // 128), -(-n // 128)
+    if scaling == "tensor":
+        return (1,), (1,)
+    if scaling == "row":
+        return (m,), (n,)
+    return (m, num_k_blocks), (num_n_blocks, num_k_blocks)
+
+
+_SCALE_MEANING = {"tensor": ("one scale for all of A", "one scale for all of B"),
+                  "row": ("(M,): one per row of A", "(N,): one per row of B"),
+                  "block": ("(M, ceil(K/128)): one per 1x128 group of A",
+                            "(ceil(N/128), ceil(K/128)): one per 128x128 block of B")}
+
+
+def _fp8_problem(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, scaling: str,
+                 out_dtype: Optional[str]) -> _Fp8Problem:
+    """Checks FP8 operands and scales against their contract; errors name the argument."""
+    if not isinstance(scaling, str) or scaling.lower() not in _FP8_SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not supported; choose one of {', '.join(_FP8_SCALINGS)}")
+    scaling = scaling.lower()
+    names = []
+    for t, arg in ((a, "a"), (b, "b")):
+        name = _FP8_INPUT_DTYPES.get(t.dtype)
+        if name is None:
+            raise TypeError(f"{arg} has dtype {t.dtype}; pass torch.float8_e4m3fn or torch.float8_e5m2 "
+                            "(deepgemm_jit.torch.quantize makes them)")
+        if t.dim() != 2:
+            raise ValueError(f"{arg} must be 2-D, got shape {tuple(t.shape)}; flatten leading dimensions "
+                             "(a (M, K), b (N, K))")
+        names.append(name)
+    out_name = "bf16" if out_dtype is None else dtypes.canonical(out_dtype, arg="out_dtype", allowed=_FP8_OUTPUTS)
+    (m, k), (n, b_k) = a.shape, b.shape
+    if b_k != k:
+        raise ValueError(f"b has shape {tuple(b.shape)}; it must be (N, K) with K={k} (from a of shape "
+                         f"{tuple(a.shape)})")
+    if k == 0:
+        raise ValueError(f"a has shape {tuple(a.shape)}; FP8 GEMMs need K >= 1")
+    for t, arg, want, what in zip((scale_a, scale_b), ("scale_a", "scale_b"), _fp8_scale_shapes(scaling, m, n, k),
+                                  _SCALE_MEANING[scaling]):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{arg} has dtype {t.dtype}; scales are torch.float32 dequantization factors")
+        if tuple(t.shape) != want:
+            raise ValueError(f"{arg} has shape {tuple(t.shape)}; scaling={scaling!r} wants {want} ({what})")
+    for t, arg in ((b, "b"), (scale_a, "scale_a"), (scale_b, "scale_b")):
+        if t.device != a.device:
+            raise ValueError(f"{arg} is on {t.device} but a is on {a.device}")
+    return _Fp8Problem(m, n, k, names[0], names[1], scaling, out_name)
+
+
+@dataclass(frozen=True)
+class _QuantProblem:
+    """One quantize call, from shapes and dtypes only (real and fake impl share it)."""
+    m: int
+    k: int
+    dtype: str          # fp8_e4m3, fp8_e5m2 or int8
+    granularity: str
+    scales_shape: tuple
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _QUANT_DTYPES[self.dtype]
+
+
+def _quant_problem(x: torch.Tensor, dtype: str, granularity: str) -> _QuantProblem:
+    name = dtypes.canonical(dtype, arg="dtype", allowed=quantization.QUANT_DTYPES)
+    gran = quantization.check_granularity(granularity, name)
+    if x.dtype not in _QUANT_SOURCES:
+        raise TypeError(f"x has dtype {x.dtype}; quantize takes torch.float32, torch.float16 or torch.bfloat16")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}; flatten leading dimensions first")
+    m, k = x.shape
+    if k == 0:
+        raise ValueError(f"x has shape {tuple(x.shape)}; quantization needs K >= 1")
+    return _QuantProblem(m, k, name, gran, quantization.scale_shape(gran, m, k))
+
+
+def _require_cuda(op: str, t: torch.Tensor, arg: str) -> None:
+    if t.device.type != "cuda":
+        raise ValueError(f"deepgemm_jit::{op} runs on CUDA tensors; {arg} is on {t.device}")
+
+
+def _k_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t with unit stride along its last dimension (the kernels' only requirement), copied only if needed."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+# Built Gemms by (device index, N, K, M bucket, spec arguments): one per problem and bucket.
 _built: dict[tuple, Gemm] = {}
 _built_lock = threading.Lock()
 
 
-def _gemm_for(p: _Problem, device_index: int) -> Gemm:
-    bucket = config_mod.m_bucket(p.m)
-    key = (device_index, p.n, p.k, p.dtype, p.layout, p.out_dtype, bucket)
+def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
+    bucket = config_mod.m_bucket(m)
+    key = (device_index, n, k, bucket, tuple(sorted(spec_args.items())))
     g = _built.get(key)
     if g is None:
         with _built_lock:
             g = _built.get(key)
             if g is None:  # the bucket's representative M serves every M of the bucket
-                g = build(bucket, p.n, p.k, dtype=p.dtype, out_dtype=p.out_dtype, layout=p.layout)
+                g = build(bucket, n, k, **spec_args)
                 _built[key] = g
     return g
 
 
+# -- the 16-bit / TF32 GEMM ---------------------------------------------------------------------------------
 @torch.library.custom_op("deepgemm_jit::gemm", mutates_args=())
 def _gemm_op(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Optional[str] = None) -> torch.Tensor:
     p = _problem(a, b, layout, out_dtype)
-    if a.device.type != "cuda":
-        raise ValueError(f"deepgemm_jit::gemm runs on CUDA tensors; a is on {a.device}")
+    _require_cuda("gemm", a, "a")
     with torch.cuda.device(a.device):
         out = torch.empty((p.m, p.n), dtype=p.torch_out_dtype, device=a.device)
         if p.m and p.n:
             a2 = a.reshape(p.m, p.k) if p.layout == "nt" else a  # a view when a's leading dims allow one
-            _gemm_for(p, a.device.index)(a2, b, out=out)   # on torch's current stream: Gemm's default for torch
+            g = _gemm_for(a.device.index, p.m, p.n, p.k, dtype=p.dtype, out_dtype=p.out_dtype, layout=p.layout)
+            g(a2, b, out=out)   # on torch's current stream: Gemm's default for torch
     return out.view(p.out_shape)
 
 
@@ -141,32 +274,132 @@ def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Option
     return torch.ops.deepgemm_jit.gemm.default(a, b, layout, out_dtype)
 
 
+# -- FP8: quantize and the scaled GEMM ---------------------------------------------------------------------------
+@torch.library.custom_op("deepgemm_jit::quantize", mutates_args=())
+def _quantize_op(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group128"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    p = _quant_problem(x, dtype, granularity)
+    _require_cuda("quantize", x, "x")
+    if p.m == 0:   # nothing to launch; the library refuses empty matrices
+        return (x.new_empty((0, p.k), dtype=p.torch_dtype),
+                torch.ones(p.scales_shape, dtype=torch.float32, device=x.device))
+    with torch.cuda.device(x.device):
+        return quantization.quantize(_k_contiguous(x), p.dtype, p.granularity)   # torch's current stream
+
+
+@_quantize_op.register_fake
+def _quantize_fake(x, dtype="fp8", granularity="group128"):
+    p = _quant_problem(x, dtype, granularity)
+    return x.new_empty((p.m, p.k), dtype=p.torch_dtype), x.new_empty(p.scales_shape, dtype=torch.float32)
+
+
+def quantize(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group128"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales) of a 2-D (M, K) CUDA tensor through ``torch.ops.deepgemm_jit.quantize``.
+
+    :func:`deepgemm_jit.quantize` as an op: x float32, float16 or bfloat16 (M, K), unit stride along K
+    (copied if not); ``dtype`` ``"fp8"`` (= ``"fp8_e4m3"``), ``"fp8_e5m2"`` or ``"int8"``; q contiguous
+    (M, K) torch.float8_e4m3fn / float8_e5m2 / int8; scales contiguous float32 dequantization factors
+    (x ~= q * s): ``"tensor"`` (1,), ``"row"`` (M,), ``"group128"`` (M, ceil(K/128)), ``"block128"``
+    (ceil(M/128), ceil(K/128)). M may be 0 (nothing runs). Runs on torch's current stream, no host sync.
+    Example::
+
+        qx, sx = deepgemm_jit.torch.quantize(x.reshape(-1, 7168), "fp8", "group128")
+    """
+    return torch.ops.deepgemm_jit.quantize.default(x, dtype, granularity)
+
+
+@torch.library.custom_op("deepgemm_jit::gemm_fp8", mutates_args=())
+def _gemm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                 scaling: str = "block", out_dtype: Optional[str] = None) -> torch.Tensor:
+    p = _fp8_problem(a, b, scale_a, scale_b, scaling, out_dtype)
+    _require_cuda("gemm_fp8", a, "a")
+    with torch.cuda.device(a.device):
+        out = torch.empty((p.m, p.n), dtype=p.torch_out_dtype, device=a.device)
+        if p.m and p.n:
+            g = _gemm_for(a.device.index, p.m, p.n, p.k, dtype=p.dtype, b_dtype=p.b_dtype, scaling=p.scaling,
+                          out_dtype=p.out_dtype)
+            g(_k_contiguous(a), _k_contiguous(b), scale_a=scale_a, scale_b=scale_b, out=out)
+    return out
+
+
+@_gemm_fp8_op.register_fake
+def _gemm_fp8_fake(a, b, scale_a, scale_b, scaling="block", out_dtype=None):
+    p = _fp8_problem(a, b, scale_a, scale_b, scaling, out_dtype)
+    return a.new_empty((p.m, p.n), dtype=p.torch_out_dtype)
+
+
+def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             scaling: str = "block", out_dtype: Optional[str] = None) -> torch.Tensor:
+    """d = (a * scale_a) @ (b * scale_b).T through ``torch.ops.deepgemm_jit.gemm_fp8``; a new (M, N) tensor.
+
+    a (M, K) and b (N, K) CUDA tensors of torch.float8_e4m3fn or float8_e5m2 (unit stride along K, copied
+    if not); scales float32 dequantization factors in :func:`quantize`'s layouts: ``"block"`` scale_a
+    (M, ceil(K/128)) (group128 of a), scale_b (ceil(N/128), ceil(K/128)) (block128 of b); ``"row"`` (M,)
+    and (N,); ``"tensor"`` (1,) and (1,). ``out_dtype`` ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``.
+    FP32 accumulation, promoted every 128 K. Any K works; K % 16 != 0 (or an output row that is not a
+    multiple of 16 bytes) takes a slow staged path that synchronises the stream. Example::
+
+        qx, sx = quantize(x, "fp8", "group128"); qw, sw = quantize(w, "fp8", "block128")
+        y = gemm_fp8(qx, qw, sx, sw, "block")    # (M, N) bf16 ~= x @ w.T
+    """
+    return torch.ops.deepgemm_jit.gemm_fp8.default(a, b, scale_a, scale_b, scaling, out_dtype)
+
+
+# -- Linear ------------------------------------------------------------------------------------------------------
 class Linear(torch.nn.Module):
-    """Inference drop-in for ``torch.nn.Linear``: y = x @ weight.T + bias through the deepgemm-jit op.
+    """Inference drop-in for ``torch.nn.Linear``: y = x @ weight.T + bias through the deepgemm-jit ops.
 
-    x (..., in_features) -> (..., out_features); weight (out_features, in_features) in bfloat16 or float16
-    on a CUDA device when called, x of the weight's dtype. Parameters and ``state_dict`` keys are those of
-    ``nn.Linear`` (same initialisation). The bias is a separate torch add after the GEMM for now; a
-    bias fused into the kernel's epilogue is a later issue. No backward (inference only: run under
-    ``torch.inference_mode()`` or ``torch.no_grad()``).
+    x (..., in_features) -> (..., out_features); leading dimensions are flattened into M and restored.
+    The bias is a separate torch add after the GEMM (a bias fused into the kernel's epilogue is a later
+    issue). No backward (inference only: run under ``torch.inference_mode()`` or ``torch.no_grad()``).
+    ``weight_format`` says what the GEMM multiplies:
 
-    ``weight_format="bf16"`` (the only one available) uses the 16-bit weight as stored, bf16 or fp16;
-    ``"fp8_block"`` (weights quantised once at load) waits for the FP8 GEMM of issue 4.
+    - ``"bf16"``: the 16-bit weight as stored (a bfloat16 or float16 Parameter; x of the same dtype,
+      output too). Parameters and ``state_dict`` keys are those of ``nn.Linear`` (same initialisation).
+    - ``"fp8_block"`` / ``"fp8_row"`` / ``"fp8_tensor"``: the weight quantized once to E4M3, kept as
+      buffers ``weight`` (out_features, in_features) torch.float8_e4m3fn and ``weight_scale`` float32
+      (weight ~= q * s; block128 (ceil(N/128), ceil(K/128)), row (N,), tensor (1,)); every call quantizes x
+      (float32, float16 or bfloat16) by group128 / row / tensor and runs the FP8 GEMM into
+      ``out_dtype`` (``"bf16"``, ``"fp16"`` or ``"fp32"``), then adds ``bias`` (a Parameter of its own
+      dtype). ``.to(device)`` moves the buffers; a dtype cast (``.half()``, ``.to(torch.bfloat16)``) casts
+      only the bias, never the quantized buffers. DeepSeek-V3's ``weight_scale_inv`` tensors are
+      ``weight_scale`` of ``"fp8_block"`` (same values, same layout). Any in_features works; one that is
+      not a multiple of 16 (or an out_features that is not a multiple of 8 for 16-bit output) is staged
+      through aligned copies with a stream synchronisation: correct, slow, not capturable in a CUDA graph.
+
+    Built here, an FP8 Linear holds a zero weight to be filled by ``load_state_dict`` (``dtype`` is then
+    the bias and output dtype); :meth:`from_linear` quantizes a trained ``nn.Linear`` and
+    :meth:`from_quantized` takes an already quantized weight.
 
     Example::
 
-        fast = deepgemm_jit.torch.Linear.from_linear(model.proj)   # shares model.proj.weight
-        y = fast(x)                                                # x (batch, seq, in) bf16, CUDA
+        fast = deepgemm_jit.torch.Linear.from_linear(model.proj)                # shares model.proj.weight
+        fp8 = deepgemm_jit.torch.Linear.from_linear(model.proj, dtype="fp8")    # block-scaled FP8 copy
+        y = fp8(x)                                                              # x (batch, seq, in) bf16, CUDA
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype: torch.dtype = torch.bfloat16, weight_format: str = "bf16"):
         super().__init__()
-        _check_weight_format(weight_format)
-        _check_weight_dtype(dtype)
+        weight_format = _check_weight_format(weight_format)
         self.in_features = in_features
         self.out_features = out_features
         self.weight_format = weight_format
+        if weight_format != "bf16":
+            self.out_dtype = _out_name_of(dtype, "dtype")
+            recipe = _FP8_RECIPES[weight_format]
+            self.register_buffer("weight", torch.zeros((out_features, in_features), device=device,
+                                                       dtype=_FP8_WEIGHT_DTYPE))
+            self.register_buffer("weight_scale", torch.ones(_weight_scale_shape(recipe, out_features, in_features),
+                                                            device=device, dtype=torch.float32))
+            if bias:
+                self.bias = torch.nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+            return
+        _check_weight_dtype(dtype)
+        self.out_dtype = None   # the weight's own dtype
         self.weight = torch.nn.Parameter(torch.empty((out_features, in_features), device=device, dtype=dtype))
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
@@ -175,39 +408,181 @@ class Linear(torch.nn.Module):
         torch.nn.Linear.reset_parameters(self)  # nn.Linear's initialisation, on the same attributes
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, weight_format: str = "bf16") -> "Linear":
-        """A Linear holding ``linear``'s own weight and bias Parameters (no copy: same storage)."""
+    def from_linear(cls, linear: torch.nn.Linear, weight_format: Optional[str] = None, *,
+                    dtype: Optional[str] = None, scaling: Optional[str] = None,
+                    out_dtype: Optional[str] = None) -> "Linear":
+        """A Linear computing ``linear``: its own 16-bit weight, or that weight quantized to FP8 once.
+
+        Default (``weight_format="bf16"``, or nothing): holds ``linear``'s weight and bias Parameters (no
+        copy: same storage); bfloat16 or float16 weights. ``dtype="fp8"`` with ``scaling="block"``
+        (default), ``"row"`` or ``"tensor"`` (or ``weight_format="fp8_block"`` etc.): quantizes the weight
+        (bfloat16, float16 or float32, on a CUDA device) on torch's current stream into new buffers, and
+        shares the bias Parameter; ``out_dtype`` defaults to the weight's dtype (bf16, fp16, fp32).
+        Example::
+
+            fp8 = Linear.from_linear(model.mlp.up, dtype="fp8", scaling="row")
+        """
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_linear takes a torch.nn.Linear, got {type(linear).__name__}")
-        _check_weight_format(weight_format)
-        _check_weight_dtype(linear.weight.dtype)
+        weight_format = _resolve_format(weight_format, dtype, scaling)
+        if weight_format == "bf16":
+            if out_dtype is not None:
+                raise ValueError(f"out_dtype={out_dtype!r} applies to FP8 Linears; a 16-bit Linear writes its "
+                                 "weight's dtype")
+            _check_weight_dtype(linear.weight.dtype)
+            new = cls.__new__(cls)
+            torch.nn.Module.__init__(new)
+            new.in_features = linear.in_features
+            new.out_features = linear.out_features
+            new.weight_format = weight_format
+            new.out_dtype = None
+            new.weight = linear.weight
+            new.bias = linear.bias
+            return new
+        weight = linear.weight
+        if weight.dtype not in _QUANT_SOURCES:
+            raise TypeError(f"from_linear quantizes torch.bfloat16, float16 or float32 weights, got {weight.dtype}")
+        if weight.device.type == "cpu":
+            raise ValueError("from_linear quantizes the weight on the GPU: move the Linear to a CUDA device first "
+                             "(or quantize elsewhere and use Linear.from_quantized)")
+        out_name = _out_name_of(weight.dtype, "the weight") if out_dtype is None else _check_out_dtype(out_dtype)
+        with torch.no_grad():
+            q, scale = quantize(weight.detach(), "fp8_e4m3", _FP8_RECIPES[weight_format].weight_granularity)
+        return cls._fp8(weight_format, q, scale, linear.bias, out_name)
+
+    @classmethod
+    def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                       *, scaling: str = "block", out_dtype: str = "bf16") -> "Linear":
+        """An FP8 Linear holding an already quantized weight (no copy: the tensors become its buffers).
+
+        weight (out_features, in_features) torch.float8_e4m3fn; weight_scale float32 dequantization factors
+        (weight ~= q * s) of ``scaling``: ``"block"`` (ceil(N/128), ceil(K/128)) per 128x128 block,
+        ``"row"`` (N,), ``"tensor"`` (1,); bias (N,) or None (a Parameter is shared, a tensor wrapped);
+        all on one device. Example::
+
+            lin = Linear.from_quantized(ckpt["w"], ckpt["w_scale_inv"], scaling="block")   # DeepSeek-V3
+        """
+        weight_format = _resolve_format(None, "fp8", scaling)
+        if not isinstance(weight, torch.Tensor) or weight.dtype != _FP8_WEIGHT_DTYPE or weight.dim() != 2:
+            raise TypeError(f"weight must be a 2-D torch.float8_e4m3fn tensor (out_features, in_features), got "
+                            f"{getattr(weight, 'dtype', type(weight).__name__)} of shape "
+                            f"{tuple(getattr(weight, 'shape', ()))}")
+        n, k = weight.shape
+        want = _weight_scale_shape(_FP8_RECIPES[weight_format], n, k)
+        if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype != torch.float32:
+            raise TypeError(f"weight_scale must be a torch.float32 tensor, got "
+                            f"{getattr(weight_scale, 'dtype', type(weight_scale).__name__)}")
+        if tuple(weight_scale.shape) != want:
+            raise ValueError(f"weight_scale has shape {tuple(weight_scale.shape)}; scaling={scaling!r} for a "
+                             f"({n}, {k}) weight wants {want}")
+        if bias is not None and (not bias.is_floating_point() or tuple(bias.shape) != (n,)):
+            raise ValueError(f"bias must be a floating-point ({n},) tensor, got {bias.dtype} {tuple(bias.shape)}")
+        for t, arg in ((weight_scale, "weight_scale"), (bias, "bias")):
+            if t is not None and t.device != weight.device:
+                raise ValueError(f"{arg} is on {t.device} but weight is on {weight.device}")
+        return cls._fp8(weight_format, weight, weight_scale, bias, _check_out_dtype(out_dtype))
+
+    @classmethod
+    def _fp8(cls, weight_format: str, q: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor],
+             out_name: str) -> "Linear":
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
-        new.in_features = linear.in_features
-        new.out_features = linear.out_features
+        new.out_features, new.in_features = q.shape
         new.weight_format = weight_format
-        new.weight = linear.weight
-        new.bias = linear.bias
+        new.out_dtype = out_name
+        new.register_buffer("weight", q)
+        new.register_buffer("weight_scale", scale)
+        if bias is not None and not isinstance(bias, torch.nn.Parameter):
+            bias = torch.nn.Parameter(bias, requires_grad=False)
+        new.register_parameter("bias", bias)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = gemm(x, self.weight, "nt")
+        if self.weight_format == "bf16":
+            y = gemm(x, self.weight, "nt")
+        else:
+            if x.dim() < 1 or x.shape[-1] != self.in_features:
+                raise ValueError(f"x has shape {tuple(x.shape)}; this Linear takes (..., {self.in_features})")
+            recipe = _FP8_RECIPES[self.weight_format]
+            qx, sx = quantize(x.reshape(-1, self.in_features), "fp8_e4m3", recipe.input_granularity)
+            y = gemm_fp8(qx, self.weight, sx, self.weight_scale, recipe.scaling, self.out_dtype)
+            y = y.view(*x.shape[:-1], self.out_features)
         if self.bias is not None:
             y = y.add_(self.bias)
         return y
 
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype)/.half() cast every floating-point buffer, float8 included: that would turn the
+        # quantized weight and its scales into something the FP8 GEMM does not take (and round the scales).
+        # Keep their dtypes and take only the move.
+        if self.weight_format == "bf16":
+            return super()._apply(fn, recurse)
+        before = {name: self._buffers[name] for name in ("weight", "weight_scale")}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if old is not None and new is not None and new.dtype != old.dtype:
+                self._buffers[name] = old.to(device=new.device)
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # copy_ would cast a 16-bit weight into the FP8 buffer without scales: refuse it by name.
+        weight = state_dict.get(prefix + "weight")
+        if self.weight_format != "bf16" and weight is not None and weight.dtype != self.weight.dtype:
+            error_msgs.append(f"{prefix}weight has dtype {weight.dtype}, but this {self.weight_format} Linear "
+                              f"loads quantized {self.weight.dtype} weights (with {prefix}weight_scale); quantize "
+                              "a 16-bit Linear with Linear.from_linear(linear, dtype='fp8')")
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+        text = (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, weight_format={self.weight_format!r}")
+        return text if self.weight_format == "bf16" else f"{text}, out_dtype={self.out_dtype!r}"
 
 
-def _check_weight_format(weight_format: str) -> None:
-    if weight_format == "fp8_block":
-        raise NotImplementedError(f"weight_format='fp8_block' needs the FP8 block-scaled GEMM of issue "
-                                  f"{FP8_ISSUE}, not implemented yet; use weight_format='bf16'")
-    if weight_format != "bf16":
-        raise ValueError(f"weight_format={weight_format!r} is not supported; use 'bf16' (16-bit weights "
-                         f"as stored, bf16 or fp16)")
+def _weight_scale_shape(recipe: _Fp8Recipe, n: int, k: int) -> tuple:
+    return quantization.scale_shape(recipe.weight_granularity, n, k)
+
+
+def _check_weight_format(weight_format: str) -> str:
+    if not isinstance(weight_format, str) or weight_format.lower() not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format={weight_format!r} is not supported; choose one of "
+                         f"{', '.join(WEIGHT_FORMATS)} ('bf16': 16-bit weights as stored, bf16 or fp16)")
+    return weight_format.lower()
+
+
+def _resolve_format(weight_format: Optional[str], dtype: Optional[str], scaling: Optional[str]) -> str:
+    """The weight_format that (weight_format) or (dtype, scaling) name; they are two spellings of one choice."""
+    if weight_format is not None:
+        if dtype is not None or scaling is not None:
+            raise TypeError("give weight_format or dtype/scaling, not both")
+        return _check_weight_format(weight_format)
+    if dtype is None:
+        if scaling is not None:
+            raise ValueError(f"scaling={scaling!r} applies to dtype='fp8'; dtype=None keeps the 16-bit weight")
+        return "bf16"
+    if not isinstance(dtype, str) or dtype.lower() not in ("fp8", "fp8_e4m3"):
+        raise ValueError(f"dtype={dtype!r} is not supported; choose 'fp8' (E4M3 weights and activations), or "
+                         "dtype=None for the 16-bit weight as stored")
+    scaling = "block" if scaling is None else scaling
+    if not isinstance(scaling, str) or scaling.lower() not in _FP8_SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not supported for dtype={dtype!r}; choose one of "
+                         f"{', '.join(_FP8_SCALINGS)}")
+    return f"fp8_{scaling.lower()}"
+
+
+def _check_out_dtype(out_dtype: str) -> str:
+    return dtypes.canonical(out_dtype, arg="out_dtype", allowed=_FP8_OUTPUTS)
+
+
+def _out_name_of(dtype: torch.dtype, arg: str) -> str:
+    for name, torch_dtype in _OUTPUT_DTYPES.items():
+        if dtype == torch_dtype:
+            return name
+    raise TypeError(f"{arg} is {dtype}; an FP8 Linear writes torch.bfloat16, float16 or float32")
 
 
 def _check_weight_dtype(dtype: torch.dtype) -> None:
@@ -220,21 +595,28 @@ def _on_cuda(name: str, linear: torch.nn.Linear) -> bool:
 
 
 def swap_linears(module: torch.nn.Module,
-                 predicate: Optional[Callable[[str, torch.nn.Linear], bool]] = None) -> int:
-    """Replace, in place, every ``torch.nn.Linear`` below ``module`` by a :class:`Linear` sharing its weights.
+                 predicate: Optional[Callable[[str, torch.nn.Linear], bool]] = None, *,
+                 dtype: Optional[str] = None, scaling: Optional[str] = None,
+                 weight_format: Optional[str] = None, out_dtype: Optional[str] = None) -> int:
+    """Replace, in place, every ``torch.nn.Linear`` below ``module`` by a :class:`Linear` computing it.
 
     Only modules of exactly the type ``nn.Linear`` with bfloat16 or float16 weights are candidates
     (subclasses may override ``forward``; other dtypes stay with torch). ``predicate(qualified_name, linear)``
     picks among them; the default takes those whose weight is on a CUDA device. ``module`` itself is
     never replaced (use :meth:`Linear.from_linear`). A Linear reachable under two names is replaced by one
-    shared Linear. Returns the number of Linears replaced. Example::
+    shared Linear. ``dtype``, ``scaling``, ``weight_format`` and ``out_dtype`` go to
+    :meth:`Linear.from_linear`: by default the new Linears share the 16-bit weights; with ``dtype="fp8"``
+    each weight is quantized once (all replacements are made before the first is installed, so an error
+    leaves ``module`` as it was). Returns the number of Linears replaced. Example::
 
         n = deepgemm_jit.torch.swap_linears(model)                    # model on CUDA, bf16
         n = deepgemm_jit.torch.swap_linears(model, lambda name, m: "mlp" in name)
+        n = deepgemm_jit.torch.swap_linears(model, dtype="fp8", scaling="block")
     """
+    weight_format = _resolve_format(weight_format, dtype, scaling)
     choose = predicate or _on_cuda
-    # id of a replaced nn.Linear -> (that Linear, kept alive so its id is not reused; its replacement)
-    swapped: dict[int, tuple[torch.nn.Linear, Linear]] = {}
+    chosen: dict[int, torch.nn.Linear] = {}       # id -> Linear to replace (kept alive so its id is not reused)
+    slots: list[tuple[torch.nn.Module, str, int]] = []   # (parent, attribute, id of the Linear there)
 
     def walk(parent: torch.nn.Module, prefix: str) -> None:
         # _modules, not named_children(): that one hides a module's second name, which must be swapped too.
@@ -242,17 +624,21 @@ def swap_linears(module: torch.nn.Module,
             name = f"{prefix}{child_name}"
             if child is None:
                 continue
-            if id(child) in swapped:
-                setattr(parent, child_name, swapped[id(child)][1])
+            if id(child) in chosen:
+                slots.append((parent, child_name, id(child)))
             elif (type(child) is torch.nn.Linear and child.weight.dtype in _LINEAR_DTYPES
                   and choose(name, child)):
-                swapped[id(child)] = (child, Linear.from_linear(child))
-                setattr(parent, child_name, swapped[id(child)][1])
+                chosen[id(child)] = child
+                slots.append((parent, child_name, id(child)))
             else:
                 walk(child, name + ".")
 
     walk(module, "")
-    return len(swapped)
+    replacements = {key: Linear.from_linear(linear, weight_format, out_dtype=out_dtype)
+                    for key, linear in chosen.items()}
+    for parent, child_name, key in slots:
+        setattr(parent, child_name, replacements[key])
+    return len(chosen)
 
 
-__all__ = ["gemm", "Linear", "swap_linears"]
+__all__ = ["gemm", "gemm_fp8", "quantize", "Linear", "swap_linears", "WEIGHT_FORMATS"]

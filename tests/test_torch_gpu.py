@@ -1,5 +1,6 @@
 """PyTorch on the GPU: zero-copy torch tensors, bit-for-bit agreement with the CuPy path, the custom op under
-opcheck, a transformer block with its Linears swapped, CUDA-graph capture and torch.compile(fullgraph=True).
+opcheck, a transformer block with its Linears swapped, CUDA-graph capture and torch.compile(fullgraph=True); the
+FP8 ops and FP8 Linears (block, row, tensor) against float64 references of their dequantized operands.
 
 Random inputs, float64 references, NaN-poisoned outputs; every message names its case. Skipped cleanly
 without torch, without a GPU, or with a CPU-only torch.
@@ -12,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import deepgemm_jit as dg  # noqa: E402
-from deepgemm_jit import dtypes  # noqa: E402
+from deepgemm_jit import config as config_mod  # noqa: E402
+from deepgemm_jit import dtypes, reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -52,8 +54,11 @@ def ref64(a, b, layout):
 
 
 def to_cupy(t):
-    """A CuPy view of a torch tensor (bfloat16 through an int16 view: DLPack exporters disagree on it)."""
+    """A CuPy view of a torch tensor (bfloat16 through an int16 view: DLPack exporters disagree on it; FP8 as
+    its uint8 bit patterns, which is how deepgemm_jit.reference takes FP8)."""
     cupy = pytest.importorskip("cupy")
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return cupy.from_dlpack(t.view(torch.uint8))
     if t.dtype == torch.bfloat16:
         return cupy.from_dlpack(t.view(torch.int16)).view(dtypes.numpy_dtype("bf16"))
     return cupy.from_dlpack(t)
@@ -365,3 +370,289 @@ def test_torch_compile_fullgraph():
             assert got.shape == (m, 256) and got.dtype == torch.bfloat16, f"M={m}: {got.shape} {got.dtype}"
             assert err_compiled <= BOUND and err_eager <= BOUND, \
                 f"M={m}: compiled {err_compiled:.2e}, eager {err_eager:.2e} vs float64"
+
+
+# -- FP8: the quantize and gemm_fp8 ops, FP8 Linears -------------------------------------------------------------
+FP8_FORMATS = ("fp8_block", "fp8_row", "fp8_tensor")
+FP8_SCALING = {"fp8_block": "block", "fp8_row": "row", "fp8_tensor": "tensor"}
+# weight_format -> (granularity of the weight, of the activations) in deepgemm_jit.quantize's words
+FP8_GRANULARITY = {"fp8_block": ("block128", "group128"), "fp8_row": ("row", "row"),
+                   "fp8_tensor": ("tensor", "tensor")}
+# rel. Frobenius error vs the float64 product of the dequantized operands (+ bias): FP32 accumulation, bf16 output
+# rounding (~2e-3) and the bf16 bias add; the quantization itself is not in it.
+FP8_BOUND = 5e-3
+
+
+def fp8_linear_reference(dgt, lin, x):
+    """float64 (M, N) CuPy array: x quantized as forward quantizes it, dequantized, times the dequantized weight
+    buffers, plus the bias."""
+    w_gran, x_gran = FP8_GRANULARITY[lin.weight_format]
+    qx, sx = dgt.quantize(x.reshape(-1, lin.in_features), "fp8", x_gran)   # deterministic: forward's own bits
+    bias64 = None if lin.bias is None else lin.bias.detach().double()
+    torch.cuda.synchronize()   # torch's stream wrote them; CuPy reads them on its own
+    xd = reference.dequantize_reference(to_cupy(qx), to_cupy(sx), "fp8", x_gran)
+    wd = reference.dequantize_reference(to_cupy(lin.weight), to_cupy(lin.weight_scale), "fp8", w_gran)
+    ref = xd @ wd.T
+    if bias64 is not None:
+        ref += to_cupy(bias64)
+    return ref
+
+
+def linear64(linear, x):
+    """The float64 product of the 16-bit nn.Linear's own parameters, (M, N) CuPy."""
+    y = x.double() @ linear.weight.detach().double().T
+    if linear.bias is not None:
+        y = y + linear.bias.detach().double()
+    y = y.reshape(-1, linear.out_features).contiguous()
+    torch.cuda.synchronize()
+    return to_cupy(y)
+
+
+@pytest.mark.parametrize("weight_format", FP8_FORMATS)
+@pytest.mark.parametrize("in_features", [1000, 7168])
+@pytest.mark.parametrize("out_features,bias", [(300, True), (2112, False)])
+@pytest.mark.parametrize("lead", [(3, 5), (1,)])
+def test_fp8_linear_accuracy(weight_format, in_features, out_features, bias, lead):
+    """in_features 1000 and out_features 300 take the staged (unaligned) path, 7168 x 2112 the TMA path."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    torch.manual_seed(in_features + out_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias, device="cuda", dtype=torch.bfloat16)
+    fp8 = dgt.Linear.from_linear(linear, dtype="fp8", scaling=FP8_SCALING[weight_format])
+    assert fp8.weight_format == weight_format
+    x = rand(lead + (in_features,), torch.bfloat16)
+    case = f"{weight_format} x {tuple(x.shape)} -> {out_features} {bias=}"
+    with torch.no_grad():
+        y = fp8(x)
+    torch.cuda.synchronize()
+    assert y.shape == lead + (out_features,) and y.dtype == torch.bfloat16 and y.device == x.device, \
+        f"{case}: {tuple(y.shape)} {y.dtype} {y.device}"
+    out = to_cupy(y.reshape(-1, out_features))
+    err = reference.error(out, fp8_linear_reference(dgt, fp8, x))
+    assert err <= FP8_BOUND, f"{case}: vs float64 of the dequantized operands {err=:.2e}"
+    cos = reference.error(out, linear64(linear, x), "cos")
+    assert cos < reference.FP8_COS_BOUND, f"{case}: DeepGEMM's cos difference vs the bf16 nn.Linear {cos=:.2e}"
+
+
+@pytest.mark.parametrize("weight_format", FP8_FORMATS)
+def test_fp8_linear_quantizes_the_weight_once(weight_format):
+    cupy = pytest.importorskip("cupy")
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    linear = torch.nn.Linear(1000, 2112, device="cuda", dtype=torch.bfloat16)
+    fp8 = dgt.Linear.from_linear(linear, weight_format)
+    case = f"from_linear {weight_format}"
+    assert fp8.bias is linear.bias, f"{case}: the bias Parameter is shared"
+    assert fp8.weight.dtype == torch.float8_e4m3fn and fp8.weight.data_ptr() != linear.weight.data_ptr(), case
+    torch.cuda.synchronize()
+    w_gran = FP8_GRANULARITY[weight_format][0]
+    q_ref, s_ref = reference.quantize_reference(to_cupy(linear.weight.detach()), "fp8", w_gran)
+    np.testing.assert_allclose(cupy.asnumpy(to_cupy(fp8.weight_scale)), cupy.asnumpy(s_ref), rtol=1e-6, atol=0,
+                               err_msg=f"{case}: weight scales vs the reference")
+    dist = reference.quant_ulp_distance(to_cupy(fp8.weight), q_ref)
+    worst, num_off = int(dist.max()), int(cupy.count_nonzero(dist))
+    assert worst <= 1 and num_off <= max(2, dist.size // 1000), f"{case}: worst={worst} ulp, {num_off} values off"
+
+    x = rand((4, 1000), torch.bfloat16)
+    with torch.no_grad():
+        before = fp8(x)
+        linear.weight.mul_(2.0)   # the FP8 Linear holds its own quantized copy, made once
+        after = fp8(x)
+    torch.cuda.synchronize()
+    assert_same_bits(after, bits_torch(before), f"{case}: output moved with the 16-bit weight")
+
+
+@pytest.mark.parametrize("weight_format", FP8_FORMATS)
+@pytest.mark.parametrize("x_dtype,out_dtype,bound", [
+    (torch.float16, None, FP8_BOUND), (torch.float32, None, FP8_BOUND), (torch.bfloat16, "fp32", 1e-3),
+    (torch.bfloat16, "fp16", FP8_BOUND)])
+def test_fp8_linear_input_and_output_dtypes(weight_format, x_dtype, out_dtype, bound):
+    """Activations of any float type (strided leading dims: reshape copies them), out_dtype chosen."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    linear = torch.nn.Linear(1024, 520, device="cuda", dtype=torch.bfloat16)
+    fp8 = dgt.Linear.from_linear(linear, weight_format, out_dtype=out_dtype)
+    x = rand((6, 37, 1024), x_dtype)[::2]
+    with torch.no_grad():
+        y = fp8(x)
+    torch.cuda.synchronize()
+    want = {None: torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[out_dtype]
+    case = f"{weight_format} x {x_dtype} {tuple(x.shape)} stride {x.stride()} {out_dtype=}"
+    assert y.shape == (3, 37, 520) and y.dtype == want, f"{case}: {tuple(y.shape)} {y.dtype}"
+    out = to_cupy(y.reshape(-1, 520))
+    err = reference.error(out, fp8_linear_reference(dgt, fp8, x))
+    assert err <= bound, f"{case}: {err=:.2e}"
+
+
+def test_fp8_ops_match_the_library_bitwise():
+    """The ops run exactly what deepgemm_jit.quantize and a Gemm built as the op builds it run on the same tensors."""
+    cupy = pytest.importorskip("cupy")
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    x, w = rand((300, 1024), torch.bfloat16), rand((520, 1024), torch.bfloat16, 0.05)
+    for scaling, (w_gran, x_gran) in (("block", ("block128", "group128")), ("row", ("row", "row")),
+                                      ("tensor", ("tensor", "tensor"))):
+        case = f"{scaling=}"
+        qx, sx = dgt.quantize(x, "fp8", x_gran)
+        qw, sw = dgt.quantize(w, "fp8", w_gran)
+        lib_qx, lib_sx = dg.quantize(x, "fp8", x_gran)
+        d = dgt.gemm_fp8(qx, qw, sx, sw, scaling)
+        g = dg.build(config_mod.m_bucket(300), 520, 1024, dtype="fp8", scaling=scaling)   # as the op builds it
+        lib_d = g(lib_qx, qw, scale_a=lib_sx, scale_b=sw)
+        torch.cuda.synchronize()
+        assert cupy.array_equal(to_cupy(qx), to_cupy(lib_qx)) and cupy.array_equal(to_cupy(sx), to_cupy(lib_sx)), case
+        assert isinstance(lib_d, torch.Tensor) and d.shape == (300, 520) and d.dtype == torch.bfloat16, case
+        assert_same_bits(d, bits_torch(lib_d), f"{case}: gemm_fp8 op vs Gemm {g.config.tag}")
+
+
+def test_fp8_ops_pass_opcheck():
+    """torch's checks of both ops on CUDA tensors: schema, fake vs real, AOT dispatch (static and dynamic)."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    x, w = rand((74, 1024), torch.bfloat16), rand((520, 1024), torch.bfloat16, 0.05)
+    cases = [(torch.ops.deepgemm_jit.quantize.default, (x, "fp8", gran))
+             for gran in ("group128", "block128", "row", "tensor")]
+    for scaling, w_gran, x_gran, out_dtype in (("block", "block128", "group128", None), ("row", "row", "row", "fp32"),
+                                               ("tensor", "tensor", "tensor", "fp16")):
+        qx, sx = dgt.quantize(x, "fp8", x_gran)
+        qw, sw = dgt.quantize(w, "fp8", w_gran)
+        cases.append((torch.ops.deepgemm_jit.gemm_fp8.default, (qx, qw, sx, sw, scaling, out_dtype)))
+    for op, args in cases:
+        case = f"{op} {[tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]}"
+        try:
+            torch.library.opcheck(op, args)
+        except Exception as exc:
+            pytest.fail(f"opcheck {case}: {type(exc).__name__}: {exc}")
+
+
+@pytest.mark.parametrize("weight_format", FP8_FORMATS)
+def test_fp8_empty_batches(weight_format):
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    fp8 = dgt.Linear.from_linear(torch.nn.Linear(1024, 520, device="cuda", dtype=torch.bfloat16), weight_format)
+    with torch.no_grad():
+        for shape in ((0, 1024), (2, 0, 1024)):
+            y = fp8(rand(shape, torch.bfloat16))
+            assert y.shape == shape[:-1] + (520,) and y.dtype == torch.bfloat16, f"{weight_format} {shape}"
+    torch.cuda.synchronize()
+
+
+class _Fp8Mlp(torch.nn.Module):
+    """Two FP8 Linears around a ReLU (exact in eager and compiled code, so both feed layer 2 the same bits)."""
+
+    def __init__(self, dgt, weight_format, hidden=512, ffn=1408):
+        super().__init__()
+        self.up16 = torch.nn.Linear(hidden, ffn, device="cuda", dtype=torch.bfloat16)
+        self.down16 = torch.nn.Linear(ffn, hidden, device="cuda", dtype=torch.bfloat16)
+        self.up = dgt.Linear.from_linear(self.up16, weight_format)
+        self.down = dgt.Linear.from_linear(self.down16, weight_format)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+    def reference(self, x):
+        h = torch.relu(x.double() @ self.up16.weight.double().T + self.up16.bias.double())
+        return h @ self.down16.weight.double().T + self.down16.bias.double()
+
+
+@pytest.mark.parametrize("weight_format", FP8_FORMATS)
+def test_fp8_mlp_torch_compile_fullgraph(weight_format):
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    torch.manual_seed(1)
+    net = _Fp8Mlp(dgt, weight_format)
+    graph_targets = []
+
+    def recording_backend(gm, example_inputs):
+        graph_targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        try:
+            torch.compile(net, backend=recording_backend, fullgraph=True)(rand((4, 37, 512), torch.bfloat16))
+        except Exception as exc:
+            pytest.fail(f"{weight_format}: dynamo could not trace the FP8 MLP in one graph: "
+                        f"{type(exc).__name__}: {exc}")
+    ours = [t for t in graph_targets if "deepgemm_jit" in t]
+    assert ours.count("deepgemm_jit.quantize.default") == 2 and ours.count("deepgemm_jit.gemm_fp8.default") == 2, \
+        f"graph calls: {graph_targets}"
+
+    torch._dynamo.reset()
+    compiled = torch.compile(net, fullgraph=True)   # inductor
+    with torch.no_grad():
+        for shape in ((4, 37, 512), (2, 129, 512), (1, 512)):   # new M: recompiles with a dynamic M
+            x = rand(shape, torch.bfloat16)
+            try:
+                got = compiled(x)
+            except Exception as exc:
+                pytest.fail(f"{weight_format} torch.compile(fullgraph=True) at {shape}: {type(exc).__name__}: {exc}")
+            eager = net(x)
+            torch.cuda.synchronize()
+            case = f"{weight_format} x {shape}"
+            assert got.shape == eager.shape == shape and got.dtype == torch.bfloat16, f"{case}: {got.shape} {got.dtype}"
+            num_diff = int((bits_torch(got) != bits_torch(eager)).sum())
+            between = rel_err(got, eager)
+            assert between <= 1e-3, f"{case}: compiled vs eager {between:.2e}, {num_diff} of {got.numel()} differ"
+            # Two FP8 layers vs the float64 16-bit MLP: ~5e-2 of quantization noise; garbage is ~1.
+            err = rel_err(eager, net.reference(x))
+            assert err <= 0.1, f"{case}: eager FP8 MLP vs the float64 bf16 MLP {err=:.2e}"
+
+
+@pytest.mark.parametrize("weight_format", FP8_FORMATS)
+def test_fp8_linear_cuda_graph_capture_and_replay(weight_format):
+    """quantize + gemm_fp8 + bias in one graph (aligned sizes: the staged path synchronises and cannot be
+    captured); replay allocates nothing, reads the new input, writes the same output buffer."""
+    cupy = pytest.importorskip("cupy")
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    linear = torch.nn.Linear(512, 520, bias=True, device="cuda", dtype=torch.bfloat16)
+    fp8 = dgt.Linear.from_linear(linear, weight_format)
+    shape = (2, 37, 512)
+    static_in = rand(shape, torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):   # warm-up outside capture: compile, load, plan
+            fp8(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        try:
+            with torch.cuda.graph(graph):
+                static_out = fp8(static_in)
+        except Exception as exc:
+            pytest.fail(f"{weight_format}: capture failed: {type(exc).__name__}: {exc}")
+    for trial in range(3):
+        static_in.copy_(rand(shape, torch.bfloat16))
+        static_out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        torch_before = torch.cuda.memory_allocated()
+        cupy_before = cupy.get_default_memory_pool().used_bytes()
+        graph.replay()
+        torch.cuda.synchronize()
+        case = f"{weight_format}: replay {trial}"
+        assert torch.cuda.memory_allocated() == torch_before, f"{case}: torch memory changed"
+        assert cupy.get_default_memory_pool().used_bytes() == cupy_before, f"{case}: CuPy memory changed"
+        err = reference.error(to_cupy(static_out.reshape(-1, 520)), fp8_linear_reference(dgt, fp8, static_in))
+        assert err <= FP8_BOUND, f"{case} with new input: {err=:.2e}"
+
+
+def test_swap_linears_fp8_transformer_block():
+    """Every Linear of the block swapped to block-scaled FP8: each checked on the activations it received."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    torch.manual_seed(0)
+    block = Block()
+    x = rand((2, 37, 256), torch.bfloat16)
+    with torch.inference_mode():
+        num_swapped = dgt.swap_linears(block, dtype="fp8", scaling="block")
+        assert num_swapped == 7, f"swap_linears replaced {num_swapped} Linears, the block has 7"
+        seen = []
+        hooks = [module.register_forward_hook(lambda mod, inp, out, name=name: seen.append((name, mod, inp[0], out)))
+                 for name, module in block.named_modules() if isinstance(module, dgt.Linear)]
+        swapped = block(x)
+        for hook in hooks:
+            hook.remove()
+    torch.cuda.synchronize()
+    assert sorted(name for name, *_ in seen) == sorted(["q", "k", "v", "o", "gate", "up", "down"]), seen
+    assert torch.isfinite(swapped).all() and swapped.shape == x.shape
+    for name, mod, inp, out in seen:
+        assert mod.weight_format == "fp8_block" and out.dtype == torch.bfloat16, f"Linear {name}"
+        with torch.inference_mode():
+            ref = fp8_linear_reference(dgt, mod, inp)
+        err = reference.error(to_cupy(out.reshape(-1, mod.out_features).contiguous()), ref)
+        assert err <= FP8_BOUND, f"FP8 Linear {name} ({tuple(inp.shape)} x {tuple(mod.weight.shape)}): {err=:.2e}"
