@@ -45,12 +45,25 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 10.0) -> str 
 
 
 def git_info(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the repo, (None, None) where git or the history is missing (the GPU machine's copy)."""
+    """(commit, dirty) of the code that runs.
+
+    The commit passed along for a GPU run wins (DEEPGEMM_JIT_GIT_COMMIT, or `.carry/commit`, which
+    scripts/prepare_device.sh writes right before each run): the GPU machine's copy may carry a stale `.git`
+    (a run of 000fe47 was labelled a1c2507 by `git rev-parse` there; `source_sha256` told the truth). Else git;
+    (None, None) where neither is available.
+    """
+    passed = os.environ.get("DEEPGEMM_JIT_GIT_COMMIT") or None
+    dirty_flag = os.environ.get("DEEPGEMM_JIT_GIT_DIRTY")
+    carry = root / ".carry" / "commit"
+    if passed is None and carry.is_file():
+        fields = carry.read_text().split()
+        if fields:
+            passed, dirty_flag = fields[0], (fields[1] if len(fields) > 1 else None)
+    if passed is not None:
+        return passed, (None if dirty_flag is None else dirty_flag == "1")
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
-        # The GPU machine gets a copy without .git: scripts/device_run.sh passes the commit along.
-        passed = os.environ.get("DEEPGEMM_JIT_GIT_COMMIT") or None
-        return passed, (None if passed is None else os.environ.get("DEEPGEMM_JIT_GIT_DIRTY") == "1")
+        return None, None
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return commit, (None if status is None else bool(status))
 

@@ -528,3 +528,17 @@ def test_run_case_int8_is_exact_or_fails(cpu_runner):
     row, _ = cpu_runner("int8", 64, 256, 512, damage="one_element")
     assert row["err"] < 1e-2                                   # within the bound, yet wrong:
     assert row["status"] == "fail" and "1 of 16384 elements differ" in row["note"]
+
+
+def test_git_info_prefers_the_commit_passed_to_the_gpu_machine(tmp_path, monkeypatch):
+    """The GPU machine's copy may hold a stale .git: the commit written by prepare_device.sh wins."""
+    from bench import report
+
+    monkeypatch.delenv("DEEPGEMM_JIT_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("DEEPGEMM_JIT_GIT_DIRTY", raising=False)
+    (tmp_path / ".carry").mkdir()
+    (tmp_path / ".carry" / "commit").write_text("0123abcd 1\n")
+    assert report.git_info(tmp_path) == ("0123abcd", True)
+    monkeypatch.setenv("DEEPGEMM_JIT_GIT_COMMIT", "feedbeef")
+    monkeypatch.setenv("DEEPGEMM_JIT_GIT_DIRTY", "0")
+    assert report.git_info(tmp_path) == ("feedbeef", False)

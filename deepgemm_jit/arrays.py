@@ -101,8 +101,10 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
     try:
         cai = x.__cuda_array_interface__
     except AttributeError:
+        if hasattr(x, "__dlpack__"):
+            return _dlpack_fields(x, arg)
         raise TypeError(f"{arg} must be a GPU array (CuPy, a torch CUDA tensor, or any object with "
-                        f"__cuda_array_interface__), got {type(x).__name__}") from None
+                        f"__cuda_array_interface__ or __dlpack__), got {type(x).__name__}") from None
     except Exception as exc:  # e.g. torch bfloat16 tensors refuse to export it
         raise TypeError(f"{arg} ({type(x).__name__}) could not export __cuda_array_interface__: {exc}") from None
     shape = tuple(cai["shape"])
@@ -116,6 +118,19 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
     except Exception as exc:
         raise ValueError(f"{arg} does not point to GPU memory ({exc})") from None
     return shape, tuple(strides), dtype, ptr, device
+
+
+def _dlpack_fields(x: object, arg: str):
+    """Fields of a DLPack-only producer (e.g. a JAX array), through a zero-copy CuPy view of its memory. The view is
+    made on CuPy's current stream, which DLPack orders after the producer's pending work."""
+    import cupy
+
+    try:
+        view = cupy.from_dlpack(x)
+    except Exception as exc:
+        raise TypeError(f"{arg} ({type(x).__name__}) could not be imported through DLPack as a GPU array: {exc}"
+                        ) from None
+    return array_fields(view, arg)
 
 
 def matrix_view(x: object, arg: str) -> MatrixView:

@@ -83,6 +83,14 @@ class LaunchPlan:
         self.kernel.launch(self.grid, self.block, self.args, stream)
 
 
+def _tma_pitch(view: MatrixView) -> int:
+    """Row pitch for a tensor map: the view's, or for a single row (whose pitch is never used to address
+    anything, and may be any value for the caller) the row's bytes rounded up to TMA's 16-byte rule."""
+    if view.rows > 1:
+        return view.row_stride * view.itemsize
+    return -(-max(view.cols, 1) * view.itemsize // 16) * 16
+
+
 def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
     """The six trailing sm90 arguments: scale pointers and (row, column) element strides (zeros when the
     kernel takes no scales)."""
@@ -98,12 +106,10 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
     cfg = artifact.config
     if cfg.family == "sm90":
         sym = sm90_symbols(artifact)
-        tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, va.row_stride * va.itemsize, cfg.block_m,
-                             cfg.block_k, 128)
-        tmap_b = _tensor_map(vb.ptr, spec.b_type, spec.n, spec.k, vb.row_stride * vb.itemsize, cfg.block_n,
-                             cfg.block_k, 128)
-        tmap_d = _tensor_map(vd.ptr, spec.out_dtype, m, spec.n, vd.row_stride * vd.itemsize,
-                             sym["d_box_rows"], sym["d_box_cols"], sym["d_swizzle_bytes"])
+        tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, _tma_pitch(va), cfg.block_m, cfg.block_k, 128)
+        tmap_b = _tensor_map(vb.ptr, spec.b_type, spec.n, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
+        tmap_d = _tensor_map(vd.ptr, spec.out_dtype, m, spec.n, _tma_pitch(vd), sym["d_box_rows"],
+                             sym["d_box_cols"], sym["d_swizzle_bytes"])
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
         args = (tmap_a, tmap_b, tmap_d, np.uint32(m)) + _scale_args(sa, sb)

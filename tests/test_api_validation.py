@@ -167,3 +167,20 @@ def test_mixed_array_libraries_are_refused(g, fake_torch, fake_gpu_memory):
     b = FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
     with pytest.raises(TypeError, match="same array library"):
         g(a, b)
+
+
+def test_dlpack_only_producer_is_tried():
+    """An object speaking only DLPack is imported through cupy.from_dlpack; when that fails (here: no GPU, or a
+    host array), the error names the argument instead of claiming the object is not an array."""
+    class HostDLPack:
+        def __init__(self):
+            self._x = np.ones((4, 4), np.float16)
+
+        def __dlpack__(self, stream=None):
+            return self._x.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self._x.__dlpack_device__()
+
+    with pytest.raises(TypeError, match="b .*DLPack"):
+        arrays.matrix_view(HostDLPack(), "b")

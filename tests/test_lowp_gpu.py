@@ -170,3 +170,13 @@ def test_quantize_then_gemm():
            @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
     assert reference.error(d, ref) < 5e-3
     assert reference.error(d, _bf16_reference(x, w), "cos") < reference.FP8_COS_BOUND
+
+
+@pytest.mark.parametrize("n,k", [(300, 1000), (300, 7168), (2112, 1000)])
+def test_fp8_single_row_unaligned(n, k):
+    """M = 1 with a row pitch (K bytes, or N * 2 bytes of output) that is not a multiple of 16: the tensor map of a
+    single row must not inherit the illegal pitch (the torch FP8 Linear hit this with a (1, K) batch)."""
+    _, _, qa, sa, qb, sb, ref = _problem(1, n, k, "fp8_e4m3", "fp8_e4m3", "tensor", seed=31)
+    out = reference.poisoned((1, n), "bf16")
+    build(1, n, k, dtype="fp8", scaling="tensor")(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    assert reference.error(out, ref) < 5e-3

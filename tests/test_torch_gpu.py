@@ -514,8 +514,14 @@ def test_fp8_ops_pass_opcheck():
         cases.append((torch.ops.deepgemm_jit.gemm_fp8.default, (qx, qw, sx, sw, scaling, out_dtype)))
     for op, args in cases:
         case = f"{op} {[tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]}"
+        # opcheck's test_schema compares inputs before and after with arithmetic that torch 2.11 does not
+        # implement for float8 tensors ("mul_cuda" not implemented for 'Float8_e4m3fn', H200 run): the FP8 GEMM
+        # op gets the other checks; the quantize op (bf16 in) gets all of them.
+        utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        if op is torch.ops.deepgemm_jit.gemm_fp8.default:
+            utils = tuple(u for u in utils if u != "test_schema")
         try:
-            torch.library.opcheck(op, args)
+            torch.library.opcheck(op, args, test_utils=utils)
         except Exception as exc:
             pytest.fail(f"opcheck {case}: {type(exc).__name__}: {exc}")
 
