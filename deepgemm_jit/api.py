@@ -66,6 +66,8 @@ class Gemm:
         self._in_dtype = dtypes.numpy_dtype(spec.dtype)
         self._a_dtypes = _accepted_dtypes(spec.dtype)
         self._b_dtypes = _accepted_dtypes(spec.b_type)
+        # 8-bit operands and fused epilogues exist only in the Hopper family (no portable fallback kernel).
+        self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none"
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._esize = dtypes.get(spec.dtype).storage_bytes
         # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
@@ -125,6 +127,53 @@ class Gemm:
                 raise ValueError("out overlaps a or b; the kernel would read what it overwrites")
         return m, va, vb, vd
 
+    def _epilogue_operands(self, m: int, va: MatrixView, vd: MatrixView | None, bias, c, residual, alpha, beta
+                           ) -> launch.EpilogueOperands:
+        """Validate the call-time operands of the fused epilogue (before anything is launched)."""
+        epi = self.spec.epi
+        given = {"bias": bias, "c": c, "residual": residual}
+        wanted = {"bias": epi.bias != "none", "c": epi.beta, "residual": epi.residual}
+        for arg, x in given.items():
+            if x is not None and not wanted[arg]:
+                raise TypeError(f"{arg}= was given, but this Gemm's epilogue is {self.spec.epilogue!r}")
+            if x is None and wanted[arg]:
+                raise TypeError(f"{arg} is required: this Gemm's epilogue is {self.spec.epilogue!r}")
+        for arg, v in (("alpha", alpha), ("beta", beta)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+                raise TypeError(f"{arg} must be a number, got {type(v).__name__}")
+            if float(v) != 1.0 and not epi.beta:
+                raise TypeError(f"{arg}={v} needs the 'beta' epilogue (D = alpha * acc + beta * C)")
+        out_dtype = self._out_dtype
+        ops: dict = {"alpha": float(alpha), "beta": float(beta)}
+        if bias is not None:
+            length = self.spec.n if epi.bias == "col" else m
+            view = scale_view(bias, "bias", (length,), "one per output " + ("column (N)" if epi.bias == "col"
+                                                                             else "row (M)"), out_dtype)
+            if length > 1 and view.stride_i != 1:
+                raise ValueError("bias must be contiguous")
+            if view.device != va.device:
+                raise ValueError(f"bias is on device {view.device} but a is on device {va.device}")
+            if vd is not None and m > 0 and overlaps(vd, view):
+                raise ValueError("out overlaps bias; the kernel would read what it overwrites")
+            ops["bias"] = view.ptr
+        for arg, x, ld_key in (("c", c, "ldc"), ("residual", residual, "ldr")):
+            if x is None:
+                continue
+            view = matrix_view(x, arg)
+            if view.dtype != out_dtype:
+                raise TypeError(f"{arg} has dtype {view.dtype}; it must be {out_dtype} like the output")
+            if (view.rows, view.cols) != self.spec.out_shape(m):
+                raise ValueError(f"{arg} has shape {(view.rows, view.cols)}, expected (M, N) = {self.spec.out_shape(m)}")
+            if view.device != va.device:
+                raise ValueError(f"{arg} is on device {view.device} but a is on device {va.device}")
+            if (vd is not None and m > 0 and overlaps(vd, view)
+                    and (view.ptr, view.row_stride) != (vd.ptr, vd.row_stride)):
+                raise ValueError(f"out partly overlaps {arg}: it may be out itself (same memory and row stride) "
+                                 "or separate memory")
+            ops[arg] = view.ptr
+            ops[ld_key] = view.row_stride
+        return launch.EpilogueOperands(**ops)
+
     def _scales(self, m: int, va: MatrixView, vd: MatrixView | None, scale_a, scale_b
                 ) -> tuple[ScaleView | None, ScaleView | None]:
         spec = self.spec
@@ -156,7 +205,7 @@ class Gemm:
         """The compiled kernel these operands allow: the built one, or a portable variant (built on
         first use) with loads as wide as the operands' alignment permits."""
         base = self.config
-        if dtypes.is_quantized(self.spec.dtype):
+        if self._sm90_only:
             return self.artifact
         if base.family == "sm90" and launch.tma_legal(va) and launch.tma_legal(vb) and launch.tma_legal(vd):
             return self.artifact
@@ -188,13 +237,17 @@ class Gemm:
         self._ready_devices.add(device_id)
 
     # -- call -----------------------------------------------------------------------
-    def __call__(self, a, b, *, scale_a=None, scale_b=None, out=None, stream=None):
-        """d = op(a) @ op(b) for this Gemm's layout (times the scales for FP8 / scaled INT8); returns `out`
-        if given, else a new array of the inputs' kind (CuPy in, CuPy out; torch in, torch out). Runs on
-        `stream`, else on the current stream of the inputs' library (CuPy's, or torch's for torch tensors)."""
+    def __call__(self, a, b, *, scale_a=None, scale_b=None, bias=None, c=None, residual=None, alpha=1.0,
+                 beta=1.0, out=None, stream=None):
+        """d = op(a) @ op(b) for this Gemm's layout (times the scales for FP8 / scaled INT8, through the fused
+        epilogue when the Gemm has one: bias (N,) or (M,), c and residual (M, N), alpha/beta, all in the output's
+        dtype; c and residual may be `out` itself); returns `out` if given, else a new array of the inputs' kind
+        (CuPy in, CuPy out; torch in, torch out). Runs on `stream`, else on the current stream of the inputs'
+        library (CuPy's, or torch's for torch tensors)."""
         key = None
         if out is not None:
-            key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b))
+            key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b),
+                   signature(bias), signature(c), signature(residual), alpha, beta)
             hit = self._launch_plans.get(key) if None not in key else None
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit
@@ -203,6 +256,7 @@ class Gemm:
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
         sa, sb = self._scales(m, va, vd, scale_a, scale_b)
+        epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
         if not self._ready_devices and device.gpu_count() == 0:
             raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
                              "cached and inspected here, but running it needs a GPU")
@@ -217,11 +271,12 @@ class Gemm:
             vd = matrix_view(out, "out")
         if m == 0:
             return out
-        if dtypes.is_quantized(self.spec.dtype) and not all(map(launch.tma_legal, (va, vb, vd))):
-            self._run_staged(m, va, vb, vd, sa, sb, dev, cu_stream)
+        if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd))):
+            self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
             return out
         artifact = self._artifact_for(va, vb, vd)
-        plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb)
+        plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
+                           epi)
         plan.run(cu_stream)
         if key is not None and None not in key:
             if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
@@ -229,9 +284,9 @@ class Gemm:
             self._launch_plans[key] = (plan, kind)
         return out
 
-    def _run_staged(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb, dev: int,
-                    cu_stream) -> None:
-        """8-bit operands TMA cannot describe (row pitch not a multiple of 16 bytes, e.g. K % 16 != 0, or a
+    def _run_staged(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
+                    epi: launch.EpilogueOperands, dev: int, cu_stream) -> None:
+        """8-bit operands (and those of fused epilogues) TMA cannot describe (row pitch not a multiple of 16 bytes, e.g. K % 16 != 0, or a
         misaligned base) have no other kernel family: they are copied into buffers with an aligned pitch,
         and D goes through one when it is unaligned. The stream is synchronised before the buffers are
         released, so this path is correct but slow: use K and N that are multiples of 16 for speed."""
@@ -254,7 +309,7 @@ class Gemm:
         with cupy.cuda.Device(dev):
             va2, vb2, vd2 = aligned(va, True), aligned(vb, True), aligned(vd, False)
             plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m, va2, vb2,
-                               vd2, dev, sa, sb)
+                               vd2, dev, sa, sb, epi)
             plan.run(cu_stream)
             if vd2 is not vd:
                 cupy.cuda.runtime.memcpy2DAsync(vd.ptr, vd.row_stride * vd.itemsize, vd2.ptr,
@@ -304,7 +359,7 @@ def _stream_for(kind: str, stream, device_id: int):
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
           arch: str | None = None, config: config_mod.KernelConfig | None = None,
           tune: bool | None = None, *, scaling: str | None = None, b_dtype: str | None = None,
-          fast_accum: bool = False) -> Gemm:
+          fast_accum: bool = False, epilogue=None) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -314,6 +369,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     block, DeepGEMM's recipe) and ``"none"`` (default) / ``"tensor"`` / ``"row"`` for int8 (see
     :class:`Gemm` for the scale shapes); ``b_dtype`` mixes E4M3 and E5M2; ``fast_accum=True`` skips the
     FP32 promotion of FP8 partial sums every 128 K (tensor/row only: faster, less accurate for long K).
+    ``epilogue`` fuses operations into the store: a :class:`deepgemm_jit.Epilogue` or a string such as
+    ``"bias+gelu"`` (see ``deepgemm_jit/epilogue.py``); the call then takes ``bias=``, ``c=``, ``residual=``,
+    ``alpha=``/``beta=`` as it needs (Hopper family, layout nt).
     ``layout`` is ``"nt"`` (default), ``"nn"``, ``"tn"`` or ``"tt"`` (see
     :class:`Gemm`). ``arch=None`` targets the current GPU; ``arch="sm_90a"`` compiles
     without one (the Gemm can then be cached and explained, and run where a GPU is).
@@ -330,7 +388,7 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     """
     m_hint = _check_m(M)
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                           fast_accum=fast_accum)
+                           fast_accum=fast_accum, epilogue=epilogue)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:
         cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)
@@ -399,7 +457,8 @@ def _infer_dtype(x) -> str:
 
 def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout: str = "nt",
          out=None, stream=None, scale_a=None, scale_b=None, scaling: str | None = None,
-         b_dtype: str | None = None, fast_accum: bool = False):
+         b_dtype: str | None = None, fast_accum: bool = False, epilogue=None, bias=None, c=None, residual=None,
+         alpha=1.0, beta=1.0):
     """Functional form: builds (once per problem, memoized) and calls a :class:`Gemm`.
 
     ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16, torch float8 -> fp8, int8 -> int8);
@@ -422,11 +481,12 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     arch = device.current_arch()
     bucket = config_mod.m_bucket(m)
     spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                           fast_accum=fast_accum)
+                           fast_accum=fast_accum, epilogue=epilogue)
     key = (spec, arch, bucket)
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket
         g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch,
-                  scaling=spec.scaling, b_dtype=spec.b_dtype, fast_accum=spec.fast_accum)
+                  scaling=spec.scaling, b_dtype=spec.b_dtype, fast_accum=spec.fast_accum, epilogue=spec.epilogue)
         _functional[key] = g
-    return g(a, b, out=out, stream=stream, scale_a=scale_a, scale_b=scale_b)
+    return g(a, b, out=out, stream=stream, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,
+             alpha=alpha, beta=beta)

@@ -166,25 +166,29 @@ class ScaleView:
     stride_i: int               # elements
     stride_j: int
     device: int
+    itemsize: int = 4
 
     def byte_span(self) -> tuple[int, int]:
         last = (self.shape[0] - 1) * self.stride_i + (self.shape[1] - 1) * self.stride_j
-        return self.ptr, self.ptr + 4 * (last + 1)
+        return self.ptr, self.ptr + self.itemsize * (last + 1)
 
 
-def scale_view(x: object, arg: str, shape: tuple[int, ...], what: str) -> ScaleView:
-    """Validate an FP32 scale array against its logical `shape` ((1,), (n,) or (r, c)): any strides
-    (row- or column-major), extra unit dimensions allowed for vectors ((n, 1) or (1, n)); `what` says in
-    the error what the shape means."""
+def scale_view(x: object, arg: str, shape: tuple[int, ...], what: str,
+               dtype_wanted: np.dtype = np.dtype(np.float32)) -> ScaleView:
+    """Validate a scale array (or another small operand, of `dtype_wanted`) against its logical `shape` ((1,),
+    (n,) or (r, c)): any strides (row- or column-major), extra unit dimensions allowed for vectors ((n, 1) or
+    (1, n)); `what` says in the error what the shape means."""
     fshape, fstrides, dtype, ptr, device = array_fields(x, arg)
-    if dtype != np.float32:
-        raise TypeError(f"{arg} has dtype {dtype}; scales are float32")
+    if dtype != dtype_wanted:
+        raise TypeError(f"{arg} has dtype {dtype}; " + ("scales are float32" if dtype_wanted == np.float32
+                                                         else f"it must be {dtype_wanted} like the output"))
     if any(s < 0 for s in fstrides):
         raise ValueError(f"{arg} has negative strides {fstrides}; pass a copy")
-    if any(s % 4 for s in fstrides) or ptr % 4:
-        raise ValueError(f"{arg} is not aligned to its 4-byte elements")
+    size = np.dtype(dtype_wanted).itemsize
+    if any(s % size for s in fstrides) or ptr % size:
+        raise ValueError(f"{arg} is not aligned to its {size}-byte elements")
     # Drop unit dimensions (their strides mean nothing) and compare what is left.
-    dims = [(n, st // 4) for n, st in zip(fshape, fstrides) if n != 1]
+    dims = [(n, st // size) for n, st in zip(fshape, fstrides) if n != 1]
     want = [n for n in shape if n != 1]
     if [n for n, _ in dims] != want:
         raise ValueError(f"{arg} has shape {tuple(fshape)}; expected {tuple(shape)} ({what})")
@@ -193,9 +197,9 @@ def scale_view(x: object, arg: str, shape: tuple[int, ...], what: str) -> ScaleV
         it = iter(dims)
         for n in shape:
             strides.append(next(it)[1] if n != 1 else 0)
-        return ScaleView(ptr, (shape[0], shape[1]), strides[0], strides[1], int(device))
+        return ScaleView(ptr, (shape[0], shape[1]), strides[0], strides[1], int(device), size)
     stride = dims[0][1] if dims else 0
-    return ScaleView(ptr, (shape[0], 1), stride, 0, int(device))
+    return ScaleView(ptr, (shape[0], 1), stride, 0, int(device), size)
 
 
 def overlaps(x, y) -> bool:

@@ -91,6 +91,8 @@ class KernelConfig:
             return
         if dtypes.is_quantized(spec.dtype):
             raise ValueError(f"{spec.dtype} GEMMs run on the sm90 family only (Hopper's 8-bit WGMMA)")
+        if spec.epilogue != "none":
+            raise ValueError(f"fused epilogues ({spec.epilogue!r}) run on the sm90 family only")
         esize = dtypes.get(spec.dtype).storage_bytes
         mma_k = 8 if spec.dtype == "tf32" else 16
         if self.block_k % mma_k:
@@ -161,9 +163,9 @@ def sm90_accumulators(block_m: int, block_n: int, promote: bool) -> int:
 def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     """Whether the Hopper family can take this spec with packed operands: sm_90a, both operands
     K-major (the TMA/WGMMA layouts implemented so far) and TMA-legal row strides (16-byte
-    multiples for A, B and D). 8-bit specs always go to sm90 (they have no other family); operands
-    TMA cannot describe are staged through padded copies at call time."""
-    if dtypes.is_quantized(spec.dtype):
+    multiples for A, B and D). 8-bit specs and fused epilogues always go to sm90 (they have no other
+    family); operands TMA cannot describe are staged through padded copies at call time."""
+    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none":
         return arch == "sm_90a"
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
@@ -370,8 +372,9 @@ def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = 
         cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         cfg.check_for(spec, arch)
         return cfg
-    if dtypes.is_quantized(spec.dtype):
-        raise ValueError(f"{spec.dtype} GEMMs need a Hopper GPU (arch sm_90a), got arch {arch!r}")
+    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none":
+        what = f"{spec.dtype} GEMMs" if dtypes.is_quantized(spec.dtype) else f"fused epilogues ({spec.epilogue!r})"
+        raise ValueError(f"{what} need a Hopper GPU (arch sm_90a), got arch {arch!r}")
     return choose_sm80_config(spec, m_hint, arch)
 
 

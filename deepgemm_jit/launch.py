@@ -100,9 +100,29 @@ def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
             np.int64(sb.stride_i), np.int64(sb.stride_j))
 
 
+@dataclass(frozen=True)
+class EpilogueOperands:
+    """Run-time operands of a fused epilogue: device pointers (0 when unused), leading dimensions in elements."""
+
+    bias: int = 0
+    c: int = 0
+    ldc: int = 0
+    residual: int = 0
+    ldr: int = 0
+    alpha: float = 1.0
+    beta: float = 1.0
+
+    def args(self) -> tuple:
+        return (np.uint64(self.bias), np.uint64(self.c), np.int64(self.ldc), np.uint64(self.residual),
+                np.int64(self.ldr), np.float32(self.alpha), np.float32(self.beta))
+
+
+NO_EPILOGUE = EpilogueOperands()
+
+
 def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
          vb: MatrixView, vd: MatrixView, device_id: int, sa: ScaleView | None = None,
-         sb: ScaleView | None = None) -> LaunchPlan:
+         sb: ScaleView | None = None, epi: EpilogueOperands = NO_EPILOGUE) -> LaunchPlan:
     cfg = artifact.config
     if cfg.family == "sm90":
         sym = sm90_symbols(artifact)
@@ -112,7 +132,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
                              sym["d_box_cols"], sym["d_swizzle_bytes"])
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
-        args = (tmap_a, tmap_b, tmap_d, np.uint32(m)) + _scale_args(sa, sb)
+        args = (tmap_a, tmap_b, tmap_d, np.uint32(m)) + _scale_args(sa, sb) + epi.args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

@@ -9,6 +9,7 @@ import operator
 from dataclasses import dataclass
 
 from . import dtypes
+from . import epilogue as epilogue_mod
 
 LAYOUTS = ("nt", "nn", "tn", "tt")
 # BLAS-style letters: the first says how A is stored, the second how B is.
@@ -53,6 +54,7 @@ class GemmSpec:
     b_dtype: str | None = None   # B's type when it differs from A's (FP8 E4M3 x E5M2); None = dtype
     scaling: str = "none"        # see SCALINGS; "none" for 16/32-bit types and unscaled INT8
     fast_accum: bool = False     # FP8 tensor/row: accumulate through K without FP32 promotion
+    epilogue: str = "none"       # canonical text of the fused epilogue (see epilogue.py); "none" = plain store
 
     def __post_init__(self):
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
@@ -72,7 +74,19 @@ class GemmSpec:
         object.__setattr__(self, "scaling", self.scaling.lower())
         if not isinstance(self.fast_accum, bool):
             raise TypeError(f"fast_accum must be a bool, got {type(self.fast_accum).__name__}")
+        object.__setattr__(self, "epilogue", epilogue_mod.canonical(self.epilogue))
+        if self.epilogue != "none":
+            if self.out_dtype == "int32":
+                raise ValueError(f"epilogue={self.epilogue!r} needs a floating output; unscaled int8 writes int32 "
+                                 "(use scaling='row' or 'tensor' with out_dtype bf16/fp16/fp32)")
+            if self.layout != "nt":
+                raise ValueError(f"epilogue={self.epilogue!r} runs on the Hopper family, which takes layout 'nt' "
+                                 f"(a (M, K), b (N, K)); got layout {self.layout!r}")
         self._check_quantized()
+
+    @property
+    def epi(self) -> "epilogue_mod.Epilogue":
+        return epilogue_mod.Epilogue.parse(self.epilogue)
 
     def _check_quantized(self) -> None:
         """The 8-bit rules: which scalings, output types, layouts and type pairs go together."""
@@ -132,7 +146,7 @@ class GemmSpec:
 
     @classmethod
     def create(cls, n, k, dtype="bf16", out_dtype=None, layout="nt", *, b_dtype=None, scaling=None,
-               fast_accum=False) -> "GemmSpec":
+               fast_accum=False, epilogue=None) -> "GemmSpec":
         """Spec with defaults filled in: `out_dtype` from `dtype` (fp16->fp16, bf16->bf16, tf32->fp32,
         fp8->bf16, int8->int32 unscaled or bf16 scaled) and `scaling` (fp8: block, int8: none)."""
         in_name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES)
@@ -143,7 +157,7 @@ class GemmSpec:
             if in_name == "int8" and isinstance(scaling, str) and scaling.lower() != "none":
                 out_dtype = "bf16"
         return cls(n=n, k=k, dtype=in_name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                   fast_accum=fast_accum)
+                   fast_accum=fast_accum, epilogue=epilogue_mod.canonical(epilogue))
 
     @property
     def a_k_major(self) -> bool:
@@ -166,4 +180,5 @@ class GemmSpec:
     def tag(self) -> str:
         types = self.dtype if self.b_dtype == self.dtype else f"{self.dtype}x{self.b_dtype}"
         scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
-        return f"gemm_{types}{scaled}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
+        epi = "" if self.epilogue == "none" else "_ep_" + self.epilogue.replace("+", "_")
+        return f"gemm_{types}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"

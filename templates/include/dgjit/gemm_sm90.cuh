@@ -140,6 +140,55 @@ struct TileScheduler {
   }
 };
 
+// Fused epilogue (deepgemm_jit/epilogue.py): D = act(alpha * acc + beta * C + bias) + residual.
+enum class Activation : uint32_t { kNone, kRelu, kGelu, kGeluTanh, kSilu, kSigmoid };
+enum class BiasKind : uint32_t { kNone, kCol, kRow };
+
+// Compile-time shape of the epilogue; the rendered entry defines one (EpilogueNone = plain store).
+struct EpilogueNone {
+  static constexpr bool kBeta = false;
+  static constexpr BiasKind kBias = BiasKind::kNone;
+  static constexpr Activation kAct = Activation::kNone;
+  static constexpr bool kResidual = false;
+};
+
+// Run-time operands of the epilogue (pointers to D's type; leading dimensions in elements).
+struct EpilogueArgs {
+  const void* bias;
+  const void* c;
+  int64_t ldc;
+  const void* residual;
+  int64_t ldr;
+  float alpha, beta;
+};
+
+DGJIT_DEVICE float load_as_float(const float* p) { return *p; }
+DGJIT_DEVICE float load_as_float(const bfloat16_t* p) {
+  return __uint_as_float(static_cast<uint32_t>(p->bits) << 16);
+}
+DGJIT_DEVICE float load_as_float(const half_t* p) {
+  float x;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(p->bits));
+  return x;
+}
+
+template <Activation kAct>
+DGJIT_DEVICE float activate(float v) {
+  if constexpr (kAct == Activation::kRelu) {
+    return fmaxf(v, 0.0f);
+  } else if constexpr (kAct == Activation::kGelu) {
+    return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  } else if constexpr (kAct == Activation::kGeluTanh) {
+    return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+  } else if constexpr (kAct == Activation::kSilu) {
+    return v / (1.0f + expf(-v));
+  } else if constexpr (kAct == Activation::kSigmoid) {
+    return 1.0f / (1.0f + expf(-v));
+  } else {
+    return v;
+  }
+}
+
 template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs), float_e4m3_t, float_e5m2_t, int8_t
           class TB,           // B storage: as TA (FP8 may mix E4M3 and E5M2)
           class TD,           // output storage: bfloat16_t, half_t, float, or int32_t (INT8 without scales)
@@ -151,7 +200,8 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           uint32_t kNumStages,
           uint32_t kGroupM,   // M blocks per raster group
           Scaling kScaling,   // how scale factors are applied (kNone for unscaled types)
-          bool kPromote>      // FP8: promote each K block's partial sums into FP32 accumulators
+          bool kPromote,      // FP8: promote each K block's partial sums into FP32 accumulators
+          class Epi = EpilogueNone>  // fused epilogue (see EpilogueNone)
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -188,6 +238,9 @@ struct GemmSm90 {
   static_assert(!kPromote || kIsFP8, "promotion exists for FP8's reduced-precision accumulation");
   static_assert(is_same<TD, int32_t>::value == (kIsInt && kScaling == Scaling::kNone),
                 "INT32 output is exactly the unscaled INT8 product");
+  static constexpr bool kHasEpilogue = Epi::kBeta || Epi::kBias != BiasKind::kNone ||
+                                       Epi::kAct != Activation::kNone || Epi::kResidual;
+  static_assert(!kHasEpilogue || !is_same<TD, int32_t>::value, "fused epilogues write floating outputs");
   static_assert(kNumStages >= 2, "the ring needs at least two stages to overlap loads with MMAs");
   static_assert(kN >= 1 && kK >= 1, "empty problems are handled on the host");
   static_assert(kNumM64PerWG * kNumAccum * (kPromote ? 2 : 1) <= (kPromote ? 176 : 128),
@@ -473,9 +526,38 @@ struct GemmSm90 {
   // Accumulator layout of m64nN (per warp w of the warpgroup, lane l): register 4j + 2h + e holds
   // row 16w + l/4 + 8h, column 8j + 2(l%4) + e. Each (j, h) pair is one 2-element store.
   // `tensor_scale` is scale_a * scale_b for kTensor (1 otherwise).
+  // The fused operations on the two values of one (row, col), (row, col + 1) pair, in D's coordinates. Rows
+  // past M and columns past N are never stored (TMA clips them), so their operands are not read.
+  static DGJIT_DEVICE void apply_epilogue(float& lo, float& hi, uint32_t row, uint32_t col, uint32_t m,
+                                          const EpilogueArgs& ea) {
+    if (row >= m) return;
+    const bool ok0 = col < kN, ok1 = col + 1 < kN;
+    if constexpr (Epi::kBeta) {
+      const TD* c = static_cast<const TD*>(ea.c) + row * ea.ldc + col;
+      lo = ea.alpha * lo + (ok0 ? ea.beta * load_as_float(c) : 0.0f);
+      hi = ea.alpha * hi + (ok1 ? ea.beta * load_as_float(c + 1) : 0.0f);
+    }
+    if constexpr (Epi::kBias == BiasKind::kCol) {
+      const TD* b = static_cast<const TD*>(ea.bias) + col;
+      lo += ok0 ? load_as_float(b) : 0.0f;
+      hi += ok1 ? load_as_float(b + 1) : 0.0f;
+    } else if constexpr (Epi::kBias == BiasKind::kRow) {
+      const float b = load_as_float(static_cast<const TD*>(ea.bias) + row);
+      lo += b;
+      hi += b;
+    }
+    lo = activate<Epi::kAct>(lo);
+    hi = activate<Epi::kAct>(hi);
+    if constexpr (Epi::kResidual) {
+      const TD* r = static_cast<const TD*>(ea.residual) + row * ea.ldr + col;
+      lo += ok0 ? load_as_float(r) : 0.0f;
+      hi += ok1 ? load_as_float(r + 1) : 0.0f;
+    }
+  }
+
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, uint32_t m_block, uint32_t n_block, float tensor_scale,
-                                    const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+                                    const EpilogueArgs& ea, const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     // The previous tile's TMA store must have finished reading the buffer before it is overwritten.
@@ -515,6 +597,9 @@ struct GemmSm90 {
               lo *= sa * smem.col_scales(math_wg)[col];
               hi *= sa * smem.col_scales(math_wg)[col + 1];
             }
+            if constexpr (kHasEpilogue) {
+              apply_epilogue(lo, hi, m_block * kBlockM + math_wg * kWGRows + row, n_block * kBlockN + col, m, ea);
+            }
             if constexpr (is_same<TD, float>::value) {
               st_shared_v2_f32(addr, lo, hi);
             } else if constexpr (is_same<TD, bfloat16_t>::value) {
@@ -547,7 +632,7 @@ struct GemmSm90 {
   }
 
   static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg, uint32_t m,
-                                   const ScaleArgs& scales) {
+                                   const ScaleArgs& scales, const EpilogueArgs& ea) {
     TAcc acc[kNumM64PerWG][kNumAccum];
     float tensor_scale = 1.0f;
     if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
@@ -561,7 +646,7 @@ struct GemmSm90 {
       } else {
         mainloop(smem, state, math_wg, acc);
       }
-      epilogue(smem, tmap_d, math_wg, m, m_block, n_block, tensor_scale, acc);
+      epilogue(smem, tmap_d, math_wg, m, m_block, n_block, tensor_scale, ea, acc);
     }
     // Shared memory must outlive the last store's reads, and the writes should be done before exit.
     if (threadIdx.x % kWarpgroupThreads == 0) tma_store_wait_all<0>();
@@ -569,7 +654,7 @@ struct GemmSm90 {
 
   // ---- entry ------------------------------------------------------------------------------------
   static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
-                               uint32_t m, const ScaleArgs& scales) {
+                               uint32_t m, const ScaleArgs& scales, const EpilogueArgs& ea) {
     // Only 16-byte alignment of dynamic shared memory is promised; the 1024 bytes of slack in
     // kSmemBytes pay for rounding up to the swizzle repeat.
     extern __shared__ __align__(16) uint8_t dgjit_smem_raw[];
@@ -600,7 +685,7 @@ struct GemmSm90 {
       }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
-      consume(smem, tmap_d, wg, m, scales);
+      consume(smem, tmap_d, wg, m, scales, ea);
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
     }
@@ -610,8 +695,8 @@ struct GemmSm90 {
 // The kernel body as a free function (what the rendered entry calls).
 template <class Gemm>
 DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
-                                 uint32_t m, const ScaleArgs& scales) {
-  Gemm::run(tmap_a, tmap_b, tmap_d, m, scales);
+                                 uint32_t m, const ScaleArgs& scales, const EpilogueArgs& ea) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, m, scales, ea);
 }
 
 }  // namespace sm90
