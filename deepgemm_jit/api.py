@@ -251,7 +251,7 @@ class Gemm:
             hit = self._launch_plans.get(key) if None not in key else None
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit
-                plan.run(_stream_for(kind, stream, plan.device_id))
+                plan.run(runtime.stream_for(kind, stream, plan.device_id))
                 return out
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
@@ -265,7 +265,7 @@ class Gemm:
             raise ValueError(f"a is on device {va.device}, but the current device is {dev} "
                              "(torch.cuda.set_device / cupy.cuda.Device(i).use() select it)")
         self._check_device(dev)
-        cu_stream = _stream_for(kind, stream, dev)
+        cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
             out = self._new_output(kind, m, dev)
             vd = matrix_view(out, "out")
@@ -345,15 +345,6 @@ def _common_kind(a, b, out) -> str:
                            for arg, x in zip(kinds, (a, b, out)))
         raise TypeError(f"a, b and out must come from the same array library; {listed}")
     return kinds["a"]
-
-
-def _stream_for(kind: str, stream, device_id: int):
-    """The explicit stream, else the current stream of the caller's array library."""
-    if stream is None and kind == "torch":
-        import torch
-
-        stream = torch.cuda.current_stream(device_id).cuda_stream
-    return runtime.resolve_stream(stream)
 
 
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",

@@ -1,7 +1,9 @@
 """(spec, config, arch) -> compiled kernel, rendering and compiling at most once.
 
 Order of look-ups: the in-process memo, then the disk cache, then NVRTC (under
-the cache's cross-process lock).
+the cache's cross-process lock). ``build_artifact`` is the disk-cache-then-NVRTC step for any rendered
+source (the GEMMs here, the quantization kernels in ``quantization.py``) and ``Memo`` the memo in front of
+it, so that every kernel family follows the same cache rules.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, Generic, Hashable, TypeVar
 
 from . import __version__, cache, compiler, env
 from .config import KernelConfig
@@ -22,15 +25,21 @@ _TEMPLATES = {"sm80": ("gemm_sm80.cu.j2", "dgjit_gemm_sm80"),
 
 
 @dataclass(frozen=True)
-class KernelArtifact:
-    spec: GemmSpec
-    config: KernelConfig
-    arch: str
+class BuiltKernel:
+    """One rendered source compiled for one arch, as the disk cache holds it (any kernel family; each family's
+    artifact adds what it was built for)."""
     key: str
     entry: str
     cubin: bytes
     meta: dict
     compiled_now: bool  # this process ran NVRTC for it (False: memo or disk)
+
+
+@dataclass(frozen=True)
+class KernelArtifact(BuiltKernel):
+    spec: GemmSpec
+    config: KernelConfig
+    arch: str
 
     @property
     def cubin_path(self) -> str | None:
@@ -38,8 +47,36 @@ class KernelArtifact:
         return str(c.cubin_path(self.key)) if c is not None else None
 
 
-_memo: dict[tuple, KernelArtifact] = {}
-_memo_lock = threading.Lock()
+Artifact = TypeVar("Artifact")
+
+
+class Memo(Generic[Artifact]):
+    """The in-process memo of one kernel family: key -> artifact (a dataclass with ``compiled_now``), built
+    at most once per process; the stored copy says ``compiled_now=False`` (only the call that built it
+    reports what the build did)."""
+
+    def __init__(self) -> None:
+        self._items: dict[Hashable, Artifact] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], Artifact]) -> Artifact:
+        hit = self._items.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                return hit
+            artifact = build()
+            self._items[key] = dataclasses.replace(artifact, compiled_now=False)
+            return artifact
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_memo: Memo[KernelArtifact] = Memo()
 
 
 def render_kernel(spec: GemmSpec, config: KernelConfig) -> RenderedSource:
@@ -48,22 +85,36 @@ def render_kernel(spec: GemmSpec, config: KernelConfig) -> RenderedSource:
 
 
 def get_kernel(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
-    memo_key = (spec, config, arch)
-    hit = _memo.get(memo_key)
-    if hit is not None:
-        return hit
-    with _memo_lock:
-        hit = _memo.get(memo_key)
-        if hit is not None:
-            return hit
-        artifact = _build(spec, config, arch)
-        _memo[memo_key] = dataclasses.replace(artifact, compiled_now=False)
-        return artifact
+    return _memo.get((spec, config, arch), lambda: _build(spec, config, arch))
 
 
 def _build(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
     config.check_for(spec, arch)
-    rendered = render_kernel(spec, config)
+    built = build_artifact(render_kernel(spec, config), arch, spec_tag=spec.tag, config_tag=config.tag,
+                           meta={"spec": dataclasses.asdict(spec), "config": dataclasses.asdict(config),
+                                 "dynamic_smem_bytes": config.smem_bytes(spec),
+                                 "num_threads": config.num_threads})
+    return KernelArtifact(**vars(built), spec=spec, config=config, arch=arch)
+
+
+def build_artifact(rendered: RenderedSource, arch: str, *, spec_tag: str, config_tag: str = "",
+                   meta: dict) -> BuiltKernel:
+    """`rendered` compiled for `arch`: from the disk cache, else by NVRTC (once across processes) into it.
+
+    The cache key hashes what determines the cubin and nothing else (``cache.kernel_key``: the source, its
+    headers, the compile options, NVRTC's version, the arch, the package version), so one source has one key
+    whichever family renders it. `spec_tag` and `config_tag` (empty for kernels without a config) name the
+    kernel in messages and in the metadata (``name``: the tags joined by ``_``); `meta` is what the
+    metadata records about it besides the compile facts (its spec, its launch sizes). With
+    DEEPGEMM_JIT_OFFLINE=1 a kernel missing from the cache raises KernelNotCachedError (the caller adds
+    the warmup line, which it alone knows).
+
+    Example::
+
+        built = build_artifact(render("quantize.cu.j2", "dgjit_quantize", spec=spec, tag=spec.tag), "sm_90a",
+                               spec_tag=spec.tag, meta={"quant_spec": dataclasses.asdict(spec)})
+    """
+    label = f"{spec_tag} {config_tag}" if config_tag else spec_tag
     options = compiler.compile_options(arch)
     nvrtc_version = compiler.nvrtc_version()
     key = cache.kernel_key(source=rendered.source, headers=rendered.headers, options=options,
@@ -74,14 +125,12 @@ def _build(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
         result = compiler.compile_cubin(rendered, arch)
         seconds = time.perf_counter() - start
         if env.verbose():
-            print(f"deepgemm-jit: compiled {spec.tag} {config.tag} for {arch} in {seconds:.2f} s",
-                  file=sys.stderr)
-        meta = {
-            "name": f"{spec.tag}_{config.tag}",
+            print(f"deepgemm-jit: compiled {label} for {arch} in {seconds:.2f} s", file=sys.stderr)
+        return result.cubin, {
+            "name": f"{spec_tag}_{config_tag}" if config_tag else spec_tag,
             "entry": rendered.entry,
             "arch": arch,
-            "spec": dataclasses.asdict(spec),
-            "config": dataclasses.asdict(config),
+            **meta,
             "package_version": __version__,
             "nvrtc_version": list(nvrtc_version),
             "options": list(options),
@@ -91,28 +140,23 @@ def _build(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
             "spill_store_bytes": result.spill_store_bytes,
             "spill_load_bytes": result.spill_load_bytes,
             "static_smem_bytes": result.static_smem_bytes,
-            "dynamic_smem_bytes": config.smem_bytes(spec),
-            "num_threads": config.num_threads,
             "log": result.log,
         }
-        return result.cubin, meta
 
     store = cache.default_cache()
     missing = None
     if env.offline():
         def missing() -> Exception:
+            where = str(store.root) if store is not None else None
             return KernelNotCachedError(
-                f"DEEPGEMM_JIT_OFFLINE=1 and kernel {spec.tag} {config.tag} for {arch} is not in the cache "
-                f"({store.root if store is not None else 'disk cache disabled'})",
-                spec_tag=spec.tag, config_tag=config.tag, arch=arch,
-                cache_dir=str(store.root) if store is not None else None)
+                f"DEEPGEMM_JIT_OFFLINE=1 and kernel {label} for {arch} is not in the cache "
+                f"({where or 'disk cache disabled'})", spec_tag=spec_tag, config_tag=config_tag, arch=arch,
+                cache_dir=where)
     entry, compiled_now = cache.get_or_build(store, key, build, missing)
     if env.verbose() and not compiled_now:
-        print(f"deepgemm-jit: loaded {spec.tag} {config.tag} for {arch} from the cache", file=sys.stderr)
-    return KernelArtifact(spec=spec, config=config, arch=arch, key=key, entry=rendered.entry,
-                          cubin=entry.cubin, meta=entry.meta, compiled_now=compiled_now)
+        print(f"deepgemm-jit: loaded {label} for {arch} from the cache", file=sys.stderr)
+    return BuiltKernel(key=key, entry=rendered.entry, cubin=entry.cubin, meta=entry.meta, compiled_now=compiled_now)
 
 
 def clear_memo() -> None:
-    with _memo_lock:
-        _memo.clear()
+    _memo.clear()

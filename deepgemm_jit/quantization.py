@@ -15,7 +15,7 @@ The contract (the GEMM consumes exactly these layouts):
 - A NaN in a group makes that group's scale NaN (and so its q); inputs are expected to be finite.
 
 Data flow as for the GEMM: validate -> :class:`QuantKernelSpec` -> render ``templates/quantize.cu.j2``
--> NVRTC -> disk cache -> launch on the caller's stream. Device logic is in
+-> disk cache or NVRTC (``jit.build_artifact``, the GEMMs' path) -> launch on the caller's stream. Device logic is in
 ``templates/include/dgjit/quantize.cuh``. Nothing here reads device memory back to the host: the
 tensor-wide amax is reduced on the device into a zeroed device word that the quantize kernel reads.
 """
@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import __version__, cache, compiler, config, cubin, device, dtypes, env, runtime
-from .api import _stream_for
+from . import config, cubin, device, dtypes, jit, runtime
 from .arrays import array_kind, matrix_view
 from .errors import KernelNotCachedError, NoGPUError
 from .render import RenderedSource, render
@@ -54,6 +50,8 @@ _FORMAT_CPP = {"fp8_e4m3": "kE4M3", "fp8_e5m2": "kE5M2", "int8": "kInt8"}
 _GRANULARITY_CPP = {"tensor": "kTensor", "row": "kRow", "group128": "kGroup128", "block128": "kBlock128"}
 # Sizes each cubin exports as `<entry>_<name>` __constant__ symbols (quantize.cu.j2).
 SYMBOLS = ("num_threads", "units_per_block", "group_cols")
+# GemmSpec.scaling -> the granularity of A's scales (scale_a), i.e. of the activations' quantize call.
+ACTIVATION_GRANULARITY = {"tensor": "tensor", "row": "row", "block": "group128"}
 
 
 def check_granularity(granularity: object, q_dtype: str) -> str:
@@ -115,7 +113,7 @@ class QuantKernelSpec:
             check_granularity(self.granularity, self.q_dtype)
         elif self.granularity is not None:
             raise ValueError(f"op={self.op!r} takes no granularity (got {self.granularity!r})")
-        max_vec = 16 // dtypes.get(self.src_dtype).storage_bytes if self.op != "dequantize" else 1
+        max_vec = full_vec(self.src_dtype) if self.op != "dequantize" else 1
         if (isinstance(self.vec, bool) or not isinstance(self.vec, int) or self.vec < 1 or self.vec > max_vec
                 or self.vec & (self.vec - 1)):
             raise ValueError(f"vec={self.vec!r} must be a power of two in [1, {max_vec}] for op={self.op!r} "
@@ -139,22 +137,29 @@ class QuantKernelSpec:
                  f"v{self.vec}" if self.op != "dequantize" else None]
         return "quant_" + "_".join(p for p in parts if p is not None)
 
+    @property
+    def amax_spec(self) -> "QuantKernelSpec | None":
+        """The tensor-wide amax kernel that a quantize kernel of granularity tensor runs first, else None."""
+        if self.op == "quantize" and self.granularity == "tensor":
+            return QuantKernelSpec("amax", self.src_dtype, vec=self.vec)
+        return None
+
+
+def full_vec(src_dtype: str) -> int:
+    """Elements per 16-byte load of x: the vector width of rows whose start addresses are all 16-byte aligned
+    (a 16-byte aligned base and a row stride that is a multiple of 8 bf16/fp16 or 4 fp32 elements)."""
+    return 16 // dtypes.get(src_dtype).storage_bytes
+
 
 @dataclass(frozen=True)
-class QuantArtifact:
-    """A compiled quantization kernel (the fields runtime.loaded_kernel reads: key, entry, cubin)."""
+class QuantArtifact(jit.BuiltKernel):
+    """A compiled quantization kernel: the cached cubin and what it was built for."""
 
     spec: QuantKernelSpec
     arch: str
-    key: str
-    entry: str
-    cubin: bytes
-    meta: dict
-    compiled_now: bool  # this process ran NVRTC for it (False: memo or disk)
 
 
-_memo: dict[tuple[QuantKernelSpec, str], QuantArtifact] = {}
-_memo_lock = threading.Lock()
+_memo: jit.Memo[QuantArtifact] = jit.Memo()
 
 
 def render_kernel(spec: QuantKernelSpec) -> RenderedSource:
@@ -163,67 +168,29 @@ def render_kernel(spec: QuantKernelSpec) -> RenderedSource:
 
 def get_kernel(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
     """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
-    hit = _memo.get((spec, arch))
-    if hit is not None:
-        return hit
-    with _memo_lock:
-        hit = _memo.get((spec, arch))
-        if hit is None:
-            hit = _build(spec, arch)
-            _memo[(spec, arch)] = dataclasses.replace(hit, compiled_now=False)
-        return hit
+    return _memo.get((spec, arch), lambda: _build(spec, arch))
 
 
 def clear_memo() -> None:
-    with _memo_lock:
-        _memo.clear()
+    _memo.clear()
 
 
 def _build(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
-    # NOTES: the same render -> key -> cache.get_or_build steps as jit._build, which is written for
-    # (GemmSpec, KernelConfig) pairs; the key hashes the same material, so the cache rules hold.
-    rendered = render_kernel(spec)
-    options = compiler.compile_options(arch)
-    nvrtc_version = compiler.nvrtc_version()
-    key = cache.kernel_key(source=rendered.source, headers=rendered.headers, options=options,
-                           nvrtc_version=nvrtc_version, arch=arch, package_version=__version__)
+    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
+                               meta={"quant_spec": dataclasses.asdict(spec)})
+    return QuantArtifact(**vars(built), spec=spec, arch=arch)
 
-    def build() -> tuple[bytes, dict]:
-        start = time.perf_counter()
-        result = compiler.compile_cubin(rendered, arch)
-        seconds = time.perf_counter() - start
-        if env.verbose():
-            print(f"deepgemm-jit: compiled {spec.tag} for {arch} in {seconds:.2f} s", file=sys.stderr)
-        meta = {
-            "name": spec.tag,
-            "entry": rendered.entry,
-            "arch": arch,
-            "quant_spec": dataclasses.asdict(spec),
-            "package_version": __version__,
-            "nvrtc_version": list(nvrtc_version),
-            "options": list(options),
-            "compile_seconds": round(seconds, 4),
-            "registers": result.registers,
-            "stack_bytes": result.stack_bytes,
-            "spill_store_bytes": result.spill_store_bytes,
-            "spill_load_bytes": result.spill_load_bytes,
-            "static_smem_bytes": result.static_smem_bytes,
-            "log": result.log,
-        }
-        return result.cubin, meta
 
-    store = cache.default_cache()
-    missing = None
-    if env.offline():
-        def missing() -> Exception:
-            where = str(store.root) if store is not None else None
-            return KernelNotCachedError(
-                f"DEEPGEMM_JIT_OFFLINE=1 and kernel {spec.tag} for {arch} is not in the cache "
-                f"({where or 'disk cache disabled'})", spec_tag=spec.tag, config_tag="", arch=arch,
-                cache_dir=where)
-    entry, compiled_now = cache.get_or_build(store, key, build, missing)
-    return QuantArtifact(spec=spec, arch=arch, key=key, entry=rendered.entry, cubin=entry.cubin,
-                         meta=entry.meta, compiled_now=compiled_now)
+def _quantize_kernels(spec: QuantKernelSpec, arch: str) -> tuple[QuantArtifact, QuantArtifact | None]:
+    """(quantize kernel, amax kernel or None) of one quantize call; offline, a missing one names the
+    ``deepgemm-jit warmup`` line that compiles both."""
+    amax = spec.amax_spec
+    try:
+        return get_kernel(spec, arch), (get_kernel(amax, arch) if amax is not None else None)
+    except KernelNotCachedError as exc:
+        from .warmup import quantize_command_for
+
+        raise exc.with_warmup_command(quantize_command_for(spec, arch)) from None
 
 
 @functools.lru_cache(maxsize=256)
@@ -441,11 +408,11 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
     m, k = _check_size(view.rows, view.cols, "x")
     dev = _device_of(view.device, "x")
     arch = _target_arch(dev, q_name)
-    cu_stream = _stream_for(kind, stream, dev)
+    cu_stream = runtime.stream_for(kind, stream, dev)
 
     # Loads as wide as x's base and row stride allow (16 bytes for packed rows of 8/4-element multiples).
     vec = config.max_vector(view.itemsize, view.ptr, view.row_stride, view.rows)
-    art = get_kernel(QuantKernelSpec("quantize", src, q_name, gran, vec), arch)
+    art, amax_art = _quantize_kernels(QuantKernelSpec("quantize", src, q_name, gran, vec), arch)
     sym = kernel_symbols(art)
     if sym["group_cols"] != GROUP:
         raise RuntimeError(f"{art.entry} groups {sym['group_cols']} columns, quantization.py {GROUP}")
@@ -456,7 +423,6 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         grid = _grid(m, "x")
     else:
         grid = _grid(-(-m // GROUP) * num_groups, "x")
-    amax_art = get_kernel(QuantKernelSpec("amax", src, vec=vec), arch) if gran == "tensor" else None
 
     explicit = stream is not None
     q, scales, q_ptr, scales_ptr, spans = _quantize_outputs(out, _out_kind(kind), q_name, (m, k),
@@ -519,7 +485,7 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
     dev = _device_of(view.device, "q")
     scales_ptr, scales_bytes = _pointer(scales, "scales", kind, dev)
     arch = _target_arch(dev, q_name)
-    cu_stream = _stream_for(kind, stream, dev)
+    cu_stream = runtime.stream_for(kind, stream, dev)
 
     art = get_kernel(QuantKernelSpec("dequantize", out_name, q_name), arch)
     rows_per_scale, cols_per_scale, scale_ld = {

@@ -1,9 +1,10 @@
-"""Loading cubins into the current CUDA context and launching them (CuPy driver API)."""
+"""Loading cubins into the current CUDA context and launching them (CuPy driver API), on the stream a
+call asks for."""
 from __future__ import annotations
 
 import threading
 
-from .jit import KernelArtifact
+from .jit import BuiltKernel
 
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in
 
@@ -11,7 +12,7 @@ _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in
 class LoadedKernel:
     """One cubin loaded on one device, with its shared-memory opt-in done."""
 
-    def __init__(self, artifact: KernelArtifact, dynamic_smem_bytes: int):
+    def __init__(self, artifact: BuiltKernel, dynamic_smem_bytes: int):
         import cupy
 
         self.module = cupy.cuda.function.Module()
@@ -31,7 +32,7 @@ _loaded: dict[tuple[str, int], LoadedKernel] = {}
 _lock = threading.Lock()
 
 
-def loaded_kernel(artifact: KernelArtifact, device_id: int, dynamic_smem_bytes: int) -> LoadedKernel:
+def loaded_kernel(artifact: BuiltKernel, device_id: int, dynamic_smem_bytes: int) -> LoadedKernel:
     """The kernel of `artifact` loaded on `device_id` (loaded once per process and device)."""
     key = (artifact.key, device_id)
     kernel = _loaded.get(key)
@@ -89,3 +90,19 @@ def resolve_stream(stream: object):
         return _external(handle)
     raise TypeError(f"stream must be a CuPy stream, an object with .cuda_stream, a raw handle or None; "
                     f"got {type(stream).__name__}")
+
+
+def stream_for(kind: str, stream: object, device_id: int):
+    """The CuPy stream a call runs on: `stream` when given (anything ``resolve_stream`` takes), else the
+    current stream of the caller's array library on `device_id`: torch's for torch tensors (kind
+    ``"torch"``, as ``arrays.array_kind`` names it), CuPy's for everything else.
+
+    Example::
+
+        cu_stream = stream_for(array_kind(x), None, device.current_device_id())   # torch.cuda.current_stream()
+    """
+    if stream is None and kind == "torch":
+        import torch
+
+        stream = torch.cuda.current_stream(device_id).cuda_stream
+    return resolve_stream(stream)

@@ -2,7 +2,10 @@
 
 A problem is a spec (N, K, dtype, layout, out_dtype) and the M buckets it runs at; each bucket maps to
 the heuristic's config (``config.choose_config``), and every distinct (spec, config) is compiled once
-through ``jit.get_kernel`` into the disk cache. No GPU is needed with ``--arch``.
+through ``jit.get_kernel`` into the disk cache. An 8-bit problem with scales also brings the quantization
+kernels that make its A and scale_a from bf16 activations (``activation_quantize_spec``), compiled through
+``quantization.get_kernel``; ``--quantize`` adds those of any other ``quantize()`` call. No GPU is needed
+with ``--arch``.
 
 Where problems come from (the format in full: ``docs/warmup.md``):
 
@@ -29,11 +32,15 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   each ``--dtype`` TYPE and the ``--m`` range; without ``--dtype``, FP8 block-quantized checkpoints
   (``model_shapes.weight_quantization``) get ``fp8_e4m3/block`` for their quantized layers and bf16 for
   the rest (lm_head), other models bf16.
+- ``--quantize SRC:DTYPE/GRANULARITY[:vN]`` (repeatable): the kernels of one ``quantize()`` call
+  (``bf16:fp8_e4m3/group128``, ``fp16:int8/row``, ``bf16:fp8/tensor:v4``; ``parse_quantize``); this is the
+  line ``quantize_command_for`` writes for a quantization kernel missing from the cache.
 
 Example::
 
     deepgemm-jit warmup --from-hf-config examples/configs/deepseek-v3.json --arch sm_90a --jobs 2
     deepgemm-jit warmup --arch sm_90a --shape 1-16384:7168:2048:bf16 --shape 1-4096:7168:2048:fp8/block --dry-run
+    deepgemm-jit warmup --arch sm_90a --quantize bf16:fp8_e4m3/block128
 """
 from __future__ import annotations
 
@@ -50,9 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config as config_mod
-from . import device, dtypes, model_shapes
+from . import device, dtypes, model_shapes, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
+from .quantization import QuantKernelSpec
 from .spec import GemmSpec
 
 M_MAX_BUCKET = 16384
@@ -64,6 +72,9 @@ RESERVED_KEYS = ("epilogue",)
 _FILE_KEYS = ({"n", "k", "dtype", "b_dtype", "scaling", "fast_accum", "layout", "out_dtype", "m", "m_values", "name"}
               | set(RESERVED_KEYS))
 _OFFLINE = "DEEPGEMM_JIT_OFFLINE"
+QUANTIZE_SYNTAX = "SRC:DTYPE/GRANULARITY[:vN]"
+QUANTIZE_EXAMPLES = "bf16:fp8_e4m3/group128, bf16:int8/row, fp16:fp8/tensor:v4"
+ACTIVATION_DTYPE = "bf16"  # what an 8-bit GEMM entry's activations are quantized from
 
 
 @dataclass(frozen=True)
@@ -94,9 +105,9 @@ class GemmType:
 class Summary:
     compiled: int = 0
     cached: int = 0
-    failed: list = field(default_factory=list)  # (spec, config, error message)
+    failed: list = field(default_factory=list)  # (spec, config or None for quantization kernels, error message)
     seconds: float = 0.0
-    types: Counter = field(default_factory=Counter)  # type_text(spec) -> kernels of the run
+    types: Counter = field(default_factory=Counter)  # kernel_type(spec) -> kernels of the run
 
     @property
     def total(self) -> int:
@@ -209,6 +220,56 @@ def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
     elif spec.layout != "nt":
         fields.append(spec.layout)
     return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
+
+
+def parse_quantize(text: str) -> QuantKernelSpec:
+    """One ``--quantize SRC:DTYPE/GRANULARITY[:vN]`` -> the quantize kernel of that ``quantize()`` call: x of
+    dtype SRC (bf16, fp16, fp32) to DTYPE (fp8_e4m3 = fp8, fp8_e5m2, int8) with GRANULARITY scales (tensor,
+    row, group128, block128), loading N elements at a time (default: 16 bytes, what rows at 16-byte aligned
+    addresses allow, ``quantization.full_vec``). ``"bf16:fp8/group128"`` -> ``QuantKernelSpec("quantize",
+    "bf16", "fp8_e4m3", "group128", 8)``; ValueError naming the option for anything malformed."""
+    where = f"--quantize {text}"
+    parts = text.strip().lower().split(":")
+    vec_match = re.fullmatch(r"v(\d+)", parts[2]) if len(parts) == 3 else None
+    q_name, slash, granularity = parts[1].partition("/") if len(parts) > 1 else ("", "", "")
+    if len(parts) not in (2, 3) or not slash or (len(parts) == 3 and vec_match is None):
+        raise ValueError(f"{where}: expected {QUANTIZE_SYNTAX}, e.g. {QUANTIZE_EXAMPLES}")
+    try:
+        src = dtypes.canonical(parts[0], arg="SRC", allowed=quantization.SOURCE_DTYPES)
+        q_name = dtypes.canonical(q_name, arg="DTYPE", allowed=quantization.QUANT_DTYPES)
+        vec = int(vec_match.group(1)) if vec_match else quantization.full_vec(src)
+        return QuantKernelSpec("quantize", src, q_name, quantization.check_granularity(granularity, q_name), vec)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def quantize_text(spec: QuantKernelSpec) -> str:
+    """The ``--quantize`` text of a quantize kernel (``parse_quantize`` gives `spec` back); ``:vN`` only where
+    the width is not the 16-byte default."""
+    text = f"{spec.src_dtype}:{spec.q_dtype}/{spec.granularity}"
+    return text if spec.vec == quantization.full_vec(spec.src_dtype) else f"{text}:v{spec.vec}"
+
+
+def quantize_command_for(spec: QuantKernelSpec, arch: str) -> str:
+    """The ``deepgemm-jit warmup`` line that compiles the kernels of one ``quantize()`` call (`spec`, and the
+    amax kernel before it for granularity tensor), the line an offline miss of either names.
+
+    Example: ``quantize_command_for(QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8), "sm_90a")``
+    -> ``"deepgemm-jit warmup --arch sm_90a --quantize bf16:fp8_e4m3/group128"``.
+    """
+    return f"deepgemm-jit warmup --arch {arch} --quantize {quantize_text(spec)}"
+
+
+def activation_quantize_spec(spec: GemmSpec) -> QuantKernelSpec | None:
+    """The quantize kernel that turns bf16 activations into A and scale_a of an 8-bit GEMM with scales (None
+    without scales: bf16/fp16/tf32 and unscaled int8): A's dtype, the granularity of ``spec.scaling``
+    (``quantization.ACTIVATION_GRANULARITY``: block -> group128, row -> row, tensor -> tensor), and the load
+    width of contiguous (M, K) rows at a 16-byte aligned address (8 when K % 8 == 0)."""
+    if spec.scaling == "none":
+        return None
+    vec = config_mod.max_vector(dtypes.get(ACTIVATION_DTYPE).storage_bytes, 0, spec.k, 2)
+    return QuantKernelSpec("quantize", ACTIVATION_DTYPE, spec.dtype,
+                           quantization.ACTIVATION_GRANULARITY[spec.scaling], vec)
 
 
 def parse_shapes_file(path: str | Path) -> list[WarmupEntry]:
@@ -337,17 +398,43 @@ def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = No
     return {key: tuple(sorted(b)) for key, b in served.items()}
 
 
-def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None) -> list[tuple[GemmSpec, KernelConfig]]:
-    """Distinct (spec, config) pairs the entries need on `arch` (heuristic choice per M bucket; num_sms
-    None means the arch's usual count, as ``build(arch=...)`` assumes)."""
-    return list(plan_buckets(entries, arch, num_sms))
+def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
+                  ) -> dict[QuantKernelSpec, tuple[str, ...]]:
+    """Quantization kernel -> what needs it, in first-seen order: the activations' quantize kernel of every
+    8-bit entry with scales (``activation_quantize_spec``) and the ``--quantize`` kernels of `extra`, each
+    with the amax kernel a tensor granularity runs first."""
+    needs: dict[QuantKernelSpec, list[str]] = {}
+    wanted = [(activation_quantize_spec(e.spec), f"{type_text(e.spec)} activations") for e in entries]
+    wanted += [(spec, f"--quantize {quantize_text(spec)}") for spec in extra]
+    for spec, why in wanted:
+        if spec is None:
+            continue
+        for kernel in (spec, spec.amax_spec):
+            if kernel is not None and why not in needs.setdefault(kernel, []):
+                needs[kernel].append(why)
+    return {kernel: tuple(whys) for kernel, whys in needs.items()}
 
 
-def _compile_one(spec: GemmSpec, cfg: KernelConfig, arch: str) -> tuple[bool, str | None]:
+def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quantize: list[QuantKernelSpec] = ()
+         ) -> list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec, None]]:
+    """The distinct kernels the entries need on `arch`: (spec, config) pairs of the GEMMs (heuristic choice per
+    M bucket; num_sms None means the arch's usual count, as ``build(arch=...)`` assumes), then
+    (quantization spec, None) for the kernels of ``plan_quantize(entries, quantize)``."""
+    return list(plan_buckets(entries, arch, num_sms)) + [(q, None) for q in plan_quantize(entries, quantize)]
+
+
+def kernel_type(spec: GemmSpec | QuantKernelSpec) -> str:
+    """What the counts call a kernel: its GEMM TYPE (``type_text``), or ``quantize`` for quantization kernels."""
+    return type_text(spec) if isinstance(spec, GemmSpec) else "quantize"
+
+
+def _compile_one(spec: GemmSpec | QuantKernelSpec, cfg: KernelConfig | None, arch: str) -> tuple[bool, str | None]:
     """Worker: (compiled now, error message or None). Never raises, so one bad kernel fails alone."""
     from . import jit
 
     try:
+        if cfg is None:
+            return quantization.get_kernel(spec, arch).compiled_now, None
         return jit.get_kernel(spec, cfg, arch).compiled_now, None
     except Exception as exc:  # any failure is reported per kernel in the summary
         return False, f"{type(exc).__name__}: {exc}"
@@ -385,12 +472,14 @@ class _Progress:
             sys.stderr.flush()
 
 
-def run(work: list[tuple[GemmSpec, KernelConfig]], arch: str, jobs: int = 1, progress: bool = True) -> Summary:
-    """Compile every (spec, config) of `work` for `arch` into the disk cache; `jobs` > 1 compiles in that
-    many processes (the cache's per-key lock keeps it one compile per kernel across processes)."""
+def run(work: list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec, None]], arch: str, jobs: int = 1,
+        progress: bool = True) -> Summary:
+    """Compile every kernel of `work` (as ``plan`` lists them: (GemmSpec, KernelConfig) or (QuantKernelSpec,
+    None)) for `arch` into the disk cache; `jobs` > 1 compiles in that many processes (the cache's per-key
+    lock keeps it one compile per kernel across processes)."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    summary = Summary(types=Counter(type_text(spec) for spec, _ in work))
+    summary = Summary(types=Counter(kernel_type(spec) for spec, _ in work))
     bar = _Progress(len(work), progress)
     start = time.perf_counter()
 
@@ -403,7 +492,7 @@ def run(work: list[tuple[GemmSpec, KernelConfig]], arch: str, jobs: int = 1, pro
         else:
             summary.cached += 1
         summary.seconds = time.perf_counter() - start
-        bar.show(summary, f"{type_text(spec)} n{spec.n} k{spec.k}")
+        bar.show(summary, f"{type_text(spec)} n{spec.n} k{spec.k}" if cfg is not None else spec.tag)
 
     bar.show(summary)
     # Compiling is the point of warmup: DEEPGEMM_JIT_OFFLINE (set for the serving process, perhaps in the
@@ -444,6 +533,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="a Hugging Face config.json: every weight GEMM of the model (repeatable)")
     w.add_argument("--shape", action="append", default=[], metavar="M:N:K:TYPE[:LAYOUT[:OUT]]",
                    help=f"one problem, M one value or lo-hi, TYPE {TYPE_SYNTAX} ({TYPE_EXAMPLES}) (repeatable)")
+    w.add_argument("--quantize", action="append", default=[], metavar=QUANTIZE_SYNTAX,
+                   help=f"the kernels of one quantize() call ({QUANTIZE_EXAMPLES}) (repeatable); 8-bit GEMMs with "
+                        f"scales already bring their {ACTIVATION_DTYPE} activations' kernels")
     w.add_argument("--dtype", default=None, metavar="TYPE[,TYPE...]",
                    help="types for --from-hf-config, comma separated TYPEs as in --shape (bf16,fp8/block); default: "
                         "the model's own, fp8_e4m3/block for the quantized layers of an FP8 block-quantized "
@@ -468,8 +560,8 @@ def _entries(args) -> list[WarmupEntry]:
     m_range = parse_m(args.m)
     for path in args.from_hf_config:
         entries += hf_config_entries(path, type_names, m_range)
-    if not entries:
-        raise ValueError("nothing to warm up: give a shapes file, --shape or --from-hf-config")
+    if not entries and not args.quantize:
+        raise ValueError("nothing to warm up: give a shapes file, --shape, --from-hf-config or --quantize")
     return entries
 
 
@@ -487,17 +579,23 @@ def main(args: argparse.Namespace) -> int:
     arch, num_sms = _target(args.arch)
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    served = plan_buckets(_entries(args), arch, num_sms)
+    entries = _entries(args)
+    served = plan_buckets(entries, arch, num_sms)
+    quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
+    work = list(served) + [(spec, None) for spec in quantize]
     if args.dry_run:
         for (spec, cfg), buckets in served.items():
             print(f"{spec.tag:44s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
-        types = Counter(type_text(spec) for spec, _ in served)
-        print(f"warmup plan: {len(served)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
+        for spec, whys in quantize.items():
+            print(f"{spec.tag:77s} for {', '.join(whys)}")
+        types = Counter(kernel_type(spec) for spec, _ in work)
+        print(f"warmup plan: {len(work)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    summary = run(list(served), arch, jobs=args.jobs, progress=progress)
+    summary = run(work, arch, jobs=args.jobs, progress=progress)
     for spec, cfg, error in summary.failed:
-        print(f"FAILED {spec.tag} {cfg.tag}: {error.splitlines()[0] if error else '?'}", file=sys.stderr)
+        tags = f"{spec.tag} {cfg.tag}" if cfg is not None else spec.tag
+        print(f"FAILED {tags}: {error.splitlines()[0] if error else '?'}", file=sys.stderr)
     print(summary.line(arch))
     return 0 if not summary.failed else 1
 

@@ -3,6 +3,7 @@ with SASS checks, and the float64 references (on NumPy arrays) against ml_dtypes
 
 The GPU side (kernels against these references) is tests/test_quantize_gpu.py.
 """
+import argparse
 import itertools
 
 import jinja2
@@ -10,9 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from deepgemm_jit import arrays, cache, device, dtypes, reference, render, sass
+from deepgemm_jit import arrays, cache, device, dtypes, reference, render, sass, warmup
 from deepgemm_jit import quantization as quant
 from deepgemm_jit.errors import KernelNotCachedError, NoGPUError
+from deepgemm_jit.spec import GemmSpec
 
 ARCH = "sm_90a"
 SRC = ("fp32", "fp16", "bf16")
@@ -425,7 +427,7 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
     monkeypatch.setattr(device, "current_device_id", lambda: 0)
     monkeypatch.setattr(device, "capability", lambda device_id=None: (9, 0))
     monkeypatch.setattr(quant, "_num_sms", lambda device_id: 132)
-    monkeypatch.setattr(quant, "_stream_for", lambda kind, stream, device_id: FakeStream())
+    monkeypatch.setattr(quant.runtime, "stream_for", lambda kind, stream, device_id: FakeStream())
     calls = []
     addresses = iter(range(0x100000, 0x10000000, 0x100000))
 
@@ -495,6 +497,74 @@ def test_quantize_picks_the_widest_legal_load(fake_device, monkeypatch):
         seen.clear()
         quant.quantize(FakeDeviceArray((3, 60), dtype, ptr=ptr, strides=(stride, 1)), "fp8", "row")
         assert [s.vec for s in seen] == [vec], (dtype, ptr, stride)
+
+
+def warmup_args(line: str) -> argparse.Namespace:
+    """A `deepgemm-jit warmup ...` line as the command line parses it."""
+    parser = argparse.ArgumentParser()
+    warmup.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(line.split()[1:])
+
+
+# (quantize dtype, granularity, K, the GEMM whose activations it makes): K % 8 == 0 loads 8 bf16 at a time,
+# K = 100 (packed rows, row stride 100) only 4.
+OFFLINE_CASES = [("fp8", "group128", 7168, GemmSpec.create(4096, 7168, "fp8", scaling="block")),
+                 ("fp8_e5m2", "row", 2048, GemmSpec.create(64, 2048, "fp8_e5m2", b_dtype="fp8_e4m3", scaling="row")),
+                 ("fp8", "tensor", 512, GemmSpec.create(64, 512, "fp8", scaling="tensor", fast_accum=True)),
+                 ("int8", "row", 4096, GemmSpec.create(64, 4096, "int8", scaling="row")),
+                 ("int8", "tensor", 100, GemmSpec.create(64, 100, "int8", scaling="tensor"))]
+
+
+@pytest.mark.parametrize("dtype,gran,k,gemm", OFFLINE_CASES, ids=[f"{c[0]}-{c[1]}-k{c[2]}" for c in OFFLINE_CASES])
+def test_offline_quantize_names_the_warmup_line_of_its_kernels(fake_device, tmp_path, monkeypatch, dtype, gran, k,
+                                                               gemm):
+    """quantize() of packed bf16 rows asks for kernels (quantize, and amax first for tensor) that are exactly those
+    warmup plans for the GEMM the activations feed, and, offline with an empty cache, names the warmup line that
+    plans exactly them too."""
+    # The fake x has float16 storage; here it stands for bf16 (the same 2-byte rows).
+    real_storage_name = dtypes.storage_name_of
+    monkeypatch.setattr(dtypes, "storage_name_of", lambda dt: "bf16" if dt == np.float16 else real_storage_name(dt))
+    seen = []
+    real_get_kernel = quant.get_kernel
+    monkeypatch.setattr(quant, "get_kernel", lambda spec, arch: seen.append(spec) or real_get_kernel(spec, arch))
+    x = FakeDeviceArray((3, k), np.float16)
+    quant.quantize(x, dtype, gran)  # the shared cache: compiled at most once per session
+    wanted = list(seen)
+    assert {s.src_dtype for s in wanted} == {"bf16"} and len(wanted) == (2 if gran == "tensor" else 1)
+    assert list(warmup.plan_quantize([warmup.WarmupEntry(gemm, (64,))])) == wanted
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    quant.clear_memo()
+    with pytest.raises(KernelNotCachedError, match="pre-generate it with: deepgemm-jit warmup") as info:
+        quant.quantize(x, dtype, gran)
+    line = info.value.warmup_command
+    q_name = dtypes.canonical(dtype, arg="dtype", allowed=quant.QUANT_DTYPES)
+    assert line == f"deepgemm-jit warmup --arch {ARCH} --quantize bf16:{q_name}/{gran}" + (":v4" if k == 100 else "")
+    assert info.value.spec_tag == wanted[0].tag  # the first kernel of the call is the one missing
+    args = warmup_args(line)
+    assert args.arch == ARCH
+    assert list(warmup.plan_quantize([], [warmup.parse_quantize(text) for text in args.quantize])) == wanted
+    quant.clear_memo()
+
+
+def test_offline_quantize_after_its_warmup_line(fake_device, tmp_path, monkeypatch, capsys):
+    """The serving loop for quantize: the line an offline miss names compiles the kernels (amax too), and the same
+    call then runs offline."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    quant.clear_memo()
+    x = FakeDeviceArray((2, 256), np.float16)
+    with pytest.raises(KernelNotCachedError) as info:
+        quant.quantize(x, "fp8", "tensor")
+    line = info.value.warmup_command
+    assert line == f"deepgemm-jit warmup --arch {ARCH} --quantize fp16:fp8_e4m3/tensor"
+    assert warmup.main(warmup_args(line + " --no-progress")) == 0
+    assert "warmup: 2 kernels for sm_90a (quantize): compiled 2, already cached 0, failed 0" in capsys.readouterr().out
+    quant.clear_memo()
+    quant.quantize(x, "fp8", "tensor")  # offline still: served from the cache
+    assert [c[1] for c in fake_device if c[0] == "launch"] == ["dgjit_amax", "dgjit_quantize"]
+    quant.clear_memo()
 
 
 @pytest.mark.parametrize("gran,m,k,layout", [

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from deepgemm_jit import config, model_shapes, warmup
+from deepgemm_jit import config, model_shapes, quantization, warmup
+from deepgemm_jit.quantization import QuantKernelSpec
 from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
@@ -224,6 +225,95 @@ def test_warmup_command_lines():
     assert line("tf32", "bf16") == prefix + "tf32:nt:bf16"
 
 
+QUANTIZE_SPECS = [QuantKernelSpec("quantize", src, q, gran, vec)
+                  for src, vecs in (("bf16", (8, 4, 1)), ("fp16", (8, 2)), ("fp32", (4, 1)))
+                  for q in quantization.QUANT_DTYPES for gran in quantization.GRANULARITIES for vec in vecs
+                  if q != "int8" or gran in quantization.INT8_GRANULARITIES]
+
+
+def test_quantize_command_round_trip():
+    for spec in QUANTIZE_SPECS:
+        line = warmup.quantize_command_for(spec, "sm_90a")
+        args = _args(*line.split()[2:])
+        assert args.arch == "sm_90a" and args.shape == []
+        [text] = args.quantize
+        assert warmup.parse_quantize(text) == spec, line
+        assert text.endswith(f":v{spec.vec}") == (spec.vec != quantization.full_vec(spec.src_dtype)), line
+    spec = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+    assert warmup.quantize_command_for(spec, "sm_90a") == \
+        "deepgemm-jit warmup --arch sm_90a --quantize bf16:fp8_e4m3/group128"
+
+
+def test_quantize_option():
+    assert warmup.parse_quantize(" BF16:fp8/Group128 ") == QuantKernelSpec("quantize", "bf16", "fp8_e4m3",
+                                                                          "group128", 8)
+    assert warmup.parse_quantize("fp32:s8/row:v2") == QuantKernelSpec("quantize", "fp32", "int8", "row", 2)
+    assert warmup.parse_quantize("fp16:e5m2/tensor").amax_spec == QuantKernelSpec("amax", "fp16", vec=8)
+    for bad, message in [
+        ("bf16", "--quantize bf16: expected SRC:DTYPE/GRANULARITY"),
+        ("bf16:fp8", "expected SRC:DTYPE/GRANULARITY"),
+        ("bf16:fp8/row:8", "expected SRC"),
+        ("bf16:fp8/row:v8:x", "expected SRC"),
+        ("tf32:fp8/row", "--quantize tf32:fp8/row: SRC='tf32' is not supported"),
+        ("bf16:fp16/row", "DTYPE='fp16' is not supported"),
+        ("bf16:fp8/", "granularity='' is not supported"),
+        ("bf16:int8/group128", "not supported for int8"),
+        ("bf16:fp8/row:v16", "vec=16 must be a power of two in \\[1, 8\\]"),
+        ("fp32:fp8/row:v3", "vec=3 must be a power of two in \\[1, 4\\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            warmup.parse_quantize(bad)
+
+
+def test_activation_quantize_spec():
+    def spec(*args, **kwargs):
+        return warmup.activation_quantize_spec(GemmSpec.create(*args, **kwargs))
+
+    assert spec(7168, 2048, "fp8") == QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+    assert spec(64, 512, "fp8", scaling="row", fast_accum=True) == QuantKernelSpec("quantize", "bf16", "fp8_e4m3",
+                                                                                   "row", 8)
+    assert spec(64, 512, "fp8_e5m2", b_dtype="fp8_e4m3", scaling="tensor") == \
+        QuantKernelSpec("quantize", "bf16", "fp8_e5m2", "tensor", 8)  # A's type
+    assert spec(64, 100, "int8", scaling="row") == QuantKernelSpec("quantize", "bf16", "int8", "row", 4)  # K % 8 == 4
+    assert spec(64, 99, "int8", scaling="tensor").vec == 1
+    for unscaled in (GemmSpec.create(64, 64, "bf16"), GemmSpec.create(64, 64, "tf32"), GemmSpec.create(64, 64, "int8")):
+        assert warmup.activation_quantize_spec(unscaled) is None, unscaled.tag
+    assert quantization.ACTIVATION_GRANULARITY.keys() == {"block", "row", "tensor"}
+
+
+def test_plan_quantize_kernels_once_each():
+    entries = [warmup.parse_shape(text) for text in (
+        "1-16384:7168:2048:fp8/block", "64:4096:7168:fp8/block", "64:4096:512:fp8/tensor",
+        "64:4096:512:fp8/tensor+fast_accum", "64:4096:512:fp8xe5m2/tensor", "64:64:64:bf16", "64:64:64:int8")]
+    tensor = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "tensor", 8)
+    extra = [warmup.parse_quantize("bf16:fp8/tensor"), warmup.parse_quantize("fp16:int8/row")]
+    needs = warmup.plan_quantize(entries, extra)
+    assert needs == {
+        QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8): ("fp8_e4m3/block activations",),
+        tensor: ("fp8_e4m3/tensor activations", "fp8_e4m3/tensor+fast_accum activations",
+                 "fp8_e4m3xfp8_e5m2/tensor activations", "--quantize bf16:fp8_e4m3/tensor"),
+        tensor.amax_spec: ("fp8_e4m3/tensor activations", "fp8_e4m3/tensor+fast_accum activations",
+                           "fp8_e4m3xfp8_e5m2/tensor activations", "--quantize bf16:fp8_e4m3/tensor"),
+        QuantKernelSpec("quantize", "fp16", "int8", "row", 8): ("--quantize fp16:int8/row",),
+    }
+    work = warmup.plan(entries, "sm_90a", quantize=extra)
+    gemms = warmup.plan_buckets(entries, "sm_90a")
+    assert work == list(gemms) + [(spec, None) for spec in needs]
+
+
+def test_dry_run_with_quantize_only(capsys):
+    assert warmup.main(_args("--arch", "sm_90a", "--quantize", "bf16:int8/tensor", "--quantize", "bf16:fp8/row",
+                             "--dry-run")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in out[:-1]] == [
+        ["quant_quantize_bf16_int8_tensor_v8", "for", "--quantize", "bf16:int8/tensor"],
+        ["quant_amax_bf16_v8", "for", "--quantize", "bf16:int8/tensor"],
+        ["quant_quantize_bf16_fp8_e4m3_row_v8", "for", "--quantize", "bf16:fp8_e4m3/row"]]
+    assert out[-1] == "warmup plan: 3 kernels for sm_90a (quantize); dry run, nothing compiled"
+    with pytest.raises(ValueError, match="--quantize bf16:int8/block128: .*not supported for int8"):
+        warmup.main(_args("--arch", "sm_90a", "--quantize", "bf16:int8/block128", "--dry-run"))
+
+
 def test_shape_option():
     entry = warmup.parse_shape("1-16384:7168:2048:bf16")
     assert entry.spec == GemmSpec.create(7168, 2048, "bf16") and entry.m_buckets == ALL_BUCKETS
@@ -320,8 +410,9 @@ def test_plan_keeps_distinct_configs_only():
 
 
 def test_run_in_two_processes_then_nothing_to_compile(cache_dir):
-    work = warmup.plan([warmup.parse_shape("1-16384:64:64:bf16")], "sm_90a")
-    assert len(work) >= 2
+    work = warmup.plan([warmup.parse_shape("1-16384:64:64:bf16")], "sm_90a",
+                       quantize=[warmup.parse_quantize("fp32:int8/row:v2")])
+    assert len(work) >= 3 and work[-1] == (QuantKernelSpec("quantize", "fp32", "int8", "row", 2), None)
     first = warmup.run(work, "sm_90a", jobs=2, progress=False)
     assert (first.compiled, first.cached, first.failed) == (len(work), 0, [])
     assert len(list(cache_dir.glob("kernels/*/*.cubin"))) == len(work)
@@ -359,6 +450,15 @@ def test_main_exit_codes_and_dry_run(cache_dir, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert "failed 1" in captured.out and "NVRTC said no" in captured.err
 
+    def broken_quant(spec, arch):
+        raise RuntimeError("no FP8 here")
+
+    monkeypatch.setattr(quantization, "get_kernel", broken_quant)
+    assert warmup.main(_args("--arch", "sm_90a", "--quantize", "bf16:fp8/row", "--no-progress")) == 1
+    captured = capsys.readouterr()
+    assert "warmup: 1 kernels for sm_90a (quantize): compiled 0, already cached 0, failed 1" in captured.out
+    assert "FAILED quant_quantize_bf16_fp8_e4m3_row_v8: RuntimeError: no FP8 here" in captured.err
+
 
 def test_warmup_compiles_even_in_offline_mode(cache_dir, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
@@ -390,9 +490,12 @@ def test_hf_config_dry_run_counts(capsys):
     assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
                              "--m", "4096", "--dry-run")) == 0
     out = capsys.readouterr().out
-    # one per distinct (n, k) at one bucket: the FP8 checkpoint's layers in fp8 block, lm_head in bf16
-    assert "warmup plan: 11 kernels for sm_90a (10 fp8_e4m3/block, 1 bf16); dry run" in out
+    # one per distinct (n, k) at one bucket: the FP8 checkpoint's layers in fp8 block, lm_head in bf16, and the
+    # one kernel quantizing every FP8 layer's bf16 activations (all K % 8 == 0)
+    assert "warmup plan: 12 kernels for sm_90a (10 fp8_e4m3/block, 1 bf16, 1 quantize); dry run" in out
     assert "gemm_fp8_e4m3_block_bf16_nt_n7168_k2048" in out and "gemm_bf16_bf16_nt_n129280_k7168" in out
+    assert [line.split() for line in out.splitlines() if line.startswith("quant_")] == [
+        ["quant_quantize_bf16_fp8_e4m3_group128_v8", "for", "fp8_e4m3/block", "activations"]]
     assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
                              "--m", "4096", "--dtype", "bf16", "--dry-run")) == 0
     assert "warmup plan: 11 kernels for sm_90a (bf16); dry run" in capsys.readouterr().out
@@ -400,7 +503,8 @@ def test_hf_config_dry_run_counts(capsys):
 
 def test_fp8_block_offline_miss_then_warmup_then_nothing_to_compile(cache_dir, monkeypatch, capsys):
     """The serving loop: an offline build misses, its error names the warmup line, that line compiles the
-    one FP8 block kernel (the only real compile here), and a second run and the build compile nothing."""
+    FP8 block kernel and the kernel quantizing its bf16 activations (the only real compiles here), and a second
+    run, the build and the quantize kernel compile nothing."""
     import deepgemm_jit as dg
     from deepgemm_jit.errors import KernelNotCachedError
 
@@ -412,14 +516,20 @@ def test_fp8_block_offline_miss_then_warmup_then_nothing_to_compile(cache_dir, m
     args = _args(*line.split()[2:], "--progress")
     assert warmup.main(args) == 0
     captured = capsys.readouterr()
-    assert "warmup: 1 kernels for sm_90a (fp8_e4m3/block): compiled 1, already cached 0, failed 0" in captured.out
-    assert "[1/1] compiled 1 cached 0 failed 0" in captured.err and "fp8_e4m3/block n7168 k2048" in captured.err
-    [cubin] = cache_dir.glob("kernels/*/*.cubin")
-    assert cubin.read_bytes()[:4] == b"\x7fELF"
+    assert ("warmup: 2 kernels for sm_90a (1 fp8_e4m3/block, 1 quantize): compiled 2, already cached 0, failed 0"
+            in captured.out)
+    assert "[2/2] compiled 2 cached 0 failed 0" in captured.err and "fp8_e4m3/block n7168 k2048" in captured.err
+    assert "quant_quantize_bf16_fp8_e4m3_group128_v8" in captured.err
+    cubins = list(cache_dir.glob("kernels/*/*.cubin"))
+    assert len(cubins) == 2 and all(c.read_bytes()[:4] == b"\x7fELF" for c in cubins)
     assert warmup.main(_args(*line.split()[2:], "--no-progress")) == 0
-    assert "compiled 0, already cached 1, failed 0" in capsys.readouterr().out
+    assert "compiled 0, already cached 2, failed 0" in capsys.readouterr().out
     from deepgemm_jit import jit
 
     jit.clear_memo()
+    quantization.clear_memo()
     g = dg.build(3000, 7168, 2048, dtype="fp8", arch="sm_90a")  # still offline: served from the cache
     assert not g.artifact.compiled_now and g.spec.scaling == "block"
+    activations = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+    assert not quantization.get_kernel(activations, "sm_90a").compiled_now
+    quantization.clear_memo()
