@@ -126,3 +126,15 @@ def test_epilogue_argument_errors():
         g(a, b, bias=bias, residual=res, alpha=2.0)
     with pytest.raises(ValueError, match="residual has shape"):
         g(a, b, bias=bias, residual=res[:10])
+
+
+def test_beta_zero_does_not_read_c():
+    """BLAS semantics: with beta = 0, C is not read, so NaN in C (an unwritten out used as C) does not propagate."""
+    m, n, k = 100, 264, 256
+    g = build(m, n, k, dtype="bf16", epilogue="beta")
+    a = reference.random_matrix((m, k), "bf16")
+    b = reference.random_matrix((n, k), "bf16", scale=1.0 / math.sqrt(k))
+    d = reference.poisoned((m, n), "bf16")
+    g(a, b, c=d, alpha=1.5, beta=0.0, out=d)
+    ref = 1.5 * (reference.to_float64(a) @ reference.to_float64(b).T)
+    assert reference.error(d, ref) < 1e-2

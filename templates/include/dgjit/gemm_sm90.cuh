@@ -533,9 +533,11 @@ struct GemmSm90 {
     if (row >= m) return;
     const bool ok0 = col < kN, ok1 = col + 1 < kN;
     if constexpr (Epi::kBeta) {
+      // beta = 0 does not read C (BLAS semantics: C may hold anything, NaN included, e.g. an unwritten out).
       const TD* c = static_cast<const TD*>(ea.c) + row * ea.ldc + col;
-      lo = ea.alpha * lo + (ok0 ? ea.beta * load_as_float(c) : 0.0f);
-      hi = ea.alpha * hi + (ok1 ? ea.beta * load_as_float(c + 1) : 0.0f);
+      const bool read_c = ea.beta != 0.0f;
+      lo = ea.alpha * lo + (read_c && ok0 ? ea.beta * load_as_float(c) : 0.0f);
+      hi = ea.alpha * hi + (read_c && ok1 ? ea.beta * load_as_float(c + 1) : 0.0f);
     }
     if constexpr (Epi::kBias == BiasKind::kCol) {
       const TD* b = static_cast<const TD*>(ea.bias) + col;
