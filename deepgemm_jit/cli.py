@@ -77,7 +77,8 @@ def _cmd_explain(args) -> int:
     from .api import build
 
     g = build(args.M, args.N, args.K, dtype=args.dtype, out_dtype=args.out_dtype, layout=args.layout,
-              arch=args.arch)
+              arch=args.arch, scaling=args.scaling, b_dtype=args.b_dtype, fast_accum=args.fast_accum,
+              epilogue=args.epilogue)
     info = g.explain()
     if args.json:
         print(json.dumps(info, indent=1))
@@ -153,6 +154,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="bf16", choices=dtypes.INPUT_DTYPES)
     e.add_argument("--out-dtype", default=None, choices=dtypes.OUTPUT_DTYPES)
     e.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))
+    e.add_argument("--scaling", default=None, choices=("none", "tensor", "row", "block"),
+                   help="fp8/int8 scale recipe (fp8 default block, int8 none)")
+    e.add_argument("--b-dtype", default=None, choices=dtypes.INPUT_DTYPES, help="B's type when it differs (fp8)")
+    e.add_argument("--fast-accum", action="store_true", help="fp8 tensor/row: no FP32 promotion")
+    e.add_argument("--epilogue", default=None, help="fused epilogue, e.g. bias+gelu (see deepgemm_jit/epilogue.py)")
     e.add_argument("--arch", default=None, help="e.g. sm_90a (needed without a GPU)")
     e.add_argument("--json", action="store_true", help="one JSON object")
     e.set_defaults(fn=_cmd_explain)

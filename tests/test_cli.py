@@ -21,6 +21,15 @@ def test_explain_json(cache_dir, capsys):
     assert info["cubin"].startswith(str(cache_dir))
 
 
+def test_explain_fp8_with_epilogue_json(cache_dir, capsys):
+    """Issue 4's check from the command line: QGMMA in the SASS and no local memory."""
+    assert cli.main(["explain", "4096", "7168", "2048", "--dtype", "fp8_e4m3", "--scaling", "row", "--epilogue",
+                     "bias+gelu", "--arch", "sm_90a", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["family"] == "sm90" and info["local_bytes"] == 0 and info["sass"]["QGMMA"] > 0
+    assert info["spec"]["scaling"] == "row" and info["spec"]["epilogue"] == "bias+gelu"
+
+
 def test_explain_text_and_cache_commands(cache_dir, capsys):
     assert cli.main(["explain", "64", "64", "64", "--arch", "sm_90a"]) == 0
     assert "HGMMA" in capsys.readouterr().out  # 64x64x64 nt bf16 goes to the Hopper family
