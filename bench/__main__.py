@@ -34,13 +34,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="each suite's quick subset, 10 reps: a smoke run, not protocol-grade numbers")
     p.add_argument("--baseline", default=",".join(baseline.DEFAULT_ORDER),
                    help="baseline kinds in order of preference, the first that computes the case binds "
-                        "(default %(default)s: torch.mm, torch FP8 scaled matmuls, torch._int_mm, cupy.matmul)")
+                        "(default %(default)s: torch.mm, torch FP8 scaled matmuls, torch._int_mm, cupy.matmul, "
+                        "and for --epilogue rows cuBLAS + separate torch ops)")
     p.add_argument("--only", default=None, help="regex on the case tag, e.g. 'bf16_nt_m4096'")
     p.add_argument("--seed", type=int, default=None, help="base seed of the random inputs (default: time)")
     p.add_argument("--flush-mb", type=int, default=timing.DEFAULT_FLUSH_BYTES >> 20, help="L2 flush buffer in MiB")
     p.add_argument("--tiles", default=None,
                    help="sweep forced sm90 tiles instead of the heuristic's: comma list of BMxBN[sS], "
                         "e.g. 128x256,128x192s4 ('auto': the heuristic's choice; 'tuned': build(tune=True))")
+    p.add_argument("--epilogue", default=None,
+                   help="comma list of fused epilogues, e.g. bias+gelu,bias+gelu+residual (words: bias, bias_row, "
+                        "relu|gelu|gelu_tanh|silu|sigmoid, residual, beta; 'none' adds the plain rows): each "
+                        "case runs once per epilogue, timed against our plain GEMM (overhead) and torch's "
+                        "cuBLAS + separate ops (ratio). Default: plain GEMMs only")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     args = p.parse_args(argv)
     if args.quick and "--reps" not in " ".join(argv):
@@ -56,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         dtype_names = suites.parse_list(args.dtype, bench_dtypes.DTYPES, suites.DEFAULT_DTYPES, "dtype")
         layouts = suites.parse_list(args.layout, suites.LAYOUTS, ("nt",), "layout")
         baseline_order = suites.parse_list(args.baseline, baseline.KINDS, baseline.DEFAULT_ORDER, "baseline")
+        epilogues = suites.parse_epilogues(args.epilogue)
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     tiles = tuple(t.strip() for t in args.tiles.split(",")) if args.tiles else (None,)
-    cases = suites.expand(suite_names, dtype_names, layouts, quick=args.quick, tiles=tiles)
+    cases = suites.expand(suite_names, dtype_names, layouts, quick=args.quick, tiles=tiles, epilogues=epilogues)
     if args.only:
         cases = [c for c in cases if re.search(args.only, c.tag)]
     if args.list:
@@ -104,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"suites": list(suite_names), "dtypes": list(dtype_names), "layouts": list(layouts),
                 "reps": args.reps, "warmup": args.warmup, "flush_bytes": args.flush_mb << 20, "seed": seed,
                 "quick": args.quick, "baselines": list(baseline_order), "num_devices": num_devices}
+    if epilogues != (None,):
+        settings["epilogues"] = [e or "none" for e in epilogues]
     header = report.collect_env(argv, settings)
     ctx = runner.RunContext(reps=args.reps, warmup=args.warmup, baseline_order=baseline_order, seed=seed,
                             flusher=timing.L2Flusher(args.flush_mb << 20), dg=dg)
@@ -117,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         row = runner.run_case(case, ctx, i * 2)
         rows.append(row)
         detail = "" if row["status"] == "ok" else " " + str(row.get("error") or row.get("note"))[:160]
-        print(f"[{i + 1}/{len(cases)}] {case.tag}: {row['status']} us={row['us'] and round(row['us'], 1)} "
+        plain = f" plain={row['plain_us'] and round(row['plain_us'], 1)}" if "plain_us" in row else ""
+        print(f"[{i + 1}/{len(cases)}] {case.tag}: {row['status']} us={row['us'] and round(row['us'], 1)}{plain} "
               f"base={row['baseline_us'] and round(row['baseline_us'], 1)} err={row['err']}{detail}", flush=True)
         try:  # keep a record on disk after every row: a crash later still leaves the rows so far
             (out_dir / ".partial.json").parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,10 @@ Pure Python except ``collect_env`` (queries the GPU when called) and ``write_plo
 JSON schema (``SCHEMA_VERSION``): {"schema": int, "header": {...HEADER_KEYS}, "rows": [{...ROW_KEYS, ...}]}.
 ``ratio`` = baseline_us / us: above 1 we are faster. ``tflops`` = 2MNK/t (TOPS for int8), ``gbps`` = (A + B + D
 bytes, + the scales for FP8)/t. FP8 rows add ``err_cos`` / ``baseline_err_cos`` (DeepGEMM's cos difference vs the
-BF16-input product), shown as the markdown's cos column when a run has any.
+BF16-input product), shown as the markdown's cos column when a run has any. Epilogue rows (``--epilogue``) add
+``epilogue`` and ``overhead`` = us / plain_us (our GEMM with the epilogue vs the same GEMM without it, timed in
+the same interleaved loop; ``plain_*`` keys), shown as columns when a run has any, and one geomean line per
+(dtype, epilogue) with the largest overhead; their ``ratio`` is against torch's cuBLAS + separate ops.
 """
 from __future__ import annotations
 
@@ -181,8 +184,10 @@ def to_json(header: dict, rows: list[dict]) -> str:
 # -------------------------------------------------------------------------------------------------- summaries
 def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
     """{dtype: {"ratio": geomean of ratio, "tflops", "baseline_tflops", "n" (rows in the mean), "n_ok",
-    "n_bad"}} over the rows with status ok (and a baseline, for ratio)."""
+    "n_bad"}} over the plain rows with status ok (and a baseline, for ratio); epilogue rows are summarized by
+    ``geomean_by_epilogue``."""
     out: dict[str, dict] = {}
+    rows = [r for r in rows if not r.get("epilogue")]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         rs = [r for r in rows if r["dtype"] == dtype]
         ok = [r for r in rs if r["status"] == "ok"]
@@ -194,6 +199,36 @@ def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
             "n": len(paired), "n_ok": len(ok), "n_bad": len(rs) - len(ok),
         }
     return out
+
+
+def geomean_by_epilogue(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """{(dtype, epilogue): {"ratio": geomean of ratio (vs cuBLAS + separate ops), "n" (rows with a ratio),
+    "overhead": geomean of us / plain_us, "max_overhead", "max_overhead_shape" ((M, N, K) of the max),
+    "n_overhead", "n_ok", "n_bad"}} over the epilogue rows."""
+    out: dict[tuple[str, str], dict] = {}
+    rows = [r for r in rows if r.get("epilogue")]
+    for key in dict.fromkeys((r["dtype"], r["epilogue"]) for r in rows):
+        rs = [r for r in rows if (r["dtype"], r["epilogue"]) == key]
+        ok = [r for r in rs if r["status"] == "ok"]
+        paired = [r for r in ok if r.get("ratio")]
+        with_plain = [r for r in ok if r.get("overhead")]
+        worst = max(with_plain, key=lambda r: r["overhead"], default=None)
+        out[key] = {
+            "ratio": metrics.geomean(r["ratio"] for r in paired), "n": len(paired),
+            "overhead": metrics.geomean(r["overhead"] for r in with_plain),
+            "max_overhead": None if worst is None else worst["overhead"],
+            "max_overhead_shape": None if worst is None else (worst["m"], worst["n"], worst["k"]),
+            "n_overhead": len(with_plain), "n_ok": len(ok), "n_bad": len(rs) - len(ok),
+        }
+    return out
+
+
+def _epilogue_summary(dtype: str, epilogue: str, g: dict) -> str:
+    shape = g["max_overhead_shape"]
+    at = "" if shape is None else f" at M={shape[0]} N={shape[1]} K={shape[2]}"
+    return (f"{dtype} {epilogue}: ratio vs cuBLAS + separate ops {_f(g['ratio'], '.3f')} over {g['n']} rows; "
+            f"overhead vs our plain GEMM {_f(g['overhead'], '.3f')} geomean, max {_f(g['max_overhead'], '.3f')}"
+            f"{at} over {g['n_overhead']} rows; {g['n_ok']} ok, {g['n_bad']} not")
 
 
 def _f(x, fmt: str, none: str = "-") -> str:
@@ -225,6 +260,7 @@ def _cos_text(r: dict) -> str:
 
 def render_markdown(header: dict, rows: list[dict]) -> str:
     has_cos = any(r.get("err_cos") is not None for r in rows)
+    has_epi = any(r.get("epilogue") for r in rows)
     lines = [
         f"# deepgemm-jit bench: {'+'.join(header.get('suites', []))}",
         "",
@@ -243,22 +279,31 @@ def render_markdown(header: dict, rows: list[dict]) -> str:
         lines += [f"FP8 rows: err = ‖d − ref‖/‖ref‖ against the float64 product of the dequantized operands "
                   f"(tol {_tol_text(rows, 'fp8')}); cos = DeepGEMM's 1 − 2⟨x,y⟩/(‖x‖²+‖y‖²) against the product "
                   "of the BF16 inputs, ours / baseline (DeepGEMM accepts < 1e-3).", ""]
+    if has_epi:
+        lines += ["Epilogue rows: err against the unfused float64 reference act(alpha·acc + beta·C + bias) + "
+                  "residual; plain µs = our same GEMM without the epilogue, same operands, same interleaved loop; "
+                  "overhead = µs / plain µs (issue 5: ≤ 1.03 at M = 4096); ratio against torch's cuBLAS + "
+                  "separate ops (> 1 everywhere). GB/s counts bias, C and residual too.", ""]
     cos_head, cos_rule = (" cos |", "--:|") if has_cos else ("", "")
+    epi_head, epi_rule = (" epilogue |", "---|") if has_epi else ("", "")
+    ovh_head, ovh_rule = (" plain µs | overhead |", "--:|--:|") if has_epi else ("", "")
     lines += [
-        "| dtype | layout | M | N | K | µs | TFLOPS | GB/s | baseline | base µs | base TFLOPS | ratio | err |"
-        f"{cos_head} ref | family | config | status |",
-        f"|---|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|{cos_rule}---|---|---|---|",
+        f"| dtype | layout | M | N | K |{epi_head} µs | TFLOPS | GB/s | baseline | base µs | base TFLOPS | ratio |"
+        f"{ovh_head} err |{cos_head} ref | family | config | status |",
+        f"|---|---|--:|--:|--:|{epi_rule}--:|--:|--:|---|--:|--:|--:|{ovh_rule}--:|{cos_rule}---|---|---|---|",
     ]
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
         detail = r.get("error") or r.get("note") or ""
         if detail:
             status += ": " + detail.replace("|", "\\|").replace("\n", " ")[:200]
+        epi_cell = f" {r.get('epilogue') or '-'} |" if has_epi else ""
+        ovh_cell = f" {_f(r.get('plain_us'), '.1f')} | {_f(r.get('overhead'), '.3f')} |" if has_epi else ""
         lines.append(
-            f"| {r['dtype']} | {r['layout']} | {r['m']} | {r['n']} | {r['k']} | {_f(r['us'], '.1f')} "
+            f"| {r['dtype']} | {r['layout']} | {r['m']} | {r['n']} | {r['k']} |{epi_cell} {_f(r['us'], '.1f')} "
             f"| {_f(r['tflops'], '.1f')} | {_f(r['gbps'], '.0f')} | {r.get('baseline') or '-'} "
             f"| {_f(r['baseline_us'], '.1f')} | {_f(r.get('baseline_tflops'), '.1f')} | {_f(r['ratio'], '.3f')} "
-            f"| {_err_text(r)} |{f' {_cos_text(r)} |' if has_cos else ''} {r.get('ref') or '-'} "
+            f"|{ovh_cell} {_err_text(r)} |{f' {_cos_text(r)} |' if has_cos else ''} {r.get('ref') or '-'} "
             f"| {r.get('family') or '-'} "
             f"| {str(r.get('config') or '-').replace('|', '/')} | {status} |")
     lines.append("")
@@ -267,25 +312,35 @@ def render_markdown(header: dict, rows: list[dict]) -> str:
         lines.append(f"- **geomean {dtype}**: ratio {_f(g['ratio'], '.3f')} over {g['n']} rows with a baseline; "
                      f"ours {_f(g['tflops'], '.1f')} {unit} vs baseline {_f(g['baseline_tflops'], '.1f')} "
                      f"(geomean); {g['n_ok']} ok, {g['n_bad']} failed/errored/skipped")
+    for (dtype, epilogue), g in geomean_by_epilogue(rows).items():
+        lines.append(f"- **geomean {_epilogue_summary(dtype, epilogue, g).replace(':', '**:', 1)}")
     return "\n".join(lines) + "\n"
 
 
 def render_short_table(rows: list[dict]) -> str:
     """The table printed at the end of a run (the device tool returns only the tail of stdout)."""
-    lines = [f"{'dtype':10} {'lay':3} {'M':>5} {'N':>6} {'K':>6} {'us':>9} {'TFLOPS':>7} {'base_us':>9} "
-             f"{'ratio':>6} {'err':>8} status"]
+    has_epi = any(r.get("epilogue") for r in rows)
+    epi_width = max([len(str(r.get("epilogue") or "-")) for r in rows] + [8]) if has_epi else 0
+    epi_head = f" {'epilogue':{epi_width}}" if has_epi else ""
+    ovh_head = f" {'plain_us':>9} {'overhd':>6}" if has_epi else ""
+    lines = [f"{'dtype':10} {'lay':3} {'M':>5} {'N':>6} {'K':>6}{epi_head} {'us':>9} {'TFLOPS':>7} {'base_us':>9} "
+             f"{'ratio':>6}{ovh_head} {'err':>8} status"]
     for r in rows:
         status = r["status"]
         if r["status"] != "ok":
             status += " " + (r.get("error") or r.get("note") or "")[:60].replace("\n", " ")
         elif r.get("note"):
             status += " *"
-        lines.append(f"{r['dtype']:10} {r['layout']:3} {r['m']:>5} {r['n']:>6} {r['k']:>6} {_f(r['us'], '9.1f'):>9} "
-                     f"{_f(r['tflops'], '7.1f'):>7} {_f(r['baseline_us'], '9.1f'):>9} {_f(r['ratio'], '6.3f'):>6} "
-                     f"{_err_text(r):>8} {status}")
+        epi_cell = f" {str(r.get('epilogue') or '-'):{epi_width}}" if has_epi else ""
+        ovh_cell = (f" {_f(r.get('plain_us'), '9.1f'):>9} {_f(r.get('overhead'), '6.3f'):>6}" if has_epi else "")
+        lines.append(f"{r['dtype']:10} {r['layout']:3} {r['m']:>5} {r['n']:>6} {r['k']:>6}{epi_cell} "
+                     f"{_f(r['us'], '9.1f'):>9} {_f(r['tflops'], '7.1f'):>7} {_f(r['baseline_us'], '9.1f'):>9} "
+                     f"{_f(r['ratio'], '6.3f'):>6}{ovh_cell} {_err_text(r):>8} {status}")
     for dtype, g in geomean_by_dtype(rows).items():
         lines.append(f"geomean {dtype}: ratio {_f(g['ratio'], '.3f')} over {g['n']} rows "
                      f"({g['n_ok']} ok, {g['n_bad']} not)")
+    for (dtype, epilogue), g in geomean_by_epilogue(rows).items():
+        lines.append("geomean " + _epilogue_summary(dtype, epilogue, g))
     if any(r["status"] == "ok" and r.get("note") for r in rows):
         lines.append("* = the row has a note in the .md/.json")
     return "\n".join(lines)
@@ -301,13 +356,13 @@ def write_plot(path: Path, header: dict, rows: list[dict]) -> str | None:
     except Exception as exc:
         return f"no plot: matplotlib unavailable ({exc.__class__.__name__}: {exc})"
     ok = [r for r in rows if r["status"] == "ok" and r.get("intensity")]
-    dtypes = list(dict.fromkeys(r["dtype"] for r in ok))
-    if not dtypes:
+    panels = list(dict.fromkeys((r["dtype"], r.get("epilogue")) for r in ok))   # one per dtype (and epilogue)
+    if not panels:
         return "no plot: no timed rows"
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 5.0), squeeze=False)
-    for ax, dtype in zip(axes[0], dtypes):
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.0), squeeze=False)
+    for ax, (dtype, epilogue) in zip(axes[0], panels):
         info = bench_dtypes.get(dtype)
-        rs = [r for r in ok if r["dtype"] == dtype]
+        rs = [r for r in ok if (r["dtype"], r.get("epilogue")) == (dtype, epilogue)]
         xs = [r["intensity"] for r in rs]
         lo, hi = min(xs) / 2, max(xs) * 2
         peak = info.peak_tflops
@@ -331,7 +386,7 @@ def write_plot(path: Path, header: dict, rows: list[dict]) -> str | None:
         ax.set_xlim(lo, hi)
         ax.set_xlabel("arithmetic intensity (FLOP / byte, A + B + D once)")
         ax.set_ylabel(f"achieved {info.unit} (2MNK / t)")
-        ax.set_title(f"{dtype}: {len(rs)} shapes")
+        ax.set_title(f"{dtype}{f' + {epilogue}' if epilogue else ''}: {len(rs)} shapes")
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"{header.get('gpu')} · {header.get('date')} · {str(header.get('git_commit') or '')[:7]}",

@@ -8,6 +8,14 @@ N(0, 1) inputs rounded to BF16 (as DeepGEMM's tests do), quantize them with the 
 inputs (``err_cos``, ``baseline_err_cos``; noted above ``reference.FP8_COS_BOUND``, not judged), and INT8 rows,
 whose INT32 product is exact, fail on any element that differs from it.
 
+Epilogue rows (``Case.epilogue``, ``--epilogue``): B is drawn with scale 1/sqrt(K) so that the product is
+~N(0, 1) and the activation is exercised on both sides of zero; bias, C and residual are fresh N(0, 1) values in
+the output dtype (alpha 0.75, beta 0.5 with ``beta``). Ours with the epilogue is judged against the unfused
+float64 reference (``epilogue_ref.unfused`` of the float64 product), our plain GEMM (the same build without
+the epilogue) against the product itself; then ours, our plain GEMM and the baseline (``torch_unfused``: cuBLAS
+then separate torch ops) are timed interleaved on the same operands: ``overhead`` = us / plain_us,
+``ratio`` = baseline_us / us as everywhere.
+
 Each row is isolated: an exception becomes the row's ``error`` and the run goes on. A sticky CUDA error (the
 context is lost, e.g. an illegal address) cannot be recovered in-process: the remaining rows are marked skipped
 and the run ends with what it has (rerun them with ``--only``).
@@ -25,7 +33,7 @@ import cupy
 from deepgemm_jit import baseline, reference, timing
 
 from . import dtypes as bench_dtypes
-from . import metrics
+from . import epilogue_ref, metrics
 from .suites import Case
 
 
@@ -76,16 +84,21 @@ class Operands:
         return 0 if self.scaling is None else self.scaling.num_bytes
 
 
-def plain_operands(spec, m: int, rng) -> Operands:
-    """Fresh N(0, 1) inputs in the spec's storage type, and their exact float64 product."""
-    a, b = reference.random_operands(spec, m, rng=rng)
+def plain_operands(spec, m: int, rng, b_scale: float = 1.0) -> Operands:
+    """Fresh N(0, 1) inputs (B: N(0, b_scale²)) in the spec's storage type, and their exact float64 product."""
+    if b_scale == 1.0:
+        a, b = reference.random_operands(spec, m, rng=rng)
+    else:
+        a = reference.random_matrix(spec.a_shape(m), spec.dtype, rng)
+        b = reference.random_matrix(spec.b_shape(), spec.dtype, rng, scale=b_scale)
     return Operands(a, b, reference.reference(spec, a, b), reference.reference_kind(spec, m))
 
 
-def quantized_operands(info: bench_dtypes.BenchDtype, spec, m: int, rng) -> Operands:
-    """Fresh N(0, 1) inputs rounded to BF16, quantized per the recipe `info`; the references of the module doc."""
+def quantized_operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 1.0) -> Operands:
+    """Fresh N(0, 1) inputs (B: N(0, b_scale²)) rounded to BF16, quantized per the recipe `info`; the references
+    of the module doc."""
     x_a = reference.random_matrix(spec.a_shape(m), "bf16", rng)
-    x_b = reference.random_matrix(spec.b_shape(), "bf16", rng)
+    x_b = reference.random_matrix(spec.b_shape(), "bf16", rng, scale=b_scale)
     kind = reference.reference_kind(spec, m)
     ref_cos = reference.reference(spec, x_a, x_b) if info.scaling else None
     qa, sa = quantize(reference.to_float64(x_a).astype(cupy.float32), info.lib, info.quant_a)
@@ -102,6 +115,28 @@ def quantized_operands(info: bench_dtypes.BenchDtype, spec, m: int, rng) -> Oper
     # torch's block-scaled matmul requires as well): a K block's scales are then one contiguous run.
     ours_sa = cupy.asfortranarray(sa) if info.scaling == "block" else None
     return Operands(qa, qb, ref, f"{kind}-dequant", scaling, ref_cos, ours_scale_a=ours_sa)
+
+
+EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so that a dropped factor shows
+
+
+def epilogue_operands(epi, m: int, n: int, out_dtype: str, rng) -> baseline.EpilogueOperands:
+    """Fresh N(0, 1) bias / C / residual in the output dtype, as the Epilogue `epi` needs them."""
+    def draw(shape):
+        return reference.random_matrix(shape, out_dtype, rng)
+
+    alpha, beta = EPILOGUE_ALPHA_BETA if epi.beta else (1.0, 1.0)
+    return baseline.EpilogueOperands(
+        bias=None if epi.bias == "none" else draw((n,) if epi.bias == "col" else (m,)),
+        c=draw((m, n)) if epi.beta else None, residual=draw((m, n)) if epi.residual else None,
+        alpha=alpha, beta=beta)
+
+
+def apply_epilogue(product, epi, ops: baseline.EpilogueOperands):
+    """The float64 unfused reference of the epilogue applied to the float64 `product` (None stays None)."""
+    if product is None:
+        return None
+    return epilogue_ref.unfused(product, epi, ops.bias, ops.c, ops.residual, ops.alpha, ops.beta)
 
 
 def num_mismatches(out, ref) -> int:
@@ -125,6 +160,11 @@ def empty_row(case: Case) -> dict:
         "poison": None, "intensity": None, "io_bytes": None, "out_dtype": None,
         "family": None, "config": None, "config_fields": None, "build_s": None, "first_call_s": None,
         "reps": None, "host_us": None, "baseline_host_us": None, "flush_us": None,
+        # epilogue rows only (plain rows keep exactly the keys above)
+        **({"epilogue": case.epilogue, "overhead": None, "plain_us": None, "plain_us_min": None,
+            "plain_us_p20": None, "plain_us_p80": None, "plain_host_us": None, "plain_tflops": None,
+            "plain_err": None, "plain_config": None, "alpha": None, "beta": None, "epilogue_bytes": None}
+           if case.epilogue else {}),
     }
 
 
@@ -184,23 +224,44 @@ def run_case(case: Case, ctx: RunContext, index: int) -> dict:
     return row
 
 
+def _build(case: Case, ctx: RunContext):
+    """(Gemm, build seconds) of the case, with its forced tile where it has one."""
+    t0 = time.perf_counter()
+    kwargs = case.build_kwargs()
+    if case.tiles and case.tiles != "tuned":
+        kwargs["config"] = case.forced_config(case.make_spec())
+    g = ctx.dg.build(case.m, case.n, case.k, **kwargs)
+    return g, time.perf_counter() - t0
+
+
 def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     m, n, k = case.m, case.n, case.k
     info = bench_dtypes.get(case.dtype)
     metric = reference.ERROR_METRIC[info.lib]
 
-    t0 = time.perf_counter()
-    kwargs = case.build_kwargs()
-    if case.tiles and case.tiles != "tuned":
-        kwargs["config"] = case.forced_config(case.make_spec())
-    g = ctx.dg.build(m, n, k, **kwargs)
-    row["build_s"] = time.perf_counter() - t0
+    g, row["build_s"] = _build(case, ctx)
     row["family"], row["config"], row["config_fields"] = _config_strings(g)
+    # An epilogue row also builds the same GEMM without the epilogue: the time the epilogue is measured against.
+    g_plain = _build(dataclasses.replace(case, epilogue=None), ctx)[0] if case.epilogue else None
+    if g_plain is not None:
+        row["plain_config"] = _config_strings(g_plain)[1]
 
     # ---- correctness: fresh inputs, poisoned output, float64 reference
     rng = cupy.random.default_rng(ctx.seed + index)
-    ops = quantized_operands(info, g.spec, m, rng) if info.is_quantized else plain_operands(g.spec, m, rng)
+    b_scale = 1.0 / math.sqrt(k) if case.epilogue else 1.0
+    ops = (quantized_operands(info, g.spec, m, rng, b_scale) if info.is_quantized
+           else plain_operands(g.spec, m, rng, b_scale))
     a, b, call_kwargs = ops.a, ops.b, ops.call_kwargs()
+    product_ref = ops.ref                 # what the plain GEMM is judged against
+    epi_ops = None
+    if case.epilogue:
+        epi = g.spec.epi
+        epi_ops = epilogue_operands(epi, m, n, g.spec.out_dtype, rng)
+        ops.ref = apply_epilogue(ops.ref, epi, epi_ops)
+        ops.ref_cos = apply_epilogue(ops.ref_cos, epi, epi_ops)
+        plain_kwargs = dict(call_kwargs)
+        call_kwargs = {**call_kwargs, **epi_ops.call_kwargs(epi)}
+        row["alpha"], row["beta"] = epi_ops.alpha, epi_ops.beta
     d = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
     t0 = time.perf_counter()
     g(a, b, out=d, **call_kwargs)
@@ -208,7 +269,7 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     row["first_call_s"] = time.perf_counter() - t0
     row["poison"] = "out="
     row["out_dtype"] = d.dtype.name
-    row["ref"] = ops.ref_kind
+    row["ref"] = ops.ref_kind + ("+unfused-epilogue" if case.epilogue else "")
     row["err"] = reference.error(d, ops.ref, metric)
     notes = []
     if math.isnan(row["err"]):
@@ -225,6 +286,9 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
                          "(recorded, not judged)")
     io_bytes = metrics.gemm_io_bytes(m, n, k, a.dtype.itemsize, b.dtype.itemsize, d.dtype.itemsize)
     io_bytes += ops.scale_bytes
+    if epi_ops is not None:
+        row["epilogue_bytes"] = epi_ops.num_bytes
+        io_bytes += epi_ops.num_bytes
     row["io_bytes"] = io_bytes
     row["intensity"] = metrics.gemm_flops(m, n, k) / io_bytes
     if not is_within or num_wrong:
@@ -233,7 +297,20 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
         row["note"] = "; ".join(notes + [f"{verdict}: not timed"])
         return
 
-    base, reasons = baseline.bind(g.spec, a, b, ctx.baseline_order, scaling=ops.scaling)
+    d_plain = None
+    if g_plain is not None:
+        d_plain = reference.poisoned(g_plain.spec.out_shape(m), g_plain.spec.out_dtype)
+        g_plain(a, b, out=d_plain, **plain_kwargs)
+        row["plain_err"] = reference.error(d_plain, product_ref, metric)
+        if not reference.within_bound(row["plain_err"], info.lib):
+            notes.append(f"plain GEMM failed its check (err {row['plain_err']:.3e}): not timed, no overhead")
+            g_plain = None
+    del product_ref
+
+    bind_kwargs = {"scaling": ops.scaling}
+    if epi_ops is not None:
+        bind_kwargs["epilogue"] = epi_ops
+    base, reasons = baseline.bind(g.spec, a, b, ctx.baseline_order, **bind_kwargs)
     if base is not None:
         base_check = baseline.check(base, g.spec, ops.ref)
         row["baseline_err"] = base_check.err
@@ -249,8 +326,10 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     if base is not None:
         row["baseline"] = base.name
 
-    # ---- timing, ours and the baseline interleaved
+    # ---- timing, ours (and our plain GEMM) and the baseline interleaved
     fns = {"ours": lambda: g(a, b, out=d, **call_kwargs)}
+    if g_plain is not None:
+        fns["plain"] = lambda: g_plain(a, b, out=d_plain, **plain_kwargs)
     if base is not None:
         fns["base"] = base.fn
     if ctx.flusher is None:
@@ -262,15 +341,22 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
                reps=ours.num_reps, host_us=ours.host_us, flush_us=ours.flush_us)
     row["tflops"] = metrics.tflops(m, n, k, row["us"])
     row["gbps"] = metrics.gbps(io_bytes, row["us"])
+    if "plain" in stats:
+        pt = stats["plain"]
+        row.update(plain_us=pt.median_us, plain_us_min=pt.min_us, plain_us_p20=pt.p20_us, plain_us_p80=pt.p80_us,
+                   plain_host_us=pt.host_us)
+        row["plain_tflops"] = metrics.tflops(m, n, k, row["plain_us"])
+        row["overhead"] = row["us"] / row["plain_us"] if row["plain_us"] else None
     if "base" in stats:
         bt = stats["base"]
         row.update(baseline_us=bt.median_us, baseline_us_min=bt.min_us, baseline_us_p20=bt.p20_us,
                    baseline_us_p80=bt.p80_us, baseline_host_us=bt.host_us)
         row["baseline_tflops"] = metrics.tflops(m, n, k, row["baseline_us"])
         row["ratio"] = row["baseline_us"] / row["us"] if row["us"] else None
+    who_text = {"ours": "ours", "plain": "our plain GEMM", "base": "baseline"}
     for who, t in stats.items():
         if t.host_us > t.flush_us:
-            notes.append(f"{'ours' if who == 'ours' else 'baseline'} host launch {t.host_us:.0f} µs > flush "
+            notes.append(f"{who_text[who]} host launch {t.host_us:.0f} µs > flush "
                          f"{t.flush_us:.0f} µs: launch gaps may be in the time")
     row["status"] = "ok"
     row["note"] = "; ".join(x for x in notes if x)

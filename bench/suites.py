@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import re
 
+from deepgemm_jit import epilogue as epilogue_mod
 from deepgemm_jit.spec import LAYOUTS
 
 from . import dtypes as bench_dtypes
@@ -38,8 +39,13 @@ class Case:
     # forced sm90 tile "BMxBN"/"BMxBNsS"; "auto": the heuristic's choice; "tuned": build(tune=True);
     # None: whatever build() picks (a stored tuning result, else the heuristic)
     tiles: str | None = None
+    # fused epilogue ("bias+gelu", ...; deepgemm_jit/epilogue.py), stored canonical; None: the plain GEMM
+    epilogue: str | None = None
 
     def __post_init__(self) -> None:
+        if self.epilogue is not None:
+            text = epilogue_mod.canonical(self.epilogue)   # ValueError on an unknown word
+            object.__setattr__(self, "epilogue", None if text == "none" else text)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
         info = bench_dtypes.get(self.dtype)
@@ -52,7 +58,8 @@ class Case:
     @property
     def tag(self) -> str:
         tiles = f"_t{self.tiles}" if self.tiles else ""
-        return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}{tiles}"
+        epi = f"_ep_{self.epilogue.replace('+', '_')}" if self.epilogue else ""
+        return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}{tiles}{epi}"
 
     def make_spec(self):
         """The library's GemmSpec of this case (pure Python)."""
@@ -60,6 +67,8 @@ class Case:
 
         info = bench_dtypes.get(self.dtype)
         extra = {"scaling": info.scaling} if info.scaling else {}
+        if self.epilogue:
+            extra["epilogue"] = self.epilogue
         return GemmSpec.create(self.n, self.k, dtype=info.lib, layout=self.layout, **extra)
 
     def build_kwargs(self) -> dict:
@@ -68,6 +77,8 @@ class Case:
         kwargs = {"dtype": info.lib, "layout": self.layout, "tune": self.tiles == "tuned"}
         if info.scaling:
             kwargs["scaling"] = info.scaling
+        if self.epilogue:
+            kwargs["epilogue"] = self.epilogue
         return kwargs
 
     def forced_config(self, spec):
@@ -130,9 +141,23 @@ def parse_list(text: str | None, allowed, default, what: str) -> tuple[str, ...]
     return items
 
 
-def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,)) -> list[Case]:
+def parse_epilogues(text: str | None) -> tuple[str | None, ...]:
+    """'bias+gelu,bias+gelu+residual' -> canonical epilogue strings; None or '' -> (None,): the plain GEMM
+    only. 'none' in the list adds plain rows. ValueError on an unknown word."""
+    if not text or not text.strip():
+        return (None,)
+    items = []
+    for word in (x.strip() for x in text.split(",") if x.strip()):
+        canon = epilogue_mod.canonical(word)
+        items.append(None if canon == "none" else canon)
+    return tuple(dict.fromkeys(items))
+
+
+def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,), epilogues=(None,)) -> list[Case]:
     """Every case of the run, suite-major then dtype then layout then shape (then forced tile, for
-    sweeps); a shape met twice runs once, a layout the dtype is not built for (8-bit: nt only) not at all."""
+    sweeps, then epilogue); a shape met twice runs once, a layout the dtype is not built for (8-bit: nt only)
+    not at all, nor an epilogue the library's spec refuses for the dtype or layout (int8 -> int32 output,
+    layouts other than nt)."""
     cases: list[Case] = []
     seen: set[tuple] = set()
     for suite_name in suites:
@@ -142,11 +167,23 @@ def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,)) 
         shapes = suite.quick_shapes if quick else suite.shapes
         for dtype in dtypes:
             for layout in (x for x in layouts if x in bench_dtypes.get(dtype).layouts):
-                for (m, n, k), tile in itertools.product(shapes, tiles):
-                    key = (dtype, layout, m, n, k, tile)
+                for (m, n, k), tile, epi in itertools.product(shapes, tiles, epilogues):
+                    key = (dtype, layout, m, n, k, tile, epi)
                     if key in seen:
                         continue
                     seen.add(key)
-                    cases.append(Case(suite_name, dtype, layout, m, n, k, tile))
+                    case = Case(suite_name, dtype, layout, m, n, k, tile, epi)
+                    if epi is not None and not _spec_accepts(case):
+                        continue
+                    cases.append(case)
     return cases
 
+
+
+def _spec_accepts(case: Case) -> bool:
+    """Does the library's GemmSpec accept the case (its epilogue with its dtype and layout)?"""
+    try:
+        case.make_spec()
+    except ValueError:
+        return False
+    return True

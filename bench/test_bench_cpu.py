@@ -414,9 +414,17 @@ class _FakeGemm:
         self.np, self.spec, self.recipe, self.damage = np, spec, recipe, damage
         self.family, self.config = "sm90", "m128n128_s4"
 
-    def __call__(self, a, b, *, out, scale_a=None, scale_b=None):
+    def __call__(self, a, b, *, out, scale_a=None, scale_b=None, **epilogue_kwargs):
         np = self.np
         import ml_dtypes
+        if a.dtype.kind == "V" or a.dtype.name in ("bfloat16", "float16", "float32"):   # 16/32-bit operands
+            from bench import epilogue_ref
+            from deepgemm_jit import reference
+            prod = reference.to_float64(a) @ reference.to_float64(b).T
+            if self.spec.epilogue != "none" and self.damage != "epilogue_dropped":
+                prod = epilogue_ref.unfused(prod, self.spec.epi, **epilogue_kwargs)
+            out[...] = prod.astype(out.dtype)
+            return out
         if self.recipe is None:
             prod = a.astype(np.int64) @ b.astype(np.int64).T
         else:
@@ -465,8 +473,17 @@ def cpu_runner(monkeypatch):
 
     seen = {}
 
-    def bind(spec, a, b, order, *, scaling=None):   # a torch-like baseline on the very arrays ours reads
+    def bind(spec, a, b, order, *, scaling=None, **epilogue):   # a torch-like baseline on the very arrays ours reads
         seen["scaling"] = scaling
+        seen["epilogue"] = epilogue.get("epilogue")
+        if spec.epilogue != "none":
+            gemm = _FakeGemm(np, spec, None)
+            out = poisoned((a.shape[0], spec.n), spec.out_dtype)
+            kw = epilogue["epilogue"].call_kwargs(spec.epi)
+            kw.setdefault("alpha", 1.0)
+            kw.setdefault("beta", 1.0)
+            return baseline.Bound("fake_torch_unfused", lambda: gemm(a, b, out=out, **kw),
+                                  lambda: reference.to_float64(out)), []
         gemm = _FakeGemm(np, spec, None if scaling is None else {
             "tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}[scaling.recipe])
         out = poisoned((a.shape[0], spec.n), spec.out_dtype)
@@ -476,26 +493,26 @@ def cpu_runner(monkeypatch):
     monkeypatch.setattr(baseline, "bind", bind)
 
     def time_interleaved(fns, *, reps, warmup, flush):
-        us = {"ours": 80.0, "base": 100.0}
+        us = {"ours": 80.0, "plain": 78.0, "base": 100.0}
         for fn in fns.values():
             fn()
         return {name: timing.Timing(us[name], us[name], us[name], us[name], reps, 5.0, 50.0, ())
                 for name in fns}
     monkeypatch.setattr(timing, "time_interleaved", time_interleaved)
 
-    def run(dtype, m, n, k, damage=None):
+    def run(dtype, m, n, k, damage=None, epilogue=None):
         from deepgemm_jit.spec import GemmSpec
         info = bench_dtypes.get(dtype)
         recipe = None if info.scaling is None else (info.quant_a, info.quant_b)
 
         def build(m_, n_, k_, **kwargs):
             assert kwargs.get("scaling") == info.scaling and kwargs["dtype"] == info.lib
-            spec = GemmSpec.create(n_, k_, dtype=info.lib, layout=kwargs["layout"],
+            spec = GemmSpec.create(n_, k_, dtype=info.lib, layout=kwargs["layout"], epilogue=kwargs.get("epilogue"),
                                    **({"scaling": info.scaling} if info.scaling else {}))
-            return _FakeGemm(np, spec, recipe, damage)
+            return _FakeGemm(np, spec, recipe, damage if spec.epilogue != "none" or not epilogue else None)
         ctx = runner.RunContext(reps=30, warmup=1, baseline_order=baseline.DEFAULT_ORDER, seed=7,
                                 flusher=object(), dg=types.SimpleNamespace(build=build))
-        return runner.run_case(suites.Case("deepseek", dtype, "nt", m, n, k), ctx, 0), seen
+        return runner.run_case(suites.Case("deepseek", dtype, "nt", m, n, k, epilogue=epilogue), ctx, 0), seen
 
     return run
 
@@ -542,3 +559,167 @@ def test_git_info_prefers_the_commit_passed_to_the_gpu_machine(tmp_path, monkeyp
     monkeypatch.setenv("DEEPGEMM_JIT_GIT_COMMIT", "feedbeef")
     monkeypatch.setenv("DEEPGEMM_JIT_GIT_DIRTY", "0")
     assert report.git_info(tmp_path) == ("feedbeef", False)
+
+
+# ------------------------------------------------------------------------------------------ fused epilogues
+def test_epilogue_arguments_cases_and_default_unchanged(capsys):
+    from bench.__main__ import main, parse_args
+    assert parse_args([]).epilogue is None
+    assert suites.parse_epilogues(None) == (None,) and suites.parse_epilogues("") == (None,)
+    assert suites.parse_epilogues("gelu+bias, bias+gelu+residual,none") == ("bias+gelu", "bias+gelu+residual", None)
+    with pytest.raises(ValueError, match="unknown word"):
+        suites.parse_epilogues("bias+swish")
+    plain = suites.expand(("deepseek",), ("bf16",))
+    assert plain == suites.expand(("deepseek",), ("bf16",), epilogues=(None,))
+    assert all(c.epilogue is None and "_ep_" not in c.tag for c in plain)
+    assert main(["--suite", "deepseek", "--dtype", "bf16", "--epilogue", "bias+gelu,bias+gelu+residual",
+                 "--only", "m4096", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "12 cases" and out[0].split()[1] == "bf16_nt_m4096n2112k7168_ep_bias_gelu"
+    assert out[1].split()[1] == "bf16_nt_m4096n2112k7168_ep_bias_gelu_residual"
+    case = suites.Case("deepseek", "bf16", "nt", 4096, 7168, 2048, epilogue="gelu+bias")
+    assert case.epilogue == "bias+gelu" and case.build_kwargs() == {"dtype": "bf16", "layout": "nt", "tune": False,
+                                                                   "epilogue": "bias+gelu"}
+    assert case.make_spec().epilogue == "bias+gelu"
+    assert suites.Case("deepseek", "bf16", "nt", 1, 8, 8, epilogue="none").epilogue is None
+    # what the library's spec refuses is not expanded: int8 -> int32 output, layouts other than nt
+    both = suites.expand(("seed",), ("bf16", "int8"), suites.LAYOUTS, epilogues=(None, "bias+relu"))
+    with_epi = [c for c in both if c.epilogue]
+    assert {(c.dtype, c.layout) for c in with_epi} == {("bf16", "nt")} and len(with_epi) == 3
+    assert len(both) - len(with_epi) == 3 * 4 + 3
+    assert main(["--epilogue", "bias+swish", "--list"]) == 2 and "unknown word" in capsys.readouterr().err
+
+
+def test_unfused_reference_on_numpy():
+    np = pytest.importorskip("numpy")
+    from bench import epilogue_ref
+    v = np.array([[-2.0, -0.5, 0.0, 0.5, 3.0]])
+    gelu = epilogue_ref.activation("gelu", v)
+    # gelu(x) = x·Φ(x): Φ(0.5) = 0.6914624612740131, Φ(3) = 0.9986501019683699 (normal table)
+    np.testing.assert_allclose(gelu[0, [3, 4]], [0.5 * 0.6914624612740131, 3 * 0.9986501019683699], rtol=1e-14)
+    np.testing.assert_allclose(gelu[0, [0, 1, 2]], [-2 * (1 - 0.9772498680518208), -0.5 * (1 - 0.6914624612740131),
+                                                    0.0], rtol=1e-12)
+    assert epilogue_ref.activation("gelu", np.array([1.0]))[0] == pytest.approx(0.8413447460685429, rel=1e-14)
+    np.testing.assert_allclose(epilogue_ref.activation("gelu_tanh", v), gelu, atol=1e-3)   # close, not equal
+    assert not np.allclose(epilogue_ref.activation("gelu_tanh", v), gelu, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(epilogue_ref.activation("relu", v), [[0, 0, 0, 0.5, 3.0]])
+    np.testing.assert_allclose(epilogue_ref.activation("sigmoid", v), 1 / (1 + np.exp(-v)))
+    np.testing.assert_allclose(epilogue_ref.activation("silu", v), v / (1 + np.exp(-v)))
+    rng = np.random.default_rng(1)
+    m, n = 3, 4
+    acc, c, res = rng.standard_normal((m, n)), rng.standard_normal((m, n)), rng.standard_normal((m, n))
+    bias_n, bias_m = rng.standard_normal(n), rng.standard_normal(m)
+    got = epilogue_ref.unfused(acc, "beta+bias+relu+residual", bias=bias_n.astype(np.float32), c=c, residual=res,
+                               alpha=0.75, beta=0.5)
+    want = np.maximum(0.75 * acc + 0.5 * c + bias_n.astype(np.float32)[None, :], 0) + res   # residual after act
+    np.testing.assert_allclose(got, want, rtol=1e-15)
+    got = epilogue_ref.unfused(acc, "bias_row+sigmoid", bias=bias_m)
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-(acc + bias_m[:, None]))), rtol=1e-15)
+    # alpha/beta apply only with 'beta'; the identity is the product itself
+    np.testing.assert_array_equal(epilogue_ref.unfused(acc, "bias", bias=bias_n, alpha=9.0), acc + bias_n)
+    np.testing.assert_array_equal(epilogue_ref.unfused(acc, "none"), acc)
+
+
+@pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+gelu+residual", "bias+gelu_tanh", "bias_row+silu",
+                                      "relu+residual", "beta+bias+sigmoid", "beta", "bias+relu"])
+def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from bench import epilogue_ref
+    from deepgemm_jit.epilogue import Epilogue
+    bl = baseline_mod()
+    epi = Epilogue.parse(epilogue)
+    m, n, k = 33, 40, 24
+    gen = torch.Generator().manual_seed(3)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+    a, b = draw(m, k), draw(n, k) / k ** 0.5           # layout nt: a (M, K), b (N, K)
+    ops = bl.EpilogueOperands(bias=None if epi.bias == "none" else draw(n if epi.bias == "col" else m),
+                              c=draw(m, n) if epi.beta else None, residual=draw(m, n) if epi.residual else None,
+                              alpha=0.75 if epi.beta else 1.0, beta=0.5 if epi.beta else 1.0)
+    out = torch.full((m, n), float("nan"))
+    label, call = bl.torch_unfused_call(torch, epi, a, b.t(), ops, out)
+    got = call().double().numpy()
+    acc = a.double().numpy() @ b.double().numpy().T
+    as_np = {name: None if getattr(ops, name) is None else getattr(ops, name).numpy() for name in ("bias", "c",
+                                                                                                    "residual")}
+    want = epilogue_ref.unfused(acc, epi, alpha=ops.alpha, beta=ops.beta, **as_np)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{epilogue}: {label}")
+    assert ("F.linear(bias)" in label) == (epi.bias == "col" and not epi.beta)
+    assert ("F.gelu" in label) == epi.activation.startswith("gelu") and ("add(residual)" in label) == epi.residual
+    assert label.startswith("addmm(C") == epi.beta
+    # twice in a row (the timed loop): same result, no state carried over
+    np.testing.assert_allclose(call().double().numpy(), got, rtol=0, atol=0)
+    assert set(bl.EpilogueOperands(**{kk: getattr(ops, kk) for kk in ("bias", "c", "residual")},
+                                   alpha=ops.alpha, beta=ops.beta).call_kwargs(epi)) == (
+        ({"bias"} if epi.bias != "none" else set()) | ({"c", "alpha", "beta"} if epi.beta else set())
+        | ({"residual"} if epi.residual else set()))
+
+
+def test_epilogue_specs_bind_only_the_unfused_kind():
+    from deepgemm_jit.spec import GemmSpec
+    bl = baseline_mod()
+    assert "torch_unfused" in bl.DEFAULT_ORDER and bl.KINDS["torch_unfused"].name == "torch_unfused"
+    plain = GemmSpec.create(256, 512, dtype="bf16")
+    epi = GemmSpec.create(256, 512, dtype="bf16", epilogue="bias+gelu")
+    assert [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(plain)] == ["torch", "cupy"]
+    assert [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(epi)] == ["torch_unfused"]
+    base, reasons = bl.bind(epi, None, None, ("torch", "cupy"))
+    assert base is None and reasons == ["no baseline kind in ['torch', 'cupy'] computes bf16 with epilogue "
+                                        "'bias+gelu'"]
+    fp8 = GemmSpec.create(256, 512, dtype="fp8_e4m3", scaling="block", epilogue="bias+gelu")
+    assert not [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(fp8)]
+    with pytest.raises(bl.BaselineUnavailable, match="needs its operands"):
+        bl.TorchUnfused().bind(epi, None, None)
+
+
+def test_run_case_epilogue_row_on_cpu(cpu_runner):
+    row, seen = cpu_runner("bf16", 64, 256, 512, epilogue="bias+gelu+residual")
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert row["epilogue"] == "bias+gelu+residual" and row["ref"] == "fp64+unfused-epilogue"
+    assert row["err"] < 1e-2 and row["plain_err"] < 1e-2 and row["baseline_err"] < 1e-2
+    assert row["baseline"] == "fake_torch_unfused" and seen["epilogue"].bias.shape == (256,)
+    assert seen["epilogue"].residual.shape == (64, 256) and seen["epilogue"].c is None
+    assert row["ratio"] == pytest.approx(1.25) and row["plain_us"] == 78.0
+    assert row["overhead"] == pytest.approx(80.0 / 78.0)
+    assert row["epilogue_bytes"] == 2 * (256 + 64 * 256)
+    assert row["io_bytes"] == 2 * (64 * 512 + 256 * 512 + 64 * 256) + row["epilogue_bytes"]
+    row, _ = cpu_runner("bf16", 64, 256, 512, epilogue="beta+bias_row+silu")
+    assert row["status"] == "ok" and (row["alpha"], row["beta"]) == (0.75, 0.5), row.get("traceback")
+    # a kernel that drops the epilogue fails its check and is not timed
+    row, _ = cpu_runner("bf16", 64, 256, 512, damage="epilogue_dropped", epilogue="bias+gelu")
+    assert row["status"] == "fail" and row["us"] is None and row["overhead"] is None
+    # plain rows keep exactly their keys
+    from bench import runner
+    assert not {"epilogue", "overhead", "plain_us"} & set(runner.empty_row(suites.Case("seed", "bf16", "nt", 1, 8, 8)))
+
+
+def test_epilogue_report_columns_and_geomean(tmp_path):
+    def epi_row(epilogue, m, us, plain_us, base_us):
+        return dict(_row(m=m, n=7168, k=2048, us=us, base_us=base_us), epilogue=epilogue, plain_us=plain_us,
+                    overhead=us / plain_us, baseline="torch: F.linear(bias) + F.gelu")
+    rows = [epi_row("bias+gelu", 4096, 102.0, 100.0, 130.0), epi_row("bias+gelu", 64, 21.0, 20.0, 30.0),
+            epi_row("bias+gelu+residual", 4096, 103.0, 100.0, 150.0), _row()]
+    md = report.render_markdown(_header(), rows)
+    head = next(line for line in md.splitlines() if line.startswith("| dtype |"))
+    assert "| epilogue |" in head and "| overhead |" in head and "| plain µs |" in head
+    line = next(line for line in md.splitlines() if "| bias+gelu+residual |" in line)
+    assert line.count("|") == head.count("|") and "| 100.0 | 1.030 |" in line
+    plain_line = next(line for line in md.splitlines() if line.startswith("| bf16 |") and "| - |" in line)
+    assert plain_line.count("|") == head.count("|")
+    assert "geomean bf16**: ratio 0.950 over 1 rows" in md          # the plain row alone
+    assert ("geomean bf16 bias+gelu**: ratio vs cuBLAS + separate ops 1.349 over 2 rows; overhead vs our plain "
+            "GEMM 1.035 geomean, max 1.050 at M=64 N=7168 K=2048 over 2 rows") in md   # sqrt(130/102 · 30/21)
+    g = report.geomean_by_epilogue(rows)
+    assert g[("bf16", "bias+gelu+residual")]["max_overhead"] == pytest.approx(1.03)
+    assert set(g) == {("bf16", "bias+gelu"), ("bf16", "bias+gelu+residual")}
+    table = report.render_short_table(rows)
+    assert "overhd" in table.splitlines()[0] and "epilogue" in table.splitlines()[0]
+    assert any(t.startswith("geomean bf16 bias+gelu+residual:") and "max 1.030" in t for t in table.splitlines())
+    assert "epilogue" not in report.render_markdown(_header(), [_row()])           # plain runs keep today's table
+    assert "overhd" not in report.render_short_table([_row()])
+    record = json.loads(report.to_json(_header(), rows))
+    assert report.validate(record) == [] and record["rows"][0]["overhead"] == pytest.approx(1.02)
+    paths = report.write_all(tmp_path, _header(), rows)
+    assert paths["md"].exists()

@@ -4,7 +4,8 @@ A baseline kind is a class with ``name``, ``covers(spec)``, ``available()`` and
 ``bind(spec, a, b, scaling=None) -> Bound``; add a kind by writing one and listing it in ``KINDS``. Kinds:
 ``torch`` (``torch.mm``: fp16/bf16/tf32/fp32), ``torch_scaled`` (FP8: ``torch._scaled_mm`` per-tensor and
 row-wise, ``torch.nn.functional.scaled_mm`` 1x128 x 128x128 block-wise), ``torch_int`` (INT8:
-``torch._int_mm``) and ``cupy`` (``cupy.matmul``). docs/fp8-baselines.md records the torch API facts (scale
+``torch._int_mm``), ``cupy`` (``cupy.matmul``) and, for GEMMs with a fused epilogue, ``torch_unfused`` (cuBLAS
+then separate torch ops, as a user writes them). docs/fp8-baselines.md records the torch API facts (scale
 layouts, size rules) and where in torch's source they come from.
 
 ``Bound.fn()`` runs the product on the current CuPy stream, so that the events of ``timing.py`` bracket it;
@@ -25,7 +26,7 @@ from typing import Callable
 from . import dtypes, env, reference
 from .spec import GemmSpec
 
-DEFAULT_ORDER = ("torch", "torch_scaled", "torch_int", "cupy")
+DEFAULT_ORDER = ("torch", "torch_scaled", "torch_int", "cupy", "torch_unfused")
 # torch's FP32 matmul mode around the call: tf32 must run on TF32 tensor cores, fp32 (3xTF32) against IEEE.
 _TORCH_TF32 = {"tf32": True, "fp32": False}
 _SAME_WIDTH_INT = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
@@ -103,6 +104,35 @@ class Scaling:
     def num_bytes(self) -> int:
         """Bytes of both scale arrays (read by the kernel, so counted in GB/s)."""
         return int(self.scale_a.nbytes) + int(self.scale_b.nbytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpilogueOperands:
+    """The call-time operands of a fused epilogue (``deepgemm_jit/epilogue.py``), in the output's dtype:
+    bias (N,) or (M,), c and residual (M, N); alpha and beta apply with the ``beta`` word only."""
+
+    bias: object = None
+    c: object = None
+    residual: object = None
+    alpha: float = 1.0
+    beta: float = 1.0
+
+    def call_kwargs(self, epi) -> dict:
+        """What our Gemm's call takes besides a, b and out= for the Epilogue `epi`."""
+        kwargs = {name: getattr(self, name) for name, wanted in
+                  (("bias", epi.bias != "none"), ("c", epi.beta), ("residual", epi.residual)) if wanted}
+        if epi.beta:
+            kwargs.update(alpha=self.alpha, beta=self.beta)
+        return kwargs
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the epilogue's operands (read by the kernel once each, so counted in GB/s)."""
+        return sum(int(x.nbytes) for x in (self.bias, self.c, self.residual) if x is not None)
+
+
+def _epilogue_text(spec) -> str:
+    return getattr(spec, "epilogue", "none") or "none"
 
 
 def math_operands(spec: GemmSpec, a, b):
@@ -203,7 +233,7 @@ class TorchMatmul:
     name = "torch"
 
     def covers(self, spec: GemmSpec) -> bool:
-        return spec.dtype in _FLOAT_DTYPES
+        return spec.dtype in _FLOAT_DTYPES and _epilogue_text(spec) == "none"
 
     def available(self) -> str | None:
         """None when usable, else why not."""
@@ -374,7 +404,7 @@ class TorchScaledMM:
     name = "torch_scaled"
 
     def covers(self, spec: GemmSpec) -> bool:
-        return spec.dtype in dtypes.FP8_DTYPES
+        return spec.dtype in dtypes.FP8_DTYPES and _epilogue_text(spec) == "none"
 
     def available(self) -> str | None:
         return _torch_cuda_missing()
@@ -424,7 +454,7 @@ class TorchIntMM:
     name = "torch_int"
 
     def covers(self, spec: GemmSpec) -> bool:
-        return spec.dtype == "int8"
+        return spec.dtype == "int8" and _epilogue_text(spec) == "none"
 
     def available(self) -> str | None:
         return _torch_cuda_missing()
@@ -462,6 +492,117 @@ class TorchIntMM:
         return Bound(label, fn, result_f64)
 
 
+# ------------------------------------------------------------------------- torch: cuBLAS, then separate ops
+def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[str, Callable[[], object]]:
+    """(label, call returning D) of D = act(alpha * A @ B + beta * C + bias) + residual, as a user writes it in
+    torch: one cuBLAS call for the product (and C, and the bias where the GEMM takes it), then one kernel per op.
+
+    A (M, K) and B (K, N) are math-order torch views, `out` a preallocated (M, N) tensor of the output dtype,
+    the operands of `ops` torch tensors of that dtype, `epi` an ``Epilogue``. ``F.linear(x, w, bias)`` is
+    ``aten::addmm(bias, x, w.t())``; it runs here as ``torch.addmm(bias, A, B, out=out)``, the same cuBLASLt
+    call (bias fused by cuBLASLt's own epilogue) into preallocated memory. Each later op writes `out` in place
+    where torch has an in-place or out= form (``F.gelu`` has neither: it returns a fresh tensor).
+    """
+    F = torch.nn.functional
+    steps: list[str] = []
+    if epi.beta:
+        steps.append(f"addmm(C, beta={ops.beta:g}, alpha={ops.alpha:g})")
+        if epi.bias != "none":
+            steps.append("add(bias)" if epi.bias == "col" else "add(bias_row)")
+    elif epi.bias == "col":
+        steps.append("F.linear(bias)")
+    elif epi.bias == "row":
+        steps.append("addmm(bias_row[:, None])")
+    else:
+        steps.append("mm")
+    if epi.activation != "none":
+        steps.append({"gelu": "F.gelu", "gelu_tanh": "F.gelu(tanh)", "relu": "F.relu_", "silu": "F.silu_",
+                      "sigmoid": "sigmoid"}[epi.activation])
+    if epi.residual:
+        steps.append("add(residual)")
+    bias = None if ops.bias is None else (ops.bias if epi.bias == "col" else ops.bias[:, None])
+
+    def product():
+        if epi.beta:
+            torch.addmm(ops.c, A, B, beta=ops.beta, alpha=ops.alpha, out=out)
+            if bias is not None:
+                out.add_(bias)
+        elif bias is not None:
+            torch.addmm(bias, A, B, out=out)
+        else:
+            torch.mm(A, B, out=out)
+        return out
+
+    def activation(y):
+        if epi.activation == "relu":
+            return F.relu(y, inplace=True)
+        if epi.activation == "silu":
+            return F.silu(y, inplace=True)
+        if epi.activation == "sigmoid":
+            return torch.sigmoid(y, out=y)
+        if epi.activation in ("gelu", "gelu_tanh"):
+            return F.gelu(y, approximate="tanh" if epi.activation == "gelu_tanh" else "none")
+        return y
+
+    def call():
+        y = activation(product())
+        if epi.residual:
+            y = torch.add(y, ops.residual, out=out)
+        return y
+
+    return " + ".join(steps), call
+
+
+class TorchUnfused:
+    """A GEMM with a fused epilogue, unfused: cuBLAS(Lt) through torch for the product (with C and the column
+    bias where cuBLAS takes them), then the activation and the residual as separate torch ops
+    (``torch_unfused_call``), on torch views of the CuPy operands, on the CuPy stream. 16/32-bit only."""
+
+    name = "torch_unfused"
+
+    def covers(self, spec: GemmSpec) -> bool:
+        return spec.dtype in _FLOAT_DTYPES and _epilogue_text(spec) != "none"
+
+    def available(self) -> str | None:
+        return _torch_cuda_missing()
+
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None,
+             epilogue: EpilogueOperands | None = None) -> Bound:
+        if not self.covers(spec) or scaling is not None:
+            raise BaselineUnavailable(f"torch unfused epilogues cover fp16/bf16/tf32/fp32 GEMMs with an epilogue, "
+                                      f"not {spec.dtype} with {_epilogue_text(spec)!r}")
+        if epilogue is None:
+            raise BaselineUnavailable(f"epilogue {spec.epilogue!r} needs its operands: pass epilogue="
+                                      "EpilogueOperands(...)")
+        torch = _torch()
+        ta, tb = cupy_to_torch(a), cupy_to_torch(b)
+        out_dtype = getattr(torch, dtypes.get(spec.out_dtype).numpy_name)
+        if out_dtype != ta.dtype:
+            raise BaselineUnavailable(f"torch.addmm keeps the input dtype: {spec.dtype} -> {spec.out_dtype} is "
+                                      "not one call")
+        A, B = math_operands(spec, ta, tb)
+        ops = EpilogueOperands(*(None if x is None else cupy_to_torch(x)
+                                 for x in (epilogue.bias, epilogue.c, epilogue.residual)),
+                               alpha=epilogue.alpha, beta=epilogue.beta)
+        out = torch.empty((A.shape[0], B.shape[1]), dtype=out_dtype, device=ta.device)
+        label, call = torch_unfused_call(torch, spec.epi, A, B, ops, out)
+        allow_tf32 = _TORCH_TF32.get(spec.dtype)
+        if allow_tf32 is not None:
+            label += f" ({'tf32' if allow_tf32 else 'ieee'})"
+        on_stream = _on_cupy_stream(torch)
+        last = [out]
+
+        def fn() -> None:
+            with torch_fp32_mode(torch, allow_tf32), on_stream():
+                last[0] = call()
+
+        def result_f64():
+            with on_stream():
+                return _to_cupy_f64(torch, last[0])
+
+        return Bound(f"torch: {label}", fn, result_f64)
+
+
 # ------------------------------------------------------------------------------------------------------- CuPy
 class CupyMatmul:
     """cuBLAS through ``cupy.matmul(A, B, out=D)``: fp16, and tf32 only under CUPY_TF32=1."""
@@ -469,7 +610,7 @@ class CupyMatmul:
     name = "cupy"
 
     def covers(self, spec: GemmSpec) -> bool:
-        return spec.dtype in _FLOAT_DTYPES
+        return spec.dtype in _FLOAT_DTYPES and _epilogue_text(spec) == "none"
 
     def available(self) -> str | None:
         return None
@@ -494,23 +635,28 @@ class CupyMatmul:
         return Bound(f"cupy.matmul({spec.dtype})", fn, lambda: out.astype(cupy.float64))
 
 
-KINDS = {k.name: k for k in (TorchMatmul(), TorchScaledMM(), TorchIntMM(), CupyMatmul())}
+KINDS = {k.name: k for k in (TorchMatmul(), TorchScaledMM(), TorchIntMM(), CupyMatmul(), TorchUnfused())}
 
 
-def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER, *, scaling: Scaling | None = None
-         ) -> tuple[Bound | None, list[str]]:
+def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER, *, scaling: Scaling | None = None,
+         epilogue: EpilogueOperands | None = None) -> tuple[Bound | None, list[str]]:
     """The first baseline kind in `order` that computes op(a) @ op(b) of `spec`, and why the others did not.
 
     Kinds that do not cover the dtype at all (torch.mm for fp8, ...) are passed over without a reason.
-    `scaling` carries FP8 scales in the library's layout (see ``Scaling``).
+    `scaling` carries FP8 scales in the library's layout (see ``Scaling``); a spec with a fused epilogue binds
+    only kinds that compute it (``torch_unfused``), with its operands in `epilogue`.
 
     >>> base, reasons = bind(g.spec, a, b)      # base.fn() runs cuBLAS on a and b, into its own output
     >>> base, reasons = bind(g.spec, qa, qb, scaling=Scaling("row", sa, sb))
+    >>> base, reasons = bind(g.spec, a, b, epilogue=EpilogueOperands(bias=bias, residual=res))
     """
     reasons: list[str] = []
     covering = [name for name in order if KINDS[name].covers(spec)]
     if not covering:
-        return None, [f"no baseline kind in {list(order)} computes {spec.dtype}"]
+        epi = _epilogue_text(spec)
+        with_epi = "" if epi == "none" else f" with epilogue {epi!r}"
+        return None, [f"no baseline kind in {list(order)} computes {spec.dtype}{with_epi}"]
+    extra = {} if _epilogue_text(spec) == "none" else {"epilogue": epilogue}
     for name in covering:
         kind = KINDS[name]
         why = kind.available()
@@ -518,7 +664,7 @@ def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER, *, scalin
             reasons.append(f"{name}: {why}")
             continue
         try:
-            return kind.bind(spec, a, b, scaling=scaling), reasons
+            return kind.bind(spec, a, b, scaling=scaling, **extra), reasons
         except BaselineUnavailable as exc:
             reasons.append(f"{name}: {exc}")
     return None, reasons
