@@ -11,7 +11,7 @@ whose INT32 product is exact, fail on any element that differs from it.
 Epilogue rows (``Case.epilogue``, ``--epilogue``): B is drawn with scale 1/sqrt(K) so that the product is
 ~N(0, 1) and the activation is exercised on both sides of zero; bias, C and residual are fresh N(0, 1) values in
 the output dtype (alpha 0.75, beta 0.5 with ``beta``). Ours with the epilogue is judged against the unfused
-float64 reference (``epilogue_ref.unfused`` of the float64 product), our plain GEMM (the same build without
+float64 reference (``reference.unfused_epilogue`` of the float64 product), our plain GEMM (the same build without
 the epilogue) against the product itself; then ours, our plain GEMM and the baseline (``torch_unfused``: cuBLAS
 then separate torch ops) are timed interleaved on the same operands: ``overhead`` = us / plain_us,
 ``ratio`` = baseline_us / us as everywhere.
@@ -33,7 +33,7 @@ import cupy
 from deepgemm_jit import baseline, reference, timing
 
 from . import dtypes as bench_dtypes
-from . import epilogue_ref, metrics
+from . import metrics
 from .suites import Case
 
 
@@ -136,7 +136,7 @@ def apply_epilogue(product, epi, ops: baseline.EpilogueOperands):
     """The float64 unfused reference of the epilogue applied to the float64 `product` (None stays None)."""
     if product is None:
         return None
-    return epilogue_ref.unfused(product, epi, ops.bias, ops.c, ops.residual, ops.alpha, ops.beta)
+    return reference.unfused_epilogue(product, epi, ops.bias, ops.c, ops.residual, ops.alpha, ops.beta)
 
 
 def num_mismatches(out, ref) -> int:

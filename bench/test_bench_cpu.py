@@ -418,11 +418,11 @@ class _FakeGemm:
         np = self.np
         import ml_dtypes
         if a.dtype.kind == "V" or a.dtype.name in ("bfloat16", "float16", "float32"):   # 16/32-bit operands
-            from bench import epilogue_ref
+            from deepgemm_jit import reference as epilogue_ref
             from deepgemm_jit import reference
             prod = reference.to_float64(a) @ reference.to_float64(b).T
             if self.spec.epilogue != "none" and self.damage != "epilogue_dropped":
-                prod = epilogue_ref.unfused(prod, self.spec.epi, **epilogue_kwargs)
+                prod = epilogue_ref.unfused_epilogue(prod, self.spec.epi, **epilogue_kwargs)
             out[...] = prod.astype(out.dtype)
             return out
         if self.recipe is None:
@@ -592,32 +592,32 @@ def test_epilogue_arguments_cases_and_default_unchanged(capsys):
 
 def test_unfused_reference_on_numpy():
     np = pytest.importorskip("numpy")
-    from bench import epilogue_ref
+    from deepgemm_jit import reference as epilogue_ref
     v = np.array([[-2.0, -0.5, 0.0, 0.5, 3.0]])
-    gelu = epilogue_ref.activation("gelu", v)
+    gelu = epilogue_ref.activation_reference("gelu", v)
     # gelu(x) = x·Φ(x): Φ(0.5) = 0.6914624612740131, Φ(3) = 0.9986501019683699 (normal table)
     np.testing.assert_allclose(gelu[0, [3, 4]], [0.5 * 0.6914624612740131, 3 * 0.9986501019683699], rtol=1e-14)
     np.testing.assert_allclose(gelu[0, [0, 1, 2]], [-2 * (1 - 0.9772498680518208), -0.5 * (1 - 0.6914624612740131),
                                                     0.0], rtol=1e-12)
-    assert epilogue_ref.activation("gelu", np.array([1.0]))[0] == pytest.approx(0.8413447460685429, rel=1e-14)
-    np.testing.assert_allclose(epilogue_ref.activation("gelu_tanh", v), gelu, atol=1e-3)   # close, not equal
-    assert not np.allclose(epilogue_ref.activation("gelu_tanh", v), gelu, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(epilogue_ref.activation("relu", v), [[0, 0, 0, 0.5, 3.0]])
-    np.testing.assert_allclose(epilogue_ref.activation("sigmoid", v), 1 / (1 + np.exp(-v)))
-    np.testing.assert_allclose(epilogue_ref.activation("silu", v), v / (1 + np.exp(-v)))
+    assert epilogue_ref.activation_reference("gelu", np.array([1.0]))[0] == pytest.approx(0.8413447460685429, rel=1e-14)
+    np.testing.assert_allclose(epilogue_ref.activation_reference("gelu_tanh", v), gelu, atol=1e-3)   # close, not equal
+    assert not np.allclose(epilogue_ref.activation_reference("gelu_tanh", v), gelu, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(epilogue_ref.activation_reference("relu", v), [[0, 0, 0, 0.5, 3.0]])
+    np.testing.assert_allclose(epilogue_ref.activation_reference("sigmoid", v), 1 / (1 + np.exp(-v)))
+    np.testing.assert_allclose(epilogue_ref.activation_reference("silu", v), v / (1 + np.exp(-v)))
     rng = np.random.default_rng(1)
     m, n = 3, 4
     acc, c, res = rng.standard_normal((m, n)), rng.standard_normal((m, n)), rng.standard_normal((m, n))
     bias_n, bias_m = rng.standard_normal(n), rng.standard_normal(m)
-    got = epilogue_ref.unfused(acc, "beta+bias+relu+residual", bias=bias_n.astype(np.float32), c=c, residual=res,
+    got = epilogue_ref.unfused_epilogue(acc, "beta+bias+relu+residual", bias=bias_n.astype(np.float32), c=c, residual=res,
                                alpha=0.75, beta=0.5)
     want = np.maximum(0.75 * acc + 0.5 * c + bias_n.astype(np.float32)[None, :], 0) + res   # residual after act
     np.testing.assert_allclose(got, want, rtol=1e-15)
-    got = epilogue_ref.unfused(acc, "bias_row+sigmoid", bias=bias_m)
+    got = epilogue_ref.unfused_epilogue(acc, "bias_row+sigmoid", bias=bias_m)
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-(acc + bias_m[:, None]))), rtol=1e-15)
     # alpha/beta apply only with 'beta'; the identity is the product itself
-    np.testing.assert_array_equal(epilogue_ref.unfused(acc, "bias", bias=bias_n, alpha=9.0), acc + bias_n)
-    np.testing.assert_array_equal(epilogue_ref.unfused(acc, "none"), acc)
+    np.testing.assert_array_equal(epilogue_ref.unfused_epilogue(acc, "bias", bias=bias_n, alpha=9.0), acc + bias_n)
+    np.testing.assert_array_equal(epilogue_ref.unfused_epilogue(acc, "none"), acc)
 
 
 @pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+gelu+residual", "bias+gelu_tanh", "bias_row+silu",
@@ -625,7 +625,7 @@ def test_unfused_reference_on_numpy():
 def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
-    from bench import epilogue_ref
+    from deepgemm_jit import reference as epilogue_ref
     from deepgemm_jit.epilogue import Epilogue
     bl = baseline_mod()
     epi = Epilogue.parse(epilogue)
@@ -644,7 +644,7 @@ def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
     acc = a.double().numpy() @ b.double().numpy().T
     as_np = {name: None if getattr(ops, name) is None else getattr(ops, name).numpy() for name in ("bias", "c",
                                                                                                     "residual")}
-    want = epilogue_ref.unfused(acc, epi, alpha=ops.alpha, beta=ops.beta, **as_np)
+    want = epilogue_ref.unfused_epilogue(acc, epi, alpha=ops.alpha, beta=ops.beta, **as_np)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{epilogue}: {label}")
     assert ("F.linear(bias)" in label) == (epi.bias == "col" and not epi.beta)
     assert ("F.gelu" in label) == epi.activation.startswith("gelu") and ("add(residual)" in label) == epi.residual

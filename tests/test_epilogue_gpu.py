@@ -9,38 +9,6 @@ from deepgemm_jit import build, reference
 pytestmark = pytest.mark.gpu
 
 
-def _act(name, v):
-    import cupy
-    from cupyx.scipy import special
-
-    if name == "relu":
-        return cupy.maximum(v, 0.0)
-    if name == "gelu":
-        return 0.5 * v * (1.0 + special.erf(v / math.sqrt(2.0)))
-    if name == "gelu_tanh":
-        return 0.5 * v * (1.0 + cupy.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
-    if name == "silu":
-        return v / (1.0 + cupy.exp(-v))
-    if name == "sigmoid":
-        return 1.0 / (1.0 + cupy.exp(-v))
-    return v
-
-
-def _unfused(acc, epi, bias, c, residual, alpha, beta):
-    """act(alpha * acc + beta * C + bias) + residual, in float64."""
-    v = acc
-    if epi.beta:
-        v = alpha * v + beta * reference.to_float64(c)
-    if epi.bias == "col":
-        v = v + reference.to_float64(bias)[None, :]
-    elif epi.bias == "row":
-        v = v + reference.to_float64(bias)[:, None]
-    v = _act(epi.activation, v)
-    if epi.residual:
-        v = v + reference.to_float64(residual)
-    return v
-
-
 CASES = [  # (m, n, k, out_dtype, epilogue)
     (129, 264, 1000, "bf16", "bias+relu"),
     (77, 300, 1003, "bf16", "bias+gelu"),          # N * 2 and K * 2 bytes not multiples of 16: staged operands
@@ -67,7 +35,7 @@ def test_epilogue_matches_unfused(m, n, k, out_dtype, epilogue):
     out = reference.poisoned((m, n), out_dtype)
     g(a, b, bias=bias, c=c, residual=residual, alpha=alpha, beta=beta, out=out)
     acc = reference.to_float64(a) @ reference.to_float64(b).T
-    ref = _unfused(acc, epi, bias, c, residual, alpha, beta)
+    ref = reference.unfused_epilogue(acc, epi, bias, c, residual, alpha, beta)
     err = reference.error(out, ref)
     assert reference.within_bound(err, "bf16"), (epilogue, m, n, k, out_dtype, err, g.config.tag)
 
@@ -101,7 +69,7 @@ def test_fp8_block_and_int8_row_with_epilogues():
         g = build(m, n, k, dtype=dtype, scaling=scaling, epilogue=epilogue)
         out = reference.poisoned((m, n), "bf16")
         g(qa, qb, scale_a=sa, scale_b=sb, bias=bias, out=out)
-        ref = _unfused(acc, g.spec.epi, bias, None, None, 1.0, 1.0)
+        ref = reference.unfused_epilogue(acc, g.spec.epi, bias, None, None, 1.0, 1.0)
         assert reference.error(out, ref) < 1e-2, (dtype, epilogue)
 
 
