@@ -6,6 +6,7 @@ lets CPU tests compare them with the Python mirror of the layout.
 """
 from __future__ import annotations
 
+import functools
 import struct
 
 _SHT_SYMTAB = 2
@@ -48,3 +49,11 @@ def read_u32_symbols(elf: bytes, names: tuple[str, ...]) -> dict[str, int]:
     if missing:
         raise ValueError(f"cubin has no 4-byte symbol(s) {sorted(missing)}")
     return found
+
+
+@functools.lru_cache(maxsize=2048)
+def entry_symbols(elf: bytes, entry: str, names: tuple[str, ...]) -> dict[str, int]:
+    """The `<entry>_<name>` u32 constants a kernel exports, by `name` (memoized per cubin: read on every launch
+    plan, parsed once)."""
+    raw = read_u32_symbols(elf, tuple(f"{entry}_{name}" for name in names))
+    return {name: raw[f"{entry}_{name}"] for name in names}

@@ -40,15 +40,9 @@ def _num_sms(device_id: int) -> int:
     return device.num_sms(device_id)
 
 
-@functools.lru_cache(maxsize=1024)
-def _sm90_symbols(cubin: bytes, entry: str) -> dict[str, int]:
-    raw = cubin_mod.read_u32_symbols(cubin, tuple(f"{entry}_{name}" for name in SM90_SYMBOLS))
-    return {name: raw[f"{entry}_{name}"] for name in SM90_SYMBOLS}
-
-
 def sm90_symbols(artifact: KernelArtifact) -> dict[str, int]:
     """The layout facts an sm90 kernel exports, read from its cubin on the host."""
-    return _sm90_symbols(artifact.cubin, artifact.entry)
+    return cubin_mod.entry_symbols(artifact.cubin, artifact.entry, SM90_SYMBOLS)
 
 
 def check_layout(artifact: KernelArtifact, spec: GemmSpec) -> None:

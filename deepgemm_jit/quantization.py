@@ -193,15 +193,9 @@ def _quantize_kernels(spec: QuantKernelSpec, arch: str) -> tuple[QuantArtifact, 
         raise exc.with_warmup_command(quantize_command_for(spec, arch)) from None
 
 
-@functools.lru_cache(maxsize=256)
-def _symbols(cubin_bytes: bytes, entry: str) -> dict[str, int]:
-    raw = cubin.read_u32_symbols(cubin_bytes, tuple(f"{entry}_{name}" for name in SYMBOLS))
-    return {name: raw[f"{entry}_{name}"] for name in SYMBOLS}
-
-
 def kernel_symbols(artifact: QuantArtifact) -> dict[str, int]:
     """num_threads, units_per_block and group_cols as the compiled kernel defines them (read on the host)."""
-    return _symbols(artifact.cubin, artifact.entry)
+    return cubin.entry_symbols(artifact.cubin, artifact.entry, tuple(SYMBOLS))
 
 
 # -- devices, streams, arrays ------------------------------------------------------------------------------
