@@ -14,7 +14,12 @@ from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
 _MAX_M = 2**31 - 1
-_MAX_LAUNCH_PLANS = 64  # per Gemm; a full table is dropped, not evicted one by one
+_MAX_LAUNCH_PLANS = 64
+# What scale_a / scale_b hold, per scaling (for error messages).
+_SCALE_MEANING = {"tensor": ("one scale for all of A", "one scale for all of B"),
+                  "row": ("(M,): one per row of A", "(N,): one per row of B, i.e. per output column"),
+                  "block": ("(M, ceil(K/128)): one per 1x128 group of A",
+                            "(ceil(N/128), ceil(K/128)): one per 128x128 block of B")}  # per Gemm; a full table is dropped, not evicted one by one
 
 
 def _check_m(m: object, arg: str = "M", allow_zero: bool = False) -> int:
@@ -68,6 +73,7 @@ class Gemm:
         self._b_dtypes = _accepted_dtypes(spec.b_type)
         # 8-bit operands and fused epilogues exist only in the Hopper family (no portable fallback kernel).
         self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none"
+        self._epi = spec.epi  # parsed once: the call path reads it
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._esize = dtypes.get(spec.dtype).storage_bytes
         # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
@@ -130,7 +136,7 @@ class Gemm:
     def _epilogue_operands(self, m: int, va: MatrixView, vd: MatrixView | None, bias, c, residual, alpha, beta
                            ) -> launch.EpilogueOperands:
         """Validate the call-time operands of the fused epilogue (before anything is launched)."""
-        epi = self.spec.epi
+        epi = self._epi
         given = {"bias": bias, "c": c, "residual": residual}
         wanted = {"bias": epi.bias != "none", "c": epi.beta, "residual": epi.residual}
         for arg, x in given.items():
@@ -184,10 +190,7 @@ class Gemm:
                     raise TypeError(f"{arg} was given, but this Gemm ({spec.dtype}, scaling={spec.scaling!r}) "
                                     "takes no scales")
             return None, None
-        meaning = {"tensor": ("one scale for all of A", "one scale for all of B"),
-                   "row": ("(M,): one per row of A", "(N,): one per row of B, i.e. per output column"),
-                   "block": ("(M, ceil(K/128)): one per 1x128 group of A",
-                             "(ceil(N/128), ceil(K/128)): one per 128x128 block of B")}[spec.scaling]
+        meaning = _SCALE_MEANING[spec.scaling]
         views = []
         for x, arg, shape, what in zip((scale_a, scale_b), ("scale_a", "scale_b"), shapes, meaning):
             if x is None:

@@ -211,10 +211,10 @@ def overlaps(x, y) -> bool:
 def signature(x: object):
     """A hashable key that determines everything `matrix_view` checks and returns, for CuPy arrays
     and torch tensors (None for other kinds): equal signatures validate and launch identically."""
+    if x is None:  # absent optional operands (scales, bias, ...): checked first, it is the common case
+        return ()
     import cupy
 
-    if x is None:
-        return ()
     if type(x) is cupy.ndarray:
         return (x.data.ptr, x.shape, x.strides, x.dtype)
     tensor = _torch_tensor_type()

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from deepgemm_jit import device, jit
+from deepgemm_jit import arrays, device, jit
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,3 +30,9 @@ def cache_dir(tmp_path, monkeypatch):
 def shared_cache_dir(tmp_path_factory):
     """One cache shared by the compile-heavy CPU tests (each kernel compiled once per run)."""
     return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture
+def fake_gpu_memory(monkeypatch):
+    """Every pointer counts as device memory on GPU 0 (for fakes.FakeDeviceArray; nothing is dereferenced)."""
+    monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)

@@ -9,22 +9,7 @@ import pytest
 import deepgemm_jit as dg
 from deepgemm_jit import arrays, dtypes
 from deepgemm_jit.errors import NoGPUError
-
-
-class FakeDeviceArray:
-    """Just enough of a GPU array: shape, dtype, strides and a pointer."""
-
-    def __init__(self, shape, dtype, ptr=1 << 20, strides=None):
-        dtype = np.dtype(dtype)
-        self.shape, self.dtype = tuple(shape), dtype
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": dtype.str, "data": (ptr, False), "version": 3,
-            "strides": None if strides is None else tuple(s * dtype.itemsize for s in strides)}
-
-
-@pytest.fixture
-def fake_gpu_memory(monkeypatch):
-    monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)
+from fakes import BASE, FakeDeviceArray
 
 
 @pytest.fixture
@@ -34,7 +19,6 @@ def g(shared_cache_dir, monkeypatch):
 
 
 F16 = np.float16
-BASE = 1 << 20
 
 
 @pytest.mark.parametrize("make,exc,word", [

@@ -7,6 +7,7 @@ import pytest
 
 from deepgemm_jit import GemmSpec, build, config, jit, launch, sass
 from deepgemm_jit.arrays import scale_view
+from fakes import FakeDeviceArray
 
 
 # ---------------------------------------------------------------------------------------------- spec
@@ -94,34 +95,25 @@ def test_row_scaling_smem_mirror():
 
 
 # ---------------------------------------------------------------------------------------------- scales
-class _FakeDeviceArray:
-    """Just enough __cuda_array_interface__ for validation (pointer 0 means device 0, never dereferenced)."""
-
-    def __init__(self, shape, strides_elems=None, typestr="<f4", ptr=0):
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "version": 3,
-            "strides": None if strides_elems is None else tuple(4 * s for s in strides_elems)}
-
-
-def test_scale_view_layouts():
-    row_major = scale_view(_FakeDeviceArray((77, 8)), "scale_a", (77, 8), "x")
+def test_scale_view_layouts(fake_gpu_memory):
+    row_major = scale_view(FakeDeviceArray((77, 8)), "scale_a", (77, 8), "x")
     assert (row_major.stride_i, row_major.stride_j) == (8, 1)
-    col_major = scale_view(_FakeDeviceArray((77, 8), (1, 80)), "scale_a", (77, 8), "x")  # DeepGEMM's, M padded
+    col_major = scale_view(FakeDeviceArray((77, 8), strides=(1, 80)), "scale_a", (77, 8), "x")  # DeepGEMM's, M padded
     assert (col_major.stride_i, col_major.stride_j) == (1, 80)
-    assert scale_view(_FakeDeviceArray((5, 1)), "scale_a", (5,), "x").stride_i == 1
-    assert scale_view(_FakeDeviceArray((1, 300)), "scale_b", (300,), "x").stride_i == 1
-    assert scale_view(_FakeDeviceArray(()), "scale_a", (1,), "x").shape == (1, 1)
-    one_group = scale_view(_FakeDeviceArray((77, 1)), "scale_a", (77, 1), "x")
+    assert scale_view(FakeDeviceArray((5, 1)), "scale_a", (5,), "x").stride_i == 1
+    assert scale_view(FakeDeviceArray((1, 300)), "scale_b", (300,), "x").stride_i == 1
+    assert scale_view(FakeDeviceArray(()), "scale_a", (1,), "x").shape == (1, 1)
+    one_group = scale_view(FakeDeviceArray((77, 1)), "scale_a", (77, 1), "x")
     assert (one_group.stride_i, one_group.stride_j) == (1, 0)
 
 
 @pytest.mark.parametrize("arr,match", [
-    (_FakeDeviceArray((77, 7)), "expected"),
-    (_FakeDeviceArray((77, 8), typestr="<f2"), "float32"),
-    (_FakeDeviceArray((77, 8), (-8, 1)), "negative"),
+    (FakeDeviceArray((77, 7)), "expected"),
+    (FakeDeviceArray((77, 8), dtype=np.float16), "float32"),
+    (FakeDeviceArray((77, 8), strides=(-8, 1)), "negative"),
     (np.ones((77, 8), np.float32), "host"),
 ])
-def test_scale_view_rejections(arr, match):
+def test_scale_view_rejections(arr, match, fake_gpu_memory):
     with pytest.raises((TypeError, ValueError), match=match):
         scale_view(arr, "scale_a", (77, 8), "per 1x128 group")
 

@@ -11,16 +11,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from deepgemm_jit import arrays, cache, device, dtypes, reference, render, sass, warmup
+from deepgemm_jit import cache, device, dtypes, reference, render, sass, warmup
 from deepgemm_jit import quantization as quant
 from deepgemm_jit.errors import KernelNotCachedError, NoGPUError
 from deepgemm_jit.spec import GemmSpec
+from fakes import BASE, FakeDeviceArray
 
 ARCH = "sm_90a"
 SRC = ("fp32", "fp16", "bf16")
 Q_GRAN = [(q, g) for q in quant.QUANT_DTYPES for g in quant.GRANULARITIES
           if q != "int8" or g in quant.INT8_GRANULARITIES]
-BASE = 1 << 20
 
 
 def full_vec(src):
@@ -59,22 +59,6 @@ def test_scale_shapes():
     assert quant.scale_shape("group128", 5, 7) == (5, 1)
     assert quant.scale_shape("group128", 3, 128) == (3, 1) and quant.scale_shape("group128", 3, 129) == (3, 2)
     assert quant.scale_shape("block128", 129, 7168) == (2, 56) and quant.scale_shape("block128", 128, 1) == (1, 1)
-
-
-class FakeDeviceArray:
-    """Just enough of a GPU array for validation: shape, dtype, strides and a pointer (see fake_gpu_memory)."""
-
-    def __init__(self, shape, dtype, ptr=BASE, strides=None):
-        dtype = np.dtype(dtype)
-        self.shape, self.dtype = tuple(shape), dtype
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": dtype.str, "data": (ptr, False), "version": 3,
-            "strides": None if strides is None else tuple(s * dtype.itemsize for s in strides)}
-
-
-@pytest.fixture
-def fake_gpu_memory(monkeypatch):
-    monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)
 
 
 F32 = np.float32

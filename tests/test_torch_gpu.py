@@ -289,27 +289,33 @@ def _graph_cases(dgt):
     }
 
 
-@pytest.mark.parametrize("case", ["Linear bf16 nt, bias, x (2, 37, 256)", "op fp16 nn, a (300, 264)",
-                                  "op tf32 nt, a (77, 264)"])
-def test_cuda_graph_capture_and_replay(case):
-    dgt = pytest.importorskip("deepgemm_jit.torch")
-    shape, dtype, fn, ref_fn, bound = _graph_cases(dgt)[case]
-    static_in = rand(shape, dtype)
+def capture_graph(fn, static_in, label):
+    """(graph, static_out): fn warmed up twice on a side stream (compile, load, plan happen outside the capture),
+    then captured once. no_grad, not inference_mode: the callers write the static tensors between replays."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(side):   # no_grad, not inference_mode: the loop below writes
-        for _ in range(2):   # warm-up outside capture: compile, load, plan
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
             fn(static_in)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
         try:
             with torch.cuda.graph(graph):
                 static_out = fn(static_in)
         except Exception as exc:
-            pytest.fail(f"{case}: capture failed: {type(exc).__name__}: {exc}")
+            pytest.fail(f"{label}: capture failed: {type(exc).__name__}: {exc}")
+    return graph, static_out
+
+
+@pytest.mark.parametrize("case", ["Linear bf16 nt, bias, x (2, 37, 256)", "op fp16 nn, a (300, 264)",
+                                  "op tf32 nt, a (77, 264)"])
+def test_cuda_graph_capture_and_replay(case):
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    shape, dtype, fn, ref_fn, bound = _graph_cases(dgt)[case]
+    static_in = rand(shape, dtype)
+    graph, static_out = capture_graph(fn, static_in, case)
     for trial in range(3):
         static_in.copy_(rand(shape, dtype))
         static_out.fill_(float("nan"))
@@ -608,21 +614,7 @@ def test_fp8_linear_cuda_graph_capture_and_replay(weight_format):
     fp8 = dgt.Linear.from_linear(linear, weight_format)
     shape = (2, 37, 512)
     static_in = rand(shape, torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(side):
-        for _ in range(2):   # warm-up outside capture: compile, load, plan
-            fp8(static_in)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad():
-        try:
-            with torch.cuda.graph(graph):
-                static_out = fp8(static_in)
-        except Exception as exc:
-            pytest.fail(f"{weight_format}: capture failed: {type(exc).__name__}: {exc}")
+    graph, static_out = capture_graph(fp8, static_in, weight_format)
     for trial in range(3):
         static_in.copy_(rand(shape, torch.bfloat16))
         static_out.fill_(float("nan"))
