@@ -186,8 +186,8 @@ def test_all_zero_group_gets_scale_one(src, q_name, gran):
     index = {"tensor": (0,), "row": (5,), "group128": (5, 1), "block128": (1, 2)}[gran]
     assert float(s[index]) == 1.0, case
     assert int(cupy.count_nonzero(q[region])) == 0, case
-    if gran != "tensor":  # the other groups keep their own scales
-        assert int(cupy.count_nonzero(s == 1.0)) == 1, case
+    # The other groups keep their own scales: check_quantized compared every scale with the reference (a group
+    # whose amax is exactly QUANT_MAX also has scale 1.0, so counting ones would be flaky).
 
 
 @pytest.mark.parametrize("q_name", quant.QUANT_DTYPES)
