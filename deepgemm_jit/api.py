@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, env, jit, launch, runtime
+from . import device, dtypes, env, gemv, jit, launch, runtime
 from .arrays import MatrixView, ScaleView, array_kind, matrix_view, overlaps, scale_view, signature
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
@@ -61,7 +61,8 @@ class Gemm:
         g(a, b, out=d)              # or into your own
     """
 
-    def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact):
+    def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact,
+                 weight_streaming: bool = True):
         self.spec = spec
         self.arch = arch
         self.m_hint = m_hint
@@ -74,6 +75,8 @@ class Gemm:
         # 8-bit operands and fused epilogues exist only in the Hopper family (no portable fallback kernel).
         self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none"
         self._epi = spec.epi  # parsed once: the call path reads it
+        # Calls with M <= this (and 16-byte aligned rows) run the weight-streaming kernel (gemv.py; 0: never).
+        self.weight_streaming_max_m = gemv.max_m(spec, arch) if weight_streaming else 0
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._esize = dtypes.get(spec.dtype).storage_bytes
         # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
@@ -274,6 +277,11 @@ class Gemm:
             vd = matrix_view(out, "out")
         if m == 0:
             return out
+        if m <= self.weight_streaming_max_m and gemv.operands_fit(va, vb):  # decode: see gemv.py
+            plan = gemv.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
+            plan.run(cu_stream)
+            self._remember_plan(key, plan, kind)
+            return out
         if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd))):
             self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
             return out
@@ -281,11 +289,14 @@ class Gemm:
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
                            epi)
         plan.run(cu_stream)
+        self._remember_plan(key, plan, kind)
+        return out
+
+    def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
         if key is not None and None not in key:
             if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
                 self._launch_plans.clear()
             self._launch_plans[key] = (plan, kind)
-        return out
 
     def _run_staged(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
                     epi: launch.EpilogueOperands, dev: int, cu_stream) -> None:
@@ -353,7 +364,7 @@ def _common_kind(a, b, out) -> str:
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
           arch: str | None = None, config: config_mod.KernelConfig | None = None,
           tune: bool | None = None, *, scaling: str | None = None, b_dtype: str | None = None,
-          fast_accum: bool = False, epilogue=None) -> Gemm:
+          fast_accum: bool = False, epilogue=None, weight_streaming: bool | None = None) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -371,7 +382,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     without one (the Gemm can then be cached and explained, and run where a GPU is).
     ``config`` overrides the heuristic's :class:`KernelConfig` (tuning, experiments); it is
     checked against the problem and the arch first (ValueError if it cannot compute it).
-    Without it, a stored tuning result for this GPU, problem and M bucket is used when there is one;
+    ``weight_streaming`` (default: on unless ``config`` is given) lets calls with M <= 16 run the decode kernel
+    of ``deepgemm_jit/gemv.py`` (nt, bf16/fp16/fp8, no epilogue, Hopper) instead of ``config``'s kernel.
+    Without ``config``, a stored tuning result for this GPU, problem and M bucket is used when there is one;
     ``tune=True`` (default: ``DEEPGEMM_JIT_TUNE``) times candidate configs on the GPU when there is
     none and stores the winner (see ``tuning.py``); otherwise the heuristic decides.
 
@@ -391,8 +404,10 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         cfg.check_for(spec, target)
     else:
         raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
+    if weight_streaming is None:
+        weight_streaming = config is None
     try:
-        return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
+        return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target), bool(weight_streaming))
     except KernelNotCachedError as exc:
         from .warmup import warmup_command_for
 

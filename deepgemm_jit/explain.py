@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import sass
+from . import dtypes, gemv, sass
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -25,6 +25,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "local_bytes": None,
         "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0),
         "compile_seconds": art.meta.get("compile_seconds"),
+        "weight_streaming": _weight_streaming(gemm),
     }
     if with_sass:
         usage = sass.resource_usage(art.cubin).get(art.entry, {})
@@ -34,3 +35,16 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
     else:
         info["local_bytes"] = art.meta.get("stack_bytes")
     return info
+
+
+def _weight_streaming(gemm) -> dict:
+    """Which calls run the decode kernel (gemv.py) instead of the one above, and how it launches (not compiled
+    here: it is built on the first such call, or by gemv.get_kernel)."""
+    max_m = getattr(gemm, "weight_streaming_max_m", 0)
+    if not max_m:
+        return {"max_m": 0}
+    spec = gemm.spec
+    warps_k = gemv.choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes)
+    return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
+            "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
+            "condition": "16-byte aligned rows of a and b"}

@@ -1,0 +1,261 @@
+"""Weight streaming for decode (M <= 16): D (M, N) = A (M, K) @ B (N, K).T at the speed of reading B once.
+
+In LLM decoding the GEMMs have 1..16 rows (tokens) and are bound by reading the weight B. The Hopper family's
+tiles (64+ rows) waste most of their tensor-core work there and keep too few bytes in flight; this kernel
+streams B with 16-byte non-caching loads, multiplies with ``mma.sync`` in swap-AB form (16 weight rows on the
+MMA's M side, the tokens on its N side), splits K across the warps of a CTA and reduces through shared memory
+in a fixed order (the same bits on every run; nothing is allocated and nothing synchronises, so it is
+graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
+
+Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches this kernel instead of its own when the
+call's M is at most :data:`MAX_M` and the Gemm is
+
+- layout ``nt`` (a (M, K), b (N, K)), no fused epilogue (epilogues stay in the sm90 kernel);
+- bf16 or fp16, or FP8 (E4M3/E5M2, mixes included) with ``tensor`` / ``row`` / ``block`` scaling (FP8 partial
+  sums are promoted to FP32 every 128 K whatever ``fast_accum`` says);
+- compiled for sm_90 or newer (the kernel itself runs on sm_80+, FP8 on sm_89+; only Hopper is measured);
+
+and the call's operands have 16-byte aligned rows (base and row pitch of a and b, :func:`operands_fit`);
+otherwise the Gemm's own kernel runs, exactly as before. ``build(..., weight_streaming=False)`` turns it off.
+Out, scales (any strides), streams and return kinds behave as for the Gemm's own kernel.
+
+Example::
+
+    g = deepgemm_jit.build(1, 7168, 16384, dtype="bf16")
+    d = g(x, w)           # x (1, 16384), w (7168, 16384): runs the weight-streaming kernel
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import cubin, dtypes, jit, runtime
+from .arrays import MatrixView, ScaleView
+from .launch import LaunchPlan
+from .render import RenderedSource, render
+from .spec import GemmSpec
+
+MAX_M = 16                # two n8 token tiles of mma.sync
+BLOCK_ROWS = 16           # weight rows per row block (gemv::kBlockRows)
+STEP_BYTES = 256          # bytes of each row a warp reads per step (gemv::kStepBytes)
+NUM_WARPS = 8             # warps per CTA (gemv::kNumWarps)
+MIN_STEPS_PER_WARP = 2    # below this, splitting K across more warps only adds reduction work
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+OUT_DTYPES = ("bf16", "fp16", "fp32")
+SCALINGS = ("none", "tensor", "row", "block")
+SYMBOLS = ("num_threads", "num_warps", "block_rows", "step_bytes")
+
+_TEMPLATE = "gemv.cu.j2"
+_ENTRY = "dgjit_gemv"
+_SCALING_CPP = {"none": "kNone", "tensor": "kTensor", "row": "kRow", "block": "kBlock"}
+_ARCH = re.compile(r"sm_(\d+)")
+
+
+@dataclass(frozen=True)
+class GemvSpec:
+    """What one weight-streaming kernel is compiled for; M, N, K, pointers and strides are run-time arguments.
+
+    w_dtype: the weight B (the MMA's A side); x_dtype: the activations A; token_tiles: 1 for M <= 8, 2 for
+    M <= 16 (the accumulator registers of the second n8 tile cost occupancy, so M <= 8 does not carry them).
+    """
+
+    w_dtype: str
+    x_dtype: str
+    out_dtype: str
+    scaling: str = "none"
+    token_tiles: int = 1
+
+    def __post_init__(self):
+        for arg in ("w_dtype", "x_dtype"):
+            if getattr(self, arg) not in WEIGHT_DTYPES:
+                raise ValueError(f"{arg}={getattr(self, arg)!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+        fp8 = self.w_dtype in dtypes.FP8_DTYPES
+        if fp8 != (self.x_dtype in dtypes.FP8_DTYPES) or (not fp8 and self.w_dtype != self.x_dtype):
+            raise ValueError(f"w_dtype={self.w_dtype!r} and x_dtype={self.x_dtype!r}: both 16-bit of one type, "
+                             "or both FP8")
+        if self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"out_dtype={self.out_dtype!r} is not one of {', '.join(OUT_DTYPES)}")
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling={self.scaling!r} is not one of {', '.join(SCALINGS)}")
+        if fp8 == (self.scaling == "none"):
+            raise ValueError(f"scaling={self.scaling!r}: FP8 takes tensor, row or block scales, 16-bit none")
+        if self.token_tiles not in (1, 2) or isinstance(self.token_tiles, bool):
+            raise ValueError(f"token_tiles={self.token_tiles!r} must be 1 or 2")
+
+    @property
+    def scaling_cpp(self) -> str:
+        return _SCALING_CPP[self.scaling]
+
+    @property
+    def entry(self) -> str:
+        return _ENTRY
+
+    @property
+    def max_m(self) -> int:
+        return 8 * self.token_tiles
+
+    @property
+    def tag(self) -> str:
+        types = self.x_dtype if self.x_dtype == self.w_dtype else f"{self.x_dtype}x{self.w_dtype}"
+        scaled = "" if self.scaling == "none" else f"_{self.scaling}"
+        return f"gemv_{types}{scaled}_{self.out_dtype}_t{self.token_tiles}"
+
+    @classmethod
+    def for_gemm(cls, spec: GemmSpec, m: int) -> "GemvSpec":
+        """The kernel a call of `spec` with M = `m` (1..MAX_M) runs."""
+        return cls(w_dtype=spec.b_dtype, x_dtype=spec.dtype, out_dtype=spec.out_dtype, scaling=spec.scaling,
+                   token_tiles=1 if m <= 8 else 2)
+
+
+def _arch_number(arch: str) -> int:
+    match = _ARCH.match(arch)
+    return int(match.group(1)) if match else 0
+
+
+def max_m(spec: GemmSpec, arch: str) -> int:
+    """The largest M for which a Gemm of `spec` compiled for `arch` runs this kernel (0: never). The rule is
+    the module docstring's."""
+    if spec.layout != "nt" or spec.epilogue != "none" or _arch_number(arch) < 90:
+        return 0
+    if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
+        return 0
+    return MAX_M
+
+
+def use_weight_streaming(spec: GemmSpec, m: int, arch: str = "sm_90a") -> bool:
+    """Whether a call of a Gemm of `spec` (compiled for `arch`) with M = `m` runs the weight-streaming kernel,
+    given operands with 16-byte aligned rows (:func:`operands_fit`).
+
+    >>> use_weight_streaming(GemmSpec.create(7168, 16384, "bf16"), 1)
+    True
+    """
+    return 1 <= m <= max_m(spec, arch)
+
+
+def operands_fit(va: MatrixView, vb: MatrixView) -> bool:
+    """16-byte loads of a and b: 16-byte aligned bases and row pitches (a single row has no pitch)."""
+    for view in (va, vb):
+        if view.ptr % 16 or (view.rows > 1 and (view.row_stride * view.itemsize) % 16):
+            return False
+    return True
+
+
+def choose_warps_k(k: int, element_bytes: int) -> int:
+    """How many warps of a CTA split the K of one row block (1, 2, 4 or 8): as many as keep at least
+    MIN_STEPS_PER_WARP steps of STEP_BYTES each (long K: 8 warps on one row block, 16 rows x 8 warps of
+    loads in flight; short K: several row blocks per CTA)."""
+    num_steps = -(-k * element_bytes // STEP_BYTES)
+    warps_k = NUM_WARPS
+    while warps_k > 1 and num_steps < MIN_STEPS_PER_WARP * warps_k:
+        warps_k //= 2
+    return warps_k
+
+
+def grid_size(n: int, warps_k: int) -> int:
+    """CTAs of a launch: ceil(row blocks / row blocks per CTA)."""
+    row_blocks = -(-n // BLOCK_ROWS)
+    per_cta = NUM_WARPS // warps_k
+    return -(-row_blocks // per_cta)
+
+
+# -- compile ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemvArtifact(jit.BuiltKernel):
+    """A compiled weight-streaming kernel: the cached cubin and what it was built for."""
+
+    spec: GemvSpec
+    arch: str
+
+
+_memo: jit.Memo[GemvArtifact] = jit.Memo()
+
+
+def render_kernel(spec: GemvSpec) -> RenderedSource:
+    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+
+
+def get_kernel(spec: GemvSpec, arch: str) -> GemvArtifact:
+    """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
+    return _memo.get((spec, arch), lambda: _build(spec, arch))
+
+
+def clear_memo() -> None:
+    _memo.clear()
+
+
+def _build(spec: GemvSpec, arch: str) -> GemvArtifact:
+    if spec.w_dtype in dtypes.FP8_DTYPES and _arch_number(arch) < 89:
+        raise ValueError(f"{spec.tag}: FP8 mma.sync needs sm_89 or newer, not {arch}")
+    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
+                               meta={"gemv_spec": dataclasses.asdict(spec)})
+    return GemvArtifact(**vars(built), spec=spec, arch=arch)
+
+
+def kernel_symbols(artifact: GemvArtifact) -> dict[str, int]:
+    """The sizes the compiled kernel exports (read from the cubin on the host)."""
+    return cubin.entry_symbols(artifact.cubin, artifact.entry, SYMBOLS)
+
+
+def check_symbols(artifact: GemvArtifact) -> None:
+    """This module's copy of the kernel's sizes must be the kernel's (a mismatch is a bug, caught before any
+    launch)."""
+    sym = kernel_symbols(artifact)
+    mine = {"num_threads": 32 * NUM_WARPS, "num_warps": NUM_WARPS, "block_rows": BLOCK_ROWS,
+            "step_bytes": STEP_BYTES}
+    if sym != mine:
+        raise RuntimeError(f"{artifact.spec.tag}: the kernel exports {sym}, gemv.py assumes {mine}")
+
+
+# -- launch -----------------------------------------------------------------------------------------------
+
+def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
+    if sa is None or sb is None:
+        return (np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+    return (np.uint64(sa.ptr), np.uint64(sb.ptr), np.int64(sa.stride_i), np.int64(sa.stride_j),
+            np.int64(sb.stride_i), np.int64(sb.stride_j))
+
+
+def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, device_id: int,
+         sa: ScaleView | None = None, sb: ScaleView | None = None) -> LaunchPlan:
+    """A ``launch.LaunchPlan`` of the weight-streaming kernel for validated operands (1 <= m <= MAX_M,
+    :func:`operands_fit` true, scales as ``Gemm`` validated them). Compiles or loads the kernel on first use."""
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"M={m}: the weight-streaming kernel takes 1 <= M <= {MAX_M}")
+    if not operands_fit(va, vb):
+        raise ValueError("a and b need 16-byte aligned rows for the weight-streaming kernel")
+    artifact = get_kernel(GemvSpec.for_gemm(spec, m), arch)
+    check_symbols(artifact)
+    kernel = runtime.loaded_kernel(artifact, device_id, 0)
+    element_bytes = dtypes.get(spec.b_dtype).storage_bytes
+    warps_k = choose_warps_k(spec.k, element_bytes)
+    grid = (grid_size(spec.n, warps_k), 1, 1)
+    args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
+            np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
+            ) + _scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(spec.k), np.uint32(warps_k))
+    return LaunchPlan(kernel, grid, (32 * NUM_WARPS, 1, 1), args, device_id)
+
+
+def predicted_us(n: int, k: int, element_bytes: int, bandwidth_tb_s: float = 4.0) -> float:
+    """The time of reading the weight once at `bandwidth_tb_s` (the target; 4.25 TB/s is a copy's speed)."""
+    return n * k * element_bytes / (bandwidth_tb_s * 1e12) * 1e6
+
+
+def describe(spec: GemmSpec, arch: str, m: int) -> dict:
+    """What a call with M = `m` runs (for ``explain``): the rule's answer and, when it applies, the kernel,
+    its launch shape and resources. Compiles the kernel if needed (no GPU required)."""
+    if not use_weight_streaming(spec, m, arch):
+        return {"used": False, "max_m": max_m(spec, arch)}
+    art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
+    warps_k = choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes)
+    return {"used": True, "max_m": MAX_M, "tag": art.spec.tag, "cache_key": art.key, "entry": art.entry,
+            "warps_k": warps_k, "grid": grid_size(spec.n, warps_k), "num_threads": 32 * NUM_WARPS,
+            "registers": art.meta.get("registers"),
+            "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)}
+
+
+__all__ = ["MAX_M", "GemvSpec", "use_weight_streaming", "max_m", "operands_fit", "choose_warps_k", "plan",
+           "get_kernel", "describe"]

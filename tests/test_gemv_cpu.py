@@ -1,0 +1,163 @@
+"""The weight-streaming (decode) kernel on the CPU: its spec, the dispatch rule, the launch shape, rendering, and
+real NVRTC compiles to sm_90a with SASS checks (tensor-core MMAs, streaming loads, no local memory).
+
+The GPU side (results against float64 references, graphs, dispatch from Gemm.__call__) is tests/test_gemv_gpu.py.
+"""
+import jinja2
+import numpy as np
+import pytest
+
+from deepgemm_jit import GemmSpec, build, gemv, render, sass
+from deepgemm_jit.arrays import MatrixView
+
+ARCH = "sm_90a"
+S = gemv.GemvSpec
+
+
+# -- spec ---------------------------------------------------------------------------------------------------
+
+def test_spec_tags_and_for_gemm():
+    assert S("bf16", "bf16", "bf16").tag == "gemv_bf16_bf16_t1"
+    assert S("fp8_e5m2", "fp8_e4m3", "fp32", "row", 2).tag == "gemv_fp8_e4m3xfp8_e5m2_row_fp32_t2"
+    spec = GemmSpec.create(7168, 2048, "fp8", scaling="block")
+    assert gemv.GemvSpec.for_gemm(spec, 1) == S("fp8_e4m3", "fp8_e4m3", "bf16", "block", 1)
+    assert gemv.GemvSpec.for_gemm(spec, 8).token_tiles == 1 and gemv.GemvSpec.for_gemm(spec, 9).token_tiles == 2
+    assert gemv.GemvSpec.for_gemm(spec, 16).max_m == 16
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(w_dtype="tf32", x_dtype="tf32", out_dtype="fp32"),
+    dict(w_dtype="int8", x_dtype="int8", out_dtype="int32"),
+    dict(w_dtype="bf16", x_dtype="fp16", out_dtype="bf16"),
+    dict(w_dtype="bf16", x_dtype="fp8_e4m3", out_dtype="bf16", scaling="tensor"),
+    dict(w_dtype="bf16", x_dtype="bf16", out_dtype="bf16", scaling="row"),
+    dict(w_dtype="fp8_e4m3", x_dtype="fp8_e4m3", out_dtype="bf16"),
+    dict(w_dtype="fp8_e4m3", x_dtype="fp8_e4m3", out_dtype="int32", scaling="row"),
+    dict(w_dtype="bf16", x_dtype="bf16", out_dtype="bf16", token_tiles=3),
+    dict(w_dtype="bf16", x_dtype="bf16", out_dtype="bf16", token_tiles=True),
+])
+def test_spec_rejections(kwargs):
+    with pytest.raises(ValueError):
+        S(**kwargs)
+
+
+# -- dispatch rule --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,arch,expected", [
+    (dict(dtype="bf16"), ARCH, 16),
+    (dict(dtype="fp16", out_dtype="fp32"), ARCH, 16),
+    (dict(dtype="fp8", scaling="block"), ARCH, 16),
+    (dict(dtype="fp8", scaling="tensor", fast_accum=True), ARCH, 16),
+    (dict(dtype="fp8_e4m3", b_dtype="fp8_e5m2", scaling="row"), ARCH, 16),
+    (dict(dtype="bf16", layout="nn"), ARCH, 0),          # weights must be (N, K) row-major
+    (dict(dtype="bf16", layout="tt"), ARCH, 0),
+    (dict(dtype="bf16", epilogue="bias+gelu"), ARCH, 0),  # epilogues stay in the sm90 kernel
+    (dict(dtype="tf32"), ARCH, 0),
+    (dict(dtype="int8"), ARCH, 0),
+    (dict(dtype="int8", scaling="row"), ARCH, 0),
+    (dict(dtype="bf16"), "sm_80", 0),                     # only Hopper is measured
+])
+def test_dispatch_rule(kwargs, arch, expected):
+    spec = GemmSpec.create(2112, 7168, **kwargs)
+    assert gemv.max_m(spec, arch) == expected
+    for m in (1, 8, 13, 16):
+        assert gemv.use_weight_streaming(spec, m, arch) == (expected > 0)
+    for m in (0, 17, 64, 4096):
+        assert not gemv.use_weight_streaming(spec, m, arch)
+
+
+def _view(ptr, rows, cols, stride, dtype=np.uint16):
+    return MatrixView(ptr=ptr, rows=rows, cols=cols, row_stride=stride, dtype=np.dtype(dtype), device=0)
+
+
+def test_operands_fit_needs_16_byte_rows():
+    base = 1 << 20
+    assert gemv.operands_fit(_view(base, 4, 520, 520), _view(base, 7, 520, 520))
+    assert gemv.operands_fit(_view(base, 1, 7, 7), _view(base, 7, 7, 8))          # one row of A: no pitch
+    assert not gemv.operands_fit(_view(base, 2, 7, 7), _view(base, 7, 7, 8))      # A pitch 14 bytes
+    assert not gemv.operands_fit(_view(base, 1, 8, 8), _view(base, 7, 7, 7))      # B pitch 14 bytes
+    assert not gemv.operands_fit(_view(base + 2, 1, 8, 8), _view(base, 7, 8, 8))  # misaligned base
+    assert gemv.operands_fit(_view(base, 3, 24, 32, np.uint8), _view(base, 5, 24, 32, np.uint8))
+
+
+def test_build_switch():
+    g = build(1, 2112, 7168, dtype="bf16", arch=ARCH)
+    assert g.weight_streaming_max_m == 16
+    assert build(1, 2112, 7168, dtype="bf16", arch=ARCH, weight_streaming=False).weight_streaming_max_m == 0
+    forced = build(1, 2112, 7168, dtype="bf16", arch=ARCH, config=g.config)
+    assert forced.weight_streaming_max_m == 0  # a forced config means that kernel (tuning, bench sweeps)
+    info = g.explain()["weight_streaming"]
+    assert info["max_m"] == 16 and info["kernels"] == ["gemv_bf16_bf16_t1", "gemv_bf16_bf16_t2"]
+    assert info["grid"] == 132 and info["warps_k"] == 8
+
+
+def test_split_and_grid():
+    # K split across the warps of a CTA only while each warp keeps >= 2 steps of 256 bytes per row.
+    assert gemv.choose_warps_k(16384, 2) == 8 and gemv.choose_warps_k(1536, 2) == 4
+    assert gemv.choose_warps_k(512, 2) == 2 and gemv.choose_warps_k(512, 1) == 1
+    assert gemv.choose_warps_k(8, 2) == 1 and gemv.choose_warps_k(1, 1) == 1
+    assert gemv.grid_size(7168, 8) == 448 and gemv.grid_size(2112, 8) == 132
+    assert gemv.grid_size(1, 1) == 1 and gemv.grid_size(129, 1) == 2 and gemv.grid_size(32768, 2) == 512
+    assert 55 < gemv.predicted_us(7168, 16384, 2, 4.0) < 60
+
+
+# -- render and compile ----------------------------------------------------------------------------------------
+
+# Every scaling and weight type once, both token tiles, each output type; mixed FP8 types.
+VARIANTS = [
+    S("bf16", "bf16", "bf16", "none", 1),
+    S("bf16", "bf16", "fp32", "none", 2),
+    S("fp16", "fp16", "fp16", "none", 1),
+    S("fp8_e4m3", "fp8_e4m3", "bf16", "tensor", 1),
+    S("fp8_e4m3", "fp8_e4m3", "fp16", "row", 2),
+    S("fp8_e4m3", "fp8_e4m3", "bf16", "block", 1),
+    S("fp8_e4m3", "fp8_e4m3", "fp32", "block", 2),
+    S("fp8_e5m2", "fp8_e4m3", "bf16", "row", 1),
+]
+
+
+def test_render_every_variant():
+    seen = set()
+    for spec in VARIANTS:
+        src = gemv.render_kernel(spec)
+        assert [name for name, _ in src.headers] == ["dgjit/common.cuh", "dgjit/gemv.cuh", "dgjit/ptx_sm80.cuh"]
+        assert "{{" not in src.source and "{%" not in src.source
+        assert f"gemv::Scaling::{spec.scaling_cpp};" in src.source and src.entry == "dgjit_gemv"
+        assert f"constexpr int kTokenTiles = {spec.token_tiles};" in src.source
+        seen.add(src.source)
+    assert len(seen) == len(VARIANTS)
+
+
+def test_render_is_strict():
+    with pytest.raises(jinja2.UndefinedError):
+        render.render("gemv.cu.j2", "k", tag="x")  # no spec
+
+
+@pytest.mark.parametrize("spec", VARIANTS, ids=[s.tag for s in VARIANTS])
+def test_compile_sm90a_sass(spec, shared_cache_dir, monkeypatch):
+    """Real NVRTC compile: tensor-core MMAs, 16-byte streaming loads of the weight (ld.global.nc.L1::no_allocate
+    -> LDG.E.NA...128.CONSTANT), no local memory, no spills, the sizes gemv.py assumes."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    art = gemv.get_kernel(spec, ARCH)
+    gemv.check_symbols(art)
+    assert art.meta["spill_store_bytes"] == 0 and art.meta["spill_load_bytes"] == 0, spec.tag
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, spec.tag
+    # 16-bit M <= 8: two CTAs per SM (launch bounds), so <= 128 registers.
+    assert usage["REG"] <= (128 if spec.token_tiles == 1 and spec.w_dtype in ("bf16", "fp16") else 255), spec.tag
+    text = sass.disassemble(art.cubin)
+    mmas_per_step = 8 * spec.token_tiles  # 4 chunks x 2 MMAs x token tiles
+    # mma.sync m16n8k16 is HMMA.16816; on sm_90a m16n8k32 with FP8 operands is also executed as HMMA.16816 on
+    # FP16 values unpacked by F2FP (Hopper's native FP8 tensor-core path is wgmma / QGMMA).
+    hmma = "HMMA.16816.F32.BF16" if spec.w_dtype == "bf16" else "HMMA.16816.F32"
+    num_hmma = text.count(hmma)
+    if spec.w_dtype in ("bf16", "fp16"):
+        assert num_hmma == 3 * mmas_per_step, (spec.tag, num_hmma)  # two pipelined stages + the K tail step
+    else:
+        assert num_hmma == 2 * 3 * mmas_per_step, (spec.tag, num_hmma)  # k32 = two HMMA.16816
+        assert "F2FP.F16.E4M3.UNPACK_B" in text, spec.tag
+        assert ("F2FP.F16.E5M2.UNPACK_B" in text) == ("fp8_e5m2" in (spec.w_dtype, spec.x_dtype)), spec.tag
+    assert "LDG.E.NA.LTC256B.128.CONSTANT" in text, spec.tag   # the weight: streamed, 256-byte L2 prefetch
+    assert "LDG.E.128.CONSTANT" in text, spec.tag              # the activations: through L1
+    assert "STL" not in text and "LDL" not in text and "ATOM" not in text and "RED" not in text, spec.tag
+    assert "BAR.SYNC" in text, spec.tag                        # split-K reduction through shared memory

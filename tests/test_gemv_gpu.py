@@ -1,0 +1,211 @@
+"""The weight-streaming (decode) kernel on the GPU, through Gemm.__call__: float64 references (DESIGN.md bounds),
+fresh random inputs, outputs poisoned with NaN, odd shapes, every FP8 scaling recipe, identical bits on repeated
+runs, CUDA-graph capture and replay, and that the dispatch really happens (and stops at M = 17)."""
+import pytest
+
+from deepgemm_jit import build, gemv, reference
+from deepgemm_jit.spec import GemmSpec
+
+pytestmark = pytest.mark.gpu
+
+MS = (1, 3, 8, 13, 16)
+NK = [(1, 8), (7, 520), (129, 7168), (2112, 520), (129, 8), (7, 7168)]
+GRANULARITY = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The M values gemv.plan was asked for (each call that dispatched to the weight-streaming kernel)."""
+    seen = []
+    original = gemv.plan
+
+    def recording(spec, arch, m, *args, **kwargs):
+        seen.append(m)
+        return original(spec, arch, m, *args, **kwargs)
+
+    monkeypatch.setattr(gemv, "plan", recording)
+    return seen
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp32")])
+@pytest.mark.parametrize("n,k", NK)
+@pytest.mark.parametrize("m", MS)
+def test_16bit(m, n, k, dtype, out_dtype, launches):
+    spec = GemmSpec.create(n, k, dtype=dtype, out_dtype=out_dtype)
+    a, b = reference.random_operands(spec, m)
+    g = build(m, n, k, dtype=dtype, out_dtype=out_dtype)
+    out = reference.poisoned((m, n), out_dtype)
+    g(a, b, out=out)
+    assert launches == [m], f"{m=} {n=} {k=}: not dispatched to the weight-streaming kernel"
+    err = reference.error(out, reference.reference(spec, a, b))
+    assert reference.within_bound(err, dtype), f"{m=} {n=} {k=} {dtype=} {out_dtype=} err={err:.2e}"
+    assert reference.num_nonfinite(out) == 0
+
+
+def _fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
+    import cupy
+
+    rng = cupy.random.default_rng(seed)
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
+    ga, gb = GRANULARITY[scaling]
+    qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
+    qb, sb = reference.quantize_reference(w, b_dtype, gb)
+    ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
+           @ reference.dequantize_reference(qb, sb, b_dtype, gb).T)
+    return qa, sa, qb, sb, ref
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
+@pytest.mark.parametrize("n,k", [(1, 16), (7, 528), (129, 7168), (2112, 1040), (300, 1000)])
+@pytest.mark.parametrize("m", MS)
+def test_fp8_recipes(m, n, k, scaling, launches):
+    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=m * 31 + n + k)
+    g = build(m, n, k, dtype="fp8", scaling=scaling)
+    out = reference.poisoned((m, n), "bf16")
+    if k % 16:  # FP8 rows of K % 16 != 0 bytes are not 16-byte aligned: the Gemm's own (staged) path runs
+        g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+        assert launches == []
+        return
+    g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    assert launches == [m]
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "fp8_e4m3"), f"{m=} {n=} {k=} {scaling=} err={err:.2e}"
+    assert err < 5e-3, f"{m=} {n=} {k=} {scaling=} err={err:.2e}"  # BF16 output rounding is ~2e-3
+
+
+@pytest.mark.parametrize("out_dtype", ["fp32", "fp16"])
+def test_fp8_block_outputs_and_mixed_types(out_dtype, launches):
+    m, n, k = 13, 392, 2000 - 2000 % 16
+    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=3, b_dtype="fp8_e5m2")
+    g = build(m, n, k, dtype="fp8", b_dtype="fp8_e5m2", scaling="block", out_dtype=out_dtype)
+    out = reference.poisoned((m, n), out_dtype)
+    g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    assert launches == [m]
+    err = reference.error(out, ref)
+    assert err < (5e-4 if out_dtype == "fp32" else 2e-3), (out_dtype, err)
+
+
+def test_fp8_block_column_major_scale_a(launches):
+    import cupy
+
+    m, n, k = 11, 520, 3072
+    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=5)
+    kb, m_pad = sa.shape[1], -(-m // 4) * 4
+    storage = cupy.full((kb, m_pad), cupy.nan, dtype=cupy.float32)
+    storage[:, :m] = sa.T
+    g = build(m, n, k, dtype="fp8", scaling="block")
+    out = reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=storage[:, :m].T, scale_b=sb, out=out)
+    assert launches == [m] and reference.error(out, ref) < 5e-3
+
+
+def test_padded_rows_odd_k_and_slices(launches):
+    """K % 8 != 0 works when rows are padded to 16 bytes (the step that holds the end of K is read with bounds
+    checks); a sliced weight (row stride > K) and a padded output row stride."""
+    m, n, k = 5, 129, 1001
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a_store = reference.random_matrix((m, 1008), "bf16")
+    b_store = reference.random_matrix((n, 1016), "bf16")
+    a, b = a_store[:, :k], b_store[:, :k]
+    d_store = reference.poisoned((m, 160), "bf16")
+    g = build(m, n, k, dtype="bf16")
+    g(a, b, out=d_store[:, :n])
+    assert launches == [m]
+    err = reference.error(d_store[:, :n], reference.reference(spec, a, b))
+    assert reference.within_bound(err, "bf16"), err
+    assert reference.num_nonfinite(d_store) == m * (160 - n)  # nothing written past N
+
+
+def test_unaligned_rows_fall_back(launches):
+    m, n, k = 3, 64, 1001  # contiguous rows of 2002 bytes: not 16-byte aligned
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a, b = reference.random_operands(spec, m)
+    out = build(m, n, k, dtype="bf16")(a, b)
+    assert launches == []
+    assert reference.within_bound(reference.error(out, reference.reference(spec, a, b)), "bf16")
+
+
+def test_dispatch_stops_above_16_and_can_be_turned_off(launches):
+    spec = GemmSpec.create(2112, 7168, dtype="bf16")
+    g = build(16, 2112, 7168, dtype="bf16")
+    for m in (16, 17):
+        a, b = reference.random_operands(spec, m)
+        err = reference.error(g(a, b), reference.reference(spec, a, b))
+        assert reference.within_bound(err, "bf16"), (m, err)
+    assert launches == [16]
+    off = build(1, 2112, 7168, dtype="bf16", weight_streaming=False)
+    a, b = reference.random_operands(spec, 1)
+    off(a, b)
+    assert launches == [16]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_block"])
+def test_deterministic_bits(dtype):
+    import cupy
+
+    m, n, k = 16, 2112, 7168
+    if dtype == "bf16":
+        spec = GemmSpec.create(n, k, dtype="bf16")
+        a, b = reference.random_operands(spec, m)
+        g, kwargs = build(m, n, k, dtype="bf16"), {}
+    else:
+        qa, sa, qb, sb, _ = _fp8_problem(m, n, k, "block", seed=11)
+        a, b, kwargs = qa, qb, {"scale_a": sa, "scale_b": sb}
+        g = build(m, n, k, dtype="fp8", scaling="block")
+    first = g(a, b, **kwargs)
+    for _ in range(3):
+        again = g(a, b, **kwargs)
+        assert bool((again.view(cupy.uint16) == first.view(cupy.uint16)).all()), dtype
+
+
+def _poison(x, stream):
+    import cupy
+
+    cupy.cuda.runtime.memsetAsync(x.data.ptr, reference.POISON_BYTE, x.nbytes, stream.ptr)
+
+
+def test_cuda_graph_capture_and_replay(launches):
+    import cupy
+
+    m, n, k = 8, 4096, 7168
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a, b = reference.random_operands(spec, m)
+    g = build(m, n, k, dtype="bf16")
+    out = reference.poisoned((m, n), "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(a, b, out=out, stream=stream)  # compile, load and plan outside the capture
+        _poison(out, stream)
+        stream.synchronize()
+        stream.begin_capture()
+        g(a, b, out=out, stream=stream)
+        graph = stream.end_capture()
+    stream.synchronize()
+    assert reference.num_nonfinite(out) == out.size  # captured, not run
+    for _ in range(2):
+        fresh = reference.random_matrix((m, k), "bf16")  # new inputs in the same buffers
+        cupy.cuda.Device().synchronize()  # made on the current stream, copied on `stream`
+        cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
+        _poison(out, stream)
+        graph.launch(stream)
+        stream.synchronize()
+        err = reference.error(out, reference.reference(spec, a, b))
+        assert reference.within_bound(err, "bf16"), err
+    assert launches and set(launches) == {m}
+
+
+def test_torch_tensors_and_streams():
+    torch = pytest.importorskip("torch")
+    m, n, k = 4, 2112, 7168
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    g = build(m, n, k, dtype="bf16")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        d = g(a, b)
+    side.synchronize()
+    assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)
+    ref = a.double() @ b.double().T
+    err = float((d.double() - ref).norm() / ref.norm())
+    assert err < reference.ERROR_BOUND["bf16"], err
