@@ -723,3 +723,17 @@ def test_epilogue_report_columns_and_geomean(tmp_path):
     assert report.validate(record) == [] and record["rows"][0]["overhead"] == pytest.approx(1.02)
     paths = report.write_all(tmp_path, _header(), rows)
     assert paths["md"].exists()
+
+
+def test_decode_suite():
+    cases = suites.expand(("decode",), ("bf16", "fp8_tensor", "fp8_block"), ("nt",))
+    assert len(cases) == 3 * 6 * 6
+    assert {c.m for c in cases} == {1, 8, 16, 32, 64, 128}
+    assert (1, 7168, 16384) in {(c.m, c.n, c.k) for c in cases}
+    assert {c.dtype for c in cases} == {"bf16", "fp8_tensor", "fp8_block"}
+    quick = suites.expand(("decode",), ("bf16",), ("nt",), quick=True)
+    assert {(c.m, c.n, c.k) for c in quick} == {(1, 2112, 7168), (1, 7168, 16384), (16, 2112, 7168),
+                                                (16, 7168, 16384)}
+    # GB/s of a decode row counts the weight: 235 MB at M = 1, N = 7168, K = 16384 in 65 us is 3.6 TB/s.
+    io = metrics.gemm_io_bytes(1, 7168, 16384, 2, 2, 2)
+    assert 3.6e3 < metrics.gbps(io, 65.0) < 3.7e3
