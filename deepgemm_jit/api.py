@@ -278,10 +278,14 @@ class Gemm:
         if m == 0:
             return out
         if m <= self.weight_streaming_max_m and gemv.operands_fit(va, vb):  # decode: see gemv.py
-            plan = gemv.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
-            plan.run(cu_stream)
-            self._remember_plan(key, plan, kind)
-            return out
+            try:
+                plan = gemv.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
+            except KernelNotCachedError:  # DEEPGEMM_JIT_OFFLINE and not warmed: the Gemm's own kernel serves
+                plan = None
+            if plan is not None:
+                plan.run(cu_stream)
+                self._remember_plan(key, plan, kind)
+                return out
         if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd))):
             self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
             return out
