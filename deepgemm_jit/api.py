@@ -165,7 +165,7 @@ class Gemm:
             if vd is not None and m > 0 and overlaps(vd, view):
                 raise ValueError("out overlaps bias; the kernel would read what it overwrites")
             ops["bias"] = view.ptr
-        for arg, x, ld_key in (("c", c, "ldc"), ("residual", residual, "ldr")):
+        for arg, x in (("c", c), ("residual", residual)):
             if x is None:
                 continue
             view = matrix_view(x, arg)
@@ -179,8 +179,7 @@ class Gemm:
                     and (view.ptr, view.row_stride) != (vd.ptr, vd.row_stride)):
                 raise ValueError(f"out partly overlaps {arg}: it may be out itself (same memory and row stride) "
                                  "or separate memory")
-            ops[arg] = view.ptr
-            ops[ld_key] = view.row_stride
+            ops[arg] = view
         return launch.EpilogueOperands(**ops)
 
     def _scales(self, m: int, va: MatrixView, vd: MatrixView | None, scale_a, scale_b
@@ -286,7 +285,7 @@ class Gemm:
                 plan.run(cu_stream)
                 self._remember_plan(key, plan, kind)
                 return out
-        if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd))):
+        if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
             self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
             return out
         artifact = self._artifact_for(va, vb, vd)
@@ -304,8 +303,9 @@ class Gemm:
 
     def _run_staged(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
                     epi: launch.EpilogueOperands, dev: int, cu_stream) -> None:
-        """8-bit operands (and those of fused epilogues) TMA cannot describe (row pitch not a multiple of 16 bytes, e.g. K % 16 != 0, or a
-        misaligned base) have no other kernel family: they are copied into buffers with an aligned pitch,
+        """8-bit operands, and the operands of fused epilogues (C and the residual included), that TMA cannot
+        describe (row pitch not a multiple of 16 bytes, e.g. K % 16 != 0, or a misaligned base) have no other
+        kernel family: they are copied into buffers with an aligned pitch,
         and D goes through one when it is unaligned. The stream is synchronised before the buffers are
         released, so this path is correct but slow: use K and N that are multiples of 16 for speed."""
         import cupy
@@ -325,9 +325,12 @@ class Gemm:
             return dataclasses.replace(view, ptr=buf.data.ptr, row_stride=pitch // view.itemsize)
 
         with cupy.cuda.Device(dev):
+            # C and the residual are copied before D's buffer is written (C may be out itself).
+            epi2 = dataclasses.replace(epi, **{arg: aligned(view, True) for arg, view in
+                                               (("c", epi.c), ("residual", epi.residual)) if view is not None})
             va2, vb2, vd2 = aligned(va, True), aligned(vb, True), aligned(vd, False)
             plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m, va2, vb2,
-                               vd2, dev, sa, sb, epi)
+                               vd2, dev, sa, sb, epi2)
             plan.run(cu_stream)
             if vd2 is not vd:
                 cupy.cuda.runtime.memcpy2DAsync(vd.ptr, vd.row_stride * vd.itemsize, vd2.ptr,

@@ -112,18 +112,22 @@ class KernelConfig:
 
 
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int) -> int:
-    """D staging tile + stages x (A tile + B tile, 128 bytes of K per row) + full/empty barriers
-    + (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + 1 KiB
-    alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
+    """D staging tile (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
+    + B tile, 128 bytes of K per row) + full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
+    (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
+    tile's bias as FP32 per consumer + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
     d_bytes = block_m * block_n * dtypes.get(spec.out_dtype).storage_bytes
+    num_math_wgs = 1 if block_m == 64 else 2
+    epi = spec.epi
+    epi_bytes = (d_bytes if epi.beta and epi.residual else 0) + (16 if epi.beta or epi.residual else 0)
+    epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": block_m * 4}[epi.bias]
     scale_bytes = 0
     if spec.scaling == "block":  # per stage: block_m scales of A, the tile's B blocks, 16-byte slots
         b_blocks = 1 if 128 % block_n == 0 else (block_n // 128 if block_n % 128 == 0 else block_n // 128 + 2)
         scale_bytes = num_stages * -(-(block_m + b_blocks) // 4) * 16
     if spec.scaling == "row":
-        num_math_wgs = 1 if block_m == 64 else 2
         scale_bytes = (block_m + num_math_wgs * block_n) * 4
-    return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + 1024
+    return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + epi_bytes + 1024
 
 
 def sm90_max_accumulators(spec: GemmSpec) -> int:

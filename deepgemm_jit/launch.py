@@ -96,19 +96,21 @@ def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
 
 @dataclass(frozen=True)
 class EpilogueOperands:
-    """Run-time operands of a fused epilogue: device pointers (0 when unused), leading dimensions in elements."""
+    """Run-time operands of a fused epilogue: the bias pointer (0 when unused), C and the residual as views
+    (the kernel loads them by TMA like D is stored), and the scalars."""
 
     bias: int = 0
-    c: int = 0
-    ldc: int = 0
-    residual: int = 0
-    ldr: int = 0
+    c: MatrixView | None = None
+    residual: MatrixView | None = None
     alpha: float = 1.0
     beta: float = 1.0
 
-    def args(self) -> tuple:
-        return (np.uint64(self.bias), np.uint64(self.c), np.int64(self.ldc), np.uint64(self.residual),
-                np.int64(self.ldr), np.float32(self.alpha), np.float32(self.beta))
+    def scalar_args(self) -> tuple:
+        return (np.uint64(self.bias), np.float32(self.alpha), np.float32(self.beta))
+
+    def views(self) -> tuple[MatrixView, ...]:
+        """The (M, N) operands the kernel reads through tensor maps."""
+        return tuple(v for v in (self.c, self.residual) if v is not None)
 
 
 NO_EPILOGUE = EpilogueOperands()
@@ -122,11 +124,18 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         sym = sm90_symbols(artifact)
         tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, _tma_pitch(va), cfg.block_m, cfg.block_k, 128)
         tmap_b = _tensor_map(vb.ptr, spec.b_type, spec.n, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
-        tmap_d = _tensor_map(vd.ptr, spec.out_dtype, m, spec.n, _tma_pitch(vd), sym["d_box_rows"],
-                             sym["d_box_cols"], sym["d_swizzle_bytes"])
+
+        def output_map(view: MatrixView):  # D, and C / residual, which the epilogue reads in D's tiles
+            return _tensor_map(view.ptr, spec.out_dtype, m, spec.n, _tma_pitch(view), sym["d_box_rows"],
+                               sym["d_box_cols"], sym["d_swizzle_bytes"])
+
+        tmap_d = output_map(vd)
+        tmap_c = output_map(epi.c) if epi.c is not None else tmap_d
+        tmap_r = output_map(epi.residual) if epi.residual is not None else tmap_d
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
-        args = (tmap_a, tmap_b, tmap_d, np.uint32(m)) + _scale_args(sa, sb) + epi.args()
+        args = ((tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, np.uint32(m)) + _scale_args(sa, sb)
+                + epi.scalar_args())
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

@@ -53,6 +53,24 @@ def test_beta_with_c_aliasing_out():
     assert reference.error(d, ref) < 1e-2
 
 
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp32"])
+def test_c_and_residual_views(out_dtype):
+    """C a row-padded view (TMA reads it in place), the residual a view at an odd element offset (staged
+    through an aligned copy); M, N tails inside the last tiles."""
+    m, n, k = 300, 264, 512
+    g = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue="beta+bias+residual")
+    a = reference.random_matrix((m, k), "bf16")
+    b = reference.random_matrix((n, k), "bf16", scale=1.0 / math.sqrt(k))
+    bias = reference.random_matrix((n,), out_dtype)
+    c = reference.random_matrix((m, n + 24), out_dtype)[:, 8:n + 8]
+    residual = reference.random_matrix((m, n + 1), out_dtype)[:, 1:]
+    out = reference.poisoned((m, n), out_dtype)
+    g(a, b, bias=bias, c=c, residual=residual, alpha=0.75, beta=1.5, out=out)
+    acc = reference.to_float64(a) @ reference.to_float64(b).T
+    ref = reference.unfused_epilogue(acc, g.spec.epi, bias, c, residual, 0.75, 1.5)
+    assert reference.within_bound(reference.error(out, ref), "bf16"), g.config.tag
+
+
 def test_fp8_block_and_int8_row_with_epilogues():
     import cupy
 
