@@ -90,11 +90,13 @@ class Case:
         if self.tiles == "auto":  # the heuristic's own choice, even where a tuning result is stored
             return config.choose_config(spec, self.m, device.current_arch(), device.num_sms())
 
-        match = re.fullmatch(r"(\d+)x(\d+)(?:s(\d+))?", self.tiles)
+        match = re.fullmatch(r"(\d+)x(\d+)(?:s(\d+))?(p?)", self.tiles)
         if match is None:
-            raise ValueError(f"tiles={self.tiles!r}: write BMxBN or BMxBNsS, e.g. 128x256 or 128x192s4")
+            raise ValueError(f"tiles={self.tiles!r}: write BMxBN[sS][p], e.g. 128x256, 128x192s4 or 128x128p "
+                             "(p: ping-pong consumers)")
         stages = int(match.group(3)) if match.group(3) else None
-        return config.sm90_config(spec, int(match.group(1)), int(match.group(2)), stages)
+        return config.sm90_config(spec, int(match.group(1)), int(match.group(2)), stages,
+                                  pingpong=bool(match.group(4)))
 
 
 def _product(ms, nks) -> tuple[Shape, ...]:

@@ -40,6 +40,9 @@ class KernelConfig:
     vec_a: int  # sm80: elements per global load of A (16 bytes / element size when aligned)
     vec_b: int
     group_m: int = 1  # sm90: M blocks walked together by the persistent scheduler (L2 reuse)
+    # sm90: the two consumer warpgroups take turns on whole tiles (one's epilogue runs while the other's
+    # main loop keeps the tensor cores busy) instead of splitting every tile between them.
+    pingpong: bool = False
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -49,6 +52,10 @@ class KernelConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.pingpong, bool):
+            raise ValueError(f"pingpong must be a bool, got {self.pingpong!r}")
+        if self.pingpong and self.family != "sm90":
+            raise ValueError("pingpong consumers exist in the sm90 family only")
         if self.num_stages < 2:
             raise ValueError("num_stages must be >= 2 (the pipeline keeps one stage in flight)")
         if self.block_m % (16 * self.warps_m):
@@ -68,7 +75,8 @@ class KernelConfig:
     @property
     def tag(self) -> str:
         if self.family == "sm90":
-            return f"sm90_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}_g{self.group_m}"
+            return (f"sm90_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}_g{self.group_m}"
+                    + ("_pp" if self.pingpong else ""))
         return (f"{self.family}_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_w{self.warps_m}x{self.warps_n}_v{self.vec_a}{self.vec_b}")
 
@@ -76,7 +84,7 @@ class KernelConfig:
         """Dynamic shared memory; mirrors kSmemBytes of the family's kernel (the GPU tests compare
         it with the value the sm90 module exports)."""
         if self.family == "sm90":
-            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages)
+            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages, self.pingpong)
         esize = dtypes.get(spec.dtype).storage_bytes
         pad = 16 // esize
         a_rows, a_cols = (self.block_m, self.block_k) if spec.a_k_major else (self.block_k, self.block_m)
@@ -111,22 +119,30 @@ class KernelConfig:
                 f"{arch} allows {smem_limit_bytes(arch)} B: lower num_stages or the block shape")
 
 
-def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int) -> int:
-    """D staging tile (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
+def sm90_consumers(block_m: int, pingpong: bool) -> tuple[int, int]:
+    """(consumer warpgroups, rows each holds): one of 64 rows for a cooperative 64-row tile, two halves of a
+    128/256-row tile, or (ping-pong) two that each hold a whole tile (mirror of GemmSm90)."""
+    if pingpong:
+        return 2, block_m
+    return (1, 64) if block_m == 64 else (2, block_m // 2)
+
+
+def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False) -> int:
+    """D staging tile per consumer (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
     + B tile, 128 bytes of K per row) + full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
-    d_bytes = block_m * block_n * dtypes.get(spec.out_dtype).storage_bytes
-    num_math_wgs = 1 if block_m == 64 else 2
+    num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
+    d_bytes = num_math_wgs * wg_rows * block_n * dtypes.get(spec.out_dtype).storage_bytes
     epi = spec.epi
     epi_bytes = (d_bytes if epi.beta and epi.residual else 0) + (16 if epi.beta or epi.residual else 0)
-    epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": block_m * 4}[epi.bias]
+    epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": num_math_wgs * wg_rows * 4}[epi.bias]
     scale_bytes = 0
     if spec.scaling == "block":  # per stage: block_m scales of A, the tile's B blocks, 16-byte slots
         b_blocks = 1 if 128 % block_n == 0 else (block_n // 128 if block_n % 128 == 0 else block_n // 128 + 2)
         scale_bytes = num_stages * -(-(block_m + b_blocks) // 4) * 16
     if spec.scaling == "row":
-        scale_bytes = (block_m + num_math_wgs * block_n) * 4
+        scale_bytes = num_math_wgs * (wg_rows + block_n) * 4
     return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + epi_bytes + 1024
 
 
@@ -164,9 +180,9 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int) -> bool:
     return True
 
 
-def sm90_accumulators(block_m: int, block_n: int, promote: bool) -> int:
+def sm90_accumulators(block_m: int, block_n: int, promote: bool, pingpong: bool = False) -> int:
     """Accumulator registers per consumer thread for a tile (mirror of GemmSm90's static_assert)."""
-    per_wg_rows = block_m if block_m == 64 else block_m // 2
+    per_wg_rows = sm90_consumers(block_m, pingpong)[1]
     return (per_wg_rows // 64) * (block_n // 2) * (2 if promote else 1)
 
 
@@ -196,9 +212,12 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if not sm90_block_n_legal(spec, cfg.block_n):
         raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256] (int8: 8, 16, 24 or a multiple of 16), "
                          f"got {cfg.block_n}")
-    if sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote) > sm90_max_accumulators(spec):
-        raise ValueError(f"sm90 tile {cfg.block_m}x{cfg.block_n} needs "
-                         f"{sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote)} accumulator registers per "
+    if cfg.pingpong and cfg.block_m not in (64, 128):
+        raise ValueError(f"ping-pong consumers each hold a whole tile: block_m must be 64 or 128, got {cfg.block_m}")
+    accumulators = sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote, cfg.pingpong)
+    if accumulators > sm90_max_accumulators(spec):
+        raise ValueError(f"sm90 tile {cfg.block_m}x{cfg.block_n}{' ping-pong' if cfg.pingpong else ''} needs "
+                         f"{accumulators} accumulator registers per "
                          f"thread; at most {sm90_max_accumulators(spec)} fit"
                          + (" (FP8 promotion keeps two sets)" if spec.promote else ""))
     if cfg.smem_bytes(spec) > SM90_SMEM_BUDGET_BYTES:
@@ -206,10 +225,10 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
                          f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
 
 
-def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int) -> int:
+def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False) -> int:
     """As many stages as fit (2..8)."""
     for stages in range(8, 1, -1):
-        if sm90_smem_bytes(spec, block_m, block_n, stages) <= SM90_SMEM_BUDGET_BYTES:
+        if sm90_smem_bytes(spec, block_m, block_n, stages, pingpong) <= SM90_SMEM_BUDGET_BYTES:
             return stages
     return 0
 
@@ -327,13 +346,13 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
 
 
 def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | None = None,
-                group_m: int = 16) -> KernelConfig:
+                group_m: int = 16, pingpong: bool = False) -> KernelConfig:
     """An sm90 config for `spec` with the given tile (stages: as many as fit when None)."""
     esize = dtypes.get(spec.dtype).storage_bytes
-    stages = _sm90_stages(spec, block_m, block_n) if num_stages is None else num_stages
+    stages = _sm90_stages(spec, block_m, block_n, pingpong) if num_stages is None else num_stages
     return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
                         num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,
-                        group_m=group_m)
+                        group_m=group_m, pingpong=pingpong)
 
 
 def max_vector(esize: int, ptr: int, row_stride: int, rows: int) -> int:

@@ -109,6 +109,12 @@ struct PipelineState {
       phase ^= 1;
     }
   }
+  // Pass over `n` uses of the ring (another consumer's tile in ping-pong).
+  DGJIT_DEVICE void skip(uint32_t n) {
+    const uint32_t total = stage + n;
+    phase ^= (total / kNumStages) & 1;
+    stage = total % kNumStages;
+  }
 };
 
 // Persistent tile walk: CTA b takes tiles b, b + gridDim.x, ... Tiles are numbered in groups of
@@ -138,6 +144,9 @@ struct TileScheduler {
     next_tile += gridDim.x;
     return true;
   }
+  // Tiles handed out so far, counting the one next() just returned.
+  DGJIT_DEVICE uint32_t tiles_done() const { return (next_tile - blockIdx.x) / gridDim.x; }
+  DGJIT_DEVICE bool has_next() const { return next_tile < num_tiles; }
 };
 
 // Fused epilogue (deepgemm_jit/epilogue.py): D = act(alpha * acc + beta * C + bias) + residual.
@@ -233,13 +242,21 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           uint32_t kGroupM,   // M blocks per raster group
           Scaling kScaling,   // how scale factors are applied (kNone for unscaled types)
           bool kPromote,      // FP8: promote each K block's partial sums into FP32 accumulators
+          bool kPingPong,     // the two consumers take turns on whole tiles (see below) instead of sharing each
           class Epi = EpilogueNone>  // fused epilogue (see EpilogueNone)
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
-  static constexpr uint32_t kNumMathWGs = kBlockM == 64 ? 1 : 2;
+  static constexpr uint32_t kNumMathWGs = kPingPong || kBlockM != 64 ? 2 : 1;
   static constexpr uint32_t kProducerWG = 2;
-  static constexpr uint32_t kWGRows = kBlockM / kNumMathWGs;
+  static constexpr uint32_t kWGRows = kPingPong ? kBlockM : kBlockM / kNumMathWGs;
+  // First row of a consumer's part of the tile (ping-pong: each consumer owns whole tiles).
+  static DGJIT_DEVICE uint32_t wg_row_offset(uint32_t math_wg) { return kPingPong ? 0 : math_wg * kWGRows; }
+  // Arrivals that free a ring stage: each warp of the consumers that read it.
+  static constexpr uint32_t kStageReaders = kPingPong ? 4 : 4 * kNumMathWGs;
+  // Named barriers: 1 + math_wg synchronise one consumer's epilogue; kTurnBarrier + math_wg (ping-pong)
+  // tells consumer math_wg that the other one has left its main loop.
+  static constexpr uint32_t kTurnBarrier = 3;
   static constexpr uint32_t kNumM64PerWG = kWGRows / 64;
   // 40 + 232 (+ 232) per thread over 3 warpgroups = 504 <= 3 * 168: the consumers' increase is covered
   // by what the producer (and the idle warpgroup) release.
@@ -260,6 +277,7 @@ struct GemmSm90 {
   static constexpr uint32_t kNumNBlocks = (kN + kBlockN - 1) / kBlockN;
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "kBlockM must be 64, 128 or 256");
+  static_assert(!kPingPong || kBlockM <= 128, "a ping-pong consumer holds a whole tile: kBlockM 64 or 128");
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "kBlockN: multiple of 8 in 8..256");
   static_assert(kSmemRowBytes == 128 && sizeof(TB) == sizeof(TA),
                 "kBlockK must span 128 bytes (128 for 8-bit operands, 64 for 16-bit, 32 for TF32): TMA box "
@@ -388,7 +406,7 @@ struct GemmSm90 {
   // Group g of wgmmas (one per K block) is committed, then we wait for group g-1 only: the tensor
   // cores always have the next batch queued while the previous stage is handed back to the producer.
   static DGJIT_DEVICE void release_stage(const Smem& smem, uint32_t stage) {
-    // One arrival per warp (empty barrier count = 4 * kNumMathWGs), after this warp's wait_group.
+    // One arrival per warp (empty barrier count kStageReaders), after this warp's wait_group.
     if (lane_idx() == 0) mbarrier_arrive(smem.empty(stage));
   }
 
@@ -405,7 +423,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
                                          T (&acc)[kNumM64PerWG][kNumAccum]) {
     const uint64_t desc_a =
-        make_smem_desc_k_major<128>(shared_addr(smem.a(stage)) + math_wg * kWGRows * kSmemRowBytes);
+        make_smem_desc_k_major<128>(shared_addr(smem.a(stage)) + wg_row_offset(math_wg) * kSmemRowBytes);
     const uint64_t desc_b = make_smem_desc_k_major<128>(shared_addr(smem.b(stage)));
     fence_accumulators(acc);
     wgmma_fence();
@@ -497,7 +515,7 @@ struct GemmSm90 {
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h)
-        out.a[mi][h] = base[math_wg * kWGRows + mi * 64 + warp_idx_in_warpgroup() * 16 + lane_idx() / 4 + 8 * h];
+        out.a[mi][h] = base[wg_row_offset(math_wg) + mi * 64 + warp_idx_in_warpgroup() * 16 + lane_idx() / 4 + 8 * h];
 #pragma unroll
     for (uint32_t i = 0; i < kMaxScaleBBlocks; ++i) out.b[i] = base[kBlockM + i];
   }
@@ -570,7 +588,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void stage_row_scales(const Smem& smem, const ScaleArgs& scales, uint32_t math_wg,
                                             uint32_t m, uint32_t m_block, uint32_t n_block) {
     const uint32_t t = threadIdx.x % kWarpgroupThreads;
-    const uint32_t row0 = m_block * kBlockM + math_wg * kWGRows;
+    const uint32_t row0 = m_block * kBlockM + wg_row_offset(math_wg);
     const uint32_t col0 = n_block * kBlockN;
 #pragma unroll
     for (uint32_t i = t; i < kWGRows; i += kWarpgroupThreads) {
@@ -603,7 +621,7 @@ struct GemmSm90 {
         const uint32_t col = n_block * kBlockN + idx;
         out[i] = idx < kBlockN && col < kN ? load_as_float(bias + col) : 0.0f;
       } else if constexpr (Epi::kBias == BiasKind::kRow) {
-        const uint32_t row = m_block * kBlockM + math_wg * kWGRows + idx;
+        const uint32_t row = m_block * kBlockM + wg_row_offset(math_wg) + idx;
         out[i] = idx < kWGRows && row < m ? load_as_float(bias + row) : 0.0f;
       }
     }
@@ -620,7 +638,7 @@ struct GemmSm90 {
   // rows inside M, and something to read (beta = 0 never reads C: BLAS semantics, C may hold NaN).
   static DGJIT_DEVICE bool loads_epilogue_operands(const EpilogueArgs& ea, uint32_t m, uint32_t m_block,
                                                    uint32_t math_wg) {
-    return kPrefetch && m_block * kBlockM + math_wg * kWGRows < m && (kLoadR || ea.beta != 0.0f);
+    return kPrefetch && m_block * kBlockM + wg_row_offset(math_wg) < m && (kLoadR || ea.beta != 0.0f);
   }
 
   // Thread 0 of the consumer: TMA-load the tile's C and residual into the staging buffers (same boxes and
@@ -635,7 +653,7 @@ struct GemmSm90 {
     const uint32_t num_slices = slices_in_n(n_block);
     uint64_t* bar = smem.epi_full(math_wg);
     mbarrier_arrive_expect_tx(bar, num_slices * ((load_c ? 1u : 0u) + (kLoadR ? 1u : 0u)) * kSmemDSliceBytes);
-    const int32_t row0 = static_cast<int32_t>(m_block * kBlockM + math_wg * kWGRows);
+    const int32_t row0 = static_cast<int32_t>(m_block * kBlockM + wg_row_offset(math_wg));
 #pragma unroll
     for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
       if (slice < num_slices) {
@@ -797,7 +815,7 @@ struct GemmSm90 {
     fence_proxy_async_shared();
     named_barrier_sync(barrier_id, kWarpgroupThreads);
 
-    const uint32_t row0 = m_block * kBlockM + math_wg * kWGRows;
+    const uint32_t row0 = m_block * kBlockM + wg_row_offset(math_wg);
     // Parts of a box past M or N are clipped by TMA; boxes lying entirely past them (small M, the last
     // N block) are not issued at all.
     if (is_store_thread && row0 < m) {
@@ -823,10 +841,26 @@ struct GemmSm90 {
     State state;
     uint32_t operand_phase = 0;
     uint32_t m_block, n_block;
+    uint32_t turn = 0;  // ping-pong: the consumer whose tile comes next
     while (scheduler.next(m_block, n_block)) {
+      if constexpr (kPingPong) {
+        const uint32_t owner = turn;
+        turn ^= 1;
+        if (owner != math_wg) {  // the other consumer's tile: its K blocks pass through the ring unread here
+          state.skip(kNumKBlocks);
+          continue;
+        }
+      }
+      // Per-consumer buffers and registers: safe to fill before our turn.
       if constexpr (kScaling == Scaling::kRow) stage_row_scales(smem, scales, math_wg, m, m_block, n_block);
       BiasRegs bias_regs;
       if constexpr (Epi::kBias != BiasKind::kNone) load_bias(ea, m, m_block, n_block, math_wg, bias_regs);
+      if constexpr (kPingPong) {
+        // Wait until the other consumer has left its previous tile's main loop (it arrives on our barrier
+        // then): the ring's stages of our tile are filled after its, so waiting on them earlier could
+        // match a barrier phase of its tile. The first tile of consumer 0 has no predecessor.
+        if (scheduler.tiles_done() > 1) named_barrier_sync(kTurnBarrier + math_wg, 2 * kWarpgroupThreads);
+      }
       const bool wait_operands = loads_epilogue_operands(ea, m, m_block, math_wg);
       const auto prefetch = [&]() {
         if constexpr (kPrefetch) {
@@ -837,6 +871,10 @@ struct GemmSm90 {
         mainloop_promoted(smem, state, math_wg, n_block, acc, prefetch);
       } else {
         mainloop(smem, state, math_wg, acc, prefetch);
+      }
+      if constexpr (kPingPong) {
+        // Hand the tensor cores to the other consumer (if a next tile exists) and run our epilogue meanwhile.
+        if (scheduler.has_next()) named_barrier_arrive(kTurnBarrier + (math_wg ^ 1), 2 * kWarpgroupThreads);
       }
       epilogue(smem, tmap_d, math_wg, m, m_block, n_block, tensor_scale, ea, wait_operands, operand_phase, bias_regs,
                acc);
@@ -870,7 +908,7 @@ struct GemmSm90 {
       for (uint32_t s = 0; s < kNumStages; ++s) {
         // kBlock: the scale warp's 32 deferred arrivals complete a stage together with the TMA producer's.
         mbarrier_init(smem.full(s), kScaling == Scaling::kBlock ? 1 + kScaleWarpArrivals : 1);
-        mbarrier_init(smem.empty(s), 4 * kNumMathWGs);
+        mbarrier_init(smem.empty(s), kStageReaders);
       }
       fence_mbarrier_init();
       fence_proxy_async_shared();

@@ -74,6 +74,10 @@ DGJIT_DEVICE void setmaxnreg_inc() {
 DGJIT_DEVICE void named_barrier_sync(uint32_t barrier_id, uint32_t num_threads) {
   asm volatile("bar.sync %0, %1;\n" : : "r"(barrier_id), "r"(num_threads) : "memory");
 }
+// Arrive without waiting (the other side of a producer / consumer pair of named-barrier users).
+DGJIT_DEVICE void named_barrier_arrive(uint32_t barrier_id, uint32_t num_threads) {
+  asm volatile("bar.arrive %0, %1;\n" : : "r"(barrier_id), "r"(num_threads) : "memory");
+}
 
 // ------------------------------------------------------------------------------------------------
 // mbarrier (shared-memory transaction barriers): the producer/consumer handshake of the smem ring
