@@ -308,9 +308,34 @@ def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[KernelConfig]
     return [sm90_config(spec, bm, bn, st) for _, bm, bn, st in _sm90_tiles_by_cost(spec, m_hint, num_sms)]
 
 
+# Fused epilogues with an activation or a residual keep the CUDA cores busy for a while after each tile; up to
+# this K the 128x128 ping-pong tile (one consumer's epilogue under the other's main loop) beat the cooperative
+# tiles on the H200 (bench/results/*pingpong*: bias+gelu at 4096 x {24576x1536, 32768x512, 7168x2048} 4-11%
+# faster; K = 7168 lost 4%, its main loop is long enough to hide nothing worth the smaller tile).
+_PINGPONG_MAX_K = 4096
+
+
+def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int, block_n: int) -> bool:
+    """Whether the 128x128 ping-pong tile replaces the cost model's cooperative pick: an epilogue with real work
+    per element, a short K, and no more waves (counted in cooperative-tile areas) than the cooperative tile;
+    2112 columns at 128x128 need 5 waves where 128x176 needs 3 (measured 21% slower)."""
+    epi = spec.epi
+    if spec.k > _PINGPONG_MAX_K or (epi.activation == "none" and not epi.residual) or m_hint < 256:
+        return False
+    if sm90_accumulators(128, 128, spec.promote, True) > sm90_max_accumulators(spec):
+        return False
+    waves = -(-(-(-m_hint // block_m) * -(-spec.n // block_n)) // num_sms)
+    pp_waves = -(-(-(-m_hint // 128) * -(-spec.n // 128)) // num_sms)
+    return pp_waves * 128 * 128 <= waves * block_m * block_n
+
+
 def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
-    """The cheapest tile of the cost model."""
+    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`."""
     _, block_m, block_n, stages = _sm90_tiles_by_cost(spec, m_hint, num_sms)[0]
+    if _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n):
+        pingpong = sm90_config(spec, 128, 128, pingpong=True)
+        if pingpong.num_stages >= 3:
+            return pingpong
     return sm90_config(spec, block_m, block_n, stages)
 
 
@@ -326,10 +351,16 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         ranked = sm90_ranked(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
+        epi = spec.epi
+        if epi.activation != "none" or epi.residual:  # the ping-pong tile hides such epilogues
+            pingpong = sm90_config(spec, 128, 128, pingpong=True)
+            if (pingpong.num_stages >= 3 and pingpong not in found
+                    and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)):
+                found.append(pingpong)
         for cfg in staples + ranked:
             if len(found) >= limit:
                 break
-            if all((cfg.block_m, cfg.block_n) != (f.block_m, f.block_n) for f in found):
+            if all((cfg.block_m, cfg.block_n, cfg.pingpong) != (f.block_m, f.block_n, False) for f in found):
                 found.append(cfg)
     else:
         for block_m, warps_m in ((128, 2), (64, 1)):
