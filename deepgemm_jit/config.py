@@ -332,10 +332,8 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
 def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
     """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`."""
     _, block_m, block_n, stages = _sm90_tiles_by_cost(spec, m_hint, num_sms)[0]
-    if _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n):
-        pingpong = sm90_config(spec, 128, 128, pingpong=True)
-        if pingpong.num_stages >= 3:
-            return pingpong
+    if _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n) and _sm90_stages(spec, 128, 128, True) >= 3:
+        return sm90_config(spec, 128, 128, pingpong=True)
     return sm90_config(spec, block_m, block_n, stages)
 
 
@@ -352,10 +350,10 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         epi = spec.epi
-        if epi.activation != "none" or epi.residual:  # the ping-pong tile hides such epilogues
-            pingpong = sm90_config(spec, 128, 128, pingpong=True)
-            if (pingpong.num_stages >= 3 and pingpong not in found
-                    and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)):
+        if ((epi.activation != "none" or epi.residual) and _sm90_stages(spec, 128, 128, True) >= 3
+                and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)):
+            pingpong = sm90_config(spec, 128, 128, pingpong=True)  # the ping-pong tile hides such epilogues
+            if pingpong not in found:
                 found.append(pingpong)
         for cfg in staples + ranked:
             if len(found) >= limit:

@@ -130,12 +130,13 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
                                sym["d_box_cols"], sym["d_swizzle_bytes"])
 
         tmap_d = output_map(vd)
-        tmap_c = output_map(epi.c) if epi.c is not None else tmap_d
-        tmap_r = output_map(epi.residual) if epi.residual is not None else tmap_d
+        maps = (tmap_a, tmap_b, tmap_d)
+        if spec.epi.beta or spec.epi.residual:  # only such kernels take the C and residual maps
+            maps += (output_map(epi.c) if epi.c is not None else tmap_d,
+                     output_map(epi.residual) if epi.residual is not None else tmap_d)
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
-        args = ((tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, np.uint32(m)) + _scale_args(sa, sb)
-                + epi.scalar_args())
+        args = maps + (np.uint32(m),) + _scale_args(sa, sb) + epi.scalar_args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
