@@ -34,7 +34,7 @@ import numpy as np
 
 from . import cubin, dtypes, jit, runtime
 from .arrays import MatrixView, ScaleView
-from .launch import LaunchPlan
+from .launch import LaunchPlan, scale_args
 from .render import RenderedSource, render
 from .spec import GemmSpec
 
@@ -212,13 +212,6 @@ def check_symbols(artifact: GemvArtifact) -> None:
 
 # -- launch -----------------------------------------------------------------------------------------------
 
-def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
-    if sa is None or sb is None:
-        return (np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0))
-    return (np.uint64(sa.ptr), np.uint64(sb.ptr), np.int64(sa.stride_i), np.int64(sa.stride_j),
-            np.int64(sb.stride_i), np.int64(sb.stride_j))
-
-
 def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, device_id: int,
          sa: ScaleView | None = None, sb: ScaleView | None = None) -> LaunchPlan:
     """A ``launch.LaunchPlan`` of the weight-streaming kernel for validated operands (1 <= m <= MAX_M,
@@ -235,7 +228,7 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     grid = (grid_size(spec.n, warps_k), 1, 1)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
             np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
-            ) + _scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(spec.k), np.uint32(warps_k))
+            ) + scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(spec.k), np.uint32(warps_k))
     return LaunchPlan(kernel, grid, (32 * NUM_WARPS, 1, 1), args, device_id)
 
 

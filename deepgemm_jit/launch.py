@@ -7,7 +7,7 @@ most one block per SM.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,16 +65,21 @@ def load(artifact: KernelArtifact, spec: GemmSpec, device_id: int) -> LoadedKern
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything a launch needs once the operands are validated: run it on a stream."""
+    """Everything a launch needs once the operands are validated: run it on a stream. The arguments are
+    packed for the driver once, here, so a hot call that replays the plan packs nothing."""
 
     kernel: LoadedKernel
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple
     device_id: int
+    packed: runtime.PackedArgs = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "packed", runtime.PackedArgs(self.args))
 
     def run(self, stream) -> None:
-        self.kernel.launch(self.grid, self.block, self.args, stream)
+        self.kernel.launch(self.grid, self.block, self.packed, stream)
 
 
 def _tma_pitch(view: MatrixView) -> int:
@@ -85,7 +90,7 @@ def _tma_pitch(view: MatrixView) -> int:
     return -(-max(view.cols, 1) * view.itemsize // 16) * 16
 
 
-def _scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
+def scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
     """The six trailing sm90 arguments: scale pointers and (row, column) element strides (zeros when the
     kernel takes no scales)."""
     if sa is None or sb is None:
@@ -136,7 +141,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
                      output_map(epi.residual) if epi.residual is not None else tmap_d)
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
-        args = maps + (np.uint32(m),) + _scale_args(sa, sb) + epi.scalar_args()
+        args = maps + (np.uint32(m),) + scale_args(sa, sb) + epi.scalar_args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

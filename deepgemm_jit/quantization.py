@@ -335,7 +335,7 @@ def _grid(num_blocks: int, what: str) -> tuple[int, int, int]:
 
 def _launch(artifact: QuantArtifact, device_id: int, grid: tuple[int, int, int], args: tuple, cu_stream) -> None:
     block = (kernel_symbols(artifact)["num_threads"], 1, 1)
-    runtime.loaded_kernel(artifact, device_id, 0).launch(grid, block, args, cu_stream)
+    runtime.loaded_kernel(artifact, device_id, 0).launch(grid, block, runtime.PackedArgs(args), cu_stream)
 
 
 def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:

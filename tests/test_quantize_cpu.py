@@ -425,7 +425,7 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
             self.entry = artifact.entry
 
         def launch(self, grid, block, args, stream):
-            calls.append(("launch", self.entry, grid, block, args, stream.ptr))
+            calls.append(("launch", self.entry, grid, block, args.args, stream.ptr))
 
     import cupy
     monkeypatch.setattr(quant, "_empty", empty)
