@@ -57,9 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config as config_mod
-from . import device, dtypes, model_shapes, quantization
+from . import device, dtypes, gemv, model_shapes, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
+from .gemv import GemvSpec
 from .quantization import QuantKernelSpec
 from .spec import GemmSpec
 
@@ -415,24 +416,46 @@ def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
     return {kernel: tuple(whys) for kernel, whys in needs.items()}
 
 
+def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
+    """The weight-streaming kernels of entries that run at small M (their first bucket, 64, holds M = 1..64) and
+    that the decode rule takes (``gemv.max_m``): both token-tile variants (M <= 8 and M <= 16), whose code does
+    not depend on N or K, so a model needs only a few."""
+    found: list[GemvSpec] = []
+    for entry in entries:
+        if entry.m_buckets and entry.m_buckets[0] == 64 and gemv.max_m(entry.spec, arch) > 0:
+            for m in (1, gemv.max_m(entry.spec, arch)):
+                kernel = GemvSpec.for_gemm(entry.spec, m)
+                if kernel not in found:
+                    found.append(kernel)
+    return found
+
+
 def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quantize: list[QuantKernelSpec] = ()
-         ) -> list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec, None]]:
+         ) -> list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec | GemvSpec, None]]:
     """The distinct kernels the entries need on `arch`: (spec, config) pairs of the GEMMs (heuristic choice per
     M bucket; num_sms None means the arch's usual count, as ``build(arch=...)`` assumes), then
-    (quantization spec, None) for the kernels of ``plan_quantize(entries, quantize)``."""
-    return list(plan_buckets(entries, arch, num_sms)) + [(q, None) for q in plan_quantize(entries, quantize)]
+    (quantization spec, None) for the kernels of ``plan_quantize(entries, quantize)``, then (gemv spec, None)
+    for the decode kernels of ``plan_gemv``."""
+    return (list(plan_buckets(entries, arch, num_sms)) + [(q, None) for q in plan_quantize(entries, quantize)]
+            + [(g, None) for g in plan_gemv(entries, arch)])
 
 
-def kernel_type(spec: GemmSpec | QuantKernelSpec) -> str:
-    """What the counts call a kernel: its GEMM TYPE (``type_text``), or ``quantize`` for quantization kernels."""
-    return type_text(spec) if isinstance(spec, GemmSpec) else "quantize"
+def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec) -> str:
+    """What the counts call a kernel: its GEMM TYPE (``type_text``), ``quantize`` for quantization kernels,
+    ``gemv`` for the decode kernels."""
+    if isinstance(spec, GemmSpec):
+        return type_text(spec)
+    return "gemv" if isinstance(spec, GemvSpec) else "quantize"
 
 
-def _compile_one(spec: GemmSpec | QuantKernelSpec, cfg: KernelConfig | None, arch: str) -> tuple[bool, str | None]:
+def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec, cfg: KernelConfig | None, arch: str
+                 ) -> tuple[bool, str | None]:
     """Worker: (compiled now, error message or None). Never raises, so one bad kernel fails alone."""
     from . import jit
 
     try:
+        if isinstance(spec, GemvSpec):
+            return gemv.get_kernel(spec, arch).compiled_now, None
         if cfg is None:
             return quantization.get_kernel(spec, arch).compiled_now, None
         return jit.get_kernel(spec, cfg, arch).compiled_now, None
@@ -582,12 +605,15 @@ def main(args: argparse.Namespace) -> int:
     entries = _entries(args)
     served = plan_buckets(entries, arch, num_sms)
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
-    work = list(served) + [(spec, None) for spec in quantize]
+    decode = plan_gemv(entries, arch)
+    work = list(served) + [(spec, None) for spec in quantize] + [(spec, None) for spec in decode]
     if args.dry_run:
         for (spec, cfg), buckets in served.items():
             print(f"{spec.tag:44s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
         for spec, whys in quantize.items():
             print(f"{spec.tag:77s} for {', '.join(whys)}")
+        for spec in decode:
+            print(f"{spec.tag:77s} for M <= {spec.max_m} (decode)")
         types = Counter(kernel_type(spec) for spec, _ in work)
         print(f"warmup plan: {len(work)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0

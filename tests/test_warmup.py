@@ -298,7 +298,21 @@ def test_plan_quantize_kernels_once_each():
     }
     work = warmup.plan(entries, "sm_90a", quantize=extra)
     gemms = warmup.plan_buckets(entries, "sm_90a")
-    assert work == list(gemms) + [(spec, None) for spec in needs]
+    decode = warmup.plan_gemv(entries, "sm_90a")
+    assert work == list(gemms) + [(spec, None) for spec in needs] + [(spec, None) for spec in decode]
+
+
+def test_plan_gemv_kernels_for_small_m_entries():
+    """Entries reaching M <= 64 get both decode kernels of their type (N and K are run-time arguments there);
+    entries starting above 64 rows, int8 and fused epilogues (which the decode rule leaves to sm90) get none."""
+    entries = [warmup.parse_shape(text) for text in (
+        "1-16384:7168:2048:fp8/block", "64:4096:7168:fp8/block", "64:4096:512:bf16", "64:7168:2048:bf16",
+        "4096:4096:512:fp16", "64:64:64:int8")]
+    decode = warmup.plan_gemv(entries, "sm_90a")
+    assert [g.tag for g in decode] == ["gemv_fp8_e4m3_block_bf16_t1", "gemv_fp8_e4m3_block_bf16_t2",
+                                       "gemv_bf16_bf16_t1", "gemv_bf16_bf16_t2"]
+    assert warmup.plan_gemv(entries, "sm_80") == []
+    assert warmup.kernel_type(decode[0]) == "gemv"
 
 
 def test_dry_run_with_quantize_only(capsys):
@@ -403,7 +417,7 @@ def test_hf_unsupported_fp8_quantization_needs_dtype(tmp_path):
 def test_plan_keeps_distinct_configs_only():
     spec = GemmSpec.create(7168, 2048, "bf16")
     entries = [warmup.parse_shape("1-16384:7168:2048:bf16"), warmup.parse_shape("4096:7168:2048:bf16")]
-    work = warmup.plan(entries, "sm_90a")
+    work = [item for item in warmup.plan(entries, "sm_90a") if isinstance(item[0], GemmSpec)]
     expected = {config.choose_config(spec, m, "sm_90a") for m in ALL_BUCKETS}
     assert len(work) == len(expected) < len(ALL_BUCKETS)
     assert set(work) == {(spec, cfg) for cfg in expected}
@@ -412,7 +426,7 @@ def test_plan_keeps_distinct_configs_only():
 def test_run_in_two_processes_then_nothing_to_compile(cache_dir):
     work = warmup.plan([warmup.parse_shape("1-16384:64:64:bf16")], "sm_90a",
                        quantize=[warmup.parse_quantize("fp32:int8/row:v2")])
-    assert len(work) >= 3 and work[-1] == (QuantKernelSpec("quantize", "fp32", "int8", "row", 2), None)
+    assert len(work) >= 3 and (QuantKernelSpec("quantize", "fp32", "int8", "row", 2), None) in work
     first = warmup.run(work, "sm_90a", jobs=2, progress=False)
     assert (first.compiled, first.cached, first.failed) == (len(work), 0, [])
     assert len(list(cache_dir.glob("kernels/*/*.cubin"))) == len(work)
@@ -421,7 +435,7 @@ def test_run_in_two_processes_then_nothing_to_compile(cache_dir):
 
 
 def test_run_reports_a_failing_kernel_and_keeps_going(cache_dir, capsys):
-    good = warmup.plan([warmup.parse_shape("64:64:64:bf16")], "sm_90a")
+    good = warmup.plan([warmup.parse_shape("64:64:64:bf16")], "sm_90a")[:1]  # the GEMM (not the decode kernels)
     bad_spec = GemmSpec.create(64, 64, "bf16", layout="nn")  # the sm90 family takes nt only
     work = [(bad_spec, good[0][1]), *good]
     summary = warmup.run(work, "sm_90a", jobs=2, progress=True)
