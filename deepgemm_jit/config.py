@@ -133,8 +133,9 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
     num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
-    d_bytes = num_math_wgs * wg_rows * block_n * dtypes.get(spec.out_dtype).storage_bytes
     epi = spec.epi
+    out_cols = block_n // 2 if epi.is_gated else block_n  # gated units: D tiles are half as wide (kOutCols)
+    d_bytes = num_math_wgs * wg_rows * out_cols * dtypes.get(spec.out_dtype).storage_bytes
     epi_bytes = (d_bytes if epi.beta and epi.residual else 0) + (16 if epi.beta or epi.residual else 0)
     epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": num_math_wgs * wg_rows * 4}[epi.bias]
     scale_bytes = 0
@@ -159,6 +160,25 @@ def sm90_block_n_legal(spec: GemmSpec, block_n: int) -> bool:
     if block_n % 8 or not 8 <= block_n <= 256:
         return False
     return spec.dtype != "int8" or block_n <= 24 or block_n % 16 == 0
+
+
+def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
+    """Why the fused epilogue cannot use tiles BLOCK_N wide, or None when it can (mirror of GemmSm90's
+    static_asserts): gated units pair 8 gate with 8 up columns (BLOCK_N multiple of 16), quant_fp8_g128 needs tiles
+    that cover one whole 1x128 group of D (128 output columns: the group's amax is reduced inside the tile),
+    and a D tile row must be whole 16-byte chunks (TMA store boxes; 1-byte outputs need 16 columns)."""
+    epi = spec.epi
+    if epi.is_gated and block_n % 16:
+        return f"gated units ({epi.gate}) need block_n to be a multiple of 16, got {block_n}"
+    out_cols = block_n // 2 if epi.is_gated else block_n
+    if epi.has_group_scales and out_cols != 128:
+        # 256 output columns would park 128 values per thread for the second pass, which spilled (with the
+        # division's slow-path calls); 128 covers one group per tile row.
+        return (f"quant_fp8_g128 needs D tiles of 128 columns (one whole 1x128 group), got {out_cols}"
+                + (" (block_n / 2: gated)" if epi.is_gated else ""))
+    if (out_cols * dtypes.get(spec.out_dtype).storage_bytes) % 16:
+        return f"a D tile row of {out_cols} {spec.out_dtype} columns is not a whole number of 16-byte chunks"
+    return None
 
 
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int) -> bool:
@@ -212,6 +232,9 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if not sm90_block_n_legal(spec, cfg.block_n):
         raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256] (int8: 8, 16, 24 or a multiple of 16), "
                          f"got {cfg.block_n}")
+    problem = sm90_epilogue_block_n_problem(spec, cfg.block_n)
+    if problem is not None:
+        raise ValueError(f"config {cfg.tag} cannot run epilogue {spec.epilogue!r}: {problem}")
     if cfg.pingpong and cfg.block_m not in (64, 128):
         raise ValueError(f"ping-pong consumers each hold a whole tile: block_m must be 64 or 128, got {cfg.block_m}")
     accumulators = sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote, cfg.pingpong)
@@ -255,20 +278,22 @@ _SHALLOW_PIPELINE_PENALTY = 1.1
 
 
 def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, out_esize: int,
-                   num_sms: int, num_stages: int = 8) -> float:
+                   num_sms: int, num_stages: int = 8, d_cols: int | None = None) -> float:
     """Relative time of a tile shape under the persistent schedule (smaller is better).
 
     Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
     whole wave. A tile costs its main loop, K blocks of area / efficiency, where efficiency
     drops for thin tiles because shared-memory traffic per FLOP is (bm + bn) / (bm * bn), plus
     its epilogue, which weighs more when K is short and when D leaves in narrow slices; a
-    pipeline holding fewer than 128 K elements costs 10% more.
+    pipeline holding fewer than 128 K elements costs 10% more. `d_cols`: D's tile width when it is not
+    block_n (gated units: block_n / 2).
     """
     tiles = -(-m // block_m) * -(-n // block_n)
     waves = -(-tiles // num_sms)
     area = block_m * block_n
     main_loop = -(-k // block_k) * (area + 24 * (block_m + block_n))
-    epilogue = _EPILOGUE_K_BLOCKS * area / _SLICE_EFFICIENCY[sm90_d_slice_bytes(block_n, out_esize)]
+    slice_bytes = sm90_d_slice_bytes(block_n if d_cols is None else d_cols, out_esize)
+    epilogue = _EPILOGUE_K_BLOCKS * area / _SLICE_EFFICIENCY[slice_bytes]
     cost = waves * (main_loop + epilogue)
     if num_stages * block_k < _MIN_K_IN_FLIGHT:
         cost *= _SHALLOW_PIPELINE_PENALTY
@@ -278,10 +303,12 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
 SM90_BLOCK_N = tuple(range(256, 7, -8))
 
 
-def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple[float, int, int, int]]:
+def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
+                        preferred_only: bool = True) -> list[tuple[float, int, int, int]]:
     """(cost, block_m, block_n, stages) of every sm90 tile with at least 3 stages, cheapest first:
     BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
-    multiple of 8 up to 256; stages as many as shared memory holds."""
+    multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds. Where no preferred
+    tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts."""
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     tiles = []
@@ -289,7 +316,9 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple
         if block_m == 64 and m_hint > 128:
             continue
         for block_n in SM90_BLOCK_N:
-            if not (sm90_block_n_legal(spec, block_n) and sm90_block_n_preferred(spec, block_n, m_hint)):
+            if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
+                continue
+            if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint):
                 continue
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
                 continue
@@ -297,8 +326,10 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple
             if stages < 3:
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
-                                  stages)
+                                  stages, block_n // 2 if spec.epi.is_gated else None)
             tiles.append((cost, block_m, block_n, stages))
+    if not tiles and preferred_only:
+        return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False)
     tiles.sort(key=lambda t: t[0])  # stable: ties keep the wider tile first
     return tiles
 
@@ -322,7 +353,10 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
     epi = spec.epi
     if spec.k > _PINGPONG_MAX_K or (epi.activation == "none" and not epi.residual) or m_hint < 256:
         return False
-    if sm90_accumulators(128, 128, spec.promote, True) > sm90_max_accumulators(spec):
+    if epi.has_group_scales:  # a ping-pong consumer's 128 rows of parked values + the division's calls spilled
+        return False
+    if (sm90_accumulators(128, 128, spec.promote, True) > sm90_max_accumulators(spec)
+            or sm90_epilogue_block_n_problem(spec, 128) is not None):
         return False
     waves = -(-(-(-m_hint // block_m) * -(-spec.n // block_n)) // num_sms)
     pp_waves = -(-(-(-m_hint // 128) * -(-spec.n // 128)) // num_sms)
@@ -351,7 +385,8 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         epi = spec.epi
         if ((epi.activation != "none" or epi.residual) and _sm90_stages(spec, 128, 128, True) >= 3
-                and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)):
+                and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)
+                and sm90_epilogue_block_n_problem(spec, 128) is None):
             pingpong = sm90_config(spec, 128, 128, pingpong=True)  # the ping-pong tile hides such epilogues
             if pingpong not in found:
                 found.append(pingpong)

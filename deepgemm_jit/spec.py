@@ -60,9 +60,16 @@ class GemmSpec:
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
         object.__setattr__(self, "k", _check_dim(self.k, "K", MAX_DIM))
         object.__setattr__(self, "dtype", dtypes.canonical(self.dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES))
+        object.__setattr__(self, "epilogue", epilogue_mod.canonical(self.epilogue))
+        # Quantize-on-store writes its 8-bit type (and only it); no other GEMM writes FP8 or INT8.
+        quant_out = self.epi.quant_dtype
         object.__setattr__(
             self, "out_dtype",
-            dtypes.canonical(self.out_dtype, arg="out_dtype", allowed=dtypes.OUTPUT_DTYPES))
+            dtypes.canonical(self.out_dtype, arg="out_dtype",
+                             allowed=dtypes.OUTPUT_DTYPES + ((quant_out,) if quant_out else ())))
+        if quant_out is not None and self.out_dtype != quant_out:
+            raise ValueError(f"out_dtype={self.out_dtype!r}: epilogue={self.epilogue!r} writes {quant_out} "
+                             "(leave out_dtype unset)")
         if not isinstance(self.layout, str) or self.layout.lower() not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
         object.__setattr__(self, "layout", self.layout.lower())
@@ -74,15 +81,26 @@ class GemmSpec:
         object.__setattr__(self, "scaling", self.scaling.lower())
         if not isinstance(self.fast_accum, bool):
             raise TypeError(f"fast_accum must be a bool, got {type(self.fast_accum).__name__}")
-        object.__setattr__(self, "epilogue", epilogue_mod.canonical(self.epilogue))
         if self.epilogue != "none":
-            if self.out_dtype == "int32":
+            if self.out_dtype == "int32" or (self.dtype == "int8" and self.scaling == "none"):
                 raise ValueError(f"epilogue={self.epilogue!r} needs a floating output; unscaled int8 writes int32 "
                                  "(use scaling='row' or 'tensor' with out_dtype bf16/fp16/fp32)")
             if self.layout != "nt":
                 raise ValueError(f"epilogue={self.epilogue!r} runs on the Hopper family, which takes layout 'nt' "
                                  f"(a (M, K), b (N, K)); got layout {self.layout!r}")
+            self._check_fused()
         self._check_quantized()
+
+    def _check_fused(self) -> None:
+        """Gated units and quantize-on-store: the shapes and type pairs their tiles can compute."""
+        epi = self.epi
+        if epi.is_gated and self.n % 16:
+            raise ValueError(f"N={self.n}: epilogue={self.epilogue!r} needs N (the rows of the interleaved gate/up "
+                             "weight, twice the output columns) to be a multiple of 16 (see interleave_gate_up)")
+        if epi.is_gated and epi.has_group_scales and self.promote:
+            raise ValueError(f"epilogue={self.epilogue!r} needs tiles of 256 weight rows (128 output columns per "
+                             "1x128 group), more accumulators than FP8 with FP32 promotion can hold; use "
+                             "fast_accum=True (scaling tensor/row), a 16-bit input type, or quantize separately")
 
     @property
     def epi(self) -> "epilogue_mod.Epilogue":
@@ -152,12 +170,16 @@ class GemmSpec:
         in_name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES)
         if scaling is None:
             scaling = DEFAULT_SCALING.get(in_name, "none")
+        epilogue = epilogue_mod.canonical(epilogue)
         if out_dtype is None:
             out_dtype = dtypes.DEFAULT_OUT[in_name]
             if in_name == "int8" and isinstance(scaling, str) and scaling.lower() != "none":
                 out_dtype = "bf16"
+            quant_out = epilogue_mod.Epilogue.parse(epilogue).quant_dtype
+            if quant_out is not None:  # quantize-on-store writes its own 8-bit type
+                out_dtype = quant_out
         return cls(n=n, k=k, dtype=in_name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                   fast_accum=fast_accum, epilogue=epilogue_mod.canonical(epilogue))
+                   fast_accum=fast_accum, epilogue=epilogue)
 
     @property
     def a_k_major(self) -> bool:
@@ -173,8 +195,23 @@ class GemmSpec:
     def b_shape(self) -> tuple[int, int]:
         return (self.n, self.k) if self.b_k_major else (self.k, self.n)
 
+    @property
+    def n_out(self) -> int:
+        """Columns of D: N, or N / 2 for gated units (gate and up columns are combined)."""
+        return self.n // 2 if self.epi.is_gated else self.n
+
+    @property
+    def epilogue_operand_dtype(self) -> str:
+        """The type of the epilogue's call-time tensors (bias, C, residual): the output's, float32 for the bias
+        of a quantized output."""
+        return "fp32" if self.epi.quant != "none" else self.out_dtype
+
+    def scales_out_shape(self, m: int) -> tuple[int, int] | None:
+        """(M, ceil(N_out / 128)): the group scales quant_fp8_g128 writes (None for other epilogues)."""
+        return (m, -(-self.n_out // 128)) if self.epi.has_group_scales else None
+
     def out_shape(self, m: int) -> tuple[int, int]:
-        return (m, self.n)
+        return (m, self.n_out)
 
     @property
     def tag(self) -> str:
