@@ -78,6 +78,7 @@ class Gemm:
         # Calls with M <= this (and 16-byte aligned rows) run the weight-streaming kernel (gemv.py; 0: never).
         self.weight_streaming_max_m = gemv.max_m(spec, arch) if weight_streaming else 0
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
+        self._out_dtypes = _accepted_dtypes(spec.out_dtype)  # FP8 outputs (quantize-on-store) also as uint8
         self._esize = dtypes.get(spec.dtype).storage_bytes
         # Portable-family kernels by (vec_a, vec_b): the built one when it is sm80, and fallbacks.
         self._variants: dict[tuple[int, int], jit.KernelArtifact] = {}
@@ -126,7 +127,7 @@ class Gemm:
         if out is not None:
             vd = matrix_view(out, "out")
             out_dtype = self._out_dtype
-            if vd.dtype != out_dtype:
+            if vd.dtype not in self._out_dtypes:
                 raise TypeError(f"out has dtype {vd.dtype}, but this Gemm writes {out_dtype} ({spec.out_dtype})")
             if (vd.rows, vd.cols) != spec.out_shape(m):
                 raise ValueError(f"out has shape {(vd.rows, vd.cols)}, expected (M, N) = {spec.out_shape(m)}")
@@ -156,8 +157,11 @@ class Gemm:
         ops: dict = {"alpha": float(alpha), "beta": float(beta)}
         if bias is not None:
             length = self.spec.n if epi.bias == "col" else m
-            view = scale_view(bias, "bias", (length,), "one per output " + ("column (N)" if epi.bias == "col"
-                                                                             else "row (M)"), out_dtype)
+            what = "one per output " + ("column (N)" if epi.bias == "col" else "row (M)")
+            if epi.is_gated and epi.bias == "col":
+                what = "one per weight row (N), gate and up interleaved like the weight"
+            view = scale_view(bias, "bias", (length,), what,
+                              dtypes.numpy_dtype(self.spec.epilogue_operand_dtype))
             if length > 1 and view.stride_i != 1:
                 raise ValueError("bias must be contiguous")
             if view.device != va.device:
@@ -181,6 +185,49 @@ class Gemm:
                                  "or separate memory")
             ops[arg] = view
         return launch.EpilogueOperands(**ops)
+
+    def _quant_operands(self, m: int, va: MatrixView, vd: MatrixView | None, ops: launch.EpilogueOperands,
+                        quant_scale, amax_out, scales_out) -> launch.EpilogueOperands:
+        """Validate the quantize-on-store operands (before anything is launched): the static scale and amax output
+        of the per-tensor kinds, the group scales output of quant_fp8_g128 (when not given, the call allocates
+        it). Returns `ops` with their pointers."""
+        epi = self._epi
+        given = {"quant_scale": quant_scale, "amax_out": amax_out, "scales_out": scales_out}
+        takes = {"quant_scale": epi.has_static_scale, "amax_out": epi.has_static_scale,
+                 "scales_out": epi.has_group_scales}
+        for arg, x in given.items():
+            if x is not None and not takes[arg]:
+                owner = "quant_fp8_g128" if arg == "scales_out" else "quant_fp8_tensor / quant_int8_tensor"
+                raise TypeError(f"{arg}= was given, but this Gemm's epilogue is {self.spec.epilogue!r} (only "
+                                f"{owner} take it)")
+        if epi.has_static_scale and quant_scale is None:
+            raise TypeError(f"quant_scale is required: this Gemm's epilogue is {self.spec.epilogue!r} (a float32 "
+                            "device array of one element, q = x / quant_scale)")
+        views: dict[str, ScaleView] = {}
+        for arg, shape, what in (("quant_scale", (1,), "one float32 scale, q = x / quant_scale"),
+                                 ("amax_out", (1,), "one float32 word the kernel atomically maxes |x| into"),
+                                 ("scales_out", self.spec.scales_out_shape(m), "(M, ceil(N_out/128)) float32, one "
+                                  "per 1x128 group of each output row")):
+            if given[arg] is None:
+                continue
+            view = scale_view(given[arg], arg, shape, what)
+            if view.device != va.device:
+                raise ValueError(f"{arg} is on device {view.device} but a is on device {va.device}")
+            if arg == "scales_out" and m > 0 and any(
+                    n > 1 and st == 0 for n, st in zip(view.shape, (view.stride_i, view.stride_j))):
+                raise ValueError("scales_out has a zero stride: its elements must be distinct")
+            if vd is not None and m > 0 and overlaps(vd, view):
+                raise ValueError(f"out overlaps {arg}; the kernel writes both")
+            views[arg] = view
+        if "amax_out" in views and "quant_scale" in views and overlaps(views["amax_out"], views["quant_scale"]):
+            raise ValueError("amax_out overlaps quant_scale; the kernel reads one while it writes the other")
+        if "quant_scale" in views:
+            ops = dataclasses.replace(ops, quant=views["quant_scale"].ptr,
+                                      amax=views["amax_out"].ptr if "amax_out" in views else 0)
+        sv = views.get("scales_out")
+        if sv is not None:
+            ops = dataclasses.replace(ops, quant=sv.ptr, scales_stride_m=sv.stride_i, scales_stride_g=sv.stride_j)
+        return ops
 
     def _scales(self, m: int, va: MatrixView, vd: MatrixView | None, scale_a, scale_b
                 ) -> tuple[ScaleView | None, ScaleView | None]:
@@ -243,16 +290,24 @@ class Gemm:
 
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, scale_a=None, scale_b=None, bias=None, c=None, residual=None, alpha=1.0,
-                 beta=1.0, out=None, stream=None):
+                 beta=1.0, out=None, stream=None, quant_scale=None, amax_out=None, scales_out=None):
         """d = op(a) @ op(b) for this Gemm's layout (times the scales for FP8 / scaled INT8, through the fused
         epilogue when the Gemm has one: bias (N,) or (M,), c and residual (M, N), alpha/beta, all in the output's
         dtype; c and residual may be `out` itself); returns `out` if given, else a new array of the inputs' kind
         (CuPy in, CuPy out; torch in, torch out). Runs on `stream`, else on the current stream of the inputs'
-        library (CuPy's, or torch's for torch tensors)."""
+        library (CuPy's, or torch's for torch tensors).
+
+        Quantize-on-store epilogues (see ``deepgemm_jit/epilogue.py``): ``quant_fp8_g128`` returns ``(q, scales)``,
+        q (M, N_out) FP8 E4M3 (uint8 bits for CuPy, float8_e4m3fn for torch) and scales (M, ceil(N_out/128))
+        float32, into ``out=`` / ``scales_out=`` when given (scales_out any strides, e.g. a column-major view);
+        ``quant_fp8_tensor`` / ``quant_int8_tensor`` take ``quant_scale=`` (float32, one element, on the device) and
+        optionally ``amax_out=`` (float32, one element, zeroed by the caller: the kernel max-reduces into it) and
+        return q. Gated epilogues (swiglu / geglu) return (M, N/2)."""
         key = None
         if out is not None:
             key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b),
-                   signature(bias), signature(c), signature(residual), alpha, beta)
+                   signature(bias), signature(c), signature(residual), alpha, beta, signature(quant_scale),
+                   signature(amax_out), signature(scales_out))
             hit = self._launch_plans.get(key) if None not in key else None
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit
@@ -262,6 +317,8 @@ class Gemm:
         m, va, vb, vd = self._operands(a, b, out)
         sa, sb = self._scales(m, va, vd, scale_a, scale_b)
         epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
+        if self._epi.quant != "none" or quant_scale is not None or amax_out is not None or scales_out is not None:
+            epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out)
         if not self._ready_devices and device.gpu_count() == 0:
             raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
                              "cached and inspected here, but running it needs a GPU")
@@ -274,8 +331,16 @@ class Gemm:
         if out is None:
             out = self._new_output(kind, m, dev)
             vd = matrix_view(out, "out")
+        if self._epi.has_group_scales:  # quant_fp8_g128 returns (q, scales)
+            if scales_out is None:
+                scales_out = self._new_scales(kind, m, dev)
+                sv = scale_view(scales_out, "scales_out", self.spec.scales_out_shape(m), "")
+                epi = dataclasses.replace(epi, quant=sv.ptr, scales_stride_m=sv.stride_i, scales_stride_g=sv.stride_j)
+            result = (out, scales_out)
+        else:
+            result = out
         if m == 0:
-            return out
+            return result
         if m <= self.weight_streaming_max_m and gemv.operands_fit(va, vb):  # decode: see gemv.py
             try:
                 plan = gemv.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
@@ -287,16 +352,18 @@ class Gemm:
                 return out
         if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
             self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
-            return out
+            return result
         artifact = self._artifact_for(va, vb, vd)
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
                            epi)
         plan.run(cu_stream)
         self._remember_plan(key, plan, kind)
-        return out
+        return result
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
-        if key is not None and None not in key:
+        # quant_fp8_g128 calls return (q, scales), which the replay path (it returns `out`) does not: they are
+        # validated on every call.
+        if key is not None and None not in key and not self._epi.has_group_scales:
             if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
                 self._launch_plans.clear()
             self._launch_plans[key] = (plan, kind)
@@ -348,7 +415,18 @@ class Gemm:
             return torch.empty(shape, dtype=dtype, device=f"cuda:{device_id}")
         import cupy
 
-        return cupy.empty(shape, dtype=self._out_dtype)
+        return cupy.empty(shape, dtype=self._out_dtypes[-1])  # FP8 as uint8 bits: CuPy has no float8 dtype
+
+    def _new_scales(self, kind: str, m: int, device_id: int):
+        """A new (M, ceil(N_out/128)) float32 array for quant_fp8_g128's scales, row-major."""
+        shape = self.spec.scales_out_shape(m)
+        if kind == "torch":
+            import torch
+
+            return torch.empty(shape, dtype=torch.float32, device=f"cuda:{device_id}")
+        import cupy
+
+        return cupy.empty(shape, dtype=cupy.float32)
 
     def explain(self) -> dict:
         from .explain import describe
@@ -474,7 +552,7 @@ def _infer_dtype(x) -> str:
 def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout: str = "nt",
          out=None, stream=None, scale_a=None, scale_b=None, scaling: str | None = None,
          b_dtype: str | None = None, fast_accum: bool = False, epilogue=None, bias=None, c=None, residual=None,
-         alpha=1.0, beta=1.0):
+         alpha=1.0, beta=1.0, quant_scale=None, amax_out=None, scales_out=None):
     """Functional form: builds (once per problem, memoized) and calls a :class:`Gemm`.
 
     ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16, torch float8 -> fp8, int8 -> int8);
@@ -505,4 +583,4 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
                   scaling=spec.scaling, b_dtype=spec.b_dtype, fast_accum=spec.fast_accum, epilogue=spec.epilogue)
         _functional[key] = g
     return g(a, b, out=out, stream=stream, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,
-             alpha=alpha, beta=beta)
+             alpha=alpha, beta=beta, quant_scale=quant_scale, amax_out=amax_out, scales_out=scales_out)

@@ -102,16 +102,27 @@ def scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
 @dataclass(frozen=True)
 class EpilogueOperands:
     """Run-time operands of a fused epilogue: the bias pointer (0 when unused), C and the residual as views
-    (the kernel loads them by TMA like D is stored), and the scalars."""
+    (the kernel loads them by TMA like D is stored), and the scalars. Quantize-on-store: `quant` points at the
+    group scales the kernel writes (quant_fp8_g128; element (i, g) at i * scales_stride_m + g * scales_stride_g) or
+    at the static scale it reads (per-tensor kinds), `amax` at the amax output (0: none)."""
 
     bias: int = 0
     c: MatrixView | None = None
     residual: MatrixView | None = None
     alpha: float = 1.0
     beta: float = 1.0
+    quant: int = 0
+    amax: int = 0
+    scales_stride_m: int = 0
+    scales_stride_g: int = 0
 
     def scalar_args(self) -> tuple:
         return (np.uint64(self.bias), np.float32(self.alpha), np.float32(self.beta))
+
+    def quant_args(self) -> tuple:
+        """The four trailing arguments of kernels with a quantize-on-store epilogue (gemm_sm90.cu.j2)."""
+        return (np.uint64(self.quant), np.uint64(self.amax), np.int64(self.scales_stride_m),
+                np.int64(self.scales_stride_g))
 
     def views(self) -> tuple[MatrixView, ...]:
         """The (M, N) operands the kernel reads through tensor maps."""
@@ -131,7 +142,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         tmap_b = _tensor_map(vb.ptr, spec.b_type, spec.n, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
 
         def output_map(view: MatrixView):  # D, and C / residual, which the epilogue reads in D's tiles
-            return _tensor_map(view.ptr, spec.out_dtype, m, spec.n, _tma_pitch(view), sym["d_box_rows"],
+            return _tensor_map(view.ptr, spec.out_dtype, m, spec.n_out, _tma_pitch(view), sym["d_box_rows"],
                                sym["d_box_cols"], sym["d_swizzle_bytes"])
 
         tmap_d = output_map(vd)
@@ -142,6 +153,8 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
         args = maps + (np.uint32(m),) + scale_args(sa, sb) + epi.scalar_args()
+        if spec.epi.quant != "none":  # only such kernels take the quantize-on-store arguments
+            args += epi.quant_args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

@@ -38,6 +38,7 @@
 // (zeros contribute nothing to the dot products) and clips the parts of a store box outside D.
 #pragma once
 #include "dgjit/ptx_sm90.cuh"
+#include "dgjit/quantize.cuh"  // quantize-on-store epilogues: the quantizer's exact division and conversions
 
 namespace dgjit {
 namespace sm90 {
@@ -149,9 +150,15 @@ struct TileScheduler {
   DGJIT_DEVICE bool has_next() const { return next_tile < num_tiles; }
 };
 
-// Fused epilogue (deepgemm_jit/epilogue.py): D = act(alpha * acc + beta * C + bias) + residual.
+// Fused epilogue (deepgemm_jit/epilogue.py): D = act(alpha * acc + beta * C + bias) + residual, or with a gated
+// unit D = act(gate + bias_gate) * (up + bias_up) + residual over interleaved gate/up columns, then optionally
+// quantized on store.
 enum class Activation : uint32_t { kNone, kRelu, kGelu, kGeluTanh, kSilu, kSigmoid };
 enum class BiasKind : uint32_t { kNone, kCol, kRow };
+enum class GateKind : uint32_t { kNone, kSwiGlu, kGeGlu };
+// kFp8Group128: E4M3 with one dynamic scale per row and 128 output columns; kFp8Tensor / kInt8Tensor: a static
+// scale read from device memory (and an optional amax output).
+enum class QuantKind : uint32_t { kNone, kFp8Group128, kFp8Tensor, kInt8Tensor };
 
 // Compile-time shape of the epilogue; the rendered entry defines one (EpilogueNone = plain store).
 struct EpilogueNone {
@@ -159,13 +166,20 @@ struct EpilogueNone {
   static constexpr BiasKind kBias = BiasKind::kNone;
   static constexpr Activation kAct = Activation::kNone;
   static constexpr bool kResidual = false;
+  static constexpr GateKind kGate = GateKind::kNone;
+  static constexpr QuantKind kQuant = QuantKind::kNone;
 };
 
 // Run-time operands of the epilogue besides the tensor maps of C and the residual: the bias vector (D's
-// type, N or M long) and the scalars.
+// type, FP32 for quantized outputs, N or M long) and the scalars. Quantize-on-store: `quant` is the group
+// scales written (kFp8Group128, element (row, group) at row * scales_stride_m + group * scales_stride_g) or the
+// static scale read (per-tensor kinds); `amax` (per-tensor kinds, may be null) receives max |x| as float bits.
 struct EpilogueArgs {
   const void* bias;
   float alpha, beta;
+  float* quant = nullptr;
+  uint32_t* amax = nullptr;
+  int64_t scales_stride_m = 0, scales_stride_g = 0;
 };
 
 DGJIT_DEVICE float load_as_float(const float* p) { return *p; }
@@ -212,6 +226,37 @@ DGJIT_DEVICE float gelu_erf(float x) {
   return x * (x >= 0.0f ? 1.0f - half_erfc : half_erfc);
 }
 
+// The gate's activation of a gated unit (the up projection multiplies it).
+template <GateKind kGate>
+DGJIT_DEVICE float gate_activate(float g) {
+  if constexpr (kGate == GateKind::kSwiGlu) {
+    return times_sigmoid(g, g);
+  } else {
+    static_assert(kGate == GateKind::kGeGlu, "gated units: swiglu or geglu");
+    return gelu_erf(g);
+  }
+}
+
+DGJIT_DEVICE void st_shared_b16(uint32_t smem_addr, uint16_t value) {
+  asm volatile("st.shared.b16 [%0], %1;\n" : : "r"(smem_addr), "h"(value) : "memory");
+}
+
+// Two floats x / s -> two 8-bit values in one 16-bit word (element `lo` at the lower address), with the
+// quantizer's contract (quantize.cuh): IEEE division, E4M3 round-to-nearest-even saturated to +-448, or INT8
+// round-half-to-even saturated to [-127, 127].
+template <QuantKind kQuant>
+DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, float s) {
+  const float ylo = quant::div_rn(lo, s), yhi = quant::div_rn(hi, s);
+  if constexpr (kQuant == QuantKind::kInt8Tensor) {
+    int32_t rlo = quant::cvt_rni_s32(ylo), rhi = quant::cvt_rni_s32(yhi);
+    rlo = rlo < -quant::kInt8Max ? -quant::kInt8Max : (rlo > quant::kInt8Max ? quant::kInt8Max : rlo);
+    rhi = rhi < -quant::kInt8Max ? -quant::kInt8Max : (rhi > quant::kInt8Max ? quant::kInt8Max : rhi);
+    return static_cast<uint16_t>((static_cast<uint32_t>(rlo) & 0xFFu) | ((static_cast<uint32_t>(rhi) & 0xFFu) << 8));
+  } else {
+    return quant::cvt_fp8x2_satfinite<quant::Format::kE4M3>(yhi, ylo);
+  }
+}
+
 template <Activation kAct>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
@@ -232,7 +277,8 @@ DGJIT_DEVICE float activate(float v) {
 
 template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs), float_e4m3_t, float_e5m2_t, int8_t
           class TB,           // B storage: as TA (FP8 may mix E4M3 and E5M2)
-          class TD,           // output storage: bfloat16_t, half_t, float, or int32_t (INT8 without scales)
+          class TD,           // output storage: bfloat16_t, half_t, float, int32_t (INT8 without scales), or the
+                              // quantize-on-store epilogues' float_e4m3_t / int8_t
           uint32_t kN,        // problem N (columns of D, rows of B)
           uint32_t kK,        // problem K
           uint32_t kBlockM,   // 64 (one consumer), 128 or 256 (two consumers of 64 / 128 rows)
@@ -289,16 +335,36 @@ struct GemmSm90 {
   static_assert(is_same<TD, int32_t>::value == (kIsInt && kScaling == Scaling::kNone),
                 "INT32 output is exactly the unscaled INT8 product");
   static constexpr bool kHasEpilogue = Epi::kBeta || Epi::kBias != BiasKind::kNone ||
-                                       Epi::kAct != Activation::kNone || Epi::kResidual;
+                                       Epi::kAct != Activation::kNone || Epi::kResidual ||
+                                       Epi::kGate != GateKind::kNone || Epi::kQuant != QuantKind::kNone;
   static_assert(!kHasEpilogue || !is_same<TD, int32_t>::value, "fused epilogues write floating outputs");
+  // Gated units: accumulator group j = 2i (B rows 16c..16c+7 of the interleaved weight) is the gate and j = 2i + 1
+  // the up projection of the same 8 output columns, so D tiles have half the tile's columns.
+  static constexpr bool kGated = Epi::kGate != GateKind::kNone;
+  static constexpr uint32_t kOutCols = kGated ? kBlockN / 2 : kBlockN;  // D columns per tile
+  static constexpr uint32_t kOutN = kGated ? kN / 2 : kN;               // D columns
+  static_assert(!kGated || (kBlockN % 16 == 0 && kN % 16 == 0), "gated units interleave gate/up in blocks of 8");
+  static_assert(!kGated || (Epi::kAct == Activation::kNone && !Epi::kBeta), "the gate's activation replaces act");
+  static constexpr bool kQuantGroup = Epi::kQuant == QuantKind::kFp8Group128;
+  static constexpr bool kQuantTensor = Epi::kQuant == QuantKind::kFp8Tensor || Epi::kQuant == QuantKind::kInt8Tensor;
+  static_assert(!kQuantGroup || kOutCols == 128 || kOutCols == 256,
+                "1x128 group scales are reduced inside a tile: D tiles of 128 or 256 columns");
+  static_assert((Epi::kQuant == QuantKind::kNone) ||
+                    (Epi::kQuant == QuantKind::kInt8Tensor ? is_same<TD, int8_t>::value
+                                                           : is_same<TD, float_e4m3_t>::value),
+                "quantize-on-store writes E4M3 (quant_fp8_*) or INT8 (quant_int8_tensor)");
+  static_assert(Epi::kQuant == QuantKind::kNone || (!Epi::kBeta && !Epi::kResidual),
+                "C and the residual would have D's 8-bit type");
+  // The bias's storage: D's type, FP32 for quantized outputs.
+  using TBias = typename conditional<Epi::kQuant == QuantKind::kNone, TD, float>::type;
   static_assert(kNumStages >= 2, "the ring needs at least two stages to overlap loads with MMAs");
   static_assert(kN >= 1 && kK >= 1, "empty problems are handled on the host");
   static_assert(kNumM64PerWG * kNumAccum * (kPromote ? 2 : 1) <= (kPromote ? 176 : 128),
                 "too many accumulators per consumer thread for 232 registers (promotion doubles them)");
 
   // ---- shared memory (one source of truth; the host reads kSmemBytes from the module) ------------
-  using Store = StoreTraits<TD, kBlockN>;
-  static constexpr uint32_t kSmemDBytesPerWG = kWGRows * kBlockN * sizeof(TD);
+  using Store = StoreTraits<TD, kOutCols>;
+  static constexpr uint32_t kSmemDBytesPerWG = kWGRows * kOutCols * sizeof(TD);
   static constexpr uint32_t kSmemDSliceBytes = kWGRows * Store::kSliceRowBytes;
   static constexpr uint32_t kSmemABytesPerStage = kBlockM * kSmemRowBytes;
   static constexpr uint32_t kSmemBBytesPerStage = kBlockN * kSmemRowBytes;
@@ -613,7 +679,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void load_bias(const EpilogueArgs& ea, uint32_t m, uint32_t m_block, uint32_t n_block,
                                      uint32_t math_wg, BiasRegs& out) {
     const uint32_t t = threadIdx.x % kWarpgroupThreads;
-    const TD* bias = static_cast<const TD*>(ea.bias);
+    const TBias* bias = static_cast<const TBias*>(ea.bias);
 #pragma unroll
     for (uint32_t i = 0; i < kBiasPerThread; ++i) {
       const uint32_t idx = t + i * kWarpgroupThreads;
@@ -629,7 +695,7 @@ struct GemmSm90 {
 
   // D column slices of tile n_block that start inside N (the others are neither loaded nor stored).
   static DGJIT_DEVICE uint32_t slices_in_n(uint32_t n_block) {
-    const uint32_t cols_left = kN - n_block * kBlockN;
+    const uint32_t cols_left = kOutN - n_block * kOutCols;
     const uint32_t slices = (cols_left + Store::kSliceCols - 1) / Store::kSliceCols;
     return slices < Store::kNumSlices ? slices : Store::kNumSlices;
   }
@@ -657,7 +723,7 @@ struct GemmSm90 {
 #pragma unroll
     for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
       if (slice < num_slices) {
-        const int32_t col0 = static_cast<int32_t>(n_block * kBlockN + slice * Store::kSliceCols);
+        const int32_t col0 = static_cast<int32_t>(n_block * kOutCols + slice * Store::kSliceCols);
         if (load_c) tma_load_2d(smem.d(math_wg) + slice * kSmemDSliceBytes, &tmap_c, bar, col0, row0);
         if constexpr (kLoadR) tma_load_2d(smem.r(math_wg) + slice * kSmemDSliceBytes, &tmap_r, bar, col0, row0);
       }
@@ -690,7 +756,13 @@ struct GemmSm90 {
   // C and residual loads (ordered asm, like the stores) of a chunk of (j, h) pairs are issued together
   // before its math, so their latencies overlap; a load cannot pass the previous chunk's stores. The bias
   // is read with plain loads, which the compiler schedules freely. Larger chunks spilled registers.
-  static constexpr uint32_t kNumPairCols = kBlockN / 8;
+  // Gated units: output group j (D columns 8j..8j+7 of the tile) combines accumulator groups 2j (gate) and
+  // 2j + 1 (up), registers 8j + 2h + e and 8j + 4 + 2h + e of the same thread.
+  // Quantize-on-store, per tensor: each pair is divided by the static scale and stored as two bytes. 1x128 groups:
+  // a group of a row lies in one quad of lanes (l / 4 fixes the row) x 16 output groups j, so its amax is an
+  // in-thread maximum and two shuffles; the first pass parks each finished value in its (gate) accumulator
+  // register, the second reduces, writes the scale and stores q (no second register array: it would spill).
+  static constexpr uint32_t kNumPairCols = kOutCols / 8;  // 8-column groups of the D tile
   static constexpr uint32_t kChunk = !kPrefetch ? 1 : (sizeof(TD) == 4 ? 2 : 4);
 
   static DGJIT_DEVICE uint32_t d_offset(uint32_t row, uint32_t col) {
@@ -699,12 +771,106 @@ struct GemmSm90 {
            Store::swizzle(row * Store::kSliceRowBytes + (col % Store::kSliceCols) * sizeof(TD));
   }
 
+  // The accumulator register holding the first element of D pair (j, h) once parked (kQuantGroup).
+  static DGJIT_DEVICE constexpr uint32_t park_index(uint32_t j, uint32_t h) { return 4 * (kGated ? 2 * j : j) + 2 * h; }
+  static DGJIT_DEVICE void park(TAcc& slot, float v) {
+    if constexpr (kIsInt) {
+      slot = __float_as_int(v);
+    } else {
+      slot = v;
+    }
+  }
+  static DGJIT_DEVICE float parked(TAcc slot) {
+    if constexpr (kIsInt) {
+      return __int_as_float(slot);
+    } else {
+      return slot;
+    }
+  }
+
+  // The pair of accumulator registers i, i + 1 (tile column col, col + 1 as the accumulator layout numbers them)
+  // before the activation: the scales, alpha * acc + beta * C, and the bias.
+  static DGJIT_DEVICE float2 pre_activation(const Smem& smem, uint32_t math_wg, const TAcc (&acc)[kNumAccum],
+                                            uint32_t i, uint32_t row, uint32_t col, float tensor_scale,
+                                            const EpilogueArgs& ea, bool read_c, const float2& c, float row_bias) {
+    float lo = static_cast<float>(acc[i]);
+    float hi = static_cast<float>(acc[i + 1]);
+    if constexpr (kScaling == Scaling::kTensor) {
+      lo *= tensor_scale;
+      hi *= tensor_scale;
+    } else if constexpr (kScaling == Scaling::kRow) {
+      // Plain shared loads: the barrier above made the staged scales visible, and the compiler
+      // can batch these (volatile asm loads were serialised against the stores: 0.83x torch).
+      const float sa = smem.row_scales(math_wg)[row];
+      lo *= sa * smem.col_scales(math_wg)[col];
+      hi *= sa * smem.col_scales(math_wg)[col + 1];
+    }
+    if constexpr (Epi::kBeta) {
+      lo = ea.alpha * lo + (read_c ? ea.beta * c.x : 0.0f);
+      hi = ea.alpha * hi + (read_c ? ea.beta * c.y : 0.0f);
+    }
+    if constexpr (Epi::kBias == BiasKind::kCol) {
+      const float2 b = *reinterpret_cast<const float2*>(smem.bias(math_wg) + col);
+      lo += b.x;
+      hi += b.y;
+    } else if constexpr (Epi::kBias == BiasKind::kRow) {
+      lo += row_bias;
+      hi += row_bias;
+    }
+    return make_float2(lo, hi);
+  }
+
+  // kQuantGroup, second pass: per row and 128-column group, the amax (columns past N excluded: a bias or an
+  // activation such as sigmoid makes TMA's zero columns nonzero), the scale (written for rows inside M by the
+  // quad's first lane) and q into the D tile.
+  static DGJIT_DEVICE void quantize_groups(uint32_t d_base, uint32_t math_wg, uint32_t m, uint32_t m_block,
+                                           uint32_t n_block, const EpilogueArgs& ea,
+                                           const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+    const uint32_t warp = warp_idx_in_warpgroup();
+    const uint32_t lane = lane_idx();
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
+        const uint32_t global_row = m_block * kBlockM + wg_row_offset(math_wg) + row;
+#pragma unroll
+        for (uint32_t g = 0; g < kOutCols / 128; ++g) {
+          uint32_t amax = 0;
+#pragma unroll
+          for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
+#pragma unroll
+            for (uint32_t e = 0; e < 2; ++e) {
+              const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
+              if (kOutN % kOutCols == 0 || col < kOutN) {
+                amax = quant::max_u32(amax, quant::abs_bits(parked(acc[mi][park_index(j, h) + e])));
+              }
+            }
+          }
+          const float scale = quant::scale_of<quant::Format::kE4M3>(quant::reduce_max_lanes<4>(amax));
+          if (lane % 4 == 0 && global_row < m) {
+            ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128 + g) * ea.scales_stride_g] = scale;
+          }
+#pragma unroll
+          for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
+            const uint32_t i = park_index(j, h);
+            st_shared_b16(d_base + d_offset(row, j * 8 + 2 * (lane % 4)),
+                          quantize_pair<Epi::kQuant>(parked(acc[mi][i]), parked(acc[mi][i + 1]), scale));
+          }
+        }
+      }
+    }
+  }
+
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, uint32_t m_block, uint32_t n_block, float tensor_scale,
                                     const EpilogueArgs& ea, bool wait_operands, uint32_t& operand_phase,
-                                    const BiasRegs& bias_regs, const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+                                    const BiasRegs& bias_regs, TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
+    // Per-tensor quantization: the static scale, read while the barrier below is waited for.
+    float quant_scale = 1.0f;
+    if constexpr (kQuantTensor) quant_scale = ld_global_nc_f32(ea.quant);
     // The previous tile's TMA store must have finished reading the buffer before it is overwritten.
     if (is_store_thread) tma_store_wait_read<0>();
     // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
@@ -729,6 +895,7 @@ struct GemmSm90 {
     const uint32_t r_base = shared_addr(smem.r(math_wg));
     const uint32_t warp = warp_idx_in_warpgroup();
     const uint32_t lane = lane_idx();
+    uint32_t amax_bits = 0;  // per-tensor quantization with amax_out: this thread's max |x| inside (M, N_out)
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
       float row_bias[2] = {0.0f, 0.0f};
@@ -767,37 +934,38 @@ struct GemmSm90 {
                 st_shared_v2_b32(addr, static_cast<uint32_t>(acc[mi][4 * j + 2 * h]),
                                  static_cast<uint32_t>(acc[mi][4 * j + 2 * h + 1]));
               } else {
-                float lo = static_cast<float>(acc[mi][4 * j + 2 * h]);
-                float hi = static_cast<float>(acc[mi][4 * j + 2 * h + 1]);
-                if constexpr (kScaling == Scaling::kTensor) {
-                  lo *= tensor_scale;
-                  hi *= tensor_scale;
-                } else if constexpr (kScaling == Scaling::kRow) {
-                  // Plain shared loads: the barrier above made the staged scales visible, and the compiler
-                  // can batch these (volatile asm loads were serialised against the stores: 0.83x torch).
-                  const float sa = smem.row_scales(math_wg)[row];
-                  lo *= sa * smem.col_scales(math_wg)[col];
-                  hi *= sa * smem.col_scales(math_wg)[col + 1];
+                float lo, hi;
+                if constexpr (kGated) {
+                  // Gate columns 16j + 2(l%4) + e of the tile's accumulators, up columns 8 further.
+                  const uint32_t gate_col = 16 * j + 2 * (lane % 4);
+                  const float2 gate = pre_activation(smem, math_wg, acc[mi], 8 * j + 2 * h, row, gate_col,
+                                                     tensor_scale, ea, read_c, c_in[jj][h], row_bias[h]);
+                  const float2 up = pre_activation(smem, math_wg, acc[mi], 8 * j + 4 + 2 * h, row, gate_col + 8,
+                                                   tensor_scale, ea, read_c, c_in[jj][h], row_bias[h]);
+                  lo = gate_activate<Epi::kGate>(gate.x) * up.x;
+                  hi = gate_activate<Epi::kGate>(gate.y) * up.y;
+                } else {
+                  const float2 v = pre_activation(smem, math_wg, acc[mi], 4 * j + 2 * h, row, col, tensor_scale,
+                                                  ea, read_c, c_in[jj][h], row_bias[h]);
+                  lo = activate<Epi::kAct>(v.x);
+                  hi = activate<Epi::kAct>(v.y);
                 }
-                if constexpr (Epi::kBeta) {
-                  lo = ea.alpha * lo + (read_c ? ea.beta * c_in[jj][h].x : 0.0f);
-                  hi = ea.alpha * hi + (read_c ? ea.beta * c_in[jj][h].y : 0.0f);
-                }
-                if constexpr (Epi::kBias == BiasKind::kCol) {
-                  const float2 b = *reinterpret_cast<const float2*>(smem.bias(math_wg) + col);
-                  lo += b.x;
-                  hi += b.y;
-                } else if constexpr (Epi::kBias == BiasKind::kRow) {
-                  lo += row_bias[h];
-                  hi += row_bias[h];
-                }
-                lo = activate<Epi::kAct>(lo);
-                hi = activate<Epi::kAct>(hi);
                 if constexpr (kLoadR) {
                   lo += r_in[jj][h].x;
                   hi += r_in[jj][h].y;
                 }
-                if constexpr (is_same<TD, float>::value) {
+                if constexpr (kQuantGroup) {
+                  park(acc[mi][park_index(j, h)], lo);
+                  park(acc[mi][park_index(j, h) + 1], hi);
+                } else if constexpr (kQuantTensor) {
+                  const uint32_t global_row = m_block * kBlockM + wg_row_offset(math_wg) + row;
+                  const uint32_t global_col = n_block * kOutCols + col;
+                  if (ea.amax != nullptr && global_row < m) {
+                    if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
+                    if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
+                  }
+                  st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_scale));
+                } else if constexpr (is_same<TD, float>::value) {
                   st_shared_v2_f32(addr, lo, hi);
                 } else if constexpr (is_same<TD, bfloat16_t>::value) {
                   st_shared_b32(addr, pack_bf16x2(lo, hi));
@@ -812,6 +980,14 @@ struct GemmSm90 {
         }
       }
     }
+    if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, m, m_block, n_block, ea, acc);
+    if constexpr (kQuantTensor) {
+      // One atomic per warp and tile; max of non-negative float bits is the float maximum (NaN wins).
+      if (ea.amax != nullptr) {
+        const uint32_t warp_amax = quant::reduce_max_lanes<32>(amax_bits);
+        if (lane == 0) atomicMax(ea.amax, warp_amax);
+      }
+    }
     fence_proxy_async_shared();
     named_barrier_sync(barrier_id, kWarpgroupThreads);
 
@@ -824,7 +1000,7 @@ struct GemmSm90 {
       for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
         if (slice < num_slices) {
           tma_store_2d(&tmap_d, smem.d(math_wg) + slice * kSmemDSliceBytes,
-                       static_cast<int32_t>(n_block * kBlockN + slice * Store::kSliceCols), static_cast<int32_t>(row0));
+                       static_cast<int32_t>(n_block * kOutCols + slice * Store::kSliceCols), static_cast<int32_t>(row0));
         }
       }
       tma_store_commit();
