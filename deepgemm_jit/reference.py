@@ -370,24 +370,58 @@ def activation_reference(name: str, v):
 
 def unfused_epilogue(acc, epi, bias=None, c=None, residual=None, alpha: float = 1.0, beta: float = 1.0):
     """act(alpha * acc + beta * C + bias) + residual in float64, from the float64 (M, N) product `acc`; `epi` is an
-    Epilogue or its string.
+    Epilogue or its string. Gated units (swiglu / geglu): `acc` is the product with the interleaved weight (see
+    ``deepgemm_jit.interleave_gate_up``), the result act(gate + bias_gate) * (up + bias_up) + residual is
+    (M, N/2). Quantize-on-store is not applied here: this is the float64 value the kernel quantizes (see
+    :func:`quantized_epilogue_reference`).
 
-    bias is (N,) for ``bias`` / (M,) for ``bias_row``; c and residual are (M, N); any storage dtype (upcast
-    exactly). alpha and beta apply only with the ``beta`` word (as the kernel's call requires).
+    bias is (N,) for ``bias`` / (M,) for ``bias_row``; c and residual are (M, N) (residual (M, N/2) when gated);
+    any storage dtype (upcast exactly). alpha and beta apply only with the ``beta`` word (as the kernel's call
+    requires).
 
     >>> ref = unfused_epilogue(reference(g.spec, a, b), g.spec.epi, bias=bias, residual=res)
     """
-    from .epilogue import Epilogue
+    from .epilogue import Epilogue, deinterleave_gate_up
 
     epi = Epilogue.parse(epi) if isinstance(epi, str) else epi
     v = acc
     if epi.beta:
-        v = alpha * v + beta * to_float64(c)
+        v = alpha * v + beta * _exact_float64(c)
     if epi.bias == "col":
-        v = v + to_float64(bias)[None, :]
+        v = v + _exact_float64(bias)[None, :]
     elif epi.bias == "row":
-        v = v + to_float64(bias)[:, None]
-    v = activation_reference(epi.activation, v)
+        v = v + _exact_float64(bias)[:, None]
+    if epi.is_gated:
+        gate, up = deinterleave_gate_up(v.T)
+        v = activation_reference("silu" if epi.gate == "swiglu" else "gelu", gate.T) * up.T
+    else:
+        v = activation_reference(epi.activation, v)
     if epi.residual:
-        v = v + to_float64(residual)
+        v = v + _exact_float64(residual)
     return v
+
+
+def quantized_epilogue_reference(value, epi, quant_scale=None):
+    """What a quantize-on-store epilogue stores, from the float64 unfused result `value` (M, N_out)
+    (:func:`unfused_epilogue`) rounded to float32, as the kernel quantizes its float32 values:
+
+    - ``quant_fp8_g128``: (q, scales) = quantize_reference(value32, "fp8", "group128");
+    - ``quant_fp8_tensor`` / ``quant_int8_tensor``: (q, amax) with q = round(value32 / s) (one float32 division,
+      saturating) for the static scale `quant_scale` (a number or a 1-element array) and amax = max |value32|.
+
+    q is uint8 FP8 bits or int8 of value's array module; compare with :func:`quant_ulp_distance`.
+    """
+    from .epilogue import Epilogue
+
+    epi = Epilogue.parse(epi) if isinstance(epi, str) else epi
+    xp = _array_module(value)
+    v32 = value.astype(xp.float32)
+    if epi.has_group_scales:
+        return quantize_reference(v32, "fp8", "group128")
+    if not epi.has_static_scale:
+        raise ValueError(f"epilogue {epi.text!r} has no quantize-on-store")
+    s32 = xp.asarray(quant_scale, dtype=xp.float32).reshape(())
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        quotient = (v32 / s32).astype(xp.float64)
+    q = _round_int8(xp, quotient) if epi.quant == "int8_tensor" else _round_fp8(xp, quotient, "fp8_e4m3")
+    return q, xp.max(xp.abs(v32))

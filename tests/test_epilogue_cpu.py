@@ -2,9 +2,11 @@
 dtype family x epilogue with SASS checks (no local memory, no wgmma serialisation)."""
 import itertools
 
+import numpy as np
 import pytest
 
-from deepgemm_jit import Epilogue, GemmSpec, config, jit, sass
+from deepgemm_jit import (Epilogue, GemmSpec, config, deinterleave_gate_up, interleave_gate_up, jit, launch, reference,
+                          sass)
 from deepgemm_jit.epilogue import canonical
 
 
@@ -23,8 +25,11 @@ def test_parse_and_canonical_text():
     ("bias+gelu+relu", "more than one activation"),
     ("bias+bias_row", "more than one bias"),
     ("tanh", "unknown word"),
-    ("bias+swiglu", "not supported yet"),
-    ("bias+gelu+quant_fp8_g128", "not supported yet"),
+    ("quant_fp8", "ambiguous"),
+    ("swiglu+gelu", "drop 'gelu'"),
+    ("beta+geglu", "beta"),
+    ("quant_fp8_g128+residual", "does not combine"),
+    ("swiglu+geglu", "more than one gate"),
 ])
 def test_parse_errors(text, match):
     with pytest.raises(ValueError, match=match):
@@ -122,3 +127,125 @@ def test_pingpong_variants_compile(dtype, scaling, epilogue, tile, shared_cache_
     assert cfg.smem_bytes(spec) >= 2 * tile[0] * tile[1] * (4 if out_dtype == "fp32" else 2)
     with pytest.raises(ValueError, match="block_m"):
         config.sm90_config(spec, 256, 64, pingpong=True).check_for(spec, "sm_90a")
+
+
+# ---- gated units and quantize-on-store ----------------------------------------------------------------------------
+
+def test_gated_and_quant_words():
+    e = Epilogue.parse("swiglu+bias+quant_fp8_g128")
+    assert (e.gate, e.bias, e.quant, e.quant_dtype, e.has_group_scales) == ("swiglu", "col", "fp8_g128", "fp8_e4m3", True)
+    assert e.text == "bias+swiglu+quant_fp8_g128" and Epilogue.parse(e.text) == e
+    assert Epilogue.parse("quant_int8_tensor").quant_dtype == "int8" and Epilogue.parse("quant_fp8_tensor").has_static_scale
+    assert canonical("residual+geglu") == "geglu+residual"
+
+
+def test_interleave_gate_up_roundtrip():
+    rng = np.random.default_rng(0)
+    w_gate, w_up = rng.standard_normal((24, 5)), rng.standard_normal((24, 5))
+    w = interleave_gate_up(w_gate, w_up)
+    assert w.shape == (48, 5)
+    assert (w[0:8] == w_gate[0:8]).all() and (w[8:16] == w_up[0:8]).all() and (w[40:48] == w_up[16:24]).all()
+    g, u = deinterleave_gate_up(w)
+    assert (g == w_gate).all() and (u == w_up).all()
+    b = interleave_gate_up(np.arange(8.0), -np.arange(8.0))
+    assert list(b) == list(range(8)) + [-i for i in range(8)]
+    with pytest.raises(ValueError, match="multiple of 8"):
+        interleave_gate_up(w_gate[:12], w_up[:12])
+    with pytest.raises(ValueError, match="must be equal"):
+        interleave_gate_up(w_gate, w_up[:16])
+
+
+def test_gated_and_quant_references_on_numpy():
+    """The float64 references: gating on the interleaved product equals act(x Wg^T + bg) * (x Wu^T + bu); the
+    quantized references follow quantize_reference's contract."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 9))
+    wg, wu, bg, bu = (rng.standard_normal(s) for s in ((16, 9), (16, 9), 16, 16))
+    v = reference.unfused_epilogue(x @ interleave_gate_up(wg, wu).T, "bias+swiglu", bias=interleave_gate_up(bg, bu))
+    g, u = x @ wg.T + bg, x @ wu.T + bu
+    assert np.allclose(v, g / (1 + np.exp(-g)) * u, rtol=1e-14, atol=1e-14)
+    q, s = reference.quantized_epilogue_reference(v, "swiglu+quant_fp8_g128")
+    assert q.shape == (6, 16) and s.shape == (6, 1) and np.allclose(s[:, 0], (np.abs(v).max(axis=1) / 448).astype(np.float32))
+    q8, amax = reference.quantized_epilogue_reference(v, "quant_int8_tensor", np.float32(0.01))
+    assert q8.dtype == np.int8 and np.abs(q8).max() <= 127 and amax == np.abs(v.astype(np.float32)).max()
+
+
+def test_gated_and_quant_spec_rules():
+    s = GemmSpec.create(1024, 512, "bf16", epilogue="swiglu")
+    assert s.n_out == 512 and s.out_shape(3) == (3, 512) and s.out_dtype == "bf16"
+    q = GemmSpec.create(1000, 512, "bf16", epilogue="bias+gelu+quant_fp8_g128")
+    assert q.out_dtype == "fp8_e4m3" and q.scales_out_shape(5) == (5, 8) and q.epilogue_operand_dtype == "fp32"
+    assert GemmSpec.create(1008, 512, "int8", scaling="row", epilogue="quant_int8_tensor").out_dtype == "int8"
+    with pytest.raises(ValueError, match="N=1000"):
+        GemmSpec.create(1000, 512, "bf16", epilogue="swiglu")
+    with pytest.raises(ValueError, match="out_dtype"):
+        GemmSpec.create(1024, 512, "bf16", out_dtype="bf16", epilogue="quant_fp8_tensor")
+    with pytest.raises(ValueError, match="out_dtype"):
+        GemmSpec.create(1024, 512, "bf16", out_dtype="fp8_e4m3")  # only quantize-on-store writes FP8
+    with pytest.raises(ValueError, match="epilogue='swiglu\\+quant_fp8_g128'.*fast_accum"):
+        GemmSpec.create(1024, 512, "fp8", scaling="block", epilogue="swiglu+quant_fp8_g128")
+    with pytest.raises(ValueError, match="int32"):
+        GemmSpec.create(1024, 512, "int8", epilogue="quant_int8_tensor")
+
+
+def test_gated_and_quant_tile_legality():
+    g128 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_g128")
+    gated = GemmSpec.create(1024, 512, "bf16", epilogue="swiglu+quant_fp8_g128")
+    tensor8 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_tensor")
+    for spec, tile, ok in ((g128, (128, 128), True), (g128, (128, 256), False), (g128, (128, 64), False),
+                           (gated, (128, 256), True), (gated, (128, 128), False),
+                           (tensor8, (128, 112), True), (tensor8, (128, 120), False)):
+        cfg = config.sm90_config(spec, *tile, num_stages=3)
+        if ok:
+            cfg.check_for(spec, "sm_90a")
+        else:
+            with pytest.raises(ValueError, match="cannot run epilogue"):
+                cfg.check_for(spec, "sm_90a")
+    # The heuristic only picks legal tiles, also where the preferred tile is not (FP8 row scaling prefers 176),
+    # and never the ping-pong tile for group scales.
+    for spec in (g128, gated, GemmSpec.create(4096, 1536, "fp8", scaling="row", epilogue="bias+gelu+quant_fp8_g128")):
+        cfg = config.choose_config(spec, 4096, "sm_90a")
+        cfg.check_for(spec, "sm_90a")
+        assert not cfg.pingpong and cfg.block_n == (256 if spec.epi.is_gated else 128), cfg.tag
+    # D staging is half as wide for gated units and one byte per element for quantized outputs.
+    plain = GemmSpec.create(1024, 512, "bf16")
+    assert (config.sm90_smem_bytes(plain, 128, 256, 3) - config.sm90_smem_bytes(gated, 128, 256, 3)
+            == 128 * 256 * 2 - 128 * 128 * 1)
+
+
+NEW_EPILOGUES = ["bias+swiglu+quant_fp8_g128", "geglu+residual", "bias+gelu+quant_fp8_g128",
+                 "bias_row+swiglu+quant_fp8_tensor", "sigmoid+quant_int8_tensor"]
+
+
+@pytest.mark.parametrize("family,epilogue", list(itertools.product(FAMILIES, NEW_EPILOGUES)))
+def test_every_family_and_new_epilogue_compiles(family, epilogue, shared_cache_dir, monkeypatch):
+    """Gated units and quantize-on-store on every dtype family: real sm_90a compiles without local memory, stack
+    or wgmma serialisation; the one invalid pair (FP8 with promotion x gated + group scales) fails at the spec,
+    naming the epilogue."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    dtype, scaling, out_dtype = family
+    quantized = "quant_" in epilogue
+    make = lambda: GemmSpec.create(1024, 2048, dtype, out_dtype=None if quantized else out_dtype,  # noqa: E731
+                                   scaling=scaling, epilogue=epilogue)
+    if dtype == "fp8" and epilogue == "bias+swiglu+quant_fp8_g128":
+        with pytest.raises(ValueError, match="epilogue="):
+            make()
+        return
+    spec = make()
+    cfg = config.choose_config(spec, 4096, "sm_90a")
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    mix = sass.opcode_mix(art.cubin)
+    case = f"{spec.tag} {cfg.tag}"
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
+    assert "C7514" not in art.meta["log"] and "C7508" not in art.meta["log"], (case, art.meta["log"])
+    assert mix.get("IGMMA" if dtype == "int8" else "QGMMA" if dtype == "fp8" else "HGMMA", 0) > 0, case
+    # The shared-memory mirror and D's box (half-width tiles when gated, 1-byte quantized elements) are what the
+    # kernel exports: the host encodes D's tensor map from these.
+    sym = launch.sm90_symbols(art)
+    out_cols = cfg.block_n // (2 if spec.epi.is_gated else 1)
+    assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
+    assert sym["d_box_cols"] * (out_cols // sym["d_box_cols"]) == out_cols, case
+    # Group scales leave by plain global stores, the per-tensor amax by one atomic per warp.
+    assert (mix.get("STG", 0) > 0) == ("g128" in epilogue), case
+    assert (mix.get("ATOMG", 0) + mix.get("REDG", 0) > 0) == ("tensor" in epilogue), case

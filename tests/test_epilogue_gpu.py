@@ -124,3 +124,167 @@ def test_beta_zero_does_not_read_c():
     g(a, b, c=d, alpha=1.5, beta=0.0, out=d)
     ref = 1.5 * (reference.to_float64(a) @ reference.to_float64(b).T)
     assert reference.error(d, ref) < 1e-2
+
+
+# ---- gated units and quantize-on-store ----------------------------------------------------------------------------
+
+def _interleave16(gate, up):
+    """interleave_gate_up on the 16-bit bits (CuPy's concatenate need not know ml_dtypes' bfloat16)."""
+    import cupy
+
+    from deepgemm_jit import interleave_gate_up
+
+    return interleave_gate_up(gate.view(cupy.uint16), up.view(cupy.uint16)).view(gate.dtype)
+
+
+@pytest.mark.parametrize("m,n_out,k,out_dtype,epilogue", [
+    (77, 264, 1003, "bf16", "bias+swiglu"),    # K * 2 bytes not a multiple of 16: staged operands
+    (130, 520, 512, "fp16", "geglu+residual"),
+])
+def test_gated_matches_unfused(m, n_out, k, out_dtype, epilogue):
+    """The weight built by interleave_gate_up from separate gate and up projections: D = act(x Wg^T + bg) *
+    (x Wu^T + bu) + residual, against a reference that never sees the interleaved layout."""
+    import cupy
+
+    rng = cupy.random.default_rng(m + n_out + k)
+    g = build(m, 2 * n_out, k, dtype="bf16", out_dtype=out_dtype, epilogue=epilogue)
+    epi = g.spec.epi
+    a = reference.random_matrix((m, k), "bf16", rng)
+    w_gate, w_up = (reference.random_matrix((n_out, k), "bf16", rng, scale=1.0 / math.sqrt(k)) for _ in range(2))
+    b_gate, b_up = (reference.random_matrix((n_out,), out_dtype, rng) for _ in range(2))
+    residual = reference.random_matrix((m, n_out), out_dtype, rng) if epi.residual else None
+    bias = _interleave16(b_gate, b_up) if epi.bias == "col" else None
+    out = reference.poisoned((m, n_out), out_dtype)
+    assert g(a, _interleave16(w_gate, w_up), bias=bias, residual=residual, out=out) is out
+    x = reference.to_float64(a)
+    gate, up = x @ reference.to_float64(w_gate).T, x @ reference.to_float64(w_up).T
+    if bias is not None:
+        gate, up = gate + reference.to_float64(b_gate), up + reference.to_float64(b_up)
+    ref = reference.activation_reference("silu" if epi.gate == "swiglu" else "gelu", gate) * up
+    if residual is not None:
+        ref = ref + reference.to_float64(residual)
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "bf16"), (epilogue, m, n_out, k, err, g.config.tag)
+
+
+def _check_quantized_q(q, q_ref, dtype, case):
+    dist = reference.quant_ulp_distance(q, q_ref, dtype)
+    assert int(dist.max()) <= 1, (case, int(dist.max()), int((dist > 0).sum()))
+
+
+@pytest.mark.parametrize("m,n,k,epilogue,column_major_scales", [
+    (257, 1000, 512, "bias+sigmoid+quant_fp8_g128", False),  # N_out % 128 != 0 (masked tail), q rows unaligned: staged
+    (131, 2080, 777, "swiglu+quant_fp8_g128", True),         # gated: 1040 output columns, K staged
+])
+def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales):
+    """(q, scales) equal quantize_reference of the float64 unfused result rounded to float32: scales to float32
+    accumulation accuracy, q within one FP8 ulp; every element and scale written."""
+    import cupy
+
+    rng = cupy.random.default_rng(m + n + k)
+    g = build(m, n, k, dtype="bf16", epilogue=epilogue)
+    epi, n_out = g.spec.epi, g.spec.n_out
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    bias = None
+    if epi.bias == "col":
+        # Strongly negative in the last (partial) group: sigmoid's 0.5 on the zero-filled columns past N would
+        # dominate that group's amax if they were not masked.
+        bias = reference.random_matrix((n,), "fp32", rng)
+        bias[n // 128 * 128:] -= 8.0
+    q = cupy.full((m, n_out), 0xFF, dtype=cupy.uint8)  # 0xFF: an FP8 NaN, never produced from finite values
+    groups = -(-n_out // 128)
+    scales = (cupy.full((groups, m), cupy.nan, dtype=cupy.float32).T if column_major_scales
+              else None)
+    result = g(a, b, bias=bias, out=q, scales_out=scales)
+    assert isinstance(result, tuple) and result[0] is q and (scales is None or result[1] is scales)
+    scales = result[1]
+    assert scales.shape == (m, groups) and scales.dtype == cupy.float32
+    v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, epi, bias=bias)
+    q_ref, s_ref = reference.quantized_epilogue_reference(v, epi)
+    case = (epilogue, m, n, k, g.config.tag)
+    assert not bool(cupy.isnan(scales).any()) and bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
+    assert not bool((q == 0xFF).any()), case
+    _check_quantized_q(q, q_ref, "fp8_e4m3", case)
+
+
+def test_quant_tensor_fp8_with_amax_and_int8():
+    """Static per-tensor scales: FP8 (a scale small enough that the largest values saturate) with amax_out,
+    and INT8 from an INT8 row-scaled GEMM; q within one ulp of the reference, amax equal to max |x|."""
+    import cupy
+
+    rng = cupy.random.default_rng(11)
+    m, n, k = 200, 1000, 512
+    g = build(m, n, k, dtype="bf16", epilogue="bias+gelu+quant_fp8_tensor")
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    bias = reference.random_matrix((n,), "fp32", rng)
+    v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, g.spec.epi, bias=bias)
+    scale = cupy.asarray([float(cupy.abs(v).max()) / 448.0 * 0.5], dtype=cupy.float32)
+    amax = cupy.zeros(1, dtype=cupy.float32)
+    q = g(a, b, bias=bias, quant_scale=scale, amax_out=amax)
+    assert q.shape == (m, n) and q.dtype == cupy.uint8
+    q_ref, amax_ref = reference.quantized_epilogue_reference(v, g.spec.epi, scale)
+    assert bool(cupy.allclose(amax, amax_ref, rtol=1e-5, atol=0)), (float(amax[0]), float(amax_ref))
+    assert int((q_ref & 0x7F).max()) == 0x7E  # saturated values exist: satfinite is exercised
+    _check_quantized_q(q, q_ref, "fp8_e4m3", "fp8_tensor")
+
+    m, n, k = 129, 1008, 640
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(1.0 / math.sqrt(k))
+    qa, sa = reference.quantize_reference(x, "int8", "row")
+    qb, sb = reference.quantize_reference(w, "int8", "row")
+    g8 = build(m, n, k, dtype="int8", scaling="row", epilogue="silu+quant_int8_tensor")
+    acc = reference.dequantize_reference(qa, sa, "int8", "row") @ reference.dequantize_reference(qb, sb, "int8", "row").T
+    v8 = reference.unfused_epilogue(acc, g8.spec.epi)
+    scale8 = cupy.asarray([float(cupy.abs(v8).max()) / 127.0], dtype=cupy.float32)
+    q8 = cupy.full((m, n), -128, dtype=cupy.int8)  # never produced: the kernel saturates to [-127, 127]
+    assert g8(qa, qb, scale_a=sa, scale_b=sb, quant_scale=scale8, out=q8) is q8
+    q8_ref, _ = reference.quantized_epilogue_reference(v8, g8.spec.epi, scale8)
+    assert not bool((q8 == -128).any())
+    _check_quantized_q(q8, q8_ref, "int8", "int8_tensor")
+
+
+def test_chain_quant_group128_into_block_fp8():
+    """gemm1 (bf16, bias+gelu, quantized on store into 1x128 groups) feeds gemm2 (FP8 block scaling) directly:
+    the chain equals the unfused float64 chain within the FP8 bound."""
+    import cupy
+
+    rng = cupy.random.default_rng(3)
+    m, n1, k1, n2 = 300, 1536, 1000, 520
+    g1 = build(m, n1, k1, dtype="bf16", epilogue="bias+gelu+quant_fp8_g128")
+    g2 = build(m, n2, n1, dtype="fp8", scaling="block")
+    a = reference.random_matrix((m, k1), "bf16", rng)
+    w1 = reference.random_matrix((n1, k1), "bf16", rng, scale=1.0 / math.sqrt(k1))
+    b1 = reference.random_matrix((n1,), "fp32", rng)
+    w2 = rng.standard_normal((n2, n1), dtype=cupy.float32) * cupy.float32(1.0 / math.sqrt(n1))
+    qw2, sw2 = reference.quantize_reference(w2, "fp8", "block128")
+    q, s = g1(a, w1, bias=b1)
+    out = reference.poisoned((m, n2), "bf16")
+    g2(q, qw2, scale_a=s, scale_b=sw2, out=out)
+    h = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(w1).T, "bias+gelu", bias=b1)
+    ref = h @ reference.dequantize_reference(qw2, sw2, "fp8", "block128").T
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "fp8_e4m3"), (err, g1.config.tag, g2.config.tag)
+
+
+def test_quant_argument_errors():
+    import cupy
+
+    m, n, k = 64, 256, 128
+    a = reference.random_matrix((m, k), "bf16")
+    b = reference.random_matrix((n, k), "bf16")
+    g = build(m, n, k, dtype="bf16", epilogue="quant_fp8_tensor")
+    with pytest.raises(TypeError, match="quant_scale is required"):
+        g(a, b)
+    with pytest.raises(TypeError, match="scales_out= was given"):
+        g(a, b, quant_scale=cupy.ones(1, cupy.float32), scales_out=cupy.ones((m, 2), cupy.float32))
+    with pytest.raises(ValueError, match="quant_scale has shape"):
+        g(a, b, quant_scale=cupy.ones(2, cupy.float32))
+    g2 = build(m, n, k, dtype="bf16", epilogue="quant_fp8_g128")
+    with pytest.raises(ValueError, match="scales_out has shape"):
+        g2(a, b, scales_out=cupy.ones((m, 1), cupy.float32))
+    with pytest.raises(TypeError, match="amax_out= was given"):
+        g2(a, b, amax_out=cupy.zeros(1, cupy.float32))
+    with pytest.raises(TypeError, match="out has dtype"):
+        g2(a, b, out=cupy.empty((m, n), cupy.int8))
