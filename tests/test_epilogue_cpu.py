@@ -68,11 +68,10 @@ FAMILIES = [  # (dtype, scaling, out_dtype)
 EPILOGUES = ["bias+relu", "bias_row+gelu", "gelu_tanh", "silu+residual", "beta+sigmoid", "beta+bias+gelu+residual"]
 
 
-@pytest.mark.parametrize("family,epilogue", list(itertools.product(FAMILIES, EPILOGUES)))
-def test_every_family_and_epilogue_compiles(family, epilogue, shared_cache_dir, monkeypatch):
-    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    dtype, scaling, out_dtype = family
-    spec = GemmSpec.create(1000, 2048, dtype, out_dtype=out_dtype, scaling=scaling, epilogue=epilogue)
+def _compile_and_check(spec):
+    """Compile the heuristic's kernel for `spec` (sm_90a) and check what every epilogue variant must satisfy: no local
+    memory or stack, no wgmma serialisation warning, tensor-core MMAs of the input type. Returns (cfg, artifact,
+    opcode mix, case label)."""
     cfg = config.choose_config(spec, 4096, "sm_90a")
     art = jit.get_kernel(spec, cfg, "sm_90a")
     usage = sass.resource_usage(art.cubin)[art.entry]
@@ -80,7 +79,17 @@ def test_every_family_and_epilogue_compiles(family, epilogue, shared_cache_dir, 
     case = f"{spec.tag} {cfg.tag}"
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert "C7514" not in art.meta["log"] and "C7508" not in art.meta["log"], (case, art.meta["log"])
-    assert mix.get("IGMMA" if dtype == "int8" else "QGMMA" if dtype == "fp8" else "HGMMA", 0) > 0, case
+    mma = "IGMMA" if spec.dtype == "int8" else "QGMMA" if spec.dtype.startswith("fp8") else "HGMMA"
+    assert mix.get(mma, 0) > 0, case
+    return cfg, art, mix, case
+
+
+@pytest.mark.parametrize("family,epilogue", list(itertools.product(FAMILIES, EPILOGUES)))
+def test_every_family_and_epilogue_compiles(family, epilogue, shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    dtype, scaling, out_dtype = family
+    spec = GemmSpec.create(1000, 2048, dtype, out_dtype=out_dtype, scaling=scaling, epilogue=epilogue)
+    _, _, mix, case = _compile_and_check(spec)
     # The bias is read from global memory, C and the residual by TMA loads beyond the main loop's two (A, B).
     assert mix.get("LDG", 0) > 0 or "bias" not in epilogue, case
     assert (mix.get("UTMALDG", 0) > 2) == ("beta" in epilogue or "residual" in epilogue), case
@@ -232,14 +241,7 @@ def test_every_family_and_new_epilogue_compiles(family, epilogue, shared_cache_d
             make()
         return
     spec = make()
-    cfg = config.choose_config(spec, 4096, "sm_90a")
-    art = jit.get_kernel(spec, cfg, "sm_90a")
-    usage = sass.resource_usage(art.cubin)[art.entry]
-    mix = sass.opcode_mix(art.cubin)
-    case = f"{spec.tag} {cfg.tag}"
-    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
-    assert "C7514" not in art.meta["log"] and "C7508" not in art.meta["log"], (case, art.meta["log"])
-    assert mix.get("IGMMA" if dtype == "int8" else "QGMMA" if dtype == "fp8" else "HGMMA", 0) > 0, case
+    cfg, art, mix, case = _compile_and_check(spec)
     # The shared-memory mirror and D's box (half-width tiles when gated, 1-byte quantized elements) are what the
     # kernel exports: the host encodes D's tensor map from these.
     sym = launch.sm90_symbols(art)
