@@ -17,7 +17,13 @@ import jinja2
 
 from . import dtypes, env
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"(dgjit/[^"]+)"', re.MULTILINE)
+_INCLUDE = re.compile(r'[ \t]*#[ \t]*include[ \t]+"(dgjit/[^"]+)"')
+
+
+def _includes(text: str) -> list[str]:
+    """The dgjit headers `text` includes. Only lines mentioning "include" are matched: a MULTILINE regex over
+    the whole text tried every line start and cost ~1.8 ms per 145 KB of headers, a third of a warm load."""
+    return [m.group(1) for line in text.splitlines() if "include" in line for m in [_INCLUDE.match(line)] if m]
 
 
 def templates_dir() -> Path:
@@ -100,13 +106,13 @@ def _read_header(path: str, mtime_ns: int, size: int) -> tuple[str, tuple[str, .
     """(contents, the dgjit headers it includes). Keyed by modification time and size so that an
     edited header is read again; the cache key itself always hashes the contents."""
     text = Path(path).read_text(encoding="utf-8")
-    return text, tuple(_INCLUDE.findall(text))
+    return text, tuple(_includes(text))
 
 
 def collect_headers(source: str, include_root: Path) -> tuple[tuple[str, str], ...]:
     """Every ``#include "dgjit/..."`` reachable from `source`, with contents."""
     found: dict[str, str] = {}
-    pending = _INCLUDE.findall(source)
+    pending = _includes(source)
     while pending:
         name = pending.pop()
         if name in found:

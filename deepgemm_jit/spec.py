@@ -5,6 +5,8 @@ compiled kernel serves every M.
 """
 from __future__ import annotations
 
+import functools
+
 import operator
 from dataclasses import dataclass
 
@@ -104,7 +106,7 @@ class GemmSpec:
 
     @property
     def epi(self) -> "epilogue_mod.Epilogue":
-        return epilogue_mod.Epilogue.parse(self.epilogue)
+        return _parsed_epilogue(self.epilogue)
 
     def _check_quantized(self) -> None:
         """The 8-bit rules: which scalings, output types, layouts and type pairs go together."""
@@ -219,3 +221,10 @@ class GemmSpec:
         scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
         epi = "" if self.epilogue == "none" else "_ep_" + self.epilogue.replace("+", "_")
         return f"gemm_{types}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_epilogue(text: str) -> "epilogue_mod.Epilogue":
+    # The heuristics read spec.epi a few hundred times per build(): parse each canonical string once
+    # (Epilogue is frozen, so sharing one instance is safe).
+    return epilogue_mod.Epilogue.parse(text)
