@@ -15,6 +15,11 @@ Rules (DESIGN.md, "Cache"):
   the entry removed, and the kernel rebuilt.
 - A cache directory that cannot be written degrades to in-memory compilation with
   one CacheUnavailableWarning, never a crash.
+- The render index (``index/``) maps a digest of everything a kernel's source is rendered from (template
+  and header contents, the package's Python sources, the render context, options, versions, arch) to its
+  key, so that a warm load of a known kernel reads no template or header and renders nothing. It is an
+  accelerator only: content-addressed like the key (no paths or mtimes), any unreadable or dangling
+  entry is a miss, and the key itself is computed as always whenever the kernel is rendered.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -38,6 +44,7 @@ except ImportError:  # not POSIX: no cross-process lock, the double check still 
     fcntl = None
 
 FORMAT = 1
+_KEY = re.compile(r"[0-9a-f]{64}")
 _TOUCH_INTERVAL_S = 24 * 3600
 
 
@@ -154,6 +161,25 @@ class DiskCache:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     # -- management ---------------------------------------------------------------
+    # -- render index -------------------------------------------------------------
+    def index_path(self, render_digest: str) -> Path:
+        return self.root / "index" / render_digest[:2] / render_digest
+
+    def index_get(self, render_digest: str) -> str | None:
+        """The key recorded for `render_digest`, or None (absent or unreadable: a miss, never an error)."""
+        try:
+            key = self.index_path(render_digest).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return key if _KEY.fullmatch(key) else None
+
+    def index_put(self, render_digest: str, key: str) -> None:
+        """Record `key` for `render_digest` (best effort: a read-only or full cache just stays slower)."""
+        path = self.index_path(render_digest)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(path, key.encode("ascii"))
+
     def remove(self, key: str) -> None:
         for path in (self.meta_path(key), self.cubin_path(key)):
             with contextlib.suppress(FileNotFoundError):
@@ -207,6 +233,9 @@ class DiskCache:
             for tmp in base.glob("*/.tmp-*"):
                 with contextlib.suppress(OSError):
                     tmp.unlink()
+        for path in self.root.glob("index/*/*"):  # the render index would only point at removed keys
+            with contextlib.suppress(OSError):
+                path.unlink()
         return len(keys)
 
 

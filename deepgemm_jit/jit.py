@@ -8,6 +8,8 @@ it, so that every kernel family follows the same cache rules.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import sys
 import threading
 import time
@@ -15,11 +17,13 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, TypeVar
 
 from . import __version__, cache, compiler, env
+from . import render as render_mod
 from .config import KernelConfig
 from .errors import KernelNotCachedError
 from .render import RenderedSource, render
 from .spec import GemmSpec
 
+_INDEX_FORMAT = 1  # bump when what render_id / the index digest covers changes
 _TEMPLATES = {"sm80": ("gemm_sm80.cu.j2", "dgjit_gemm_sm80"),
               "sm90": ("gemm_sm90.cu.j2", "dgjit_gemm_sm90")}
 
@@ -90,15 +94,19 @@ def get_kernel(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifac
 
 def _build(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
     config.check_for(spec, arch)
-    built = build_artifact(render_kernel(spec, config), arch, spec_tag=spec.tag, config_tag=config.tag,
+    template, entry = _TEMPLATES[config.family]
+    # What render_kernel's output is a function of, besides the files source_digest() covers.
+    render_id = f"{template}|{entry}|{spec!r}|{config!r}"
+    built = build_artifact(lambda: render_kernel(spec, config), arch, spec_tag=spec.tag, config_tag=config.tag,
+                           render_id=render_id,
                            meta={"spec": dataclasses.asdict(spec), "config": dataclasses.asdict(config),
                                  "dynamic_smem_bytes": config.smem_bytes(spec),
                                  "num_threads": config.num_threads})
     return KernelArtifact(**vars(built), spec=spec, config=config, arch=arch)
 
 
-def build_artifact(rendered: RenderedSource, arch: str, *, spec_tag: str, config_tag: str = "",
-                   meta: dict) -> BuiltKernel:
+def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch: str, *, spec_tag: str,
+                   config_tag: str = "", meta: dict, render_id: str | None = None) -> BuiltKernel:
     """`rendered` compiled for `arch`: from the disk cache, else by NVRTC (once across processes) into it.
 
     The cache key hashes what determines the cubin and nothing else (``cache.kernel_key``: the source, its
@@ -107,7 +115,9 @@ def build_artifact(rendered: RenderedSource, arch: str, *, spec_tag: str, config
     kernel in messages and in the metadata (``name``: the tags joined by ``_``); `meta` is what the
     metadata records about it besides the compile facts (its spec, its launch sizes). With
     DEEPGEMM_JIT_OFFLINE=1 a kernel missing from the cache raises KernelNotCachedError (the caller adds
-    the warmup line, which it alone knows).
+    the warmup line, which it alone knows). With `render_id` (a string naming the render context completely,
+    e.g. template, entry and the reprs of spec and config) `rendered` may be a callable: a kernel found
+    through the cache's render index is then loaded without rendering at all.
 
     Example::
 
@@ -117,6 +127,23 @@ def build_artifact(rendered: RenderedSource, arch: str, *, spec_tag: str, config
     label = f"{spec_tag} {config_tag}" if config_tag else spec_tag
     options = compiler.compile_options(arch)
     nvrtc_version = compiler.nvrtc_version()
+    store = cache.default_cache()
+    # Render index: with `render_id` (the render context; `rendered` may then be a callable that renders), a
+    # kernel this cache has seen rendered from the same files loads without rendering (cache.py's rules).
+    render_digest = None
+    if render_id is not None and store is not None:
+        render_digest = hashlib.sha256(json.dumps(
+            [_INDEX_FORMAT, render_id, render_mod.source_digest(), list(options), list(nvrtc_version), arch,
+             __version__]).encode()).hexdigest()
+        indexed = store.index_get(render_digest)
+        entry = store.load(indexed) if indexed is not None else None
+        if entry is not None and isinstance(entry.meta.get("entry"), str):
+            if env.verbose():
+                print(f"deepgemm-jit: loaded {label} for {arch} from the cache", file=sys.stderr)
+            return BuiltKernel(key=indexed, entry=entry.meta["entry"], cubin=entry.cubin, meta=entry.meta,
+                               compiled_now=False)
+    if callable(rendered):
+        rendered = rendered()
     key = cache.kernel_key(source=rendered.source, headers=rendered.headers, options=options,
                            nvrtc_version=nvrtc_version, arch=arch, package_version=__version__)
 
@@ -143,7 +170,6 @@ def build_artifact(rendered: RenderedSource, arch: str, *, spec_tag: str, config
             "log": result.log,
         }
 
-    store = cache.default_cache()
     missing = None
     if env.offline():
         def missing() -> Exception:
@@ -153,6 +179,8 @@ def build_artifact(rendered: RenderedSource, arch: str, *, spec_tag: str, config
                 f"({where or 'disk cache disabled'})", spec_tag=spec_tag, config_tag=config_tag, arch=arch,
                 cache_dir=where)
     entry, compiled_now = cache.get_or_build(store, key, build, missing)
+    if render_digest is not None:
+        store.index_put(render_digest, key)
     if env.verbose() and not compiled_now:
         print(f"deepgemm-jit: loaded {label} for {arch} from the cache", file=sys.stderr)
     return BuiltKernel(key=key, entry=rendered.entry, cubin=entry.cubin, meta=entry.meta, compiled_now=compiled_now)

@@ -9,6 +9,8 @@ kernels that include it and nothing else.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,45 @@ def collect_headers(source: str, include_root: Path) -> tuple[tuple[str, str], .
         found[name] = text
         pending.extend(includes)
     return tuple(sorted(found.items()))
+
+
+@functools.lru_cache(maxsize=16)
+def _source_files(root: str) -> tuple[str, ...]:
+    """The files source_digest() covers for one templates root (listed once per process: adding a file to
+    the templates is not an edit a running process needs to see; editing one is, through its stat)."""
+    templates = Path(root)
+    package = Path(__file__).resolve().parent
+    files = [p for pattern in ("*.j2", "include/dgjit/*") for p in templates.glob(pattern)]
+    files += [package / name for name in _RENDERING_MODULES]
+    return tuple(sorted(str(p) for p in files if p.is_file()))
+
+
+# The package's modules whose code shapes a rendered source beyond the fields of the render context: the
+# filters here, the spec/config/epilogue properties templates read, dtype tables, the template choice.
+_RENDERING_MODULES = ("render.py", "spec.py", "config.py", "epilogue.py", "dtypes.py", "jit.py")
+
+
+@functools.lru_cache(maxsize=64)
+def _files_digest(signature: tuple[tuple[str, int, int], ...]) -> str:
+    """SHA-256 over the names (parent directory and file name, never absolute paths) and contents of the files
+    `signature` lists as (path, mtime_ns, size): the memo key, so an edited file is read again; the digest
+    itself hashes contents only."""
+    h = hashlib.sha256()
+    for name, _, _ in signature:
+        path = Path(name)
+        h.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def source_digest() -> str:
+    """A digest of everything besides the render context that a kernel's rendered source depends on: the
+    templates and headers under ``templates_dir()`` and the package modules that shape rendering
+    (``_RENDERING_MODULES``: filters, spec/config/epilogue properties, dtype tables). The render index of the disk cache keys on it; a change to any of these files changes it."""
+    signature = []
+    for name in _source_files(str(templates_dir())):
+        st = os.stat(name)
+        signature.append((name, st.st_mtime_ns, st.st_size))
+    return _files_digest(tuple(signature))
 
 
 def render(template: str, entry: str, **context) -> RenderedSource:

@@ -79,6 +79,54 @@ def test_header_change_invalidates_only_includers(cache_dir, tmp_path, monkeypat
     render._environment.cache_clear()
 
 
+def _index_files(cache_dir):
+    return [p for p in cache_dir.glob("index/*/*") if not p.name.startswith(".tmp-")]
+
+
+def test_render_index_loads_without_rendering(cache_dir, monkeypatch):
+    key = _build_small().artifact.key
+    (index,) = _index_files(cache_dir)
+    assert index.read_text() == key
+    jit.clear_memo()
+
+    def no_render(*args, **kwargs):
+        raise AssertionError("a kernel in the render index was rendered")
+
+    monkeypatch.setattr(jit, "render_kernel", no_render)
+    g = _build_small()
+    assert g.artifact.key == key and not g.artifact.compiled_now and g.artifact.entry == "dgjit_gemm_sm90"
+
+
+def test_render_index_misses_when_a_template_or_header_changes(cache_dir, tmp_path, monkeypatch):
+    root = _copy_templates(tmp_path, monkeypatch)
+    _build_small()
+    rendered = []
+    real = jit.render_kernel
+    monkeypatch.setattr(jit, "render_kernel", lambda *a: rendered.append(a) or real(*a))
+    for path in (root / "gemm_sm90.cu.j2", root / "include" / "dgjit" / "common.cuh"):
+        path.write_text(path.read_text() + "\n{# changed #}\n" if path.suffix == ".j2" else
+                        path.read_text() + "\n// changed\n")
+        jit.clear_memo()
+        before = len(rendered)
+        _build_small()
+        assert len(rendered) == before + 1, path.name  # the index did not answer for changed files
+    render._environment.cache_clear()
+
+
+def test_render_index_garbage_or_dangling_entries_are_misses(cache_dir):
+    g = _build_small()
+    (index,) = _index_files(cache_dir)
+    index.write_text("not a key")
+    jit.clear_memo()
+    assert _build_small().artifact.key == g.artifact.key  # rendered again, same key, index repaired
+    assert index.read_text() == g.artifact.key
+    cache.DiskCache(cache_dir).remove(g.artifact.key)  # the index now points at nothing
+    jit.clear_memo()
+    again = _build_small()
+    assert again.artifact.compiled_now and again.artifact.key == g.artifact.key
+    assert cache.DiskCache(cache_dir).clear() == 1 and not _index_files(cache_dir)
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "bad_json", "no_cubin"])
 def test_corrupt_entry_is_detected_and_rebuilt(cache_dir, damage):
     art = _build_small().artifact
