@@ -737,3 +737,16 @@ def test_decode_suite():
     # GB/s of a decode row counts the weight: 235 MB at M = 1, N = 7168, K = 16384 in 65 us is 3.6 TB/s.
     io = metrics.gemm_io_bytes(1, 7168, 16384, 2, 2, 2)
     assert 3.6e3 < metrics.gbps(io, 65.0) < 3.7e3
+
+
+def test_quant_epilogue_rows_and_unfused_pair(capsys):
+    from bench import quant_epilogue as qe
+
+    rows = qe.cases((64, 4096), ("quant_fp8_g128", "bias+gelu+quant_fp8_g128"))
+    assert len(rows) == 2 * 2 * 6 and rows[0] == (64, 2112, 7168, "quant_fp8_g128")
+    assert qe.unfused_epilogue("bias+gelu+quant_fp8_g128") == "bias+gelu"
+    assert qe.unfused_epilogue("quant_fp8_g128") == "none"
+    with pytest.raises(ValueError, match="quant_fp8_g128"):
+        qe.cases((64,), ("bias+gelu",))
+    assert qe.main(["--list", "--m", "128"]) == 0
+    assert capsys.readouterr().out.strip().endswith("12 rows")

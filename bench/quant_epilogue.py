@@ -1,0 +1,143 @@
+"""Fused FP8 group quantization against the unfused pair (issue 5's second bar).
+
+    python -m bench.quant_epilogue [--m 64,128,4096] [--epilogue quant_fp8_g128,bias+gelu+quant_fp8_g128]
+                                   [--reps 30] [--out bench/results] [--list]
+
+For each DeepSeek (N, K) of ``suites._DEEPSEEK_NK``, each M and each epilogue ending in ``quant_fp8_g128``:
+
+- fused: one BF16 GEMM whose epilogue writes E4M3 q and its 1x128 group scales (``build(..., epilogue=E)``);
+- unfused: the same GEMM with the epilogue minus the quantization, writing BF16 D, then
+  ``deepgemm_jit.quantize(D, "fp8", "group128")`` (what a user runs without the fused epilogue).
+
+Both start from the same fresh random operands (never zeros). The fused result is checked first: its scales
+against the scales the unfused pair computes (relative 1e-2: D is rounded to BF16 before the standalone
+quantization, the fused epilogue quantizes FP32 values) and its dequantized values against the dequantized
+unfused result (relative Frobenius error within the FP8 bound). Only a checked row is timed, with
+``timing.time_interleaved`` (L2 flushed, interleaved, medians). ratio = unfused µs / fused µs (> 1: fusing
+pays); the bar is ratio >= 1.3 at M <= 128 and >= 1.1 at M = 4096.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from .suites import _DEEPSEEK_NK
+
+DEFAULT_M = (64, 128, 4096)
+DEFAULT_EPILOGUES = ("quant_fp8_g128", "bias+gelu+quant_fp8_g128")
+QUANT_WORD = "quant_fp8_g128"
+
+
+def cases(ms, epilogues) -> list[tuple[int, int, int, str]]:
+    """(M, N, K, epilogue) rows, in run order."""
+    for epilogue in epilogues:
+        if QUANT_WORD not in epilogue.split("+"):
+            raise ValueError(f"epilogue {epilogue!r} must end in {QUANT_WORD!r} (the row compares it with the "
+                             "unfused GEMM + quantize)")
+    return [(m, n, k, e) for e in epilogues for m in ms for n, k in _DEEPSEEK_NK]
+
+
+def unfused_epilogue(epilogue: str) -> str:
+    """The epilogue of the unfused GEMM: the fused one without its quantization ("none" when nothing is left)."""
+    words = [w for w in epilogue.split("+") if w != QUANT_WORD]
+    return "+".join(words) or "none"
+
+
+def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int) -> dict:
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import reference, timing
+
+    row = {"m": m, "n": n, "k": k, "epilogue": epilogue, "status": "error", "error": None}
+    try:
+        fused = dg.build(m, n, k, dtype="bf16", epilogue=epilogue)
+        plain_epi = unfused_epilogue(epilogue)
+        plain = dg.build(m, n, k, dtype="bf16", epilogue=None if plain_epi == "none" else plain_epi)
+        rng = cupy.random.default_rng(seed)
+        a = reference.random_matrix((m, k), "bf16", rng)
+        b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+        kwargs = {}
+        if "bias" in epilogue.split("+"):
+            # Quantized outputs take a float32 bias; the unfused GEMM takes one in its output dtype (bf16).
+            bias32 = reference.random_matrix((n,), "fp32", rng)
+            kwargs_fused = {"bias": bias32}
+            kwargs = {"bias": reference._to_storage(bias32, "bf16")}
+        else:
+            kwargs_fused = {}
+        d = reference.poisoned((m, n), "bf16")
+        q, s = fused(a, b, **kwargs_fused)
+        plain(a, b, out=d, **kwargs)
+        q_ref, s_ref = dg.quantize(d, "fp8", "group128")
+        cupy.cuda.Device().synchronize()
+        scale_err = float(cupy.max(cupy.abs(s - s_ref) / cupy.abs(s_ref)))
+        deq = reference.dequantize_reference(q, s, "fp8_e4m3", "group128")
+        deq_ref = reference.dequantize_reference(q_ref, s_ref, "fp8_e4m3", "group128")
+        err = float(reference.error(deq, deq_ref))
+        row.update(scale_rel_err=scale_err, err=err)
+        if not (scale_err <= 1e-2 and reference.within_bound(err, "fp8_e4m3")):
+            row.update(status="wrong", error=f"scale_rel_err {scale_err:.2e}, err {err:.2e}")
+            return row
+        q_out, s_out = cupy.empty_like(q), cupy.empty_like(s)
+        t = timing.time_interleaved({
+            "fused": lambda: fused(a, b, out=q_out, scales_out=s_out, **kwargs_fused),
+            "unfused": lambda: (plain(a, b, out=d, **kwargs), dg.quantize(d, "fp8", "group128")),
+        }, reps=reps)
+        row.update(status="ok", fused_us=t["fused"].median_us, unfused_us=t["unfused"].median_us,
+                   ratio=t["unfused"].median_us / t["fused"].median_us, fused_config=fused.config.tag,
+                   plain_config=plain.config.tag)
+    except Exception as exc:  # reported per row; the run goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| epilogue | M | N | K | fused µs | GEMM + quantize µs | ratio | err | status |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for r in rows:
+        f = (lambda key, fmt: format(r[key], fmt) if r.get(key) is not None else "-")
+        lines.append(f"| {r['epilogue']} | {r['m']} | {r['n']} | {r['k']} | {f('fused_us', '.1f')} | "
+                     f"{f('unfused_us', '.1f')} | {f('ratio', '.3f')} | {f('err', '.1e')} | "
+                     f"{r['status']}{': ' + r['error'] if r.get('error') else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.quant_epilogue", description=__doc__.split("\n\n")[0])
+    p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma list of M")
+    p.add_argument("--epilogue", default=",".join(DEFAULT_EPILOGUES), help="comma list, each ending in "
+                   f"{QUANT_WORD}")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
+    args = p.parse_args(argv)
+    rows_spec = cases([int(x) for x in args.m.split(",")], [e.strip() for e in args.epilogue.split(",")])
+    if args.list:
+        for m, n, k, e in rows_spec:
+            print(f"{e:32s} m{m} n{n} k{k}")
+        print(f"{len(rows_spec)} rows")
+        return 0
+    seed = args.seed if args.seed is not None else int(time.time())
+    rows = []
+    for i, (m, n, k, e) in enumerate(rows_spec):
+        rows.append(run_case(m, n, k, e, args.reps, seed + i))
+        r = rows[-1]
+        print(f"[{i + 1}/{len(rows_spec)}] {e} m{m} n{n} k{k}: {r['status']} "
+              f"{'' if r.get('ratio') is None else format(r['ratio'], '.3f')} {r.get('error') or ''}", flush=True)
+    text = markdown(rows)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-quant-epilogue"
+    (out / f"{stem}.json").write_text(json.dumps({"argv": sys.argv, "seed": seed, "rows": rows}, indent=1))
+    (out / f"{stem}.md").write_text(text)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
