@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 
+from . import driver
 from .jit import BuiltKernel
 
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in
@@ -32,8 +33,8 @@ class LoadedKernel:
 
     def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: "PackedArgs", stream) -> None:
         """Launch on `stream` (a CuPy stream); every driver error raises LaunchError before returning."""
-        code = _launch_kernel()(self.function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                self.dynamic_smem_bytes, stream.ptr, args.params, None)
+        code = _cu_launch_kernel()(self.function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                   self.dynamic_smem_bytes, stream.ptr, args.params, None)
         if code != 0:
             raise LaunchError(code, grid, block)
 
@@ -42,11 +43,8 @@ class LaunchError(RuntimeError):
     """cuLaunchKernel failed (the CUresult and its name are in the message)."""
 
     def __init__(self, code: int, grid, block):
-        name = ctypes.c_char_p()
-        label = "unknown CUresult"
-        if _libcuda().cuGetErrorName(code, ctypes.byref(name)) == 0 and name.value:
-            label = name.value.decode()
-        super().__init__(f"cuLaunchKernel failed with {code} ({label}); grid {tuple(grid)}, block {tuple(block)}")
+        super().__init__(f"cuLaunchKernel failed with {code} ({driver.error_name(code)}); grid {tuple(grid)}, "
+                         f"block {tuple(block)}")
         self.code = code
 
 
@@ -68,20 +66,8 @@ class PackedArgs:
 
 
 @functools.lru_cache(maxsize=None)
-def _libcuda():
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuGetErrorName.restype = ctypes.c_int
-    lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    return lib
-
-
-@functools.lru_cache(maxsize=None)
-def _launch_kernel():
-    fn = _libcuda().cuLaunchKernel
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                   ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    return fn
+def _cu_launch_kernel():
+    return driver.libcuda().cuLaunchKernel  # resolved once: this is on every call's path
 
 
 _loaded: dict[tuple[str, int], LoadedKernel] = {}

@@ -17,6 +17,8 @@ import functools
 
 import numpy as np
 
+from . import driver
+
 __all__ = ["TensorMapError", "TMA_DTYPES", "SWIZZLE_BYTES", "validate_tiled_2d", "encode_tiled_2d"]
 
 TENSOR_MAP_BYTES = 128
@@ -162,36 +164,11 @@ def _encode_cuda_bindings(cu_dtype, ptr, dims, strides, box, swizzle, *, request
     return ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES)
 
 
-@functools.lru_cache(maxsize=None)
-def _libcuda():
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuTensorMapEncodeTiled
-    fn.restype = ctypes.c_int
-    fn.argtypes = [
-        ctypes.c_void_p,                   # CUtensorMap* tensorMap
-        ctypes.c_int,                      # CUtensorMapDataType
-        ctypes.c_uint32,                   # tensorRank
-        ctypes.c_void_p,                   # globalAddress
-        ctypes.POINTER(ctypes.c_uint64),   # globalDim
-        ctypes.POINTER(ctypes.c_uint64),   # globalStrides
-        ctypes.POINTER(ctypes.c_uint32),   # boxDim
-        ctypes.POINTER(ctypes.c_uint32),   # elementStrides
-        ctypes.c_int,                      # interleave
-        ctypes.c_int,                      # swizzle
-        ctypes.c_int,                      # l2Promotion
-        ctypes.c_int,                      # oobFill
-    ]
-    # cuInit is idempotent; encoding before any other driver call would fail without it.
-    lib.cuInit.restype = ctypes.c_int
-    lib.cuInit.argtypes = [ctypes.c_uint]
-    code = lib.cuInit(0)
-    if code != 0:
-        raise TensorMapError(code, "cuInit failed", {})
-    return lib
-
-
 def _encode_ctypes(cu_dtype, ptr, dims, strides, box, swizzle, *, request) -> bytes:
-    lib = _libcuda()
+    try:
+        lib = driver.libcuda()
+    except RuntimeError as exc:  # cuInit failed
+        raise TensorMapError(-1, str(exc), request) from exc
     out = (ctypes.c_uint8 * TENSOR_MAP_BYTES)()
     ctypes_dims = (ctypes.c_uint64 * 2)(*dims)
     ctypes_strides = (ctypes.c_uint64 * 1)(*strides)
@@ -206,12 +183,6 @@ def _encode_ctypes(cu_dtype, ptr, dims, strides, box, swizzle, *, request) -> by
                                       ctypes_strides, ctypes_box, ctypes_elem_strides, _INTERLEAVE_NONE, swizzle,
                                       _L2_PROMOTION_256B, _OOB_FILL_ZERO)
     if code != 0:
-        name = ctypes.c_char_p()
-        get_name = getattr(lib, "cuGetErrorName", None)
-        if get_name is not None and get_name(code, ctypes.byref(name)) == 0 and name.value:
-            label = name.value.decode()
-        else:
-            label = "see cuda.h CUresult"
-        raise TensorMapError(code, label, request)
+        raise TensorMapError(code, driver.error_name(code, lib), request)
     ctypes.memmove(out, aligned, TENSOR_MAP_BYTES)
     return bytes(out)
