@@ -69,7 +69,6 @@ class Gemm:
         self.config = artifact.config
         self.artifact = artifact
         # Resolved once here rather than on every call.
-        self._in_dtype = dtypes.numpy_dtype(spec.dtype)
         self._a_dtypes = _accepted_dtypes(spec.dtype)
         self._b_dtypes = _accepted_dtypes(spec.b_type)
         # 8-bit operands and fused epilogues exist only in the Hopper family (no portable fallback kernel).
@@ -100,7 +99,6 @@ class Gemm:
     # -- validation -------------------------------------------------------------
     def _operands(self, a, b, out) -> tuple[int, MatrixView, MatrixView, MatrixView | None]:
         spec = self.spec
-        in_dtype = self._in_dtype
         va = matrix_view(a, "a")
         vb = matrix_view(b, "b")
         for view, arg, accepted, name in ((va, "a", self._a_dtypes, spec.dtype), (vb, "b", self._b_dtypes, spec.b_type)):
@@ -312,7 +310,7 @@ class Gemm:
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit
                 plan.run(runtime.stream_for(kind, stream, plan.device_id))
-                return out
+                return (out, scales_out) if self._epi.has_group_scales else out
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
         sa, sb = self._scales(m, va, vd, scale_a, scale_b)
@@ -331,6 +329,9 @@ class Gemm:
         if out is None:
             out = self._new_output(kind, m, dev)
             vd = matrix_view(out, "out")
+        # A launch plan is replayed only for calls whose every written buffer the caller passed (out=, and
+        # scales_out= for quant_fp8_g128): a plan writing into a buffer allocated here would hand it out again.
+        replayable = key is not None and (not self._epi.has_group_scales or scales_out is not None)
         if self._epi.has_group_scales:  # quant_fp8_g128 returns (q, scales)
             if scales_out is None:
                 scales_out = self._new_scales(kind, m, dev)
@@ -348,8 +349,8 @@ class Gemm:
                 plan = None
             if plan is not None:
                 plan.run(cu_stream)
-                self._remember_plan(key, plan, kind)
-                return out
+                self._remember_plan(key if replayable else None, plan, kind)
+                return result
         if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
             self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
             return result
@@ -357,13 +358,11 @@ class Gemm:
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
                            epi)
         plan.run(cu_stream)
-        self._remember_plan(key, plan, kind)
+        self._remember_plan(key if replayable else None, plan, kind)
         return result
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
-        # quant_fp8_g128 calls return (q, scales), which the replay path (it returns `out`) does not: they are
-        # validated on every call.
-        if key is not None and None not in key and not self._epi.has_group_scales:
+        if key is not None and None not in key:
             if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
                 self._launch_plans.clear()
             self._launch_plans[key] = (plan, kind)
@@ -404,7 +403,7 @@ class Gemm:
                                                 vd2.row_stride * vd2.itemsize, vd.cols * vd.itemsize, vd.rows, 3,
                                                 cu_stream.ptr)
             cu_stream.synchronize()
-            del staged
+            staged.clear()  # the copies are done (synchronised above): release the buffers
 
     def _new_output(self, kind: str, m: int, device_id: int):
         shape = self.spec.out_shape(m)

@@ -206,6 +206,23 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert not bool(cupy.isnan(scales).any()) and bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
     assert not bool((q == 0xFF).any()), case
     _check_quantized_q(q, q_ref, "fp8_e4m3", case)
+    # Launch plans are kept only for calls that pass every buffer written (out= and scales_out=): the first call
+    # allocated its scales when scales_out was None, and a replay would hand that buffer out again.
+    plans = 1 if column_major_scales else 0
+    assert len(g._launch_plans) == plans, case
+    a2 = reference.random_matrix((m, k), "bf16", rng)
+    again = g(a2, b, bias=bias, out=q, scales_out=scales)
+    assert again[0] is q and again[1] is scales and len(g._launch_plans) == plans + 1, case
+    _, s_ref2 = reference.quantized_epilogue_reference(
+        reference.unfused_epilogue(reference.to_float64(a2) @ reference.to_float64(b).T, epi, bias=bias), epi)
+    assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
+    scales.fill(cupy.nan)
+    replayed = g(a2, b, bias=bias, out=q, scales_out=scales)  # the replay path: same signatures
+    assert replayed[0] is q and replayed[1] is scales and len(g._launch_plans) == plans + 1, case
+    assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
+    fresh = g(a2, b, bias=bias, out=q)
+    assert len(g._launch_plans) == plans + 1, case
+    assert fresh[1] is not scales and bool(cupy.array_equal(fresh[1], scales)), case
 
 
 def test_quant_tensor_fp8_with_amax_and_int8():
