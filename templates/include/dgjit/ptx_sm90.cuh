@@ -499,6 +499,9 @@ DGJIT_DEVICE uint32_t pack_f16x2(float lo, float hi) {
 DGJIT_DEVICE void st_shared_b32(uint32_t smem_addr, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" : : "r"(smem_addr), "r"(value) : "memory");
 }
+DGJIT_DEVICE void st_shared_b16(uint32_t smem_addr, uint16_t value) {
+  asm volatile("st.shared.b16 [%0], %1;\n" : : "r"(smem_addr), "h"(value) : "memory");
+}
 DGJIT_DEVICE void st_shared_v2_f32(uint32_t smem_addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" : : "r"(smem_addr), "f"(x), "f"(y) : "memory");
 }
