@@ -172,11 +172,12 @@ def _check_quantized_q(q, q_ref, dtype, case):
     assert int(dist.max()) <= 1, (case, int(dist.max()), int((dist > 0).sum()))
 
 
-@pytest.mark.parametrize("m,n,k,epilogue,column_major_scales", [
-    (257, 1000, 512, "bias+sigmoid+quant_fp8_g128", False),  # N_out % 128 != 0 (masked tail), q rows unaligned: staged
-    (131, 2080, 777, "swiglu+quant_fp8_g128", True),         # gated: 1040 output columns, K staged
+@pytest.mark.parametrize("m,n,k,epilogue,column_major_scales,staged", [
+    (257, 1000, 512, "bias+sigmoid+quant_fp8_g128", False, True),  # N_out % 128 != 0 (masked tail), q rows unaligned
+    (131, 2080, 777, "swiglu+quant_fp8_g128", True, True),         # gated: 1040 output columns, K unaligned
+    (200, 1024, 512, "bias+gelu+quant_fp8_g128", True, False),     # TMA-legal: launch plans kept and replayed
 ])
-def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales):
+def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales, staged):
     """(q, scales) equal quantize_reference of the float64 unfused result rounded to float32: scales to float32
     accumulation accuracy, q within one FP8 ulp; every element and scale written."""
     import cupy
@@ -206,13 +207,22 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert not bool(cupy.isnan(scales).any()) and bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
     assert not bool((q == 0xFF).any()), case
     _check_quantized_q(q, q_ref, "fp8_e4m3", case)
-    # Launch plans are kept only for calls that pass every buffer written (out= and scales_out=): the first call
-    # allocated its scales when scales_out was None, and a replay would hand that buffer out again.
-    plans = 1 if column_major_scales else 0
+    # Launch plans are kept only for TMA-legal calls (staged ones copy operands first) that pass every buffer
+    # written (out= and scales_out=): the first call allocated its scales when scales_out was None, and a replay
+    # would hand that buffer out again.
+    plans = 1 if column_major_scales and not staged else 0
     assert len(g._launch_plans) == plans, case
     a2 = reference.random_matrix((m, k), "bf16", rng)
     again = g(a2, b, bias=bias, out=q, scales_out=scales)
-    assert again[0] is q and again[1] is scales and len(g._launch_plans) == plans + 1, case
+    assert again[0] is q and again[1] is scales, case
+    assert len(g._launch_plans) == (0 if staged else plans + 1), case
+    if not staged:  # a third call with the same buffers replays the plan of the second
+        g(a2, b, bias=bias, out=q, scales_out=scales)
+        assert len(g._launch_plans) == plans + 1, case
+    v2 = reference.unfused_epilogue(reference.to_float64(a2) @ reference.to_float64(b).T, epi, bias=bias)
+    q_ref2, s_ref2 = reference.quantized_epilogue_reference(v2, epi)
+    assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
+    _check_quantized_q(q, q_ref2, "fp8_e4m3", case)
     _, s_ref2 = reference.quantized_epilogue_reference(
         reference.unfused_epilogue(reference.to_float64(a2) @ reference.to_float64(b).T, epi, bias=bias), epi)
     assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
