@@ -750,3 +750,316 @@ def test_quant_epilogue_rows_and_unfused_pair(capsys):
         qe.cases((64,), ("bias+gelu",))
     assert qe.main(["--list", "--m", "128"]) == 0
     assert capsys.readouterr().out.strip().endswith("12 rows")
+
+
+# ------------------------------------------------------------------------------ bench.moe (issue 8: grouped GEMMs)
+def test_moe_cases_and_list(capsys):
+    from bench import moe
+    rows = moe.cases()
+    assert len(rows) == 2 * (2 * 3 * 2 + 5 * 3 * 2) == 84
+    assert len({c.tag for c in rows}) == len(rows)
+    assert {(c.n, c.k) for c in rows} == {(4096, 7168), (7168, 2048)}
+    contig = [c for c in rows if c.layout == "contiguous"]
+    assert {(c.groups, c.rows) for c in contig} == {(4, 8192), (8, 4096)}
+    assert {(c.index, c.sizes) for c in contig} == {("offs", "even"), ("offs", "uneven"), ("m_indices", "uneven")}
+    masked = [c for c in rows if c.layout == "masked"]
+    assert {c.groups for c in masked} == {1, 2, 4, 8, 16} and {c.rows for c in masked} == {256, 512, 1024}
+    assert {c.max_m for c in masked} == {384, 768, 1536}
+    bar = moe.MoeCase("contiguous", "offs", "even", "fp8", 4, 8192, 4096, 7168)
+    assert bar in rows and bar.tag == "fp8_contig_offs_even_g4x8192_n4096k7168"
+    assert bar in moe.cases(quick=True) and len(moe.cases(quick=True)) == 2 * 2 * len(moe.QUICK)
+    assert all(c.dtype == "bf16" and c.layout == "masked" for c in moe.cases(("masked",), ("bf16",)))
+    with pytest.raises(ValueError, match="unknown layout"):
+        moe.cases(("ragged",))
+    with pytest.raises(ValueError, match="take index"):
+        moe.MoeCase("masked", "offs", "random", "bf16", 2, 256, 4096, 7168)
+    assert moe.main(["--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "84 rows" and out[0].startswith("bf16_contig_offs_even_g4x8192_n4096k7168")
+    assert moe.main(["--list", "--only", "fp8_masked_g16", "--dtype", "fp8"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "6 rows"
+    assert moe.main(["--list", "--dtype", "fp16"]) == 2
+
+
+def test_moe_group_sizes():
+    import random
+
+    from bench import moe
+    for total, groups in ((32768, 4), (32768, 8), (7, 3), (0, 2), (100, 1)):
+        sizes = moe.uneven_sizes(total, groups, random.Random(total * 31 + groups))
+        assert len(sizes) == groups and sum(sizes) == total and min(sizes) >= 0
+    sizes = moe.uneven_sizes(32768, 8, random.Random(0))
+    assert max(sizes) > 1.3 * min(sizes)                       # uneven indeed
+    c = moe.MoeCase("contiguous", "offs", "uneven", "bf16", 8, 4096, 4096, 7168)
+    same = [moe.MoeCase("contiguous", "m_indices", "uneven", "fp8", 8, 4096, 7168, 2048)]
+    assert all(moe.group_sizes(c) == moe.group_sizes(s) for s in same)    # not dtype, (N, K) or index
+    assert moe.group_sizes(c, 1) != moe.group_sizes(c, 0) and sum(moe.group_sizes(c, 1)) == 32768
+    even = moe.MoeCase("contiguous", "offs", "even", "bf16", 4, 8192, 4096, 7168)
+    assert moe.group_sizes(even) == [8192] * 4
+    for c in (c for c in moe.cases() if c.layout == "masked"):
+        counts = moe.group_sizes(c)
+        assert len(counts) == c.groups
+        assert all(0 <= x <= c.max_m and c.rows // 2 <= x <= c.rows * 3 // 2 for x in counts), (c.tag, counts)
+        assert c.max_m % 128 == 0 and c.max_m >= c.rows * 3 // 2
+    capped = moe.masked_counts(50, 1024, 600, random.Random(3))
+    assert max(capped) == 600 and min(capped) >= 512
+
+
+def test_moe_layout_indexes_cover_every_row_once():
+    from bench import moe
+    sizes = [5, 130, 0, 128]
+    assert moe.offsets_end(sizes) == [5, 135, 135, 263]
+    ids = moe.m_indices(sizes)
+    assert len(ids) == 128 + 256 + 0 + 128
+    assert ids[:5] == [0] * 5 and ids[5:128] == [-1] * 123 and ids[128:258] == [1] * 130 and ids[-1] == 3
+    assert ids.count(-1) == 123 + 126
+    for case in (moe.MoeCase("contiguous", "m_indices", "uneven", "bf16", 4, 66, 64, 256),
+                 moe.MoeCase("contiguous", "offs", "uneven", "bf16", 4, 66, 64, 256),
+                 moe.MoeCase("masked", "masked_m", "random", "bf16", 4, 256, 64, 256)):
+        shape = moe.a_shape(case, sizes)
+        flat_rows = shape[0] * (shape[1] if case.layout == "masked" else 1)
+        assert moe.segment_starts(case, sizes)[1] == flat_rows
+        seen = [0] * flat_rows
+
+        def mark(ix):
+            if case.layout == "masked":
+                g, sl = ix
+                rows = range(g * case.max_m + sl.start, g * case.max_m + sl.stop)
+            else:
+                rows = range(ix[0].start, ix[0].stop)
+            for r in rows:
+                seen[r] += 1
+        for ix in moe.group_index(case, sizes) + moe.pad_index(case, sizes):
+            mark(ix)
+        assert set(seen) == {1}, case.tag                          # valid + untouched rows tile a exactly
+        if case.index == "m_indices":
+            valid = [r for ix in moe.group_index(case, sizes) for r in range(ix[0].start, ix[0].stop)]
+            assert sorted(valid) == [r for r, g in enumerate(ids) if g >= 0]
+    fp8 = moe.MoeCase("masked", "masked_m", "random", "fp8", 4, 256, 4096, 7168)
+    assert moe.fp8_scale_shapes(fp8, sizes) == ((4, 384, 56), (4, 32, 56))
+    contig = moe.MoeCase("contiguous", "offs", "even", "fp8", 4, 8192, 7168, 2048)
+    assert moe.fp8_scale_shapes(contig, [8192] * 4) == ((32768, 16), (4, 56, 16))
+    assert moe.valid_flops(contig, [8192] * 4) == 2 * 32768 * 7168 * 2048
+
+
+def test_moe_file_names_summary_and_markdown(tmp_path):
+    from bench import moe
+    date = "2026-11-29T07:15:02+00:00"
+    assert moe.result_stem(date, "0123456789abcdef", False, "f" * 64) == "20261129T071502Z-moe-0123456"
+    assert moe.result_stem(date, "0123456789abcdef", True, "f" * 64) == "20261129T071502Z-moe-0123456-dirty"
+    assert moe.result_stem(date, None, None, "abcdef0123" * 6) == "20261129T071502Z-moe-srcabcdef0"
+
+    def row(case, us, base_us, status="ok"):
+        r = moe.empty_row(case)
+        sizes = moe.group_sizes(case)
+        r.update(status=status, group_sizes=sizes, valid_rows=sum(sizes), err=3e-3)
+        if status == "ok":
+            flops = moe.valid_flops(case, sizes)
+            r.update(us=us, tflops=flops / us / 1e6, baseline="torch._grouped_mm", baseline_us=base_us,
+                     ratio=base_us / us)
+        return r
+    c = moe.cases()
+    bar = moe.MoeCase("contiguous", "offs", "even", "fp8", 4, 8192, 4096, 7168)
+    rows = [row(c[0], 100.0, 150.0), row(c[20], 10.0, 10.0), row(c[30], 1.0, 1.0, status="fail"),
+            row(bar, 1400.0, 2000.0)]
+    rows[-1]["rowwise_us"] = 1300.0
+    s = moe.summarize(rows)
+    assert s["geomean_ratio"]["bf16"]["ratio"] == pytest.approx(math.sqrt(1.5))
+    assert s["geomean_ratio"]["bf16"]["n"] == 2 and s["geomean_ratio"]["bf16"]["n_bad"] == 1
+    assert s["bar"]["bf16_geomean_ratio>=1.2"] is True and s["bar"]["fp8_geomean_ratio>=1.2"] is True
+    fp8_tflops = 2 * 32768 * 4096 * 7168 / 1400.0 / 1e6
+    assert s["bar"]["fp8_contig_4x8192_n4096k7168_tflops"] == pytest.approx(fp8_tflops)
+    assert s["bar"]["fp8_contig_4x8192_n4096k7168>=1350"] is (fp8_tflops >= 1350)
+    assert set(s["geomean_by_layout"]) == {"bf16/contiguous", "bf16/masked", "fp8/contiguous"}
+    header = {"date": date, "gpu": "NVIDIA H200", "torch": "2.11", "reps": 30, "command": "python -m bench.moe"}
+    md = moe.markdown(header, rows, s)
+    head = next(line for line in md.splitlines() if line.startswith("| layout |"))
+    for col in ("| dtype |", "| G |", "| rows |", "| ours µs |", "| baseline µs |", "| baseline |", "| ratio |",
+                "| our TFLOPS |", "| status |", "| torch rowwise µs |"):
+        assert col in head
+    body = [line for line in md.splitlines() if line.startswith("| contiguous") or line.startswith("| masked")]
+    assert len(body) == 4 and all(line.count("|") == head.count("|") for line in body)
+    assert "geomean bf16: ratio 1.225" in md and "**fail**" in md
+    record = json.loads(moe.to_json(header, rows, s))
+    assert record["bench"] == "moe" and record["summary"]["geomean_ratio"]["fp8"]["n"] == 1
+    assert "fp8_contig_offs_even_g4x8192_n4096k7168" in moe.short_table(rows)
+
+
+def test_moe_torch_apis_of_the_local_torch():
+    torch = pytest.importorskip("torch")
+    from bench import moe
+    apis = moe.torch_apis(torch)
+    assert set(apis) >= {"torch._grouped_mm", "torch._scaled_grouped_mm", "F.scaled_mm"}
+    assert all(isinstance(v, bool) for v in apis.values())
+
+
+# bench.moe's row end to end on the CPU: NumPy stands in for CuPy, a NumPy grouped GEMM for ours, the library's
+# quantization reference for dg.quantize; the torch baselines are the real code on CPU torch (its
+# torch._grouped_mm runs on the CPU; its block-scaled F.scaled_mm and _scaled_grouped_mm do not, so fp8 rows
+# get a NumPy-backed F.scaled_mm stand-in or report them unavailable).
+class _FakeGrouped:
+    def __init__(self, np, damage=None):
+        self.np, self.damage, self.calls = np, damage, []
+        self.family, self.config = "sm90_grouped", "m128n128_s4"
+
+    def __call__(self, a, b, *, out, offs=None, m_indices=None, masked_m=None, scale_a=None, scale_b=None):
+        from deepgemm_jit import reference
+        np = self.np
+        self.calls.append(sorted(k for k, v in (("offs", offs), ("m_indices", m_indices), ("masked_m", masked_m),
+                                                ("scale_a", scale_a)) if v is not None))
+
+        def deq_a(ix):
+            if scale_a is None:
+                return reference.to_float64(a[ix])
+            return reference.dequantize_reference(a[ix], scale_a[ix], "fp8_e4m3", "group128")
+
+        def deq_b(g):
+            if scale_b is None:
+                return reference.to_float64(b[g])
+            return reference.dequantize_reference(b[g], scale_b[g], "fp8_e4m3", "block128")
+        groups = b.shape[0]
+        if masked_m is not None:
+            index = [(g, slice(0, int(masked_m[g]))) for g in range(groups)]
+        elif offs is not None:
+            ends = [0] + [int(x) for x in offs]
+            index = [(slice(ends[g], ends[g + 1]),) for g in range(groups)]
+        else:
+            ids = np.asarray(m_indices)
+            index = [(np.flatnonzero(ids == g),) for g in range(groups)]
+        for g, ix in enumerate(index):
+            out[ix] = (deq_a(ix) @ deq_b(g).T).astype(out.dtype)
+        if self.damage == "pad_written":
+            out[(0, -1) if masked_m is not None else (-1,)] = 0
+        if self.damage == "wrong":
+            out[(0, 0) if masked_m is not None else (0,)] += 100
+        return out
+
+
+@pytest.fixture
+def moe_cpu(monkeypatch):
+    import contextlib
+    import sys
+    import types
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("ml_dtypes")
+    torch = pytest.importorskip("torch")
+    import deepgemm_jit
+    from bench import moe, runner
+    from deepgemm_jit import baseline, dtypes, reference, timing
+
+    class CupyOnNumpy(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+    shim = CupyOnNumpy("cupy")
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+    shim.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
+                                      get_current_stream=lambda: stream)
+    shim.random = types.SimpleNamespace(default_rng=np.random.default_rng)
+    shim.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", shim)
+    monkeypatch.setattr(runner, "cupy", shim)
+
+    def poisoned(shape, name):
+        x = np.empty(shape, dtype=dtypes.numpy_dtype(name))
+        x.view(np.uint8)[...] = reference.POISON_BYTE
+        return x
+    monkeypatch.setattr(reference, "poisoned", poisoned)
+    monkeypatch.setattr(deepgemm_jit, "quantize", lambda x, dtype, gran: reference.quantize_reference(x, dtype, gran))
+
+    def to_torch(x):
+        if x.dtype.itemsize == 2 and x.dtype.kind not in "iu":     # bf16 (ml_dtypes)
+            return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(x)
+    monkeypatch.setattr(baseline, "_torch_cuda_missing", lambda: None)
+    monkeypatch.setattr(baseline, "_on_cupy_stream", lambda torch: contextlib.nullcontext)
+    monkeypatch.setattr(baseline, "cupy_to_torch", to_torch)
+    monkeypatch.setattr(baseline, "_to_cupy_f64", lambda torch, t: t.to(torch.float64).numpy())
+
+    def fake_block_calls(torch, a, b, recipe, sa, sb, out, **kw):     # F.scaled_mm(1x128, 128x128) in torch on CPU
+        assert recipe == "block" and sa.shape == (a.shape[0], -(-a.shape[1] // 128)) and sb.shape[0] == -(
+            -b.shape[0] // 128)
+
+        def call():
+            ea = sa.repeat_interleave(128, 1)[:, :a.shape[1]]
+            eb = sb.repeat_interleave(128, 0).repeat_interleave(128, 1)[:b.shape[0], :b.shape[1]]
+            return ((a.double() * ea.double()) @ (b.double() * eb.double()).t()).to(torch.bfloat16)
+        return [("fake F.scaled_mm(1x128,128x128)", call)]
+
+    us = {"ours": 80.0, "grouped": 100.0, "loop": 120.0, "rowwise": 70.0}
+
+    def time_interleaved(fns, *, reps, warmup, flush):
+        for fn in fns.values():
+            fn()
+        return {name: timing.Timing(us[name], us[name], us[name], us[name], reps, 5.0, 50.0, ()) for name in fns}
+    monkeypatch.setattr(timing, "time_interleaved", time_interleaved)
+
+    real_block_calls = baseline.torch_scaled_mm_calls
+
+    def run(case, damage=None, fp8_loop=True):
+        monkeypatch.setattr(baseline, "torch_scaled_mm_calls", fake_block_calls if fp8_loop else real_block_calls)
+        gemm = _FakeGrouped(np, damage)
+        built = {}
+
+        def build_grouped(n, k, *, dtype, expected_m, num_groups):
+            built.update(n=n, k=k, dtype=dtype, expected_m=expected_m, num_groups=num_groups)
+            return gemm
+        monkeypatch.setattr(deepgemm_jit, "build_grouped", build_grouped, raising=False)
+        ctx = moe.Context(reps=30, warmup=1, seed=5, sizes_seed=0, rowwise=True, flusher=object())
+        row = moe.run_case(case, ctx, 0)
+        return row, built, gemm.calls
+
+    return run
+
+
+@pytest.mark.parametrize("index,sizes", [("offs", "even"), ("offs", "uneven"), ("m_indices", "uneven")])
+def test_moe_row_contiguous_bf16_on_cpu(moe_cpu, index, sizes):
+    from bench import moe
+    case = moe.MoeCase("contiguous", index, sizes, "bf16", 3, 40, 64, 256)
+    row, built, calls = moe_cpu(case)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert built == {"n": 64, "k": 256, "dtype": "bf16", "expected_m": 40, "num_groups": 3}
+    assert calls[0] == [index]
+    assert row["err"] < 1e-2 and sum(row["group_sizes"]) == row["valid_rows"] == 120
+    assert set(row["contenders"]) == {"grouped", "loop"}
+    assert all(c["err"] < 1e-2 for c in row["contenders"].values())
+    assert row["baseline"].startswith("torch._grouped_mm") and row["ratio"] == pytest.approx(100 / 80)
+    assert row["tflops"] == pytest.approx(2 * 120 * 64 * 256 / 80.0 / 1e6)
+    assert row["contenders"]["loop"]["name"] == "torch.mm loop x3"
+    if index == "m_indices":
+        assert row["m_total"] == 3 * 128 and row["pad_rows"] == 3 * 128 - 120 and row["untouched_bad"] == 0
+        assert "packed" in row["baseline"]
+    else:
+        assert row["m_total"] == 120 and row["pad_rows"] == 0
+
+
+def test_moe_row_masked_bf16_and_damage_on_cpu(moe_cpu):
+    from bench import moe
+    case = moe.MoeCase("masked", "masked_m", "random", "bf16", 3, 64, 64, 256)
+    row, built, calls = moe_cpu(case)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert calls[0] == ["masked_m"] and row["max_m"] == 128 and row["m_total"] == 3 * 128
+    assert row["pad_rows"] == 3 * 128 - row["valid_rows"] and row["untouched_bad"] == 0
+    assert row["ratio"] == pytest.approx(100 / 80)
+    row, _, _ = moe_cpu(case, damage="pad_written")
+    assert row["status"] == "fail" and row["us"] is None and "padding" in row["note"] and row["untouched_bad"] == 64
+    row, _, _ = moe_cpu(moe.MoeCase("contiguous", "m_indices", "uneven", "bf16", 3, 40, 64, 256), damage="pad_written")
+    assert row["status"] == "fail" and row["untouched_bad"] == 64
+    row, _, _ = moe_cpu(case, damage="wrong")
+    assert row["status"] == "fail" and row["us"] is None and "not timed" in row["note"]
+
+
+@pytest.mark.parametrize("layout,index,sizes", [("masked", "masked_m", "random"), ("contiguous", "offs", "uneven")])
+def test_moe_row_fp8_on_cpu(moe_cpu, layout, index, sizes):
+    from bench import moe
+    case = moe.MoeCase(layout, index, sizes, "fp8", 3, 64, 256, 384)
+    row, built, calls = moe_cpu(case)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert built["dtype"] == "fp8" and calls[0] == sorted([index, "scale_a"])
+    assert row["err"] < 1e-2 and 0 < row["err_cos"] < 1e-2
+    assert row["contenders"]["loop"]["err"] < 1e-2 and row["contenders"]["loop"]["same_recipe"]
+    assert row["baseline"] == "fake F.scaled_mm(1x128,128x128) loop x3" and row["ratio"] == pytest.approx(1.5)
+    # CPU torch has no _scaled_grouped_mm kernel: the row-wise contender is reported unavailable, never the baseline
+    assert row["rowwise_us"] is None and any("_scaled_grouped_mm" in r for r in row["unavailable"])
+    row, _, _ = moe_cpu(case, fp8_loop=False)                  # CPU torch refuses block scales: ours alone
+    assert row["status"] == "ok" and row["ratio"] is None and "no baseline" in row["note"]
