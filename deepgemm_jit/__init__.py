@@ -16,12 +16,13 @@ __version__ = "0.1.0"
 from .errors import (CacheCorruptionWarning, CacheUnavailableWarning, CompileError,  # noqa: E402
                      DeepGemmError, NoGPUError)
 from .api import Gemm, build, gemm  # noqa: E402
+from .grouped import GroupedGemm, build_grouped  # noqa: E402
 from .spec import GemmSpec  # noqa: E402
 from .config import KernelConfig  # noqa: E402
 from .epilogue import Epilogue, deinterleave_gate_up, interleave_gate_up  # noqa: E402
 from .quantization import dequantize, quantize  # noqa: E402
 
-__all__ = ["build", "gemm", "quantize", "dequantize", "Gemm", "GemmSpec", "Epilogue", "KernelConfig",
+__all__ = ["build", "build_grouped", "gemm", "quantize", "dequantize", "Gemm", "GroupedGemm", "GemmSpec", "Epilogue", "KernelConfig",
            "interleave_gate_up", "deinterleave_gate_up",
            "DeepGemmError", "CompileError", "NoGPUError", "CacheCorruptionWarning", "CacheUnavailableWarning",
            "__version__"]

@@ -211,7 +211,7 @@ def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     K-major (the TMA/WGMMA layouts implemented so far) and TMA-legal row strides (16-byte
     multiples for A, B and D). 8-bit specs and fused epilogues always go to sm90 (they have no other
     family); operands TMA cannot describe are staged through padded copies at call time."""
-    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none":
+    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped:
         return arch == "sm_90a"
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
@@ -235,6 +235,8 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     problem = sm90_epilogue_block_n_problem(spec, cfg.block_n)
     if problem is not None:
         raise ValueError(f"config {cfg.tag} cannot run epilogue {spec.epilogue!r}: {problem}")
+    if cfg.pingpong and spec.grouped:
+        raise ValueError("grouped GEMMs run cooperative tiles (pingpong=False)")
     if cfg.pingpong and cfg.block_m not in (64, 128):
         raise ValueError(f"ping-pong consumers each hold a whole tile: block_m must be 64 or 128, got {cfg.block_m}")
     accumulators = sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote, cfg.pingpong)
@@ -351,6 +353,8 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
     per element, a short K, and no more waves (counted in cooperative-tile areas) than the cooperative tile;
     2112 columns at 128x128 need 5 waves where 128x176 needs 3 (measured 21% slower)."""
     epi = spec.epi
+    if spec.grouped:
+        return False
     if spec.k > _PINGPONG_MAX_K or (epi.activation == "none" and not epi.residual) or m_hint < 256:
         return False
     if epi.has_group_scales:  # a ping-pong consumer's 128 rows of parked values + the division's calls spilled
@@ -384,7 +388,7 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         epi = spec.epi
-        if ((epi.activation != "none" or epi.residual) and _sm90_stages(spec, 128, 128, True) >= 3
+        if (not spec.grouped and (epi.activation != "none" or epi.residual) and _sm90_stages(spec, 128, 128, True) >= 3
                 and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)
                 and sm90_epilogue_block_n_problem(spec, 128) is None):
             pingpong = sm90_config(spec, 128, 128, pingpong=True)  # the ping-pong tile hides such epilogues
@@ -465,8 +469,9 @@ def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = 
         cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         cfg.check_for(spec, arch)
         return cfg
-    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none":
-        what = f"{spec.dtype} GEMMs" if dtypes.is_quantized(spec.dtype) else f"fused epilogues ({spec.epilogue!r})"
+    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped:
+        what = (f"{spec.dtype} GEMMs" if dtypes.is_quantized(spec.dtype) else
+                "grouped GEMMs" if spec.grouped else f"fused epilogues ({spec.epilogue!r})")
         raise ValueError(f"{what} need a Hopper GPU (arch sm_90a), got arch {arch!r}")
     return choose_sm80_config(spec, m_hint, arch)
 

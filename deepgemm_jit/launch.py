@@ -132,14 +132,37 @@ class EpilogueOperands:
 NO_EPILOGUE = EpilogueOperands()
 
 
+@dataclass(frozen=True)
+class GroupOperands:
+    """Run-time operands of a grouped kernel (GroupArgs in gemm_sm90.cuh): where the group bounds are (`kind` 0:
+    cumulative row offsets, 1: (start, end) segments, 2: masked row counts of groups of `max_m` rows), the number of
+    groups (B is stacked as (num_groups * N, K)), and D's base and row pitch (elements) for tiles that end inside
+    their group."""
+
+    bounds: int
+    num_groups: int
+    kind: int
+    max_m: int
+    d: int
+    d_ld: int
+
+    def args(self) -> tuple:
+        return (np.uint64(self.bounds), np.uint32(self.num_groups), np.uint32(self.kind), np.uint32(self.max_m),
+                np.uint64(self.d), np.int64(self.d_ld))
+
+
 def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
          vb: MatrixView, vd: MatrixView, device_id: int, sa: ScaleView | None = None,
-         sb: ScaleView | None = None, epi: EpilogueOperands = NO_EPILOGUE) -> LaunchPlan:
+         sb: ScaleView | None = None, epi: EpilogueOperands = NO_EPILOGUE,
+         group: GroupOperands | None = None) -> LaunchPlan:
+    """Grouped kernels take `group`; `m` is then the rows of all groups and vb the stacked (G * N, K) weight."""
     cfg = artifact.config
     if cfg.family == "sm90":
+        if spec.grouped != (group is not None):
+            raise ValueError("grouped kernels, and only they, take group operands")
         sym = sm90_symbols(artifact)
         tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, _tma_pitch(va), cfg.block_m, cfg.block_k, 128)
-        tmap_b = _tensor_map(vb.ptr, spec.b_type, spec.n, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
+        tmap_b = _tensor_map(vb.ptr, spec.b_type, vb.rows, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
 
         def output_map(view: MatrixView):  # D, and C / residual, which the epilogue reads in D's tiles
             return _tensor_map(view.ptr, spec.out_dtype, m, spec.n_out, _tma_pitch(view), sym["d_box_rows"],
@@ -150,11 +173,14 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         if spec.epi.beta or spec.epi.residual:  # only such kernels take the C and residual maps
             maps += (output_map(epi.c) if epi.c is not None else tmap_d,
                      output_map(epi.residual) if epi.residual is not None else tmap_d)
-        tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
+        # A grouped kernel's tile count depends on the group sizes on the device: every CTA starts and walks.
+        tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n) if group is None else _num_sms(device_id)
         grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
         args = maps + (np.uint32(m),) + scale_args(sa, sb) + epi.scalar_args()
         if spec.epi.quant != "none":  # only such kernels take the quantize-on-store arguments
             args += epi.quant_args()
+        if group is not None:
+            args += group.args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

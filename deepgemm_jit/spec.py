@@ -57,6 +57,7 @@ class GemmSpec:
     scaling: str = "none"        # see SCALINGS; "none" for 16/32-bit types and unscaled INT8
     fast_accum: bool = False     # FP8 tensor/row: accumulate through K without FP32 promotion
     epilogue: str = "none"       # canonical text of the fused epilogue (see epilogue.py); "none" = plain store
+    grouped: bool = False        # grouped GEMM (mixture of experts, grouped.py): B is (G, N, K), A the groups' rows
 
     def __post_init__(self):
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
@@ -92,6 +93,24 @@ class GemmSpec:
                                  f"(a (M, K), b (N, K)); got layout {self.layout!r}")
             self._check_fused()
         self._check_quantized()
+        if not isinstance(self.grouped, bool):
+            raise TypeError(f"grouped must be a bool, got {type(self.grouped).__name__}")
+        if self.grouped:
+            self._check_grouped()
+
+    def _check_grouped(self) -> None:
+        """What the grouped kernel takes: layout nt, BF16/FP16 or FP8 with block scales, no C / residual."""
+        if self.layout != "nt":
+            raise ValueError(f"grouped GEMMs take layout 'nt' (a (M, K), b (G, N, K)), got {self.layout!r}")
+        if self.dtype not in ("bf16", "fp16") + dtypes.FP8_DTYPES:
+            raise ValueError(f"grouped GEMMs take dtype bf16, fp16 or fp8 (block scales), got {self.dtype!r}")
+        if self.dtype in dtypes.FP8_DTYPES and self.scaling != "block":
+            raise ValueError(f"grouped FP8 GEMMs take scaling='block' (per-group 128x128 scales of B), got "
+                             f"{self.scaling!r}")
+        epi = self.epi
+        if epi.beta or epi.residual or epi.has_static_scale:
+            raise ValueError(f"epilogue={self.epilogue!r}: grouped GEMMs take bias, activations, swiglu/geglu and "
+                             "quant_fp8_g128, not beta (C), a residual or per-tensor quantization")
 
     def _check_fused(self) -> None:
         """Gated units and quantize-on-store: the shapes and type pairs their tiles can compute."""
@@ -166,7 +185,7 @@ class GemmSpec:
 
     @classmethod
     def create(cls, n, k, dtype="bf16", out_dtype=None, layout="nt", *, b_dtype=None, scaling=None,
-               fast_accum=False, epilogue=None) -> "GemmSpec":
+               fast_accum=False, epilogue=None, grouped=False) -> "GemmSpec":
         """Spec with defaults filled in: `out_dtype` from `dtype` (fp16->fp16, bf16->bf16, tf32->fp32,
         fp8->bf16, int8->int32 unscaled or bf16 scaled) and `scaling` (fp8: block, int8: none)."""
         in_name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES)
@@ -181,7 +200,7 @@ class GemmSpec:
             if quant_out is not None:  # quantize-on-store writes its own 8-bit type
                 out_dtype = quant_out
         return cls(n=n, k=k, dtype=in_name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                   fast_accum=fast_accum, epilogue=epilogue)
+                   fast_accum=fast_accum, epilogue=epilogue, grouped=grouped)
 
     @property
     def a_k_major(self) -> bool:
@@ -220,7 +239,8 @@ class GemmSpec:
         types = self.dtype if self.b_dtype == self.dtype else f"{self.dtype}x{self.b_dtype}"
         scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
         epi = "" if self.epilogue == "none" else "_ep_" + self.epilogue.replace("+", "_")
-        return f"gemm_{types}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
+        grouped = "_grouped" if self.grouped else ""
+        return f"gemm{grouped}_{types}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
 
 
 @functools.lru_cache(maxsize=1024)

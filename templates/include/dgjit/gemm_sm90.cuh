@@ -118,36 +118,123 @@ struct PipelineState {
   }
 };
 
-// Persistent tile walk: CTA b takes tiles b, b + gridDim.x, ... Tiles are numbered in groups of
-// kGroupM consecutive M blocks; inside a group the M block varies fastest. The CTAs running at the
-// same time then cover a roughly square patch of D, so the A rows and B rows they need are read from
-// DRAM about once and served from L2 afterwards.
+// One output tile as the workers see it: its first row in A and D (rows of all groups stacked, for
+// grouped GEMMs), the end of the rows it may write (M, or its group's end), its N block and its group.
+struct Tile {
+  uint32_t row0, row_end, n_block, group;
+};
+
+// Tile t of a grid of num_m_blocks x kNumNBlocks tiles, numbered in bands of kGroupM consecutive M blocks;
+// inside a band the M block varies fastest. The CTAs running at the same time then cover a roughly
+// square patch of D, so the A rows and B rows they need are read from DRAM about once and served from
+// L2 afterwards.
+template <uint32_t kGroupM, uint32_t kNumNBlocks>
+DGJIT_DEVICE void raster(uint32_t t, uint32_t num_m_blocks, uint32_t& m_block, uint32_t& n_block) {
+  static_assert(kGroupM >= 1, "band size must be positive");
+  constexpr uint32_t kTilesPerBand = kGroupM * kNumNBlocks;
+  const uint32_t band = t / kTilesPerBand;
+  const uint32_t first_m_block = band * kGroupM;
+  const uint32_t rows_left = num_m_blocks - first_m_block;
+  const uint32_t band_m_blocks = rows_left < kGroupM ? rows_left : kGroupM;
+  const uint32_t in_band = t - band * kTilesPerBand;
+  m_block = first_m_block + in_band % band_m_blocks;
+  n_block = in_band / band_m_blocks;
+}
+
+// Grouped GEMMs (mixture of experts): group g multiplies its rows of A by B_g (rows g * N ... of the stacked
+// (G * N, K) weight). How its rows are given (run-time `kind`):
+//   kOffsets:  bounds[g] is the end of group g's rows, its start the previous group's end (torch's `offs`);
+//   kSegments: bounds[2g], bounds[2g + 1] are its start and end (from per-row expert ids, group_segments.cu.j2);
+//   kMasked:   rows [g * max_m, g * max_m + bounds[g]) of A viewed as (G * max_m, K) (bounds = masked_m).
+// Ranges are clamped to [0, M) (a bad offset cannot send a store outside D) and empty when they end before they
+// start. `d` / `d_ld` (elements): D's base and row pitch, for tiles that end inside their group (store_rows).
+enum class GroupBounds : uint32_t { kOffsets = 0, kSegments = 1, kMasked = 2 };
+struct GroupArgs {
+  const int32_t* bounds = nullptr;
+  uint32_t num_groups = 0;
+  uint32_t kind = 0;
+  uint32_t max_m = 0;
+  void* d = nullptr;
+  int64_t d_ld = 0;
+};
+
+// Persistent tile walk: CTA b takes tiles b, b + gridDim.x, ... of the raster order.
 template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM>
 struct TileScheduler {
-  static_assert(kGroupM >= 1, "group size must be positive");
+  uint32_t m;
   uint32_t num_m_blocks;
   uint32_t num_tiles;
   uint32_t next_tile;
 
-  DGJIT_DEVICE explicit TileScheduler(uint32_t m)
-      : num_m_blocks((m + kBlockM - 1) / kBlockM), num_tiles(num_m_blocks * kNumNBlocks), next_tile(blockIdx.x) {}
+  DGJIT_DEVICE TileScheduler(uint32_t m_, const GroupArgs&)
+      : m(m_), num_m_blocks((m_ + kBlockM - 1) / kBlockM), num_tiles(num_m_blocks * kNumNBlocks), next_tile(blockIdx.x) {}
 
-  DGJIT_DEVICE bool next(uint32_t& m_block, uint32_t& n_block) {
+  DGJIT_DEVICE bool next(Tile& tile) {
     if (next_tile >= num_tiles) return false;
-    constexpr uint32_t kTilesPerGroup = kGroupM * kNumNBlocks;
-    const uint32_t group = next_tile / kTilesPerGroup;
-    const uint32_t first_m_block = group * kGroupM;
-    const uint32_t rows_left = num_m_blocks - first_m_block;
-    const uint32_t group_m_blocks = rows_left < kGroupM ? rows_left : kGroupM;
-    const uint32_t in_group = next_tile - group * kTilesPerGroup;
-    m_block = first_m_block + in_group % group_m_blocks;
-    n_block = in_group / group_m_blocks;
+    uint32_t m_block;
+    raster<kGroupM, kNumNBlocks>(next_tile, num_m_blocks, m_block, tile.n_block);
+    tile.row0 = m_block * kBlockM;
+    tile.row_end = m;
+    tile.group = 0;
     next_tile += gridDim.x;
     return true;
   }
   // Tiles handed out so far, counting the one next() just returned.
   DGJIT_DEVICE uint32_t tiles_done() const { return (next_tile - blockIdx.x) / gridDim.x; }
   DGJIT_DEVICE bool has_next() const { return next_tile < num_tiles; }
+};
+
+// The same walk over the tiles of all groups, group after group (raster order inside a group): tile t of the
+// CTA's sequence is found by moving a cursor forward through the groups, so empty and short groups cost a
+// couple of loads of their bounds and no CTA ever runs an empty tile. Every role of the CTA walks it alike.
+template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM>
+struct GroupedTileScheduler {
+  const GroupArgs& ga;
+  uint32_t m;
+  uint32_t next_tile;
+  uint32_t group = 0, first_tile = 0, group_tiles = 0, m_blocks = 0, start = 0, end = 0;
+
+  DGJIT_DEVICE GroupedTileScheduler(uint32_t m_, const GroupArgs& ga_) : ga(ga_), m(m_), next_tile(blockIdx.x) {
+    if (ga.num_groups > 0) load(0);
+  }
+
+  DGJIT_DEVICE void load(uint32_t g) {
+    int64_t s, e;
+    if (ga.kind == static_cast<uint32_t>(GroupBounds::kMasked)) {
+      const int32_t count = ga.bounds[g];
+      s = static_cast<int64_t>(g) * ga.max_m;
+      e = s + (count < 0 ? 0 : (static_cast<uint32_t>(count) < ga.max_m ? count : ga.max_m));
+    } else if (ga.kind == static_cast<uint32_t>(GroupBounds::kOffsets)) {
+      s = g == 0 ? 0 : ga.bounds[g - 1];
+      e = ga.bounds[g];
+    } else {
+      s = ga.bounds[2 * g];
+      e = ga.bounds[2 * g + 1];
+    }
+    s = s < 0 ? 0 : (s > m ? m : s);
+    e = e > m ? m : e;
+    e = e < s ? s : e;
+    start = static_cast<uint32_t>(s);
+    end = static_cast<uint32_t>(e);
+    m_blocks = (end - start + kBlockM - 1) / kBlockM;
+    group_tiles = m_blocks * kNumNBlocks;
+  }
+
+  DGJIT_DEVICE bool next(Tile& tile) {
+    if (group >= ga.num_groups) return false;
+    while (next_tile >= first_tile + group_tiles) {
+      if (++group >= ga.num_groups) return false;
+      first_tile += group_tiles;
+      load(group);
+    }
+    uint32_t m_block;
+    raster<kGroupM, kNumNBlocks>(next_tile - first_tile, m_blocks, m_block, tile.n_block);
+    tile.row0 = start + m_block * kBlockM;
+    tile.row_end = end;
+    tile.group = group;
+    next_tile += gridDim.x;
+    return true;
+  }
 };
 
 template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs), float_e4m3_t, float_e5m2_t, int8_t
@@ -164,7 +251,8 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           Scaling kScaling,   // how scale factors are applied (kNone for unscaled types)
           bool kPromote,      // FP8: promote each K block's partial sums into FP32 accumulators
           bool kPingPong,     // the two consumers take turns on whole tiles (see below) instead of sharing each
-          class Epi = EpilogueNone>  // fused epilogue (see EpilogueNone)
+          class Epi = EpilogueNone,  // fused epilogue (see EpilogueNone)
+          bool kGrouped = false>     // grouped GEMM: tiles of all groups, B_g and the bias per group (GroupArgs)
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -284,7 +372,12 @@ struct GemmSm90 {
                 "every swizzled buffer must start on a 1024-byte boundary");
   static_assert(kSmemBytes <= 232448, "shared memory exceeds the 227 KiB a Hopper CTA can opt into");
 
-  using Scheduler = TileScheduler<kBlockM, kNumNBlocks, kGroupM>;
+  // Grouped GEMMs: one walk over the tiles of all groups. C and the residual are not taken (their prefetch into
+  // the D buffer would race with store_rows' reads of it), nor per-tensor / per-row scales (they are per group).
+  static_assert(!kGrouped || (!kPrefetch && !kPingPong && (kScaling == Scaling::kNone || kScaling == Scaling::kBlock)),
+                "grouped GEMMs: no C / residual operands, no ping-pong, scaling none or block");
+  using Scheduler = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM>,
+                                         TileScheduler<kBlockM, kNumNBlocks, kGroupM>>::type;
   using State = PipelineState<kNumStages>;
 
   struct Smem {
@@ -324,11 +417,13 @@ struct GemmSm90 {
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
-                                   uint32_t m) {
-    Scheduler scheduler(m);
+                                   uint32_t m, const GroupArgs& ga) {
+    Scheduler scheduler(m, ga);
     State state;
-    uint32_t m_block, n_block;
-    while (scheduler.next(m_block, n_block)) {
+    Tile tile;
+    while (scheduler.next(tile)) {
+      const int32_t a_row = static_cast<int32_t>(tile.row0);
+      const int32_t b_row = static_cast<int32_t>(tile.group * kN + tile.n_block * kBlockN);
 #pragma unroll 1
       for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
         // Parity flipped: the first pass over the ring finds every stage free.
@@ -336,8 +431,8 @@ struct GemmSm90 {
         uint64_t* full = smem.full(state.stage);
         mbarrier_arrive_expect_tx(full, kStageTxBytes);
         const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
-        tma_load_2d(smem.a(state.stage), &tmap_a, full, k_idx, static_cast<int32_t>(m_block * kBlockM));
-        tma_load_2d(smem.b(state.stage), &tmap_b, full, k_idx, static_cast<int32_t>(n_block * kBlockN));
+        tma_load_2d(smem.a(state.stage), &tmap_a, full, k_idx, a_row);
+        tma_load_2d(smem.b(state.stage), &tmap_b, full, k_idx, b_row);
         state.advance();
       }
     }
@@ -421,25 +516,28 @@ struct GemmSm90 {
   // on the stage's full barrier (one per lane), so the warp runs ahead through the ring instead of
   // waiting out a global-memory round trip per K block (which capped the kernel when it did).
   static constexpr uint32_t kScaleWarpArrivals = 32;
-  static DGJIT_DEVICE void produce_scales(const Smem& smem, const ScaleArgs& scales, uint32_t m) {
-    Scheduler scheduler(m);
+  static DGJIT_DEVICE void produce_scales(const Smem& smem, const ScaleArgs& scales, uint32_t m,
+                                         const GroupArgs& ga) {
+    Scheduler scheduler(m, ga);
     State state;
-    uint32_t m_block, n_block;
+    Tile tile;
     const uint32_t lane = lane_idx();
-    while (scheduler.next(m_block, n_block)) {
-      const uint32_t first_b = n_block * kBlockN / 128;
+    while (scheduler.next(tile)) {
+      const uint32_t first_b = tile.n_block * kBlockN / 128;
+      const uint32_t group_b = tile.group * kNumScaleBBlocks;  // B_g's blocks in the stacked scales
 #pragma unroll 1
       for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         const uint32_t dst = smem.stage_scales(state.stage);
 #pragma unroll
         for (uint32_t r = lane; r < kBlockM; r += 32) {
-          const uint32_t row = m_block * kBlockM + r;
+          const uint32_t row = tile.row0 + r;
           cp_async_4(dst + 4 * r, scales.a + (row < m ? row : m - 1) * scales.a_stride_m + k_block * scales.a_stride_k);
         }
         if (lane < kMaxScaleBBlocks) {
           const uint32_t blk = first_b + lane < kNumScaleBBlocks ? first_b + lane : kNumScaleBBlocks - 1;
-          cp_async_4(dst + 4 * (kBlockM + lane), scales.b + blk * scales.b_stride_n + k_block * scales.b_stride_k);
+          cp_async_4(dst + 4 * (kBlockM + lane),
+                     scales.b + (group_b + blk) * scales.b_stride_n + k_block * scales.b_stride_k);
         }
         cp_async_mbarrier_arrive_noinc(smem.full(state.stage));
         state.advance();
@@ -527,10 +625,10 @@ struct GemmSm90 {
 
   // ---- kRow: stage the tile's row and column scales (asynchronously, during the main loop) --------
   static DGJIT_DEVICE void stage_row_scales(const Smem& smem, const ScaleArgs& scales, uint32_t math_wg,
-                                            uint32_t m, uint32_t m_block, uint32_t n_block) {
+                                            uint32_t m, const Tile& tile) {
     const uint32_t t = threadIdx.x % kWarpgroupThreads;
-    const uint32_t row0 = m_block * kBlockM + wg_row_offset(math_wg);
-    const uint32_t col0 = n_block * kBlockN;
+    const uint32_t row0 = tile.row0 + wg_row_offset(math_wg);
+    const uint32_t col0 = tile.n_block * kBlockN;
 #pragma unroll
     for (uint32_t i = t; i < kWGRows; i += kWarpgroupThreads) {
       const uint32_t row = row0 + i < m ? row0 + i : m - 1;
@@ -551,19 +649,20 @@ struct GemmSm90 {
   // The tile's bias is read from global memory at the start of the tile, so the loads' latency hides
   // behind the main loop; the epilogue parks the values in shared memory (as FP32, zero past N or M),
   // where every thread finds the ones of its columns or rows.
-  static DGJIT_DEVICE void load_bias(const EpilogueArgs& ea, uint32_t m, uint32_t m_block, uint32_t n_block,
-                                     uint32_t math_wg, BiasRegs& out) {
+  // Grouped GEMMs: a column bias per group, (G, N) (B_g's rows).
+  static DGJIT_DEVICE void load_bias(const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg, BiasRegs& out) {
     const uint32_t t = threadIdx.x % kWarpgroupThreads;
     const TBias* bias = static_cast<const TBias*>(ea.bias);
+    if constexpr (kGrouped && Epi::kBias == BiasKind::kCol) bias += static_cast<uint64_t>(tile.group) * kN;
 #pragma unroll
     for (uint32_t i = 0; i < kBiasPerThread; ++i) {
       const uint32_t idx = t + i * kWarpgroupThreads;
       if constexpr (Epi::kBias == BiasKind::kCol) {
-        const uint32_t col = n_block * kBlockN + idx;
+        const uint32_t col = tile.n_block * kBlockN + idx;
         out[i] = idx < kBlockN && col < kN ? load_as_float(bias + col) : 0.0f;
       } else if constexpr (Epi::kBias == BiasKind::kRow) {
-        const uint32_t row = m_block * kBlockM + wg_row_offset(math_wg) + idx;
-        out[i] = idx < kWGRows && row < m ? load_as_float(bias + row) : 0.0f;
+        const uint32_t row = tile.row0 + wg_row_offset(math_wg) + idx;
+        out[i] = idx < kWGRows && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
       }
     }
   }
@@ -577,9 +676,8 @@ struct GemmSm90 {
 
   // Whether this consumer loads C / residual for the tile (the same answer in all its threads): it has
   // rows inside M, and something to read (beta = 0 never reads C: BLAS semantics, C may hold NaN).
-  static DGJIT_DEVICE bool loads_epilogue_operands(const EpilogueArgs& ea, uint32_t m, uint32_t m_block,
-                                                   uint32_t math_wg) {
-    return kPrefetch && m_block * kBlockM + wg_row_offset(math_wg) < m && (kLoadR || ea.beta != 0.0f);
+  static DGJIT_DEVICE bool loads_epilogue_operands(const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg) {
+    return kPrefetch && tile.row0 + wg_row_offset(math_wg) < tile.row_end && (kLoadR || ea.beta != 0.0f);
   }
 
   // Thread 0 of the consumer: TMA-load the tile's C and residual into the staging buffers (same boxes and
@@ -587,18 +685,18 @@ struct GemmSm90 {
   // wgmmas are queued, so waiting for the previous tile's store to leave the buffer costs no MMA time.
   static DGJIT_DEVICE void prefetch_epilogue_operands(const Smem& smem, const CUtensorMap& tmap_c,
                                                       const CUtensorMap& tmap_r, const EpilogueArgs& ea,
-                                                      uint32_t math_wg, uint32_t m_block, uint32_t n_block) {
+                                                      uint32_t math_wg, const Tile& tile) {
     if (threadIdx.x % kWarpgroupThreads != 0) return;
     tma_store_wait_read<0>();
     const bool load_c = kLoadC && ea.beta != 0.0f;
-    const uint32_t num_slices = slices_in_n(n_block);
+    const uint32_t num_slices = slices_in_n(tile.n_block);
     uint64_t* bar = smem.epi_full(math_wg);
     mbarrier_arrive_expect_tx(bar, num_slices * ((load_c ? 1u : 0u) + (kLoadR ? 1u : 0u)) * kSmemDSliceBytes);
-    const int32_t row0 = static_cast<int32_t>(m_block * kBlockM + wg_row_offset(math_wg));
+    const int32_t row0 = static_cast<int32_t>(tile.row0 + wg_row_offset(math_wg));
 #pragma unroll
     for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
       if (slice < num_slices) {
-        const int32_t col0 = static_cast<int32_t>(n_block * kOutCols + slice * Store::kSliceCols);
+        const int32_t col0 = static_cast<int32_t>(tile.n_block * kOutCols + slice * Store::kSliceCols);
         if (load_c) tma_load_2d(smem.d(math_wg) + slice * kSmemDSliceBytes, &tmap_c, bar, col0, row0);
         if constexpr (kLoadR) tma_load_2d(smem.r(math_wg) + slice * kSmemDSliceBytes, &tmap_r, bar, col0, row0);
       }
@@ -698,8 +796,7 @@ struct GemmSm90 {
   // kQuantGroup, second pass: per row and 128-column group, the amax (columns past N excluded: a bias or an
   // activation such as sigmoid makes TMA's zero columns nonzero), the scale (written for rows inside M by the
   // quad's first lane) and q into the D tile.
-  static DGJIT_DEVICE void quantize_groups(uint32_t d_base, uint32_t math_wg, uint32_t m, uint32_t m_block,
-                                           uint32_t n_block, const EpilogueArgs& ea,
+  static DGJIT_DEVICE void quantize_groups(uint32_t d_base, uint32_t math_wg, const Tile& tile, const EpilogueArgs& ea,
                                            const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const uint32_t warp = warp_idx_in_warpgroup();
     const uint32_t lane = lane_idx();
@@ -708,7 +805,8 @@ struct GemmSm90 {
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
         const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
-        const uint32_t global_row = m_block * kBlockM + wg_row_offset(math_wg) + row;
+        const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
+        const uint32_t n_block = tile.n_block;
 #pragma unroll
         for (uint32_t g = 0; g < kOutCols / 128; ++g) {
           uint32_t amax = 0;
@@ -723,7 +821,7 @@ struct GemmSm90 {
             }
           }
           const float scale = quant::scale_of<quant::Format::kE4M3>(quant::reduce_max_lanes<4>(amax));
-          if (lane % 4 == 0 && global_row < m) {
+          if (lane % 4 == 0 && global_row < tile.row_end) {
             ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128 + g) * ea.scales_stride_g] = scale;
           }
 #pragma unroll
@@ -737,12 +835,39 @@ struct GemmSm90 {
     }
   }
 
+  // Grouped GEMMs: rows [row0, row0 + rows) of this consumer's D buffer, stored by its threads in 16-byte chunks
+  // (element by element where a chunk crosses N). A tile ending inside its group cannot go out by TMA: the box
+  // would overwrite the next group's first rows. The epilogue's barrier made the buffer visible; the next
+  // epilogue's barrier keeps it from being overwritten before every thread has read its part.
+  static DGJIT_DEVICE void store_rows(const Smem& smem, uint32_t math_wg, uint32_t row0, uint32_t rows,
+                                      uint32_t n_block, const GroupArgs& ga) {
+    constexpr uint32_t kVec = 16 / sizeof(TD);  // elements per chunk (a D tile row is whole chunks)
+    constexpr uint32_t kChunksPerRow = kOutCols / kVec;
+    const uint8_t* buf = smem.d(math_wg);
+    const uint32_t col0 = n_block * kOutCols;
+#pragma unroll 1
+    for (uint32_t idx = threadIdx.x % kWarpgroupThreads; idx < rows * kChunksPerRow; idx += kWarpgroupThreads) {
+      const uint32_t r = idx / kChunksPerRow;
+      const uint32_t col = (idx % kChunksPerRow) * kVec;
+      if (col0 + col >= kOutN) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(buf + d_offset(r, col));
+      TD* dst = static_cast<TD*>(ga.d) + static_cast<int64_t>(row0 + r) * ga.d_ld + col0 + col;
+      if (kOutN % kVec == 0 || col0 + col + kVec <= kOutN) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        const TD* src = reinterpret_cast<const TD*>(&v);
+        for (uint32_t e = 0; col0 + col + e < kOutN; ++e) dst[e] = src[e];
+      }
+    }
+  }
+
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
-                                    uint32_t m, uint32_t m_block, uint32_t n_block, float tensor_scale,
-                                    const EpilogueArgs& ea, bool wait_operands, uint32_t& operand_phase,
+                                    uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
+                                    const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
                                     const BiasRegs& bias_regs, TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
+    const uint32_t n_block = tile.n_block;
     // Per-tensor quantization: the static scale, read while the barrier below is waited for.
     float quant_scale = 1.0f;
     if constexpr (kQuantTensor) quant_scale = ld_global_nc_f32(ea.quant);
@@ -833,9 +958,9 @@ struct GemmSm90 {
                   park(acc[mi][park_index(j, h)], lo);
                   park(acc[mi][park_index(j, h) + 1], hi);
                 } else if constexpr (kQuantTensor) {
-                  const uint32_t global_row = m_block * kBlockM + wg_row_offset(math_wg) + row;
+                  const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
                   const uint32_t global_col = n_block * kOutCols + col;
-                  if (ea.amax != nullptr && global_row < m) {
+                  if (ea.amax != nullptr && global_row < tile.row_end) {
                     if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
                     if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
                   }
@@ -855,7 +980,7 @@ struct GemmSm90 {
         }
       }
     }
-    if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, m, m_block, n_block, ea, acc);
+    if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, tile, ea, acc);
     if constexpr (kQuantTensor) {
       // One atomic per warp and tile; max of non-negative float bits is the float maximum (NaN wins).
       if (ea.amax != nullptr) {
@@ -866,10 +991,17 @@ struct GemmSm90 {
     fence_proxy_async_shared();
     named_barrier_sync(barrier_id, kWarpgroupThreads);
 
-    const uint32_t row0 = m_block * kBlockM + wg_row_offset(math_wg);
+    const uint32_t row0 = tile.row0 + wg_row_offset(math_wg);
+    if constexpr (kGrouped) {
+      // Rows ending inside their group (before M, where TMA would clip): the threads store them (store_rows).
+      if (row0 < tile.row_end && row0 + kWGRows > tile.row_end && tile.row_end < m) {
+        store_rows(smem, math_wg, row0, tile.row_end - row0, n_block, ga);
+        return;
+      }
+    }
     // Parts of a box past M or N are clipped by TMA; boxes lying entirely past them (small M, the last
     // N block) are not issued at all.
-    if (is_store_thread && row0 < m) {
+    if (is_store_thread && row0 < tile.row_end) {
       const uint32_t num_slices = slices_in_n(n_block);
 #pragma unroll
       for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
@@ -884,16 +1016,16 @@ struct GemmSm90 {
 
   static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, const CUtensorMap& tmap_c,
                                    const CUtensorMap& tmap_r, uint32_t math_wg, uint32_t m,
-                                   const ScaleArgs& scales, const EpilogueArgs& ea) {
+                                   const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga) {
     TAcc acc[kNumM64PerWG][kNumAccum];
     float tensor_scale = 1.0f;
     if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
-    Scheduler scheduler(m);
+    Scheduler scheduler(m, ga);
     State state;
     uint32_t operand_phase = 0;
-    uint32_t m_block, n_block;
+    Tile tile;
     uint32_t turn = 0;  // ping-pong: the consumer whose tile comes next
-    while (scheduler.next(m_block, n_block)) {
+    while (scheduler.next(tile)) {
       if constexpr (kPingPong) {
         const uint32_t owner = turn;
         turn ^= 1;
@@ -903,23 +1035,23 @@ struct GemmSm90 {
         }
       }
       // Per-consumer buffers and registers: safe to fill before our turn.
-      if constexpr (kScaling == Scaling::kRow) stage_row_scales(smem, scales, math_wg, m, m_block, n_block);
+      if constexpr (kScaling == Scaling::kRow) stage_row_scales(smem, scales, math_wg, m, tile);
       BiasRegs bias_regs;
-      if constexpr (Epi::kBias != BiasKind::kNone) load_bias(ea, m, m_block, n_block, math_wg, bias_regs);
+      if constexpr (Epi::kBias != BiasKind::kNone) load_bias(ea, tile, math_wg, bias_regs);
       if constexpr (kPingPong) {
         // Wait until the other consumer has left its previous tile's main loop (it arrives on our barrier
         // then): the ring's stages of our tile are filled after its, so waiting on them earlier could
         // match a barrier phase of its tile. The first tile of consumer 0 has no predecessor.
         if (scheduler.tiles_done() > 1) named_barrier_sync(kTurnBarrier + math_wg, 2 * kWarpgroupThreads);
       }
-      const bool wait_operands = loads_epilogue_operands(ea, m, m_block, math_wg);
+      const bool wait_operands = loads_epilogue_operands(ea, tile, math_wg);
       const auto prefetch = [&]() {
         if constexpr (kPrefetch) {
-          if (wait_operands) prefetch_epilogue_operands(smem, tmap_c, tmap_r, ea, math_wg, m_block, n_block);
+          if (wait_operands) prefetch_epilogue_operands(smem, tmap_c, tmap_r, ea, math_wg, tile);
         }
       };
       if constexpr (kPromote) {
-        mainloop_promoted(smem, state, math_wg, n_block, acc, prefetch);
+        mainloop_promoted(smem, state, math_wg, tile.n_block, acc, prefetch);
       } else {
         mainloop(smem, state, math_wg, acc, prefetch);
       }
@@ -927,8 +1059,7 @@ struct GemmSm90 {
         // Hand the tensor cores to the other consumer (if a next tile exists) and run our epilogue meanwhile.
         if (scheduler.has_next()) named_barrier_arrive(kTurnBarrier + (math_wg ^ 1), 2 * kWarpgroupThreads);
       }
-      epilogue(smem, tmap_d, math_wg, m, m_block, n_block, tensor_scale, ea, wait_operands, operand_phase, bias_regs,
-               acc);
+      epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, bias_regs, acc);
     }
     // Shared memory must outlive the last store's reads, and the writes should be done before exit.
     if (threadIdx.x % kWarpgroupThreads == 0) tma_store_wait_all<0>();
@@ -938,7 +1069,7 @@ struct GemmSm90 {
   // tmap_c / tmap_r: C and the residual (kernels that read neither get any valid map, e.g. D's).
   static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
-                               const ScaleArgs& scales, const EpilogueArgs& ea) {
+                               const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga) {
     // Only 16-byte alignment of dynamic shared memory is promised; the 1024 bytes of slack in
     // kSmemBytes pay for rounding up to the swizzle repeat.
     extern __shared__ __align__(16) uint8_t dgjit_smem_raw[];
@@ -968,13 +1099,13 @@ struct GemmSm90 {
 
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
-      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m);
+      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga);
       if constexpr (kScaling == Scaling::kBlock) {
-        if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m);
+        if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga);
       }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
-      consume(smem, tmap_d, tmap_c, tmap_r, wg, m, scales, ea);
+      consume(smem, tmap_d, tmap_c, tmap_r, wg, m, scales, ea, ga);
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
     }
@@ -985,8 +1116,8 @@ struct GemmSm90 {
 template <class Gemm>
 DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                  const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
-                                 const ScaleArgs& scales, const EpilogueArgs& ea) {
-  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea);
+                                 const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga = GroupArgs{}) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga);
 }
 
 }  // namespace sm90

@@ -1,0 +1,187 @@
+"""Grouped GEMMs without a GPU: spec rules, rendering, real sm_90a compiles (no spills), call validation on
+stand-in arrays (every error names its argument, before any launch) and the host model of the tile walk."""
+import numpy as np
+import pytest
+
+import deepgemm_jit as dg
+from deepgemm_jit import config, grouped, jit, sass
+from deepgemm_jit.errors import NoGPUError
+from deepgemm_jit.spec import GemmSpec
+from fakes import BASE, FakeDeviceArray
+
+
+@pytest.fixture
+def cache(shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+
+
+@pytest.mark.parametrize("kw,word", [
+    (dict(dtype="tf32"), "grouped GEMMs take dtype"),
+    (dict(dtype="int8"), "grouped GEMMs take dtype"),
+    (dict(dtype="fp8", scaling="tensor"), "scaling='block'"),
+    (dict(dtype="bf16", epilogue="beta"), "not beta"),
+    (dict(dtype="bf16", epilogue="residual"), "not beta"),
+    (dict(dtype="bf16", epilogue="quant_fp8_tensor"), "not beta"),
+    (dict(dtype="bf16", layout="nn"), "layout 'nt'"),
+])
+def test_spec_rules(kw, word):
+    with pytest.raises(ValueError, match=word):
+        GemmSpec.create(256, 256, grouped=True, **kw)
+
+
+def test_spec_tag_and_key_differ():
+    plain, grp = GemmSpec.create(256, 512), GemmSpec.create(256, 512, grouped=True)
+    assert "grouped" in grp.tag and "grouped" not in plain.tag and plain != grp
+    with pytest.raises(TypeError, match="grouped must be a bool"):
+        GemmSpec.create(256, 512, grouped=1)
+
+
+def test_config_never_pingpong():
+    spec = GemmSpec.create(4096, 2048, epilogue="bias+gelu", grouped=True)
+    for m in (64, 4096, 32768):
+        assert not config.choose_config(spec, m, "sm_90a").pingpong
+    assert not any(c.pingpong for c in config.candidate_configs(spec, 4096, "sm_90a"))
+    with pytest.raises(ValueError, match="cooperative"):
+        config.sm90_config(spec, 128, 128, pingpong=True).check_for(spec, "sm_90a")
+
+
+def test_render_grouped_entry():
+    spec = GemmSpec.create(512, 256, grouped=True)
+    cfg = config.choose_config(spec, 1024, "sm_90a")
+    src = jit.render_kernel(spec, cfg).source
+    assert "constexpr bool kGrouped = true;" in src and "unsigned int group_kind" in src and "long long d_ld" in src
+    plain = GemmSpec.create(512, 256)
+    src = jit.render_kernel(plain, config.choose_config(plain, 1024, "sm_90a")).source
+    assert "constexpr bool kGrouped = false;" in src and "group_kind" not in src
+
+
+@pytest.mark.parametrize("kw", [
+    dict(dtype="bf16"), dict(dtype="fp16", expected_m=64), dict(dtype="fp8"),
+    dict(dtype="bf16", epilogue="bias+swiglu"), dict(dtype="bf16", epilogue="bias+gelu+quant_fp8_g128"),
+    dict(dtype="fp8", epilogue="bias+silu"),
+])
+def test_compiles_without_spills(cache, kw):
+    g = dg.build_grouped(4096, 7168, arch="sm_90a", num_groups=8, **kw)
+    usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
+    assert usage["LOCAL"] == 0 and usage["STACK"] == 0, (g, usage)
+    assert g.spec.grouped and not g.config.pingpong
+
+
+def test_segments_kernel_compiles(cache):
+    art = grouped.segments_kernel("sm_90a")
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    assert usage["LOCAL"] == 0 and usage["SHARED"] >= 3 * 4 * grouped._SEGMENTS_MAX_GROUPS
+
+
+@pytest.mark.parametrize("n,k,dtype,word", [
+    (256, 100, "bf16", "K=100"), (256, 72, "fp8", "K=72"), (260, 256, "bf16", "N=260"),
+])
+def test_build_needs_tma_rows(cache, n, k, dtype, word):
+    with pytest.raises(ValueError, match=word):
+        dg.build_grouped(n, k, dtype=dtype, arch="sm_90a")
+
+
+# -- call validation on stand-ins ----------------------------------------------------------------------------
+
+N, K, G = 256, 128, 4
+
+
+@pytest.fixture
+def g(cache):
+    return dg.build_grouped(N, K, dtype="fp16", arch="sm_90a", num_groups=G)  # fakes cannot carry bfloat16
+
+
+def _arr(shape, dtype=None, ptr=BASE, strides=None):
+    return FakeDeviceArray(shape, np.float16 if dtype is None else dtype, ptr=ptr, strides=strides)
+
+
+def _valid():
+    return dict(a=_arr((300, K)), b=_arr((G, N, K), ptr=BASE + 10**7), offs=_arr((G,), np.int32, ptr=BASE + 2 * 10**7))
+
+
+@pytest.mark.parametrize("change,exc,word", [
+    (lambda d: d.pop("offs"), TypeError, "exactly one of offs= or m_indices="),
+    (lambda d: d.update(masked_m=_arr((G,), np.int32, ptr=BASE + 3 * 10**7)), TypeError, "exactly one"),
+    (lambda d: d.update(b=_arr((N, K), ptr=BASE + 10**7)), ValueError, "b must be 3-D"),
+    (lambda d: d.update(b=_arr((G, N + 8, K), ptr=BASE + 10**7)), ValueError, "b has shape"),
+    (lambda d: d.update(b=_arr((G, N, K), np.float32, ptr=BASE + 10**7)), TypeError, "b has dtype"),
+    (lambda d: d.update(a=_arr((300, K + 8))), ValueError, "last dimension must be K"),
+    (lambda d: d.update(a=_arr((3, 100, K))), ValueError, "a must be 2-D"),
+    (lambda d: d.update(offs=_arr((G,), np.int64, ptr=BASE + 2 * 10**7)), TypeError, "offs has dtype"),
+    (lambda d: d.update(offs=_arr((G + 1,), np.int32, ptr=BASE + 2 * 10**7)), ValueError, "offs has 5 elements"),
+    (lambda d: (d.pop("offs"), d.update(m_indices=_arr((299,), np.int32, ptr=BASE + 2 * 10**7))), ValueError,
+     "m_indices has 299"),
+    (lambda d: d.update(scale_a=_arr((300, 1), np.float32, ptr=BASE + 4 * 10**7)), TypeError, "takes no scales"),
+    (lambda d: d.update(bias=_arr((G, N), ptr=BASE + 4 * 10**7)), TypeError, "bias= was given"),
+    (lambda d: d.update(out=_arr((300, N + 8), ptr=BASE + 5 * 10**7)), ValueError, "out has shape"),
+    (lambda d: d.update(out=_arr((300, N), ptr=BASE + 10**7)), ValueError, "out overlaps b"),
+    (lambda d: d.update(a=_arr((300, K), ptr=BASE + 2)), ValueError, "a must start on a 16-byte boundary"),
+    (lambda d: d.update(b=_arr((G, N, K), ptr=BASE + 10**7, strides=(N * K + 8, K, 1))), ValueError,
+     "one after another"),
+])
+def test_call_errors(g, fake_gpu_memory, change, exc, word):
+    kw = _valid()
+    change(kw)
+    a, b = kw.pop("a"), kw.pop("b")
+    with pytest.raises(exc, match=word):
+        g(a, b, **kw)
+
+
+def test_valid_calls_reach_the_gpu_check(g, fake_gpu_memory):
+    kw = _valid()
+    with pytest.raises(NoGPUError):
+        g(kw["a"], kw["b"], offs=kw["offs"])
+    with pytest.raises(NoGPUError):
+        g(kw["a"], kw["b"], m_indices=_arr((300,), np.int32, ptr=BASE + 2 * 10**7))
+    with pytest.raises(NoGPUError):
+        g(_arr((G, 64, K)), kw["b"], masked_m=kw["offs"])
+
+
+def test_masked_group_count_must_match(g, fake_gpu_memory):
+    kw = _valid()
+    with pytest.raises(ValueError, match="a has 3 groups"):
+        g(_arr((3, 64, K)), kw["b"], masked_m=kw["offs"])
+
+
+def test_fp8_needs_block_scales(cache, fake_gpu_memory):
+    g8 = dg.build_grouped(N, K, dtype="fp8", arch="sm_90a", num_groups=G)
+    a, b = _arr((300, K), np.uint8), _arr((G, N, K), np.uint8, ptr=BASE + 10**7)
+    offs = _arr((G,), np.int32, ptr=BASE + 2 * 10**7)
+    with pytest.raises(TypeError, match="scale_a and scale_b are required"):
+        g8(a, b, offs=offs)
+    sa = _arr((300, 1), np.float32, ptr=BASE + 3 * 10**7)
+    with pytest.raises(ValueError, match="scale_b has shape"):
+        g8(a, b, offs=offs, scale_a=sa, scale_b=_arr((G, 1), np.float32, ptr=BASE + 4 * 10**7))
+    with pytest.raises(NoGPUError):
+        g8(a, b, offs=offs, scale_a=sa, scale_b=_arr((G, 2, 1), np.float32, ptr=BASE + 4 * 10**7))
+
+
+# -- the tile walk ---------------------------------------------------------------------------------------------
+
+def test_group_ranges_clamp_like_the_kernel():
+    assert grouped.group_ranges(0, [100, 100, 10**9, -5], 300) == [(0, 100), (100, 100), (100, 300), (300, 300)]
+    assert grouped.group_ranges(2, [5, -1, 999], 3 * 64, max_m=64) == [(0, 5), (64, 64), (128, 192)]
+    assert grouped.group_ranges(1, [10, 20, 0, 0, 30, 25], 100) == [(10, 20), (0, 0), (30, 30)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tile_walk_covers_every_row_once(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 400, size=rng.integers(1, 12))
+    sizes[rng.integers(0, len(sizes))] = 0
+    ends = np.cumsum(sizes)
+    m = int(ends[-1]) + 3
+    block_m, n_blocks = int(rng.choice([64, 128, 256])), int(rng.integers(1, 6))
+    ranges = grouped.group_ranges(0, ends.tolist(), m)
+    walk = grouped.tile_walk(ranges, block_m, n_blocks, group_m=int(rng.choice([1, 8, 16])), num_ctas=132)
+    covered = np.zeros((m, n_blocks), dtype=int)
+    for cta in walk:
+        for gi, row0, row_end, nb in cta:
+            s, e = ranges[gi]
+            assert s <= row0 < e and row_end == e  # no empty tile, never past its group
+            covered[row0:min(row0 + block_m, row_end), nb] += 1
+    in_group = np.zeros(m, dtype=bool)
+    for s, e in ranges:
+        in_group[s:e] = True
+    assert (covered[in_group] == 1).all() and (covered[~in_group] == 0).all()
+    assert sum(map(len, walk)) == sum(-(-(e - s) // block_m) * n_blocks for s, e in ranges)
