@@ -2,8 +2,9 @@
 # One call on the GPU machine: environment, GPU tests, demo, and optional extras.
 # Usage (from the repo root, through the device tool, carrying .whl):
 #   bash scripts/prepare_device.sh        # here: wheels + commit into ignored folders
-#   bash scripts/device_run.sh [tests] [alltests] [demo] [gpu PYTEST_ARGS...] [bench ARGS...]   # there
-# `gpu` runs only the GPU tests named by the remaining arguments (files, -k, -x ...).
+#   bash scripts/device_run.sh [tests] [alltests] [demo] [gpu PYTEST_ARGS... --] [bench ARGS... --] [py MODULE ARGS... --]
+# `gpu` runs only the GPU tests named by its arguments (files, -k, -x ...); `py` runs `python3 -m MODULE ARGS`
+# (e.g. py bench.quant_epilogue --out $OUT/qe); each takes the arguments up to the next `--`.
 # Tile sweeps: bench --tiles auto,128x256,128x192s4; kernel experiments: DEEPGEMM_JIT_TEMPLATES_DIR=<copy>.
 # Writes logs and JSON under $OUT (or ./device-out when OUT is unset).
 set -uo pipefail
@@ -21,14 +22,19 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/env.txt"
 python3 -c "import cupy, torch, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'torch', torch.__version__)" | tee -a "$OUT/env.txt"
 rc=0
+# Commands run in order; `gpu`, `bench` and `py` take the arguments up to the next `--` (or the end).
+take_args() { ARGS=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do ARGS+=("$1"); shift; done; }
 while [ $# -gt 0 ]; do
-  case "$1" in
+  cmd=$1; shift
+  take_args "$@"; shift ${#ARGS[@]}; [ "${1:-}" = "--" ] && shift
+  case "$cmd" in
     tests) python3 -m pytest -q -m gpu tests -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25; rc=$((rc | $?));;
     alltests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/all_tests.log" | tail -25; rc=$((rc | $?));;
     demo) python3 -m deepgemm_jit demo 2>&1 | tee "$OUT/demo.log"; rc=$((rc | $?));;
-    gpu) shift; python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_subset.log" | tail -40; rc=$((rc | $?)); break;;
-    bench) shift; python3 -m bench "$@" 2>&1 | tee "$OUT/bench.log" | tail -40; break;;
+    gpu) python3 -m pytest -q -m gpu -p no:cacheprovider "${ARGS[@]}" 2>&1 | tee "$OUT/gpu_subset.log" | tail -40; rc=$((rc | $?));;
+    bench) python3 -m bench "${ARGS[@]}" 2>&1 | tee "$OUT/bench.log" | tail -40;;
+    py) mod=${ARGS[0]}; python3 -m "${ARGS[@]}" 2>&1 | tee "$OUT/${mod//./_}.log" | tail -40;;
+    *) echo "unknown command $cmd"; rc=2;;
   esac
-  shift
 done
 exit $rc
