@@ -280,7 +280,7 @@ _SHALLOW_PIPELINE_PENALTY = 1.1
 
 
 def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, out_esize: int,
-                   num_sms: int, num_stages: int = 8, d_cols: int | None = None) -> float:
+                   num_sms: int, num_stages: int = 8, d_cols: int | None = None, groups: int = 1) -> float:
     """Relative time of a tile shape under the persistent schedule (smaller is better).
 
     Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
@@ -288,9 +288,10 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     drops for thin tiles because shared-memory traffic per FLOP is (bm + bn) / (bm * bn), plus
     its epilogue, which weighs more when K is short and when D leaves in narrow slices; a
     pipeline holding fewer than 128 K elements costs 10% more. `d_cols`: D's tile width when it is not
-    block_n (gated units: block_n / 2).
+    block_n (gated units: block_n / 2). `groups`: a grouped GEMM of that many groups of m rows each (every group
+    rounds its rows up to whole tiles).
     """
-    tiles = -(-m // block_m) * -(-n // block_n)
+    tiles = -(-m // block_m) * -(-n // block_n) * groups
     waves = -(-tiles // num_sms)
     area = block_m * block_n
     main_loop = -(-k // block_k) * (area + 24 * (block_m + block_n))
@@ -306,7 +307,7 @@ SM90_BLOCK_N = tuple(range(256, 7, -8))
 
 
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
-                        preferred_only: bool = True) -> list[tuple[float, int, int, int]]:
+                        preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int]]:
     """(cost, block_m, block_n, stages) of every sm90 tile with at least 3 stages, cheapest first:
     BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
     multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds. Where no preferred
@@ -328,10 +329,10 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if stages < 3:
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
-                                  stages, block_n // 2 if spec.epi.is_gated else None)
+                                  stages, block_n // 2 if spec.epi.is_gated else None, groups)
             tiles.append((cost, block_m, block_n, stages))
     if not tiles and preferred_only:
-        return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False)
+        return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
     tiles.sort(key=lambda t: t[0])  # stable: ties keep the wider tile first
     return tiles
 
@@ -367,9 +368,10 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
     return pp_waves * 128 * 128 <= waves * block_m * block_n
 
 
-def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int) -> KernelConfig:
-    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`."""
-    _, block_m, block_n, stages = _sm90_tiles_by_cost(spec, m_hint, num_sms)[0]
+def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> KernelConfig:
+    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`
+    (`groups`: see sm90_tile_cost)."""
+    _, block_m, block_n, stages = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
     if _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n) and _sm90_stages(spec, 128, 128, True) >= 3:
         return sm90_config(spec, 128, 128, pingpong=True)
     return sm90_config(spec, block_m, block_n, stages)
@@ -462,11 +464,12 @@ def m_bucket(m: int) -> int:
     return bucket
 
 
-def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None) -> KernelConfig:
+def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1
+                  ) -> KernelConfig:
     """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, layout nt,
-    TMA-legal strides), the portable family otherwise."""
+    TMA-legal strides), the portable family otherwise. Grouped GEMMs: `m_hint` rows in each of `groups` groups."""
     if sm90_supports(spec, arch):
-        cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
+        cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS, groups)
         cfg.check_for(spec, arch)
         return cfg
     if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped:

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime
-from .arrays import MatrixView, ScaleView, array_fields, overlaps
+from .arrays import MatrixView, ScaleView, array_fields, overlaps, signature
 from .errors import NoGPUError
 from .render import render
 from .spec import GemmSpec
@@ -48,6 +48,7 @@ _MAX_ROWS = 2**31 - 1
 _SEGMENTS_TEMPLATE = "group_segments.cu.j2"
 _SEGMENTS_ENTRY = "dgjit_group_segments"
 _SEGMENTS_MAX_GROUPS = 2048  # kMaxGroups of group_segments.cu.j2
+_MAX_LAUNCH_PLANS = 64
 DEFAULT_EXPECTED_M = 512
 DEFAULT_NUM_GROUPS = 8
 
@@ -188,6 +189,10 @@ class GroupedGemm:
         self._out_dtypes = _accepted(spec.out_dtype)
         self._ready_devices: set[int] = set()
         self._workspaces: dict[tuple[int, int, int], object] = {}  # group_segments outputs (see _segments)
+        # Validated launches by the signatures of every operand (out= given: nothing allocated per call), as in
+        # Gemm: a repeat call with the same buffers (the inference loop) only launches. m_indices calls also
+        # record their stream, whose workspace their segments plan writes.
+        self._plans: dict[tuple, tuple[tuple[launch.LaunchPlan, ...], str, int | None]] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -200,6 +205,17 @@ class GroupedGemm:
         from .api import _common_kind
 
         spec, epi = self.spec, self._epi
+        key = None
+        if out is not None and (scales_out is not None or not epi.has_group_scales):
+            key = tuple(map(signature, (a, b, out, offs, m_indices, masked_m, scale_a, scale_b, bias, scales_out)))
+            hit = self._plans.get(key) if None not in key else None
+            if hit is not None and hit[0][0].device_id == device.current_device_id():
+                plans, kind, stream_ptr = hit
+                cu_stream = runtime.stream_for(kind, stream, plans[0].device_id)
+                if stream_ptr is None or stream_ptr == cu_stream.ptr:
+                    for plan in plans:
+                        plan.run(cu_stream)
+                    return (out, scales_out) if epi.has_group_scales else out
         given = [name for name, v in (("offs", offs), ("m_indices", m_indices), ("masked_m", masked_m))
                  if v is not None]
         if len(given) != 1:
@@ -278,14 +294,22 @@ class GroupedGemm:
         if sv is not None:
             ops = launch.EpilogueOperands(bias=bias_ptr, quant=sv.ptr, scales_stride_m=sv.stride_i,
                                           scales_stride_g=sv.stride_j)
+        plans: tuple[launch.LaunchPlan, ...] = ()
         bounds_ptr, bounds_kind = bounds.ptr, (_MASKED if masked else _OFFSETS)
         if m_indices is not None:  # per-row ids -> (start, end) per group, on the same stream
-            bounds_ptr, bounds_kind = self._segments(bounds.ptr, m, num_groups, kind, dev, cu_stream), _SEGMENTS
+            plans = (self._segments_plan(bounds.ptr, m, num_groups, kind, dev, cu_stream),)
+            bounds_ptr, bounds_kind = int(plans[0].args[3]), _SEGMENTS
         group = launch.GroupOperands(bounds=bounds_ptr, num_groups=num_groups, kind=bounds_kind, max_m=max_m,
                                      d=vd.ptr, d_ld=vd.row_stride)
-        plan = launch.plan(launch.load(self.artifact, spec, dev), self.artifact, spec, m, va, vb, vd, dev, sa, sb,
-                           ops, group)
-        plan.run(cu_stream)
+        plans += (launch.plan(launch.load(self.artifact, spec, dev), self.artifact, spec, m, va, vb, vd, dev, sa, sb,
+                              ops, group),)
+        for plan in plans:
+            plan.run(cu_stream)
+        if key is not None and None not in key:
+            with self._lock:
+                if len(self._plans) >= _MAX_LAUNCH_PLANS:
+                    self._plans.clear()
+                self._plans[key] = (plans, kind, cu_stream.ptr if m_indices is not None else None)
         return result
 
     # -- pieces of the call ---------------------------------------------------------------------------------
@@ -305,10 +329,12 @@ class GroupedGemm:
         sb = _scale_rows(scale_b, "scale_b", (num_groups, nb, kb), "one per 128x128 block of each group's weight")
         return sa, sb
 
-    def _segments(self, ids_ptr: int, m: int, num_groups: int, kind: str, dev: int, cu_stream) -> int:
-        """Launch group_segments (m_indices -> (start, end) per group) on `cu_stream`; returns the segments'
-        address. The workspace is kept per (device, stream, G) and reused: calls on one stream run in order, so
-        a later call cannot overwrite it while an earlier one reads it (and a captured graph keeps its address)."""
+    def _segments_plan(self, ids_ptr: int, m: int, num_groups: int, kind: str, dev: int, cu_stream
+                       ) -> launch.LaunchPlan:
+        """The launch of group_segments (m_indices -> (start, end) per group) for `cu_stream`; its fourth argument
+        is the segments' address. The workspace is kept per (device, stream, G) and reused: calls on one stream
+        run in order, so a later call cannot overwrite it while an earlier one reads it (and a captured graph
+        keeps its address)."""
         key = (dev, cu_stream.ptr, num_groups)
         with self._lock:
             workspace = self._workspaces.get(key)
@@ -319,8 +345,7 @@ class GroupedGemm:
         seg_ptr = array_fields(workspace, "segments")[3]
         art = segments_kernel(self.arch)
         args = (np.uint64(ids_ptr), np.uint32(m), np.uint32(num_groups), np.uint64(seg_ptr))
-        runtime.loaded_kernel(art, dev, 0).launch((1, 1, 1), (1024, 1, 1), runtime.PackedArgs(args), cu_stream)
-        return seg_ptr
+        return launch.LaunchPlan(runtime.loaded_kernel(art, dev, 0), (1, 1, 1), (1024, 1, 1), args, dev)
 
     def _bias(self, bias, num_groups: int) -> MatrixView | None:
         epi, spec = self._epi, self.spec
@@ -408,12 +433,12 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         raise ValueError(f"N={spec.n}: the output rows ({spec.n_out} x {out_esize} bytes) must be multiples of 16 "
                          "bytes (TMA stores)")
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
-    m_hint = min(expected * groups, _MAX_ROWS)
-    if config is None:
-        cfg = config_mod.choose_config(spec, m_hint, target)
+    if config is None:  # every group rounds its rows up to whole tiles: the cost model counts them per group
+        num_sms = device.num_sms() if arch is None else None
+        cfg = config_mod.choose_config(spec, expected, target, num_sms, groups=groups)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config
         cfg.check_for(spec, target)
     else:
         raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
-    return GroupedGemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target))
+    return GroupedGemm(spec, target, expected, jit.get_kernel(spec, cfg, target))

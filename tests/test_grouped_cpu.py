@@ -71,6 +71,11 @@ def test_segments_kernel_compiles(cache):
     art = grouped.segments_kernel("sm_90a")
     usage = sass.resource_usage(art.cubin)[art.entry]
     assert usage["LOCAL"] == 0 and usage["SHARED"] >= 3 * 4 * grouped._SEGMENTS_MAX_GROUPS
+    from deepgemm_jit import cubin
+
+    # grouped.py launches it with 1024 threads and refuses more groups than it holds
+    assert cubin.entry_symbols(art.cubin, art.entry, ("num_threads", "max_groups")) == {
+        "num_threads": 1024, "max_groups": grouped._SEGMENTS_MAX_GROUPS}
 
 
 @pytest.mark.parametrize("n,k,dtype,word", [

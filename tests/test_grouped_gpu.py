@@ -297,3 +297,27 @@ def test_torch_in_torch_out():
             rel = ((d[s:s + size].double() - ref).norm() / ref.norm()).item()
             assert rel < 1e-2, (gi, rel)
         s += size
+
+
+@pytest.mark.parametrize("index", ["offs", "m_indices"])
+def test_repeat_call_replays_its_plan_with_new_device_values(index):
+    """A second call with the same buffers launches the kept plan, which reads the group bounds anew."""
+    import cupy
+
+    n, k, m = 256, 256, 400
+    g = dg.build_grouped(n, k, dtype="bf16", num_groups=3)
+    a = reference.random_matrix((m, k), "bf16")
+    b = reference.random_matrix((3, n, k), "bf16", scale=0.1)
+    a64, b64 = reference.to_float64(a), reference.to_float64(b)
+    out = reference.poisoned((m, n), "bf16")
+    bounds = cupy.zeros((3,) if index == "offs" else (m,), dtype=cupy.int32)
+    for sizes in ([100, 0, 300], [1, 398, 1], [0, 0, 400]):
+        ends = np.cumsum(sizes)
+        if index == "offs":
+            bounds.set(ends.astype(np.int32))
+        else:
+            bounds.set(np.repeat(np.arange(3), sizes).astype(np.int32))
+        cupy.cuda.runtime.memset(out.data.ptr, reference.POISON_BYTE, out.nbytes)
+        g(a, b, out=out, **{index: bounds})
+        assert len(g._plans) == 1
+        _check_groups(out, a64, b64, [(int(e - s), int(e)) for s, e in zip(sizes, ends)], "bf16")
