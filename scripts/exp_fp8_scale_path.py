@@ -3,7 +3,8 @@
 Times the same 128x128 promoted FP8 kernel, interleaved, L2 flushed, in variants rendered from patched copies of
 templates/ (DEEPGEMM_JIT_TEMPLATES_DIR):
 
-  tensor        scaling="tensor" (promoted, no per-K-block scales): the ceiling for this tile
+  tensor        scaling="tensor" (promoted, no per-K-block scales): the ceiling for this tile (6 stages)
+  tensor-s5     the same with 5 stages, the most the block kernel's shared memory holds at 128x128
   block         scaling="block" as shipped (scale warp: cp.async into each stage, 33 arrivals per full barrier)
   block-nocopy  the scale warp issues no copies, only its arrivals (scales read from stale shared memory)
   block-nowarp  no scale warp at all, full barriers of one arrival (scales read from stale shared memory)
@@ -62,7 +63,7 @@ def main() -> int:
 
     src = render.templates_dir()
     tmp = Path(tempfile.mkdtemp(prefix="dgjit-exp-"))
-    dirs = {"tensor": None, "block": None}
+    dirs = {"tensor": None, "tensor-s5": None, "block": None}
     for variant in PATCHES:
         dirs[variant] = patched_templates(tmp, variant, src)
     rows = []
@@ -82,11 +83,11 @@ def main() -> int:
             else:
                 os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = str(tdir)
             jit.clear_memo()  # the in-process memo keys kernels by spec and config, not by the templates' directory
-            scaling = "tensor" if variant == "tensor" else "block"
+            scaling = "tensor" if variant.startswith("tensor") else "block"
             spec = GemmSpec.create(n, k, dtype="fp8", scaling=scaling)
-            cfg = config.sm90_config(spec, 128, 128)
+            cfg = config.sm90_config(spec, 128, 128, num_stages=5 if variant == "tensor-s5" else None)
             g = dg.build(m, n, k, dtype="fp8", scaling=scaling, config=cfg, weight_streaming=False)
-            if variant == "tensor":
+            if scaling == "tensor":
                 fns[variant] = (lambda g=g: g(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out=out))
             else:
                 fns[variant] = (lambda g=g: g(qa, qb, scale_a=sa, scale_b=sb, out=out))
