@@ -158,15 +158,28 @@ def _fp8_problem(sizes, n, k, rng):
     return qa, sa, qb, sb, a64, b64
 
 
+def _m_major(sa):
+    """DeepGEMM's scale_a layout: K-group-major storage with M padded to 4, seen as an (M, KB) view."""
+    import cupy
+
+    m, kb = sa.shape
+    storage = cupy.full((kb, -(-m // 4) * 4), cupy.nan, dtype=cupy.float32)
+    storage[:, :m] = sa.T
+    return storage[:, :m].T
+
+
+@pytest.mark.parametrize("scale_layout", ["row_major", "m_major"])
 @pytest.mark.parametrize("sizes,n,k", [([0, 1, 300, 129, 64], 392, 640), ([1024, 512], 4096, 7168)])
-def test_contiguous_fp8_block(sizes, n, k):
+def test_contiguous_fp8_block(sizes, n, k, scale_layout):
+    """M-major scales take 16-byte copies for tiles whose rows start on a multiple of 4 and end inside M (groups
+    here start at rows 0, 1, 301, 430), 4-byte copies otherwise: both in one call."""
     import cupy
 
     rng = cupy.random.default_rng(len(sizes) + n)
     qa, sa, qb, sb, a64, b64 = _fp8_problem(sizes, n, k, rng)
     g = dg.build_grouped(n, k, dtype="fp8", expected_m=max(sizes), num_groups=len(sizes))
     out = reference.poisoned((sum(sizes), n), "bf16")
-    g(qa, qb, scale_a=sa, scale_b=sb, offs=_offsets(sizes), out=out)
+    g(qa, qb, scale_a=_m_major(sa) if scale_layout == "m_major" else sa, scale_b=sb, offs=_offsets(sizes), out=out)
     ends = np.cumsum(sizes)
     bounds = [(int(e - s), int(e)) for s, e in zip(sizes, ends)]
     _check_groups(out, a64, b64, bounds, "fp8_e4m3", _plain_loop(g, qa, qb, bounds, sa, sb))
