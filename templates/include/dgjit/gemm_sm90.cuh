@@ -625,11 +625,12 @@ struct GemmSm90 {
 #pragma unroll 1
     for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
       mbarrier_wait(smem.full(state.stage), state.phase);
-      issue_k_block(smem, state.stage, math_wg, false, part);
-      if (k_block == 0) after_first_issue();
-      // The stage's scales are read while its wgmmas run (the stage is released only after them).
+      // The stage's scales are read before its wgmmas are issued: read after, their loads and the products
+      // depending on them landed between the wgmma instructions and delayed the later ones.
       BlockScales cur;
       if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
+      issue_k_block(smem, state.stage, math_wg, false, part);
+      if (k_block == 0) after_first_issue();
       wgmma_wait_group<0>();
       release_stage(smem, state.stage);
       state.advance();
