@@ -99,21 +99,23 @@ def _build(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:
     render_id = f"{template}|{entry}|{spec!r}|{config!r}"
     built = build_artifact(lambda: render_kernel(spec, config), arch, spec_tag=spec.tag, config_tag=config.tag,
                            render_id=render_id,
-                           meta={"spec": dataclasses.asdict(spec), "config": dataclasses.asdict(config),
-                                 "dynamic_smem_bytes": config.smem_bytes(spec),
-                                 "num_threads": config.num_threads})
+                           meta=lambda: {"spec": dataclasses.asdict(spec), "config": dataclasses.asdict(config),
+                                         "dynamic_smem_bytes": config.smem_bytes(spec),
+                                         "num_threads": config.num_threads})
     return KernelArtifact(**vars(built), spec=spec, config=config, arch=arch)
 
 
 def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch: str, *, spec_tag: str,
-                   config_tag: str = "", meta: dict, render_id: str | None = None) -> BuiltKernel:
+                   config_tag: str = "", meta: dict | Callable[[], dict], render_id: str | None = None
+                   ) -> BuiltKernel:
     """`rendered` compiled for `arch`: from the disk cache, else by NVRTC (once across processes) into it.
 
     The cache key hashes what determines the cubin and nothing else (``cache.kernel_key``: the source, its
     headers, the compile options, NVRTC's version, the arch, the package version), so one source has one key
     whichever family renders it. `spec_tag` and `config_tag` (empty for kernels without a config) name the
     kernel in messages and in the metadata (``name``: the tags joined by ``_``); `meta` is what the
-    metadata records about it besides the compile facts (its spec, its launch sizes). With
+    metadata records about it besides the compile facts (its spec, its launch sizes; a callable is called only
+    when the kernel is compiled). With
     DEEPGEMM_JIT_OFFLINE=1 a kernel missing from the cache raises KernelNotCachedError (the caller adds
     the warmup line, which it alone knows). With `render_id` (a string naming the render context completely,
     e.g. template, entry and the reprs of spec and config) `rendered` may be a callable: a kernel found
@@ -132,9 +134,12 @@ def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch
     # kernel this cache has seen rendered from the same files loads without rendering (cache.py's rules).
     render_digest = None
     if render_id is not None and store is not None:
-        render_digest = hashlib.sha256(json.dumps(
-            [_INDEX_FORMAT, render_id, render_mod.source_digest(), list(options), list(nvrtc_version), arch,
-             __version__]).encode()).hexdigest()
+        def digest() -> str:
+            return hashlib.sha256(json.dumps(
+                [_INDEX_FORMAT, render_id, render_mod.source_digest(store), list(options), list(nvrtc_version),
+                 arch, __version__]).encode()).hexdigest()
+
+        render_digest = digest()
         indexed = store.index_get(render_digest)
         entry = store.load(indexed) if indexed is not None else None
         if entry is not None and isinstance(entry.meta.get("entry"), str):
@@ -144,6 +149,8 @@ def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch
                                compiled_now=False)
     if callable(rendered):
         rendered = rendered()
+        if render_digest is not None and digest() != render_digest:
+            render_digest = None  # a file changed while rendering: the index must not map the old files to it
     key = cache.kernel_key(source=rendered.source, headers=rendered.headers, options=options,
                            nvrtc_version=nvrtc_version, arch=arch, package_version=__version__)
 
@@ -157,7 +164,7 @@ def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch
             "name": f"{spec_tag}_{config_tag}" if config_tag else spec_tag,
             "entry": rendered.entry,
             "arch": arch,
-            **meta,
+            **(meta() if callable(meta) else meta),
             "package_version": __version__,
             "nvrtc_version": list(nvrtc_version),
             "options": list(options),
@@ -170,15 +177,14 @@ def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch
             "log": result.log,
         }
 
-    missing = None
-    if env.offline():
-        def missing() -> Exception:
-            where = str(store.root) if store is not None else None
-            return KernelNotCachedError(
-                f"DEEPGEMM_JIT_OFFLINE=1 and kernel {label} for {arch} is not in the cache "
-                f"({where or 'disk cache disabled'})", spec_tag=spec_tag, config_tag=config_tag, arch=arch,
-                cache_dir=where)
-    entry, compiled_now = cache.get_or_build(store, key, build, missing)
+    def missing() -> Exception:  # offline: building is forbidden, an absent entry raises this
+        where = str(store.root) if store is not None else None
+        return KernelNotCachedError(
+            f"DEEPGEMM_JIT_OFFLINE=1 and kernel {label} for {arch} is not in the cache "
+            f"({where or 'disk cache disabled'})", spec_tag=spec_tag, config_tag=config_tag, arch=arch,
+            cache_dir=where)
+
+    entry, compiled_now = cache.get_or_build(store, key, build, missing if env.offline() else None)
     if render_digest is not None:
         store.index_put(render_digest, key)
     if env.verbose() and not compiled_now:
