@@ -1,0 +1,74 @@
+"""Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
+
+    python3 scripts/exp_ab_templates.py --old DIR [--out DIR]
+
+DIR is a copy of an older templates/ (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
+checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
+(contiguous, even groups), M-major scale_a as dg.quantize emits it. Results are checked against each other
+(same kernel math: bitwise equal) before timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", required=True)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    import cupy
+    import numpy as np
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import jit, timing
+
+    old = str(Path(args.old).resolve())
+    rows = []
+    cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
+    for kind, m, n, k, groups in cases:
+        rng = cupy.random.default_rng(m + n + k)
+        total = m * groups
+        qa, sa = dg.quantize(rng.standard_normal((total, k), dtype=cupy.float32), "fp8", "group128")
+        ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
+        qb, sb = (ws[0] if kind == "dense" else (cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])))
+        offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
+        outs, fns = {}, {}
+        for name, tdir in (("old", old), ("new", None)):
+            if tdir is None:
+                os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
+            else:
+                os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
+            jit.clear_memo()
+            out = cupy.empty((total, n), dtype=dg.dtypes.numpy_dtype("bf16"))
+            if kind == "dense":
+                g = dg.build(m, n, k, dtype="fp8", weight_streaming=False)
+                fns[name] = (lambda g=g, out=out: g(qa, qb, scale_a=sa, scale_b=sb, out=out))
+            else:
+                g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups)
+                fns[name] = (lambda g=g, out=out: g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out))
+            fns[name]()
+            outs[name] = out
+        os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
+        cupy.cuda.Device().synchronize()
+        same = bool((outs["old"].view(cupy.uint16) == outs["new"].view(cupy.uint16)).all())
+        t = timing.time_interleaved(fns, reps=args.reps, warmup=5)
+        flops = 2.0 * total * n * k
+        row = {"kind": kind, "m": m, "n": n, "k": k, "groups": groups, "bitwise_equal": same,
+               **{name: {"us": r.median_us, "tflops": flops / r.median_us / 1e6} for name, r in t.items()}}
+        rows.append(row)
+        print(f"{kind} {groups}x{m}x{n}x{k}: equal={same} " + "  ".join(
+            f"{name} {r.median_us:.1f} us {flops / r.median_us / 1e6:.0f} TF" for name, r in t.items()), flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "exp-ab-templates.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
