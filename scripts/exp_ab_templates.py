@@ -1,8 +1,8 @@
 """Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
 
-    python3 scripts/exp_ab_templates.py --old DIR [--out DIR]
+    python3 scripts/exp_ab_templates.py --tree NAME=DIR [--tree NAME=DIR ...] [--out DIR]
 
-DIR is a copy of an older templates/ (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
+Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
 (contiguous, even groups), M-major scale_a as dg.quantize emits it. Results are checked against each other
 (same kernel math: bitwise equal) before timing.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--old", required=True)
+    ap.add_argument("--tree", action="append", required=True, help="NAME=DIR of a templates/ copy")
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
@@ -28,7 +28,7 @@ def main() -> int:
     import deepgemm_jit as dg
     from deepgemm_jit import jit, timing
 
-    old = str(Path(args.old).resolve())
+    trees = [(name, str(Path(d).resolve())) for name, d in (t.split("=", 1) for t in args.tree)] + [("new", None)]
     rows = []
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
@@ -39,7 +39,7 @@ def main() -> int:
         qb, sb = (ws[0] if kind == "dense" else (cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])))
         offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
         outs, fns = {}, {}
-        for name, tdir in (("old", old), ("new", None)):
+        for name, tdir in trees:
             if tdir is None:
                 os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             else:
@@ -56,7 +56,7 @@ def main() -> int:
             outs[name] = out
         os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
         cupy.cuda.Device().synchronize()
-        same = bool((outs["old"].view(cupy.uint16) == outs["new"].view(cupy.uint16)).all())
+        same = all(bool((o.view(cupy.uint16) == outs["new"].view(cupy.uint16)).all()) for o in outs.values())
         t = timing.time_interleaved(fns, reps=args.reps, warmup=5)
         flops = 2.0 * total * n * k
         row = {"kind": kind, "m": m, "n": n, "k": k, "groups": groups, "bitwise_equal": same,
