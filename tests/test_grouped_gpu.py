@@ -171,8 +171,7 @@ def _m_major(sa):
 @pytest.mark.parametrize("scale_layout", ["row_major", "m_major"])
 @pytest.mark.parametrize("sizes,n,k", [([0, 1, 300, 129, 64], 392, 640), ([1024, 512], 4096, 7168)])
 def test_contiguous_fp8_block(sizes, n, k, scale_layout):
-    """M-major scales take 16-byte copies for tiles whose rows start on a multiple of 4 and end inside M (groups
-    here start at rows 0, 1, 301, 430), 4-byte copies otherwise: both in one call."""
+    """Row-major and M-major (DeepGEMM's) scale_a, groups starting at rows 0, 1, 301 and 430."""
     import cupy
 
     rng = cupy.random.default_rng(len(sizes) + n)

@@ -522,32 +522,17 @@ struct GemmSm90 {
     State state;
     Tile tile;
     const uint32_t lane = lane_idx();
-    // M-major scale_a (DeepGEMM's and dg.quantize's layout, a_stride_m = 1) with 16-byte aligned K columns: a
-    // tile's kBlockM scales of one K block are one contiguous run, copied 16 bytes per lane (32 copies per stage
-    // instead of kBlockM; the 4-byte copies cost ~8% at 4096x4096x7168, scripts/exp_fp8_scale_path.py).
-    const bool m_major_16 = scales.a_stride_m == 1 && scales.a_stride_k % 4 == 0 &&
-                            reinterpret_cast<uint64_t>(scales.a) % 16 == 0;
     while (scheduler.next(tile)) {
       const uint32_t first_b = tile.n_block * kBlockN / 128;
       const uint32_t group_b = tile.group * kNumScaleBBlocks;  // B_g's blocks in the stacked scales
-      // Whole 4-row chunks inside M (grouped tiles may start at any row).
-      const bool wide = m_major_16 && tile.row0 % 4 == 0 && tile.row0 + kBlockM <= m;
 #pragma unroll 1
       for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         const uint32_t dst = smem.stage_scales(state.stage);
-        if (wide) {
 #pragma unroll
-          for (uint32_t r = 4 * lane; r < kBlockM; r += 128) {
-            cp_async_16(dst + 4 * r, scales.a + tile.row0 + r + k_block * scales.a_stride_k);
-          }
-        } else {
-#pragma unroll
-          for (uint32_t r = lane; r < kBlockM; r += 32) {
-            const uint32_t row = tile.row0 + r;
-            cp_async_4(dst + 4 * r,
-                       scales.a + (row < m ? row : m - 1) * scales.a_stride_m + k_block * scales.a_stride_k);
-          }
+        for (uint32_t r = lane; r < kBlockM; r += 32) {
+          const uint32_t row = tile.row0 + r;
+          cp_async_4(dst + 4 * r, scales.a + (row < m ? row : m - 1) * scales.a_stride_m + k_block * scales.a_stride_k);
         }
         if (lane < kMaxScaleBBlocks) {
           const uint32_t blk = first_b + lane < kNumScaleBBlocks ? first_b + lane : kNumScaleBBlocks - 1;
@@ -625,12 +610,11 @@ struct GemmSm90 {
 #pragma unroll 1
     for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
       mbarrier_wait(smem.full(state.stage), state.phase);
-      // The stage's scales are read before its wgmmas are issued: read after, their loads and the products
-      // depending on them landed between the wgmma instructions and delayed the later ones.
-      BlockScales cur;
-      if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
       issue_k_block(smem, state.stage, math_wg, false, part);
       if (k_block == 0) after_first_issue();
+      // The stage's scales are read while its wgmmas run (the stage is released only after them).
+      BlockScales cur;
+      if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
       wgmma_wait_group<0>();
       release_stage(smem, state.stage);
       state.advance();

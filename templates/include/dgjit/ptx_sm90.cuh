@@ -543,10 +543,6 @@ DGJIT_DEVICE float ld_global_nc_f32(const float* p) {
 DGJIT_DEVICE void cp_async_4(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" : : "r"(smem_addr), "l"(gmem) : "memory");
 }
-// 16-byte cp.async (both addresses 16-byte aligned), through L2 only.
-DGJIT_DEVICE void cp_async_16(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(smem_addr), "l"(gmem) : "memory");
-}
 // Arrive on an mbarrier once all of this thread's earlier cp.async copies have landed (.noinc: the
 // arrival is one of the barrier's expected count, so the thread goes on without waiting for the data).
 DGJIT_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
