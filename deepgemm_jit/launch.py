@@ -74,12 +74,14 @@ class LaunchPlan:
     args: tuple
     device_id: int
     packed: runtime.PackedArgs = field(init=False, repr=False, compare=False)
+    bound: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "packed", runtime.PackedArgs(self.args))
+        object.__setattr__(self, "bound", self.kernel.bind(self.grid, self.block))
 
     def run(self, stream) -> None:
-        self.kernel.launch(self.grid, self.block, self.packed, stream)
+        self.kernel.launch(self.grid, self.block, self.packed, stream, self.bound)
 
 
 def _tma_pitch(view: MatrixView) -> int:
