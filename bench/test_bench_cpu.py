@@ -300,6 +300,27 @@ def test_block_scale_layout_passes_torchs_own_checks(m, n, k):
                     torch.ones(nb, kb, device="meta"), F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("m", [1, 47, 64])
+def test_block_calls_pad_m_to_what_cublas_takes(m):
+    """cuBLASLt refuses block-wise FP8 for M % 4 != 0: those M also get candidates on A padded to a multiple of 4
+    rows, which torch's meta checks accept and which return D's M rows."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    if not hasattr(F, "scaled_mm"):
+        pytest.skip(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
+    bl = baseline_mod()
+    n, k = 256, 512
+    a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="meta")
+    b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device="meta")
+    sa, sb = torch.ones(m, k // 128, device="meta"), torch.ones(n // 128, k // 128, device="meta")
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
+    calls = bl.torch_scaled_mm_calls(torch, a, b, "block", sa, sb, out)
+    padded = [(label, call) for label, call in calls if "M padded to 4" in label]
+    assert bool(padded) == (m % 4 != 0)
+    for _, call in padded:
+        assert call().shape == (m, n)
+
+
 @pytest.mark.parametrize("recipe", ["tensor", "row", "block"])
 def test_torch_scaled_calls_compute_our_dequantized_product_on_cpu(recipe):
     """The very calls the baseline times, on CPU tensors: torch multiplies by our scales the way we mean them."""

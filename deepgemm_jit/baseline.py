@@ -319,6 +319,10 @@ def torch_scales_128x128(scale_b, k_block_multiple: int = TORCH_128X128_K_BLOCK_
     return padded.t()
 
 
+# cuBLASLt's block-wise FP8 takes M in multiples of this (see torch_scaled_mm_calls).
+BLOCKWISE_M_MULTIPLE = 4
+
+
 def scaled_mm_refusal(m: int, n: int, k: int) -> str | None:
     """Why torch's CUDA scaled matmul refuses (M, N, K), or None (the size rules of docs/fp8-baselines.md)."""
     if k % SCALED_MM_MULTIPLE or n % SCALED_MM_MULTIPLE:
@@ -374,6 +378,27 @@ def torch_scaled_mm_calls(torch, a, b, recipe: str, scale_a, scale_b, out, *, us
 
         pad = "" if multiple == TORCH_128X128_K_BLOCK_MULTIPLE else ", unpadded"
         calls.append((f"F.scaled_mm(1x128,128x128{pad})", call))
+    num_rows = a.shape[0]
+    if num_rows % BLOCKWISE_M_MULTIPLE:
+        # cuBLASLt refuses block-wise FP8 when M is no multiple of 4 (CUBLAS_STATUS_NOT_SUPPORTED on the H200: the
+        # M-major 1x128 scales' columns must be 16-byte aligned). Then the same product with A's rows padded to a
+        # multiple of 4 (zero rows, scale 1.0; copies made once here) and D's first M rows: <= 3 extra rows of work.
+        rows = _ceil_div(num_rows, BLOCKWISE_M_MULTIPLE) * BLOCKWISE_M_MULTIPLE
+        a_pad = a.new_zeros((rows, a.shape[1]))
+        a_pad[:num_rows] = a
+        sa_rows = scale_a.new_ones((rows, scale_a.shape[1]))
+        sa_rows[:num_rows] = scale_a
+        sa_pad = torch_scales_1x128(sa_rows)
+        for multiple in multiples:
+            sb = torch_scales_128x128(scale_b, multiple)
+
+            def padded_call(sb=sb):
+                return F.scaled_mm(a_pad, mat2, sa_pad, F.ScalingType.BlockWise1x128, sb,
+                                   F.ScalingType.BlockWise128x128, output_dtype=out.dtype,
+                                   use_fast_accum=use_fast_accum)[:num_rows]
+
+            pad = "" if multiple == TORCH_128X128_K_BLOCK_MULTIPLE else ", unpadded"
+            calls.append((f"F.scaled_mm(1x128,128x128{pad}, M padded to {BLOCKWISE_M_MULTIPLE})", padded_call))
     return calls
 
 
