@@ -10,8 +10,10 @@ the package never imports it.
 
     qx, sx = dgt.quantize(x2, "fp8", "group128")   # x2 (M, K) -> FP8 (M, K) and (M, ceil(K/128)) scales
     y = dgt.gemm_fp8(qx, qw, sx, sw, "block")      # -> (M, N) bf16
+    y = dgt.grouped_mm(x, w, offs=offs)            # mixture of experts: x (M, K), w (G, N, K) -> (M, N)
 
-Three ops, ``torch.ops.deepgemm_jit.gemm``, ``.quantize`` and ``.gemm_fp8``, each with a fake (meta)
+Five ops, ``torch.ops.deepgemm_jit.gemm``, ``.quantize``, ``.gemm_fp8``, ``.grouped_mm`` and ``.grouped_mm_fp8``,
+each with a fake (meta)
 implementation, so they trace under ``torch.compile(fullgraph=True)`` and ``torch.export`` without a graph
 break. They synchronise nothing with the host and allocate only their outputs from torch's allocator
 (``quantize`` with ``granularity="tensor"`` also a one-word amax), so they can be captured in a CUDA
@@ -31,6 +33,7 @@ import torch
 from . import config as config_mod
 from . import dtypes, quantization
 from .api import Gemm, build
+from .grouped import GroupedGemm, build_grouped
 from .spec import LAYOUTS
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
@@ -344,6 +347,116 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
         y = gemm_fp8(qx, qw, sx, sw, "block")    # (M, N) bf16 ~= x @ w.T
     """
     return torch.ops.deepgemm_jit.gemm_fp8.default(a, b, scale_a, scale_b, scaling, out_dtype)
+
+
+# -- grouped GEMMs (mixture of experts) ----------------------------------------------------------------------------
+_built_grouped: dict[tuple, GroupedGemm] = {}
+
+
+def _grouped_for(device_index: int, n: int, k: int, expected_m: int, num_groups: int, **spec_args) -> GroupedGemm:
+    bucket = config_mod.m_bucket(max(1, expected_m))
+    key = (device_index, n, k, bucket, num_groups, tuple(sorted(spec_args.items())))
+    g = _built_grouped.get(key)
+    if g is None:
+        with _built_lock:
+            g = _built_grouped.get(key)
+            if g is None:
+                g = build_grouped(n, k, expected_m=bucket, num_groups=num_groups, **spec_args)
+                _built_grouped[key] = g
+    return g
+
+
+def _grouped_out(a: torch.Tensor, b: torch.Tensor, offs, masked_m, out_dtype: Optional[str], fp8: bool
+                 ) -> tuple[tuple, torch.dtype, str, str]:
+    """(output shape, torch output dtype, library input dtype, library output dtype) of a grouped call; the
+    shape and dtype checks shared by the real and the fake implementations (the rest is GroupedGemm's)."""
+    if (offs is None) == (masked_m is None):
+        raise ValueError("give exactly one of offs (contiguous a (M, K)) and masked_m (masked a (G, max_m, K))")
+    if b.dim() != 3:
+        raise ValueError(f"b must be 3-D (G, N, K), got shape {tuple(b.shape)}")
+    want = 3 if masked_m is not None else 2
+    if a.dim() != want:
+        raise ValueError(f"a must be {want}-D ({'(G, max_m, K)' if want == 3 else '(M, K)'}), got shape "
+                         f"{tuple(a.shape)}")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"a has K={a.shape[-1]} but b has K={b.shape[-1]}")
+    inputs = _FP8_INPUT_DTYPES if fp8 else {torch.float16: "fp16", torch.bfloat16: "bf16"}
+    if a.dtype not in inputs or b.dtype != a.dtype:
+        raise TypeError(f"a and b must share one dtype of {', '.join(map(str, inputs))}; got {a.dtype} and {b.dtype}")
+    name = inputs[a.dtype]
+    out_name = out_dtype or ("bf16" if fp8 else name)
+    if out_name not in _OUTPUT_DTYPES:
+        raise ValueError(f"out_dtype={out_dtype!r} is not supported; choose one of {', '.join(_OUTPUT_DTYPES)}")
+    shape = (a.shape[0], a.shape[1], b.shape[1]) if masked_m is not None else (a.shape[0], b.shape[1])
+    return shape, _OUTPUT_DTYPES[out_name], name, out_name
+
+
+def _grouped_run(a, b, offs, masked_m, out_dtype, scale_a=None, scale_b=None) -> torch.Tensor:
+    fp8 = scale_a is not None
+    shape, torch_out, name, out_name = _grouped_out(a, b, offs, masked_m, out_dtype, fp8)
+    _require_cuda("grouped_mm_fp8" if fp8 else "grouped_mm", a, "a")
+    num_groups, n, k = b.shape
+    with torch.cuda.device(a.device):
+        out = torch.empty(shape, dtype=torch_out, device=a.device)
+        if out.numel() and num_groups:
+            expected = a.shape[1] if masked_m is not None else -(-a.shape[0] // num_groups)
+            spec_args = {"dtype": name, "out_dtype": out_name}
+            if fp8:
+                spec_args["scaling"] = "block"
+            g = _grouped_for(a.device.index, n, k, expected, num_groups, **spec_args)
+            kw = {"offs": offs} if offs is not None else {"masked_m": masked_m}
+            if fp8:
+                kw.update(scale_a=scale_a, scale_b=scale_b)
+            g(_k_contiguous(a), b if b.is_contiguous() else b.contiguous(), out=out, **kw)  # torch's current stream
+    return out
+
+
+@torch.library.custom_op("deepgemm_jit::grouped_mm", mutates_args=())
+def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor] = None,
+                   masked_m: Optional[torch.Tensor] = None, out_dtype: Optional[str] = None) -> torch.Tensor:
+    return _grouped_run(a, b, offs, masked_m, out_dtype)
+
+
+@_grouped_mm_op.register_fake
+def _grouped_mm_fake(a, b, offs=None, masked_m=None, out_dtype=None):
+    shape, torch_out, _, _ = _grouped_out(a, b, offs, masked_m, out_dtype, False)
+    return a.new_empty(shape, dtype=torch_out)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: Optional[torch.Tensor] = None,
+               masked_m: Optional[torch.Tensor] = None, out_dtype: Optional[str] = None) -> torch.Tensor:
+    """Grouped GEMM (mixture of experts) through ``torch.ops.deepgemm_jit.grouped_mm``; a new tensor.
+
+    Contiguous: a (M, K) rows of all groups stacked, ``offs`` (G,) int32 cumulative row ends (as
+    ``torch._grouped_mm``) -> (M, N), group g's rows times b[g].T. Masked: a (G, max_m, K), ``masked_m`` (G,) int32
+    valid rows per group -> (G, max_m, N). b (G, N, K) like stacked ``nn.Linear`` weights; bfloat16 or float16.
+    Rows of no group (past offs[-1], past masked_m[g]) are not written: their values are unspecified. Group sizes
+    stay on the device (no host sync; capturable in a CUDA graph once a call outside has built the kernel). See
+    ``deepgemm_jit.build_grouped`` for the alignment rules (rows of a, b and the output 16-byte multiples)."""
+    return torch.ops.deepgemm_jit.grouped_mm.default(a, b, offs, masked_m, out_dtype)
+
+
+@torch.library.custom_op("deepgemm_jit::grouped_mm_fp8", mutates_args=())
+def _grouped_mm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                       offs: Optional[torch.Tensor] = None, masked_m: Optional[torch.Tensor] = None,
+                       out_dtype: Optional[str] = None) -> torch.Tensor:
+    return _grouped_run(a, b, offs, masked_m, out_dtype, scale_a, scale_b)
+
+
+@_grouped_mm_fp8_op.register_fake
+def _grouped_mm_fp8_fake(a, b, scale_a, scale_b, offs=None, masked_m=None, out_dtype=None):
+    shape, torch_out, _, _ = _grouped_out(a, b, offs, masked_m, out_dtype, True)
+    return a.new_empty(shape, dtype=torch_out)
+
+
+def grouped_mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   offs: Optional[torch.Tensor] = None, masked_m: Optional[torch.Tensor] = None,
+                   out_dtype: Optional[str] = None) -> torch.Tensor:
+    """:func:`grouped_mm` for FP8 (float8_e4m3fn / float8_e5m2) with block scales, through
+    ``torch.ops.deepgemm_jit.grouped_mm_fp8``: scale_a one per 1x128 group of a's rows ((M, ceil(K/128)), or
+    (G, max_m, ceil(K/128)) masked; :func:`quantize` ``"group128"`` of a), scale_b (G, ceil(N/128), ceil(K/128))
+    (``"block128"`` of each b[g], stacked). ``out_dtype`` ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``."""
+    return torch.ops.deepgemm_jit.grouped_mm_fp8.default(a, b, scale_a, scale_b, offs, masked_m, out_dtype)
 
 
 # -- Linear ------------------------------------------------------------------------------------------------------

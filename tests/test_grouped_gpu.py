@@ -333,3 +333,33 @@ def test_repeat_call_replays_its_plan_with_new_device_values(index):
         g(a, b, out=out, **{index: bounds})
         assert len(g._plans) == 1
         _check_groups(out, a64, b64, [(int(e - s), int(e)) for s, e in zip(sizes, ends)], "bf16")
+
+
+def test_torch_ops_match_the_library_and_compile():
+    """torch.ops.deepgemm_jit.grouped_mm(_fp8): the library's bits, under torch.compile(fullgraph=True) too."""
+    torch = pytest.importorskip("torch")
+    import deepgemm_jit.torch as dgt
+
+    sizes, n, k = [40, 0, 200, 1], 256, 128
+    a = torch.randn(sum(sizes), k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4, n, k, device="cuda", dtype=torch.bfloat16) * 0.1
+    offs = torch.tensor(np.cumsum(sizes), device="cuda", dtype=torch.int32)
+    ref = dg.build_grouped(n, k, dtype="bf16", expected_m=64, num_groups=4)(a, w, offs=offs)
+    d = dgt.grouped_mm(a, w, offs=offs)
+    assert torch.equal(d, ref)
+    compiled = torch.compile(lambda x, y, o: dgt.grouped_mm(x, y, offs=o) * 2, fullgraph=True)
+    assert torch.equal(compiled(a, w, offs), ref * 2)
+    xm = torch.randn(4, 64, k, device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([64, 0, 3, 17], device="cuda", dtype=torch.int32)
+    dm = dgt.grouped_mm(xm, w, masked_m=counts)
+    for gi, c in enumerate(counts.tolist()):
+        if c:
+            rel = ((dm[gi, :c].double() - xm[gi, :c].double() @ w[gi].double().T).norm()
+                   / (xm[gi, :c].double() @ w[gi].double().T).norm()).item()
+            assert rel < 1e-2, (gi, rel)
+    qa, sa = dgt.quantize(a, "fp8", "group128")
+    qw, sw = zip(*(dgt.quantize(w[gi], "fp8", "block128") for gi in range(4)))
+    qw, sw = torch.stack(qw), torch.stack(sw)
+    d8 = dgt.grouped_mm_fp8(qa, qw, sa, sw, offs=offs)
+    ref8 = dg.build_grouped(n, k, dtype="fp8", expected_m=64, num_groups=4)(qa, qw, scale_a=sa, scale_b=sw, offs=offs)
+    assert torch.equal(d8[:241], ref8[:241])

@@ -546,3 +546,42 @@ def test_swap_linears_fp8_error_leaves_module_unchanged():
     with pytest.raises(ValueError, match="scaling='row' applies to dtype='fp8'"):
         dgt.swap_linears(tree, lambda name, lin: True, scaling="row")
     assert type(tree.q) is torch.nn.Linear
+
+
+# -- grouped GEMMs (mixture of experts) --------------------------------------------------------------------------
+def test_grouped_fakes_shapes_and_dtypes():
+    offs, cnt = meta((4,), torch.int32), meta((4,), torch.int32)
+    d = dgt.grouped_mm(meta((300, K)), meta((4, N, K)), offs=offs)
+    assert d.shape == (300, N) and d.dtype == torch.bfloat16 and d.device.type == "meta"
+    d = dgt.grouped_mm(meta((4, 64, K), torch.float16), meta((4, N, K), torch.float16), masked_m=cnt, out_dtype="fp32")
+    assert d.shape == (4, 64, N) and d.dtype == torch.float32
+    f8 = torch.float8_e4m3fn
+    d = dgt.grouped_mm_fp8(meta((300, K), f8), meta((4, N, K), f8), meta((300, 1), torch.float32),
+                           meta((4, 1, 1), torch.float32), offs=offs)
+    assert d.shape == (300, N) and d.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("a,b,kwargs,error,match", [
+    (meta((300, K)), meta((4, N, K)), {}, ValueError, "exactly one of offs"),
+    (meta((300, K)), meta((N, K)), {"offs": meta((4,), torch.int32)}, ValueError, "b must be 3-D"),
+    (meta((4, 64, K)), meta((4, N, K)), {"offs": meta((4,), torch.int32)}, ValueError, "a must be 2-D"),
+    (meta((300, K)), meta((4, N, K)), {"masked_m": meta((4,), torch.int32)}, ValueError, "a must be 3-D"),
+    (meta((300, K + 8)), meta((4, N, K)), {"offs": meta((4,), torch.int32)}, ValueError, "a has K=48"),
+    (meta((300, K), torch.float32), meta((4, N, K), torch.float32), {"offs": meta((4,), torch.int32)}, TypeError,
+     "must share one dtype"),
+    (meta((300, K)), meta((4, N, K)), {"offs": meta((4,), torch.int32), "out_dtype": "fp8"}, ValueError,
+     "out_dtype='fp8'"),
+])
+def test_grouped_fake_errors_name_the_argument(a, b, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        dgt.grouped_mm(a, b, **kwargs)
+
+
+def test_grouped_ops_trace_under_export():
+    class MoE(torch.nn.Module):
+        def forward(self, x, w, offs):
+            return dgt.grouped_mm(x, w, offs=offs)
+
+    ep = torch.export.export(MoE(), (meta((300, K)), meta((4, N, K)), meta((4,), torch.int32)))
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
+    assert len(nodes) == 1 and tuple(nodes[0].meta["val"].shape) == (300, N)
