@@ -32,6 +32,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -68,7 +69,7 @@ def _stacked(x, arg: str, ndim: int, dtypes_ok: tuple[np.dtype, ...], what: str)
         raise ValueError(f"{arg} is not aligned to its {size}-byte elements")
     el = [s // size for s in strides]
     cols = int(shape[-1])
-    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    rows = math.prod(int(d) for d in shape[:-1])
     if rows == 0 or cols == 0:
         return tuple(shape), MatrixView(ptr, rows, cols, max(cols, 1), np.dtype(dtype), int(dev))
     if cols > 1 and el[-1] != 1:

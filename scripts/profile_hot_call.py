@@ -1,6 +1,9 @@
 """Profile (GPU): where the host time of a hot Gemm call goes (cProfile over many calls of a replayed plan).
 
-    python3 scripts/profile_hot_call.py [--calls 20000]
+    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped]
+
+--grouped: a GroupedGemm (FP8 block, 8 groups) called with a new output each time, i.e. without a kept launch
+plan (what the torch op does): the full validation and planning path.
 """
 from __future__ import annotations
 
@@ -14,7 +17,10 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--grouped", action="store_true")
     args = ap.parse_args()
+    if args.grouped:
+        return profile_grouped(args.calls)
     import cupy
 
     import deepgemm_jit as dg
@@ -42,6 +48,41 @@ def main() -> int:
     prof.disable()
     cupy.cuda.Device().synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    return 0
+
+
+def profile_grouped(calls: int) -> int:
+    import cupy
+    import numpy as np
+
+    import deepgemm_jit as dg
+
+    n, k, groups, rows = 4096, 7168, 8, 64
+    g = dg.build_grouped(n, k, dtype="fp8", expected_m=rows, num_groups=groups)
+    rng = cupy.random.default_rng(0)
+    qa, sa = dg.quantize(rng.standard_normal((groups * rows, k), dtype=cupy.float32), "fp8", "group128")
+    ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
+    qb, sb = cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])
+    offs = cupy.asarray(np.arange(1, groups + 1) * rows, dtype=cupy.int32)
+    outs = [cupy.empty((groups * rows, n), dtype=dg.dtypes.numpy_dtype("bf16")) for _ in range(2)]
+    calls = min(calls, 2000)
+
+    def loop():
+        for i in range(calls):
+            g._plans.clear()  # every call validates and plans, as with a fresh output
+            g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=outs[i % 2])
+    loop()
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    loop()
+    cupy.cuda.Device().synchronize()
+    print(f"grouped, no kept plan: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
+    prof = cProfile.Profile()
+    prof.enable()
+    loop()
+    prof.disable()
+    cupy.cuda.Device().synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
     return 0
 
 
