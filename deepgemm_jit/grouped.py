@@ -199,6 +199,13 @@ class GroupedGemm:
     def __repr__(self) -> str:
         return f"GroupedGemm({self.spec.tag}, {self.config.tag}, arch={self.arch})"
 
+    def explain(self) -> dict:
+        """What Gemm.explain() reports (spec, config, cache entry, resources, SASS), m_hint being the expected rows
+        per group the tile was chosen for."""
+        from .explain import describe
+
+        return describe(self)
+
     def __call__(self, a, b, *, offs=None, m_indices=None, masked_m=None, scale_a=None, scale_b=None, bias=None,
                  out=None, scales_out=None, stream=None):
         """d for every group (see the module for the layouts); returns `out` if given, else a new array of the

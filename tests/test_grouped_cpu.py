@@ -190,3 +190,10 @@ def test_tile_walk_covers_every_row_once(seed):
         in_group[s:e] = True
     assert (covered[in_group] == 1).all() and (covered[~in_group] == 0).all()
     assert sum(map(len, walk)) == sum(-(-(e - s) // block_m) * n_blocks for s, e in ranges)
+
+
+def test_explain(cache):
+    g = dg.build_grouped(512, 256, dtype="bf16", arch="sm_90a", expected_m=300, num_groups=4)
+    info = g.explain()
+    assert info["spec"]["grouped"] and info["config_tag"] == g.config.tag and info["m_hint"] == 300
+    assert info["local_bytes"] == 0 and info["weight_streaming"] == {"max_m": 0}
