@@ -58,7 +58,6 @@ import random
 import re
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from . import metrics, report
@@ -740,27 +739,10 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
 
 def run_case(case: MoeCase, ctx: Context, index_no: int) -> dict:
     """One row; an exception becomes the row's error, a lost CUDA context skips the rows after it."""
-    from .runner import _is_sticky, _release_memory
+    from .runner import guarded_row
 
     row = empty_row(case)
-    if ctx.is_context_lost:
-        row.update(status="skipped", error="CUDA context lost earlier in the run")
-        return row
-    try:
-        _run_case(case, ctx, index_no, row)
-    except Exception as exc:  # reported per row; the run goes on
-        row["status"] = "error"
-        row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        row["traceback"] = traceback.format_exc(limit=8)[-4000:]
-        if _is_sticky(exc):
-            ctx.is_context_lost = True
-            row["error"] += " [sticky CUDA error: remaining rows skipped]"
-    finally:
-        try:
-            _release_memory()
-        except Exception:
-            pass
-    return row
+    return guarded_row(row, ctx, lambda: _run_case(case, ctx, index_no, row))
 
 
 # -------------------------------------------------------------------------------------------------------- main

@@ -27,6 +27,7 @@ import json
 import math
 import time
 import traceback
+from typing import Callable
 
 import cupy
 
@@ -201,14 +202,16 @@ def _release_memory() -> None:
         pass
 
 
-def run_case(case: Case, ctx: RunContext, index: int) -> dict:
-    row = empty_row(case)
+def guarded_row(row: dict, ctx, work: Callable[[], None]) -> dict:
+    """Run one bench row's `work` (which fills `row`): an exception becomes the row's error and the run goes on,
+    a sticky CUDA error marks `ctx.is_context_lost` so that the rows after it are skipped, and memory is released
+    whatever happened. A row after a lost context is skipped without running. Shared by every bench script."""
     if ctx.is_context_lost:
         row["status"] = "skipped"
         row["error"] = "CUDA context lost earlier in the run"
         return row
     try:
-        _run_case(case, ctx, index, row)
+        work()
     except Exception as exc:
         row["status"] = "error"
         row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -222,6 +225,11 @@ def run_case(case: Case, ctx: RunContext, index: int) -> dict:
         except Exception:
             pass
     return row
+
+
+def run_case(case: Case, ctx: RunContext, index: int) -> dict:
+    row = empty_row(case)
+    return guarded_row(row, ctx, lambda: _run_case(case, ctx, index, row))
 
 
 def _build(case: Case, ctx: RunContext):

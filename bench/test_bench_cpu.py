@@ -464,7 +464,6 @@ class _FakeGemm:
 @pytest.fixture
 def cpu_runner(monkeypatch):
     """bench.runner with CuPy replaced by NumPy and the GPU-only pieces by stand-ins."""
-    import sys
     import types
     np = pytest.importorskip("numpy")
     pytest.importorskip("ml_dtypes")
@@ -473,18 +472,7 @@ def cpu_runner(monkeypatch):
     if not hasattr(reference, "quantize_reference"):
         pytest.skip("deepgemm_jit.reference has no quantize_reference yet")
 
-    class CupyOnNumpy(types.ModuleType):
-        def __getattr__(self, name):
-            return getattr(np, name)
-
-    shim = CupyOnNumpy("cupy")
-    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
-    shim.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
-                                      get_current_stream=lambda: stream)
-    shim.random = types.SimpleNamespace(default_rng=np.random.default_rng)
-    shim.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
-    monkeypatch.setitem(sys.modules, "cupy", shim)
-    monkeypatch.setattr(runner, "cupy", shim)
+    _cupy_on_numpy(monkeypatch, runner)
 
     def poisoned(shape, name):   # the same NaN (0xFF) bytes, without cudaMemsetAsync
         x = np.empty(shape, dtype=dtypes.numpy_dtype(name))
@@ -959,8 +947,6 @@ class _FakeGrouped:
 @pytest.fixture
 def moe_cpu(monkeypatch):
     import contextlib
-    import sys
-    import types
     np = pytest.importorskip("numpy")
     pytest.importorskip("ml_dtypes")
     torch = pytest.importorskip("torch")
@@ -968,18 +954,7 @@ def moe_cpu(monkeypatch):
     from bench import moe, runner
     from deepgemm_jit import baseline, dtypes, reference, timing
 
-    class CupyOnNumpy(types.ModuleType):
-        def __getattr__(self, name):
-            return getattr(np, name)
-
-    shim = CupyOnNumpy("cupy")
-    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
-    shim.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
-                                      get_current_stream=lambda: stream)
-    shim.random = types.SimpleNamespace(default_rng=np.random.default_rng)
-    shim.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
-    monkeypatch.setitem(sys.modules, "cupy", shim)
-    monkeypatch.setattr(runner, "cupy", shim)
+    _cupy_on_numpy(monkeypatch, runner)
 
     def poisoned(shape, name):
         x = np.empty(shape, dtype=dtypes.numpy_dtype(name))
@@ -1084,3 +1059,26 @@ def test_moe_row_fp8_on_cpu(moe_cpu, layout, index, sizes):
     assert row["rowwise_us"] is None and any("_scaled_grouped_mm" in r for r in row["unavailable"])
     row, _, _ = moe_cpu(case, fp8_loop=False)                  # CPU torch refuses block scales: ours alone
     assert row["status"] == "ok" and row["ratio"] is None and "no baseline" in row["note"]
+
+
+def _cupy_on_numpy(monkeypatch, runner):
+    """Stand-in `cupy` module backed by NumPy (streams and devices that do nothing), installed for the bench
+    runner: lets a whole bench row run on the CPU."""
+    import sys
+    import types
+
+    import numpy as np
+
+    class CupyOnNumpy(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+    shim = CupyOnNumpy("cupy")
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+    shim.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
+                                      get_current_stream=lambda: stream)
+    shim.random = types.SimpleNamespace(default_rng=np.random.default_rng)
+    shim.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", shim)
+    monkeypatch.setattr(runner, "cupy", shim)
+    return shim
