@@ -28,6 +28,11 @@ blocks (DeepSeek-V3's ``{"quant_method": "fp8", "fmt": "e4m3", "weight_block_siz
 format of transformers' ``FineGrainedFP8Config``) become ``WeightQuantization("fp8_e4m3", "block", ...)``,
 which covers every row but ``lm_head`` and the modules the config lists as not converted.
 
+``expert_gemms(config)`` lists the routed experts of a MoE model as ``ExpertGemm(name, n, k, num_experts,
+layers)``: the rows a grouped GEMM (``build_grouped``, weights (num_experts, n, k)) runs in one launch per
+layer, the fused gate_up (N = 2 x the expert's intermediate size, K = hidden) and down (N = hidden, K = the
+intermediate size). Shared experts are dense MLPs and stay out (they are rows of ``gemm_shapes``).
+
 Example (Llama-3.1-8B): the first rows are ``ModelGemm("layers.self_attn.q_proj, layers.self_attn.o_proj",
 n=4096, k=4096, count=64)`` and ``ModelGemm("layers.self_attn.k_proj, layers.self_attn.v_proj", n=1024,
 k=4096, count=64)``.
@@ -87,6 +92,23 @@ class WeightQuantization:
     def has_unquantized(self, module: str) -> bool:
         """Whether some weights of `module` stay 16-bit: an exclusion, for any layer, is a substring of it."""
         return any(skip in module for skip in self.not_converted + self.not_converted_in_some)
+
+
+@dataclass(frozen=True)
+class ExpertGemm:
+    """The routed experts of one MoE projection: `num_experts` weights (n, k) stacked, as a grouped GEMM takes
+    them (``build_grouped(n, k, num_groups=...)``), in `layers` layers."""
+    name: str         # e.g. "layers.mlp.experts.gate_up_proj"
+    n: int            # output features of one expert's weight
+    k: int            # input features
+    num_experts: int  # routed experts per layer (all of them; expert parallelism shards them)
+    layers: int       # MoE layers that run it
+
+    def __post_init__(self):
+        for field in ("n", "k", "num_experts", "layers"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ExpertGemm {self.name!r}: {field} must be a positive integer, got {value!r}")
 
 
 # The block that the kernels' FP8 "block" scaling is built around (scale_b per 128x128 block of B).
@@ -283,3 +305,35 @@ def gemm_shapes(config: dict) -> list[ModelGemm]:
     tied = " (tied to embed_tokens)" if config.get("tie_word_embeddings") else ""
     rows.add(f"lm_head{tied}", vocab, hidden, 1)
     return rows.list()
+
+
+def expert_gemms(config: dict) -> list[ExpertGemm]:
+    """The routed-expert projections of the MoE model `config` describes, as grouped GEMMs: gate_up (fused, N = 2 x
+    the expert's intermediate size) and down of DeepSeek-V2/V3 (``n_routed_experts`` of ``moe_intermediate_size``),
+    Mixtral (``num_local_experts`` of ``intermediate_size``) and Qwen MoE (``num_experts`` of
+    ``moe_intermediate_size``); [] for dense models and MoE configs without MoE layers. Errors as ``gemm_shapes``.
+
+    Example: DeepSeek-V3 gives ``ExpertGemm("layers.mlp.experts.gate_up_proj", n=4096, k=7168, num_experts=256,
+    layers=58)`` and ``ExpertGemm("layers.mlp.experts.down_proj", n=7168, k=2048, num_experts=256, layers=58)``.
+    """
+    kind = model_type(config)
+    hidden = _int(config, "hidden_size")
+    num_layers = _int(config, "num_hidden_layers")
+    if kind in DEEPSEEK_TYPES:
+        prefix = "layers.mlp.experts"
+        layers = num_layers - min(_int(config, "first_k_dense_replace", 0), num_layers)
+        experts, inter = _int(config, "n_routed_experts"), _int(config, "moe_intermediate_size")
+    elif kind in MIXTRAL_TYPES:
+        prefix = "layers.block_sparse_moe.experts"
+        layers, experts, inter = num_layers, _int(config, "num_local_experts"), _int(config, "intermediate_size")
+    elif kind in QWEN_MOE_TYPES:
+        prefix = "layers.mlp.experts"
+        layers = _qwen_moe_layers(config, num_layers)
+        experts = _int(config, "num_experts")
+        inter = _int(config, "moe_intermediate_size") if layers else 0
+    else:
+        return []
+    if not (layers and experts and inter and hidden):
+        return []
+    return [ExpertGemm(f"{prefix}.gate_up_proj", 2 * inter, hidden, experts, layers),
+            ExpertGemm(f"{prefix}.down_proj", hidden, inter, experts, layers)]

@@ -4,8 +4,11 @@ A problem is a spec (N, K, dtype, layout, out_dtype) and the M buckets it runs a
 the heuristic's config (``config.choose_config``), and every distinct (spec, config) is compiled once
 through ``jit.get_kernel`` into the disk cache. An 8-bit problem with scales also brings the quantization
 kernels that make its A and scale_a from bf16 activations (``activation_quantize_spec``), compiled through
-``quantization.get_kernel``; ``--quantize`` adds those of any other ``quantize()`` call. No GPU is needed
-with ``--arch``.
+``quantization.get_kernel``; ``--quantize`` adds those of any other ``quantize()`` call. A grouped problem
+(``build_grouped``, mixture-of-experts) is a grouped spec and the hints it is built with: its config depends on
+the expected_m bucket and on num_groups, so every (bucket, num_groups) pair maps to one config and each distinct
+(spec, config) is compiled once; grouped problems also bring the m_indices -> segments kernel
+(``grouped.segments_kernel``). No GPU is needed with ``--arch``.
 
 Where problems come from (the format in full: ``docs/warmup.md``):
 
@@ -23,15 +26,25 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   ``[lo, hi]`` (default ``[1, 16384]``) or one integer; ``m_values`` (instead of ``m``) lists single M
   values. Either becomes the M buckets it touches (``config.m_bucket``: powers of two in [64, 16384];
   every M of a bucket shares one kernel). ``name`` is a free label. ``epilogue`` is reserved: present
-  and not null, it is refused (not supported yet). Unknown keys are refused.
+  and not null, it is refused (not supported yet). ``"grouped": true`` makes the entry a grouped GEMM
+  (``build_grouped(n, k, ...)``, layout nt, bf16 / fp16 / fp8 block): ``m`` / ``m_values`` are then its
+  ``expected_m`` hints (rows per group) and ``num_groups`` (one integer or a list; default
+  ``grouped.DEFAULT_NUM_GROUPS``, 8, what ``build_grouped`` assumes) its ``num_groups`` hints; ``num_groups``
+  without ``grouped`` is refused. Unknown keys are refused.
 - ``--shape M:N:K:TYPE[:layout[:out_dtype]]``, M one value or ``lo-hi`` (repeatable), TYPE
   ``dtype[xb_dtype][/scaling][+fast_accum]`` (``bf16``, ``fp8/block``, ``fp8/tensor+fast_accum``,
   ``int8/row``, ``fp8_e4m3xfp8_e5m2/tensor``); this is the line ``warmup_command_for`` writes for a
   kernel missing from the cache.
+- ``--grouped G:M:N:K:TYPE[:out_dtype]`` (repeatable): one grouped GEMM, ``build_grouped(N, K, TYPE,
+  expected_m=M, num_groups=G)``; M one value or lo-hi (expected_m buckets), G one value or a comma list; the
+  line ``grouped_warmup_command_for`` writes.
 - ``--from-hf-config config.json``: every weight GEMM of the model (``model_shapes.gemm_shapes``), for
   each ``--dtype`` TYPE and the ``--m`` range; without ``--dtype``, FP8 block-quantized checkpoints
   (``model_shapes.weight_quantization``) get ``fp8_e4m3/block`` for their quantized layers and bf16 for
-  the rest (lm_head), other models bf16.
+  the rest (lm_head), other models bf16. MoE models also get their routed experts as grouped GEMMs
+  (``model_shapes.expert_gemms``) in those of the types grouped GEMMs take (bf16, fp16, fp8 block), with the
+  ``--m`` buckets as expected_m and ``--num-groups`` (default ``expert_group_counts``: the expert count, its
+  shares under expert parallelism 2..32, 8 and 1) as num_groups.
 - ``--quantize SRC:DTYPE/GRANULARITY[:vN]`` (repeatable): the kernels of one ``quantize()`` call
   (``bf16:fp8_e4m3/group128``, ``fp16:int8/row``, ``bf16:fp8/tensor:v4``; ``parse_quantize``); this is the
   line ``quantize_command_for`` writes for a quantization kernel missing from the cache.
@@ -41,6 +54,7 @@ Example::
     deepgemm-jit warmup --from-hf-config examples/configs/deepseek-v3.json --arch sm_90a --jobs 2
     deepgemm-jit warmup --arch sm_90a --shape 1-16384:7168:2048:bf16 --shape 1-4096:7168:2048:fp8/block --dry-run
     deepgemm-jit warmup --arch sm_90a --quantize bf16:fp8_e4m3/block128
+    deepgemm-jit warmup --arch sm_90a --grouped 256,32,8:1-4096:4096:7168:fp8/block
 """
 from __future__ import annotations
 
@@ -61,6 +75,7 @@ from . import device, dtypes, gemv, model_shapes, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
+from .grouped import DEFAULT_NUM_GROUPS
 from .quantization import QuantKernelSpec
 from .spec import GemmSpec
 
@@ -70,8 +85,12 @@ TYPE_SYNTAX = "dtype[xb_dtype][/scaling][+fast_accum]"
 SHAPE_SYNTAX = f"M:N:K:TYPE[:layout[:out_dtype]] (M one value or lo-hi, TYPE {TYPE_SYNTAX})"
 TYPE_EXAMPLES = "bf16, fp8/block, fp8/tensor+fast_accum, int8/row, fp8_e4m3xfp8_e5m2/tensor"
 RESERVED_KEYS = ("epilogue",)
-_FILE_KEYS = ({"n", "k", "dtype", "b_dtype", "scaling", "fast_accum", "layout", "out_dtype", "m", "m_values", "name"}
-              | set(RESERVED_KEYS))
+_FILE_KEYS = ({"n", "k", "dtype", "b_dtype", "scaling", "fast_accum", "layout", "out_dtype", "m", "m_values", "name",
+               "grouped", "num_groups"} | set(RESERVED_KEYS))
+GROUPED_SYNTAX = "G:M:N:K:TYPE[:out_dtype] (G one value or a comma list, M one value or lo-hi)"
+# Expert-parallel degrees whose share of a model's experts (experts / degree, where it divides) is a num_groups
+# hint --from-hf-config covers (expert_group_counts).
+EP_DEGREES = (2, 4, 8, 16, 32)
 _OFFLINE = "DEEPGEMM_JIT_OFFLINE"
 QUANTIZE_SYNTAX = "SRC:DTYPE/GRANULARITY[:vN]"
 QUANTIZE_EXAMPLES = "bf16:fp8_e4m3/group128, bf16:int8/row, fp16:fp8/tensor:v4"
@@ -80,10 +99,13 @@ ACTIVATION_DTYPE = "bf16"  # what an 8-bit GEMM entry's activations are quantize
 
 @dataclass(frozen=True)
 class WarmupEntry:
-    """One problem to pre-generate: a spec and the M buckets it runs at."""
+    """One problem to pre-generate: a spec and the M buckets it runs at. A grouped spec (``spec.grouped``) is
+    built with ``build_grouped``'s hints: `m_buckets` are its expected_m buckets and `num_groups` its num_groups
+    hints (every pair is covered); `num_groups` is empty for other specs."""
     spec: GemmSpec
     m_buckets: tuple[int, ...]
     source: str = ""  # where it came from, for messages ("shapes.json #3", "--shape ...", a model row)
+    num_groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,9 +119,17 @@ class GemmType:
     scaling: str | None = None
     fast_accum: bool = False
 
-    def spec(self, n: int, k: int, out_dtype: str | None = None, layout: str = "nt") -> GemmSpec:
+    def spec(self, n: int, k: int, out_dtype: str | None = None, layout: str = "nt", grouped: bool = False
+             ) -> GemmSpec:
         return GemmSpec.create(n, k, self.dtype, out_dtype, layout, b_dtype=self.b_dtype, scaling=self.scaling,
-                               fast_accum=self.fast_accum)
+                               fast_accum=self.fast_accum, grouped=grouped)
+
+
+@dataclass(frozen=True)
+class SegmentsKernel:
+    """The m_indices -> (start, end) per group kernel that grouped GEMMs called with ``m_indices=`` run first
+    (``grouped.segments_kernel``): one per arch, whatever the shapes."""
+    tag: str = "group_segments"
 
 
 @dataclass
@@ -153,6 +183,18 @@ def parse_m(text: str) -> tuple[int, ...]:
 
 def _m_text(buckets: tuple[int, ...]) -> str:
     return ",".join(str(b) for b in buckets)
+
+
+def _hints_text(hints: tuple[tuple[int, int], ...]) -> str:
+    """(bucket, num_groups) pairs, num_groups sharing the same buckets together: 'G 256,128 at M 64,128; G 8 at
+    M 4096'."""
+    by_groups: dict[int, list[int]] = {}
+    for bucket, groups in hints:
+        by_groups.setdefault(groups, []).append(bucket)
+    together: dict[tuple[int, ...], list[int]] = {}
+    for groups in sorted(by_groups, reverse=True):
+        together.setdefault(tuple(by_groups[groups]), []).append(groups)
+    return "; ".join(f"G {_m_text(tuple(gs))} at M {_m_text(bs)}" for bs, gs in together.items())
 
 
 # -- sources ------------------------------------------------------------------------------------------
@@ -221,6 +263,81 @@ def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
     elif spec.layout != "nt":
         fields.append(spec.layout)
     return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
+
+
+def expert_group_counts(num_experts: int) -> tuple[int, ...]:
+    """The num_groups hints ``--from-hf-config`` covers for a MoE layer of `num_experts` routed experts, largest
+    first: all of them (one GPU), their share on each expert-parallel degree of ``EP_DEGREES`` that divides them,
+    ``grouped.DEFAULT_NUM_GROUPS`` (what ``build_grouped`` assumes without a hint) and 1.
+    ``expert_group_counts(256)`` -> ``(256, 128, 64, 32, 16, 8, 1)``; ``expert_group_counts(8)`` -> ``(8, 4, 2, 1)``.
+    """
+    counts = {num_experts, DEFAULT_NUM_GROUPS, 1}
+    counts.update(num_experts // d for d in EP_DEGREES if num_experts % d == 0)
+    return tuple(sorted(counts, reverse=True))
+
+
+def parse_num_groups(text: str) -> tuple[int, ...]:
+    """'256,32,8' -> (256, 32, 8): positive integers, in order, each once."""
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"num_groups {text!r}: expected positive integers separated by commas (256,32,8)")
+        if int(part) not in values:
+            values.append(int(part))
+    return tuple(values)
+
+
+def _check_num_groups(values: object, where: str) -> tuple[int, ...]:
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = [values]
+    if (not isinstance(values, list) or not values
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)):
+        raise ValueError(f"{where}: num_groups must be a positive integer or a non-empty list of them, got {values!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def parse_grouped(text: str) -> WarmupEntry:
+    """One ``--grouped G:M:N:K:TYPE[:out_dtype]`` -> a grouped WarmupEntry: ``build_grouped(N, K, TYPE,
+    out_dtype, expected_m=M, num_groups=G)`` for every M bucket of M (one value or lo-hi) and every G of the comma
+    list. ``"256,32:1-4096:4096:7168:fp8/block"``: FP8 E4M3 block scales, expected_m buckets 64..4096, 256 or 32
+    groups."""
+    parts = text.strip().split(":")
+    where = f"--grouped {text}"
+    if not 5 <= len(parts) <= 6:
+        raise ValueError(f"{where}: expected {GROUPED_SYNTAX}, e.g. 256,32,8:1-4096:4096:7168:bf16")
+    try:
+        n, k = int(parts[2]), int(parts[3])
+    except ValueError:
+        raise ValueError(f"{where}: N and K must be integers ({GROUPED_SYNTAX})") from None
+    try:
+        groups = parse_num_groups(parts[0])
+        spec = parse_type(parts[4]).spec(n, k, parts[5] if len(parts) > 5 else None, grouped=True)
+        buckets = parse_m(parts[1])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return WarmupEntry(spec=spec, m_buckets=buckets, source=where, num_groups=groups)
+
+
+def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int, arch: str) -> str | None:
+    """The ``deepgemm-jit warmup`` line that compiles the kernel ``build_grouped`` picks for (spec, expected_m,
+    num_groups, arch) (and the segments kernel and, for FP8, the activations' quantize kernel a call needs); its
+    ``--grouped`` gives back exactly `spec`. None for a spec with a fused epilogue, which no warmup source
+    describes yet.
+
+    Example: ``grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32, "sm_90a")``
+    -> ``"deepgemm-jit warmup --arch sm_90a --grouped 32:300:4096:7168:fp8_e4m3/block"``.
+    """
+    if not spec.grouped:
+        raise ValueError(f"{spec.tag} is not a grouped spec (warmup_command_for writes the line of a plain GEMM)")
+    if spec.epilogue != "none":
+        return None
+    fields = [str(num_groups), str(expected_m), str(spec.n), str(spec.k), type_text(spec)]
+    default_out = GemmSpec.create(spec.n, spec.k, spec.dtype, None, b_dtype=spec.b_dtype, scaling=spec.scaling,
+                                  grouped=True).out_dtype
+    if spec.out_dtype != default_out:
+        fields.append(spec.out_dtype)
+    return f"deepgemm-jit warmup --arch {arch} --grouped {':'.join(fields)}"
 
 
 def parse_quantize(text: str) -> QuantKernelSpec:
@@ -319,16 +436,24 @@ def _file_entry(item: object, where: str) -> WarmupEntry:
             buckets = m_buckets(m[0], m[1])
         else:
             raise ValueError(f"{where}: m must be [lo, hi] or one integer, got {m!r} (m_values lists single values)")
-    given = {key: item[key] for key in ("dtype", "b_dtype", "scaling", "fast_accum", "layout") if
+    given = {key: item[key] for key in ("dtype", "b_dtype", "scaling", "fast_accum", "layout", "grouped") if
              item.get(key) is not None}  # null is the default, as for out_dtype
+    grouped = given.get("grouped", False)
+    if not isinstance(grouped, bool):
+        raise ValueError(f"{where}: grouped must be true or false, got {grouped!r}")
+    num_groups = ()
+    if grouped:
+        num_groups = _check_num_groups(item.get("num_groups", DEFAULT_NUM_GROUPS), where)
+    elif item.get("num_groups") is not None:
+        raise ValueError(f"{where}: num_groups is a hint of grouped GEMMs; add \"grouped\": true or remove it")
     try:
         spec = GemmSpec.create(item["n"], item["k"], dtype=_file_dtype(given.get("dtype", "bf16")),
                                out_dtype=item.get("out_dtype"), layout=given.get("layout", "nt"),
                                b_dtype=given.get("b_dtype"), scaling=given.get("scaling"),
-                               fast_accum=given.get("fast_accum", False))
+                               fast_accum=given.get("fast_accum", False), grouped=grouped)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
-    return WarmupEntry(spec=spec, m_buckets=buckets, source=item.get("name") or where)
+    return WarmupEntry(spec=spec, m_buckets=buckets, source=item.get("name") or where, num_groups=num_groups)
 
 
 def _file_dtype(name: object) -> str:
@@ -344,14 +469,20 @@ def _file_dtype(name: object) -> str:
 _BF16 = GemmType("bf16")
 
 
-def hf_config_entries(path: str | Path, type_names: list[str] | None, m_range: tuple[int, ...]
-                      ) -> list[WarmupEntry]:
+def hf_config_entries(path: str | Path, type_names: list[str] | None, m_range: tuple[int, ...],
+                      num_groups: tuple[int, ...] | None = None) -> list[WarmupEntry]:
     """Every weight GEMM of the model in a config.json at the buckets `m_range`: for each TYPE of
-    `type_names` (``["bf16", "fp8/row"]``), or with None the model's own types (``_model_types``)."""
+    `type_names` (``["bf16", "fp8/row"]``), or with None the model's own types (``_model_types``).
+
+    Then the routed experts of a MoE model (``model_shapes.expert_gemms``) as grouped GEMMs, in those of the same
+    types that grouped GEMMs take (bf16, fp16, FP8 block; others are left out of the grouped entries), with
+    `m_range` as their expected_m buckets and `num_groups` as their num_groups hints (None:
+    ``expert_group_counts`` of the layer's expert count; empty: no grouped entries)."""
     path = Path(path)
     config = _read_json(path)
     try:
         gemms = model_shapes.gemm_shapes(config)
+        experts = model_shapes.expert_gemms(config) if num_groups != () else []
         quant = model_shapes.weight_quantization(config) if type_names is None else None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
@@ -370,10 +501,21 @@ def hf_config_entries(path: str | Path, type_names: list[str] | None, m_range: t
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{where}: {exc}") from None
             entries.append(WarmupEntry(spec=spec, m_buckets=m_range, source=f"{path.name}: {gemm.name}"))
+    for row in experts:
+        types = given if type_names is not None else [(t, str(path)) for t in _model_types(row, quant)]
+        hints = num_groups if num_groups is not None else expert_group_counts(row.num_experts)
+        for gemm_type, _ in types:
+            try:
+                spec = gemm_type.spec(row.n, row.k, grouped=True)
+            except (TypeError, ValueError):  # a type the grouped kernel does not take (tf32, int8, fp8 row...)
+                continue
+            entries.append(WarmupEntry(spec=spec, m_buckets=m_range, num_groups=hints,
+                                       source=f"{path.name}: {row.name} (grouped, {row.num_experts} experts)"))
     return entries
 
 
-def _model_types(gemm: model_shapes.ModelGemm, quant: model_shapes.WeightQuantization | None) -> list[GemmType]:
+def _model_types(gemm: model_shapes.ModelGemm | model_shapes.ExpertGemm,
+                 quant: model_shapes.WeightQuantization | None) -> list[GemmType]:
     """The types a model row runs in: bf16 without quantization; with FP8 block weights, the quantized type
     where some merged module is converted and bf16 where some is not (lm_head), both when both."""
     if quant is None:
@@ -390,13 +532,36 @@ def _model_types(gemm: model_shapes.ModelGemm, quant: model_shapes.WeightQuantiz
 # -- plan and run ---------------------------------------------------------------------------------------
 def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
                  ) -> dict[tuple[GemmSpec, KernelConfig], tuple[int, ...]]:
-    """(spec, config) -> the M buckets it serves, in first-seen order."""
+    """(spec, config) -> the M buckets it serves, in first-seen order (plain GEMMs; grouped ones: plan_grouped)."""
     served: dict[tuple[GemmSpec, KernelConfig], set[int]] = {}
     for entry in entries:
+        if entry.spec.grouped:
+            continue  # plan_grouped
         for bucket in entry.m_buckets:
             cfg = config_mod.choose_config(entry.spec, bucket, arch, num_sms)
             served.setdefault((entry.spec, cfg), set()).add(bucket)
     return {key: tuple(sorted(b)) for key, b in served.items()}
+
+
+def plan_grouped(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
+                 ) -> dict[tuple[GemmSpec, KernelConfig], tuple[tuple[int, int], ...]]:
+    """(grouped spec, config) -> the (expected_m bucket, num_groups) hints it serves, sorted, for every pair of
+    every grouped entry: the config ``build_grouped`` picks for them (``config.choose_config(spec, bucket, arch,
+    num_sms, groups=G)``). Most hints share a few configs; each distinct (spec, config) appears once."""
+    served: dict[tuple[GemmSpec, KernelConfig], set[tuple[int, int]]] = {}
+    for entry in entries:
+        if not entry.spec.grouped:
+            continue
+        for groups in entry.num_groups or (DEFAULT_NUM_GROUPS,):
+            for bucket in entry.m_buckets:
+                cfg = config_mod.choose_config(entry.spec, bucket, arch, num_sms, groups=groups)
+                served.setdefault((entry.spec, cfg), set()).add((bucket, groups))
+    return {key: tuple(sorted(hints)) for key, hints in served.items()}
+
+
+def plan_segments(entries: list[WarmupEntry]) -> list[SegmentsKernel]:
+    """The segments kernel (``m_indices=`` calls of a grouped GEMM) when any entry is grouped."""
+    return [SegmentsKernel()] if any(e.spec.grouped for e in entries) else []
 
 
 def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
@@ -422,6 +587,8 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
     not depend on N or K, so a model needs only a few."""
     found: list[GemvSpec] = []
     for entry in entries:
+        if entry.spec.grouped:  # build_grouped runs its own kernel at every M
+            continue
         if entry.m_buckets and entry.m_buckets[0] == 64 and gemv.max_m(entry.spec, arch) > 0:
             for m in (1, gemv.max_m(entry.spec, arch)):
                 kernel = GemvSpec.for_gemm(entry.spec, m)
@@ -431,29 +598,36 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
 
 
 def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quantize: list[QuantKernelSpec] = ()
-         ) -> list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec | GemvSpec, None]]:
+         ) -> list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec | GemvSpec | SegmentsKernel, None]]:
     """The distinct kernels the entries need on `arch`: (spec, config) pairs of the GEMMs (heuristic choice per
-    M bucket; num_sms None means the arch's usual count, as ``build(arch=...)`` assumes), then
-    (quantization spec, None) for the kernels of ``plan_quantize(entries, quantize)``, then (gemv spec, None)
-    for the decode kernels of ``plan_gemv``."""
-    return (list(plan_buckets(entries, arch, num_sms)) + [(q, None) for q in plan_quantize(entries, quantize)]
-            + [(g, None) for g in plan_gemv(entries, arch)])
+    M bucket; num_sms None means the arch's usual count, as ``build(arch=...)`` assumes), then those of the
+    grouped GEMMs (``plan_grouped``: choice per expected_m bucket and num_groups), then (quantization spec, None)
+    for the kernels of ``plan_quantize(entries, quantize)``, then (gemv spec, None) for the decode kernels of
+    ``plan_gemv``, then (SegmentsKernel(), None) when there are grouped entries."""
+    return (list(plan_buckets(entries, arch, num_sms)) + list(plan_grouped(entries, arch, num_sms))
+            + [(q, None) for q in plan_quantize(entries, quantize)]
+            + [(g, None) for g in plan_gemv(entries, arch)] + [(s, None) for s in plan_segments(entries)])
 
 
-def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec) -> str:
-    """What the counts call a kernel: its GEMM TYPE (``type_text``), ``quantize`` for quantization kernels,
-    ``gemv`` for the decode kernels."""
+def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) -> str:
+    """What the counts call a kernel: its GEMM TYPE (``type_text``; ``grouped TYPE`` for grouped GEMMs),
+    ``quantize`` for quantization kernels, ``gemv`` for the decode kernels, ``group_segments`` for the segments
+    kernel."""
     if isinstance(spec, GemmSpec):
-        return type_text(spec)
+        return f"grouped {type_text(spec)}" if spec.grouped else type_text(spec)
+    if isinstance(spec, SegmentsKernel):
+        return spec.tag
     return "gemv" if isinstance(spec, GemvSpec) else "quantize"
 
 
-def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec, cfg: KernelConfig | None, arch: str
+def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, cfg: KernelConfig | None, arch: str
                  ) -> tuple[bool, str | None]:
     """Worker: (compiled now, error message or None). Never raises, so one bad kernel fails alone."""
-    from . import jit
+    from . import grouped, jit
 
     try:
+        if isinstance(spec, SegmentsKernel):
+            return grouped.segments_kernel(arch).compiled_now, None
         if isinstance(spec, GemvSpec):
             return gemv.get_kernel(spec, arch).compiled_now, None
         if cfg is None:
@@ -495,11 +669,11 @@ class _Progress:
             sys.stderr.flush()
 
 
-def run(work: list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec, None]], arch: str, jobs: int = 1,
-        progress: bool = True) -> Summary:
-    """Compile every kernel of `work` (as ``plan`` lists them: (GemmSpec, KernelConfig) or (QuantKernelSpec,
-    None)) for `arch` into the disk cache; `jobs` > 1 compiles in that many processes (the cache's per-key
-    lock keeps it one compile per kernel across processes)."""
+def run(work: list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec | GemvSpec | SegmentsKernel, None]],
+        arch: str, jobs: int = 1, progress: bool = True) -> Summary:
+    """Compile every kernel of `work` (as ``plan`` lists them: (GemmSpec, KernelConfig), or (QuantKernelSpec,
+    GemvSpec or SegmentsKernel, None)) for `arch` into the disk cache; `jobs` > 1 compiles in that many processes
+    (the cache's per-key lock keeps it one compile per kernel across processes)."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     summary = Summary(types=Counter(kernel_type(spec) for spec, _ in work))
@@ -515,7 +689,7 @@ def run(work: list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec, None]]
         else:
             summary.cached += 1
         summary.seconds = time.perf_counter() - start
-        bar.show(summary, f"{type_text(spec)} n{spec.n} k{spec.k}" if cfg is not None else spec.tag)
+        bar.show(summary, f"{kernel_type(spec)} n{spec.n} k{spec.k}" if cfg is not None else spec.tag)
 
     bar.show(summary)
     # Compiling is the point of warmup: DEEPGEMM_JIT_OFFLINE (set for the serving process, perhaps in the
@@ -553,9 +727,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     w.add_argument("shapes_file", nargs="?", help="JSON shapes file (format: docs/warmup.md)")
     w.add_argument("--from-hf-config", action="append", default=[], metavar="PATH",
-                   help="a Hugging Face config.json: every weight GEMM of the model (repeatable)")
+                   help="a Hugging Face config.json: every weight GEMM of the model, and the routed experts of a MoE "
+                        "model as grouped GEMMs (repeatable)")
     w.add_argument("--shape", action="append", default=[], metavar="M:N:K:TYPE[:LAYOUT[:OUT]]",
                    help=f"one problem, M one value or lo-hi, TYPE {TYPE_SYNTAX} ({TYPE_EXAMPLES}) (repeatable)")
+    w.add_argument("--grouped", action="append", default=[], metavar="G:M:N:K:TYPE[:OUT]",
+                   help="one grouped GEMM (build_grouped) with num_groups G (one value or a comma list) and "
+                        "expected_m M (one value or lo-hi), TYPE bf16, fp16 or fp8/block (repeatable)")
     w.add_argument("--quantize", action="append", default=[], metavar=QUANTIZE_SYNTAX,
                    help=f"the kernels of one quantize() call ({QUANTIZE_EXAMPLES}) (repeatable); 8-bit GEMMs with "
                         f"scales already bring their {ACTIVATION_DTYPE} activations' kernels")
@@ -564,7 +742,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "the model's own, fp8_e4m3/block for the quantized layers of an FP8 block-quantized "
                         "checkpoint (bf16 for the rest), bf16 for other models")
     w.add_argument("--m", default=f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}",
-                   help="M range lo-hi for --from-hf-config (default 1-16384)")
+                   help="M range lo-hi for --from-hf-config (default 1-16384); also the expected_m range of its "
+                        "grouped expert GEMMs")
+    w.add_argument("--num-groups", default="auto", metavar="G[,G...]|auto|none",
+                   help="num_groups hints of the grouped expert GEMMs of --from-hf-config MoE models (comma "
+                        "separated); auto (default): the expert count, its shares under expert parallelism "
+                        f"{'/'.join(map(str, EP_DEGREES))}, {DEFAULT_NUM_GROUPS} and 1; none: no grouped kernels")
     w.add_argument("--arch", default=None, help="target, e.g. sm_90a (default: the GPU's; required without one)")
     w.add_argument("--jobs", type=int, default=1, help="compile in N processes (default 1)")
     w.add_argument("--dry-run", action="store_true", help="print the plan, compile nothing")
@@ -577,14 +760,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _entries(args) -> list[WarmupEntry]:
     entries = parse_shapes_file(args.shapes_file) if args.shapes_file else []
     entries += [parse_shape(text) for text in args.shape]
+    entries += [parse_grouped(text) for text in args.grouped]
     type_names = None if args.dtype is None else [d.strip() for d in args.dtype.split(",") if d.strip()]
     if type_names == []:
         raise ValueError(f"--dtype {args.dtype!r} names no type")
     m_range = parse_m(args.m)
+    choice = args.num_groups.strip().lower()
+    try:
+        num_groups = None if choice == "auto" else () if choice == "none" else parse_num_groups(choice)
+    except ValueError as exc:
+        raise ValueError(f"--num-groups: {exc} (or auto, none)") from None
     for path in args.from_hf_config:
-        entries += hf_config_entries(path, type_names, m_range)
+        entries += hf_config_entries(path, type_names, m_range, num_groups)
     if not entries and not args.quantize:
-        raise ValueError("nothing to warm up: give a shapes file, --shape, --from-hf-config or --quantize")
+        raise ValueError("nothing to warm up: give a shapes file, --shape, --grouped, --from-hf-config or "
+                         "--quantize")
     return entries
 
 
@@ -604,16 +794,23 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     entries = _entries(args)
     served = plan_buckets(entries, arch, num_sms)
+    grouped = plan_grouped(entries, arch, num_sms)
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
     decode = plan_gemv(entries, arch)
-    work = list(served) + [(spec, None) for spec in quantize] + [(spec, None) for spec in decode]
+    segments = plan_segments(entries)
+    work = (list(served) + list(grouped) + [(spec, None) for spec in quantize] + [(spec, None) for spec in decode]
+            + [(spec, None) for spec in segments])
     if args.dry_run:
         for (spec, cfg), buckets in served.items():
             print(f"{spec.tag:44s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
+        for (spec, cfg), hints in grouped.items():
+            print(f"{spec.tag:44s} {cfg.tag:32s} {_hints_text(hints)}")
         for spec, whys in quantize.items():
             print(f"{spec.tag:77s} for {', '.join(whys)}")
         for spec in decode:
             print(f"{spec.tag:77s} for M <= {spec.max_m} (decode)")
+        for spec in segments:
+            print(f"{spec.tag:77s} for grouped GEMMs called with m_indices=")
         types = Counter(kernel_type(spec) for spec, _ in work)
         print(f"warmup plan: {len(work)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0

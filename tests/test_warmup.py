@@ -383,9 +383,14 @@ def test_hf_dtype_list():
 
 
 def test_hf_fp8_block_config_gives_fp8_block_specs(tmp_path):
-    entries = warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", None, ALL_BUCKETS)
+    everything = warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", None, ALL_BUCKETS)
+    entries = [e for e in everything if not e.spec.grouped]
     rows = model_shapes.gemm_shapes(_config("deepseek-v3.json"))
     assert len(entries) == len(rows) == 11
+    # then the routed experts as grouped GEMMs, in the checkpoint's FP8 block type
+    assert [(e.spec, e.num_groups) for e in everything[11:]] == [
+        (GemmSpec.create(n, k, "fp8", grouped=True), (256, 128, 64, 32, 16, 8, 1)) for n, k in ((4096, 7168),
+                                                                                             (7168, 2048))]
     for entry, row in zip(entries, rows):
         want = (GemmSpec.create(row.n, row.k, "bf16") if row.name == "lm_head"
                 else GemmSpec(row.n, row.k, "fp8_e4m3", "bf16", "nt", scaling="block"))
@@ -393,7 +398,7 @@ def test_hf_fp8_block_config_gives_fp8_block_specs(tmp_path):
         assert entry.m_buckets == ALL_BUCKETS and entry.source == f"deepseek-v3.json: {row.name}"
     # an explicit --dtype wins over the config
     explicit = warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", ["bf16"], (64,))
-    assert {e.spec for e in explicit} == {GemmSpec.create(r.n, r.k, "bf16") for r in rows}
+    assert {e.spec for e in explicit if not e.spec.grouped} == {GemmSpec.create(r.n, r.k, "bf16") for r in rows}
     # a row with a module left in 16 bits in one layer gets both kernels
     cfg = _config("deepseek-v3.json")
     cfg["quantization_config"]["modules_to_not_convert"] = ["model.layers.0.self_attn.kv_b_proj"]
@@ -506,13 +511,23 @@ def test_hf_config_dry_run_counts(capsys):
     out = capsys.readouterr().out
     # one per distinct (n, k) at one bucket: the FP8 checkpoint's layers in fp8 block, lm_head in bf16, and the
     # one kernel quantizing every FP8 layer's bf16 activations (all K % 8 == 0)
-    assert "warmup plan: 12 kernels for sm_90a (10 fp8_e4m3/block, 1 bf16, 1 quantize); dry run" in out
     assert "gemm_fp8_e4m3_block_bf16_nt_n7168_k2048" in out and "gemm_bf16_bf16_nt_n129280_k7168" in out
     assert [line.split() for line in out.splitlines() if line.startswith("quant_")] == [
         ["quant_quantize_bf16_fp8_e4m3_group128_v8", "for", "fp8_e4m3/block", "activations"]]
+    # and the routed experts as grouped GEMMs (at one bucket every num_groups hint picks the same tile here), with
+    # the segments kernel of m_indices= calls
+    assert ("warmup plan: 15 kernels for sm_90a (10 fp8_e4m3/block, 2 grouped fp8_e4m3/block, 1 bf16, 1 quantize, "
+            "1 group_segments); dry run") in out
+    assert [line.split()[0] for line in out.splitlines() if "_grouped_" in line] == [
+        "gemm_grouped_fp8_e4m3_block_bf16_nt_n4096_k7168", "gemm_grouped_fp8_e4m3_block_bf16_nt_n7168_k2048"]
+    assert "G 256,128,64,32,16,8,1 at M 4096" in out
+    assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
+                             "--m", "4096", "--dtype", "bf16", "--num-groups", "none", "--dry-run")) == 0
+    assert "warmup plan: 11 kernels for sm_90a (bf16); dry run" in capsys.readouterr().out
     assert warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
                              "--m", "4096", "--dtype", "bf16", "--dry-run")) == 0
-    assert "warmup plan: 11 kernels for sm_90a (bf16); dry run" in capsys.readouterr().out
+    assert "warmup plan: 14 kernels for sm_90a (11 bf16, 2 grouped bf16, 1 group_segments); dry run" in (
+        capsys.readouterr().out)
 
 
 def test_fp8_block_offline_miss_then_warmup_then_nothing_to_compile(cache_dir, monkeypatch, capsys):
@@ -547,3 +562,201 @@ def test_fp8_block_offline_miss_then_warmup_then_nothing_to_compile(cache_dir, m
     activations = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
     assert not quantization.get_kernel(activations, "sm_90a").compiled_now
     quantization.clear_memo()
+
+
+# -- grouped GEMMs (mixture-of-experts) ---------------------------------------------------------------------
+DEEPSEEK_EXPERTS = ((4096, 7168), (7168, 2048))  # routed experts' gate_up and down, as build_grouped takes them
+DEEPSEEK_GROUPS = (256, 128, 64, 32, 16, 8, 1)
+
+
+def test_expert_gemms_and_group_counts():
+    experts = model_shapes.expert_gemms(_config("deepseek-v3.json"))
+    assert experts == [model_shapes.ExpertGemm("layers.mlp.experts.gate_up_proj", 4096, 7168, 256, 58),
+                       model_shapes.ExpertGemm("layers.mlp.experts.down_proj", 7168, 2048, 256, 58)]
+    assert [(e.n, e.k, e.num_experts, e.layers) for e in model_shapes.expert_gemms(_config("mixtral-8x7b.json"))] == [
+        (28672, 4096, 8, 32), (4096, 14336, 8, 32)]
+    qwen_moe = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                "num_attention_heads": 16, "vocab_size": 151936, "num_experts": 60, "moe_intermediate_size": 1408}
+    assert [(e.n, e.k, e.num_experts) for e in model_shapes.expert_gemms(qwen_moe)] == [(2816, 2048, 60),
+                                                                                         (2048, 1408, 60)]
+    assert model_shapes.expert_gemms(_config("llama-3.1-8b.json")) == []
+    assert model_shapes.expert_gemms(dict(qwen_moe, num_experts=0)) == []
+    assert warmup.expert_group_counts(256) == DEEPSEEK_GROUPS
+    assert warmup.expert_group_counts(8) == (8, 4, 2, 1)
+    assert warmup.expert_group_counts(60) == (60, 30, 15, 8, 1)  # 8: build_grouped's default hint
+
+
+def test_hf_config_grouped_entries_follow_the_types():
+    path = CONFIGS / "deepseek-v3.json"
+    grouped = [e for e in warmup.hf_config_entries(path, ["bf16", "fp8/block", "fp8/row", "tf32"], ALL_BUCKETS)
+               if e.spec.grouped]
+    # bf16 and fp8 block for both expert projections; fp8 row and tf32 are no grouped types (their plain rows stay)
+    assert [(e.spec.n, e.spec.k, warmup.type_text(e.spec)) for e in grouped] == [
+        (4096, 7168, "bf16"), (4096, 7168, "fp8_e4m3/block"), (7168, 2048, "bf16"), (7168, 2048, "fp8_e4m3/block")]
+    assert all(e.num_groups == DEEPSEEK_GROUPS and e.m_buckets == ALL_BUCKETS for e in grouped)
+    assert grouped[0].source == "deepseek-v3.json: layers.mlp.experts.gate_up_proj (grouped, 256 experts)"
+    assert not [e for e in warmup.hf_config_entries(path, ["fp8/row"], ALL_BUCKETS) if e.spec.grouped]
+    assert not [e for e in warmup.hf_config_entries(path, None, ALL_BUCKETS, ()) if e.spec.grouped]
+    given = [e for e in warmup.hf_config_entries(path, None, (64,), (32, 4)) if e.spec.grouped]
+    assert [e.num_groups for e in given] == [(32, 4), (32, 4)]
+    mixtral = [e for e in warmup.hf_config_entries(CONFIGS / "mixtral-8x7b.json", None, ALL_BUCKETS) if e.spec.grouped]
+    assert [(e.spec, e.num_groups) for e in mixtral] == [
+        (GemmSpec.create(28672, 4096, "bf16", grouped=True), (8, 4, 2, 1)),
+        (GemmSpec.create(4096, 14336, "bf16", grouped=True), (8, 4, 2, 1))]
+    assert not [e for e in warmup.hf_config_entries(CONFIGS / "llama-3.1-8b.json", None, ALL_BUCKETS) if e.spec.grouped]
+
+
+def test_deepseek_plan_has_grouped_kernels_each_distinct_config_once():
+    entries = warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", ["bf16", "fp8/block"], ALL_BUCKETS)
+    work = warmup.plan(entries, "sm_90a")
+    grouped = [(spec, cfg) for spec, cfg in work if isinstance(spec, GemmSpec) and spec.grouped]
+    assert {spec for spec, _ in grouped} == {GemmSpec.create(n, k, t, grouped=True) for n, k in DEEPSEEK_EXPERTS
+                                             for t in ("bf16", "fp8")}
+    assert len(set(grouped)) == len(grouped)
+    # every hint's config is in the plan, and the plan holds nothing else
+    hints = {(GemmSpec.create(n, k, t, grouped=True), bucket, groups) for n, k in DEEPSEEK_EXPERTS
+             for t in ("bf16", "fp8") for bucket in ALL_BUCKETS for groups in DEEPSEEK_GROUPS}
+    chosen = {(spec, config.choose_config(spec, bucket, "sm_90a", groups=groups)) for spec, bucket, groups in hints}
+    assert set(grouped) == chosen
+    assert len(grouped) < len(hints) / 10  # 252 hints, 22 kernels when written (most hints share a config)
+    served = warmup.plan_grouped(entries, "sm_90a")
+    assert sum(len(h) for h in served.values()) == len(hints)
+    # the plain per-expert GEMMs stay, no decode kernels come from grouped entries, one segments kernel
+    assert (GemmSpec.create(4096, 7168, "bf16"), config.choose_config(GemmSpec.create(4096, 7168, "bf16"), 4096,
+                                                                      "sm_90a")) in work
+    assert [item for item in work if isinstance(item[0], warmup.SegmentsKernel)] == [(warmup.SegmentsKernel(), None)]
+    assert warmup.plan_gemv(entries, "sm_90a") == warmup.plan_gemv([e for e in entries if not e.spec.grouped],
+                                                                    "sm_90a")
+    # the same problem twice (two configs of one model, overlapping hints): nothing new
+    again = warmup.plan(entries + [warmup.parse_grouped("256,8:1-4096:4096:7168:bf16")], "sm_90a")
+    assert again == work
+
+
+def test_grouped_option_and_command_round_trip():
+    entry = warmup.parse_grouped("256,32,32:1-4096:4096:7168:fp8/block")
+    assert entry.spec == GemmSpec.create(4096, 7168, "fp8", grouped=True)
+    assert entry.num_groups == (256, 32) and entry.m_buckets == ALL_BUCKETS[:7]
+    assert warmup.parse_grouped("8:100:4096:7168:bf16:fp32").spec.out_dtype == "fp32"
+    for spec, m, groups in [(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32),
+                            (GemmSpec.create(7168, 2048, "bf16", grouped=True), 1, 256),
+                            (GemmSpec.create(7168, 2048, "fp16", "fp32", grouped=True), 5000, 8),
+                            (GemmSpec.create(512, 256, "fp8_e4m3", b_dtype="fp8_e5m2", grouped=True), 64, 1)]:
+        line = warmup.grouped_warmup_command_for(spec, m, groups, "sm_90a")
+        assert line.startswith("deepgemm-jit warmup --arch sm_90a --grouped ")
+        back = warmup.parse_grouped(line.split("--grouped ")[1])
+        assert (back.spec, back.m_buckets, back.num_groups) == (spec, (config.m_bucket(m),), (groups,))
+    assert (warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32, "sm_90a")
+            == "deepgemm-jit warmup --arch sm_90a --grouped 32:300:4096:7168:fp8_e4m3/block")
+    assert warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, epilogue="bias", grouped=True), 64, 8,
+                                             "sm_90a") is None
+    with pytest.raises(ValueError, match="not a grouped spec"):
+        warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168), 64, 8, "sm_90a")
+    for text, message in [("8:64:4096:7168", "expected G:M:N:K:TYPE"),
+                          ("0:64:4096:7168:bf16", "positive integers"),
+                          ("8:64:4096:7168:fp8/row", "--grouped 8:64:4096:7168:fp8/row: grouped FP8 GEMMs take "
+                                                     "scaling='block'"),
+                          ("8:64:4096:7168:tf32", "grouped GEMMs take dtype"),
+                          ("8:64:x:7168:bf16", "N and K must be integers")]:
+        with pytest.raises(ValueError, match=message):
+            warmup.parse_grouped(text)
+    with pytest.raises(ValueError, match="--num-groups: .*or auto, none"):
+        warmup.main(_args("--arch", "sm_90a", "--from-hf-config", str(CONFIGS / "deepseek-v3.json"),
+                          "--num-groups", "8,x", "--dry-run"))
+
+
+def test_shapes_file_grouped_entries(tmp_path):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({"gemms": [
+        {"n": 4096, "k": 7168, "dtype": "fp8", "grouped": True, "num_groups": [256, 32], "m": [1, 4096]},
+        {"n": 7168, "k": 2048, "grouped": True, "m_values": [1, 5000]},
+        {"n": 7168, "k": 2048, "grouped": False, "num_groups": None},
+    ]}))
+    first, second, plain = warmup.parse_shapes_file(path)
+    assert (first.spec, first.num_groups, first.m_buckets) == (GemmSpec.create(4096, 7168, "fp8", grouped=True),
+                                                               (256, 32), ALL_BUCKETS[:7])
+    assert (second.spec, second.num_groups, second.m_buckets) == (GemmSpec.create(7168, 2048, grouped=True), (8,),
+                                                                  (64, 8192))
+    assert plain.spec == GemmSpec.create(7168, 2048) and plain.num_groups == ()
+    for item, message in [({"n": 64, "k": 64, "num_groups": 8}, "num_groups is a hint of grouped GEMMs"),
+                          ({"n": 64, "k": 64, "grouped": "yes"}, "grouped must be true or false"),
+                          ({"n": 64, "k": 64, "grouped": True, "num_groups": []}, "num_groups must be"),
+                          ({"n": 64, "k": 64, "grouped": True, "num_groups": [8, 0]}, "num_groups must be"),
+                          ({"n": 64, "k": 64, "grouped": True, "dtype": "fp8", "scaling": "row"},
+                           r"gemms\[0\]: grouped FP8 GEMMs take scaling='block'"),
+                          ({"n": 64, "k": 64, "grouped": True, "layout": "nn"}, "grouped GEMMs take layout 'nt'")]:
+        path.write_text(json.dumps({"gemms": [item]}))
+        with pytest.raises(ValueError, match=message):
+            warmup.parse_shapes_file(path)
+
+
+def test_deepseek_grouped_warmup_then_offline_build_grouped_compiles_nothing(cache_dir, monkeypatch, capsys):
+    """A deployment's build_grouped for the routed experts, with every hint warmup covers (all expected_m buckets,
+    the num_groups of expert_group_counts(256)) and without hints, finds its kernel in the cache offline, as do
+    the segments kernel and the FP8 activations' quantize kernel; NVRTC is never called."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import compiler, grouped, jit
+
+    entries = [e for e in warmup.hf_config_entries(CONFIGS / "deepseek-v3.json", ["bf16", "fp8/block"], ALL_BUCKETS)
+               if e.spec.grouped]
+    work = warmup.plan(entries, "sm_90a")
+    summary = warmup.run(work, "sm_90a", jobs=2, progress=False)
+    assert (summary.compiled, summary.failed) == (len(work), [])
+    assert summary.types["group_segments"] == summary.types["quantize"] == 1
+
+    jit.clear_memo()
+    grouped._segments_memo.clear()
+    quantization.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("warmup missed a kernel: NVRTC was called")
+
+    monkeypatch.setattr(compiler, "compile_cubin", no_compiling)
+    covered = 0
+    for n, k in DEEPSEEK_EXPERTS:
+        for dtype in ("bf16", "fp8"):
+            for groups in warmup.expert_group_counts(256):
+                for m in ALL_BUCKETS + (1, 100, 3000, 20000):  # buckets, and M values inside / beyond them
+                    g = dg.build_grouped(n, k, dtype=dtype, expected_m=m, num_groups=groups, arch="sm_90a")
+                    assert not g.artifact.compiled_now and g.spec.grouped
+                    assert g.config == config.choose_config(g.spec, m, "sm_90a", groups=groups)
+                    covered += 1
+            assert not dg.build_grouped(n, k, dtype=dtype, arch="sm_90a").artifact.compiled_now  # default hints
+    assert covered == 2 * 2 * 7 * 13
+    assert not grouped.segments_kernel("sm_90a").compiled_now
+    activations = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+    assert not quantization.get_kernel(activations, "sm_90a").compiled_now
+    # and a hint outside the covered set misses, as it should (the warmup line would fill it)
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    missed = 0
+    for groups in range(2, 257):
+        try:
+            dg.build_grouped(4096, 7168, dtype="bf16", expected_m=64, num_groups=groups, arch="sm_90a")
+        except KernelNotCachedError:
+            missed += 1
+    assert missed > 0
+    grouped._segments_memo.clear()
+    quantization.clear_memo()
+
+
+def test_grouped_offline_miss_then_its_warmup_line_then_nothing_to_compile(cache_dir, monkeypatch, capsys):
+    """What build_grouped's offline miss should name (grouped_warmup_command_for): that line compiles the GEMM
+    and the segments kernel, after which the same build_grouped loads offline."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import grouped, jit
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    with pytest.raises(KernelNotCachedError):
+        dg.build_grouped(256, 512, dtype="bf16", expected_m=300, num_groups=16, arch="sm_90a")
+    line = warmup.grouped_warmup_command_for(GemmSpec.create(256, 512, "bf16", grouped=True), 300, 16, "sm_90a")
+    assert line == "deepgemm-jit warmup --arch sm_90a --grouped 16:300:256:512:bf16"
+    assert warmup.main(_args(*line.split()[2:], "--no-progress")) == 0
+    assert ("warmup: 2 kernels for sm_90a (1 grouped bf16, 1 group_segments): compiled 2, already cached 0, failed 0"
+            in capsys.readouterr().out)
+    jit.clear_memo()
+    grouped._segments_memo.clear()
+    g = dg.build_grouped(256, 512, dtype="bf16", expected_m=300, num_groups=16, arch="sm_90a")
+    assert not g.artifact.compiled_now and not grouped.segments_kernel("sm_90a").compiled_now
+    grouped._segments_memo.clear()
