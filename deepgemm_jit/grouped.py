@@ -40,7 +40,7 @@ import numpy as np
 from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime
 from .arrays import MatrixView, ScaleView, array_fields, overlaps, signature
-from .errors import NoGPUError
+from .errors import KernelNotCachedError, NoGPUError
 from .render import render
 from .spec import GemmSpec
 
@@ -449,4 +449,11 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         cfg.check_for(spec, target)
     else:
         raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
-    return GroupedGemm(spec, target, expected, jit.get_kernel(spec, cfg, target))
+    try:
+        artifact = jit.get_kernel(spec, cfg, target)
+    except KernelNotCachedError as exc:  # DEEPGEMM_JIT_OFFLINE=1: name the warmup line that would compile it
+        from .warmup import grouped_warmup_command_for
+
+        line = grouped_warmup_command_for(spec, expected, groups, target)
+        raise (exc.with_warmup_command(line) if line else exc) from None
+    return GroupedGemm(spec, target, expected, artifact)

@@ -197,3 +197,13 @@ def test_explain(cache):
     info = g.explain()
     assert info["spec"]["grouped"] and info["config_tag"] == g.config.tag and info["m_hint"] == 300
     assert info["local_bytes"] == 0 and info["weight_streaming"] == {"max_m": 0}
+
+
+def test_offline_miss_names_the_warmup_line(tmp_path, monkeypatch):
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    jit.clear_memo()
+    with pytest.raises(KernelNotCachedError, match="--grouped"):
+        dg.build_grouped(512, 256, dtype="bf16", arch="sm_90a", expected_m=300, num_groups=4)
