@@ -61,20 +61,14 @@ class PackedArgs:
     values must already have the kernel's parameter types (numpy scalars; tensor maps as 128-byte np.void)."""
 
     def __init__(self, args: tuple):
-        # All values in one buffer, each at a 16-byte aligned offset (the driver copies them from there): one
-        # ctypes allocation per launch plan instead of one per argument, which made planning a call cost ~40 us.
-        raws, offsets, size = [], [], 0
+        self._values = []
         for arg in args:
             if not isinstance(arg, (np.generic, np.ndarray)):
                 raise TypeError(f"kernel arguments must be numpy scalars of the parameter's type, got "
                                 f"{type(arg).__name__} {arg!r}")
-            raw = arg.tobytes()
-            offsets.append(size)
-            raws.append(raw + bytes(-len(raw) % 16))
-            size += len(raws[-1])
-        self._buffer = ctypes.create_string_buffer(b"".join(raws), max(size, 1))
-        base = ctypes.addressof(self._buffer)
-        self.params = (ctypes.c_void_p * max(1, len(args)))(*[base + off for off in offsets])
+            raw = np.asarray(arg).tobytes()
+            self._values.append(ctypes.create_string_buffer(raw, len(raw)))
+        self.params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(v) for v in self._values])
         self.args = args
         self.count = len(args)
 
