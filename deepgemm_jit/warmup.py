@@ -1,7 +1,7 @@
 """Pre-generation: turn a list of GEMM problems into compiled, cached kernels (``deepgemm-jit warmup``).
 
-A problem is a spec (N, K, dtype, layout, out_dtype) and the M buckets it runs at; each bucket maps to
-the heuristic's config (``config.choose_config``), and every distinct (spec, config) is compiled once
+A problem is a spec (N, K, dtype, layout, out_dtype, fused epilogue) and the M buckets it runs at; each bucket
+maps to the heuristic's config (``config.choose_config``), and every distinct (spec, config) is compiled once
 through ``jit.get_kernel`` into the disk cache. An 8-bit problem with scales also brings the quantization
 kernels that make its A and scale_a from bf16 activations (``activation_quantize_spec``), compiled through
 ``quantization.get_kernel``; ``--quantize`` adds those of any other ``quantize()`` call. A grouped problem
@@ -25,19 +25,21 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   ``out_dtype`` (null: ``GemmSpec.create``'s default) as in ``build()``. ``m`` is an inclusive range
   ``[lo, hi]`` (default ``[1, 16384]``) or one integer; ``m_values`` (instead of ``m``) lists single M
   values. Either becomes the M buckets it touches (``config.m_bucket``: powers of two in [64, 16384];
-  every M of a bucket shares one kernel). ``name`` is a free label. ``epilogue`` is reserved: present
-  and not null, it is refused (not supported yet). ``"grouped": true`` makes the entry a grouped GEMM
+  every M of a bucket shares one kernel). ``name`` is a free label. ``epilogue`` (null: none) is the fused
+  epilogue of ``build(..., epilogue=...)`` (``"bias+gelu"``, ``"swiglu+quant_fp8_g128"``; words of
+  ``epilogue.py``, any order, kept in canonical form). ``"grouped": true`` makes the entry a grouped GEMM
   (``build_grouped(n, k, ...)``, layout nt, bf16 / fp16 / fp8 block): ``m`` / ``m_values`` are then its
   ``expected_m`` hints (rows per group) and ``num_groups`` (one integer or a list; default
   ``grouped.DEFAULT_NUM_GROUPS``, 8, what ``build_grouped`` assumes) its ``num_groups`` hints; ``num_groups``
   without ``grouped`` is refused. Unknown keys are refused.
-- ``--shape M:N:K:TYPE[:layout[:out_dtype]]``, M one value or ``lo-hi`` (repeatable), TYPE
+- ``--shape M:N:K:TYPE[:layout[:out_dtype]][:epilogue=EPI]``, M one value or ``lo-hi`` (repeatable), TYPE
   ``dtype[xb_dtype][/scaling][+fast_accum]`` (``bf16``, ``fp8/block``, ``fp8/tensor+fast_accum``,
-  ``int8/row``, ``fp8_e4m3xfp8_e5m2/tensor``); this is the line ``warmup_command_for`` writes for a
+  ``int8/row``, ``fp8_e4m3xfp8_e5m2/tensor``), EPI a fused epilogue (``bias+gelu``; a keyed last field, so
+  layout and out_dtype may be left out before it); this is the line ``warmup_command_for`` writes for a
   kernel missing from the cache.
-- ``--grouped G:M:N:K:TYPE[:out_dtype]`` (repeatable): one grouped GEMM, ``build_grouped(N, K, TYPE,
-  expected_m=M, num_groups=G)``; M one value or lo-hi (expected_m buckets), G one value or a comma list; the
-  line ``grouped_warmup_command_for`` writes.
+- ``--grouped G:M:N:K:TYPE[:out_dtype][:epilogue=EPI]`` (repeatable): one grouped GEMM, ``build_grouped(N, K,
+  TYPE, expected_m=M, num_groups=G, epilogue=EPI)``; M one value or lo-hi (expected_m buckets), G one value or a
+  comma list; the line ``grouped_warmup_command_for`` writes.
 - ``--from-hf-config config.json``: every weight GEMM of the model (``model_shapes.gemm_shapes``), for
   each ``--dtype`` TYPE and the ``--m`` range; without ``--dtype``, FP8 block-quantized checkpoints
   (``model_shapes.weight_quantization``) get ``fp8_e4m3/block`` for their quantized layers and bf16 for
@@ -55,6 +57,7 @@ Example::
     deepgemm-jit warmup --arch sm_90a --shape 1-16384:7168:2048:bf16 --shape 1-4096:7168:2048:fp8/block --dry-run
     deepgemm-jit warmup --arch sm_90a --quantize bf16:fp8_e4m3/block128
     deepgemm-jit warmup --arch sm_90a --grouped 256,32,8:1-4096:4096:7168:fp8/block
+    deepgemm-jit warmup --arch sm_90a --shape 1-4096:28672:4096:bf16:epilogue=swiglu+quant_fp8_g128
 """
 from __future__ import annotations
 
@@ -72,6 +75,7 @@ from pathlib import Path
 
 from . import config as config_mod
 from . import device, dtypes, gemv, model_shapes, quantization
+from . import epilogue as epilogue_mod
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -82,12 +86,14 @@ from .spec import GemmSpec
 M_MAX_BUCKET = 16384
 DEFAULT_M_RANGE = (1, M_MAX_BUCKET)
 TYPE_SYNTAX = "dtype[xb_dtype][/scaling][+fast_accum]"
-SHAPE_SYNTAX = f"M:N:K:TYPE[:layout[:out_dtype]] (M one value or lo-hi, TYPE {TYPE_SYNTAX})"
+EPILOGUE_FIELD = "epilogue="  # the keyed last field of --shape and --grouped: epilogue=bias+gelu
+SHAPE_SYNTAX = (f"M:N:K:TYPE[:layout[:out_dtype]][:{EPILOGUE_FIELD}EPI] (M one value or lo-hi, TYPE {TYPE_SYNTAX}, "
+                "EPI a fused epilogue such as bias+gelu)")
 TYPE_EXAMPLES = "bf16, fp8/block, fp8/tensor+fast_accum, int8/row, fp8_e4m3xfp8_e5m2/tensor"
-RESERVED_KEYS = ("epilogue",)
-_FILE_KEYS = ({"n", "k", "dtype", "b_dtype", "scaling", "fast_accum", "layout", "out_dtype", "m", "m_values", "name",
-               "grouped", "num_groups"} | set(RESERVED_KEYS))
-GROUPED_SYNTAX = "G:M:N:K:TYPE[:out_dtype] (G one value or a comma list, M one value or lo-hi)"
+_FILE_KEYS = {"n", "k", "dtype", "b_dtype", "scaling", "fast_accum", "layout", "out_dtype", "m", "m_values", "name",
+              "grouped", "num_groups", "epilogue"}
+GROUPED_SYNTAX = (f"G:M:N:K:TYPE[:out_dtype][:{EPILOGUE_FIELD}EPI] (G one value or a comma list, M one value or "
+                  "lo-hi)")
 # Expert-parallel degrees whose share of a model's experts (experts / degree, where it divides) is a num_groups
 # hint --from-hf-config covers (expert_group_counts).
 EP_DEGREES = (2, 4, 8, 16, 32)
@@ -119,10 +125,10 @@ class GemmType:
     scaling: str | None = None
     fast_accum: bool = False
 
-    def spec(self, n: int, k: int, out_dtype: str | None = None, layout: str = "nt", grouped: bool = False
-             ) -> GemmSpec:
+    def spec(self, n: int, k: int, out_dtype: str | None = None, layout: str = "nt", grouped: bool = False,
+             epilogue: str | None = None) -> GemmSpec:
         return GemmSpec.create(n, k, self.dtype, out_dtype, layout, b_dtype=self.b_dtype, scaling=self.scaling,
-                               fast_accum=self.fast_accum, grouped=grouped)
+                               fast_accum=self.fast_accum, epilogue=epilogue, grouped=grouped)
 
 
 @dataclass(frozen=True)
@@ -225,15 +231,43 @@ def type_text(spec: GemmSpec) -> str:
     return text + ("+fast_accum" if spec.fast_accum else "")
 
 
+def _split_epilogue(parts: list[str], where: str, syntax: str) -> tuple[list[str], str]:
+    """The positional fields of a ``--shape`` / ``--grouped`` text and its epilogue: the keyed last field
+    ``epilogue=EPI`` (canonical, ``epilogue.canonical``), 'none' without one. ``["64", "8", "8", "bf16",
+    "epilogue=gelu+bias"]`` -> ``(["64", "8", "8", "bf16"], "bias+gelu")``."""
+    keyed = [i for i, part in enumerate(parts) if "=" in part]
+    if not keyed:
+        return parts, "none"
+    key, _, value = parts[keyed[0]].partition("=")
+    if key.strip().lower() != EPILOGUE_FIELD[:-1]:
+        raise ValueError(f"{where}: unknown field {parts[keyed[0]]!r}; the one keyed field is {EPILOGUE_FIELD}EPI "
+                         f"({syntax})")
+    if keyed != [len(parts) - 1]:
+        raise ValueError(f"{where}: {EPILOGUE_FIELD}EPI must be the last field, once ({syntax})")
+    if not value.strip():
+        raise ValueError(f"{where}: {EPILOGUE_FIELD} names no epilogue (e.g. {EPILOGUE_FIELD}bias+gelu)")
+    try:
+        return parts[:-1], epilogue_mod.canonical(value.strip())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _epilogue_field(spec: GemmSpec) -> list[str]:
+    """The keyed ``epilogue=EPI`` field that gives back `spec`'s epilogue (none for a plain store)."""
+    return [] if spec.epilogue == "none" else [f"{EPILOGUE_FIELD}{spec.epilogue}"]
+
+
 def parse_shape(text: str) -> WarmupEntry:
-    """One ``--shape M:N:K:TYPE[:layout[:out_dtype]]`` (M may be lo-hi; TYPE as ``parse_type``) -> a
-    WarmupEntry. ``"1-4096:7168:2048:fp8/block"``: FP8 E4M3, 128x128 block scales, bf16 out, M buckets 64..4096.
+    """One ``--shape M:N:K:TYPE[:layout[:out_dtype]][:epilogue=EPI]`` (M may be lo-hi; TYPE as ``parse_type``;
+    EPI a fused epilogue as ``build(..., epilogue=...)`` takes it) -> a WarmupEntry.
+    ``"1-4096:7168:2048:fp8/block"``: FP8 E4M3, 128x128 block scales, bf16 out, M buckets 64..4096;
+    ``"1-4096:7168:2048:bf16:epilogue=bias+gelu"``: the same shape in bf16 with bias and GELU fused.
     """
-    parts = text.strip().split(":")
+    where = f"--shape {text}"
+    parts, epilogue = _split_epilogue(text.strip().split(":"), where, SHAPE_SYNTAX)
     if not 4 <= len(parts) <= 6:
         raise ValueError(f"--shape {text!r}: expected {SHAPE_SYNTAX}, e.g. 1-16384:7168:2048:bf16 or "
                          "1-4096:7168:2048:fp8/block")
-    where = f"--shape {text}"
     try:
         n, k = int(parts[1]), int(parts[2])
     except ValueError:
@@ -241,7 +275,7 @@ def parse_shape(text: str) -> WarmupEntry:
     layout = parts[4] if len(parts) > 4 else "nt"
     out_dtype = parts[5] if len(parts) > 5 else None
     try:
-        spec = parse_type(parts[3]).spec(n, k, out_dtype, layout)
+        spec = parse_type(parts[3]).spec(n, k, out_dtype, layout, epilogue=epilogue)
         buckets = parse_m(parts[0])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
@@ -250,18 +284,21 @@ def parse_shape(text: str) -> WarmupEntry:
 
 def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
     """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch):
-    its ``--shape`` gives back exactly `spec` (types, scaling, fast_accum, layout, out_dtype).
+    its ``--shape`` gives back exactly `spec` (types, scaling, fast_accum, layout, out_dtype, fused epilogue).
 
     Example: ``warmup_command_for(GemmSpec.create(7168, 2048, "fp8"), 4096, "sm_90a")`` ->
-    ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:fp8_e4m3/block"``.
+    ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:fp8_e4m3/block"``;
+    ``warmup_command_for(GemmSpec.create(7168, 2048, epilogue="gelu+bias"), 4096, "sm_90a")`` ->
+    ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:bf16:epilogue=bias+gelu"``.
     """
     fields = [str(m_hint), str(spec.n), str(spec.k), type_text(spec)]
     default_out = GemmSpec.create(spec.n, spec.k, spec.dtype, None, spec.layout, b_dtype=spec.b_dtype,
-                                  scaling=spec.scaling, fast_accum=spec.fast_accum).out_dtype
+                                  scaling=spec.scaling, fast_accum=spec.fast_accum, epilogue=spec.epilogue).out_dtype
     if spec.out_dtype != default_out:
         fields += [spec.layout, spec.out_dtype]
     elif spec.layout != "nt":
         fields.append(spec.layout)
+    fields += _epilogue_field(spec)
     return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
 
 
@@ -298,12 +335,13 @@ def _check_num_groups(values: object, where: str) -> tuple[int, ...]:
 
 
 def parse_grouped(text: str) -> WarmupEntry:
-    """One ``--grouped G:M:N:K:TYPE[:out_dtype]`` -> a grouped WarmupEntry: ``build_grouped(N, K, TYPE,
-    out_dtype, expected_m=M, num_groups=G)`` for every M bucket of M (one value or lo-hi) and every G of the comma
-    list. ``"256,32:1-4096:4096:7168:fp8/block"``: FP8 E4M3 block scales, expected_m buckets 64..4096, 256 or 32
-    groups."""
-    parts = text.strip().split(":")
+    """One ``--grouped G:M:N:K:TYPE[:out_dtype][:epilogue=EPI]`` -> a grouped WarmupEntry: ``build_grouped(N, K,
+    TYPE, out_dtype, expected_m=M, num_groups=G, epilogue=EPI)`` for every M bucket of M (one value or lo-hi) and
+    every G of the comma list. ``"256,32:1-4096:4096:7168:fp8/block"``: FP8 E4M3 block scales, expected_m buckets
+    64..4096, 256 or 32 groups; ``"8:512:4096:7168:bf16:epilogue=bias+swiglu"``: bf16 experts with the gated unit
+    fused (D has N / 2 columns)."""
     where = f"--grouped {text}"
+    parts, epilogue = _split_epilogue(text.strip().split(":"), where, GROUPED_SYNTAX)
     if not 5 <= len(parts) <= 6:
         raise ValueError(f"{where}: expected {GROUPED_SYNTAX}, e.g. 256,32,8:1-4096:4096:7168:bf16")
     try:
@@ -312,31 +350,31 @@ def parse_grouped(text: str) -> WarmupEntry:
         raise ValueError(f"{where}: N and K must be integers ({GROUPED_SYNTAX})") from None
     try:
         groups = parse_num_groups(parts[0])
-        spec = parse_type(parts[4]).spec(n, k, parts[5] if len(parts) > 5 else None, grouped=True)
+        spec = parse_type(parts[4]).spec(n, k, parts[5] if len(parts) > 5 else None, grouped=True,
+                                         epilogue=epilogue)
         buckets = parse_m(parts[1])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     return WarmupEntry(spec=spec, m_buckets=buckets, source=where, num_groups=groups)
 
 
-def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int, arch: str) -> str | None:
+def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int, arch: str) -> str:
     """The ``deepgemm-jit warmup`` line that compiles the kernel ``build_grouped`` picks for (spec, expected_m,
     num_groups, arch) (and the segments kernel and, for FP8, the activations' quantize kernel a call needs); its
-    ``--grouped`` gives back exactly `spec`. None for a spec with a fused epilogue, which no warmup source
-    describes yet.
+    ``--grouped`` gives back exactly `spec`, fused epilogue included.
 
     Example: ``grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32, "sm_90a")``
-    -> ``"deepgemm-jit warmup --arch sm_90a --grouped 32:300:4096:7168:fp8_e4m3/block"``.
+    -> ``"deepgemm-jit warmup --arch sm_90a --grouped 32:300:4096:7168:fp8_e4m3/block"``; with
+    ``epilogue="bias+swiglu"`` the line ends in ``:epilogue=bias+swiglu``.
     """
     if not spec.grouped:
         raise ValueError(f"{spec.tag} is not a grouped spec (warmup_command_for writes the line of a plain GEMM)")
-    if spec.epilogue != "none":
-        return None
     fields = [str(num_groups), str(expected_m), str(spec.n), str(spec.k), type_text(spec)]
     default_out = GemmSpec.create(spec.n, spec.k, spec.dtype, None, b_dtype=spec.b_dtype, scaling=spec.scaling,
-                                  grouped=True).out_dtype
+                                  epilogue=spec.epilogue, grouped=True).out_dtype
     if spec.out_dtype != default_out:
         fields.append(spec.out_dtype)
+    fields += _epilogue_field(spec)
     return f"deepgemm-jit warmup --arch {arch} --grouped {':'.join(fields)}"
 
 
@@ -414,10 +452,9 @@ def _file_entry(item: object, where: str) -> WarmupEntry:
     unknown = sorted(set(item) - _FILE_KEYS)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(_FILE_KEYS)}")
-    for key in RESERVED_KEYS:
-        if item.get(key) is not None:
-            raise ValueError(f"{where}: {key}={item[key]!r} is not supported by this version of deepgemm-jit yet "
-                             f"(reserved for fused epilogues); remove the key or set it to null")
+    epilogue = item.get("epilogue")
+    if epilogue is not None and not isinstance(epilogue, str):
+        raise ValueError(f"{where}: epilogue must be a string such as \"bias+gelu\" (or null), got {epilogue!r}")
     for key in ("n", "k"):
         if key not in item:
             raise ValueError(f"{where}: missing {key!r}")
@@ -450,7 +487,7 @@ def _file_entry(item: object, where: str) -> WarmupEntry:
         spec = GemmSpec.create(item["n"], item["k"], dtype=_file_dtype(given.get("dtype", "bf16")),
                                out_dtype=item.get("out_dtype"), layout=given.get("layout", "nt"),
                                b_dtype=given.get("b_dtype"), scaling=given.get("scaling"),
-                               fast_accum=given.get("fast_accum", False), grouped=grouped)
+                               fast_accum=given.get("fast_accum", False), epilogue=epilogue, grouped=grouped)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     return WarmupEntry(spec=spec, m_buckets=buckets, source=item.get("name") or where, num_groups=num_groups)
@@ -583,8 +620,9 @@ def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
 
 def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
     """The weight-streaming kernels of entries that run at small M (their first bucket, 64, holds M = 1..64) and
-    that the decode rule takes (``gemv.max_m``): both token-tile variants (M <= 8 and M <= 16), whose code does
-    not depend on N or K, so a model needs only a few."""
+    that the decode rule takes (``gemv.max_m``: not grouped ones, nor fused epilogues, which stay in the sm90
+    kernel at every M): both token-tile variants (M <= 8 and M <= 16), whose code does not depend on N or K, so a
+    model needs only a few."""
     found: list[GemvSpec] = []
     for entry in entries:
         if entry.spec.grouped:  # build_grouped runs its own kernel at every M
@@ -610,11 +648,12 @@ def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quan
 
 
 def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) -> str:
-    """What the counts call a kernel: its GEMM TYPE (``type_text``; ``grouped TYPE`` for grouped GEMMs),
-    ``quantize`` for quantization kernels, ``gemv`` for the decode kernels, ``group_segments`` for the segments
-    kernel."""
+    """What the counts call a kernel: its GEMM TYPE (``type_text``; ``grouped TYPE`` for grouped GEMMs; then the
+    fused epilogue, if any: ``bf16 bias+gelu``), ``quantize`` for quantization kernels, ``gemv`` for the decode
+    kernels, ``group_segments`` for the segments kernel."""
     if isinstance(spec, GemmSpec):
-        return f"grouped {type_text(spec)}" if spec.grouped else type_text(spec)
+        text = f"grouped {type_text(spec)}" if spec.grouped else type_text(spec)
+        return text if spec.epilogue == "none" else f"{text} {spec.epilogue}"
     if isinstance(spec, SegmentsKernel):
         return spec.tag
     return "gemv" if isinstance(spec, GemvSpec) else "quantize"
@@ -729,11 +768,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--from-hf-config", action="append", default=[], metavar="PATH",
                    help="a Hugging Face config.json: every weight GEMM of the model, and the routed experts of a MoE "
                         "model as grouped GEMMs (repeatable)")
-    w.add_argument("--shape", action="append", default=[], metavar="M:N:K:TYPE[:LAYOUT[:OUT]]",
-                   help=f"one problem, M one value or lo-hi, TYPE {TYPE_SYNTAX} ({TYPE_EXAMPLES}) (repeatable)")
-    w.add_argument("--grouped", action="append", default=[], metavar="G:M:N:K:TYPE[:OUT]",
+    w.add_argument("--shape", action="append", default=[], metavar="M:N:K:TYPE[:LAYOUT[:OUT]][:epilogue=EPI]",
+                   help=f"one problem, M one value or lo-hi, TYPE {TYPE_SYNTAX} ({TYPE_EXAMPLES}), EPI a fused "
+                        "epilogue as build() takes it (bias+gelu, swiglu+quant_fp8_g128) (repeatable)")
+    w.add_argument("--grouped", action="append", default=[], metavar="G:M:N:K:TYPE[:OUT][:epilogue=EPI]",
                    help="one grouped GEMM (build_grouped) with num_groups G (one value or a comma list) and "
-                        "expected_m M (one value or lo-hi), TYPE bf16, fp16 or fp8/block (repeatable)")
+                        "expected_m M (one value or lo-hi), TYPE bf16, fp16 or fp8/block, EPI a fused epilogue "
+                        "(bias+swiglu) (repeatable)")
     w.add_argument("--quantize", action="append", default=[], metavar=QUANTIZE_SYNTAX,
                    help=f"the kernels of one quantize() call ({QUANTIZE_EXAMPLES}) (repeatable); 8-bit GEMMs with "
                         f"scales already bring their {ACTIVATION_DTYPE} activations' kernels")

@@ -2,6 +2,8 @@
 compiles (CPU)."""
 import argparse
 import json
+import shlex
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -127,6 +129,10 @@ def test_shapes_file(tmp_path):
         {"n": 4096, "k": 512, "dtype": "int8", "m": 64},
         {"n": 4096, "k": 512, "dtype": "int8", "scaling": "tensor", "out_dtype": "fp16", "b_dtype": None,
          "fast_accum": None, "m": 64},
+        {"n": 7168, "k": 2048, "epilogue": "GELU+bias", "m": 64},
+        {"n": 4096, "k": 7168, "epilogue": "swiglu+quant_fp8_g128", "m": 64},
+        {"n": 7168, "k": 2048, "dtype": "fp8", "epilogue": "bias+silu", "out_dtype": "fp16", "m": 64},
+        {"n": 4096, "k": 7168, "epilogue": "none", "m": 64},
     ]}))
     e = warmup.parse_shapes_file(path)
     assert e[0].spec == GemmSpec(7168, 2048, "bf16", "bf16", "nt") and e[0].m_buckets == ALL_BUCKETS
@@ -141,10 +147,22 @@ def test_shapes_file(tmp_path):
                                  fast_accum=True)
     assert e[7].spec == GemmSpec(4096, 512, "int8", "int32", "nt", scaling="none")
     assert e[8].spec == GemmSpec(4096, 512, "int8", "fp16", "nt", scaling="tensor")
+    assert e[1].spec.epilogue == "none"  # null: no epilogue
+    assert e[9].spec == GemmSpec.create(7168, 2048, epilogue="bias+gelu") and e[9].spec.epilogue == "bias+gelu"
+    assert e[10].spec == GemmSpec(4096, 7168, "bf16", "fp8_e4m3", epilogue="swiglu+quant_fp8_g128")  # q's type
+    assert e[11].spec == GemmSpec.create(7168, 2048, "fp8", "fp16", epilogue="bias+silu")
+    assert e[12].spec == GemmSpec.create(4096, 7168)
 
 
 @pytest.mark.parametrize("item, message", [
-    ({"n": 8, "k": 8, "epilogue": "bias+gelu"}, "epilogue='bias\\+gelu' is not supported"),
+    ({"n": 8, "k": 8, "epilogue": "bias+gleu"}, "gemms\\[0\\]: epilogue 'bias\\+gleu': unknown word 'gleu'"),
+    ({"n": 8, "k": 8, "epilogue": True}, "gemms\\[0\\]: epilogue must be a string"),
+    ({"n": 8, "k": 8, "epilogue": ["bias"]}, "gemms\\[0\\]: epilogue must be a string"),
+    ({"n": 24, "k": 64, "epilogue": "swiglu"}, "gemms\\[0\\]: N=24: .*multiple of 16"),
+    ({"n": 64, "k": 64, "epilogue": "bias", "layout": "tn"}, "gemms\\[0\\]: epilogue='bias' runs on the Hopper"),
+    ({"n": 64, "k": 64, "epilogue": "quant_fp8_g128", "out_dtype": "bf16"}, "epilogue='quant_fp8_g128' writes fp8"),
+    ({"n": 64, "k": 64, "epilogue": "residual", "grouped": True}, "grouped GEMMs take bias, activations"),
+    ({"n": 64, "k": 64, "dtype": "int8", "epilogue": "bias"}, "needs a floating output"),
     ({"n": 8, "k": 8, "scaling": "block"}, "gemms\\[0\\]: scaling='block' applies to fp8/int8 operands, not bf16"),
     ({"n": 8, "k": 8, "dtype": "int8", "scaling": "block"}, "gemms\\[0\\]: .*not available for int8"),
     ({"n": 8, "k": 8, "dtype": "fp8", "scaling": "none"}, "gemms\\[0\\]: fp8 GEMMs need scaling"),
@@ -197,6 +215,14 @@ ROUND_TRIP_SPECS = [
     GemmSpec.create(4096, 512, "int8"),                                      # unscaled: int32 out
     GemmSpec.create(4096, 512, "int8", scaling="tensor"),                    # scaled: bf16 out
     GemmSpec.create(4096, 512, "int8", "fp16", scaling="row"),
+    GemmSpec.create(7168, 2048, epilogue="gelu+bias"),                       # fused epilogues: the keyed field
+    GemmSpec.create(7168, 2048, "fp16", "fp32", epilogue="beta+bias_row+relu+residual"),
+    GemmSpec.create(4096, 7168, epilogue="swiglu+quant_fp8_g128"),           # fp8_e4m3 out: its default
+    GemmSpec.create(4096, 7168, epilogue="bias+geglu+quant_fp8_tensor"),
+    GemmSpec.create(7168, 2048, "fp8", epilogue="bias+silu"),
+    GemmSpec.create(7168, 2048, "fp8", "fp32", epilogue="bias+silu"),
+    GemmSpec.create(4096, 512, "int8", scaling="row", epilogue="quant_int8_tensor"),
+    GemmSpec.create(4096, 512, "fp8", scaling="row", fast_accum=True, epilogue="swiglu+quant_fp8_g128"),
 ]
 
 
@@ -210,7 +236,9 @@ def test_warmup_command_round_trip(spec):
         [back] = [warmup.parse_shape(text) for text in args.shape]
         assert back.spec == spec, f"{line=} {back.spec=}"
         assert back.m_buckets == (config.m_bucket(m),)
-        assert warmup.parse_type(warmup.type_text(spec)).spec(spec.n, spec.k, spec.out_dtype, spec.layout) == spec
+        assert warmup.parse_type(warmup.type_text(spec)).spec(spec.n, spec.k, spec.out_dtype, spec.layout,
+                                                              epilogue=spec.epilogue) == spec
+        assert (":epilogue=" in line) == (spec.epilogue != "none")
 
 
 def test_warmup_command_lines():
@@ -223,6 +251,10 @@ def test_warmup_command_lines():
     assert line("int8") == prefix + "int8"
     assert line("int8", "fp16", scaling="row") == prefix + "int8/row:nt:fp16"
     assert line("tf32", "bf16") == prefix + "tf32:nt:bf16"
+    assert line(epilogue="gelu+bias") == prefix + "bf16:epilogue=bias+gelu"  # canonical order
+    assert line(epilogue="swiglu+quant_fp8_g128") == prefix + "bf16:epilogue=swiglu+quant_fp8_g128"
+    assert line("fp8", epilogue="bias+silu") == prefix + "fp8_e4m3/block:epilogue=bias+silu"
+    assert line("fp8", "fp32", epilogue="bias+silu") == prefix + "fp8_e4m3/block:nt:fp32:epilogue=bias+silu"
 
 
 QUANTIZE_SPECS = [QuantKernelSpec("quantize", src, q, gran, vec)
@@ -313,6 +345,11 @@ def test_plan_gemv_kernels_for_small_m_entries():
                                        "gemv_bf16_bf16_t1", "gemv_bf16_bf16_t2"]
     assert warmup.plan_gemv(entries, "sm_80") == []
     assert warmup.kernel_type(decode[0]) == "gemv"
+    fused = [warmup.parse_shape(text) for text in (
+        "1-16384:7168:2048:bf16:epilogue=bias+gelu", "64:4096:7168:bf16:epilogue=swiglu+quant_fp8_g128",
+        "1-4096:7168:2048:fp8:epilogue=bias+silu", "64:4096:512:fp16:epilogue=residual")]
+    assert warmup.plan_gemv(fused, "sm_90a") == []
+    assert warmup.plan_gemv(fused + entries, "sm_90a") == decode
 
 
 def test_dry_run_with_quantize_only(capsys):
@@ -342,6 +379,13 @@ def test_shape_option():
         ("1:8:8:int8/row", GemmSpec.create(8, 8, "int8", "bf16", scaling="row")),
         ("1:8:8:int8/row:nt:fp32", GemmSpec.create(8, 8, "int8", "fp32", scaling="row")),
         ("1:8:8:fp8/block:nt:fp16", GemmSpec.create(8, 8, "fp8", "fp16", scaling="block")),
+        ("1:64:64:bf16:epilogue=bias+gelu", GemmSpec.create(64, 64, epilogue="bias+gelu")),
+        ("1:64:64:bf16:nt:epilogue=GELU+bias", GemmSpec.create(64, 64, epilogue="bias+gelu")),
+        ("1:64:64:bf16:nt:fp32:Epilogue=bias+gelu", GemmSpec.create(64, 64, "bf16", "fp32", epilogue="bias+gelu")),
+        ("1:64:64:bf16:epilogue=none", GemmSpec.create(64, 64)),
+        ("1:64:64:bf16:epilogue=swiglu+quant_fp8_g128", GemmSpec(64, 64, "bf16", "fp8_e4m3",
+                                                                 epilogue="swiglu+quant_fp8_g128")),
+        ("1:64:64:fp8:epilogue=bias+silu", GemmSpec.create(64, 64, "fp8", epilogue="bias+silu")),
     ]:
         assert warmup.parse_shape(text).spec == spec, text
     assert warmup.parse_shape("1-4096:8:8:fp8").m_buckets == ALL_BUCKETS[:7]
@@ -363,6 +407,19 @@ def test_shape_option():
         ("1:8:8:bf16xfp16", "b_dtype='fp16' differs"),
         ("1:8:8:fp8xint8/row", "an fp8 A multiplies an fp8 B"),
         ("1:8:8:fp8/block:tn", "--shape 1:8:8:fp8/block:tn: fp8_e4m3 GEMMs need layout 'nt'"),
+        ("1:64:64:bf16:epilogue=bias+gleu", "--shape 1:64:64:bf16:epilogue=bias\\+gleu: epilogue 'bias\\+gleu': "
+                                            "unknown word 'gleu'"),
+        ("1:64:64:bf16:epilogue=", "names no epilogue"),
+        ("1:64:64:bf16:epi=bias", "unknown field 'epi=bias'"),
+        ("1:64:64:bf16:epilogue=bias:nt", "must be the last field"),
+        ("1:64:64:bf16:epilogue=bias:epilogue=gelu", "must be the last field"),
+        ("1:64:64:epilogue=bias", "expected M:N:K:TYPE"),
+        ("1:64:64:bf16:nt:bf16:x:epilogue=bias", "expected M:N:K:TYPE"),
+        ("1:24:64:bf16:epilogue=swiglu", "N=24: .*multiple of 16"),
+        ("1:64:64:bf16:tn:epilogue=bias", "epilogue='bias' runs on the Hopper family"),
+        ("1:64:64:bf16:nt:bf16:epilogue=quant_fp8_g128", "writes fp8_e4m3 \\(leave out_dtype unset\\)"),
+        ("1:64:64:fp8:epilogue=swiglu+quant_fp8_g128", "fast_accum=True"),  # FP32 promotion: no room
+        ("1:64:64:bf16:epilogue=beta+swiglu", "beta \\(C\\) does not combine"),
     ]:
         with pytest.raises(ValueError, match=message):
             warmup.parse_shape(bad)
@@ -640,15 +697,27 @@ def test_grouped_option_and_command_round_trip():
     for spec, m, groups in [(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32),
                             (GemmSpec.create(7168, 2048, "bf16", grouped=True), 1, 256),
                             (GemmSpec.create(7168, 2048, "fp16", "fp32", grouped=True), 5000, 8),
-                            (GemmSpec.create(512, 256, "fp8_e4m3", b_dtype="fp8_e5m2", grouped=True), 64, 1)]:
+                            (GemmSpec.create(512, 256, "fp8_e4m3", b_dtype="fp8_e5m2", grouped=True), 64, 1),
+                            (GemmSpec.create(4096, 7168, epilogue="swiglu+bias", grouped=True), 64, 16),
+                            (GemmSpec.create(4096, 7168, "fp16", "fp32", epilogue="gelu", grouped=True), 100, 8),
+                            (GemmSpec.create(4096, 7168, epilogue="swiglu+quant_fp8_g128", grouped=True), 512, 8),
+                            (GemmSpec.create(4096, 7168, "fp8", epilogue="bias+silu", grouped=True), 300, 256)]:
         line = warmup.grouped_warmup_command_for(spec, m, groups, "sm_90a")
         assert line.startswith("deepgemm-jit warmup --arch sm_90a --grouped ")
         back = warmup.parse_grouped(line.split("--grouped ")[1])
         assert (back.spec, back.m_buckets, back.num_groups) == (spec, (config.m_bucket(m),), (groups,))
+        assert (":epilogue=" in line) == (spec.epilogue != "none")
     assert (warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32, "sm_90a")
             == "deepgemm-jit warmup --arch sm_90a --grouped 32:300:4096:7168:fp8_e4m3/block")
-    assert warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, epilogue="bias", grouped=True), 64, 8,
-                                             "sm_90a") is None
+    assert (warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, epilogue="swiglu+bias", grouped=True), 64,
+                                              16, "sm_90a")
+            == "deepgemm-jit warmup --arch sm_90a --grouped 16:64:4096:7168:bf16:epilogue=bias+swiglu")
+    assert (warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, epilogue="swiglu+quant_fp8_g128",
+                                                              grouped=True), 64, 8, "sm_90a")
+            == "deepgemm-jit warmup --arch sm_90a --grouped 8:64:4096:7168:bf16:epilogue=swiglu+quant_fp8_g128")
+    entry = warmup.parse_grouped("256,8:1-4096:4096:7168:fp8/block:bf16:epilogue=bias+swiglu")
+    assert entry.spec == GemmSpec.create(4096, 7168, "fp8", epilogue="bias+swiglu", grouped=True)
+    assert entry.num_groups == (256, 8) and entry.m_buckets == ALL_BUCKETS[:7]
     with pytest.raises(ValueError, match="not a grouped spec"):
         warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168), 64, 8, "sm_90a")
     for text, message in [("8:64:4096:7168", "expected G:M:N:K:TYPE"),
@@ -656,7 +725,15 @@ def test_grouped_option_and_command_round_trip():
                           ("8:64:4096:7168:fp8/row", "--grouped 8:64:4096:7168:fp8/row: grouped FP8 GEMMs take "
                                                      "scaling='block'"),
                           ("8:64:4096:7168:tf32", "grouped GEMMs take dtype"),
-                          ("8:64:x:7168:bf16", "N and K must be integers")]:
+                          ("8:64:x:7168:bf16", "N and K must be integers"),
+                          ("8:64:4096:7168:bf16:epilogue=residual", "--grouped 8:64:4096:7168:bf16:epilogue=residual: "
+                                                                    "epilogue='residual': grouped GEMMs take bias"),
+                          ("8:64:4096:7168:bf16:epilogue=quant_fp8_tensor", "not beta \\(C\\), a residual or "
+                                                                           "per-tensor quantization"),
+                          ("8:64:4104:7168:bf16:epilogue=swiglu", "N=4104: .*multiple of 16"),
+                          ("8:64:4096:7168:bf16:epilogue=bias+gleu", "unknown word 'gleu'"),
+                          ("8:64:4096:7168:epilogue=bias", "expected G:M:N:K:TYPE"),
+                          ("8:64:4096:7168:bf16:epilogue=bias:bf16", "must be the last field")]:
         with pytest.raises(ValueError, match=message):
             warmup.parse_grouped(text)
     with pytest.raises(ValueError, match="--num-groups: .*or auto, none"):
@@ -670,8 +747,11 @@ def test_shapes_file_grouped_entries(tmp_path):
         {"n": 4096, "k": 7168, "dtype": "fp8", "grouped": True, "num_groups": [256, 32], "m": [1, 4096]},
         {"n": 7168, "k": 2048, "grouped": True, "m_values": [1, 5000]},
         {"n": 7168, "k": 2048, "grouped": False, "num_groups": None},
+        {"n": 4096, "k": 7168, "grouped": True, "num_groups": 16, "m": 64, "epilogue": "swiglu+bias"},
     ]}))
-    first, second, plain = warmup.parse_shapes_file(path)
+    first, second, plain, fused = warmup.parse_shapes_file(path)
+    assert fused.spec == GemmSpec.create(4096, 7168, epilogue="bias+swiglu", grouped=True)
+    assert (fused.num_groups, fused.m_buckets) == ((16,), (64,))
     assert (first.spec, first.num_groups, first.m_buckets) == (GemmSpec.create(4096, 7168, "fp8", grouped=True),
                                                                (256, 32), ALL_BUCKETS[:7])
     assert (second.spec, second.num_groups, second.m_buckets) == (GemmSpec.create(7168, 2048, grouped=True), (8,),
@@ -760,3 +840,102 @@ def test_grouped_offline_miss_then_its_warmup_line_then_nothing_to_compile(cache
     g = dg.build_grouped(256, 512, dtype="bf16", expected_m=300, num_groups=16, arch="sm_90a")
     assert not g.artifact.compiled_now and not grouped.segments_kernel("sm_90a").compiled_now
     grouped._segments_memo.clear()
+
+
+# -- fused epilogues ----------------------------------------------------------------------------------------
+def test_plan_of_fused_epilogues_follows_the_epilogue_spec(capsys):
+    """An epilogue is part of the spec: its entries plan the configs choose_config picks for that spec (which
+    differ from the plain GEMM's where the epilogue's registers or tile width matter), count as TYPE + epilogue,
+    bring the activations' quantize kernel for FP8 and no decode kernels."""
+    texts = ("1-16384:7168:2048:bf16:epilogue=bias+gelu", "1-16384:4096:7168:bf16:epilogue=swiglu+quant_fp8_g128",
+             "1-4096:7168:2048:fp8:epilogue=bias+silu")
+    entries = [warmup.parse_shape(text) for text in texts]
+    served = warmup.plan_buckets(entries, "sm_90a")
+    for entry in entries:
+        assert entry.spec.epilogue != "none"
+        expected = {(entry.spec, config.choose_config(entry.spec, m, "sm_90a")) for m in entry.m_buckets}
+        assert {key for key in served if key[0] == entry.spec} == expected
+    plain = GemmSpec.create(4096, 7168)
+    gated = entries[1].spec
+    assert {config.choose_config(gated, m, "sm_90a") for m in ALL_BUCKETS} != {
+        config.choose_config(plain, m, "sm_90a") for m in ALL_BUCKETS}  # the plain line would compile others
+    work = warmup.plan(entries, "sm_90a")
+    assert [item for item in work if item[1] is None] == [
+        (QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8), None)]  # fp8 A; no gemv
+    assert warmup.kernel_type(gated) == "bf16 swiglu+quant_fp8_g128"
+    assert warmup.kernel_type(GemmSpec.create(64, 64, "fp8", epilogue="silu+bias", grouped=True)) == \
+        "grouped fp8_e4m3/block bias+silu"
+    args = ["--arch", "sm_90a", "--dry-run"] + [arg for text in texts for arg in ("--shape", text)]
+    assert warmup.main(_args(*args, "--grouped", "16:1-4096:4096:7168:bf16:epilogue=bias+swiglu")) == 0
+    out = capsys.readouterr().out
+    assert "gemm_bf16_ep_bias_gelu_bf16_nt_n7168_k2048" in out
+    assert "gemm_bf16_ep_swiglu_quant_fp8_g128_fp8_e4m3_nt_n4096_k7168" in out
+    assert "gemm_grouped_bf16_ep_bias_swiglu_bf16_nt_n4096_k7168" in out and "gemv" not in out
+    work = warmup.plan(entries + [warmup.parse_grouped("16:1-4096:4096:7168:bf16:epilogue=bias+swiglu")], "sm_90a")
+    counts = Counter(warmup.kernel_type(spec) for spec, _ in work)
+    assert set(counts) == {"bf16 bias+gelu", "bf16 swiglu+quant_fp8_g128", "fp8_e4m3/block bias+silu",
+                           "grouped bf16 bias+swiglu", "quantize", "group_segments"}
+    assert out.splitlines()[-1].startswith(f"warmup plan: {len(work)} kernels for sm_90a (")
+    for kind, num in counts.items():
+        assert f"{num} {kind}" in out.splitlines()[-1], kind
+
+
+FUSED_MISSES = [  # (build kwargs, the line its offline miss names, the kernels that line compiles)
+    (dict(M=3000, N=7168, K=2048, dtype="bf16", epilogue="gelu+bias"),
+     "--shape 3000:7168:2048:bf16:epilogue=bias+gelu", "1 kernels for sm_90a (bf16 bias+gelu)"),
+    (dict(M=256, N=4096, K=7168, dtype="bf16", epilogue="swiglu+quant_fp8_g128"),
+     "--shape 256:4096:7168:bf16:epilogue=swiglu+quant_fp8_g128", "1 kernels for sm_90a (bf16 swiglu+quant_fp8_g128)"),
+    (dict(M=3000, N=7168, K=2048, dtype="fp8", epilogue="bias+silu"),
+     "--shape 3000:7168:2048:fp8_e4m3/block:epilogue=bias+silu",
+     "2 kernels for sm_90a (1 fp8_e4m3/block bias+silu, 1 quantize)"),
+    (dict(N=4096, K=7168, dtype="bf16", epilogue="bias+swiglu", expected_m=64, num_groups=16),
+     "--grouped 16:64:4096:7168:bf16:epilogue=bias+swiglu",
+     "2 kernels for sm_90a (1 grouped bf16 bias+swiglu, 1 group_segments)"),
+]
+
+
+@pytest.mark.parametrize("kwargs, shape, kernels", FUSED_MISSES, ids=[s for _, s, _ in FUSED_MISSES])
+def test_fused_epilogue_offline_miss_then_its_warmup_line_then_nothing_to_compile(cache_dir, monkeypatch, capsys,
+                                                                                  kwargs, shape, kernels):
+    """The serving loop with a fused epilogue: the offline miss names a line with the epilogue, the CLI run of
+    that line compiles exactly the missing kernel (and the FP8 activations' quantize kernel / the segments
+    kernel), and the same build then loads offline with NVRTC unavailable."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import cli, compiler, grouped, jit
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    build = dg.build_grouped if "expected_m" in kwargs else dg.build
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    with pytest.raises(KernelNotCachedError) as info:
+        build(**kwargs, arch="sm_90a")
+    line = info.value.warmup_command
+    assert line == f"deepgemm-jit warmup --arch sm_90a {shape}"
+    argv = shlex.split(line)
+    assert argv[:2] == ["deepgemm-jit", "warmup"]
+    assert cli.main(argv[1:] + ["--no-progress"]) == 0
+    count = int(kernels.split()[0])
+    assert f"warmup: {kernels}: compiled {count}, already cached 0, failed 0" in capsys.readouterr().out
+
+    jit.clear_memo()
+    grouped._segments_memo.clear()
+    quantization.clear_memo()
+
+    def no_compiling(*args, **kw):
+        raise AssertionError("the warmup line missed the kernel: NVRTC was called")
+
+    monkeypatch.setattr(compiler, "compile_cubin", no_compiling)
+    g = build(**kwargs, arch="sm_90a")  # still offline: served from the cache
+    assert not g.artifact.compiled_now and g.spec.epilogue == line.rsplit("epilogue=", 1)[1]
+    if "expected_m" in kwargs:
+        assert g.config == config.choose_config(g.spec, kwargs["expected_m"], "sm_90a", groups=kwargs["num_groups"])
+        assert not grouped.segments_kernel("sm_90a").compiled_now
+    else:
+        assert g.config == config.choose_config(g.spec, kwargs["M"], "sm_90a")
+        assert g.weight_streaming_max_m == 0  # epilogue GEMMs run their own kernel at every M: no gemv needed
+    if g.spec.scaling == "block":
+        activations = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
+        assert not quantization.get_kernel(activations, "sm_90a").compiled_now
+    assert cli.main(argv[1:] + ["--no-progress"]) == 0  # and a second run compiles nothing
+    assert f"compiled 0, already cached {count}, failed 0" in capsys.readouterr().out
+    grouped._segments_memo.clear()
+    quantization.clear_memo()
