@@ -9,7 +9,7 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, env, gemv, jit, launch, runtime
-from .arrays import MatrixView, ScaleView, array_kind, matrix_view, overlaps, scale_view, signature
+from .arrays import MatrixView, ScaleView, array_kind, matrix_view, new_array, overlaps, scale_view, signature
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -74,6 +74,7 @@ class Gemm:
         # 8-bit operands and fused epilogues exist only in the Hopper family (no portable fallback kernel).
         self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none"
         self._epi = spec.epi  # parsed once: the call path reads it
+        self._returns_scales = self._epi.has_group_scales  # quant_fp8_g128: calls return (q, scales)
         # Calls with M <= this (and 16-byte aligned rows) run the weight-streaming kernel (gemv.py; 0: never).
         self.weight_streaming_max_m = gemv.max_m(spec, arch) if weight_streaming else 0
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
@@ -276,16 +277,6 @@ class Gemm:
                     self._variants[(vec_a, vec_b)] = variant
         return variant
 
-    def _check_device(self, device_id: int) -> None:
-        """Once per device: a GPU is there and runs this Gemm's arch."""
-        if device_id in self._ready_devices:
-            return
-        major, minor = device.capability(device_id)
-        if not device.runs_on(self.arch, major, minor):
-            raise ValueError(f"this Gemm was compiled for {self.arch}, the current device is "
-                             f"sm_{major}{minor}: build it again with arch=None")
-        self._ready_devices.add(device_id)
-
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, scale_a=None, scale_b=None, bias=None, c=None, residual=None, alpha=1.0,
                  beta=1.0, out=None, stream=None, quant_scale=None, amax_out=None, scales_out=None):
@@ -310,31 +301,24 @@ class Gemm:
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit
                 plan.run(runtime.stream_for(kind, stream, plan.device_id))
-                return (out, scales_out) if self._epi.has_group_scales else out
+                return (out, scales_out) if self._returns_scales else out
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
         sa, sb = self._scales(m, va, vd, scale_a, scale_b)
         epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
         if self._epi.quant != "none" or quant_scale is not None or amax_out is not None or scales_out is not None:
             epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out)
-        if not self._ready_devices and device.gpu_count() == 0:
-            raise NoGPUError(f"no CUDA GPU found: this Gemm was compiled for {self.arch} and can be "
-                             "cached and inspected here, but running it needs a GPU")
-        dev = device.current_device_id()
-        if va.device != dev:
-            raise ValueError(f"a is on device {va.device}, but the current device is {dev} "
-                             "(torch.cuda.set_device / cupy.cuda.Device(i).use() select it)")
-        self._check_device(dev)
+        dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
-            out = self._new_output(kind, m, dev)
+            out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev)
             vd = matrix_view(out, "out")
         # A launch plan is replayed only for calls whose every written buffer the caller passed (out=, and
         # scales_out= for quant_fp8_g128): a plan writing into a buffer allocated here would hand it out again.
-        replayable = key is not None and (not self._epi.has_group_scales or scales_out is not None)
-        if self._epi.has_group_scales:  # quant_fp8_g128 returns (q, scales)
+        replayable = key is not None and (not self._returns_scales or scales_out is not None)
+        if self._returns_scales:  # quant_fp8_g128 returns (q, scales)
             if scales_out is None:
-                scales_out = self._new_scales(kind, m, dev)
+                scales_out = new_array(kind, self.spec.scales_out_shape(m), "fp32", dev)
                 sv = scale_view(scales_out, "scales_out", self.spec.scales_out_shape(m), "")
                 epi = dataclasses.replace(epi, quant=sv.ptr, scales_stride_m=sv.stride_i, scales_stride_g=sv.stride_j)
             result = (out, scales_out)
@@ -405,28 +389,6 @@ class Gemm:
             cu_stream.synchronize()
             staged.clear()  # the copies are done (synchronised above): release the buffers
 
-    def _new_output(self, kind: str, m: int, device_id: int):
-        shape = self.spec.out_shape(m)
-        if kind == "torch":
-            import torch
-
-            dtype = getattr(torch, dtypes.get(self.spec.out_dtype).numpy_name)
-            return torch.empty(shape, dtype=dtype, device=f"cuda:{device_id}")
-        import cupy
-
-        return cupy.empty(shape, dtype=self._out_dtypes[-1])  # FP8 as uint8 bits: CuPy has no float8 dtype
-
-    def _new_scales(self, kind: str, m: int, device_id: int):
-        """A new (M, ceil(N_out/128)) float32 array for quant_fp8_g128's scales, row-major."""
-        shape = self.spec.scales_out_shape(m)
-        if kind == "torch":
-            import torch
-
-            return torch.empty(shape, dtype=torch.float32, device=f"cuda:{device_id}")
-        import cupy
-
-        return cupy.empty(shape, dtype=cupy.float32)
-
     def explain(self) -> dict:
         from .explain import describe
 
@@ -493,7 +455,7 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     try:
         return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target), bool(weight_streaming))
     except KernelNotCachedError as exc:
-        from .warmup import warmup_command_for
+        from .warmup_sources import warmup_command_for
 
         raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target)) from None
 

@@ -221,3 +221,19 @@ def signature(x: object):
     if tensor is not None and isinstance(x, tensor):
         return (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
     return None
+
+
+def new_array(kind: str, shape: tuple[int, ...], name: str, device_id: int):
+    """A new contiguous array of the caller's library (`kind` as array_kind names it) and library dtype `name`
+    ("bf16", "fp32", "int32", "fp8_e4m3", ...) on `device_id`: torch's dtype for torch, the storage dtype for
+    CuPy, FP8 as uint8 bits (CuPy has no float8 dtype)."""
+    from . import dtypes
+
+    if kind == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtypes.get(name).numpy_name), device=f"cuda:{device_id}")
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.empty(shape, dtype=np.uint8 if name in dtypes.FP8_DTYPES else dtypes.numpy_dtype(name))

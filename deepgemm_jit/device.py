@@ -87,3 +87,23 @@ def l2_bytes(device_id: int | None = None) -> int:
 
     dev_id = current_device_id() if device_id is None else device_id
     return int(cupy.cuda.runtime.getDeviceProperties(dev_id)["l2CacheSize"])
+
+
+def device_for_call(arch: str, ready: set[int], operand_device: int, owner: str) -> int:
+    """The device a call of a kernel compiled for `arch` runs on: the current one, after checking that a GPU
+    exists, that it holds the operands (`operand_device`, a's) and, once per device (remembered in `ready`), that it
+    runs `arch`. `owner` names the object in the errors ("Gemm", "GroupedGemm")."""
+    if not ready and gpu_count() == 0:
+        raise NoGPUError(f"no CUDA GPU found: this {owner} was compiled for {arch} and can be "
+                         "cached and inspected here, but running it needs a GPU")
+    dev = current_device_id()
+    if operand_device != dev:
+        raise ValueError(f"a is on device {operand_device}, but the current device is {dev} "
+                         "(torch.cuda.set_device / cupy.cuda.Device(i).use() select it)")
+    if dev not in ready:
+        major, minor = capability(dev)
+        if not runs_on(arch, major, minor):
+            raise ValueError(f"this {owner} was compiled for {arch}, the current device is "
+                             f"sm_{major}{minor}: build it again with arch=None")
+        ready.add(dev)
+    return dev

@@ -39,13 +39,14 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime
-from .arrays import MatrixView, ScaleView, array_fields, overlaps, signature
-from .errors import KernelNotCachedError, NoGPUError
+from .api import _MAX_M as _MAX_ROWS
+from .api import _accepted_dtypes, _check_m, _common_kind
+from .arrays import MatrixView, ScaleView, array_fields, new_array, overlaps, signature
+from .errors import KernelNotCachedError
 from .render import render
 from .spec import GemmSpec
 
 _OFFSETS, _SEGMENTS, _MASKED = 0, 1, 2  # GroupBounds in gemm_sm90.cuh
-_MAX_ROWS = 2**31 - 1
 _SEGMENTS_TEMPLATE = "group_segments.cu.j2"
 _SEGMENTS_ENTRY = "dgjit_group_segments"
 _SEGMENTS_MAX_GROUPS = 2048  # kMaxGroups of group_segments.cu.j2
@@ -185,9 +186,10 @@ class GroupedGemm:
         self.artifact = artifact
         self.config = artifact.config
         self._epi = spec.epi
-        self._a_dtypes = _accepted(spec.dtype)
-        self._b_dtypes = _accepted(spec.b_type)
-        self._out_dtypes = _accepted(spec.out_dtype)
+        self._returns_scales = self._epi.has_group_scales  # quant_fp8_g128: calls return (q, scales)
+        self._a_dtypes = _accepted_dtypes(spec.dtype)
+        self._b_dtypes = _accepted_dtypes(spec.b_type)
+        self._out_dtypes = _accepted_dtypes(spec.out_dtype)
         self._ready_devices: set[int] = set()
         self._workspaces: dict[tuple[int, int, int], object] = {}  # group_segments outputs (see _segments)
         # Validated launches by the signatures of every operand (out= given: nothing allocated per call), as in
@@ -210,11 +212,9 @@ class GroupedGemm:
                  out=None, scales_out=None, stream=None):
         """d for every group (see the module for the layouts); returns `out` if given, else a new array of the
         inputs' kind ((q, scales) for quant_fp8_g128)."""
-        from .api import _common_kind
-
-        spec, epi = self.spec, self._epi
+        spec = self.spec
         key = None
-        if out is not None and (scales_out is not None or not epi.has_group_scales):
+        if out is not None and (scales_out is not None or not self._returns_scales):
             key = tuple(map(signature, (a, b, out, offs, m_indices, masked_m, scale_a, scale_b, bias, scales_out)))
             hit = self._plans.get(key) if None not in key else None
             if hit is not None and hit[0][0].device_id == device.current_device_id():
@@ -223,7 +223,7 @@ class GroupedGemm:
                 if stream_ptr is None or stream_ptr == cu_stream.ptr:
                     for plan in plans:
                         plan.run(cu_stream)
-                    return (out, scales_out) if epi.has_group_scales else out
+                    return (out, scales_out) if self._returns_scales else out
         given = [name for name, v in (("offs", offs), ("m_indices", m_indices), ("masked_m", masked_m))
                  if v is not None]
         if len(given) != 1:
@@ -266,7 +266,7 @@ class GroupedGemm:
         vbias = self._bias(bias, num_groups)
         sv = None
         if scales_out is not None:
-            if not epi.has_group_scales:
+            if not self._returns_scales:
                 raise TypeError(f"scales_out= was given, but this GroupedGemm's epilogue is {spec.epilogue!r}")
             sv = self._scales_out_view(scales_out, masked, num_groups, max_m, m)
         views = {"b": vb, given[0]: bounds, "scale_a": sa, "scale_b": sb, "bias": vbias, "scales_out": sv}
@@ -283,16 +283,16 @@ class GroupedGemm:
             if not launch.tma_legal(view):
                 raise ValueError(f"{name} must start on a 16-byte boundary with a row pitch of a multiple of 16 "
                                  "bytes (the grouped kernel reads and writes through TMA)")
-        dev = self._device(va.device)
+        dev = device.device_for_call(self.arch, self._ready_devices, va.device, "GroupedGemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
-            out = _empty(kind, out_shape, spec.out_dtype, dev)
+            out = new_array(kind, out_shape, spec.out_dtype, dev)
             vd = _stacked(out, "out", len(out_shape), self._out_dtypes, str(out_shape))[1]
         result = out
-        if epi.has_group_scales:
+        if self._returns_scales:
             if scales_out is None:
                 groups = -(-spec.n_out // 128)
-                scales_out = _empty(kind, (num_groups, max_m, groups) if masked else (m, groups), "fp32", dev)
+                scales_out = new_array(kind, (num_groups, max_m, groups) if masked else (m, groups), "fp32", dev)
                 sv = self._scales_out_view(scales_out, masked, num_groups, max_m, m)
             result = (out, scales_out)
         if m == 0 or num_groups == 0:
@@ -349,7 +349,7 @@ class GroupedGemm:
             if workspace is None:
                 if len(self._workspaces) >= 16:
                     self._workspaces.clear()
-                workspace = self._workspaces[key] = _empty(kind, (2 * num_groups,), "int32", dev)
+                workspace = self._workspaces[key] = new_array(kind, (2 * num_groups,), "int32", dev)
         seg_ptr = array_fields(workspace, "segments")[3]
         art = segments_kernel(self.arch)
         args = (np.uint64(ids_ptr), np.uint32(m), np.uint32(num_groups), np.uint64(seg_ptr))
@@ -380,42 +380,6 @@ class GroupedGemm:
             raise ValueError("scales_out has a zero stride: its elements must be distinct")
         return view
 
-    def _device(self, device_id: int) -> int:
-        if not self._ready_devices and device.gpu_count() == 0:
-            raise NoGPUError(f"no CUDA GPU found: this GroupedGemm was compiled for {self.arch} and can be cached "
-                             "and inspected here, but running it needs a GPU")
-        dev = device.current_device_id()
-        if device_id != dev:
-            raise ValueError(f"a is on device {device_id}, but the current device is {dev}")
-        if dev not in self._ready_devices:
-            major, minor = device.capability(dev)
-            if not device.runs_on(self.arch, major, minor):
-                raise ValueError(f"this GroupedGemm was compiled for {self.arch}, the current device is "
-                                 f"sm_{major}{minor}")
-            self._ready_devices.add(dev)
-        return dev
-
-
-def _accepted(name: str) -> tuple[np.dtype, ...]:
-    own = dtypes.numpy_dtype(name)
-    return (own, np.dtype(np.uint8)) if name in dtypes.FP8_DTYPES else (own,)
-
-
-def _empty(kind: str, shape: tuple[int, ...], dtype_name: str, device_id: int):
-    """A new array of the caller's kind (FP8 as uint8 bits for CuPy, which has no float8 dtype)."""
-    if kind == "torch":
-        import torch
-
-        tdtype = {"int32": torch.int32, "fp32": torch.float32}.get(dtype_name)
-        if tdtype is None:
-            tdtype = getattr(torch, dtypes.get(dtype_name).numpy_name)
-        return torch.empty(shape, dtype=tdtype, device=f"cuda:{device_id}")
-    import cupy
-
-    if dtype_name == "int32":
-        return cupy.empty(shape, dtype=cupy.int32)
-    return cupy.empty(shape, dtype=_accepted(dtype_name)[-1])
-
 
 def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, *, expected_m: int | None = None,
                   num_groups: int | None = None, epilogue=None, scaling: str | None = None,
@@ -427,8 +391,6 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     group) and ``num_groups`` are hints for the tile choice (defaults 512 and 8); any group sizes and any G
     work at call time. ``epilogue``: bias (per group), activations, swiglu / geglu, quant_fp8_g128.
     ``arch`` / ``config`` as for :func:`deepgemm_jit.build`."""
-    from .api import _check_m
-
     expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")
     groups = _check_m(DEFAULT_NUM_GROUPS if num_groups is None else num_groups, "num_groups")
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, scaling=scaling, b_dtype=b_dtype,
@@ -452,8 +414,7 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     try:
         artifact = jit.get_kernel(spec, cfg, target)
     except KernelNotCachedError as exc:  # DEEPGEMM_JIT_OFFLINE=1: name the warmup line that would compile it
-        from .warmup import grouped_warmup_command_for
+        from .warmup_sources import grouped_warmup_command_for
 
-        line = grouped_warmup_command_for(spec, expected, groups, target)
-        raise (exc.with_warmup_command(line) if line else exc) from None
+        raise exc.with_warmup_command(grouped_warmup_command_for(spec, expected, groups, target)) from None
     return GroupedGemm(spec, target, expected, artifact)

@@ -222,22 +222,26 @@ def _k_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-# Built Gemms by (device index, N, K, M bucket, spec arguments): one per problem and bucket.
-_built: dict[tuple, Gemm] = {}
+# Built Gemms / GroupedGemms by what the op saw (device index, kind, N, K, M bucket, spec arguments ...): one per
+# problem and bucket, the bucket's representative M serving every M of the bucket.
+_built: dict[tuple, object] = {}
 _built_lock = threading.Lock()
 
 
-def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
-    bucket = config_mod.m_bucket(m)
-    key = (device_index, n, k, bucket, tuple(sorted(spec_args.items())))
+def _built_once(key: tuple, make: Callable[[], object]):
     g = _built.get(key)
     if g is None:
         with _built_lock:
             g = _built.get(key)
-            if g is None:  # the bucket's representative M serves every M of the bucket
-                g = build(bucket, n, k, **spec_args)
-                _built[key] = g
+            if g is None:
+                g = _built[key] = make()
     return g
+
+
+def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
+    bucket = config_mod.m_bucket(m)
+    key = ("gemm", device_index, n, k, bucket, tuple(sorted(spec_args.items())))
+    return _built_once(key, lambda: build(bucket, n, k, **spec_args))
 
 
 # -- the 16-bit / TF32 GEMM ---------------------------------------------------------------------------------
@@ -350,20 +354,10 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
 
 
 # -- grouped GEMMs (mixture of experts) ----------------------------------------------------------------------------
-_built_grouped: dict[tuple, GroupedGemm] = {}
-
-
 def _grouped_for(device_index: int, n: int, k: int, expected_m: int, num_groups: int, **spec_args) -> GroupedGemm:
     bucket = config_mod.m_bucket(max(1, expected_m))
-    key = (device_index, n, k, bucket, num_groups, tuple(sorted(spec_args.items())))
-    g = _built_grouped.get(key)
-    if g is None:
-        with _built_lock:
-            g = _built_grouped.get(key)
-            if g is None:
-                g = build_grouped(n, k, expected_m=bucket, num_groups=num_groups, **spec_args)
-                _built_grouped[key] = g
-    return g
+    key = ("grouped", device_index, n, k, bucket, num_groups, tuple(sorted(spec_args.items())))
+    return _built_once(key, lambda: build_grouped(n, k, expected_m=bucket, num_groups=num_groups, **spec_args))
 
 
 def _grouped_out(a: torch.Tensor, b: torch.Tensor, offs, masked_m, out_dtype: Optional[str], fp8: bool
