@@ -56,14 +56,17 @@ Artifact = TypeVar("Artifact")
 
 class Memo(Generic[Artifact]):
     """The in-process memo of one kernel family: key -> artifact (a dataclass with ``compiled_now``), built
-    at most once per process; the stored copy says ``compiled_now=False`` (only the call that built it
-    reports what the build did)."""
+    at most once per process and templates directory; the stored copy says ``compiled_now=False`` (only the call
+    that built it reports what the build did)."""
 
     def __init__(self) -> None:
         self._items: dict[Hashable, Artifact] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, build: Callable[[], Artifact]) -> Artifact:
+        # The templates a kernel renders from are part of what it is: a process that points
+        # DEEPGEMM_JIT_TEMPLATES_DIR at another copy (A/B experiments, scripts/exp_*.py) gets that copy's kernels.
+        key = (key, env.templates_dir_override())
         hit = self._items.get(key)
         if hit is not None:
             return hit

@@ -26,7 +26,7 @@ def main() -> int:
     import numpy as np
 
     import deepgemm_jit as dg
-    from deepgemm_jit import jit, timing
+    from deepgemm_jit import timing
 
     trees = [(name, str(Path(d).resolve())) for name, d in (t.split("=", 1) for t in args.tree)] + [("new", None)]
     rows = []
@@ -44,7 +44,6 @@ def main() -> int:
                 os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             else:
                 os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
-            jit.clear_memo()
             out = cupy.empty((total, n), dtype=dg.dtypes.numpy_dtype("bf16"))
             if kind == "dense":
                 g = dg.build(m, n, k, dtype="fp8", weight_streaming=False)

@@ -58,7 +58,7 @@ def main() -> int:
     import cupy
 
     import deepgemm_jit as dg
-    from deepgemm_jit import config, jit, render, timing
+    from deepgemm_jit import config, render, timing
     from deepgemm_jit.spec import GemmSpec
 
     src = render.templates_dir()
@@ -82,7 +82,6 @@ def main() -> int:
                 os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             else:
                 os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = str(tdir)
-            jit.clear_memo()  # the in-process memo keys kernels by spec and config, not by the templates' directory
             scaling = "tensor" if variant.startswith("tensor") else "block"
             spec = GemmSpec.create(n, k, dtype="fp8", scaling=scaling)
             cfg = config.sm90_config(spec, 128, 128, num_stages=5 if variant == "tensor-s5" else None)

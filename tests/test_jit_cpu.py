@@ -109,6 +109,25 @@ def test_metadata_of_both_families(fresh, monkeypatch, capsys):
                        f"deepgemm-jit: loaded {QUANT.tag} for {ARCH} from the cache"]
 
 
+def test_memo_keeps_each_templates_directory_apart(monkeypatch, tmp_path):
+    """A process that switches DEEPGEMM_JIT_TEMPLATES_DIR (A/B experiments) gets the other copy's kernel, not the
+    one memoized from the first directory."""
+    memo = jit.Memo()
+    builds = []
+
+    def build():
+        builds.append(1)
+        return jit.BuiltKernel(key=f"k{len(builds)}", entry="e", cubin=b"", meta={}, compiled_now=True)
+
+    monkeypatch.delenv("DEEPGEMM_JIT_TEMPLATES_DIR", raising=False)
+    first = memo.get(("spec", ARCH), build)
+    monkeypatch.setenv("DEEPGEMM_JIT_TEMPLATES_DIR", str(tmp_path))
+    other = memo.get(("spec", ARCH), build)
+    assert (first.key, other.key, len(builds)) == ("k1", "k2", 2)
+    monkeypatch.delenv("DEEPGEMM_JIT_TEMPLATES_DIR")
+    assert memo.get(("spec", ARCH), build).key == "k1" and len(builds) == 2
+
+
 def test_memo_builds_once_across_threads():
     memo = jit.Memo()
     builds = []
