@@ -188,7 +188,7 @@ def _quantize_kernels(spec: QuantKernelSpec, arch: str) -> tuple[QuantArtifact, 
     try:
         return get_kernel(spec, arch), (get_kernel(amax, arch) if amax is not None else None)
     except KernelNotCachedError as exc:
-        from .warmup import quantize_command_for
+        from .warmup_sources import quantize_command_for
 
         raise exc.with_warmup_command(quantize_command_for(spec, arch)) from None
 
