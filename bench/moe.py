@@ -345,10 +345,7 @@ def markdown(header: dict, rows: list[dict], summary: dict) -> str:
         f"|---|---|--:|---|--:|--:|--:|--:|---|--:|--:|{rw_rule}--:|---|",
     ]
     for r in rows:
-        status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
-        detail = r.get("error") or r.get("note") or ""
-        if detail:
-            status += ": " + detail.replace("|", "\\|").replace("\n", " ")[:240]
+        status = report.status_cell(r, 240)
         rw_cell = f" {_f(r.get('rowwise_us'), '.1f')} |" if has_rowwise else ""
         lines.append(f"| {_layout_text(r)} | {r['dtype']} | {r['groups']} | {_rows_text(r)} | {r['n']} | {r['k']} "
                      f"| {_f(r.get('us'), '.1f')} | {_f(r.get('baseline_us'), '.1f')} | {r.get('baseline') or '-'} "

@@ -258,6 +258,16 @@ def _cos_text(r: dict) -> str:
     return f"{_f(r.get('err_cos'), '.1e')} / {_f(r.get('baseline_err_cos'), '.1e')}"
 
 
+
+def status_cell(row: dict, limit: int) -> str:
+    """A row's status for a markdown table: bold unless ok, then its error or note (at most `limit` characters,
+    pipes escaped, on one line)."""
+    status = row["status"] if row["status"] == "ok" else f"**{row['status']}**"
+    detail = row.get("error") or row.get("note") or ""
+    if detail:
+        status += ": " + detail.replace("|", "\\|").replace("\n", " ")[:limit]
+    return status
+
 def render_markdown(header: dict, rows: list[dict]) -> str:
     has_cos = any(r.get("err_cos") is not None for r in rows)
     has_epi = any(r.get("epilogue") for r in rows)
@@ -293,10 +303,7 @@ def render_markdown(header: dict, rows: list[dict]) -> str:
         f"|---|---|--:|--:|--:|{epi_rule}--:|--:|--:|---|--:|--:|--:|{ovh_rule}--:|{cos_rule}---|---|---|---|",
     ]
     for r in rows:
-        status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
-        detail = r.get("error") or r.get("note") or ""
-        if detail:
-            status += ": " + detail.replace("|", "\\|").replace("\n", " ")[:200]
+        status = status_cell(r, 200)
         epi_cell = f" {r.get('epilogue') or '-'} |" if has_epi else ""
         ovh_cell = f" {_f(r.get('plain_us'), '.1f')} | {_f(r.get('overhead'), '.3f')} |" if has_epi else ""
         lines.append(
