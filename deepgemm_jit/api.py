@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, env, gemv, jit, launch, runtime
+from . import device, dtypes, env, gemv, jit, launch, runtime, splitk
 from .arrays import MatrixView, ScaleView, array_kind, matrix_view, new_array, overlaps, scale_view, signature
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
@@ -62,7 +62,7 @@ class Gemm:
     """
 
     def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact,
-                 weight_streaming: bool = True):
+                 weight_streaming: bool = True, split_k: int | None = None):
         self.spec = spec
         self.arch = arch
         self.m_hint = m_hint
@@ -89,6 +89,9 @@ class Gemm:
         # buffers (the inference loop) skips validation, variant choice and tensor-map look-ups.
         self._launch_plans: dict[tuple, tuple[launch.LaunchPlan, str]] = {}
         self._lock = threading.Lock()
+        # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M) and the partial-tile workspace.
+        self.split_k = split_k
+        self._split_workspace = splitk.Workspace()
 
     @property
     def family(self) -> str:
@@ -340,10 +343,18 @@ class Gemm:
             return result
         artifact = self._artifact_for(va, vb, vd)
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
-                           epi)
+                           epi, split=self._split_operands(artifact, m, dev))
         plan.run(cu_stream)
         self._remember_plan(key if replayable else None, plan, kind)
         return result
+
+    def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int) -> splitk.SplitOperands | None:
+        """A split-K kernel's shares for this M and the workspace they meet in (None for other kernels)."""
+        cfg = artifact.config
+        if not cfg.split_k:
+            return None
+        splits = splitk.num_splits(self.spec, cfg, m, launch.num_sms(dev), self.split_k)
+        return self._split_workspace.operands(self.spec, cfg, m, splits, dev)
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
         if key is not None and None not in key:
@@ -380,7 +391,7 @@ class Gemm:
                                                (("c", epi.c), ("residual", epi.residual)) if view is not None})
             va2, vb2, vd2 = aligned(va, True), aligned(vb, True), aligned(vd, False)
             plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m, va2, vb2,
-                               vd2, dev, sa, sb, epi2)
+                               vd2, dev, sa, sb, epi2, split=self._split_operands(self.artifact, m, dev))
             plan.run(cu_stream)
             if vd2 is not vd:
                 cupy.cuda.runtime.memcpy2DAsync(vd.ptr, vd.row_stride * vd.itemsize, vd2.ptr,
@@ -410,7 +421,8 @@ def _common_kind(a, b, out) -> str:
 def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, layout: str = "nt",
           arch: str | None = None, config: config_mod.KernelConfig | None = None,
           tune: bool | None = None, *, scaling: str | None = None, b_dtype: str | None = None,
-          fast_accum: bool = False, epilogue=None, weight_streaming: bool | None = None) -> Gemm:
+          fast_accum: bool = False, epilogue=None, weight_streaming: bool | None = None,
+          split_k: int | None = None) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -430,6 +442,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     checked against the problem and the arch first (ValueError if it cannot compute it).
     ``weight_streaming`` (default: on unless ``config`` is given) lets calls with M <= 16 run the decode kernel
     of ``deepgemm_jit/gemv.py`` (nt, bf16/fp16/fp8, no epilogue, Hopper) instead of ``config``'s kernel.
+    ``split_k`` (Hopper family): None (default) lets the heuristic compile a split-K kernel for small M and each
+    call choose how many CTAs share a tile's K (see ``deepgemm_jit/splitk.py``); an int S > 1 forces S shares on
+    every call (at most the number of 128-byte K blocks); 1 never splits. Results are deterministic either way.
     Without ``config``, a stored tuning result for this GPU, problem and M bucket is used when there is one;
     ``tune=True`` (default: ``DEEPGEMM_JIT_TUNE``) times candidate configs on the GPU when there is
     none and stores the winner (see ``tuning.py``); otherwise the heuristic decides.
@@ -452,12 +467,53 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
     if weight_streaming is None:
         weight_streaming = config is None
+    forced_splits = _check_split_k(split_k)
+    if forced_splits is not None:
+        cfg = _with_split_k(cfg, spec, target, forced_splits, m_hint, config is None, arch is None)
     try:
-        return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target), bool(weight_streaming))
+        return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target), bool(weight_streaming),
+                    forced_splits)
     except KernelNotCachedError as exc:
         from .warmup_sources import warmup_command_for
 
         raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target)) from None
+
+
+_MAX_SPLIT_K = 64
+
+
+def _check_split_k(split_k: object) -> int | None:
+    if split_k is None:
+        return None
+    if isinstance(split_k, bool) or not isinstance(split_k, (int, np.integer)):
+        raise TypeError(f"split_k must be an integer or None, got {type(split_k).__name__}")
+    if not 1 <= split_k <= _MAX_SPLIT_K:
+        raise ValueError(f"split_k must be in [1, {_MAX_SPLIT_K}] (None: chosen per call), got {split_k}")
+    return int(split_k)
+
+
+def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, splits: int, m_hint: int,
+                  chosen: bool, on_gpu: bool) -> config_mod.KernelConfig:
+    """`cfg` as a plain kernel (splits 1) or a split-K one: the same tile where it can be one (cooperative, one stage
+    fewer if the 16 bytes of split flags need it); a heuristic choice (`chosen`) that cannot becomes the cost model's
+    best split-K tile."""
+    if not splits > 1:
+        return dataclasses.replace(cfg, split_k=False) if cfg.split_k else cfg
+    if cfg.split_k:
+        return cfg
+    if cfg.family != "sm90" or spec.grouped:
+        raise ValueError(f"split_k > 1 needs the Hopper (sm90) family; this problem runs the {cfg.family} family")
+    out = dataclasses.replace(cfg, split_k=True, pingpong=False)
+    if out.smem_bytes(spec) > config_mod.SM90_SMEM_BUDGET_BYTES and out.num_stages > 2:
+        out = dataclasses.replace(out, num_stages=out.num_stages - 1)
+    try:
+        out.check_for(spec, arch)
+    except ValueError:
+        if not chosen:
+            raise
+        num_sms = device.num_sms() if on_gpu else config_mod.DEFAULT_SM90_NUM_SMS
+        out = config_mod.sm90_split_config(spec, config_mod.m_bucket(m_hint), num_sms, splits)
+    return out
 
 
 def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tune: bool

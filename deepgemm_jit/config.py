@@ -44,6 +44,9 @@ class KernelConfig:
     # sm90: the two consumer warpgroups take turns on whole tiles (one's epilogue runs while the other's
     # main loop keeps the tensor cores busy) instead of splitting every tile between them.
     pingpong: bool = False
+    # sm90: split-K kernel: each tile's K blocks may be shared among CTAs (how many is chosen per call, see
+    # splitk.py), for problems with fewer tiles than SMs.
+    split_k: bool = False
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -57,6 +60,10 @@ class KernelConfig:
             raise ValueError(f"pingpong must be a bool, got {self.pingpong!r}")
         if self.pingpong and self.family != "sm90":
             raise ValueError("pingpong consumers exist in the sm90 family only")
+        if not isinstance(self.split_k, bool):
+            raise ValueError(f"split_k must be a bool, got {self.split_k!r}")
+        if self.split_k and (self.family != "sm90" or self.pingpong):
+            raise ValueError("split_k kernels are sm90 kernels with cooperative tiles (pingpong=False)")
         if self.num_stages < 2:
             raise ValueError("num_stages must be >= 2 (the pipeline keeps one stage in flight)")
         if self.block_m % (16 * self.warps_m):
@@ -77,7 +84,7 @@ class KernelConfig:
     def tag(self) -> str:
         if self.family == "sm90":
             return (f"sm90_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}_g{self.group_m}"
-                    + ("_pp" if self.pingpong else ""))
+                    + ("_pp" if self.pingpong else "") + ("_sk" if self.split_k else ""))
         return (f"{self.family}_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_w{self.warps_m}x{self.warps_n}_v{self.vec_a}{self.vec_b}")
 
@@ -85,7 +92,7 @@ class KernelConfig:
         """Dynamic shared memory; mirrors kSmemBytes of the family's kernel (the GPU tests compare
         it with the value the sm90 module exports)."""
         if self.family == "sm90":
-            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages, self.pingpong)
+            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages, self.pingpong, self.split_k)
         esize = dtypes.get(spec.dtype).storage_bytes
         pad = 16 // esize
         a_rows, a_cols = (self.block_m, self.block_k) if spec.a_k_major else (self.block_k, self.block_m)
@@ -128,11 +135,13 @@ def sm90_consumers(block_m: int, pingpong: bool) -> tuple[int, int]:
     return (1, 64) if block_m == 64 else (2, block_m // 2)
 
 
-def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False) -> int:
+def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False,
+                    split_k: bool = False) -> int:
     """D staging tile per consumer (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
     + B tile, 128 bytes of K per row) + full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
-    tile's bias as FP32 per consumer + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
+    tile's bias as FP32 per consumer (+ 16 bytes of split-K flags) + 1 KiB alignment slack: the layout of GemmSm90
+    (gemm_sm90.cuh)."""
     num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
     epi = spec.epi
     out_cols = block_n // 2 if epi.is_gated else block_n  # gated units: D tiles are half as wide (kOutCols)
@@ -145,7 +154,9 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
         scale_bytes = num_stages * -(-(block_m + b_blocks) // 4) * 16
     if spec.scaling == "row":
         scale_bytes = num_math_wgs * (wg_rows + block_n) * 4
-    return d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + epi_bytes + 1024
+    split_bytes = 16 if split_k else 0
+    return (d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + epi_bytes
+            + split_bytes + 1024)
 
 
 def sm90_max_accumulators(spec: GemmSpec) -> int:
@@ -238,6 +249,12 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
         raise ValueError(f"config {cfg.tag} cannot run epilogue {spec.epilogue!r}: {problem}")
     if cfg.pingpong and spec.grouped:
         raise ValueError("grouped GEMMs run cooperative tiles (pingpong=False)")
+    if cfg.split_k and spec.grouped:
+        raise ValueError("grouped GEMMs have no split-K kernel (split_k=False)")
+    if cfg.split_k and sm90_accumulators(cfg.block_m, cfg.block_n, False) > SPLIT_MAX_ACCUMULATORS:
+        raise ValueError(f"split-K tiles hold at most {SPLIT_MAX_ACCUMULATORS} accumulators per thread (the partials' "
+                         f"reduction needs registers too); {cfg.block_m}x{cfg.block_n} holds "
+                         f"{sm90_accumulators(cfg.block_m, cfg.block_n, False)}")
     if cfg.pingpong and cfg.block_m not in (64, 128):
         raise ValueError(f"ping-pong consumers each hold a whole tile: block_m must be 64 or 128, got {cfg.block_m}")
     accumulators = sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote, cfg.pingpong)
@@ -251,10 +268,10 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
                          f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
 
 
-def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False) -> int:
+def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, split_k: bool = False) -> int:
     """As many stages as fit (2..8)."""
     for stages in range(8, 1, -1):
-        if sm90_smem_bytes(spec, block_m, block_n, stages, pingpong) <= SM90_SMEM_BUDGET_BYTES:
+        if sm90_smem_bytes(spec, block_m, block_n, stages, pingpong, split_k) <= SM90_SMEM_BUDGET_BYTES:
             return stages
     return 0
 
@@ -280,8 +297,28 @@ _MIN_K_IN_FLIGHT = 128
 _SHALLOW_PIPELINE_PENALTY = 1.1
 
 
+# Split-K (splitk.py): a share that does not arrive last stores its partial tile (FP32, about one K block's cost of
+# the tile's area); the last one loads every share's partial (about half a K block each) and runs the epilogue.
+_SPLIT_STORE_K_BLOCKS = 1.0
+_SPLIT_LOAD_K_BLOCKS = 0.5
+MAX_SPLITS = 16
+_MIN_K_BLOCKS_PER_SPLIT = 4
+# Split-K kernels are chosen for M buckets up to this (the small-M / decode path); larger M keeps the measured
+# tile choices (bench/results, docs/NOTES.md) until split-K is measured there.
+SPLIT_MAX_M = 1024
+# The last share holds its accumulators while it loads and adds the partials: 128 per thread (128x256) spilled
+# (ptxas, 168 registers at entry), 112 (128x224) did not.
+SPLIT_MAX_ACCUMULATORS = 112
+# A split-K tile replaces the unsplit choice only when the model expects it this much faster. Decode shapes on the
+# H200 (bench/results/*exp-splitk-sweep-bf16*): model ratios 0.70-0.87 were measured gains of 5-56% (2112x7168,
+# 4096x7168, 7168x16384 at M <= 64); 0.90 a 10% loss (7168x16384 at M = 128, where 128 unsplit 64x112 tiles already
+# stream the weight at full bandwidth).
+SPLIT_MIN_GAIN = 0.88
+
+
 def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, out_esize: int,
-                   num_sms: int, num_stages: int = 8, d_cols: int | None = None, groups: int = 1) -> float:
+                   num_sms: int, num_stages: int = 8, d_cols: int | None = None, groups: int = 1,
+                   splits: int = 1) -> float:
     """Relative time of a tile shape under the persistent schedule (smaller is better).
 
     Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
@@ -290,15 +327,22 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     its epilogue, which weighs more when K is short and when D leaves in narrow slices; a
     pipeline holding fewer than 128 K elements costs 10% more. `d_cols`: D's tile width when it is not
     block_n (gated units: block_n / 2). `groups`: a grouped GEMM of that many groups of m rows each (every group
-    rounds its rows up to whole tiles).
+    rounds its rows up to whole tiles). `splits` > 1: split-K, each tile's K blocks shared by that many CTAs
+    (tiles x splits units in waves, each storing a partial tile; every tile's epilogue, after loading its
+    partials, counted in waves of tiles).
     """
     tiles = -(-m // block_m) * -(-n // block_n) * groups
-    waves = -(-tiles // num_sms)
+    units = tiles * splits
+    waves = -(-units // num_sms)
     area = block_m * block_n
-    main_loop = -(-k // block_k) * (area + 24 * (block_m + block_n))
+    main_loop = -(-(-(-k // block_k)) // splits) * (area + 24 * (block_m + block_n))
     slice_bytes = sm90_d_slice_bytes(block_n if d_cols is None else d_cols, out_esize)
     epilogue = _EPILOGUE_K_BLOCKS * area / _SLICE_EFFICIENCY[slice_bytes]
-    cost = waves * (main_loop + epilogue)
+    if splits == 1:
+        cost = waves * (main_loop + epilogue)
+    else:  # every tile still has one epilogue, run by its last share after loading the partials
+        cost = (waves * (main_loop + _SPLIT_STORE_K_BLOCKS * area)
+                + -(-tiles // num_sms) * (epilogue + splits * _SPLIT_LOAD_K_BLOCKS * area))
     if num_stages * block_k < _MIN_K_IN_FLIGHT:
         cost *= _SHALLOW_PIPELINE_PENALTY
     return cost
@@ -307,11 +351,36 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
 SM90_BLOCK_N = tuple(range(256, 7, -8))
 
 
+def split_candidates(k: int, block_k: int, tiles: int | None = None, num_sms: int | None = None) -> range:
+    """The split counts considered for K: 1 up to MAX_SPLITS, keeping at least _MIN_K_BLOCKS_PER_SPLIT K blocks per
+    share (a shorter share cannot fill the pipeline) and, given `tiles` and `num_sms`, all shares of all tiles in one
+    wave (H200, bench/results/*exp-splitk-sweep*: every measured best had tiles x splits <= 132; FP8 7168x16384 at
+    M = 128 took 74.7 us with 56 x 7 shares against 46.5 with 56 x 2)."""
+    k_blocks = -(-k // block_k)
+    top = min(MAX_SPLITS, k_blocks // _MIN_K_BLOCKS_PER_SPLIT)
+    if tiles is not None and num_sms is not None:
+        top = min(top, num_sms // max(1, tiles))
+    return range(1, max(1, top) + 1)
+
+
+def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms: int, num_stages: int = 8
+                     ) -> tuple[float, int]:
+    """(cost, splits) of the cheapest split count for a tile shape at M = m (1 when splitting does not pay)."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    block_k = 128 // esize
+    d_cols = block_n // 2 if spec.epi.is_gated else None
+    tiles = -(-m // block_m) * -(-spec.n // block_n)
+    return min((sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, block_k, out_esize, num_sms, num_stages, d_cols,
+                               splits=s), s) for s in split_candidates(spec.k, block_k, tiles, num_sms))
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
-                        preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int]]:
-    """(cost, block_m, block_n, stages) of every sm90 tile with at least 3 stages, cheapest first:
+                        preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
+    """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
     BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
-    multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds. Where no preferred
+    multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds; splits: the best
+    split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay). Where no preferred
     tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts."""
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
@@ -331,16 +400,27 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
                                   stages, block_n // 2 if spec.epi.is_gated else None, groups)
-            tiles.append((cost, block_m, block_n, stages))
+            tiles.append((cost, block_m, block_n, stages, 1))
     if not tiles and preferred_only:
         return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
+    if not spec.grouped and m_hint <= SPLIT_MAX_M and tiles:
+        # Split-K versions of the tiles, where one beats every unsplit tile by SPLIT_MIN_GAIN.
+        unsplit_best = min(t[0] for t in tiles)
+        for i, (cost, block_m, block_n, stages, _) in enumerate(tiles):
+            if sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS:
+                continue
+            split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
+            split_stages = _sm90_stages(spec, block_m, block_n, split_k=True)
+            if best > 1 and split_cost < SPLIT_MIN_GAIN * unsplit_best and split_stages >= 3:
+                tiles[i] = (split_cost, block_m, block_n, split_stages, best)
     tiles.sort(key=lambda t: t[0])  # stable: ties keep the wider tile first
     return tiles
 
 
 def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[KernelConfig]:
     """Every sm90 tile config by `sm90_tile_cost`, cheapest first."""
-    return [sm90_config(spec, bm, bn, st) for _, bm, bn, st in _sm90_tiles_by_cost(spec, m_hint, num_sms)]
+    return [sm90_config(spec, bm, bn, st, split_k=sk > 1)
+            for _, bm, bn, st, sk in _sm90_tiles_by_cost(spec, m_hint, num_sms)]
 
 
 # Fused epilogues with an activation or a residual keep the CUDA cores busy for a while after each tile; up to
@@ -374,10 +454,11 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
     """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`
     (`groups`: see sm90_tile_cost). Memoized: a pure function of its arguments (all hashable, the result frozen),
     and at 0.65-0.9 ms it was the largest host cost of a warm build (2 cores)."""
-    _, block_m, block_n, stages = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
-    if _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n) and _sm90_stages(spec, 128, 128, True) >= 3:
+    _, block_m, block_n, stages, splits = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
+    if (splits == 1 and _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n)
+            and _sm90_stages(spec, 128, 128, True) >= 3):
         return sm90_config(spec, 128, 128, pingpong=True)
-    return sm90_config(spec, block_m, block_n, stages)
+    return sm90_config(spec, block_m, block_n, stages, split_k=splits > 1)
 
 
 def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None,
@@ -418,14 +499,40 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
     return found[:limit]
 
 
+def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) -> KernelConfig:
+    """The cheapest split-K tile of the cost model for M bucket m_hint with `splits` shares (build's split_k=)."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    best = None
+    for block_m in (128, 64):
+        if block_m == 64 and m_hint > 128:
+            continue
+        for block_n in SM90_BLOCK_N:
+            if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
+                    or not sm90_block_n_preferred(spec, block_n, m_hint)
+                    or sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS
+                    or sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)):
+                continue
+            stages = _sm90_stages(spec, block_m, block_n, split_k=True)
+            if stages < 3:
+                continue
+            cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms, stages,
+                                  block_n // 2 if spec.epi.is_gated else None, splits=splits)
+            if best is None or cost < best[0]:
+                best = (cost, block_m, block_n, stages)
+    if best is None:
+        raise ValueError(f"no split-K tile fits {spec.tag}")
+    return sm90_config(spec, best[1], best[2], best[3], split_k=True)
+
+
 def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | None = None,
-                group_m: int = 16, pingpong: bool = False) -> KernelConfig:
+                group_m: int = 16, pingpong: bool = False, split_k: bool = False) -> KernelConfig:
     """An sm90 config for `spec` with the given tile (stages: as many as fit when None)."""
     esize = dtypes.get(spec.dtype).storage_bytes
-    stages = _sm90_stages(spec, block_m, block_n, pingpong) if num_stages is None else num_stages
+    stages = _sm90_stages(spec, block_m, block_n, pingpong, split_k) if num_stages is None else num_stages
     return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
                         num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,
-                        group_m=group_m, pingpong=pingpong)
+                        group_m=group_m, pingpong=pingpong, split_k=split_k)
 
 
 def max_vector(esize: int, ptr: int, row_stride: int, rows: int) -> int:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import dtypes, gemv, sass
+from . import config as config_mod
+from . import dtypes, gemv, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -26,6 +27,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0),
         "compile_seconds": art.meta.get("compile_seconds"),
         "weight_streaming": _weight_streaming(gemm),
+        "split_k": _split_k(gemm),
     }
     if with_sass:
         usage = sass.resource_usage(art.cubin).get(art.entry, {})
@@ -48,3 +50,22 @@ def _weight_streaming(gemm) -> dict:
     return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
             "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
             "condition": "16-byte aligned rows of a and b"}
+
+
+# The M values explain() shows the split-K rule at.
+_SPLIT_EXAMPLE_MS = (1, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+def _split_k(gemm) -> dict:
+    """Whether the kernel is a split-K one and how many shares calls of a few M get (splitk.py's rule, for the
+    SM count of the GPU the Gemm was built for, or 132 without one)."""
+    cfg = gemm.config
+    if not cfg.split_k:
+        return {"kernel": False}
+    from . import device
+
+    num_sms = device.num_sms() if device.gpu_count() > 0 else config_mod.DEFAULT_SM90_NUM_SMS
+    forced = getattr(gemm, "split_k", None)
+    return {"kernel": True, "forced": forced, "num_sms": num_sms,
+            "splits_by_m": {m: splitk.num_splits(gemm.spec, cfg, m, num_sms, forced) for m in _SPLIT_EXAMPLE_MS},
+            "deterministic": True}

@@ -8,7 +8,7 @@ in a fixed order (the same bits on every run; nothing is allocated and nothing s
 graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
 
 Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches this kernel instead of its own when the
-call's M is at most :data:`MAX_M` and the Gemm is
+call's M is at most :data:`MAX_M` (FP8) or :data:`MAX_M_16BIT` (bf16, fp16) and the Gemm is
 
 - layout ``nt`` (a (M, K), b (N, K)), no fused epilogue (epilogues stay in the sm90 kernel);
 - bf16 or fp16, or FP8 (E4M3/E5M2, mixes included) with ``tensor`` / ``row`` / ``block`` scaling (FP8 partial
@@ -39,6 +39,10 @@ from .render import RenderedSource, render
 from .spec import GemmSpec
 
 MAX_M = 16                # two n8 token tiles of mma.sync
+# Dispatch stops earlier for 16-bit weights: from 9 rows on, the Hopper family's split-K tiles were as fast or faster
+# than the two-token-tile kernel on the H200 (bench/results/*decode-2f5dc04-dirty* and *exp-splitk-sweep-bf16*:
+# M = 16 at 0.69-1.05x cuBLAS here, 0.87-1.01x there); FP8 keeps both token tiles (even against the split tiles).
+MAX_M_16BIT = 8
 BLOCK_ROWS = 16           # weight rows per row block (gemv::kBlockRows)
 STEP_BYTES = 256          # bytes of each row a warp reads per step (gemv::kStepBytes)
 NUM_WARPS = 8             # warps per CTA (gemv::kNumWarps)
@@ -122,7 +126,7 @@ def max_m(spec: GemmSpec, arch: str) -> int:
         return 0
     if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
         return 0
-    return MAX_M
+    return MAX_M if spec.dtype in dtypes.FP8_DTYPES else MAX_M_16BIT
 
 
 def use_weight_streaming(spec: GemmSpec, m: int, arch: str = "sm_90a") -> bool:

@@ -17,6 +17,7 @@ from .arrays import MatrixView, ScaleView
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
 from .spec import GemmSpec
+from .splitk import SplitOperands
 
 # Layout facts the sm90 kernel exports as `<entry>_<name>` constants (gemm_sm90.cu.j2).
 SM90_SYMBOLS = ("smem_bytes", "num_threads", "d_box_cols", "d_box_rows", "d_swizzle_bytes")
@@ -36,7 +37,7 @@ def _tensor_map(ptr: int, dtype: str, rows: int, cols: int, stride_bytes: int, b
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device_id: int) -> int:
+def num_sms(device_id: int) -> int:
     return device.num_sms(device_id)
 
 
@@ -156,12 +157,15 @@ class GroupOperands:
 def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
          vb: MatrixView, vd: MatrixView, device_id: int, sa: ScaleView | None = None,
          sb: ScaleView | None = None, epi: EpilogueOperands = NO_EPILOGUE,
-         group: GroupOperands | None = None) -> LaunchPlan:
-    """Grouped kernels take `group`; `m` is then the rows of all groups and vb the stacked (G * N, K) weight."""
+         group: GroupOperands | None = None, split: SplitOperands | None = None) -> LaunchPlan:
+    """Grouped kernels take `group`; `m` is then the rows of all groups and vb the stacked (G * N, K) weight.
+    Split-K kernels take `split` (splitk.py: the call's K shares per tile and the Gemm's workspace)."""
     cfg = artifact.config
     if cfg.family == "sm90":
         if spec.grouped != (group is not None):
             raise ValueError("grouped kernels, and only they, take group operands")
+        if cfg.split_k != (split is not None):
+            raise ValueError("split-K kernels, and only they, take split operands")
         sym = sm90_symbols(artifact)
         tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, _tma_pitch(va), cfg.block_m, cfg.block_k, 128)
         tmap_b = _tensor_map(vb.ptr, spec.b_type, vb.rows, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
@@ -176,13 +180,16 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
             maps += (output_map(epi.c) if epi.c is not None else tmap_d,
                      output_map(epi.residual) if epi.residual is not None else tmap_d)
         # A grouped kernel's tile count depends on the group sizes on the device: every CTA starts and walks.
-        tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n) if group is None else _num_sms(device_id)
-        grid = (max(1, min(_num_sms(device_id), tiles)), 1, 1)
+        tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n) if group is None else num_sms(device_id)
+        units = tiles * (split.num_splits if split is not None else 1)
+        grid = (max(1, min(num_sms(device_id), units)), 1, 1)
         args = maps + (np.uint32(m),) + scale_args(sa, sb) + epi.scalar_args()
         if spec.epi.quant != "none":  # only such kernels take the quantize-on-store arguments
             args += epi.quant_args()
         if group is not None:
             args += group.args()
+        if split is not None:
+            args += split.args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

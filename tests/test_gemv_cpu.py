@@ -44,8 +44,8 @@ def test_spec_rejections(kwargs):
 # -- dispatch rule --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,arch,expected", [
-    (dict(dtype="bf16"), ARCH, 16),
-    (dict(dtype="fp16", out_dtype="fp32"), ARCH, 16),
+    (dict(dtype="bf16"), ARCH, 8),                       # 16-bit: split-K tiles from 9 rows on
+    (dict(dtype="fp16", out_dtype="fp32"), ARCH, 8),
     (dict(dtype="fp8", scaling="block"), ARCH, 16),
     (dict(dtype="fp8", scaling="tensor", fast_accum=True), ARCH, 16),
     (dict(dtype="fp8_e4m3", b_dtype="fp8_e5m2", scaling="row"), ARCH, 16),
@@ -61,7 +61,7 @@ def test_dispatch_rule(kwargs, arch, expected):
     spec = GemmSpec.create(2112, 7168, **kwargs)
     assert gemv.max_m(spec, arch) == expected
     for m in (1, 8, 13, 16):
-        assert gemv.use_weight_streaming(spec, m, arch) == (expected > 0)
+        assert gemv.use_weight_streaming(spec, m, arch) == (m <= expected)
     for m in (0, 17, 64, 4096):
         assert not gemv.use_weight_streaming(spec, m, arch)
 
@@ -82,12 +82,14 @@ def test_operands_fit_needs_16_byte_rows():
 
 def test_build_switch():
     g = build(1, 2112, 7168, dtype="bf16", arch=ARCH)
-    assert g.weight_streaming_max_m == 16
+    assert g.weight_streaming_max_m == 8
     assert build(1, 2112, 7168, dtype="bf16", arch=ARCH, weight_streaming=False).weight_streaming_max_m == 0
     forced = build(1, 2112, 7168, dtype="bf16", arch=ARCH, config=g.config)
     assert forced.weight_streaming_max_m == 0  # a forced config means that kernel (tuning, bench sweeps)
     info = g.explain()["weight_streaming"]
-    assert info["max_m"] == 16 and info["kernels"] == ["gemv_bf16_bf16_t1", "gemv_bf16_bf16_t2"]
+    assert info["max_m"] == 8 and info["kernels"] == ["gemv_bf16_bf16_t1"]
+    fp8 = build(1, 2112, 7168, dtype="fp8", arch=ARCH).explain()["weight_streaming"]
+    assert fp8["max_m"] == 16 and fp8["kernels"] == ["gemv_fp8_e4m3_block_bf16_t1", "gemv_fp8_e4m3_block_bf16_t2"]
     assert info["grid"] == 132 and info["warps_k"] == 8
 
 

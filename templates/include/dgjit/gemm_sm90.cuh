@@ -118,10 +118,26 @@ struct PipelineState {
   }
 };
 
-// One output tile as the workers see it: its first row in A and D (rows of all groups stacked, for
-// grouped GEMMs), the end of the rows it may write (M, or its group's end), its N block and its group.
+// One unit of work as the workers see it: an output tile's first row in A and D (rows of all groups stacked, for
+// grouped GEMMs), the end of the rows it may write (M, or its group's end), its N block and its group, and the K
+// blocks [k_begin, k_end) it accumulates: all of K, or (split-K) one split's share of the tile numbered `id`.
 struct Tile {
   uint32_t row0, row_end, n_block, group;
+  uint32_t k_begin, k_end;
+  uint32_t id, split;
+};
+
+// Split-K (deepgemm_jit/splitk.py): every tile's K blocks are divided into num_splits nearly equal shares that
+// different CTAs accumulate at the same time, so that a problem with fewer tiles than SMs (decode, small M) still
+// keeps every SM streaming. Each share's consumer warpgroup writes its FP32/INT32 partial tile (its accumulator
+// registers as they are, 16 bytes per thread and store, coalesced) to `partials` and counts itself in
+// `arrivals` (one counter per tile and consumer, zero between launches). The one that arrives last sums the
+// num_splits partials in split order (the same bits whichever CTA is last: deterministic) and runs the epilogue;
+// it also puts the counter back to zero. partials: num_tiles * num_splits * kBlockM * kBlockN words.
+struct SplitArgs {
+  uint32_t num_splits = 1;
+  void* partials = nullptr;
+  uint32_t* arrivals = nullptr;
 };
 
 // Tile t of a grid of num_m_blocks x kNumNBlocks tiles, numbered in bands of kGroupM consecutive M blocks;
@@ -158,43 +174,54 @@ struct GroupArgs {
   int64_t d_ld = 0;
 };
 
-// Persistent tile walk: CTA b takes tiles b, b + gridDim.x, ... of the raster order.
-template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM>
+// Persistent tile walk: CTA b takes units b, b + gridDim.x, ... Unit u is split u % num_splits of tile
+// u / num_splits in the raster order (num_splits = 1 without split-K: units are tiles), so the shares of a tile
+// run on neighbouring CTAs at the same time.
+template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks>
 struct TileScheduler {
   uint32_t m;
   uint32_t num_m_blocks;
-  uint32_t num_tiles;
-  uint32_t next_tile;
+  uint32_t num_splits;
+  uint32_t num_units;
+  uint32_t next_unit;
 
-  DGJIT_DEVICE TileScheduler(uint32_t m_, const GroupArgs&)
-      : m(m_), num_m_blocks((m_ + kBlockM - 1) / kBlockM), num_tiles(num_m_blocks * kNumNBlocks), next_tile(blockIdx.x) {}
+  DGJIT_DEVICE TileScheduler(uint32_t m_, const GroupArgs&, uint32_t num_splits_)
+      : m(m_), num_m_blocks((m_ + kBlockM - 1) / kBlockM), num_splits(num_splits_),
+        num_units(num_m_blocks * kNumNBlocks * num_splits_), next_unit(blockIdx.x) {}
 
   DGJIT_DEVICE bool next(Tile& tile) {
-    if (next_tile >= num_tiles) return false;
+    if (next_unit >= num_units) return false;
+    const uint32_t t = next_unit / num_splits;
+    const uint32_t split = next_unit - t * num_splits;
     uint32_t m_block;
-    raster<kGroupM, kNumNBlocks>(next_tile, num_m_blocks, m_block, tile.n_block);
+    raster<kGroupM, kNumNBlocks>(t, num_m_blocks, m_block, tile.n_block);
     tile.row0 = m_block * kBlockM;
     tile.row_end = m;
     tile.group = 0;
-    next_tile += gridDim.x;
+    tile.k_begin = split * kNumKBlocks / num_splits;
+    tile.k_end = (split + 1) * kNumKBlocks / num_splits;
+    tile.id = t;
+    tile.split = split;
+    next_unit += gridDim.x;
     return true;
   }
-  // Tiles handed out so far, counting the one next() just returned.
-  DGJIT_DEVICE uint32_t tiles_done() const { return (next_tile - blockIdx.x) / gridDim.x; }
-  DGJIT_DEVICE bool has_next() const { return next_tile < num_tiles; }
+  // Units handed out so far, counting the one next() just returned.
+  DGJIT_DEVICE uint32_t tiles_done() const { return (next_unit - blockIdx.x) / gridDim.x; }
+  DGJIT_DEVICE bool has_next() const { return next_unit < num_units; }
 };
 
 // The same walk over the tiles of all groups, group after group (raster order inside a group): tile t of the
 // CTA's sequence is found by moving a cursor forward through the groups, so empty and short groups cost a
 // couple of loads of their bounds and no CTA ever runs an empty tile. Every role of the CTA walks it alike.
-template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM>
+template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks>
 struct GroupedTileScheduler {
   const GroupArgs& ga;
   uint32_t m;
   uint32_t next_tile;
   uint32_t group = 0, first_tile = 0, group_tiles = 0, m_blocks = 0, start = 0, end = 0;
 
-  DGJIT_DEVICE GroupedTileScheduler(uint32_t m_, const GroupArgs& ga_) : ga(ga_), m(m_), next_tile(blockIdx.x) {
+  // (No split-K: num_splits is always 1 here.)
+  DGJIT_DEVICE GroupedTileScheduler(uint32_t m_, const GroupArgs& ga_, uint32_t) : ga(ga_), m(m_), next_tile(blockIdx.x) {
     if (ga.num_groups > 0) load(0);
   }
 
@@ -232,6 +259,10 @@ struct GroupedTileScheduler {
     tile.row0 = start + m_block * kBlockM;
     tile.row_end = end;
     tile.group = group;
+    tile.k_begin = 0;
+    tile.k_end = kNumKBlocks;
+    tile.id = 0;
+    tile.split = 0;
     next_tile += gridDim.x;
     return true;
   }
@@ -252,7 +283,8 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kPromote,      // FP8: promote each K block's partial sums into FP32 accumulators
           bool kPingPong,     // the two consumers take turns on whole tiles (see below) instead of sharing each
           class Epi = EpilogueNone,  // fused epilogue (see EpilogueNone)
-          bool kGrouped = false>     // grouped GEMM: tiles of all groups, B_g and the bias per group (GroupArgs)
+          bool kGrouped = false,     // grouped GEMM: tiles of all groups, B_g and the bias per group (GroupArgs)
+          bool kSplitK = false>      // split-K: tiles' K divided among CTAs at run time (SplitArgs)
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -366,7 +398,10 @@ struct GemmSm90 {
       Epi::kBias == BiasKind::kCol ? kBlockN : (Epi::kBias == BiasKind::kRow ? kWGRows : 0);
   static constexpr uint32_t kSmemBiasOffset = kSmemScaleOffset + kSmemScaleBytes;
   static constexpr uint32_t kSmemBiasBytes = kNumMathWGs * kBiasFloatsPerWG * 4;
-  static constexpr uint32_t kSmemBytes = kSmemBiasOffset + kSmemBiasBytes + 1024;
+  // Split-K: one word per consumer, where its thread 0 tells the others whether they arrived last.
+  static constexpr uint32_t kSmemSplitOffset = kSmemBiasOffset + kSmemBiasBytes;
+  static constexpr uint32_t kSmemSplitBytes = kSplitK ? 16 : 0;
+  static constexpr uint32_t kSmemBytes = kSmemSplitOffset + kSmemSplitBytes + 1024;
   static_assert(kSmemDSliceBytes % 1024 == 0 && kSmemABytesPerStage % 1024 == 0 &&
                     kSmemBBytesPerStage % 1024 == 0 && kSmemDBytesPerWG % 1024 == 0,
                 "every swizzled buffer must start on a 1024-byte boundary");
@@ -376,8 +411,10 @@ struct GemmSm90 {
   // the D buffer would race with store_rows' reads of it), nor per-tensor / per-row scales (they are per group).
   static_assert(!kGrouped || (!kPrefetch && !kPingPong && (kScaling == Scaling::kNone || kScaling == Scaling::kBlock)),
                 "grouped GEMMs: no C / residual operands, no ping-pong, scaling none or block");
-  using Scheduler = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM>,
-                                         TileScheduler<kBlockM, kNumNBlocks, kGroupM>>::type;
+  using Scheduler = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
+                                         TileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>>::type;
+  // Split-K: ping-pong consumers take turns by tile count and grouped walks have their own scheduler.
+  static_assert(!kSplitK || (!kPingPong && !kGrouped), "split-K runs cooperative, non-grouped tiles");
   using State = PipelineState<kNumStages>;
 
   struct Smem {
@@ -413,19 +450,22 @@ struct GemmSm90 {
       return reinterpret_cast<float*>(base + kSmemScaleOffset + math_wg * kSmemScaleFloatsPerWG * 4);
     }
     DGJIT_DEVICE float* col_scales(uint32_t math_wg) const { return row_scales(math_wg) + kWGRows; }
+    DGJIT_DEVICE volatile uint32_t* split_last(uint32_t math_wg) const {
+      return reinterpret_cast<volatile uint32_t*>(base + kSmemSplitOffset) + math_wg;
+    }
   };
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
-                                   uint32_t m, const GroupArgs& ga) {
-    Scheduler scheduler(m, ga);
+                                   uint32_t m, const GroupArgs& ga, uint32_t num_splits) {
+    Scheduler scheduler(m, ga, num_splits);
     State state;
     Tile tile;
     while (scheduler.next(tile)) {
       const int32_t a_row = static_cast<int32_t>(tile.row0);
       const int32_t b_row = static_cast<int32_t>(tile.group * kN + tile.n_block * kBlockN);
 #pragma unroll 1
-      for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+      for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
         // Parity flipped: the first pass over the ring finds every stage free.
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         uint64_t* full = smem.full(state.stage);
@@ -480,16 +520,16 @@ struct GemmSm90 {
   // Straight accumulation through K (16-bit, TF32, INT8, FP8 with fast_accum). `after_first_issue` runs
   // once the tile's first wgmmas are queued (the epilogue-operand prefetch, off the tensor cores' path).
   template <class Hook>
-  static DGJIT_DEVICE void mainloop(const Smem& smem, State& state, uint32_t math_wg,
+  static DGJIT_DEVICE void mainloop(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                     TAcc (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
     uint32_t previous_stage = 0;
 #pragma unroll 1
-    for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+    for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
       mbarrier_wait(smem.full(state.stage), state.phase);
       // The tile's first K block overwrites stale accumulators from the previous tile.
-      issue_k_block(smem, state.stage, math_wg, k_block != 0, acc);
-      if (k_block == 0) after_first_issue();
-      if (k_block > 0) {
+      issue_k_block(smem, state.stage, math_wg, k_block != tile.k_begin, acc);
+      if (k_block == tile.k_begin) after_first_issue();
+      if (k_block > tile.k_begin) {
         wgmma_wait_group<1>();
         release_stage(smem, previous_stage);
       }
@@ -517,8 +557,8 @@ struct GemmSm90 {
   // waiting out a global-memory round trip per K block (which capped the kernel when it did).
   static constexpr uint32_t kScaleWarpArrivals = 32;
   static DGJIT_DEVICE void produce_scales(const Smem& smem, const ScaleArgs& scales, uint32_t m,
-                                         const GroupArgs& ga) {
-    Scheduler scheduler(m, ga);
+                                         const GroupArgs& ga, uint32_t num_splits) {
+    Scheduler scheduler(m, ga, num_splits);
     State state;
     Tile tile;
     const uint32_t lane = lane_idx();
@@ -526,7 +566,7 @@ struct GemmSm90 {
       const uint32_t first_b = tile.n_block * kBlockN / 128;
       const uint32_t group_b = tile.group * kNumScaleBBlocks;  // B_g's blocks in the stacked scales
 #pragma unroll 1
-      for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+      for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         const uint32_t dst = smem.stage_scales(state.stage);
 #pragma unroll
@@ -596,7 +636,7 @@ struct GemmSm90 {
   // serialises the wgmmas; the two consumers taking turns (named barriers, one promotes while the other's
   // wgmmas run): 23% slower per-tensor, block unchanged.
   template <class Hook>
-  static DGJIT_DEVICE void mainloop_promoted(const Smem& smem, State& state, uint32_t math_wg, uint32_t n_block,
+  static DGJIT_DEVICE void mainloop_promoted(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                              float (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
@@ -604,14 +644,14 @@ struct GemmSm90 {
       for (uint32_t i = 0; i < kNumAccum; ++i) acc[mi][i] = 0.0f;
     // The trip count is hidden from the optimiser: with it known, NVVM unrolls this loop completely
     // despite the pragma (K = 16384 gave 512 QGMMAs and minutes of compile time).
-    uint32_t num_k_blocks = kNumKBlocks;
-    asm volatile("" : "+r"(num_k_blocks));
+    uint32_t k_end = tile.k_end;
+    asm volatile("" : "+r"(k_end));
     float part[kNumM64PerWG][kNumAccum];
 #pragma unroll 1
-    for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
+    for (uint32_t k_block = tile.k_begin; k_block < k_end; ++k_block) {
       mbarrier_wait(smem.full(state.stage), state.phase);
       issue_k_block(smem, state.stage, math_wg, false, part);
-      if (k_block == 0) after_first_issue();
+      if (k_block == tile.k_begin) after_first_issue();
       // The stage's scales are read while its wgmmas run (the stage is released only after them).
       BlockScales cur;
       if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
@@ -619,7 +659,7 @@ struct GemmSm90 {
       release_stage(smem, state.stage);
       state.advance();
       fence_accumulators(part);
-      promote(acc, part, cur, n_block);
+      promote(acc, part, cur, tile.n_block);
     }
   }
 
@@ -1014,13 +1054,71 @@ struct GemmSm90 {
     }
   }
 
+  // ---- split-K: the shares of a tile meet in global memory (SplitArgs) -------------------------------------
+  // A consumer's partial tile: its threads' accumulators, 4 per 16-byte word, word q of thread t at
+  // q * 128 + t (a warp's stores and loads are 512 contiguous bytes).
+  static constexpr uint32_t kAccumWords = kNumM64PerWG * kNumAccum / 4;
+  static_assert(kNumAccum % 4 == 0, "partial tiles move accumulators in groups of four");
+
+  static DGJIT_DEVICE uint4* partial_words(const SplitArgs& sk, const Tile& tile, uint32_t split, uint32_t math_wg) {
+    const uint64_t slot = (static_cast<uint64_t>(tile.id) * sk.num_splits + split) * kNumMathWGs + math_wg;
+    return static_cast<uint4*>(sk.partials) + slot * kAccumWords * kWarpgroupThreads + threadIdx.x % kWarpgroupThreads;
+  }
+
+  // Store this share's partial tile and count the arrival; returns whether this consumer arrived last, in which
+  // case `acc` now holds the sum of all shares (in split order) and the epilogue is its to run. Costs the others
+  // one partial-tile store; the last one reads num_splits partials (its own included, for a fixed order).
+  static DGJIT_DEVICE bool reduce_split(const Smem& smem, const SplitArgs& sk, const Tile& tile, uint32_t math_wg,
+                                        TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+    const uint32_t barrier_id = 1 + math_wg;
+    uint4* mine = partial_words(sk, tile, tile.split, math_wg);
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+#pragma unroll
+      for (uint32_t q = 0; q < kNumAccum / 4; ++q)
+        st_global_cg_v4(mine + (mi * kNumAccum / 4 + q) * kWarpgroupThreads, acc[mi][4 * q], acc[mi][4 * q + 1],
+                        acc[mi][4 * q + 2], acc[mi][4 * q + 3]);
+    fence_acq_rel_gpu();  // this thread's partial is visible GPU-wide before thread 0 counts the arrival
+    named_barrier_sync(barrier_id, kWarpgroupThreads);
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+      uint32_t* counter = sk.arrivals + tile.id * kNumMathWGs + math_wg;
+      const bool last = atomic_add_acq_rel_gpu(counter, 1) == sk.num_splits - 1;
+      if (last) st_relaxed_gpu_u32(counter, 0);  // every share has arrived: ready for the next launch
+      *smem.split_last(math_wg) = last ? 1u : 0u;
+    }
+    named_barrier_sync(barrier_id, kWarpgroupThreads);
+    if (*smem.split_last(math_wg) == 0) return false;
+    fence_acq_rel_gpu();  // the others' partials, released by their arrivals, are read after this
+    // acc = partial 0 + partial 1 + ... in this order (the last share's own registers are not used: its place in
+    // the sum would depend on which share came last).
+    add_partial<false>(partial_words(sk, tile, 0, math_wg), acc);
+#pragma unroll 1
+    for (uint32_t split = 1; split < sk.num_splits; ++split) add_partial<true>(partial_words(sk, tile, split, math_wg), acc);
+    return true;
+  }
+
+  template <bool kAdd>
+  static DGJIT_DEVICE void add_partial(const uint4* words, TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+      for (uint32_t q = 0; q < kNumAccum / 4; ++q) {
+        TAcc v[4];
+        ld_global_cg_v4(words + (mi * kNumAccum / 4 + q) * kWarpgroupThreads, v[0], v[1], v[2], v[3]);
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) acc[mi][4 * q + e] = kAdd ? acc[mi][4 * q + e] + v[e] : v[e];
+      }
+    }
+  }
+
   static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, const CUtensorMap& tmap_c,
                                    const CUtensorMap& tmap_r, uint32_t math_wg, uint32_t m,
-                                   const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga) {
+                                   const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
+                                   const SplitArgs& sk) {
     TAcc acc[kNumM64PerWG][kNumAccum];
     float tensor_scale = 1.0f;
     if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
-    Scheduler scheduler(m, ga);
+    Scheduler scheduler(m, ga, sk.num_splits);
     State state;
     uint32_t operand_phase = 0;
     Tile tile;
@@ -1030,7 +1128,7 @@ struct GemmSm90 {
         const uint32_t owner = turn;
         turn ^= 1;
         if (owner != math_wg) {  // the other consumer's tile: its K blocks pass through the ring unread here
-          state.skip(kNumKBlocks);
+          state.skip(tile.k_end - tile.k_begin);
           continue;
         }
       }
@@ -1050,10 +1148,26 @@ struct GemmSm90 {
           if (wait_operands) prefetch_epilogue_operands(smem, tmap_c, tmap_r, ea, math_wg, tile);
         }
       };
+      // Split-K: only the share that arrives last runs the epilogue, which is known after the main loop; its
+      // operands are loaded then.
+      const auto after_first_issue = [&]() {
+        if constexpr (!kSplitK) prefetch();
+      };
       if constexpr (kPromote) {
-        mainloop_promoted(smem, state, math_wg, tile.n_block, acc, prefetch);
+        mainloop_promoted(smem, state, math_wg, tile, acc, after_first_issue);
       } else {
-        mainloop(smem, state, math_wg, acc, prefetch);
+        mainloop(smem, state, math_wg, tile, acc, after_first_issue);
+      }
+      if constexpr (kSplitK) {
+        if (sk.num_splits > 1 && !reduce_split(smem, sk, tile, math_wg, acc)) {
+          // kRow: the copies into the scale buffer must land before the next tile's copies overwrite it.
+          if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
+          continue;
+        }
+        // No wgmma is in flight here (the main loop waited for all); this wait only tells ptxas so, which
+        // otherwise injects one into the epilogue (C7517) for registers that either path may have defined.
+        wgmma_wait_group<0>();
+        prefetch();
       }
       if constexpr (kPingPong) {
         // Hand the tensor cores to the other consumer (if a next tile exists) and run our epilogue meanwhile.
@@ -1069,7 +1183,16 @@ struct GemmSm90 {
   // tmap_c / tmap_r: C and the residual (kernels that read neither get any valid map, e.g. D's).
   static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
-                               const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga) {
+                               const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
+                               const SplitArgs& split_args) {
+    // Split-K: between 1 and the number of K blocks (every share nonempty), whatever the host passed; 1 in other
+    // kernels, where the scheduler's divisions then fold away.
+    SplitArgs sk = split_args;
+    if constexpr (kSplitK) {
+      sk.num_splits = sk.num_splits < 1 ? 1 : (sk.num_splits > kNumKBlocks ? kNumKBlocks : sk.num_splits);
+    } else {
+      sk.num_splits = 1;
+    }
     // Only 16-byte alignment of dynamic shared memory is promised; the 1024 bytes of slack in
     // kSmemBytes pay for rounding up to the swizzle repeat.
     extern __shared__ __align__(16) uint8_t dgjit_smem_raw[];
@@ -1099,13 +1222,13 @@ struct GemmSm90 {
 
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
-      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga);
+      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga, sk.num_splits);
       if constexpr (kScaling == Scaling::kBlock) {
-        if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga);
+        if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga, sk.num_splits);
       }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
-      consume(smem, tmap_d, tmap_c, tmap_r, wg, m, scales, ea, ga);
+      consume(smem, tmap_d, tmap_c, tmap_r, wg, m, scales, ea, ga, sk);
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
     }
@@ -1116,8 +1239,9 @@ struct GemmSm90 {
 template <class Gemm>
 DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                  const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
-                                 const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga = GroupArgs{}) {
-  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga);
+                                 const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga = GroupArgs{},
+                                 const SplitArgs& sk = SplitArgs{}) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk);
 }
 
 }  // namespace sm90

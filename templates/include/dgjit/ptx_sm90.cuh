@@ -551,5 +551,37 @@ DGJIT_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
 DGJIT_DEVICE void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" : : : "memory"); }
 DGJIT_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" : : : "memory"); }
 
+// ------------------------------------------------------------------------------------------------
+// Split-K: partial tiles through global memory (written and read by different CTAs of one launch)
+// ------------------------------------------------------------------------------------------------
+
+// 16 bytes stored / loaded at the L2 (.cg): a partial tile is read once, by another SM, so it should not
+// occupy this SM's L1, and the reader must not see a stale L1 line. Typed per accumulator (FP32 / INT32):
+// moving accumulators through integer registers made NVVM keep them there, with copies after every wgmma
+// that ptxas then had to wait for (C7517).
+DGJIT_DEVICE void st_global_cg_v4(void* p, float a, float b, float c, float d) {
+  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" : : "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+DGJIT_DEVICE void st_global_cg_v4(void* p, int32_t a, int32_t b, int32_t c, int32_t d) {
+  asm volatile("st.global.cg.v4.s32 [%0], {%1, %2, %3, %4};\n" : : "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+DGJIT_DEVICE void ld_global_cg_v4(const void* p, float& a, float& b, float& c, float& d) {
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "l"(p) : "memory");
+}
+DGJIT_DEVICE void ld_global_cg_v4(const void* p, int32_t& a, int32_t& b, int32_t& c, int32_t& d) {
+  asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p) : "memory");
+}
+// Arrival counter of a split tile: acquire-release at GPU scope, so the partials written (and fenced) before an
+// arrival are visible to the thread that sees the last one.
+DGJIT_DEVICE uint32_t atomic_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+DGJIT_DEVICE void st_relaxed_gpu_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" : : "l"(p), "r"(v) : "memory");
+}
+DGJIT_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" : : : "memory"); }
+
 }  // namespace sm90
 }  // namespace dgjit

@@ -1,0 +1,116 @@
+"""Split-K for the Hopper family: how many CTAs share each tile's K, and the memory they meet in.
+
+A problem with fewer output tiles than SMs (decode and small prefill: M <= a few hundred rows) leaves most SMs
+idle however the tiles are shaped. A split-K kernel (``KernelConfig.split_k``, ``SplitArgs`` in
+``templates/include/dgjit/gemm_sm90.cuh``) divides each tile's K blocks into ``num_splits`` nearly equal shares
+that run on different CTAs at the same time. Each share stores its partial tile (FP32, or INT32 for INT8) in a
+workspace and counts its arrival; the share that arrives last sums the partials in split order and runs the
+fused epilogue. The sum's order does not depend on which share is last, so results are the same bits on every
+run (deterministic; there is no atomic-add mode).
+
+Dispatch:
+
+- ``config.choose_sm90_config`` compiles a split-K kernel when the cost model (``config.sm90_tile_cost`` with
+  ``splits``) finds a split count above 1 cheaper than every unsplit tile at the M bucket of ``build``'s M (only
+  for buckets up to ``config.SPLIT_MAX_M``, non-grouped GEMMs);
+- each call then picks the count for its own M (:func:`num_splits`): 1 where splitting does not pay or M is past
+  ``SPLIT_MAX_M`` (a split-K kernel with one share is the plain kernel plus a branch);
+- ``build(..., split_k=S)`` forces S shares on every call (``split_k=1``: never split).
+
+Workspace (:class:`Workspace`): one per ``Gemm`` and device, allocated on the first call that needs it and grown
+(never freed while the Gemm lives: kept launch plans hold its address) when a larger M needs more. The arrival
+counters are zeroed once at allocation; every launch leaves them zero. Nothing is allocated or synchronised
+on later calls, so a call can be captured in a CUDA graph once the Gemm has run at that size. Like a cuBLAS
+handle's workspace, it serves one launch at a time: do not run one Gemm's split-K calls concurrently on two
+streams.
+
+Example::
+
+    g = deepgemm_jit.build(64, 7168, 16384, dtype="bf16")   # a split-K kernel for the 64-row bucket
+    g.config.split_k, splitk.num_splits(g.spec, g.config, 64, 132)   # (True, 2)
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import config as config_mod
+from .config import KernelConfig
+from .spec import GemmSpec
+
+PARTIAL_BYTES = 4  # FP32 (or INT32) per accumulator
+
+
+def num_tiles(spec: GemmSpec, cfg: KernelConfig, m: int) -> int:
+    return -(-m // cfg.block_m) * -(-spec.n // cfg.block_n)
+
+
+def num_splits(spec: GemmSpec, cfg: KernelConfig, m: int, num_sms: int, forced: int | None = None) -> int:
+    """K shares per tile for a call with M = m: `forced` when given (clamped to the K blocks), else the cheapest
+    count of the cost model for this tile; 1 for kernels without split-K."""
+    if not cfg.split_k:
+        return 1
+    k_blocks = -(-spec.k // cfg.block_k)
+    if forced is not None:
+        return max(1, min(forced, k_blocks))
+    if m > config_mod.SPLIT_MAX_M:  # the rule's range, as for the kernel choice
+        return 1
+    return config_mod.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
+
+
+def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> tuple[int, int]:
+    """(partial-tile bytes, arrival-counter bytes) a launch with `splits` shares needs (0, 0 for one share)."""
+    if splits <= 1:
+        return 0, 0
+    tiles = num_tiles(spec, cfg, m)
+    return tiles * splits * cfg.block_m * cfg.block_n * PARTIAL_BYTES, tiles * 2 * 4
+
+
+@dataclass(frozen=True)
+class SplitOperands:
+    """The three trailing arguments of a split-K kernel (gemm_sm90.cu.j2)."""
+
+    num_splits: int
+    partials: int = 0
+    arrivals: int = 0
+
+    def args(self) -> tuple:
+        return (np.uint32(self.num_splits), np.uint64(self.partials), np.uint64(self.arrivals))
+
+
+class Workspace:
+    """Partial tiles and arrival counters of one Gemm, per device (see the module docstring)."""
+
+    def __init__(self):
+        self._buffers: dict[int, tuple[object, object]] = {}
+        self._retired: list = []  # outgrown buffers: kept launch plans may still point at them
+        self._lock = threading.Lock()
+
+    def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int) -> SplitOperands:
+        partial_bytes, arrival_bytes = workspace_bytes(spec, cfg, m, splits)
+        if partial_bytes == 0:
+            return SplitOperands(1)
+        with self._lock:
+            have = self._buffers.get(device_id)
+            if have is None or have[0].nbytes < partial_bytes or have[1].nbytes < arrival_bytes:
+                if have is not None:
+                    self._retired.append(have)
+                have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)
+        return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr)
+
+
+def _allocate(partial_bytes: int, arrival_bytes: int, device_id: int, previous) -> tuple[object, object]:
+    """Zeroed counters and a partial-tile buffer on `device_id`, at least as large as `previous`'s; synchronised,
+    so that the zeros are in place whatever stream the first launch runs on."""
+    import cupy
+
+    if previous is not None:
+        partial_bytes = max(partial_bytes, previous[0].nbytes)
+        arrival_bytes = max(arrival_bytes, previous[1].nbytes)
+    with cupy.cuda.Device(device_id):
+        partials = cupy.empty(partial_bytes // 4, dtype=cupy.uint32)
+        arrivals = cupy.zeros(arrival_bytes // 4, dtype=cupy.uint32)
+        cupy.cuda.runtime.deviceSynchronize()
+    return partials, arrivals

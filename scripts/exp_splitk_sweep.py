@@ -1,0 +1,116 @@
+"""Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
+
+    python3 -m scripts.exp_splitk_sweep [--dtype bf16|fp8_block] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
+                                        [--out DIR]
+
+Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
+tile of the current heuristic with every forced split count, the current heuristic's own choice ("auto"), and
+cuBLAS (torch.mm; BF16 only), interleaved in one run (L2 flushed, medians). Outputs are checked against a float64
+reference before timing. Weight streaming is off: this measures the tile kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+
+
+def _unsplit_heuristic(spec, m, num_sms):
+    from deepgemm_jit import config
+
+    saved = config.SPLIT_MAX_M
+    config.SPLIT_MAX_M = 0
+    config.choose_sm90_config.cache_clear()
+    try:
+        return config.choose_sm90_config(spec, config.m_bucket(m), num_sms)
+    finally:
+        config.SPLIT_MAX_M = saved
+        config.choose_sm90_config.cache_clear()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp8_block"))
+    ap.add_argument("--ms", default="16,32,64,128")
+    ap.add_argument("--splits", default="1,2,3,4,6,8,12,16")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import config, device, reference, splitk, timing
+    from deepgemm_jit.spec import GemmSpec
+
+    num_sms = device.num_sms()
+    torch = None
+    if args.dtype == "bf16":
+        import torch
+    rows = []
+    for n, k in NK:
+        for m in (int(x) for x in args.ms.split(",")):
+            kw = {"dtype": "bf16"} if args.dtype == "bf16" else {"dtype": "fp8", "scaling": "block"}
+            spec = GemmSpec.create(n, k, **kw)
+            rng = cupy.random.default_rng(m * 7 + n + k)
+            if args.dtype == "bf16":
+                a = reference.random_matrix((m, k), "bf16", rng)
+                b = reference.random_matrix((n, k), "bf16", rng)
+                ops, ref = {}, reference.reference(spec, a, b)
+            else:
+                qa, sa = dg.quantize(rng.standard_normal((m, k), dtype=cupy.float32), "fp8", "group128")
+                qb, sb = dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128")
+                a, b, ops = qa, qb, {"scale_a": sa, "scale_b": sb}
+                ref = (reference.dequantize_reference(qa, sa, "fp8", "group128")
+                       @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
+            auto = dg.build(m, n, k, weight_streaming=False, **kw)
+            split_cfg = auto.config if auto.config.split_k else None
+            if split_cfg is None:
+                try:
+                    split_cfg = dataclasses.replace(auto.config, split_k=True, pingpong=False)
+                    split_cfg.check_for(spec, "sm_90a")
+                except ValueError:
+                    split_cfg = config.sm90_split_config(spec, config.m_bucket(m), num_sms, 4)
+            gemms = {"old": dg.build(m, n, k, config=_unsplit_heuristic(spec, m, num_sms), weight_streaming=False,
+                                     **kw),
+                     "auto": auto}
+            for s in (int(x) for x in args.splits.split(",")):
+                gemms[f"s{s}"] = dg.build(m, n, k, config=split_cfg, split_k=s, weight_streaming=False, **kw)
+            fns, errors = {}, {}
+            for name, g in gemms.items():
+                out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
+                fns[name] = (lambda g=g, out=out: g(a, b, out=out, **ops))
+                fns[name]()
+                errors[name] = reference.error(out, ref)
+            if torch is not None:
+                ta = torch.as_tensor(a.view(cupy.int16), device="cuda").view(torch.bfloat16)
+                tb = torch.as_tensor(b.view(cupy.int16), device="cuda").view(torch.bfloat16)
+                fns["cublas"] = lambda: torch.mm(ta, tb.T)
+            cupy.cuda.Device().synchronize()
+            t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
+            dev = cupy.cuda.Device().id
+            row = {"dtype": args.dtype, "m": m, "n": n, "k": k, "old_tile": gemms["old"].config.tag,
+                   "split_tile": split_cfg.tag, "auto_tile": auto.config.tag,
+                   "auto_splits": (auto._split_operands(auto.artifact, m, dev) or splitk.SplitOperands(1)).num_splits,
+                   "us": {name: r.median_us for name, r in t.items()},
+                   "max_err": max(errors.values())}
+            bound_ok = all(reference.within_bound(e, spec.dtype) for e in errors.values())
+            row["correct"] = bound_ok
+            rows.append(row)
+            us = row["us"]
+            best = min((v, name) for name, v in us.items() if name.startswith("s"))
+            print(f"{args.dtype} m={m} n={n} k={k} ok={bound_ok} old {us['old']:.1f} ({row['old_tile']}) auto "
+                  f"{us['auto']:.1f} (S={row['auto_splits']}, {row['auto_tile']}) best {best[1]} {best[0]:.1f}"
+                  + (f" cublas {us['cublas']:.1f}" if "cublas" in us else "") + " | "
+                  + " ".join(f"{name}={v:.1f}" for name, v in us.items() if name.startswith("s")), flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"exp-splitk-sweep-{args.dtype}.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

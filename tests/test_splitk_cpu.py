@@ -1,0 +1,143 @@
+"""Split-K without a GPU (splitk.py): config validation, the dispatch rule, the kernel's share partition, the
+workspace sizes, build's split_k argument, explain, and real NVRTC compiles of split-K variants to sm_90a cubins
+(WGMMA and TMA in the SASS, no local memory, the shared-memory mirror equal to the kernel's own)."""
+import dataclasses
+
+import pytest
+
+from deepgemm_jit import build, config, jit, launch, sass, splitk
+from deepgemm_jit.config import KernelConfig
+from deepgemm_jit.spec import GemmSpec
+
+
+def test_config_field_and_tag():
+    spec = GemmSpec.create(2112, 7168, dtype="bf16")
+    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+    assert cfg.split_k and cfg.tag.endswith("_sk")
+    assert cfg.smem_bytes(spec) == config.sm90_config(spec, 64, 128, cfg.num_stages).smem_bytes(spec) + 16
+    with pytest.raises(ValueError, match="split_k must be a bool"):
+        dataclasses.replace(cfg, split_k=1)
+    with pytest.raises(ValueError, match="cooperative"):
+        dataclasses.replace(cfg, pingpong=True)
+    with pytest.raises(ValueError, match="cooperative"):
+        KernelConfig("sm80", 128, 128, 32, 3, 2, 4, 8, 8, split_k=True)
+    with pytest.raises(ValueError, match="at most 112 accumulators"):
+        config.sm90_config(spec, 128, 256, 3, split_k=True).check_for(spec, "sm_90a")
+    grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
+    with pytest.raises(ValueError, match="grouped"):
+        config.sm90_config(grouped, 64, 128, split_k=True).check_for(grouped, "sm_90a")
+
+
+@pytest.mark.parametrize("k_blocks", [1, 2, 5, 8, 31, 112, 256])
+def test_kernel_share_partition(k_blocks):
+    """Python model of TileScheduler: shares [s * n / S, (s + 1) * n / S) cover the K blocks once, in order, none
+    empty for every S the kernel allows (it clamps S to [1, k_blocks])."""
+    for splits in range(1, min(k_blocks, 64) + 1):
+        bounds = [(s * k_blocks // splits, (s + 1) * k_blocks // splits) for s in range(splits)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == k_blocks
+        assert all(lo < hi for lo, hi in bounds), (k_blocks, splits)
+        assert all(bounds[i][1] == bounds[i + 1][0] for i in range(splits - 1))
+        sizes = [hi - lo for lo, hi in bounds]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_dispatch_rule_decode_and_large_m():
+    """Small M of the decode shapes gets split-K kernels and several shares per call; M = 4096 keeps the measured
+    unsplit tiles; each call's count follows its own M."""
+    spec = GemmSpec.create(7168, 16384, dtype="bf16")
+    cfg = config.choose_config(spec, 64, "sm_90a", 132)
+    assert cfg.split_k
+    assert splitk.num_splits(spec, cfg, 64, 132) > 1
+    assert splitk.num_splits(spec, cfg, 64, 132, forced=1000) == -(-16384 // cfg.block_k)
+    big = config.choose_config(spec, 4096, "sm_90a", 132)
+    assert not big.split_k and splitk.num_splits(spec, big, 4096, 132) == 1
+    for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)):
+        for dtype, kw in (("bf16", {}), ("fp8", {"scaling": "block"}), ("fp8", {"scaling": "tensor"})):
+            s = GemmSpec.create(n, k, dtype=dtype, **kw)
+            assert not config.choose_config(s, 4096, "sm_90a", 132).split_k, (n, k, dtype)
+    # A kernel chosen for the 64-row bucket, called with many rows, stops splitting (tiles fill the GPU).
+    assert splitk.num_splits(spec, cfg, 16384, 132) == 1
+
+
+def test_cost_model_split_terms():
+    """Splitting pays when tiles are few and K is long, and not when the tiles already fill the GPU."""
+    few = config.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=1)
+    assert config.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=7) < few / 3
+    many = config.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=1)
+    assert config.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=2) > many
+    assert list(config.split_candidates(512, 64)) == [1, 2]
+    assert list(config.split_candidates(100, 64)) == [1]
+    assert max(config.split_candidates(16384, 64)) == config.MAX_SPLITS
+
+
+def test_workspace_bytes():
+    spec = GemmSpec.create(1000, 4096, dtype="bf16")
+    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+    assert splitk.workspace_bytes(spec, cfg, 100, 1) == (0, 0)
+    tiles = 2 * 8
+    assert splitk.num_tiles(spec, cfg, 100) == tiles
+    assert splitk.workspace_bytes(spec, cfg, 100, 3) == (tiles * 3 * 64 * 128 * 4, tiles * 2 * 4)
+    assert splitk.SplitOperands(3, 16, 32).args() == (3, 16, 32)
+
+
+def test_build_split_k_argument(shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    for bad, exc in ((0, ValueError), (65, ValueError), (True, TypeError), (2.0, TypeError), ("2", TypeError)):
+        with pytest.raises(exc, match="split_k"):
+            build(64, 1024, 4096, dtype="bf16", arch="sm_90a", split_k=bad)
+    with pytest.raises(ValueError, match="sm90"):
+        build(64, 1024, 4096, dtype="bf16", arch="sm_80", split_k=2)
+    # Forcing shares on a tile that cannot hold them moves the heuristic to a split-K tile; 1 turns splitting off.
+    g = build(4096, 4096, 4096, dtype="bf16", arch="sm_90a", split_k=2)
+    assert g.config.split_k and g.split_k == 2
+    assert config.sm90_accumulators(g.config.block_m, g.config.block_n, False) <= config.SPLIT_MAX_ACCUMULATORS
+    plain = build(64, 7168, 16384, dtype="bf16", arch="sm_90a", split_k=1)
+    assert not plain.config.split_k
+    explicit = config.sm90_config(plain.spec, 128, 256, 3)
+    with pytest.raises(ValueError, match="accumulators"):
+        build(64, 7168, 16384, dtype="bf16", arch="sm_90a", config=explicit, split_k=2)
+
+
+def test_explain_shows_the_rule(shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    g = build(64, 7168, 16384, dtype="bf16", arch="sm_90a")
+    info = g.explain()["split_k"]
+    assert info["kernel"] and info["deterministic"] and info["forced"] is None
+    assert info["splits_by_m"][64] > 1 and info["splits_by_m"][4096] == 1
+    assert build(4096, 4096, 4096, dtype="bf16", arch="sm_90a").explain()["split_k"] == {"kernel": False}
+
+
+SPLIT_VARIANTS = [  # (dtype, scaling, out_dtype, epilogue, block_m, block_n)
+    ("bf16", "none", "bf16", "none", 64, 128),
+    ("bf16", "none", "bf16", "none", 128, 224),
+    ("fp16", "none", "fp32", "beta+bias_row+silu+residual", 64, 64),
+    ("tf32", "none", "fp32", "none", 64, 128),
+    ("fp8_e4m3", "block", "bf16", "none", 64, 64),
+    ("fp8_e4m3", "block", "bf16", "none", 128, 128),
+    ("fp8_e4m3", "tensor", "fp16", "bias+gelu", 128, 176),
+    ("fp8_e4m3", "row", "bf16", "none", 64, 112),
+    ("int8", "none", "int32", "none", 64, 128),
+    ("int8", "row", "bf16", "none", 128, 64),
+    ("bf16", "none", "bf16", "swiglu", 64, 128),
+    ("bf16", "none", "fp8_e4m3", "bias+gelu+quant_fp8_g128", 64, 128),
+]
+
+
+@pytest.mark.parametrize("dtype,scaling,out_dtype,epilogue,block_m,block_n", SPLIT_VARIANTS)
+def test_split_variant_matrix(dtype, scaling, out_dtype, epilogue, block_m, block_n, shared_cache_dir, monkeypatch):
+    """Every split-K variant compiles to WGMMA + TMA without local memory, and its exported shared-memory size
+    equals config.py's mirror."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(2112, 4096, dtype=dtype, out_dtype=None if epilogue.endswith("quant_fp8_g128") else out_dtype,
+                           scaling=None if scaling == "none" else scaling, epilogue=epilogue)
+    cfg = config.sm90_config(spec, block_m, block_n, split_k=True)
+    cfg.check_for(spec, "sm_90a")
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    mix = sass.opcode_mix(art.cubin)
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    case = f"{spec.tag} {cfg.tag}"
+    assert (mix.get("HGMMA", 0) + mix.get("QGMMA", 0) + mix.get("IGMMA", 0)) > 0 and mix.get("UTMALDG", 0) > 0, case
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
+    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
+    assert mix.get("ATOMG", 0) + mix.get("ATOM", 0) + mix.get("RED", 0) > 0, case  # the arrival counter
+    launch.check_layout(art, spec)

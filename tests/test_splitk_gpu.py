@@ -1,0 +1,266 @@
+"""Split-K kernels on the GPU (splitk.py): float64 references (DESIGN.md bounds), fresh random inputs, outputs
+poisoned with NaN, odd shapes, forced and chosen split counts, every dtype family with its scales, fused
+epilogues run by the last share, identical bits on repeated runs, the arrival counters left zero, a workspace
+that grows with M, and CUDA-graph capture and replay."""
+import math
+
+import pytest
+
+from deepgemm_jit import build, launch, reference, splitk
+from deepgemm_jit.spec import GemmSpec
+
+pytestmark = pytest.mark.gpu
+
+GRANULARITY = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
+
+
+def _splits_used(g, m):
+    """The shares a call of g with M = m runs (what Gemm.__call__ passes to the kernel)."""
+    import cupy
+
+    ops = g._split_operands(g.artifact, m, cupy.cuda.Device().id)
+    return 1 if ops is None else ops.num_splits
+
+
+def _arrivals_zero(g):
+    """Every arrival counter of g's workspaces is back to zero (the invariant each launch must keep)."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return all(not bool(arrivals.any()) for _, arrivals in g._split_workspace._buffers.values())
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [("bf16", "bf16"), ("fp16", "fp32")])
+@pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (1, 520, 1000), (37, 2112, 7168), (130, 392, 4104),
+                                   (300, 264, 776)])
+@pytest.mark.parametrize("splits", [2, 3, 8])
+def test_16bit_forced_splits(m, n, k, dtype, out_dtype, splits):
+    spec = GemmSpec.create(n, k, dtype=dtype, out_dtype=out_dtype)
+    a, b = reference.random_operands(spec, m)
+    g = build(m, n, k, dtype=dtype, out_dtype=out_dtype, split_k=splits, weight_streaming=False)
+    assert g.config.split_k
+    k_blocks = -(-k // g.config.block_k)
+    assert _splits_used(g, m) == min(splits, k_blocks)
+    out = reference.poisoned((m, n), out_dtype)
+    g(a, b, out=out)
+    err = reference.error(out, reference.reference(spec, a, b))
+    case = (m, n, k, dtype, out_dtype, splits, g.config.tag)
+    assert reference.num_nonfinite(out) == 0, case
+    assert reference.within_bound(err, dtype), (case, err)
+    assert _arrivals_zero(g), case
+
+
+def test_deterministic_bits_and_counters():
+    """The same inputs give the same bits on every run, whichever share arrives last."""
+    import cupy
+
+    m, n, k = 96, 4096, 7168
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a, b = reference.random_operands(spec, m)
+    g = build(m, n, k, dtype="bf16", split_k=7, weight_streaming=False)
+    first = reference.poisoned((m, n), "bf16")
+    g(a, b, out=first)
+    err = reference.error(first, reference.reference(spec, a, b))
+    assert reference.within_bound(err, "bf16"), err
+    for _ in range(6):
+        again = reference.poisoned((m, n), "bf16")
+        g(a, b, out=again)
+        assert bool(cupy.array_equal(again.view(cupy.uint16), first.view(cupy.uint16)))
+    assert _arrivals_zero(g)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 7168, 16384), (32, 2112, 7168), (128, 4096, 7168), (16, 7168, 2048)])
+def test_heuristic_splits_decode_shapes(m, n, k):
+    """The chosen kernels of the decode shapes split K and are correct at their own M and at other M of any size."""
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    g = build(m, n, k, dtype="bf16", weight_streaming=False)
+    for mm in (m, 3, 200):
+        a, b = reference.random_operands(spec, mm)
+        out = reference.poisoned((mm, n), "bf16")
+        g(a, b, out=out)
+        err = reference.error(out, reference.reference(spec, a, b))
+        assert reference.within_bound(err, "bf16"), (m, mm, n, k, g.config.tag, _splits_used(g, mm), err)
+    assert _arrivals_zero(g)
+
+
+def _fp8_problem(m, n, k, scaling, seed):
+    import cupy
+
+    rng = cupy.random.default_rng(seed)
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
+    ga, gb = GRANULARITY[scaling]
+    qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
+    qb, sb = reference.quantize_reference(w, "fp8_e4m3", gb)
+    ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
+           @ reference.dequantize_reference(qb, sb, "fp8_e4m3", gb).T)
+    return qa, sa, qb, sb, ref
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
+@pytest.mark.parametrize("m,n,k,splits", [(64, 2112, 7168, 5), (19, 1000, 1040, 3), (200, 392, 1000, 2)])
+def test_fp8_recipes(m, n, k, scaling, splits):
+    """K = 1000: FP8 rows that are not 16-byte aligned take the staged path, with the split kernel."""
+    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=m + n + k)
+    g = build(m, n, k, dtype="fp8", scaling=scaling, split_k=splits, weight_streaming=False)
+    out = reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    err = reference.error(out, ref)
+    case = (m, n, k, scaling, splits, g.config.tag)
+    assert reference.within_bound(err, "fp8_e4m3"), (case, err)
+    assert err < 5e-3, (case, err)
+    assert _arrivals_zero(g), case
+
+
+def test_int8_exact_and_row_scaled():
+    """INT32 partials add exactly: the split result equals the int64 product."""
+    import cupy
+
+    m, n, k = 70, 520, 4096
+    rng = cupy.random.default_rng(5)
+    a = rng.integers(-128, 128, (m, k), dtype=cupy.int8)
+    b = rng.integers(-128, 128, (n, k), dtype=cupy.int8)
+    g = build(m, n, k, dtype="int8", split_k=6, weight_streaming=False)
+    out = cupy.full((m, n), -1, dtype=cupy.int32)
+    g(a, b, out=out)
+    assert bool(cupy.array_equal(out, (a.astype(cupy.int64) @ b.astype(cupy.int64).T).astype(cupy.int32)))
+    sa = rng.random(m, dtype=cupy.float32) + 0.5
+    sb = rng.random(n, dtype=cupy.float32) + 0.5
+    g2 = build(m, n, k, dtype="int8", scaling="row", out_dtype="fp32", split_k=4, weight_streaming=False)
+    out2 = reference.poisoned((m, n), "fp32")
+    g2(a, b, scale_a=sa, scale_b=sb, out=out2)
+    ref = (a.astype(cupy.float64) @ b.astype(cupy.float64).T) * sa[:, None].astype(cupy.float64) * sb[None, :]
+    assert reference.error(out2, ref) < 1e-6
+
+
+@pytest.mark.parametrize("m,n,k,out_dtype,epilogue,splits", [
+    (64, 2112, 7168, "bf16", "bias+gelu", 4),
+    (33, 520, 2048, "fp32", "beta+bias_row+silu+residual", 3),
+    (100, 1040, 4096, "bf16", "swiglu", 5),
+])
+def test_epilogues_after_split(m, n, k, out_dtype, epilogue, splits):
+    import cupy
+
+    g = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue=epilogue, split_k=splits)
+    assert g.config.split_k and _splits_used(g, m) == splits
+    epi = g.spec.epi
+    rng = cupy.random.default_rng(m + n + k)
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    n_out = g.spec.n_out
+    bias = reference.random_matrix((n if epi.bias == "col" else m,), out_dtype, rng) if epi.bias != "none" else None
+    c = reference.random_matrix((m, n_out), out_dtype, rng) if epi.beta else None
+    residual = reference.random_matrix((m, n_out), out_dtype, rng) if epi.residual else None
+    alpha, beta = (0.5, -1.25) if epi.beta else (1.0, 1.0)
+    out = reference.poisoned((m, n_out), out_dtype)
+    g(a, b, bias=bias, c=c, residual=residual, alpha=alpha, beta=beta, out=out)
+    acc = reference.to_float64(a) @ reference.to_float64(b).T
+    ref = reference.unfused_epilogue(acc, epi, bias, c, residual, alpha, beta)
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "bf16"), (epilogue, m, n, k, g.config.tag, err)
+    assert _arrivals_zero(g)
+
+
+def test_quant_group128_after_split():
+    """quantize-on-store by the last share equals the unsplit kernel's (q, scales) within one FP8 ulp."""
+    import cupy
+
+    m, n, k = 64, 1024, 4096
+    rng = cupy.random.default_rng(11)
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    bias = reference.random_matrix((n,), "fp32", rng)
+    g = build(m, n, k, dtype="bf16", epilogue="bias+gelu+quant_fp8_g128", split_k=4)
+    assert g.config.split_k
+    q, scales = g(a, b, bias=bias)
+    v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, g.spec.epi, bias=bias)
+    q_ref, s_ref = reference.quantized_epilogue_reference(v, g.spec.epi)
+    assert bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0))
+    assert int(reference.quant_ulp_distance(q, q_ref, "fp8").max()) <= 1
+    assert _arrivals_zero(g)
+
+
+def test_workspace_grows_with_m():
+    import cupy
+
+    n, k = 1040, 2048
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    g = build(64, n, k, dtype="bf16", split_k=4, weight_streaming=False)
+    dev = cupy.cuda.Device().id
+    sizes = []
+    for m in (64, 1000, 5, 64):
+        a, b = reference.random_operands(spec, m)
+        out = reference.poisoned((m, n), "bf16")
+        g(a, b, out=out)
+        err = reference.error(out, reference.reference(spec, a, b))
+        assert reference.within_bound(err, "bf16"), (m, err)
+        sizes.append(g._split_workspace._buffers[dev][0].nbytes)
+    need = splitk.workspace_bytes(g.spec, g.config, 1000, 4)[0]
+    assert sizes[0] < need <= sizes[1] == sizes[2] == sizes[3]
+    assert _arrivals_zero(g)
+
+
+def _poison(x, stream):
+    import cupy
+
+    cupy.cuda.runtime.memsetAsync(x.data.ptr, reference.POISON_BYTE, x.nbytes, stream.ptr)
+
+
+def test_cuda_graph_capture_and_replay():
+    import cupy
+
+    m, n, k = 48, 2112, 7168
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a, b = reference.random_operands(spec, m)
+    g = build(m, n, k, dtype="bf16", split_k=6, weight_streaming=False)
+    out = reference.poisoned((m, n), "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(a, b, out=out, stream=stream)  # compile, load, plan and allocate the workspace outside the capture
+        _poison(out, stream)
+        stream.synchronize()
+        stream.begin_capture()
+        g(a, b, out=out, stream=stream)
+        graph = stream.end_capture()
+    stream.synchronize()
+    assert reference.num_nonfinite(out) == out.size  # captured, not run
+    for _ in range(3):
+        fresh = reference.random_matrix((m, k), "bf16")
+        cupy.cuda.Device().synchronize()
+        cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
+        _poison(out, stream)
+        graph.launch(stream)
+        stream.synchronize()
+        err = reference.error(out, reference.reference(spec, a, b))
+        assert reference.within_bound(err, "bf16"), err
+    assert _arrivals_zero(g)
+
+
+def test_torch_tensors_on_current_stream():
+    torch = pytest.importorskip("torch")
+    m, n, k = 40, 2112, 7168
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
+    g = build(m, n, k, dtype="bf16", split_k=5, weight_streaming=False)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = g(a, b)
+    s.synchronize()
+    ref = a.double() @ b.double().T
+    err = float(torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref))
+    assert err < 1e-2, err
+
+
+def test_plan_grid_covers_units():
+    """The grid launches tiles x splits CTAs up to the SM count."""
+    import cupy
+
+    m, n, k = 64, 520, 4096
+    g = build(m, n, k, dtype="bf16", split_k=4, weight_streaming=False)
+    spec = g.spec
+    a, b = reference.random_operands(spec, m)
+    out = reference.poisoned((m, n), "bf16")
+    g(a, b, out=out)
+    (plan, _), = g._launch_plans.values()
+    tiles = splitk.num_tiles(spec, g.config, m)
+    assert plan.grid[0] == min(launch.num_sms(cupy.cuda.Device().id), tiles * 4)
