@@ -62,10 +62,15 @@ class Case:
         return f"{self.dtype}_{self.layout}_m{self.m}n{self.n}k{self.k}{tiles}{epi}"
 
     def make_spec(self):
-        """The library's GemmSpec of this case (pure Python)."""
+        """The library's GemmSpec of this case (pure Python); for fp32 (3xTF32) rows, that of the TF32 GEMM that
+        computes them (N, K' = 3 * ceil(K / 32) * 32, layout nt: what a forced tile and an epilogue apply to)."""
         from deepgemm_jit import GemmSpec
 
         info = bench_dtypes.get(self.dtype)
+        if info.lib == "fp32":
+            from deepgemm_jit.fp32x3 import Fp32Spec
+
+            return Fp32Spec.create(self.n, self.k, layout=self.layout, epilogue=self.epilogue).inner
         extra = {"scaling": info.scaling} if info.scaling else {}
         if self.epilogue:
             extra["epilogue"] = self.epilogue

@@ -519,8 +519,14 @@ def cpu_runner(monkeypatch):
             spec = GemmSpec.create(n_, k_, dtype=info.lib, layout=kwargs["layout"], epilogue=kwargs.get("epilogue"),
                                    **({"scaling": info.scaling} if info.scaling else {}))
             return _FakeGemm(np, spec, recipe, damage if spec.epilogue != "none" or not epilogue else None)
+
+        def build_fp32(m_, n_, k_, **kwargs):   # fp32 rows: the 3xTF32 GEMM, its dtype implied
+            from deepgemm_jit.fp32x3 import Fp32Spec
+            assert info.lib == "fp32" and "dtype" not in kwargs and "scaling" not in kwargs
+            spec = Fp32Spec.create(n_, k_, layout=kwargs["layout"], epilogue=kwargs.get("epilogue"))
+            return _FakeGemm(np, spec, None, damage if spec.epilogue != "none" or not epilogue else None)
         ctx = runner.RunContext(reps=30, warmup=1, baseline_order=baseline.DEFAULT_ORDER, seed=7,
-                                flusher=object(), dg=types.SimpleNamespace(build=build))
+                                flusher=object(), dg=types.SimpleNamespace(build=build, build_fp32=build_fp32))
         return runner.run_case(suites.Case("deepseek", dtype, "nt", m, n, k, epilogue=epilogue), ctx, 0), seen
 
     return run
@@ -554,6 +560,29 @@ def test_run_case_int8_is_exact_or_fails(cpu_runner):
     row, _ = cpu_runner("int8", 64, 256, 512, damage="one_element")
     assert row["err"] < 1e-2                                   # within the bound, yet wrong:
     assert row["status"] == "fail" and "1 of 16384 elements differ" in row["note"]
+
+
+def test_run_case_fp32_rows_build_the_3xtf32_gemm_on_cpu(cpu_runner):
+    """fp32 rows go through dg.build_fp32 (fp32 is no GemmSpec dtype), are judged with fp32's bound (1e-5) and bind
+    the IEEE FP32 baseline; their forced tiles and epilogues apply to the TF32 GEMM over K' = 3 * ceil(K/32) * 32."""
+    row, seen = cpu_runner("fp32", 64, 256, 100)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert row["library_dtype"] == "fp32" and row["tol"] == 1e-5 and row["out_dtype"] == "float32"
+    assert row["err"] < 1e-6 and row["baseline_err"] < 1e-6 and row["baseline"] == "fake_torch"
+    assert seen["scaling"] is None and row["io_bytes"] == 4 * (64 * 100 + 256 * 100 + 64 * 256)
+    row, seen = cpu_runner("fp32", 64, 256, 100, epilogue="bias+relu")
+    assert row["status"] == "ok" and row["plain_err"] < 1e-6, row.get("traceback") or row["note"]
+    assert seen["epilogue"].bias.shape == (256,) and seen["epilogue"].bias.dtype.name == "float32"
+    row, _ = cpu_runner("fp32", 64, 256, 100, damage="epilogue_dropped", epilogue="bias+relu")
+    assert row["status"] == "fail"
+    case = suites.Case("square", "fp32", "tn", 64, 256, 100, "128x128")
+    assert case.build_kwargs() == {"dtype": "fp32", "layout": "tn", "tune": False}
+    spec = case.make_spec()
+    assert (spec.dtype, spec.n, spec.k, spec.layout, spec.out_dtype) == ("tf32", 256, 384, "nt", "fp32")
+    cfg = case.forced_config(spec)
+    assert (cfg.family, cfg.block_m, cfg.block_n, cfg.block_k) == ("sm90", 128, 128, 32)
+    cases = suites.expand(("seed",), ("fp32",), suites.LAYOUTS, epilogues=("bias+gelu",))
+    assert len(cases) == 3 * 4   # every layout takes epilogues here: the TF32 GEMM behind them is nt
 
 
 def test_git_info_prefers_the_commit_passed_to_the_gpu_machine(tmp_path, monkeypatch):

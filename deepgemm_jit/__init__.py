@@ -9,6 +9,8 @@
     qb, sb = dg.quantize(b, "fp8", "block128")        # 128x128 blocks of the weight
     d = fp8(qa, qb, scale_a=sa, scale_b=sb)
 
+    fp32 = dg.build_fp32(4096, 7168, 2048)            # FP32-accurate (3xTF32): float32 a, b -> float32 d
+
 Importing the package touches no GPU and creates no directory.
 """
 __version__ = "0.1.0"
@@ -16,13 +18,14 @@ __version__ = "0.1.0"
 from .errors import (CacheCorruptionWarning, CacheUnavailableWarning, CompileError,  # noqa: E402
                      DeepGemmError, NoGPUError)
 from .api import Gemm, build, gemm  # noqa: E402
+from .fp32x3 import Fp32Gemm, build_fp32  # noqa: E402
 from .grouped import GroupedGemm, build_grouped  # noqa: E402
 from .spec import GemmSpec  # noqa: E402
 from .config import KernelConfig  # noqa: E402
 from .epilogue import Epilogue, deinterleave_gate_up, interleave_gate_up  # noqa: E402
 from .quantization import dequantize, quantize  # noqa: E402
 
-__all__ = ["build", "build_grouped", "gemm", "quantize", "dequantize", "Gemm", "GroupedGemm", "GemmSpec", "Epilogue", "KernelConfig",
+__all__ = ["build", "build_fp32", "build_grouped", "gemm", "quantize", "dequantize", "Gemm", "Fp32Gemm", "GroupedGemm", "GemmSpec", "Epilogue", "KernelConfig",
            "interleave_gate_up", "deinterleave_gate_up",
            "DeepGemmError", "CompileError", "NoGPUError", "CacheCorruptionWarning", "CacheUnavailableWarning",
            "__version__"]

@@ -1,0 +1,560 @@
+"""FP32-accurate GEMMs (3xTF32, deepgemm_jit/fp32x3.py) on the CPU: the Kp / K' arithmetic and the spec, rendering,
+real NVRTC compiles of the split kernel and of the TF32 GEMM over K' to sm_90a (SASS checked), argument
+validation before any launch, the launch sequence with the GPU replaced by recorders, and the NumPy model of the
+split: exact hi/lo, TF32 values only, and a float64 product of the three TF32 terms within 1e-6 of float64.
+
+The GPU side (kernels against the model bit for bit, and against float64 products) is tests/test_fp32x3_gpu.py.
+"""
+import dataclasses
+import types
+
+import jinja2
+import numpy as np
+import pytest
+
+import deepgemm_jit as dg
+from deepgemm_jit import config, device, fp32x3, render, sass
+from deepgemm_jit.arrays import matrix_view
+from deepgemm_jit.errors import KernelNotCachedError, NoGPUError
+from deepgemm_jit.spec import GemmSpec
+from fakes import BASE, FakeDeviceArray
+
+ARCH = "sm_90a"
+LAYOUTS = ("nt", "nn", "tn", "tt")
+F32 = np.float32
+LOW13 = np.uint32(0x1FFF)
+
+
+def bits(x):
+    return np.asarray(x, dtype=F32).view(np.uint32)
+
+
+@pytest.fixture
+def cache(shared_cache_dir, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    return shared_cache_dir
+
+
+# -- Kp, K' and the spec -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k,kp", [(1, 32), (31, 32), (32, 32), (33, 64), (129, 160), (1000, 1024), (4096, 4096),
+                                  (7168, 7168)])
+def test_padded_and_inner_k(k, kp):
+    assert fp32x3.padded_k(k) == kp and fp32x3.inner_k(k) == 3 * kp
+    spec = fp32x3.Fp32Spec.create(1000, k)
+    assert (spec.k, spec.k_padded, spec.k_inner) == (k, kp, 3 * kp)
+    inner = spec.inner
+    assert (inner.n, inner.k, inner.dtype, inner.layout, inner.out_dtype) == (1000, 3 * kp, "tf32", "nt", "fp32")
+    # Rows of A3/B3 are whole 16-byte multiples (TMA), and K' holds whole BLOCK_K steps of the TF32 GEMM.
+    assert (3 * kp * 4) % 16 == 0 and kp % fp32x3.K_ALIGN == 0
+    assert fp32x3.K_ALIGN == config.sm90_config(inner, 128, 128).block_k
+    assert inner.k % fp32x3.K_ALIGN == 0
+
+
+def test_spec_shapes_tag_and_gemmspec_answers():
+    for layout, a_shape, b_shape in (("nt", (5, 33), (7, 33)), ("nn", (5, 33), (33, 7)),
+                                     ("tn", (33, 5), (33, 7)), ("tt", (33, 5), (7, 33))):
+        spec = fp32x3.Fp32Spec.create(7, 33, layout=layout.upper())
+        assert spec.layout == layout and spec.a_shape(5) == a_shape and spec.b_shape() == b_shape
+        assert spec.out_shape(5) == (5, 7) and spec.inner.layout == "nt"
+        assert spec.a_k_major == (layout[0] == "n") and spec.b_k_major == (layout[1] == "t")
+    spec = fp32x3.Fp32Spec.create(7, 33)
+    assert spec.tag == "gemm_fp32x3_fp32_nt_n7_k33"
+    # What the bench, the baselines and the references read of a GemmSpec.
+    assert (spec.dtype, spec.b_dtype, spec.b_type, spec.scaling, spec.epilogue) == ("fp32", "fp32", "fp32", "none",
+                                                                                   "none")
+    assert not (spec.fast_accum or spec.is_scaled or spec.promote or spec.grouped)
+    assert spec.scale_shapes(5) is None and spec.epi.bias == "none" and spec.n_out == 7
+    assert dataclasses.asdict(spec) == {"n": 7, "k": 33, "out_dtype": "fp32", "layout": "nt", "epilogue": "none",
+                                        "dtype": "fp32"}
+    assert spec == fp32x3.Fp32Spec(7, 33) and hash(spec) == hash(fp32x3.Fp32Spec(7, 33))
+    bf16 = fp32x3.Fp32Spec.create(7, 33, out_dtype="bf16")
+    assert bf16.out_dtype == "bf16" and bf16.inner.out_dtype == "bf16" and bf16.tag == "gemm_fp32x3_bf16_nt_n7_k33"
+
+
+def test_spec_epilogues_follow_the_tf32_gemm():
+    spec = fp32x3.Fp32Spec.create(64, 100, layout="tn", epilogue="gelu+bias")
+    # Any layout: the TF32 GEMM always runs nt on the split operands.
+    assert spec.epilogue == "bias+gelu" and spec.inner.epilogue == "bias+gelu" and spec.inner.layout == "nt"
+    assert spec.tag == "gemm_fp32x3_ep_bias_gelu_fp32_tn_n64_k100"
+    q = fp32x3.Fp32Spec.create(256, 100, epilogue="quant_fp8_g128")
+    assert q.out_dtype == "fp8_e4m3" and q.scales_out_shape(3) == (3, 2)
+    gated = fp32x3.Fp32Spec.create(64, 100, epilogue="swiglu")
+    assert gated.out_shape(5) == (5, 32) and gated.n_out == 32
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fp32x3.Fp32Spec.create(60, 100, epilogue="swiglu")
+    with pytest.raises(ValueError, match="epilogue"):
+        fp32x3.Fp32Spec.create(64, 100, epilogue="bias+tanh2")
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(n=0, k=8), ValueError, "N must be >= 1"),
+    (dict(n=8, k=0), ValueError, "K must be >= 1"),
+    (dict(n=True, k=8), TypeError, "N must be an integer"),
+    (dict(n=8, k=8.0), TypeError, "K must be an integer"),
+    (dict(n=8, k=2**31 - 1), ValueError, "K' = 3"),
+    (dict(n=8, k=8, layout="ntt"), ValueError, "layout="),
+    (dict(n=8, k=8, out_dtype="int32"), ValueError, "int32"),
+    (dict(n=8, k=8, out_dtype="fp64"), ValueError, "out_dtype="),
+    (dict(n=8, k=8, out_dtype="fp32", epilogue="quant_fp8_g128"), ValueError, "leave out_dtype unset"),
+])
+def test_spec_errors(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        fp32x3.Fp32Spec.create(**kwargs)
+
+
+def test_spec_refuses_other_dtypes():
+    with pytest.raises(ValueError, match="fp32 operands"):
+        fp32x3.Fp32Spec(8, 8, dtype="tf32")
+    # fp32 stays out of the GEMM's input dtypes: GemmSpec itself still refuses it.
+    with pytest.raises(ValueError, match="dtype='fp32'"):
+        GemmSpec.create(8, 8, dtype="fp32")
+
+
+def test_split_grid():
+    assert fp32x3.num_tiles(1, 1) == 1 and fp32x3.num_tiles(32, 128) == 1 and fp32x3.num_tiles(33, 129) == 4
+    assert fp32x3.split_grid(4096, 7168, 2048) == (128 * 16 + 224 * 16, 1, 1)
+    assert fp32x3.split_grid(1, 7, 1) == (2, 1, 1)
+    with pytest.raises(ValueError, match="blocks"):
+        fp32x3.split_grid(2**31 - 1, 2**31 - 1, 2**20)
+
+
+# -- rendering and compiling ------------------------------------------------------------------------------------
+
+def test_split_kernel_spec():
+    spec = fp32x3.SplitKernelSpec("tn")
+    assert (spec.tag, spec.entry, spec.a_k_major, spec.b_k_major) == ("split_tf32_tn", "dgjit_split_tf32", False,
+                                                                       False)
+    with pytest.raises(ValueError, match="layout"):
+        fp32x3.SplitKernelSpec("NT")
+
+
+def test_render_every_layout():
+    seen = set()
+    for layout in LAYOUTS:
+        spec = fp32x3.SplitKernelSpec(layout)
+        src = fp32x3.render_kernel(spec)
+        assert [name for name, _ in src.headers] == ["dgjit/common.cuh", "dgjit/split_tf32.cuh"], layout
+        assert "{{" not in src.source and "{%" not in src.source
+        assert f"constexpr bool kAKMajor = {'true' if spec.a_k_major else 'false'};" in src.source
+        assert f"constexpr bool kBKMajor = {'true' if spec.b_k_major else 'false'};" in src.source
+        for name in fp32x3.SYMBOLS:
+            assert f"dgjit_split_tf32_{name} =" in src.source
+        seen.add(src.source)
+    assert len(seen) == 4
+    with pytest.raises(jinja2.UndefinedError):
+        render.render("split_tf32.cu.j2", "k", tag="x")  # no spec
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compile_split_sm90a(layout, cache):
+    """Real NVRTC compile: no local memory or spills, the exported sizes equal fp32x3.py's mirror, 16-byte stores
+    of the three segments, 16-byte loads of K-major sources, shared memory only for MN-major ones, and the TF32
+    rounding (cvt.rna.tf32 becomes integer add-and-mask code)."""
+    spec = fp32x3.SplitKernelSpec(layout)
+    art = fp32x3.get_kernel(spec, ARCH)
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    text = sass.disassemble(art.cubin)
+    case = f"{spec.tag} {art.key[:12]}"
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
+    assert art.meta["spill_store_bytes"] == 0 and art.meta["spill_load_bytes"] == 0, case
+    assert 0 < usage["REG"] <= 64, case  # 256 threads: several blocks per SM
+    assert "STL" not in text and "LDL" not in text, case
+    fp32x3.check_symbols(art)
+    assert fp32x3.kernel_symbols(art) == {"num_threads": 256, "tile_rows": 32, "tile_cols": 128, "k_align": 32}
+    assert "STG.E.128" in text, case
+    assert "0xffffe000" in text.lower(), case  # the TF32 mask
+    has_mn_major = not (spec.a_k_major and spec.b_k_major)
+    assert ("BAR.SYNC" in text) == has_mn_major and ("STS" in text) == has_mn_major, case
+    assert (art.meta["static_smem_bytes"] > 0) == has_mn_major, case
+    if spec.a_k_major or spec.b_k_major:
+        assert "LDG.E.128" in text, case
+    assert art.cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 129, 33), (129, 1000, 4096), (4096, 4096, 4096), (1000, 7, 129),
+                                   (4096, 1000, 1)])
+def test_build_fp32_compiles_both_kernels(m, n, k, cache):
+    """build_fp32 without a GPU: the TF32 GEMM over K' and the split kernel compiled to sm_90a, neither with local
+    memory; the Hopper family where N allows TMA stores (N * 4 bytes a multiple of 16)."""
+    g = dg.build_fp32(m, n, k, arch=ARCH)
+    case = f"{m=} {n=} {k=} {g!r}"
+    assert isinstance(g, dg.Fp32Gemm) and g.spec == fp32x3.Fp32Spec.create(n, k), case
+    assert g.gemm.spec == g.spec.inner and g.gemm.spec.k == 3 * fp32x3.padded_k(k), case
+    assert g.family == g.gemm.family == ("sm90" if n % 4 == 0 else "sm80"), case
+    assert g.config == g.gemm.config and g.arch == ARCH and g.m_hint == m, case
+    assert g.split_artifact.spec == fp32x3.SplitKernelSpec("nt"), case
+    info = g.explain()
+    assert info["method"] == "3xtf32" and info["tag"] == g.spec.tag and info["k_inner"] == g.spec.k_inner, case
+    assert info["spec"]["dtype"] == "fp32" and info["inner_spec"]["dtype"] == "tf32", case
+    assert info["local_bytes"] == 0 and info["spill_bytes"] == 0, case
+    assert info["split"]["local_bytes"] == 0 and info["split"]["sass"].get("STG", 0) > 0, case
+    assert "STL" not in info["sass"] and "LDL" not in info["sass"], case
+    if g.family == "sm90":
+        assert info["sass"].get("HGMMA", 0) > 0, case
+    else:
+        assert info["sass"].get("HMMA", 0) > 0, case
+    assert "Fp32Gemm(gemm_fp32x3_fp32_nt" in repr(g) and g.config.tag in repr(g)
+
+
+def test_build_fp32_layouts_epilogue_and_config(cache):
+    for layout in LAYOUTS:
+        g = dg.build_fp32(256, 264, 1000, layout=layout, arch=ARCH)
+        assert g.spec.layout == layout and g.gemm.spec.layout == "nt"
+        assert g.split_artifact.spec.layout == layout
+    g = dg.build_fp32(256, 264, 1000, layout="tn", epilogue="bias+relu", arch=ARCH)
+    assert g.gemm.spec.epilogue == "bias+relu" and g.family == "sm90"
+    cfg = config.sm90_config(g.spec.inner, 128, 128)
+    g2 = dg.build_fp32(256, 264, 1000, epilogue="relu+bias", config=cfg, arch=ARCH)
+    assert g2.config == cfg
+    with pytest.raises(ValueError, match="M must be"):
+        dg.build_fp32(0, 8, 8, arch=ARCH)
+    with pytest.raises(ValueError, match="arch"):
+        dg.build_fp32(8, 8, 8, arch="sm_70")
+    if not device.gpu_count():
+        with pytest.raises(NoGPUError, match="arch='sm_90a'"):
+            dg.build_fp32(8, 8, 8)
+
+
+def test_cache_reuse_and_offline(cache_dir, monkeypatch):
+    fp32x3.clear_memo()  # the cache_dir fixture clears jit's memo, not this module's
+    g = dg.build_fp32(64, 64, 100, arch=ARCH)
+    assert g.split_artifact.meta["name"] == "split_tf32_nt"
+    fp32x3.clear_memo()
+    again = dg.build_fp32(64, 64, 100, arch=ARCH)
+    assert again.split_artifact.compiled_now is False and again.split_artifact.key == g.split_artifact.key
+    fp32x3.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    assert dg.build_fp32(64, 64, 100, arch=ARCH).split_artifact.key == g.split_artifact.key   # from disk
+    with pytest.raises(KernelNotCachedError) as info:
+        dg.build_fp32(64, 64, 100, layout="tt", arch=ARCH)   # the tt split kernel was never compiled
+    assert "build_fp32(64, 64, 100, layout='tt', arch='sm_90a')" in info.value.warmup_command
+    assert info.value.warmup_command.startswith("DEEPGEMM_JIT_OFFLINE=0 python -c")
+    with pytest.raises(KernelNotCachedError) as info:
+        dg.build_fp32(64, 72, 100, epilogue="bias", arch=ARCH)  # a TF32 GEMM never compiled
+    assert "epilogue='bias'" in info.value.warmup_command
+    fp32x3.clear_memo()
+
+
+# -- validation: every error before anything is launched or allocated ------------------------------------------
+
+@pytest.fixture
+def g(cache):
+    return dg.build_fp32(64, 48, 40, arch=ARCH)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch, fake_gpu_memory):
+    """Any allocation or launch fails the test: errors must come first."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("allocated or launched before the arguments were checked")
+    monkeypatch.setattr(fp32x3, "_stream_array", forbidden)
+    monkeypatch.setattr(fp32x3.runtime, "loaded_kernel", forbidden)
+
+
+A_OK = dict(shape=(5, 40), ptr=BASE)
+B_OK = dict(shape=(48, 40), ptr=BASE + 4096)
+
+
+@pytest.mark.parametrize("a,b,exc,words", [
+    (np.zeros((5, 40), F32), FakeDeviceArray((48, 40)), TypeError, "a is a NumPy"),
+    (FakeDeviceArray((5, 40), np.float16), FakeDeviceArray((48, 40)), TypeError, "a has dtype float16.*float32"),
+    (FakeDeviceArray((5, 40)), FakeDeviceArray((48, 40), np.float64), TypeError, "b has dtype float64"),
+    (FakeDeviceArray((5, 41)), FakeDeviceArray((48, 40)), ValueError, r"a has shape \(5, 41\).*K=40"),
+    (FakeDeviceArray((5, 40)), FakeDeviceArray((40, 48)), ValueError, r"b has shape \(40, 48\)"),
+    (FakeDeviceArray((5, 40, 1)), FakeDeviceArray((48, 40)), ValueError, "a must be 2-D"),
+    (FakeDeviceArray((5, 40), strides=(80, 2)), FakeDeviceArray((48, 40)), ValueError, "a must have unit stride"),
+    (FakeDeviceArray((5, 40)), FakeDeviceArray((48, 40), strides=(20, 1)), ValueError, "b has a row stride"),
+    (FakeDeviceArray((5, 40), ptr=BASE + 2), FakeDeviceArray((48, 40)), ValueError, "a data pointer"),
+])
+def test_operand_errors(g, nothing_runs, a, b, exc, words):
+    with pytest.raises(exc, match=words):
+        g(a, b)
+
+
+@pytest.mark.parametrize("layout,a_shape,b_shape,words", [
+    ("nn", (5, 40), (48, 40), r"b has shape \(48, 40\); layout 'nn' wants b \(K, N\) = \(40, 48\)"),
+    ("tn", (5, 40), (40, 48), r"a has shape \(5, 40\); layout 'tn' wants a \(K, M\) with K=40"),
+    ("tt", (40, 5), (40, 48), r"b has shape \(40, 48\); layout 'tt' wants b \(N, K\)"),
+])
+def test_layout_shape_errors(cache, nothing_runs, layout, a_shape, b_shape, words):
+    gl = dg.build_fp32(64, 48, 40, layout=layout, arch=ARCH)
+    with pytest.raises(ValueError, match=words):
+        gl(FakeDeviceArray(a_shape, ptr=BASE), FakeDeviceArray(b_shape, ptr=BASE + 65536))
+
+
+def test_out_and_call_errors(g, nothing_runs):
+    a, b = FakeDeviceArray(**A_OK), FakeDeviceArray(**B_OK)
+    out = dict(shape=(5, 48), ptr=BASE + 65536)
+    cases = [
+        (dict(out=FakeDeviceArray((5, 47), ptr=BASE + 65536)), ValueError, r"out has shape \(5, 47\)"),
+        (dict(out=FakeDeviceArray(**out, dtype=np.float16)), TypeError, "out has dtype float16"),
+        (dict(out=FakeDeviceArray((5, 48), ptr=BASE + 4096 + 64)), ValueError, "out overlaps a or b"),
+        (dict(out=FakeDeviceArray((5, 48), ptr=BASE + 100)), ValueError, "out overlaps a or b"),
+        (dict(out=FakeDeviceArray(**out, strides=(96, 2))), ValueError, "out must have unit stride"),
+        (dict(scale_a=FakeDeviceArray((1,))), TypeError, "scale_a was given.*no scales"),
+        (dict(scale_b=FakeDeviceArray((1,))), TypeError, "scale_b was given"),
+        (dict(bias=FakeDeviceArray((48,))), TypeError, "bias= was given, but this Gemm's epilogue is 'none'"),
+        (dict(residual=FakeDeviceArray((5, 48))), TypeError, "residual= was given"),
+        (dict(alpha=2.0), TypeError, "alpha=2.0 needs the 'beta' epilogue"),
+        (dict(quant_scale=FakeDeviceArray((1,))), TypeError, "quant_scale= was given"),
+    ]
+    for kwargs, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            g(a, b, **kwargs)
+
+
+def test_epilogue_operand_errors(cache, nothing_runs):
+    ge = dg.build_fp32(64, 48, 40, epilogue="bias+residual", arch=ARCH)
+    a, b = FakeDeviceArray(**A_OK), FakeDeviceArray(**B_OK)
+    res = FakeDeviceArray((5, 48), ptr=BASE + 131072)
+    with pytest.raises(TypeError, match="bias is required"):
+        ge(a, b, residual=res)
+    with pytest.raises(ValueError, match=r"bias has shape \(47,\)"):
+        ge(a, b, bias=FakeDeviceArray((47,), ptr=BASE + 262144), residual=res)
+    with pytest.raises(TypeError, match="residual has dtype float16"):
+        ge(a, b, bias=FakeDeviceArray((48,), ptr=BASE + 262144),
+           residual=FakeDeviceArray((5, 48), np.float16, ptr=BASE + 131072))
+    out = FakeDeviceArray((5, 48), ptr=BASE + 65536)
+    with pytest.raises(ValueError, match="out overlaps bias"):
+        ge(a, b, bias=FakeDeviceArray((48,), ptr=BASE + 65536 + 8), residual=res, out=out)
+
+
+def test_mixed_array_libraries_are_refused(g, nothing_runs):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="same array library"):
+        g(torch.zeros(5, 40), FakeDeviceArray(**B_OK))
+
+
+def test_torch_cpu_tensors_are_refused(g, nothing_runs):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="a is a torch tensor on cpu"):
+        g(torch.zeros(5, 40), torch.zeros(48, 40))
+
+
+def test_valid_call_without_gpu_is_a_clear_error(g, nothing_runs):
+    if device.gpu_count():
+        pytest.skip("a GPU is present")
+    a, b = FakeDeviceArray(**A_OK), FakeDeviceArray(**B_OK)
+    with pytest.raises(NoGPUError, match="needs a GPU"):
+        g(a, b)
+    with pytest.raises(NoGPUError):  # padded rows and any offset pass validation
+        g(FakeDeviceArray((5, 40), ptr=BASE + 4, strides=(43, 1)), b, out=FakeDeviceArray((5, 48), ptr=BASE + 65536))
+    with pytest.raises(NoGPUError):
+        g.split(a, b)
+
+
+# -- the launch sequence, with the GPU replaced by recorders ---------------------------------------------------
+
+class FakeStream:
+    ptr = 0x5000
+
+
+@pytest.fixture
+def recorded(monkeypatch, fake_gpu_memory, cache):
+    """One sm_90 device; allocations at fake addresses, the split's launch and the TF32 Gemm's call recorded."""
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    monkeypatch.setattr(device, "current_device_id", lambda: 0)
+    monkeypatch.setattr(device, "capability", lambda device_id=None: (9, 0))
+    monkeypatch.setattr(fp32x3.runtime, "stream_for", lambda kind, stream, device_id: FakeStream())
+    calls = []
+    addresses = iter(range(0x10000000, 0x40000000, 0x1000000))
+
+    def empty(kind, shape, name, device_id, cu_stream, is_explicit_stream):
+        ptr = next(addresses)
+        calls.append(("alloc", kind, shape, name, cu_stream.ptr))
+        strides = (shape[1] * 4, 4)
+        return types.SimpleNamespace(shape=shape, dtype=np.dtype(F32), strides=strides,
+                                     data=types.SimpleNamespace(ptr=ptr)), ptr
+
+    class Kernel:
+        def launch(self, grid, block, args, stream):
+            calls.append(("launch", grid, block, args.args, stream.ptr))
+
+    monkeypatch.setattr(fp32x3, "_stream_array", empty)
+    monkeypatch.setattr(fp32x3.runtime, "loaded_kernel", lambda artifact, device_id, smem: Kernel())
+
+    def make(*args, **kwargs):
+        g = dg.build_fp32(*args, arch=ARCH, **kwargs)
+
+        def gemm(a3, b3, *, out, stream, **ops):
+            va3, vb3 = (matrix_view(x, name) for x, name in ((a3, "a3"), (b3, "b3")))
+            calls.append(("gemm", (va3.ptr, va3.rows, va3.cols, va3.row_stride),
+                          (vb3.ptr, vb3.rows, vb3.cols, vb3.row_stride), out, stream.ptr, ops))
+            return out
+        g.gemm = _Callable(gemm, g.gemm)   # its validators stay the real ones
+        return g
+
+    return make, calls
+
+
+class _Callable:
+    """A recorder in place of the TF32 Gemm's call; everything else is the real Gemm's."""
+
+    def __init__(self, fn, inner):
+        self._fn, self._inner = fn, inner
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_then_gemm_on_one_stream(recorded, layout):
+    make, calls = recorded
+    m, n, k = 37, 264, 100
+    g = make(m, n, k, layout=layout)
+    spec = g.spec
+    kp, kk = 128, 384
+    a = FakeDeviceArray(spec.a_shape(m), ptr=BASE, strides=(spec.a_shape(m)[1] + 3, 1))   # padded rows
+    b = FakeDeviceArray(spec.b_shape(), ptr=BASE + (1 << 22) + 4)                        # 4-byte offset base
+    out = FakeDeviceArray((m, n), ptr=BASE + (1 << 24))
+    assert g(a, b, out=out) is out
+    (alloc_a, alloc_b, launch, gemm) = calls
+    assert alloc_a[:4] == ("alloc", "cupy", (m, kk), "fp32") and alloc_b[:4] == ("alloc", "cupy", (n, kk), "fp32")
+    _, grid, block, args, stream = launch
+    assert grid == fp32x3.split_grid(m, n, k) == (2 * 1 + 9 * 1, 1, 1) and block == (256, 1, 1)
+    a_ld = spec.a_shape(m)[1] + 3
+    b_ld = spec.b_shape()[1]
+    assert [int(x) for x in args] == [BASE, a_ld, BASE + (1 << 22) + 4, b_ld, 0x10000000, 0x11000000, m, n, k, kp]
+    assert [x.dtype for x in args] == [np.uint64, np.int64, np.uint64, np.int64, np.uint64, np.uint64] + [np.uint32] * 4
+    # The TF32 Gemm multiplies exactly the two workspaces (nt, K' = 3 Kp, contiguous) into out, on the same stream.
+    _, a3, b3, gemm_out, gemm_stream, ops = gemm
+    assert a3 == (0x10000000, m, kk, kk) and b3 == (0x11000000, n, kk, kk)
+    assert gemm_out is out and stream == gemm_stream == FakeStream.ptr == alloc_a[4] == alloc_b[4]
+    assert ops == {"bias": None, "c": None, "residual": None, "alpha": 1.0, "beta": 1.0, "quant_scale": None,
+                   "amax_out": None, "scales_out": None}
+
+
+def test_epilogue_operands_are_passed_through_and_m_zero_launches_nothing(recorded):
+    make, calls = recorded
+    g = make(64, 48, 40, epilogue="beta+bias")
+    a, b = FakeDeviceArray((5, 40), ptr=BASE), FakeDeviceArray((48, 40), ptr=BASE + 4096)
+    bias, c = FakeDeviceArray((48,), ptr=BASE + 8192), FakeDeviceArray((5, 48), ptr=BASE + 16384)
+    out = FakeDeviceArray((5, 48), ptr=BASE + 32768)
+    g(a, b, bias=bias, c=c, alpha=0.5, beta=2.0, out=out)
+    ops = calls[-1][-1]
+    assert ops["bias"] is bias and ops["c"] is c and (ops["alpha"], ops["beta"]) == (0.5, 2.0)
+    calls.clear()
+    g(FakeDeviceArray((0, 40), ptr=BASE), b, bias=bias, c=FakeDeviceArray((0, 48), ptr=BASE + 16384),
+      out=FakeDeviceArray((0, 48), ptr=BASE + 32768))
+    assert [c_[0] for c_ in calls] == ["alloc", "alloc", "gemm"]   # the Gemm returns at once for M = 0
+
+
+def test_split_method_returns_the_workspaces(recorded):
+    make, calls = recorded
+    g = make(8, 16, 8)
+    a3, b3 = g.split(FakeDeviceArray((3, 8), ptr=BASE), FakeDeviceArray((16, 8), ptr=BASE + 4096))
+    assert a3.shape == (3, 96) and b3.shape == (16, 96)
+    assert [c_[0] for c_ in calls] == ["alloc", "alloc", "launch"]
+
+
+# -- the model of the split: exact, TF32 only, FP32-accurate products -------------------------------------------
+
+def spread_values(rng, n):
+    """Normal values over many binades, plus subnormals and values near FLT_MAX."""
+    scales = 2.0 ** rng.integers(-120, 120, n)
+    x = (rng.standard_normal(n) * scales).astype(F32)
+    tiny = (rng.standard_normal(64) * 1e-40).astype(F32)       # subnormal
+    huge = (rng.standard_normal(64) * 1e37).astype(F32)   # up to ~5e37 < FLT_MAX
+    return np.concatenate([x, tiny, huge, np.array([0.0, -0.0, 1.0, -1.0, 3.0, 1 / 3], F32)])
+
+
+def test_round_tf32_is_nearest_ties_away():
+    rng = np.random.default_rng(0)
+    x = spread_values(rng, 20000)
+    r = fp32x3.round_tf32(x)
+    assert np.all(bits(r) & LOW13 == 0)
+    # Nearest: no TF32 neighbour is closer (the neighbours are r +- one TF32 ulp, i.e. bit pattern +- 0x2000).
+    x64, r64 = x.astype(np.float64), r.astype(np.float64)
+    for step in (0x2000, -0x2000):
+        neighbour = (bits(r).astype(np.int64) + step).astype(np.uint32).view(F32).astype(np.float64)
+        ok = np.isfinite(neighbour)
+        assert np.all(np.abs(x64 - r64)[ok] <= np.abs(x64 - neighbour)[ok])
+    # Ties go away from zero: 1 + 2^-11 (exactly half a TF32 ulp above 1) -> 1 + 2^-10.
+    ties = np.array([1 + 2.0**-11, -(1 + 2.0**-11), 1 + 3 * 2.0**-11], F32)
+    np.testing.assert_array_equal(fp32x3.round_tf32(ties), np.array([1 + 2.0**-10, -(1 + 2.0**-10), 1 + 2.0**-9], F32))
+    np.testing.assert_array_equal(fp32x3.round_tf32(r), r)   # idempotent
+
+
+def test_split_is_exact_and_tf32_only():
+    rng = np.random.default_rng(1)
+    x = spread_values(rng, 50000)
+    hi, lo = fp32x3.split_reference(x)
+    assert hi.dtype == F32 and lo.dtype == F32
+    assert np.all(bits(hi) & LOW13 == 0) and np.all(bits(lo) & LOW13 == 0)     # both are TF32 values
+    x64, hi64 = x.astype(np.float64), hi.astype(np.float64)
+    lo_exact = x - hi                                                            # float32 arithmetic...
+    np.testing.assert_array_equal(lo_exact.astype(np.float64), x64 - hi64)     # ...is exact: hi + lo == x
+    assert np.all(hi64 + lo_exact.astype(np.float64) == x64)
+    # hi: within half a TF32 ulp (2^-137 absolute among subnormals, whose TF32 ulp is 0x2000 * 2^-149).
+    assert np.all(np.abs(x64 - hi64) <= 2.0**-11 * np.abs(x64) + 2.0**-137)
+    np.testing.assert_array_equal(lo, fp32x3.round_tf32(lo_exact))               # lo: the rounded remainder
+    err = np.abs(x64 - hi64 - lo.astype(np.float64))
+    assert np.all(err <= 2.0**-22 * np.abs(x64) + 2.0**-137)                    # hi + lo: 22 bits of x
+    wide = np.abs(x64) >= 2.0**-115   # lo normal or its TF32 ulp below 2^-22 |x|: purely relative
+    assert wide.sum() > 40000 and np.all(err[wide] <= 2.0**-22 * np.abs(x64[wide]))
+
+
+def test_split_special_values():
+    flt_max = np.finfo(F32).max
+    specials = np.array([np.inf, -np.inf, np.nan, flt_max, -flt_max, 0.0, -0.0, 1e-45], F32)
+    payload_nan = np.array([0x7F800001, 0xFF801000, 0x7FC00000], np.uint32).view(F32)
+    hi, lo = fp32x3.split_reference(np.concatenate([specials, payload_nan]))
+    assert hi[0] == np.inf and hi[1] == -np.inf and lo[0] == 0 and lo[1] == 0
+    # NaNs stay NaN as TF32 values (a payload only in the dropped bits would read as inf on the tensor cores).
+    nans = np.r_[2, 8, 9, 10]
+    assert np.all(np.isnan(hi[nans])) and np.all(bits(hi[nans]) & LOW13 == 0) and np.all(lo[nans] == 0)
+    # FLT_MAX: rna would give inf; truncation keeps hi finite and lo carries the rest exactly.
+    assert bits(hi[3]) == 0x7F7FE000 and hi[4] == -hi[3]
+    assert lo[3] > 0 and lo[3] == fp32x3.round_tf32(np.array([flt_max - hi[3]], F32))[0] and lo[4] == -lo[3]
+    assert bits(hi[5]) == 0 and bits(hi[6]) == 0x80000000 and lo[5] == 0
+    assert hi[7] == 0 and lo[7] == 0   # 2^-149 is below half a TF32 ulp of the subnormal range: rounds to 0
+
+
+@pytest.mark.parametrize("m,n,k", [(7, 129, 1), (33, 17, 33), (64, 48, 1000), (16, 16, 4096)])
+def test_three_tf32_terms_are_fp32_accurate(m, n, k):
+    """The float64 product of the split operands (what exact TF32 tensor cores would compute) against the float64
+    product of the FP32 inputs: < 1e-6 (the bound for the GPU is 1e-5, FP32 accumulation included); one TF32
+    term alone is ~1e-4, so the check can fail."""
+    rng = np.random.default_rng(m * n + k)
+    a = rng.standard_normal((m, k)).astype(F32)
+    b = rng.standard_normal((n, k)).astype(F32)
+    exact = a.astype(np.float64) @ b.astype(np.float64).T
+    norm = np.linalg.norm(exact)
+    a3 = fp32x3.split_operand_reference(a, fp32x3.LO_SEGMENT_A)
+    b3 = fp32x3.split_operand_reference(b, fp32x3.LO_SEGMENT_B)
+    kp = fp32x3.padded_k(k)
+    assert a3.shape == (m, 3 * kp) and b3.shape == (n, 3 * kp)
+    for seg in range(3):                                   # zero padding of every segment
+        assert not a3[:, seg * kp + k:(seg + 1) * kp].any() and not b3[:, seg * kp + k:(seg + 1) * kp].any()
+    hi_a, lo_a = fp32x3.split_reference(a)
+    np.testing.assert_array_equal(a3[:, :k], hi_a)
+    np.testing.assert_array_equal(a3[:, kp:kp + k], hi_a)
+    np.testing.assert_array_equal(a3[:, 2 * kp:2 * kp + k], lo_a)
+    err3 = np.linalg.norm(a3.astype(np.float64) @ b3.astype(np.float64).T - exact) / norm
+    assert err3 < 1e-6, f"{m=} {n=} {k=} {err3=:.2e}"
+    # The brief's model: lo kept exact and truncated (not rounded) to TF32 by the tensor cores.
+    trunc = lambda x: (bits(x) & np.uint32(0xFFFFE000)).view(F32).astype(np.float64)  # noqa: E731
+    ah, bh = hi_a.astype(np.float64), fp32x3.split_reference(b)[0].astype(np.float64)
+    al, bl = trunc(a - hi_a), trunc(b - fp32x3.split_reference(b)[0])
+    err_trunc = np.linalg.norm(ah @ bh.T + ah @ bl.T + al @ bh.T - exact) / norm
+    assert err_trunc < 1e-6, f"{m=} {n=} {k=} {err_trunc=:.2e}"
+    err1 = np.linalg.norm(ah @ bh.T - exact) / norm
+    assert err1 > 50 * err3, f"one TF32 term {err1:.2e} vs three {err3:.2e}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reference_operands_do_not_depend_on_the_layout(layout):
+    rng = np.random.default_rng(3)
+    a_mk = rng.standard_normal((9, 70)).astype(F32)
+    b_nk = rng.standard_normal((5, 70)).astype(F32)
+    spec = fp32x3.Fp32Spec.create(5, 70, layout=layout)
+    a = a_mk if spec.a_k_major else np.ascontiguousarray(a_mk.T)
+    b = b_nk if spec.b_k_major else np.ascontiguousarray(b_nk.T)
+    a3, b3 = fp32x3.split_operands_reference(spec, a, b)
+    want_a3, want_b3 = fp32x3.split_operands_reference(fp32x3.Fp32Spec.create(5, 70), a_mk, b_nk)
+    np.testing.assert_array_equal(a3.view(np.uint32), want_a3.view(np.uint32))
+    np.testing.assert_array_equal(b3.view(np.uint32), want_b3.view(np.uint32))

@@ -1,0 +1,383 @@
+"""FP32-accurate GEMMs (3xTF32, deepgemm_jit/fp32x3.py) on the GPU.
+
+- The split kernel, bit for bit, against the model the CPU tests prove exact (``fp32x3.split_operands_reference``):
+  every layout, odd sizes, padded rows and misaligned bases, special values.
+- ``build_fp32`` products against the float64 product of the float32 inputs: ||D - D64||_F / ||D64||_F within
+  ``reference.ERROR_BOUND["fp32"]`` (1e-5), fresh N(0, 1) inputs for every check (never zeros), outputs poisoned
+  with NaN first (an unwritten element fails), awkward M, N, K (1, 7, 33, 129, 1000, 4096), every layout, views,
+  torch tensors and streams, epilogues, aliasing errors.
+
+Skipped cleanly without a GPU (marker `gpu`); torch tests also without torch.
+"""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import deepgemm_jit as dg
+from deepgemm_jit import fp32x3, reference
+
+cupy = pytest.importorskip("cupy")
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = ("nt", "nn", "tn", "tt")
+SIZES = (1, 7, 129, 1000, 4096)
+BOUND = reference.ERROR_BOUND["fp32"]
+assert BOUND == 1e-5
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+def stored(shape, rng, pad=0, off=0):
+    """Fresh N(0, 1) float32 values of `shape`, as a view with `pad` extra elements per row and the base `off`
+    elements into its buffer (off = 1: every row start 4 bytes past 16-byte alignment)."""
+    rows, cols = shape
+    buf = rng.standard_normal((rows, cols + pad + off), dtype=cupy.float32)
+    return buf[:, off:off + cols]
+
+
+def operands(spec, m, rng, pad=0, off=0):
+    return stored(spec.a_shape(m), rng, pad, off), stored(spec.b_shape(), rng, pad, off)
+
+
+def case_name(g, m, **extra):
+    spec = g.spec
+    words = " ".join(f"{k}={v}" for k, v in extra.items())
+    return f"m={m} n={spec.n} k={spec.k} layout={spec.layout} out={spec.out_dtype} cfg={g.config.tag} {words}"
+
+
+def check(g, m, a=None, b=None, out=None, rng=None, **call_kwargs):
+    """One call into a NaN-poisoned output, judged against the float64 product; returns the error."""
+    spec = g.spec
+    if a is None:
+        a, b = operands(spec, m, rng or cupy.random.default_rng())
+    if out is None:
+        out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
+    assert g(a, b, out=out, **call_kwargs) is out
+    cupy.cuda.get_current_stream().synchronize()
+    err = reference.relative_error(out, reference.reference(spec, a, b))
+    assert reference.within_bound(err, "fp32"), f"{case_name(g, m)} err={err:.2e} bound={BOUND} " \
+                                                f"nonfinite={reference.num_nonfinite(out)}"
+    return err
+
+
+def assert_same_bits(got, want, what):
+    got_bits, want_bits = got.view(cupy.uint32), want.view(cupy.uint32)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    differ = cupy.argwhere(got_bits != want_bits)
+    if differ.shape[0]:
+        r, c = (int(v) for v in differ[0])
+        raise AssertionError(f"{what}: {differ.shape[0]} elements differ from the model; first ({r}, {c}): "
+                             f"0x{int(got_bits[r, c]):08x} != 0x{int(want_bits[r, c]):08x}")
+
+
+# -- the split kernel against the model, bit for bit ---------------------------------------------------------------
+
+SPLIT_SHAPES = [(1, 1, 1), (7, 129, 33), (129, 7, 1000), (33, 64, 128), (1000, 129, 129), (64, 4096, 4096)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", SPLIT_SHAPES)
+@pytest.mark.parametrize("pad,off", [(0, 0), (3, 1), (8, 2)])
+def test_split_matches_the_model(layout, m, n, k, pad, off):
+    """A3 and B3 as the kernel writes them equal the NumPy/CuPy model: hi, hi, lo / hi, lo, hi, zero padding
+    included; padded rows and misaligned bases take the scalar-load path of the same kernel."""
+    g = dg.build_fp32(m, n, k, layout=layout)
+    a, b = operands(g.spec, m, cupy.random.default_rng(m + n + k + pad), pad, off)
+    a3, b3 = g.split(a, b)
+    want_a3, want_b3 = fp32x3.split_operands_reference(g.spec, a, b)
+    cupy.cuda.get_current_stream().synchronize()
+    assert a3.flags.c_contiguous and b3.flags.c_contiguous and a3.dtype == b3.dtype == np.float32
+    assert a3.data.ptr % 16 == 0 and b3.data.ptr % 16 == 0
+    assert_same_bits(a3, want_a3, f"A3 {layout=} {m=} {n=} {k=} {pad=} {off=}")
+    assert_same_bits(b3, want_b3, f"B3 {layout=} {m=} {n=} {k=} {pad=} {off=}")
+
+
+def special_values():
+    flt_max = np.finfo(np.float32).max
+    values = np.array([np.inf, -np.inf, np.nan, flt_max, -flt_max, 0.0, -0.0, 1e-40, -3e-39, 1e-45, 1 + 2.0**-11,
+                       -(1 + 2.0**-11), 1.1754942e-38, 3.4e38], np.float32)
+    raw = np.array([0x7F800001, 0xFF801000, 0x7FC00000, 0x7F7FF000, 0x00001000, 0x80003000], np.uint32)
+    return np.concatenate([values, raw.view(np.float32)])
+
+
+@pytest.mark.parametrize("layout", ("nt", "tn"))
+def test_split_special_values(layout):
+    """inf, NaN (payloads in the dropped bits included), FLT_MAX and values rna would round to inf, subnormals,
+    signed zeros, exact ties: the device split equals the model bit for bit."""
+    special = special_values()
+    m, n, k = 5, 3, 70
+    g = dg.build_fp32(m, n, k, layout=layout)
+    rng = cupy.random.default_rng(11)
+    a_mk = rng.standard_normal((m, k), dtype=cupy.float32)
+    b_nk = rng.standard_normal((n, k), dtype=cupy.float32)
+    a_mk[1, :special.size] = cupy.asarray(special)
+    b_nk[2, -special.size:] = cupy.asarray(special[::-1])
+    a = a_mk if g.spec.a_k_major else cupy.ascontiguousarray(a_mk.T)
+    b = b_nk if g.spec.b_k_major else cupy.ascontiguousarray(b_nk.T)
+    a3, b3 = g.split(a, b)
+    want_a3, want_b3 = fp32x3.split_operands_reference(g.spec, a, b)
+    cupy.cuda.get_current_stream().synchronize()
+    assert_same_bits(a3, want_a3, f"A3 with special values ({layout})")
+    assert_same_bits(b3, want_b3, f"B3 with special values ({layout})")
+
+
+# -- products against float64 ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,n,k", list(itertools.product(SIZES, SIZES, SIZES)))
+def test_sweep_nt(m, n, k):
+    check(dg.build_fp32(m, n, k), m)
+
+
+AWKWARD = [(1, 1, 1), (7, 7, 33), (129, 1, 33), (1, 4096, 33), (1000, 129, 1), (7, 1000, 4096), (4096, 7, 129),
+           (129, 1001, 1003), (1000, 4096, 1000), (4096, 4096, 4096), (333, 2112, 7168)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", AWKWARD)
+def test_sweep_layouts(layout, m, n, k):
+    check(dg.build_fp32(m, n, k, layout=layout), m)
+
+
+def test_one_build_serves_every_m():
+    g = dg.build_fp32(4096, 264, 1000)
+    for m in (1, 2, 63, 64, 65, 129, 777, 5001):
+        check(g, m)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_padded_offset_operands_and_output_views(layout):
+    """Row strides wider than the rows, bases off 16-byte alignment, out a view of a wider poisoned buffer whose
+    other columns are never written."""
+    m, n, k = 129, 136, 200
+    g = dg.build_fp32(m, n, k, layout=layout)
+    rng = cupy.random.default_rng(5)
+    for pad, off in ((8, 0), (3, 0), (8, 1), (0, 1), (5, 3)):
+        a, b = operands(g.spec, m, rng, pad, off)
+        out_big = reference.poisoned((m, n + 5), "fp32")
+        out = out_big[:, 2:2 + n]
+        check(g, m, a=a, b=b, out=out)
+        assert not bool(cupy.isfinite(out_big[:, :2]).any()) and not bool(cupy.isfinite(out_big[:, 2 + n:]).any())
+
+
+def test_layouts_and_views_compute_the_same_product():
+    """The same logical A and B stored in every layout, packed or as padded views: the split operands are the same
+    bits (test_split_matches_the_model), so the products agree to rounding (bit for bit unless the TF32 GEMM's own
+    reduction order changes between calls)."""
+    m, n, k = 129, 1000, 1000
+    rng = cupy.random.default_rng(9)
+    a_mk = rng.standard_normal((m, k), dtype=cupy.float32)
+    b_nk = rng.standard_normal((n, k), dtype=cupy.float32)
+    ref = reference.to_float64(a_mk) @ reference.to_float64(b_nk).T
+    results = {}
+    for layout in LAYOUTS:
+        g = dg.build_fp32(m, n, k, layout=layout)
+        a = a_mk if g.spec.a_k_major else cupy.ascontiguousarray(a_mk.T)
+        b = b_nk if g.spec.b_k_major else cupy.ascontiguousarray(b_nk.T)
+        a_view = cupy.full((a.shape[0], a.shape[1] + 7), cupy.nan, dtype=cupy.float32)[:, 3:3 + a.shape[1]]
+        a_view[...] = a
+        for name, a_in in (("packed", a), ("view", a_view)):
+            out = reference.poisoned((m, n), "fp32")
+            g(a_in, b, out=out)
+            cupy.cuda.get_current_stream().synchronize()
+            err = reference.relative_error(out, ref)
+            assert err <= BOUND, f"{layout} {name}: err={err:.2e}"
+            results[(layout, name)] = out
+    first = results[("nt", "packed")]
+    for key, out in results.items():
+        diff = float(cupy.linalg.norm(out.astype(cupy.float64) - first) / cupy.linalg.norm(first.astype(cupy.float64)))
+        assert diff <= 1e-6, f"{key} differs from nt packed by {diff:.2e}"
+
+
+def test_three_terms_beat_one():
+    """Same inputs through the plain TF32 GEMM: ~1e-4 error; through build_fp32: FP32 level, 20x smaller at least."""
+    m, n, k = 1000, 1000, 4096
+    rng = cupy.random.default_rng(3)
+    a, b = stored((m, k), rng), stored((n, k), rng)
+    g32 = dg.build_fp32(m, n, k)
+    err32 = check(g32, m, a=a, b=b)
+    g_tf32 = dg.build(m, n, k, dtype="tf32")
+    out = reference.poisoned((m, n), "fp32")
+    g_tf32(a, b, out=out)
+    err_tf32 = reference.relative_error(out, reference.reference(g32.spec, a, b))
+    assert err32 * 20 < err_tf32, f"fp32x3 err {err32:.2e} vs tf32 err {err_tf32:.2e}"
+
+
+def test_new_output_m_zero_and_repeat_calls():
+    g = dg.build_fp32(65, 72, 80)
+    rng = cupy.random.default_rng(4)
+    a, b = operands(g.spec, 65, rng)
+    d = g(a, b)
+    assert isinstance(d, cupy.ndarray) and d.shape == (65, 72) and d.dtype == np.float32
+    assert reference.relative_error(d, reference.reference(g.spec, a, b)) <= BOUND
+    empty = g(cupy.empty((0, 80), dtype=cupy.float32), b)
+    assert empty.shape == (0, 72)
+    # The same buffers with new values (the TF32 Gemm may replay a launch plan on recycled workspaces).
+    out = reference.poisoned((65, 72), "fp32")
+    check(g, 65, a=a, b=b, out=out)
+    a[...] = rng.standard_normal(a.shape, dtype=cupy.float32)
+    out[...] = cupy.nan
+    check(g, 65, a=a, b=b, out=out)
+
+
+def test_out_aliasing_is_refused_before_anything_runs():
+    m = n = k = 64
+    g = dg.build_fp32(m, n, k)
+    rng = cupy.random.default_rng(6)
+    a, b = stored((m, k), rng), stored((n, k), rng)
+    a_before, b_before = a.copy(), b.copy()
+    with pytest.raises(ValueError, match="out overlaps a or b"):
+        g(a, b, out=a)
+    with pytest.raises(ValueError, match="out overlaps a or b"):
+        g(a, b, out=b)
+    big = rng.standard_normal((m + 1, k), dtype=cupy.float32)
+    with pytest.raises(ValueError, match="out overlaps a or b"):
+        g(big[:m], b, out=big[1:])                      # partial overlap
+    with pytest.raises(TypeError, match="out has dtype float16"):
+        g(a, b, out=cupy.empty((m, n), dtype=cupy.float16))
+    with pytest.raises(TypeError, match="a has dtype float64"):
+        g(a.astype(cupy.float64), b)
+    cupy.cuda.get_current_stream().synchronize()
+    assert bool((a == a_before).all()) and bool((b == b_before).all())
+
+
+_SPIN = r'''
+extern "C" __global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {}
+}
+'''
+
+
+def spin(stream, cycles=20_000_000):
+    """Keep `stream` busy for ~10 ms, so that work queued after it on that stream runs late."""
+    kernel = cupy.RawKernel(_SPIN, "spin")
+    with stream:
+        kernel((1,), (1,), (np.int64(cycles),))
+
+
+def test_stream_ordering_cupy():
+    """Inputs written late on a side stream: a call on that stream (current, explicit object, raw handle) sees them;
+    two calls in flight on two streams at once keep their workspaces apart."""
+    m, n, k = 512, 520, 1000
+    g = dg.build_fp32(m, n, k)
+    rng = cupy.random.default_rng(8)
+    a, b = stored((m, k), rng), stored((n, k), rng)
+    ref = reference.reference(g.spec, a, b)
+    side = cupy.cuda.Stream(non_blocking=True)
+    for how in ("current", "object", "handle"):
+        a2 = cupy.full((m, k), cupy.nan, dtype=cupy.float32)
+        out = reference.poisoned((m, n), "fp32")
+        cupy.cuda.Device().synchronize()
+        spin(side)
+        with side:
+            a2[...] = a                                   # lands after the spin
+        if how == "current":
+            with side:
+                g(a2, b, out=out)
+        else:
+            g(a2, b, out=out, stream=side if how == "object" else side.ptr)
+        side.synchronize()
+        err = reference.relative_error(out, ref)
+        assert err <= BOUND, f"stream ordering ({how}): err={err:.2e}"
+    # Two streams at once, different operands: each result is its own product.
+    s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    a_other = stored((m, k), rng)
+    out1, out2 = reference.poisoned((m, n), "fp32"), reference.poisoned((m, n), "fp32")
+    cupy.cuda.Device().synchronize()
+    spin(s1)
+    g(a, b, out=out1, stream=s1)
+    g(a_other, b, out=out2, stream=s2)
+    cupy.cuda.Device().synchronize()
+    assert reference.relative_error(out1, ref) <= BOUND
+    assert reference.relative_error(out2, reference.reference(g.spec, a_other, b)) <= BOUND
+
+
+def test_torch_tensors_current_stream_and_out():
+    torch = pytest.importorskip("torch")
+    m, n, k = 512, 264, 1000
+    g = dg.build_fp32(m, n, k)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float32)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float32)
+    ref = a.double() @ b.double().T
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)        # keep the side stream busy...
+        a2 = a * 1.0                          # ...so this copy lands late
+        d = g(a2, b)                          # torch's current stream here is `side`
+    assert isinstance(d, torch.Tensor) and d.device == a.device and d.dtype == torch.float32 and d.shape == (m, n)
+    side.synchronize()
+    err = float((d.double() - ref).norm() / ref.norm())
+    assert err <= BOUND, f"torch side-stream ordering: err={err:.2e}"
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    assert g(a, b, out=out) is out
+    torch.cuda.synchronize()
+    assert float((out.double() - ref).norm() / ref.norm()) <= BOUND
+    # An explicit torch stream, and a transposed layout from a torch (K, M) tensor.
+    out.fill_(float("nan"))
+    side.wait_stream(torch.cuda.current_stream())   # the fill before anything on `side`
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        a_km = a.t().contiguous()             # (K, M), late on `side`
+    gt = dg.build_fp32(m, n, k, layout="tn")
+    assert gt(a_km, b, out=out, stream=side) is out
+    side.synchronize()
+    assert float((out.double() - ref).norm() / ref.norm()) <= BOUND
+    with pytest.raises(ValueError, match="out overlaps a or b"):
+        g(a, b, out=a[:, :n])
+    with pytest.raises(TypeError, match="same array library"):
+        g(a, cupy.asarray(b))
+
+
+def test_other_array_producers():
+    """Operands (and out) that only speak __cuda_array_interface__: the workspaces are presented the same way."""
+    class Interface:
+        def __init__(self, x):
+            self._x = x
+            self.shape, self.dtype = x.shape, x.dtype
+
+        @property
+        def __cuda_array_interface__(self):
+            return self._x.__cuda_array_interface__
+
+    m, n, k = 129, 264, 300
+    g = dg.build_fp32(m, n, k)
+    rng = cupy.random.default_rng(10)
+    a, b = stored((m, k), rng), stored((n, k), rng)
+    out = reference.poisoned((m, n), "fp32")
+    wrapped_out = Interface(out)
+    assert g(Interface(a), Interface(b), out=wrapped_out) is wrapped_out
+    cupy.cuda.get_current_stream().synchronize()
+    assert reference.relative_error(out, reference.reference(g.spec, a, b)) <= BOUND
+    d = g(Interface(a), Interface(b))                      # a new CuPy output
+    assert isinstance(d, cupy.ndarray) and reference.relative_error(d, reference.reference(g.spec, a, b)) <= BOUND
+
+
+@pytest.mark.parametrize("layout", ("nt", "tn"))
+@pytest.mark.parametrize("epilogue", ("bias+relu", "beta+bias_row+residual"))
+def test_epilogues(layout, epilogue):
+    """The TF32 GEMM's fused epilogue runs on the FP32-accurate product (any layout: the GEMM itself is nt)."""
+    m, n, k = 300, 264, 777
+    g = dg.build_fp32(m, n, k, layout=layout, epilogue=epilogue)
+    epi = g.spec.epi
+    rng = cupy.random.default_rng(12)
+    a, b = operands(g.spec, m, rng)
+    b *= cupy.float32(1.0 / math.sqrt(k))
+    bias = rng.standard_normal((n,) if epi.bias == "col" else (m,), dtype=cupy.float32) if epi.bias != "none" else None
+    c = rng.standard_normal((m, n), dtype=cupy.float32) if epi.beta else None
+    residual = rng.standard_normal((m, n), dtype=cupy.float32) if epi.residual else None
+    alpha, beta = (0.5, -1.25) if epi.beta else (1.0, 1.0)
+    out = reference.poisoned((m, n), "fp32")
+    g(a, b, bias=bias, c=c, residual=residual, alpha=alpha, beta=beta, out=out)
+    ref = reference.unfused_epilogue(reference.reference(g.spec, a, b), epi, bias, c, residual, alpha, beta)
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "fp32"), f"{epilogue} {layout}: err={err:.2e} {g!r}"
+    if epi.beta:  # C may be out itself: D = alpha * acc + beta * D
+        d = rng.standard_normal((m, n), dtype=cupy.float32)
+        before = d.copy()
+        g(a, b, bias=bias, c=d, residual=residual, alpha=alpha, beta=beta, out=d)
+        ref = reference.unfused_epilogue(reference.reference(g.spec, a, b), epi, bias, before, residual, alpha, beta)
+        assert reference.within_bound(reference.error(d, ref), "fp32")
