@@ -9,7 +9,8 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, env, gemv, jit, launch, runtime, splitk
-from .arrays import MatrixView, ScaleView, array_kind, matrix_view, new_array, overlaps, scale_view, signature
+from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, out_view, overlaps, scale_view,
+                     signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -125,18 +126,7 @@ class Gemm:
         m = _check_m(m, "M (rows of a)" if spec.a_k_major else "M (columns of a)", allow_zero=True)
         if vb.device != va.device:
             raise ValueError(f"a is on device {va.device} but b is on device {vb.device}")
-        vd = None
-        if out is not None:
-            vd = matrix_view(out, "out")
-            out_dtype = self._out_dtype
-            if vd.dtype not in self._out_dtypes:
-                raise TypeError(f"out has dtype {vd.dtype}, but this Gemm writes {out_dtype} ({spec.out_dtype})")
-            if (vd.rows, vd.cols) != spec.out_shape(m):
-                raise ValueError(f"out has shape {(vd.rows, vd.cols)}, expected (M, N) = {spec.out_shape(m)}")
-            if vd.device != va.device:
-                raise ValueError(f"out is on device {vd.device} but a is on device {va.device}")
-            if overlaps(vd, va) or overlaps(vd, vb):
-                raise ValueError("out overlaps a or b; the kernel would read what it overwrites")
+        vd = out_view(out, self._out_dtypes, f"{self._out_dtype} ({spec.out_dtype})", spec.out_shape(m), va, vb)
         return m, va, vb, vd
 
     def _epilogue_operands(self, m: int, va: MatrixView, vd: MatrixView | None, bias, c, residual, alpha, beta
@@ -422,7 +412,7 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
           arch: str | None = None, config: config_mod.KernelConfig | None = None,
           tune: bool | None = None, *, scaling: str | None = None, b_dtype: str | None = None,
           fast_accum: bool = False, epilogue=None, weight_streaming: bool | None = None,
-          split_k: int | None = None) -> Gemm:
+          split_k: int | None = None, promoted: bool = False) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -445,6 +435,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     ``split_k`` (Hopper family): None (default) lets the heuristic compile a split-K kernel for small M and each
     call choose how many CTAs share a tile's K (see ``deepgemm_jit/splitk.py``); an int S > 1 forces S shares on
     every call (at most the number of 128-byte K blocks); 1 never splits. Results are deterministic either way.
+    ``promoted=True`` (tf32 only) adds each 32-wide K block's partial sums into FP32 registers on the CUDA cores
+    instead of accumulating through K in the tensor cores, whose additions truncate: slower, error no longer growing
+    with K (``dtype="fp32"``, 3xTF32, uses it).
     Without ``config``, a stored tuning result for this GPU, problem and M bucket is used when there is one;
     ``tune=True`` (default: ``DEEPGEMM_JIT_TUNE``) times candidate configs on the GPU when there is
     none and stores the winner (see ``tuning.py``); otherwise the heuristic decides.
@@ -455,8 +448,16 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         d = g(a, b)   # a (M, 4096), b (4096, 4096) as (N, K) -> d (M, 4096)
     """
     m_hint = _check_m(M)
+    if dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES + ("fp32",)) == "fp32":
+        if scaling not in (None, "none") or b_dtype not in (None, "fp32") or fast_accum or weight_streaming:
+            raise ValueError("dtype='fp32' (FP32-accurate 3xTF32) takes no scaling, b_dtype, fast_accum or "
+                             "weight_streaming")
+        from .fp32x3 import build_fp32
+
+        return build_fp32(m_hint, N, K, out_dtype=out_dtype, layout=layout, arch=arch, config=config, tune=tune,
+                          epilogue=epilogue)
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                           fast_accum=fast_accum, epilogue=epilogue)
+                           fast_accum=fast_accum, epilogue=epilogue, promoted=promoted)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:
         cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)
@@ -560,8 +561,8 @@ def _infer_dtype(x) -> str:
     name = dtypes.storage_name_of(dt if dt is not None else np.dtype("V1"))
     if name in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8"):
         return name
-    if name == "fp32":
-        raise ValueError("a is float32: say dtype='tf32' (TF32 tensor cores) to multiply it")
+    if name == "fp32":  # FP32-accurate (3xTF32); dtype='tf32' is the faster, TF32-accurate product
+        return "fp32"
     raise TypeError(f"a has dtype {getattr(x, 'dtype', None)}; pass float16, bfloat16, float8 or int8 arrays, "
                     "or dtype= (uint8 arrays of FP8 bits need dtype='fp8_e4m3' or 'fp8_e5m2')")
 
@@ -581,7 +582,7 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     if not isinstance(layout, str) or layout.lower() not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
     layout = layout.lower()
-    name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES) if dtype else _infer_dtype(a)
+    name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES + ("fp32",)) if dtype else _infer_dtype(a)
     a_shape, b_shape = getattr(a, "shape", None), getattr(b, "shape", None)
     if a_shape is None or len(a_shape) != 2:
         raise ValueError(f"a must be 2-D, got shape {a_shape}")
@@ -591,8 +592,15 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     n = b_shape[0] if layout[1] == "t" else b_shape[1]
     arch = device.current_arch()
     bucket = config_mod.m_bucket(m)
-    spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                           fast_accum=fast_accum, epilogue=epilogue)
+    if name == "fp32":
+        from .fp32x3 import Fp32Spec
+
+        if scaling not in (None, "none") or b_dtype not in (None, "fp32") or fast_accum:
+            raise ValueError("dtype='fp32' (FP32-accurate 3xTF32) takes no scaling, b_dtype or fast_accum")
+        spec = Fp32Spec.create(n, k, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
+    else:
+        spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,
+                               scaling=scaling, fast_accum=fast_accum, epilogue=epilogue)
     key = (spec, arch, bucket)
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket

@@ -30,11 +30,11 @@ import numpy as np
 
 from . import cubin, device, dtypes, jit, runtime, sass
 from . import epilogue as epilogue_mod
-from .arrays import MatrixView, array_kind, matrix_view, new_array, overlaps
+from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view
 from .errors import KernelNotCachedError
 from .quantization import _empty as _stream_array  # a new array of the caller's library, for the call's stream
 from .render import RenderedSource, render
-from .spec import LAYOUTS, MAX_DIM, GemmSpec, _check_dim
+from .spec import LAYOUTS, MAX_DIM, GemmSpec, OperandLayout, _check_dim
 
 # Mirrors of dgjit/split_tf32.cuh (each cubin exports them as `<entry>_<name>` symbols; checked before launch).
 K_ALIGN = 32        # Kp is a multiple of this: the TF32 GEMM's BLOCK_K (128 bytes of FP32)
@@ -68,7 +68,7 @@ def inner_k(k: int) -> int:
 # -- the problem ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Fp32Spec:
+class Fp32Spec(OperandLayout):
     """An FP32-accurate GEMM: float32 a and b in `layout` (as :class:`GemmSpec` spells layouts), D = op(A) op(B)
     (M, N_out) in `out_dtype`, through `epilogue`. The problem as the caller sees it (K is the caller's K); the
     TF32 GEMM that computes it is :attr:`inner`. It answers what the benchmark, the baselines and the references
@@ -95,7 +95,8 @@ class Fp32Spec:
         object.__setattr__(self, "epilogue", epilogue_mod.canonical(self.epilogue))
         # The TF32 GEMM checks out_dtype and the epilogue (its layout is always nt: the split writes K-major A3 and
         # B3 whatever the caller's layout, so epilogues work with every layout here).
-        inner = GemmSpec(self.n, inner_k(self.k), "tf32", self.out_dtype, "nt", epilogue=self.epilogue)
+        # promoted: the tensor cores' truncating accumulation would cap the accuracy (error linear in K).
+        inner = GemmSpec(self.n, inner_k(self.k), "tf32", self.out_dtype, "nt", epilogue=self.epilogue, promoted=True)
         object.__setattr__(self, "out_dtype", inner.out_dtype)
         object.__setattr__(self, "_inner", inner)
 
@@ -120,20 +121,6 @@ class Fp32Spec:
     @property
     def k_inner(self) -> int:
         return inner_k(self.k)
-
-    @property
-    def a_k_major(self) -> bool:
-        return self.layout[0] == "n"
-
-    @property
-    def b_k_major(self) -> bool:
-        return self.layout[1] == "t"
-
-    def a_shape(self, m: int) -> tuple[int, int]:
-        return (m, self.k) if self.a_k_major else (self.k, m)
-
-    def b_shape(self) -> tuple[int, int]:
-        return (self.n, self.k) if self.b_k_major else (self.k, self.n)
 
     def out_shape(self, m: int) -> tuple[int, int]:
         return self._inner.out_shape(m)
@@ -170,7 +157,7 @@ class Fp32Spec:
 # -- the split kernel ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class SplitKernelSpec:
+class SplitKernelSpec(OperandLayout):  # the layout letters only (no n, k: a_shape / b_shape do not apply)
     """What a split kernel is compiled for: which operands are K-major (from the caller's layout). Sizes,
     pointers and row strides are run-time arguments, and so is alignment (a 16-byte load where a chunk's
     address allows it, tested per chunk)."""
@@ -180,14 +167,6 @@ class SplitKernelSpec:
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} is not one of {', '.join(LAYOUTS)}")
-
-    @property
-    def a_k_major(self) -> bool:
-        return self.layout[0] == "n"
-
-    @property
-    def b_k_major(self) -> bool:
-        return self.layout[1] == "t"
 
     @property
     def entry(self) -> str:
@@ -374,18 +353,7 @@ class Fp32Gemm:
             raise ValueError(f"M={m} (rows of a) is larger than supported ({_MAX_M})")
         if vb.device != va.device:
             raise ValueError(f"a is on device {va.device} but b is on device {vb.device}")
-        vd = None
-        if out is not None:
-            vd = matrix_view(out, "out")
-            if vd.dtype not in self._out_dtypes:
-                raise TypeError(f"out has dtype {vd.dtype}, but this GEMM writes {self._out_dtypes[0]} "
-                                f"({spec.out_dtype})")
-            if (vd.rows, vd.cols) != spec.out_shape(m):
-                raise ValueError(f"out has shape {(vd.rows, vd.cols)}, expected (M, N) = {spec.out_shape(m)}")
-            if vd.device != va.device:
-                raise ValueError(f"out is on device {vd.device} but a is on device {va.device}")
-            if overlaps(vd, va) or overlaps(vd, vb):
-                raise ValueError("out overlaps a or b; the kernels would read what they overwrite")
+        vd = out_view(out, self._out_dtypes, f"{self._out_dtypes[0]} ({spec.out_dtype})", spec.out_shape(m), va, vb)
         return m, va, vb, vd
 
     def _check_epilogue_operands(self, m: int, va: MatrixView, vd: MatrixView | None, ops: dict) -> None:
@@ -518,15 +486,16 @@ def _common_kind(a, b, out) -> str:
 
 
 def warmup_command_for(spec: Fp32Spec, m_hint: int, arch: str) -> str:
-    """A command that compiles both kernels of ``build_fp32(m_hint, spec...)`` for `arch` into the cache (what an
-    offline miss prints)."""
-    args = [str(m_hint), str(spec.n), str(spec.k), f"layout={spec.layout!r}", f"arch={arch!r}"]
+    """The ``deepgemm-jit warmup`` line that compiles both kernels of ``build_fp32(m_hint, spec...)`` for `arch`
+    into the cache (what an offline miss prints): ``--shape M:N:K:fp32[:layout[:out_dtype]][:epilogue=EPI]``."""
+    fields = [str(m_hint), str(spec.n), str(spec.k), "fp32"]
     if spec.out_dtype != Fp32Spec.create(spec.n, spec.k, epilogue=spec.epilogue).out_dtype:
-        args.append(f"out_dtype={spec.out_dtype!r}")
+        fields += [spec.layout, spec.out_dtype]
+    elif spec.layout != "nt":
+        fields.append(spec.layout)
     if spec.epilogue != "none":
-        args.append(f"epilogue={spec.epilogue!r}")
-    return (f"DEEPGEMM_JIT_OFFLINE=0 python -c \"import deepgemm_jit as dg; "
-            f"dg.build_fp32({', '.join(args)})\"")
+        fields.append(f"epilogue={spec.epilogue}")
+    return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
 
 
 def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: str = "nt", arch: str | None = None,
@@ -550,7 +519,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
         gemm = api.build(M, N, spec.k_inner, dtype="tf32", out_dtype=spec.out_dtype, layout="nt", arch=arch,
-                         config=config, tune=tune, epilogue=spec.epilogue, weight_streaming=False)
+                         config=config, tune=tune, epilogue=spec.epilogue, weight_streaming=False, promoted=True)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:
         target = device.normalize_arch(arch) if arch is not None else exc.arch

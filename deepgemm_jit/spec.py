@@ -46,8 +46,31 @@ def _check_dim(value: object, arg: str, upper: int) -> int:
     return v
 
 
+class OperandLayout:
+    """What the layout letters say about the operands (``nt``: A (M, K), B (N, K); see ``Gemm``), for every spec
+    with a ``layout`` (and ``n``, ``k`` for the shapes)."""
+
+    layout: str
+    n: int
+    k: int
+
+    @property
+    def a_k_major(self) -> bool:
+        return self.layout[0] == "n"
+
+    @property
+    def b_k_major(self) -> bool:
+        return self.layout[1] == "t"
+
+    def a_shape(self, m: int) -> tuple[int, int]:
+        return (m, self.k) if self.a_k_major else (self.k, m)
+
+    def b_shape(self) -> tuple[int, int]:
+        return (self.n, self.k) if self.b_k_major else (self.k, self.n)
+
+
 @dataclass(frozen=True)
-class GemmSpec:
+class GemmSpec(OperandLayout):
     n: int
     k: int
     dtype: str = "bf16"
@@ -58,6 +81,10 @@ class GemmSpec:
     fast_accum: bool = False     # FP8 tensor/row: accumulate through K without FP32 promotion
     epilogue: str = "none"       # canonical text of the fused epilogue (see epilogue.py); "none" = plain store
     grouped: bool = False        # grouped GEMM (mixture of experts, grouped.py): B is (G, N, K), A the groups' rows
+    # TF32: add each K block's partial sums into FP32 registers on the CUDA cores instead of accumulating through K
+    # in the tensor cores, whose additions truncate (3xTF32's error grew linearly with K without it: 1.7e-4 at
+    # K = 16384 on the H200). FP8 is always promoted unless fast_accum.
+    promoted: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
@@ -95,6 +122,10 @@ class GemmSpec:
         self._check_quantized()
         if not isinstance(self.grouped, bool):
             raise TypeError(f"grouped must be a bool, got {type(self.grouped).__name__}")
+        if not isinstance(self.promoted, bool):
+            raise TypeError(f"promoted must be a bool, got {type(self.promoted).__name__}")
+        if self.promoted and self.dtype != "tf32":
+            raise ValueError(f"promoted=True applies to tf32 (FP8 is promoted unless fast_accum); got dtype {self.dtype!r}")
         if self.grouped:
             self._check_grouped()
 
@@ -170,8 +201,9 @@ class GemmSpec:
 
     @property
     def promote(self) -> bool:
-        """FP8 partial sums are added into FP32 accumulators every 128 K (not with fast_accum)."""
-        return self.dtype in dtypes.FP8_DTYPES and not self.fast_accum
+        """Partial sums are added into FP32 accumulators every K block: FP8 (every 128 K, not with fast_accum) and
+        TF32 with promoted=True (every 32 K)."""
+        return (self.dtype in dtypes.FP8_DTYPES and not self.fast_accum) or (self.dtype == "tf32" and self.promoted)
 
     @property
     def is_scaled(self) -> bool:
@@ -185,7 +217,7 @@ class GemmSpec:
 
     @classmethod
     def create(cls, n, k, dtype="bf16", out_dtype=None, layout="nt", *, b_dtype=None, scaling=None,
-               fast_accum=False, epilogue=None, grouped=False) -> "GemmSpec":
+               fast_accum=False, epilogue=None, grouped=False, promoted=False) -> "GemmSpec":
         """Spec with defaults filled in: `out_dtype` from `dtype` (fp16->fp16, bf16->bf16, tf32->fp32,
         fp8->bf16, int8->int32 unscaled or bf16 scaled) and `scaling` (fp8: block, int8: none)."""
         in_name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES)
@@ -200,21 +232,7 @@ class GemmSpec:
             if quant_out is not None:  # quantize-on-store writes its own 8-bit type
                 out_dtype = quant_out
         return cls(n=n, k=k, dtype=in_name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
-                   fast_accum=fast_accum, epilogue=epilogue, grouped=grouped)
-
-    @property
-    def a_k_major(self) -> bool:
-        return self.layout[0] == "n"
-
-    @property
-    def b_k_major(self) -> bool:
-        return self.layout[1] == "t"
-
-    def a_shape(self, m: int) -> tuple[int, int]:
-        return (m, self.k) if self.a_k_major else (self.k, m)
-
-    def b_shape(self) -> tuple[int, int]:
-        return (self.n, self.k) if self.b_k_major else (self.k, self.n)
+                   fast_accum=fast_accum, epilogue=epilogue, grouped=grouped, promoted=promoted)
 
     @property
     def n_out(self) -> int:
@@ -240,7 +258,8 @@ class GemmSpec:
         scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
         epi = "" if self.epilogue == "none" else "_ep_" + self.epilogue.replace("+", "_")
         grouped = "_grouped" if self.grouped else ""
-        return f"gemm{grouped}_{types}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
+        promoted = "_promoted" if self.promoted else ""
+        return f"gemm{grouped}_{types}{promoted}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -188,6 +188,10 @@ def test_build_fp32_compiles_both_kernels(m, n, k, cache):
     assert info["method"] == "3xtf32" and info["tag"] == g.spec.tag and info["k_inner"] == g.spec.k_inner, case
     assert info["spec"]["dtype"] == "fp32" and info["inner_spec"]["dtype"] == "tf32", case
     assert info["local_bytes"] == 0 and info["spill_bytes"] == 0, case
+    # The TF32 GEMM promotes partial sums (spec.promoted): without waits injected into its pipeline.
+    assert g.gemm.spec.promoted and g.gemm.spec.promote, case
+    log = g.gemm.artifact.meta["log"]
+    assert "C7514" not in log and "C7517" not in log, (case, log)
     assert info["split"]["local_bytes"] == 0 and info["split"]["sass"].get("STG", 0) > 0, case
     assert "STL" not in info["sass"] and "LDL" not in info["sass"], case
     if g.family == "sm90":
@@ -228,11 +232,23 @@ def test_cache_reuse_and_offline(cache_dir, monkeypatch):
     assert dg.build_fp32(64, 64, 100, arch=ARCH).split_artifact.key == g.split_artifact.key   # from disk
     with pytest.raises(KernelNotCachedError) as info:
         dg.build_fp32(64, 64, 100, layout="tt", arch=ARCH)   # the tt split kernel was never compiled
-    assert "build_fp32(64, 64, 100, layout='tt', arch='sm_90a')" in info.value.warmup_command
-    assert info.value.warmup_command.startswith("DEEPGEMM_JIT_OFFLINE=0 python -c")
+    assert info.value.warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 64:64:100:fp32:tt"
     with pytest.raises(KernelNotCachedError) as info:
         dg.build_fp32(64, 72, 100, epilogue="bias", arch=ARCH)  # a TF32 GEMM never compiled
-    assert "epilogue='bias'" in info.value.warmup_command
+    assert info.value.warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 64:72:100:fp32:epilogue=bias"
+    # The printed line compiles exactly what was missing: afterwards the offline build finds both kernels.
+    from deepgemm_jit import warmup
+
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "0")
+    work = warmup.plan([warmup.parse_shape("64:72:100:fp32:epilogue=bias"), warmup.parse_shape("64:64:100:fp32:tt")],
+                       ARCH)
+    assert {warmup.kernel_type(spec) for spec, _ in work} == {"fp32 (3xtf32) bias", "fp32 (3xtf32)", "split_tf32_nt",
+                                                             "split_tf32_tt"}
+    assert not warmup.run(work, ARCH, jobs=1, progress=False).failed
+    fp32x3.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    assert dg.build_fp32(64, 72, 100, epilogue="bias", arch=ARCH).split_artifact.compiled_now is False
+    assert dg.build_fp32(64, 64, 100, layout="tt", arch=ARCH).split_artifact.spec.layout == "tt"
     fp32x3.clear_memo()
 
 

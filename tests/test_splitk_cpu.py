@@ -141,3 +141,17 @@ def test_split_variant_matrix(dtype, scaling, out_dtype, epilogue, block_m, bloc
     assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
     assert mix.get("ATOMG", 0) + mix.get("ATOM", 0) + mix.get("RED", 0) > 0, case  # the arrival counter
     launch.check_layout(art, spec)
+
+
+def test_promoted_tf32_spec():
+    """promoted=True (the TF32 GEMM under dtype fp32) is a tf32-only flag that turns on the FP32 promotion."""
+    from deepgemm_jit.spec import GemmSpec as S
+
+    spec = S.create(1024, 3072, dtype="tf32", promoted=True)
+    assert spec.promote and "_promoted" in spec.tag and not S.create(1024, 3072, dtype="tf32").promote
+    with pytest.raises(ValueError, match="promoted=True applies to tf32"):
+        S.create(1024, 3072, dtype="bf16", promoted=True)
+    with pytest.raises(TypeError, match="promoted must be a bool"):
+        S(1024, 3072, dtype="tf32", out_dtype="fp32", promoted=1)
+    assert config.sm90_max_accumulators(spec) == 176
+

@@ -58,10 +58,14 @@ DGJIT_DEVICE void load_tile(T* smem, const T* gmem, int64_t ld, int row0, int co
 
 template <class TA, class TD, int kBlockM, int kBlockN, int kBlockK, int kStages,
           int kWarpsM, int kWarpsN, bool kAKMajor, bool kBKMajor, int kVecA, int kVecB,
-          int kN, int kK>
+          int kN, int kK, bool kPromote = false>
 struct GemmSm80 {
   using TB = TA;
   static constexpr bool kIsTF32 = sizeof(TA) == 4;
+  // kPromote (TF32, for 3xTF32): each block-K tile's products are summed by the tensor cores into zeroed registers
+  // and then added into the FP32 accumulators on the CUDA cores; mma's own accumulation truncates, which capped
+  // 3xTF32's accuracy (error linear in K).
+  static_assert(!kPromote || kIsTF32, "promotion is for TF32 (3xTF32)");
   static constexpr int kMmaK = kIsTF32 ? 8 : 16;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kWarpTileM = kBlockM / kWarpsM;
@@ -210,8 +214,25 @@ struct GemmSm80 {
       // whose stage the load below refills.
       __syncthreads();
       const int stage = kt % kStages;
-      compute_stage(acc, smem_a + stage * kAStageElems, smem_b + stage * kBStageElems, warp_m0,
-                    warp_n0, lane);
+      if constexpr (kPromote) {
+        float part[kFragsM][kFragsN][4];
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+          for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+        compute_stage(part, smem_a + stage * kAStageElems, smem_b + stage * kBStageElems, warp_m0, warp_n0, lane);
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+          for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] += part[i][j][e];
+      } else {
+        compute_stage(acc, smem_a + stage * kAStageElems, smem_b + stage * kBStageElems, warp_m0,
+                      warp_n0, lane);
+      }
       const int next = kt + kStages - 1;
       if (next < kNumKTiles) {
         const int ns = next % kStages;

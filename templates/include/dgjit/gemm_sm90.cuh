@@ -29,7 +29,8 @@
 //            the stage's full barrier, so the consumers never wait on a global load (loading them in
 //            the consumers, even one K block ahead, measured 1010 against 1424 TFLOPS for per-tensor
 //            scales at 4096x7168x16384).
-// kPromote (FP8): every K block accumulates into fresh registers that are then added (scaled, for
+// kPromote (FP8; TF32 for 3xTF32, whose accuracy the tensor cores' truncating additions would cap): every K block
+// accumulates into fresh registers that are then added (scaled, for
 // kBlock) into the FP32 accumulators: Hopper's FP8 tensor-core accumulation keeps fewer mantissa bits
 // than FP32, so long K sums drift without it. Without kPromote (fast_accum) the wgmmas accumulate
 // straight through K like the 16-bit kernels.
@@ -280,7 +281,7 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           uint32_t kNumStages,
           uint32_t kGroupM,   // M blocks per raster group
           Scaling kScaling,   // how scale factors are applied (kNone for unscaled types)
-          bool kPromote,      // FP8: promote each K block's partial sums into FP32 accumulators
+          bool kPromote,      // FP8, TF32 (3xTF32): promote each K block's partial sums into FP32 accumulators
           bool kPingPong,     // the two consumers take turns on whole tiles (see below) instead of sharing each
           class Epi = EpilogueNone,  // fused epilogue (see EpilogueNone)
           bool kGrouped = false,     // grouped GEMM: tiles of all groups, B_g and the bias per group (GroupArgs)
@@ -326,7 +327,8 @@ struct GemmSm90 {
   static_assert(kScaling == Scaling::kNone || sizeof(TA) == 1, "scale factors belong to 8-bit operands");
   static_assert(kScaling != Scaling::kBlock || (kIsFP8 && kPromote && kBlockK == 128),
                 "block scaling is applied at promotion, once per 128-wide K block");
-  static_assert(!kPromote || kIsFP8, "promotion exists for FP8's reduced-precision accumulation");
+  static_assert(!kPromote || kIsFP8 || kKind == MmaKind::kTF32,
+                "promotion exists for FP8's reduced-precision accumulation and for TF32 (3xTF32 accuracy)");
   static_assert(is_same<TD, int32_t>::value == (kIsInt && kScaling == Scaling::kNone),
                 "INT32 output is exactly the unscaled INT8 product");
   static constexpr bool kHasEpilogue = Epi::kBeta || Epi::kBias != BiasKind::kNone ||
@@ -545,6 +547,8 @@ struct GemmSm90 {
   // (kMaxScaleBBlocks: the scale-B blocks a tile's columns can touch: one when 128 is a multiple of
   // kBlockN, so tiles never straddle a 128-column block, else up to ceil(kBlockN / 128) + 1.)
   static constexpr uint32_t kNumScaleBBlocks = (kN + 127) / 128;
+  // K blocks per promotion: FP8 every block (128 K; block scales change per block), TF32 every 4 (128 K).
+  static constexpr uint32_t kPromoteEvery = kIsFP8 ? 1 : 4;
 
   struct BlockScales {
     float a[kNumM64PerWG][2];     // this thread's two rows per m64 slice
@@ -647,17 +651,30 @@ struct GemmSm90 {
     uint32_t k_end = tile.k_end;
     asm volatile("" : "+r"(k_end));
     float part[kNumM64PerWG][kNumAccum];
+    // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
+    // elements) accumulate in the tensor cores first, pipelined like the plain main loop (each wait leaves the newest
+    // group running), so that the promotion's full wait and adds come once per 128 K as for FP8.
 #pragma unroll 1
-    for (uint32_t k_block = tile.k_begin; k_block < k_end; ++k_block) {
-      mbarrier_wait(smem.full(state.stage), state.phase);
-      issue_k_block(smem, state.stage, math_wg, false, part);
-      if (k_block == tile.k_begin) after_first_issue();
-      // The stage's scales are read while its wgmmas run (the stage is released only after them).
+    for (uint32_t k_first = tile.k_begin; k_first < k_end; k_first += kPromoteEvery) {
       BlockScales cur;
-      if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
+      uint32_t previous_stage = 0;
+#pragma unroll
+      for (uint32_t j = 0; j < kPromoteEvery; ++j) {
+        if (j > 0 && k_first + j >= k_end) break;
+        mbarrier_wait(smem.full(state.stage), state.phase);
+        issue_k_block(smem, state.stage, math_wg, j != 0, part);
+        if (j == 0 && k_first == tile.k_begin) after_first_issue();
+        // The stage's scales are read while its wgmmas run (the stage is released only after them).
+        if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
+        if (j > 0) {
+          wgmma_wait_group<1>();
+          release_stage(smem, previous_stage);
+        }
+        previous_stage = state.stage;
+        state.advance();
+      }
       wgmma_wait_group<0>();
-      release_stage(smem, state.stage);
-      state.advance();
+      release_stage(smem, previous_stage);
       fence_accumulators(part);
       promote(acc, part, cur, tile.n_block);
     }
