@@ -237,3 +237,22 @@ def new_array(kind: str, shape: tuple[int, ...], name: str, device_id: int):
 
     with cupy.cuda.Device(device_id):
         return cupy.empty(shape, dtype=np.uint8 if name in dtypes.FP8_DTYPES else dtypes.numpy_dtype(name))
+
+
+def out_view(out: object, accepted: tuple, writes: str, shape: tuple[int, int], va: MatrixView,
+             vb: MatrixView) -> MatrixView | None:
+    """The view of a GEMM's `out=` (None when not given) after the checks every GEMM makes before launching: one of
+    the `accepted` dtypes (`writes` names what the GEMM writes), `shape`, a's device, no overlap with a or b."""
+    if out is None:
+        return None
+    vd = matrix_view(out, "out")
+    if vd.dtype not in accepted:
+        raise TypeError(f"out has dtype {vd.dtype}, but this GEMM writes {writes}")
+    if (vd.rows, vd.cols) != shape:
+        raise ValueError(f"out has shape {(vd.rows, vd.cols)}, expected (M, N) = {shape}")
+    if vd.device != va.device:
+        raise ValueError(f"out is on device {vd.device} but a is on device {va.device}")
+    if overlaps(vd, va) or overlaps(vd, vb):
+        raise ValueError("out overlaps a or b; the kernel would read what it overwrites")
+    return vd
+

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import config as config_mod
-from . import device, gemv, quantization
+from . import device, fp32x3, gemv, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -160,16 +160,27 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
     return found
 
 
+def plan_split(entries: list[WarmupEntry]) -> list[fp32x3.SplitKernelSpec]:
+    """The 3xTF32 split kernels of fp32 entries (one per caller layout)."""
+    found: list[fp32x3.SplitKernelSpec] = []
+    for entry in entries:
+        if entry.split_layout is not None and fp32x3.SplitKernelSpec(entry.split_layout) not in found:
+            found.append(fp32x3.SplitKernelSpec(entry.split_layout))
+    return found
+
+
 def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quantize: list[QuantKernelSpec] = ()
          ) -> list[tuple[GemmSpec, KernelConfig] | tuple[QuantKernelSpec | GemvSpec | SegmentsKernel, None]]:
     """The distinct kernels the entries need on `arch`: (spec, config) pairs of the GEMMs (heuristic choice per
     M bucket; num_sms None means the arch's usual count, as ``build(arch=...)`` assumes), then those of the
     grouped GEMMs (``plan_grouped``: choice per expected_m bucket and num_groups), then (quantization spec, None)
     for the kernels of ``plan_quantize(entries, quantize)``, then (gemv spec, None) for the decode kernels of
-    ``plan_gemv``, then (SegmentsKernel(), None) when there are grouped entries."""
+    ``plan_gemv``, then (SegmentsKernel(), None) when there are grouped entries, then the split kernels of fp32
+    (3xTF32) entries (``plan_split``)."""
     return (list(plan_buckets(entries, arch, num_sms)) + list(plan_grouped(entries, arch, num_sms))
             + [(q, None) for q in plan_quantize(entries, quantize)]
-            + [(g, None) for g in plan_gemv(entries, arch)] + [(s, None) for s in plan_segments(entries)])
+            + [(g, None) for g in plan_gemv(entries, arch)] + [(s, None) for s in plan_segments(entries)]
+            + [(s, None) for s in plan_split(entries)])
 
 
 def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) -> str:
@@ -178,8 +189,9 @@ def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) ->
     kernels, ``group_segments`` for the segments kernel."""
     if isinstance(spec, GemmSpec):
         text = f"grouped {type_text(spec)}" if spec.grouped else type_text(spec)
+        text = "fp32 (3xtf32)" if spec.promoted else text
         return text if spec.epilogue == "none" else f"{text} {spec.epilogue}"
-    if isinstance(spec, SegmentsKernel):
+    if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec)):
         return spec.tag
     return "gemv" if isinstance(spec, GemvSpec) else "quantize"
 
@@ -192,6 +204,8 @@ def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, c
     try:
         if isinstance(spec, SegmentsKernel):
             return grouped.segments_kernel(arch).compiled_now, None
+        if isinstance(spec, fp32x3.SplitKernelSpec):
+            return fp32x3.get_kernel(spec, arch).compiled_now, None
         if isinstance(spec, GemvSpec):
             return gemv.get_kernel(spec, arch).compiled_now, None
         if cfg is None:

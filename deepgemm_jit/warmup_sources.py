@@ -26,7 +26,8 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   without ``grouped`` is refused. Unknown keys are refused.
 - ``--shape M:N:K:TYPE[:layout[:out_dtype]][:epilogue=EPI]``, M one value or ``lo-hi`` (repeatable), TYPE
   ``dtype[xb_dtype][/scaling][+fast_accum]`` (``bf16``, ``fp8/block``, ``fp8/tensor+fast_accum``,
-  ``int8/row``, ``fp8_e4m3xfp8_e5m2/tensor``), EPI a fused epilogue (``bias+gelu``; a keyed last field, so
+  ``int8/row``, ``fp8_e4m3xfp8_e5m2/tensor``, or ``fp32``: the 3xTF32 GEMM of ``build_fp32``, its TF32
+  GEMM and the split kernel of the layout), EPI a fused epilogue (``bias+gelu``; a keyed last field, so
   layout and out_dtype may be left out before it); this is the line ``warmup_command_for`` writes for a
   kernel missing from the cache.
 - ``--grouped G:M:N:K:TYPE[:out_dtype][:epilogue=EPI]`` (repeatable): one grouped GEMM, ``build_grouped(N, K,
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import config as config_mod
-from . import dtypes, model_shapes, quantization
+from . import dtypes, fp32x3, model_shapes, quantization
 from . import epilogue as epilogue_mod
 from .grouped import DEFAULT_NUM_GROUPS
 from .quantization import QuantKernelSpec
@@ -86,6 +87,9 @@ class WarmupEntry:
     m_buckets: tuple[int, ...]
     source: str = ""  # where it came from, for messages ("shapes.json #3", "--shape ...", a model row)
     num_groups: tuple[int, ...] = ()
+    # dtype fp32 (3xTF32, fp32x3.py): the caller's layout, whose split kernel is compiled too; `spec` is then the
+    # TF32 GEMM build_fp32 runs (K' = 3 * ceil(K/32) * 32, promoted, layout nt).
+    split_layout: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def parse_type(text: str) -> GemmType:
     if (plus and modifier != "fast_accum") or (slash and not scaling) or (times and not b):
         raise ValueError(f"TYPE {text!r}: write {TYPE_SYNTAX} (+fast_accum is the only modifier), e.g. "
                          f"{TYPE_EXAMPLES}")
-    allowed = dtypes.INPUT_DTYPES
+    allowed = dtypes.INPUT_DTYPES + ("fp32",)  # fp32: 3xTF32 (build_fp32), --shape only
     return GemmType(dtype=dtypes.canonical(a, arg="dtype", allowed=allowed),
                     b_dtype=dtypes.canonical(b, arg="b_dtype", allowed=allowed) if times else None,
                     scaling=scaling if slash else None, fast_accum=bool(plus))
@@ -218,8 +222,14 @@ def parse_shape(text: str) -> WarmupEntry:
     layout = parts[4] if len(parts) > 4 else "nt"
     out_dtype = parts[5] if len(parts) > 5 else None
     try:
-        spec = parse_type(parts[3]).spec(n, k, out_dtype, layout, epilogue=epilogue)
+        gemm_type = parse_type(parts[3])
         buckets = parse_m(parts[0])
+        if gemm_type.dtype == "fp32":  # build_fp32: the split kernel of the layout and the TF32 GEMM over K'
+            if gemm_type != GemmType("fp32"):
+                raise ValueError("fp32 (3xTF32) takes no b_dtype, scaling or fast_accum")
+            fspec = fp32x3.Fp32Spec.create(n, k, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
+            return WarmupEntry(spec=fspec.inner, m_buckets=buckets, source=where, split_layout=fspec.layout)
+        spec = gemm_type.spec(n, k, out_dtype, layout, epilogue=epilogue)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     return WarmupEntry(spec=spec, m_buckets=buckets, source=where)

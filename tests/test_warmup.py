@@ -940,3 +940,24 @@ def test_fused_epilogue_offline_miss_then_its_warmup_line_then_nothing_to_compil
     assert f"compiled 0, already cached {count}, failed 0" in capsys.readouterr().out
     grouped._segments_memo.clear()
     quantization.clear_memo()
+
+
+def test_fp32_shapes_plan_the_tf32_gemm_and_the_split_kernel():
+    """--shape ...:fp32[:layout] (3xTF32, build_fp32): the TF32 GEMM over K' (promoted, layout nt) that build_fp32
+    compiles, and one split kernel per caller layout; other TYPE fields are refused for fp32."""
+    from deepgemm_jit import fp32x3
+
+    entry = warmup.parse_shape("1-4096:7168:2048:fp32:nn")
+    assert entry.spec == fp32x3.Fp32Spec.create(7168, 2048, layout="nn").inner and entry.split_layout == "nn"
+    assert entry.spec.promoted and entry.spec.layout == "nt" and entry.spec.k == 3 * 2048
+    work = warmup.plan([entry, warmup.parse_shape("64:7168:2048:fp32:tt")], "sm_90a")
+    splits = [spec for spec, cfg in work if cfg is None]
+    assert splits == [fp32x3.SplitKernelSpec("nn"), fp32x3.SplitKernelSpec("tt")]
+    gemms = {(spec, cfg) for spec, cfg in work if cfg is not None}
+    assert (entry.spec, config.choose_config(entry.spec, 64, "sm_90a")) in gemms
+    for bad in ("64:8:8:fp32/tensor", "64:8:8:fp32xbf16", "64:8:8:fp32+fast_accum"):
+        with pytest.raises(ValueError):
+            warmup.parse_shape(bad)
+    assert fp32x3.warmup_command_for(fp32x3.Fp32Spec.create(8, 40, out_dtype="bf16"), 64, "sm_90a") == (
+        "deepgemm-jit warmup --arch sm_90a --shape 64:8:40:fp32:nt:bf16")
+
