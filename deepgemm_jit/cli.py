@@ -94,6 +94,13 @@ def _cmd_explain(args) -> int:
     mix = ", ".join(f"{op} {n}" for op, n in list(info["sass"].items())[:16])
     print(f"MMA       {tensor_ops}")
     print(f"SASS      {mix}")
+    split = info.get("split_k", {})
+    if split.get("kernel"):
+        shares = ", ".join(f"M={m}: {s}" for m, s in split["splits_by_m"].items())
+        print(f"split-K   shares per tile by M ({split['num_sms']} SMs): {shares}")
+    if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM
+        print(f"3xTF32    split kernel {info['split'].get('entry', '')} (local {info['split']['local_bytes']} B), "
+              f"TF32 GEMM over K' = {info.get('k_inner')}")
     return 0
 
 
@@ -151,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("M", type=int)
     e.add_argument("N", type=int)
     e.add_argument("K", type=int)
-    e.add_argument("--dtype", default="bf16", choices=dtypes.INPUT_DTYPES)
+    e.add_argument("--dtype", default="bf16", choices=dtypes.INPUT_DTYPES + ("fp32",),
+                   help="input type; fp32 = FP32-accurate 3xTF32 (build_fp32)")
     e.add_argument("--out-dtype", default=None, choices=dtypes.OUTPUT_DTYPES)
     e.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))
     e.add_argument("--scaling", default=None, choices=("none", "tensor", "row", "block"),

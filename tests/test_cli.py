@@ -47,3 +47,16 @@ def test_explain_text_and_cache_commands(cache_dir, capsys):
 def test_cli_reports_bad_arguments(cache_dir, capsys):
     assert cli.main(["explain", "0", "8", "8", "--arch", "sm_90a"]) == 2
     assert "M must be" in capsys.readouterr().err
+
+
+def test_explain_split_k_and_fp32(cache_dir, capsys):
+    """The text form shows the split-K rule of a split-K kernel, and --dtype fp32 explains the 3xTF32 GEMM."""
+    assert cli.main(["explain", "64", "7168", "16384", "--arch", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    assert "_sk" in out and "split-K   shares per tile by M" in out and "M=4096: 1" in out
+    assert cli.main(["explain", "64", "256", "100", "--dtype", "fp32", "--arch", "sm_90a", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["spec"]["dtype"] == "fp32" and info["inner_spec"]["promoted"] and info["local_bytes"] == 0
+    assert cli.main(["explain", "64", "256", "100", "--dtype", "fp32", "--arch", "sm_90a"]) == 0
+    assert "3xTF32    split kernel" in capsys.readouterr().out
+
