@@ -333,18 +333,19 @@ class Gemm:
             return result
         artifact = self._artifact_for(va, vb, vd)
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
-                           epi, split=self._split_operands(artifact, m, dev))
+                           epi, split=self._split_operands(artifact, m, dev, cu_stream))
         plan.run(cu_stream)
         self._remember_plan(key if replayable else None, plan, kind)
         return result
 
-    def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int) -> splitk.SplitOperands | None:
+    def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int, cu_stream
+                        ) -> splitk.SplitOperands | None:
         """A split-K kernel's shares for this M and the workspace they meet in (None for other kernels)."""
         cfg = artifact.config
         if not cfg.split_k:
             return None
         splits = splitk.num_splits(self.spec, cfg, m, launch.num_sms(dev), self.split_k)
-        return self._split_workspace.operands(self.spec, cfg, m, splits, dev)
+        return self._split_workspace.operands(self.spec, cfg, m, splits, dev, cu_stream)
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
         if key is not None and None not in key:
@@ -381,7 +382,7 @@ class Gemm:
                                                (("c", epi.c), ("residual", epi.residual)) if view is not None})
             va2, vb2, vd2 = aligned(va, True), aligned(vb, True), aligned(vd, False)
             plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m, va2, vb2,
-                               vd2, dev, sa, sb, epi2, split=self._split_operands(self.artifact, m, dev))
+                               vd2, dev, sa, sb, epi2, split=self._split_operands(self.artifact, m, dev, cu_stream))
             plan.run(cu_stream)
             if vd2 is not vd:
                 cupy.cuda.runtime.memcpy2DAsync(vd.ptr, vd.row_stride * vd.itemsize, vd2.ptr,

@@ -88,17 +88,32 @@ class Workspace:
         self._retired: list = []  # outgrown buffers: kept launch plans may still point at them
         self._lock = threading.Lock()
 
-    def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int) -> SplitOperands:
+    def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int,
+                 stream=None) -> SplitOperands:
+        """The launch's split operands, allocating (or growing) the workspace first when it is too small; `stream`
+        (the call's CuPy stream) must not be capturing a CUDA graph then, since allocation synchronises."""
         partial_bytes, arrival_bytes = workspace_bytes(spec, cfg, m, splits)
         if partial_bytes == 0:
             return SplitOperands(1)
         with self._lock:
             have = self._buffers.get(device_id)
             if have is None or have[0].nbytes < partial_bytes or have[1].nbytes < arrival_bytes:
+                if stream is not None and _is_capturing(stream):
+                    raise RuntimeError(
+                        f"this split-K call (M={m}, {splits} shares per tile) needs a larger workspace, which is "
+                        "allocated (with a device synchronisation) on the first call that needs it: call the Gemm "
+                        "once with this M (or a larger one) before capturing a CUDA graph")
                 if have is not None:
                     self._retired.append(have)
                 have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)
         return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr)
+
+
+def _is_capturing(stream) -> bool:
+    """Whether the CuPy stream `stream` is capturing a CUDA graph."""
+    import cupy
+
+    return bool(cupy.cuda.runtime.streamIsCapturing(stream.ptr))
 
 
 def _allocate(partial_bytes: int, arrival_bytes: int, device_id: int, previous) -> tuple[object, object]:

@@ -155,3 +155,34 @@ def test_promoted_tf32_spec():
         S(1024, 3072, dtype="tf32", out_dtype="fp32", promoted=1)
     assert config.sm90_max_accumulators(spec) == 176
 
+
+def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
+    """A call that would allocate (and synchronise) inside a CUDA-graph capture gets a clear error instead of the
+    driver's; a workspace that is large enough is handed out without a check of the stream."""
+    spec = GemmSpec.create(1000, 4096, dtype="bf16")
+    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+    made = []
+
+    class Buf:
+        def __init__(self, nbytes, ptr):
+            self.nbytes = nbytes
+            self.data = type("P", (), {"ptr": ptr})()
+
+    def fake_allocate(partial_bytes, arrival_bytes, device_id, previous):
+        made.append(partial_bytes)
+        return Buf(partial_bytes, 4096 * len(made)), Buf(arrival_bytes, 8192 * len(made))
+
+    capturing = {"now": True}
+    monkeypatch.setattr(splitk, "_allocate", fake_allocate)
+    monkeypatch.setattr(splitk, "_is_capturing", lambda stream: capturing["now"])
+    ws = splitk.Workspace()
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        ws.operands(spec, cfg, 100, 3, 0, stream=object())
+    assert made == []
+    capturing["now"] = False
+    first = ws.operands(spec, cfg, 100, 3, 0, stream=object())
+    capturing["now"] = True
+    assert ws.operands(spec, cfg, 64, 3, 0, stream=object()) == first  # fits: no allocation, no stream check
+    assert first.num_splits == 3 and made == [splitk.workspace_bytes(spec, cfg, 100, 3)[0]]
+    assert ws.operands(spec, cfg, 100, 1, 0, stream=object()) == splitk.SplitOperands(1)
+
