@@ -1,10 +1,10 @@
 """Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
 
     python3 -m scripts.exp_splitk_sweep [--dtype bf16|fp8_block] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
-                                        [--out DIR]
+                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--out DIR]
 
 Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
-tile of the current heuristic with every forced split count, the current heuristic's own choice ("auto"), and
+tile of the current heuristic (or each of --tiles) with every forced split count, the heuristic's own choice ("auto"), and
 cuBLAS (torch.mm; BF16 only), interleaved in one run (L2 flushed, medians). Outputs are checked against a float64
 reference before timing. Weight streaming is off: this measures the tile kernels.
 """
@@ -38,6 +38,8 @@ def main() -> int:
     ap.add_argument("--ms", default="16,32,64,128")
     ap.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--nk", default=None, help="comma list of NxK (default: the six DeepSeek shapes)")
+    ap.add_argument("--tiles", default=None, help="comma list of BMxBN split-K tiles to sweep (default: the auto tile)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import cupy
@@ -51,7 +53,8 @@ def main() -> int:
     if args.dtype == "bf16":
         import torch
     rows = []
-    for n, k in NK:
+    shapes = NK if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
+    for n, k in shapes:
         for m in (int(x) for x in args.ms.split(",")):
             kw = {"dtype": "bf16"} if args.dtype == "bf16" else {"dtype": "fp8", "scaling": "block"}
             spec = GemmSpec.create(n, k, **kw)
@@ -67,18 +70,28 @@ def main() -> int:
                 ref = (reference.dequantize_reference(qa, sa, "fp8", "group128")
                        @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
             auto = dg.build(m, n, k, weight_streaming=False, **kw)
-            split_cfg = auto.config if auto.config.split_k else None
-            if split_cfg is None:
+            split_cfgs = []
+            if args.tiles:
+                for t in args.tiles.split(","):
+                    bm, bn = (int(v) for v in t.split("x"))
+                    split_cfgs.append(config.sm90_config(spec, bm, bn, split_k=True))
+            elif auto.config.split_k:
+                split_cfgs.append(auto.config)
+            else:
                 try:
-                    split_cfg = dataclasses.replace(auto.config, split_k=True, pingpong=False)
-                    split_cfg.check_for(spec, "sm_90a")
+                    cfg = dataclasses.replace(auto.config, split_k=True, pingpong=False)
+                    cfg.check_for(spec, "sm_90a")
                 except ValueError:
-                    split_cfg = config.sm90_split_config(spec, config.m_bucket(m), num_sms, 4)
+                    cfg = config.sm90_split_config(spec, config.m_bucket(m), num_sms, 4)
+                split_cfgs.append(cfg)
+            split_cfg = split_cfgs[0]
             gemms = {"old": dg.build(m, n, k, config=_unsplit_heuristic(spec, m, num_sms), weight_streaming=False,
                                      **kw),
                      "auto": auto}
-            for s in (int(x) for x in args.splits.split(",")):
-                gemms[f"s{s}"] = dg.build(m, n, k, config=split_cfg, split_k=s, weight_streaming=False, **kw)
+            for cfg in split_cfgs:
+                prefix = "" if len(split_cfgs) == 1 else f"{cfg.block_m}x{cfg.block_n}_"
+                for s in (int(x) for x in args.splits.split(",")):
+                    gemms[f"{prefix}s{s}"] = dg.build(m, n, k, config=cfg, split_k=s, weight_streaming=False, **kw)
             fns, errors = {}, {}
             for name, g in gemms.items():
                 out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
@@ -93,7 +106,7 @@ def main() -> int:
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
             dev = cupy.cuda.Device().id
             row = {"dtype": args.dtype, "m": m, "n": n, "k": k, "old_tile": gemms["old"].config.tag,
-                   "split_tile": split_cfg.tag, "auto_tile": auto.config.tag,
+                   "split_tile": split_cfg.tag, "split_tiles": [c.tag for c in split_cfgs], "auto_tile": auto.config.tag,
                    "auto_splits": (auto._split_operands(auto.artifact, m, dev) or splitk.SplitOperands(1)).num_splits,
                    "us": {name: r.median_us for name, r in t.items()},
                    "max_err": max(errors.values())}
@@ -101,11 +114,12 @@ def main() -> int:
             row["correct"] = bound_ok
             rows.append(row)
             us = row["us"]
-            best = min((v, name) for name, v in us.items() if name.startswith("s"))
+            best = min((v, name) for name, v in us.items() if name not in ("old", "auto", "cublas"))
             print(f"{args.dtype} m={m} n={n} k={k} ok={bound_ok} old {us['old']:.1f} ({row['old_tile']}) auto "
                   f"{us['auto']:.1f} (S={row['auto_splits']}, {row['auto_tile']}) best {best[1]} {best[0]:.1f}"
                   + (f" cublas {us['cublas']:.1f}" if "cublas" in us else "") + " | "
-                  + " ".join(f"{name}={v:.1f}" for name, v in us.items() if name.startswith("s")), flush=True)
+                  + " ".join(f"{name}={v:.1f}" for name, v in us.items() if name not in ("old", "auto", "cublas")),
+                  flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / f"exp-splitk-sweep-{args.dtype}.json").write_text(json.dumps(rows, indent=1))
