@@ -449,10 +449,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         d = g(a, b)   # a (M, 4096), b (4096, 4096) as (N, K) -> d (M, 4096)
     """
     m_hint = _check_m(M)
-    if dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES + ("fp32",)) == "fp32":
-        if scaling not in (None, "none") or b_dtype not in (None, "fp32") or fast_accum or weight_streaming:
-            raise ValueError("dtype='fp32' (FP32-accurate 3xTF32) takes no scaling, b_dtype, fast_accum or "
-                             "weight_streaming")
+    if dtypes.canonical(dtype, arg="dtype", allowed=dtypes.GEMM_DTYPES) == "fp32":
+        _check_fp32_options(scaling=scaling, b_dtype=b_dtype, fast_accum=fast_accum,
+                            weight_streaming=weight_streaming, split_k=split_k, promoted=promoted)
         from .fp32x3 import build_fp32
 
         return build_fp32(m_hint, N, K, out_dtype=out_dtype, layout=layout, arch=arch, config=config, tune=tune,
@@ -479,6 +478,17 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         from .warmup_sources import warmup_command_for
 
         raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target)) from None
+
+
+def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_streaming=None, split_k=None,
+                        promoted=False) -> None:
+    """dtype='fp32' (build_fp32) has no scales, no second input type, no decode kernel and its own TF32 GEMM's
+    accumulation: refuse options that would otherwise be ignored."""
+    given = [name for name, v in (("scaling", scaling not in (None, "none")), ("b_dtype", b_dtype not in (None, "fp32")),
+                                  ("fast_accum", bool(fast_accum)), ("weight_streaming", bool(weight_streaming)),
+                                  ("split_k", split_k is not None), ("promoted", bool(promoted))) if v]
+    if given:
+        raise ValueError(f"dtype='fp32' (FP32-accurate 3xTF32) takes no {', '.join(given)}")
 
 
 _MAX_SPLIT_K = 64
@@ -583,7 +593,7 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     if not isinstance(layout, str) or layout.lower() not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
     layout = layout.lower()
-    name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.INPUT_DTYPES + ("fp32",)) if dtype else _infer_dtype(a)
+    name = dtypes.canonical(dtype, arg="dtype", allowed=dtypes.GEMM_DTYPES) if dtype else _infer_dtype(a)
     a_shape, b_shape = getattr(a, "shape", None), getattr(b, "shape", None)
     if a_shape is None or len(a_shape) != 2:
         raise ValueError(f"a must be 2-D, got shape {a_shape}")
@@ -596,8 +606,7 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     if name == "fp32":
         from .fp32x3 import Fp32Spec
 
-        if scaling not in (None, "none") or b_dtype not in (None, "fp32") or fast_accum:
-            raise ValueError("dtype='fp32' (FP32-accurate 3xTF32) takes no scaling, b_dtype or fast_accum")
+        _check_fp32_options(scaling=scaling, b_dtype=b_dtype, fast_accum=fast_accum)
         spec = Fp32Spec.create(n, k, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     else:
         spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,

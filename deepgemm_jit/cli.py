@@ -158,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("M", type=int)
     e.add_argument("N", type=int)
     e.add_argument("K", type=int)
-    e.add_argument("--dtype", default="bf16", choices=dtypes.INPUT_DTYPES + ("fp32",),
+    e.add_argument("--dtype", default="bf16", choices=dtypes.GEMM_DTYPES,
                    help="input type; fp32 = FP32-accurate 3xTF32 (build_fp32)")
     e.add_argument("--out-dtype", default=None, choices=dtypes.OUTPUT_DTYPES)
     e.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))

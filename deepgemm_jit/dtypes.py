@@ -48,6 +48,9 @@ _ALIASES = {
 }
 
 INPUT_DTYPES = tuple(n for n, d in _TABLE.items() if d.is_input)
+# What build(), gemm(), warmup --shape and explain take as dtype: the GemmSpec input types, and fp32, which is not one
+# (FP32-accurate GEMMs run a split kernel and a TF32 GEMM: deepgemm_jit/fp32x3.py).
+GEMM_DTYPES = INPUT_DTYPES + ("fp32",)
 OUTPUT_DTYPES = tuple(n for n, d in _TABLE.items() if d.is_output)
 # What an unspecified out_dtype becomes: the input's own type, FP32 for TF32.
 DEFAULT_OUT = {"fp16": "fp16", "bf16": "bf16", "tf32": "fp32", "fp8_e4m3": "bf16", "fp8_e5m2": "bf16",

@@ -67,8 +67,16 @@ def poisoned(shape, name: str):
     """A contiguous output buffer of storage dtype `name` filled with NaN, so that unwritten elements fail checks."""
     import cupy
 
-    x = cupy.empty(shape, dtype=dtypes.numpy_dtype(name))
-    cupy.cuda.runtime.memsetAsync(x.data.ptr, POISON_BYTE, x.nbytes, cupy.cuda.get_current_stream().ptr)
+    return poison(cupy.empty(shape, dtype=dtypes.numpy_dtype(name)))
+
+
+def poison(x, stream=None):
+    """Fill the contiguous CuPy array `x` with NaN bytes again, on `stream` (default: the current stream), e.g.
+    between replays of a captured CUDA graph; returns x."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream() if stream is None else stream
+    cupy.cuda.runtime.memsetAsync(x.data.ptr, POISON_BYTE, x.nbytes, stream.ptr)
     return x
 
 

@@ -163,7 +163,7 @@ def parse_type(text: str) -> GemmType:
     if (plus and modifier != "fast_accum") or (slash and not scaling) or (times and not b):
         raise ValueError(f"TYPE {text!r}: write {TYPE_SYNTAX} (+fast_accum is the only modifier), e.g. "
                          f"{TYPE_EXAMPLES}")
-    allowed = dtypes.INPUT_DTYPES + ("fp32",)  # fp32: 3xTF32 (build_fp32), --shape only
+    allowed = dtypes.GEMM_DTYPES  # fp32: 3xTF32 (build_fp32), --shape only
     return GemmType(dtype=dtypes.canonical(a, arg="dtype", allowed=allowed),
                     b_dtype=dtypes.canonical(b, arg="b_dtype", allowed=allowed) if times else None,
                     scaling=scaling if slash else None, fast_accum=bool(plus))

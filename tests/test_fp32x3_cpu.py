@@ -574,3 +574,13 @@ def test_reference_operands_do_not_depend_on_the_layout(layout):
     want_a3, want_b3 = fp32x3.split_operands_reference(fp32x3.Fp32Spec.create(5, 70), a_mk, b_nk)
     np.testing.assert_array_equal(a3.view(np.uint32), want_a3.view(np.uint32))
     np.testing.assert_array_equal(b3.view(np.uint32), want_b3.view(np.uint32))
+
+
+@pytest.mark.parametrize("kwargs,named", [(dict(split_k=2), "split_k"), (dict(promoted=True), "promoted"),
+                                          (dict(scaling="tensor", fast_accum=True), "scaling, fast_accum"),
+                                          (dict(weight_streaming=True), "weight_streaming"),
+                                          (dict(b_dtype="bf16"), "b_dtype")])
+def test_build_fp32_refuses_options_it_would_ignore(kwargs, named):
+    """build(dtype='fp32') names every option the 3xTF32 path has no use for instead of dropping it."""
+    with pytest.raises(ValueError, match=f"takes no {named}"):
+        dg.build(64, 64, 64, dtype="fp32", arch=ARCH, **kwargs)

@@ -161,12 +161,6 @@ def test_deterministic_bits(dtype):
         assert bool((again.view(cupy.uint16) == first.view(cupy.uint16)).all()), dtype
 
 
-def _poison(x, stream):
-    import cupy
-
-    cupy.cuda.runtime.memsetAsync(x.data.ptr, reference.POISON_BYTE, x.nbytes, stream.ptr)
-
-
 def test_cuda_graph_capture_and_replay(launches):
     import cupy
 
@@ -178,7 +172,7 @@ def test_cuda_graph_capture_and_replay(launches):
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         g(a, b, out=out, stream=stream)  # compile, load and plan outside the capture
-        _poison(out, stream)
+        reference.poison(out, stream)
         stream.synchronize()
         stream.begin_capture()
         g(a, b, out=out, stream=stream)
@@ -189,7 +183,7 @@ def test_cuda_graph_capture_and_replay(launches):
         fresh = reference.random_matrix((m, k), "bf16")  # new inputs in the same buffers
         cupy.cuda.Device().synchronize()  # made on the current stream, copied on `stream`
         cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
-        _poison(out, stream)
+        reference.poison(out, stream)
         graph.launch(stream)
         stream.synchronize()
         err = reference.error(out, reference.reference(spec, a, b))

@@ -278,7 +278,7 @@ def test_masked_cuda_graph_replay_follows_device_counts():
         graph = stream.end_capture()
     a64, b64 = reference.to_float64(a), reference.to_float64(b)
     for new in ([1, 2, 3, 4], [128, 0, 0, 77]):
-        cupy.cuda.runtime.memsetAsync(out.data.ptr, reference.POISON_BYTE, out.nbytes, stream.ptr)
+        reference.poison(out, stream)
         counts.set(np.asarray(new, dtype=np.int32), stream=stream)
         graph.launch(stream)
         stream.synchronize()

@@ -200,12 +200,6 @@ def test_workspace_grows_with_m():
     assert _arrivals_zero(g)
 
 
-def _poison(x, stream):
-    import cupy
-
-    cupy.cuda.runtime.memsetAsync(x.data.ptr, reference.POISON_BYTE, x.nbytes, stream.ptr)
-
-
 def test_cuda_graph_capture_and_replay():
     import cupy
 
@@ -217,7 +211,7 @@ def test_cuda_graph_capture_and_replay():
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         g(a, b, out=out, stream=stream)  # compile, load, plan and allocate the workspace outside the capture
-        _poison(out, stream)
+        reference.poison(out, stream)
         stream.synchronize()
         stream.begin_capture()
         g(a, b, out=out, stream=stream)
@@ -228,7 +222,7 @@ def test_cuda_graph_capture_and_replay():
         fresh = reference.random_matrix((m, k), "bf16")
         cupy.cuda.Device().synchronize()
         cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
-        _poison(out, stream)
+        reference.poison(out, stream)
         graph.launch(stream)
         stream.synchronize()
         err = reference.error(out, reference.reference(spec, a, b))
