@@ -184,6 +184,27 @@ def test_contiguous_fp8_block(sizes, n, k, scale_layout):
     _check_groups(out, a64, b64, bounds, "fp8_e4m3", _plain_loop(g, qa, qb, bounds, sa, sb))
 
 
+@pytest.mark.parametrize("block_n", [176, 160])
+def test_contiguous_fp8_block_straddling_tiles(block_n):
+    """Tiles straddling 128-column scale blocks in the grouped walk: each group's own B scales per offset."""
+    import cupy
+
+    from deepgemm_jit import config
+    from deepgemm_jit.spec import GemmSpec
+
+    sizes, n, k = [200, 0, 1, 333], 1496, 1040  # N, K: no multiples of the tile / 128 (TMA: 16-byte rows)
+    rng = cupy.random.default_rng(block_n)
+    qa, sa, qb, sb, a64, b64 = _fp8_problem(sizes, n, k, rng)
+    spec = GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=True)
+    g = dg.build_grouped(n, k, dtype="fp8", num_groups=len(sizes), config=config.sm90_config(spec, 128, block_n))
+    assert g.config.block_n == block_n
+    out = reference.poisoned((sum(sizes), n), "bf16")
+    g(qa, qb, scale_a=sa, scale_b=sb, offs=_offsets(sizes), out=out)
+    ends = np.cumsum(sizes)
+    bounds = [(int(e - s), int(e)) for s, e in zip(sizes, ends)]
+    _check_groups(out, a64, b64, bounds, "fp8_e4m3", _plain_loop(g, qa, qb, bounds, sa, sb))
+
+
 def test_masked_fp8_block():
     import cupy
 

@@ -75,6 +75,31 @@ def test_fp8_block_column_major_scales():
     assert reference.error(out, ref) < 5e-3
 
 
+# Block-scaled tiles whose columns straddle 128-column scale blocks: each offset a tile can start at inside a
+# block (the kernel resolves it at compile time, one promotion per offset) must pick the right B scales. N spans
+# every offset of these widths and ends mid-tile; K ends mid-group; B's scales differ strongly per block.
+@pytest.mark.parametrize("block_m,block_n", [(128, 176), (128, 160), (128, 144), (64, 112), (128, 96), (64, 80)])
+@pytest.mark.parametrize("m,n,k", [(130, 1500, 1000), (257, 2112, 640)])
+def test_fp8_block_straddling_tiles(block_m, block_n, m, n, k):
+    import cupy
+
+    from deepgemm_jit import config
+    from deepgemm_jit.spec import GemmSpec
+
+    x, w, qa, sa, qb, sb, _ = _problem(m, n, k, "fp8_e4m3", "fp8_e4m3", "block", seed=m + block_n)
+    sb = sb * cupy.asarray(cupy.random.default_rng(block_n).uniform(0.25, 4.0, sb.shape), dtype=cupy.float32)
+    ref = reference.dequantize_reference(qa, sa, "fp8_e4m3", "group128") @ \
+        reference.dequantize_reference(qb, sb, "fp8_e4m3", "block128").T
+    spec = GemmSpec.create(n, k, dtype="fp8", scaling="block")
+    cfg = config.sm90_config(spec, block_m, block_n)
+    g = build(m, n, k, dtype="fp8", scaling="block", config=cfg, weight_streaming=False)
+    assert g.config.block_n == block_n
+    out = reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    err = reference.error(out, ref)
+    assert err < 5e-3, (block_m, block_n, m, n, k, err)
+
+
 @pytest.mark.parametrize("scaling", ["tensor", "row"])
 def test_fp8_fast_accum(scaling):
     m, n, k = 130, 520, 4096

@@ -444,9 +444,6 @@ struct GemmSm90 {
     DGJIT_DEVICE uint32_t stage_scales(uint32_t stage) const {
       return shared_addr(base + kSmemStageScaleOffset + stage * kStageScaleFloats * 4);
     }
-    DGJIT_DEVICE float* stage_scales_ptr(uint32_t stage) const {
-      return reinterpret_cast<float*>(base + kSmemStageScaleOffset + stage * kStageScaleFloats * 4);
-    }
     // kRow: kWGRows row scales, then kBlockN column scales, per consumer warpgroup.
     DGJIT_DEVICE float* row_scales(uint32_t math_wg) const {
       return reinterpret_cast<float*>(base + kSmemScaleOffset + math_wg * kSmemScaleFloatsPerWG * 4);
@@ -554,6 +551,15 @@ struct GemmSm90 {
     float a[kNumM64PerWG][2];     // this thread's two rows per m64 slice
     float b[kMaxScaleBBlocks];    // the tile's 128-column blocks, from its first column's block on
   };
+  static DGJIT_DEVICE void fence_scales(BlockScales& sc) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+      fence_operand(sc.a[mi][0]);
+      fence_operand(sc.a[mi][1]);
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxScaleBBlocks; ++i) fence_operand(sc.b[i]);
+  }
 
   // Producer side (warp 1 of the producer warpgroup): copy each stage's scales into shared memory, in
   // the same tile / K-block order as the TMA producer. The copies are cp.async with a deferred arrival
@@ -590,48 +596,64 @@ struct GemmSm90 {
     cp_async_wait_all();  // shared memory must outlive the copies in flight
   }
 
-  // Consumer side: this thread's row scales and the tile's B blocks, from the stage's slot. Plain loads
-  // (not volatile asm), so the compiler may batch them; the full barrier's acquire made them visible.
-  static DGJIT_DEVICE void read_block_scales(BlockScales& out, const Smem& smem, uint32_t stage, uint32_t math_wg) {
-    const float* base = smem.stage_scales_ptr(stage);
+  // Consumer side: this thread's row scales and the tile's B blocks, from the stage's slot (the full
+  // barrier's acquire made them visible). `row_byte` (scale_row_byte) is fixed per thread, so no index math
+  // or shuffle runs per K block. Volatile loads: they stay behind the K block's wgmma issue (volatile asm
+  // too) instead of being scheduled between its wgmmas, where each load's latency delayed the next issue.
+  static DGJIT_DEVICE uint32_t scale_row_byte(uint32_t math_wg) {
+    return 4 * (wg_row_offset(math_wg) + warp_idx_in_warpgroup() * 16 + lane_idx() / 4);
+  }
+  static DGJIT_DEVICE void read_block_scales(BlockScales& out, const Smem& smem, uint32_t stage, uint32_t row_byte) {
+    const uint32_t base = smem.stage_scales(stage);
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
-      for (uint32_t h = 0; h < 2; ++h)
-        out.a[mi][h] = base[wg_row_offset(math_wg) + mi * 64 + warp_idx_in_warpgroup() * 16 + lane_idx() / 4 + 8 * h];
+      for (uint32_t h = 0; h < 2; ++h) out.a[mi][h] = ld_shared_f32(base + row_byte + 4 * (mi * 64 + 8 * h));
 #pragma unroll
-    for (uint32_t i = 0; i < kMaxScaleBBlocks; ++i) out.b[i] = base[kBlockM + i];
+    for (uint32_t i = 0; i < kMaxScaleBBlocks; ++i) out.b[i] = ld_shared_f32(base + 4 * (kBlockM + i));
   }
 
-  // Scale-B of the 8 columns of accumulator group j (a group never straddles a 128-column block).
-  static DGJIT_DEVICE float scale_b_of_group(const BlockScales& sc, uint32_t n_block, uint32_t j) {
-    const uint32_t rel = ((n_block * kBlockN) % 128 + 8 * j) / 128;
-    float s = sc.b[0];
-    if constexpr (kMaxScaleBBlocks > 1) s = rel >= 1 ? sc.b[1] : s;
-    if constexpr (kMaxScaleBBlocks > 2) s = rel >= 2 ? sc.b[2] : s;
-    return s;
-  }
-
-  // acc += part (x the K block's scales for kBlock).
-  static DGJIT_DEVICE void promote(float (&acc)[kNumM64PerWG][kNumAccum], const float (&part)[kNumM64PerWG][kNumAccum],
-                                   const BlockScales& cur, uint32_t n_block) {
+  // acc += part, or for kBlock acc += part x (A row scale x B block scale) of the K block. A thread's
+  // accumulators come in groups of 8 columns (j); which of the tile's B blocks group j falls in depends on
+  // where the tile starts inside its 128-column block, kOff groups of 8 in. That is a compile-time argument
+  // (mainloop_promoted picks the K loop compiled for the tile's value), so each accumulator costs one FFMA and each K block only
+  // 2 x kMaxScaleBBlocks products: computing the block per group at run time made 128x160 tiles issue 1.8x
+  // the instructions of the per-tensor kernel and run at 62% tensor-pipe activity (ncu, docs/NOTES.md).
+  template <uint32_t kOff>
+  static DGJIT_DEVICE void promote_at(float (&acc)[kNumM64PerWG][kNumAccum], const float (&part)[kNumM64PerWG][kNumAccum],
+                                      const BlockScales& cur) {
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+      float s[2][kMaxScaleBBlocks];
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h)
+#pragma unroll
+        for (uint32_t bi = 0; bi < kMaxScaleBBlocks; ++bi) s[h][bi] = cur.a[mi][h] * cur.b[bi];
 #pragma unroll
       for (uint32_t j = 0; j < kBlockN / 8; ++j) {
-        float sb = 1.0f;
-        if constexpr (kScaling == Scaling::kBlock) sb = scale_b_of_group(cur, n_block, j);
+        const uint32_t blk = (8 * kOff + 8 * j) / 128;  // a constant once the loop is unrolled
 #pragma unroll
-        for (uint32_t h = 0; h < 2; ++h) {
-          float s = 1.0f;
-          if constexpr (kScaling == Scaling::kBlock) s = cur.a[mi][h] * sb;
+        for (uint32_t h = 0; h < 2; ++h)
 #pragma unroll
           for (uint32_t e = 0; e < 2; ++e) {
             const uint32_t i = 4 * j + 2 * h + e;
-            acc[mi][i] = kScaling == Scaling::kBlock ? fmaf(part[mi][i], s, acc[mi][i]) : acc[mi][i] + part[mi][i];
+            acc[mi][i] = fmaf(part[mi][i], s[h][blk], acc[mi][i]);
           }
-        }
       }
+    }
+  }
+
+  // acc += part (x the K block's scales for kBlock, B blocks placed by kOff as in promote_at).
+  template <uint32_t kOff>
+  static DGJIT_DEVICE void promote(float (&acc)[kNumM64PerWG][kNumAccum], const float (&part)[kNumM64PerWG][kNumAccum],
+                                   const BlockScales& cur) {
+    if constexpr (kScaling == Scaling::kBlock) {
+      promote_at<kOff>(acc, part, cur);
+    } else {
+#pragma unroll
+      for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+#pragma unroll
+        for (uint32_t i = 0; i < kNumAccum; ++i) acc[mi][i] += part[mi][i];
     }
   }
 
@@ -639,9 +661,29 @@ struct GemmSm90 {
   // two partial sets with K block i+1 issued before K block i is promoted (wait_group 1): ptxas (C7514)
   // serialises the wgmmas; the two consumers taking turns (named barriers, one promotes while the other's
   // wgmmas run): 23% slower per-tensor, block unchanged.
-  template <class Hook>
+  //
+  // kBlock: the offsets (in 8-column groups) a tile can start at inside a 128-column scale block are multiples
+  // of gcd(kBlockN, 128) / 8, only 0 when tiles never straddle (128 % kBlockN == 0 or kBlockN % 128 == 0). The
+  // K loop is compiled once per offset (mainloop_promoted_at<kOff>) and chosen once per tile, so the promotion
+  // has no per-K-block branch.
+  static constexpr uint32_t kScaleOffStep =
+      (kScaling != Scaling::kBlock || kBlockN % 128 == 0 || 128 % kBlockN == 0) ? 16
+      : (kBlockN % 64 == 0 ? 8 : kBlockN % 32 == 0 ? 4 : kBlockN % 16 == 0 ? 2 : 1);
+  template <class Hook, uint32_t kOff = 0>
   static DGJIT_DEVICE void mainloop_promoted(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                              float (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
+    if constexpr (kOff + kScaleOffStep >= 16) {
+      mainloop_promoted_at<kOff>(smem, state, math_wg, tile, acc, after_first_issue);  // the last offset left
+    } else if ((tile.n_block * kBlockN) % 128 / 8 == kOff) {
+      mainloop_promoted_at<kOff>(smem, state, math_wg, tile, acc, after_first_issue);
+    } else {
+      mainloop_promoted<Hook, kOff + kScaleOffStep>(smem, state, math_wg, tile, acc, after_first_issue);
+    }
+  }
+
+  template <uint32_t kOff, class Hook>
+  static DGJIT_DEVICE void mainloop_promoted_at(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
+                                                float (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
@@ -651,6 +693,7 @@ struct GemmSm90 {
     uint32_t k_end = tile.k_end;
     asm volatile("" : "+r"(k_end));
     float part[kNumM64PerWG][kNumAccum];
+    const uint32_t row_byte = kScaling == Scaling::kBlock ? scale_row_byte(math_wg) : 0;
     // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
     // elements) accumulate in the tensor cores first, pipelined like the plain main loop (each wait leaves the newest
     // group running), so that the promotion's full wait and adds come once per 128 K as for FP8.
@@ -665,7 +708,7 @@ struct GemmSm90 {
         issue_k_block(smem, state.stage, math_wg, j != 0, part);
         if (j == 0 && k_first == tile.k_begin) after_first_issue();
         // The stage's scales are read while its wgmmas run (the stage is released only after them).
-        if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, math_wg);
+        if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, row_byte);
         if (j > 0) {
           wgmma_wait_group<1>();
           release_stage(smem, previous_stage);
@@ -676,7 +719,10 @@ struct GemmSm90 {
       wgmma_wait_group<0>();
       release_stage(smem, previous_stage);
       fence_accumulators(part);
-      promote(acc, part, cur, tile.n_block);
+      // The scales' products are computed here, after the wait: hoisted next to their loads (between the
+      // K block's wgmmas), each product stalled the remaining wgmma issues on the loads' latency.
+      if constexpr (kScaling == Scaling::kBlock) fence_scales(cur);
+      promote<kOff>(acc, part, cur);
     }
   }
 
