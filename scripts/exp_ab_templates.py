@@ -1,11 +1,12 @@
 """Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
 
-    python3 scripts/exp_ab_templates.py --tree NAME=DIR [--tree NAME=DIR ...] [--out DIR]
+    python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--out DIR]
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
 (contiguous, even groups), M-major scale_a as dg.quantize emits it. Results are checked against each other
-(same kernel math: bitwise equal) before timing.
+(same kernel math: bitwise equal) before timing. --tile forces one sm90 tile everywhere (default: the heuristic's);
+DIR@BMxBN forces a tile for that tree only, and DIR "." is the checkout's templates (to compare tiles).
 """
 from __future__ import annotations
 
@@ -21,14 +22,26 @@ def main() -> int:
     ap.add_argument("--tree", action="append", required=True, help="NAME=DIR of a templates/ copy")
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--tile", default=None, help="BMxBN forced for every case (default: the heuristic's)")
     args = ap.parse_args()
     import cupy
     import numpy as np
 
     import deepgemm_jit as dg
-    from deepgemm_jit import timing
+    from deepgemm_jit import config, timing
+    from deepgemm_jit.spec import GemmSpec
 
-    trees = [(name, str(Path(d).resolve())) for name, d in (t.split("=", 1) for t in args.tree)] + [("new", None)]
+    def forced(n, k, grouped, tile):
+        if tile is None:
+            return None
+        bm, bn = (int(v) for v in tile.split("x"))
+        return config.sm90_config(GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=grouped), bm, bn)
+
+    trees = []
+    for name, spec in (t.split("=", 1) for t in args.tree):
+        d, _, tile = spec.partition("@")
+        trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile))
+    trees.append(("new", None, args.tile))
     rows = []
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
@@ -39,17 +52,17 @@ def main() -> int:
         qb, sb = (ws[0] if kind == "dense" else (cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])))
         offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
         outs, fns = {}, {}
-        for name, tdir in trees:
+        for name, tdir, tile in trees:
             if tdir is None:
                 os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             else:
                 os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
             out = cupy.empty((total, n), dtype=dg.dtypes.numpy_dtype("bf16"))
             if kind == "dense":
-                g = dg.build(m, n, k, dtype="fp8", weight_streaming=False)
+                g = dg.build(m, n, k, dtype="fp8", weight_streaming=False, config=forced(n, k, False, tile))
                 fns[name] = (lambda g=g, out=out: g(qa, qb, scale_a=sa, scale_b=sb, out=out))
             else:
-                g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups)
+                g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups, config=forced(n, k, True, tile))
                 fns[name] = (lambda g=g, out=out: g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out))
             fns[name]()
             outs[name] = out

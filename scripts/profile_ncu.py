@@ -1,0 +1,81 @@
+"""Experiment (GPU): one GEMM kernel under Nsight Compute, to see where its warps stall.
+
+Run as the target of ncu (scripts/profile_ncu.sh does it for every variant and exports the pages):
+
+  ncu --kernel-name regex:dgjit_gemm --launch-skip 2 --launch-count 1 --set full \
+      python3 -m scripts.profile_ncu --variant fp8-block
+
+The script builds one variant, launches it `--launches` times (the first ones are warm-up that ncu skips) and
+checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, default 4096x7168x16384):
+
+  fp8-block       scaling="block" as shipped (scale warp)
+  fp8-tensor      scaling="tensor", promoted: the same main loop without per-block scales
+  fp8-tensor-fast scaling="tensor", fast_accum=True: no promotion at all
+  bf16            the 16-bit kernel
+
+A variant takes the heuristic's tile, or a forced one as NAME@BMxBN (e.g. fp8-block@128x128).
+
+Usage: python3 -m scripts.profile_ncu --variant NAME[@BMxBN] [--shape MxNxK] [--launches N]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+VARIANTS = ("fp8-block", "fp8-tensor", "fp8-tensor-fast", "bf16")
+
+
+def build_call(variant: str, m: int, n: int, k: int):
+    """Return (zero-argument launch, Gemm) for `variant`; inputs are random, quantized once."""
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import config
+    from deepgemm_jit.spec import GemmSpec
+
+    rng = cupy.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    w = rng.standard_normal((n, k), dtype=cupy.float32)
+    out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
+    name, _, tile = variant.partition("@")
+    if name not in VARIANTS:
+        raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
+    if name == "bf16":
+        kwargs = {"dtype": "bf16"}
+    else:
+        kwargs = {"dtype": "fp8", "scaling": "block" if name == "fp8-block" else "tensor",
+                  "fast_accum": name == "fp8-tensor-fast"}
+    if tile:
+        bm, bn = (int(v) for v in tile.split("x"))
+        spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum") if key in kwargs}
+        kwargs["config"] = config.sm90_config(GemmSpec.create(n, k, **spec_kwargs), bm, bn)
+    g = dg.build(m, n, k, weight_streaming=False, **kwargs)
+    if name == "bf16":
+        a = x.astype(dg.dtypes.numpy_dtype("bf16"))
+        b = w.astype(dg.dtypes.numpy_dtype("bf16"))
+        return (lambda: g(a, b, out=out)), g
+    granularity = ("group128", "block128") if name == "fp8-block" else ("tensor", "tensor")
+    qa, sa = dg.quantize(x, "fp8", granularity[0])
+    qb, sb = dg.quantize(w, "fp8", granularity[1])
+    return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out)), g
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--shape", default="4096x7168x16384")
+    ap.add_argument("--launches", type=int, default=3)
+    args = ap.parse_args()
+    import cupy
+
+    m, n, k = (int(v) for v in args.shape.split("x"))
+    call, g = build_call(args.variant, m, n, k)
+    for _ in range(args.launches):
+        call()
+    cupy.cuda.get_current_stream().synchronize()
+    print(f"{args.variant} {m}x{n}x{k}: {g.explain()['config']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
