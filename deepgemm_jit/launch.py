@@ -93,6 +93,18 @@ def _tma_pitch(view: MatrixView) -> int:
     return -(-max(view.cols, 1) * view.itemsize // 16) * 16
 
 
+def operand_map(view: MatrixView, dtype: str, k_major: bool, block_mn: int, block_k: int):
+    """The tensor map of an sm90 operand (gemm_sm90.cuh, load_operand). K-major: the (M or N, K) view in boxes of
+    block_k columns x block_mn rows. MN-major (16-bit, layouts nn / tn / tt): the (K, M or N) view in boxes of
+    128 bytes of M / N (64 columns, one swizzle row) x block_k rows; the kernel issues block_mn / 64 of them per
+    stage. 128-byte swizzle either way."""
+    if k_major:
+        box_rows, box_cols = block_mn, block_k
+    else:
+        box_rows, box_cols = block_k, 128 // view.itemsize
+    return _tensor_map(view.ptr, dtype, view.rows, view.cols, _tma_pitch(view), box_rows, box_cols, 128)
+
+
 def scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
     """The six trailing sm90 arguments: scale pointers and (row, column) element strides (zeros when the
     kernel takes no scales)."""
@@ -167,8 +179,8 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         if cfg.split_k != (split is not None):
             raise ValueError("split-K kernels, and only they, take split operands")
         sym = sm90_symbols(artifact)
-        tmap_a = _tensor_map(va.ptr, spec.dtype, m, spec.k, _tma_pitch(va), cfg.block_m, cfg.block_k, 128)
-        tmap_b = _tensor_map(vb.ptr, spec.b_type, vb.rows, spec.k, _tma_pitch(vb), cfg.block_n, cfg.block_k, 128)
+        tmap_a = operand_map(va, spec.dtype, spec.a_k_major, cfg.block_m, cfg.block_k)
+        tmap_b = operand_map(vb, spec.b_type, spec.b_k_major, cfg.block_n, cfg.block_k)
 
         def output_map(view: MatrixView):  # D, and C / residual, which the epilogue reads in D's tiles
             return _tensor_map(view.ptr, spec.out_dtype, m, spec.n_out, _tma_pitch(view), sym["d_box_rows"],

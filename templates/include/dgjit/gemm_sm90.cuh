@@ -2,6 +2,16 @@
 //
 //   D (M x N, row-major) = A (M x K, row-major) * B (N x K, row-major)^T       ("nt", both K-major)
 //
+// 16-bit operands may also be MN-major (kAKMajor / kBKMajor false): A stored (K, M) and/or B stored (K, N), M / N
+// contiguous (layouts "tn", "nn", "tt"). Shared-memory layout of one stage of an operand (rows: M or N, 128 bytes of
+// K per K block), both with the 128-byte swizzle and starting on the 1024-byte swizzle repeat:
+//   K-major:  one TMA box (kBlockK x rows); row r (an M / N index) is 128 bytes of K at r * 128.
+//   MN-major: rows / 64 TMA boxes (64 MN x kBlockK K) one after the other, kMnBlockBytes = kBlockK * 128 apart;
+//             inside a box, K row k is 128 bytes of 64 MN elements at k * 128. Same size as K-major.
+// The wgmma descriptors describe either (make_smem_desc_k_major / make_smem_desc_mn_major) and the instruction's
+// trans immediates say which; everything after the main loop is the same for every layout.
+// docs/experiments/sm90-mn-major.md has the sources of the MN-major facts and a NumPy model of the address math.
+//
 // One CTA per SM walks the output tiles in a grouped order (TileScheduler). Warpgroups:
 //   * 0 .. kNumMathWGs-1  consumers: each owns kWGRows rows of the kBlockM x kBlockN tile, issues
 //                         wgmma on the shared B stage and its slice of the A stage, then runs the
@@ -285,7 +295,9 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kPingPong,     // the two consumers take turns on whole tiles (see below) instead of sharing each
           class Epi = EpilogueNone,  // fused epilogue (see EpilogueNone)
           bool kGrouped = false,     // grouped GEMM: tiles of all groups, B_g and the bias per group (GroupArgs)
-          bool kSplitK = false>      // split-K: tiles' K divided among CTAs at run time (SplitArgs)
+          bool kSplitK = false,      // split-K: tiles' K divided among CTAs at run time (SplitArgs)
+          bool kAKMajor = true,      // A stored (M, K) (K contiguous); false: (K, M), M contiguous (16-bit only)
+          bool kBKMajor = true>      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -293,7 +305,7 @@ struct GemmSm90 {
   static constexpr uint32_t kProducerWG = 2;
   static constexpr uint32_t kWGRows = kPingPong ? kBlockM : kBlockM / kNumMathWGs;
   // First row of a consumer's part of the tile (ping-pong: each consumer owns whole tiles).
-  static DGJIT_DEVICE uint32_t wg_row_offset(uint32_t math_wg) { return kPingPong ? 0 : math_wg * kWGRows; }
+  static DGJIT_DEVICE constexpr uint32_t wg_row_offset(uint32_t math_wg) { return kPingPong ? 0 : math_wg * kWGRows; }
   // Arrivals that free a ring stage: each warp of the consumers that read it.
   static constexpr uint32_t kStageReaders = kPingPong ? 4 : 4 * kNumMathWGs;
   // Named barriers: 1 + math_wg synchronise one consumer's epilogue; kTurnBarrier + math_wg (ping-pong)
@@ -315,6 +327,10 @@ struct GemmSm90 {
   static constexpr uint32_t kNumAccum = kBlockN / 2;  // fp32 accumulators per thread per m64 slice
   static constexpr uint32_t kInBytes = sizeof(TA);
   static constexpr uint32_t kSmemRowBytes = kBlockK * kInBytes;  // one 128B-swizzled row per M/N index
+  // MN-major operands: a stage holds rows / kMnBlockElems boxes of kMnBlockElems MN elements (one 128-byte swizzle
+  // row) x kBlockK K rows, kMnBlockBytes each.
+  static constexpr uint32_t kMnBlockElems = 128 / kInBytes;
+  static constexpr uint32_t kMnBlockBytes = kBlockK * 128;
   static constexpr uint32_t kNumKBlocks = (kK + kBlockK - 1) / kBlockK;
   static constexpr uint32_t kNumNBlocks = (kN + kBlockN - 1) / kBlockN;
 
@@ -325,6 +341,13 @@ struct GemmSm90 {
                 "kBlockK must span 128 bytes (128 for 8-bit operands, 64 for 16-bit, 32 for TF32): TMA box "
                 "rows and wgmma descriptors assume the 128-byte swizzle");
   static_assert(kScaling == Scaling::kNone || sizeof(TA) == 1, "scale factors belong to 8-bit operands");
+  static_assert((kAKMajor && kBKMajor) || kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16,
+                "MN-major operands exist for bf16 / fp16 only: wgmma reads tf32 and 8-bit operands K-major");
+  static_assert(kBKMajor || kBlockN % kMnBlockElems == 0,
+                "an MN-major B stage is whole 64-column TMA boxes: kBlockN must be a multiple of 64");
+  static_assert(kAKMajor || kBlockM % kMnBlockElems == 0,
+                "an MN-major A stage is whole 64-row TMA boxes: kBlockM must be a multiple of 64");
+  static_assert(!kGrouped || (kAKMajor && kBKMajor), "grouped GEMMs take layout nt");
   static_assert(kScaling != Scaling::kBlock || (kIsFP8 && kPromote && kBlockK == 128),
                 "block scaling is applied at promotion, once per 128-wide K block");
   static_assert(!kPromote || kIsFP8 || kKind == MmaKind::kTF32,
@@ -366,6 +389,9 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemABytesPerStage = kBlockM * kSmemRowBytes;
   static constexpr uint32_t kSmemBBytesPerStage = kBlockN * kSmemRowBytes;
   static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBytesPerStage;
+  static_assert((kAKMajor || kSmemABytesPerStage == kBlockM / kMnBlockElems * kMnBlockBytes) &&
+                    (kBKMajor || kSmemBBytesPerStage == kBlockN / kMnBlockElems * kMnBlockBytes),
+                "an MN-major stage occupies what the K-major one does (config.sm90_smem_bytes mirrors one formula)");
   // Epilogue operands of a whole tile are loaded by TMA while the tile's main loop runs, into the buffer
   // the epilogue then overwrites with D in place (each thread reads exactly the addresses it writes): C
   // into the D buffer, the residual too unless C is there, then into a second buffer of the same shape.
@@ -470,9 +496,26 @@ struct GemmSm90 {
         uint64_t* full = smem.full(state.stage);
         mbarrier_arrive_expect_tx(full, kStageTxBytes);
         const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
-        tma_load_2d(smem.a(state.stage), &tmap_a, full, k_idx, a_row);
-        tma_load_2d(smem.b(state.stage), &tmap_b, full, k_idx, b_row);
+        load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row);
+        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row);
         state.advance();
+      }
+    }
+  }
+
+  // One stage of an operand, kRows M / N indices from mn0 by kBlockK from k_idx. K-major: one box of the (rows, K)
+  // map at (k_idx, mn0). MN-major: kRows / 64 boxes of the (K, rows) map at (mn0 + 64 j, k_idx), box j into the
+  // stage's j-th kMnBlockBytes block. Boxes reaching past the tensor (M / N / K tails; for MN-major also whole boxes
+  // past M or N) are zero-filled and still count their full bytes, so kStageTxBytes holds for every tile.
+  template <bool kKMajor, uint32_t kRows>
+  static DGJIT_DEVICE void load_operand(uint8_t* dst, const CUtensorMap* tmap, uint64_t* bar, int32_t k_idx,
+                                        int32_t mn0) {
+    if constexpr (kKMajor) {
+      tma_load_2d(dst, tmap, bar, k_idx, mn0);
+    } else {
+#pragma unroll
+      for (uint32_t j = 0; j < kRows / kMnBlockElems; ++j) {
+        tma_load_2d(dst + j * kMnBlockBytes, tmap, bar, mn0 + static_cast<int32_t>(j * kMnBlockElems), k_idx);
       }
     }
   }
@@ -493,13 +536,44 @@ struct GemmSm90 {
       for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[mi][i]);
   }
 
+  // Where, inside a stage of an operand, the wgmma operand starting at M / N index `mn` (a multiple of 64) and K
+  // step `k` (kMmaK elements) begins (the layouts at the top of this file): K-major, row mn and 32 bytes per K step
+  // along the row; MN-major, block mn / 64 and 16 rows (2048 bytes) per K step.
+  template <bool kKMajor>
+  static DGJIT_DEVICE constexpr uint32_t operand_offset(uint32_t mn, uint32_t k) {
+    return kKMajor ? mn * kSmemRowBytes + k * kMmaK * kInBytes
+                   : (mn / kMnBlockElems) * kMnBlockBytes + k * kMmaK * 128;
+  }
+  template <bool kKMajor>
+  static DGJIT_DEVICE constexpr uint64_t operand_desc(uint32_t smem_addr) {
+    if constexpr (kKMajor) {
+      return make_smem_desc_k_major<128>(smem_addr);
+    } else {
+      return make_smem_desc_mn_major<kMnBlockBytes>(smem_addr);
+    }
+  }
+
+  // The wgmma descriptors of a stage whose A / B buffers start at shared addresses stage_a / stage_b: the base of
+  // consumer math_wg's part of A (of B), computed once per stage, and the operand of K step k (of kMmaK) and m64
+  // slice mi advanced from it. tests/test_mn_major_cpu.py checks both against a model of the hardware's reads
+  // through static_asserts on these very functions.
+  static DGJIT_DEVICE constexpr uint64_t desc_a_base(uint32_t stage_a, uint32_t math_wg) {
+    return operand_desc<kAKMajor>(stage_a + operand_offset<kAKMajor>(wg_row_offset(math_wg), 0));
+  }
+  static DGJIT_DEVICE constexpr uint64_t desc_a_at(uint64_t base, uint32_t mi, uint32_t k) {
+    return smem_desc_advance(base, operand_offset<kAKMajor>(mi * 64, k));
+  }
+  static DGJIT_DEVICE constexpr uint64_t desc_b_base(uint32_t stage_b) { return operand_desc<kBKMajor>(stage_b); }
+  static DGJIT_DEVICE constexpr uint64_t desc_b_at(uint64_t base, uint32_t k) {
+    return smem_desc_advance(base, operand_offset<kBKMajor>(0, k));
+  }
+
   // The wgmmas of one K block (stage) into `acc`; the first K step overwrites when `accumulate` is false.
   template <class T>
   static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
                                          T (&acc)[kNumM64PerWG][kNumAccum]) {
-    const uint64_t desc_a =
-        make_smem_desc_k_major<128>(shared_addr(smem.a(stage)) + wg_row_offset(math_wg) * kSmemRowBytes);
-    const uint64_t desc_b = make_smem_desc_k_major<128>(shared_addr(smem.b(stage)));
+    const uint64_t desc_a = desc_a_base(shared_addr(smem.a(stage)), math_wg);
+    const uint64_t desc_b = desc_b_base(shared_addr(smem.b(stage)));
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
@@ -507,9 +581,9 @@ struct GemmSm90 {
       const uint32_t scale_d = (accumulate || k != 0) ? 1u : 0u;
 #pragma unroll
       for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
-        Mma::template mma<kKind, false, false>(
-            acc[mi], smem_desc_advance(desc_a, mi * 64 * kSmemRowBytes + k * kMmaK * kInBytes),
-            smem_desc_advance(desc_b, k * kMmaK * kInBytes), scale_d);
+        // The trans immediates: 1 = the operand is MN-major in shared memory.
+        Mma::template mma<kKind, !kAKMajor, !kBKMajor>(acc[mi], desc_a_at(desc_a, mi, k), desc_b_at(desc_b, k),
+                                                       scale_d);
       }
     }
     wgmma_commit_group();

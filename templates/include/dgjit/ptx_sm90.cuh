@@ -219,7 +219,7 @@ DGJIT_DEVICE void fence_operand(int32_t& reg) { asm volatile("" : "+r"(reg) : : 
 // Advancing along K inside the swizzle row is a plain add of (bytes >> 4) to the start address: the
 // hardware applies the XOR swizzle to the final address bits, exactly as TMA did when writing.
 template <uint32_t kSwizzleBytes>
-DGJIT_DEVICE uint64_t make_smem_desc_k_major(uint32_t smem_addr) {
+DGJIT_DEVICE constexpr uint64_t make_smem_desc_k_major(uint32_t smem_addr) {
   static_assert(kSwizzleBytes == 128 || kSwizzleBytes == 64 || kSwizzleBytes == 32,
                 "K-major wgmma operands use a 32/64/128-byte swizzle here");
   constexpr uint64_t kLayout = kSwizzleBytes == 128 ? 1 : (kSwizzleBytes == 64 ? 2 : 3);
@@ -232,9 +232,34 @@ DGJIT_DEVICE uint64_t make_smem_desc_k_major(uint32_t smem_addr) {
   return desc;
 }
 
+// Shared-memory matrix descriptor (64 bits) for an MN-major operand tile (wgmma's imm-trans = 1; 16-bit types
+// only) laid out the way TMA writes boxes of 64 MN elements (128 bytes, the swizzle span) x K rows with the
+// 128-byte swizzle, the boxes one after the other along MN, kMnBlockBytes apart:
+//   byte of element (k, mn) before the swizzle = (mn / 64) * kMnBlockBytes + k * 128 + (mn % 64) * 2
+//   bits 16..29  leading-dimension byte offset >> 4: for MN-major swizzled layouts the distance between
+//                consecutive 64-element (128-byte) blocks along MN = kMnBlockBytes
+//   bits 32..45  stride-dimension byte offset >> 4: the distance between consecutive groups of 8 K rows
+//                = 8 rows * 128 bytes (one swizzle atom)
+//   bits 62..63  1 = 128B swizzle; base offset 0 (every block starts on the 1024-byte swizzle repeat)
+// (PTX ISA "Major-ness supported by strides"; docs/experiments/sm90-mn-major.md has the sources.) One k16
+// instruction reads 16 K rows = two 8-row groups; the next K step starts 16 rows (2048 bytes) further, which keeps
+// the start address on the 1024-byte repeat, so advancing is the same plain add as for K-major tiles.
+template <uint32_t kMnBlockBytes>
+DGJIT_DEVICE constexpr uint64_t make_smem_desc_mn_major(uint32_t smem_addr) {
+  static_assert(kMnBlockBytes % 1024 == 0 && (kMnBlockBytes >> 4) < (1u << 14),
+                "MN blocks start on the 1024-byte swizzle repeat and their distance fits the 14-bit LBO field");
+  constexpr uint64_t kKGroupBytes = 8 * 128;
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>(kMnBlockBytes >> 4) << 16;
+  desc |= (kKGroupBytes >> 4) << 32;
+  desc |= static_cast<uint64_t>(1) << 62;
+  return desc;
+}
+
 // Offsetting a descriptor by a byte distance within the same buffer (no carry leaves the 14-bit
 // start-address field: shared memory is < 256 KiB).
-DGJIT_DEVICE uint64_t smem_desc_advance(uint64_t desc, uint32_t offset_bytes) {
+DGJIT_DEVICE constexpr uint64_t smem_desc_advance(uint64_t desc, uint32_t offset_bytes) {
   return desc + static_cast<uint64_t>(offset_bytes >> 4);
 }
 
