@@ -169,7 +169,7 @@ def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,), 
     """Every case of the run, suite-major then dtype then layout then shape (then forced tile, for
     sweeps, then epilogue); a shape met twice runs once, a layout the dtype is not built for (8-bit: nt only)
     not at all, nor an epilogue the library's spec refuses for the dtype or layout (int8 -> int32 output,
-    layouts other than nt)."""
+    tf32 with layouts other than nt)."""
     cases: list[Case] = []
     seen: set[tuple] = set()
     for suite_name in suites:

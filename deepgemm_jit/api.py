@@ -425,7 +425,7 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     FP32 promotion of FP8 partial sums every 128 K (tensor/row only: faster, less accurate for long K).
     ``epilogue`` fuses operations into the store: a :class:`deepgemm_jit.Epilogue` or a string such as
     ``"bias+gelu"`` (see ``deepgemm_jit/epilogue.py``); the call then takes ``bias=``, ``c=``, ``residual=``,
-    ``alpha=``/``beta=`` as it needs (Hopper family, layout nt).
+    ``alpha=``/``beta=`` as it needs (Hopper family: layout nt, or any layout for bf16 / fp16).
     ``layout`` is ``"nt"`` (default), ``"nn"``, ``"tn"`` or ``"tt"`` (see
     :class:`Gemm`). ``arch=None`` targets the current GPU; ``arch="sm_90a"`` compiles
     without one (the Gemm can then be cached and explained, and run where a GPU is).

@@ -20,6 +20,12 @@ SM90_NUM_THREADS = 384  # one producer warpgroup + two consumer warpgroups
 # SM count assumed when compiling for sm_90a without a GPU (H100 SXM / H200); with a GPU the
 # device's own count is used.
 DEFAULT_SM90_NUM_SMS = 132
+# Input types whose operands the sm90 family also takes MN-major (layouts nn, tn, tt): wgmma's trans immediates
+# exist for 16-bit operands only; tf32 and 8-bit operands are read K-major (layout nt).
+SM90_MN_MAJOR_DTYPES = ("bf16", "fp16")
+# An MN-major operand arrives in TMA boxes of 128 bytes of M / N (the swizzle span): 64 16-bit elements, so its tile
+# extent (block_n for B, block_m for A) is a multiple of this.
+SM90_MN_BLOCK = 64
 # Opt-in dynamic shared memory per block on sm_80 / sm_90 (bytes).
 SMEM_LIMIT_BYTES = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
 
@@ -138,7 +144,8 @@ def sm90_consumers(block_m: int, pingpong: bool) -> tuple[int, int]:
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False,
                     split_k: bool = False) -> int:
     """D staging tile per consumer (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
-    + B tile, 128 bytes of K per row) + full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
+    + B tile, 128 bytes of K per row; an MN-major operand's 64-wide boxes of block_k rows take the same bytes) +
+    full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer (+ 16 bytes of split-K flags) + 1 KiB alignment slack: the layout of GemmSm90
     (gemm_sm90.cuh)."""
@@ -168,10 +175,23 @@ def sm90_max_accumulators(spec: GemmSpec) -> int:
 
 def sm90_block_n_legal(spec: GemmSpec, block_n: int) -> bool:
     """wgmma's N: any multiple of 8 up to 256, except that integer (s8) wgmma takes only 8, 16, 24 and the
-    multiples of 16 (ptxas rejects m64n136k32.s32.s8.s8)."""
+    multiples of 16 (ptxas rejects m64n136k32.s32.s8.s8), and that an MN-major B (layouts nn, tn) is loaded in
+    64-column TMA boxes (one 128-byte swizzle row each): block_n a multiple of 64."""
     if block_n % 8 or not 8 <= block_n <= 256:
         return False
+    if not spec.b_k_major and block_n % SM90_MN_BLOCK:
+        return False
     return spec.dtype != "int8" or block_n <= 24 or block_n % 16 == 0
+
+
+def sm90_layout_problem(spec: GemmSpec) -> str | None:
+    """Why the sm90 family cannot read the spec's operands in its layout, or None when it can: K-major operands
+    (layout nt) for every type, MN-major ones (nn, tn, tt) for bf16 / fp16 only (mirror of GemmSm90's
+    static_assert)."""
+    if spec.layout == "nt" or spec.dtype in SM90_MN_MAJOR_DTYPES:
+        return None
+    return (f"layout {spec.layout!r} has MN-major operands, which the sm90 family (WGMMA) reads for bf16/fp16 only; "
+            f"{spec.dtype} operands must be K-major (layout 'nt')")
 
 
 def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
@@ -223,28 +243,38 @@ def sm90_accumulators(block_m: int, block_n: int, promote: bool, pingpong: bool 
 
 
 def sm90_supports(spec: GemmSpec, arch: str) -> bool:
-    """Whether the Hopper family can take this spec with packed operands: sm_90a, both operands
-    K-major (the TMA/WGMMA layouts implemented so far) and TMA-legal row strides (16-byte
-    multiples for A, B and D). 8-bit specs and fused epilogues always go to sm90 (they have no other
-    family); operands TMA cannot describe are staged through padded copies at call time."""
+    """Whether the Hopper family can take this spec with packed operands: sm_90a, a layout its WGMMA reads for the
+    type (nt for every type; nn, tn, tt for bf16 / fp16) and TMA-legal row strides (16-byte multiples) for the
+    rows the spec fixes: K for K-major operands, N for an MN-major B and for D. An MN-major A's rows are M long
+    (known per call: an M whose rows TMA cannot describe runs the portable kernel). 8-bit specs and fused
+    epilogues always go to sm90 (they have no other family); operands TMA cannot describe are staged through
+    padded copies at call time."""
     if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped:
         return arch == "sm_90a"
+    if sm90_layout_problem(spec) is not None:
+        return False
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
-    return (arch == "sm_90a" and spec.layout == "nt" and (spec.k * esize) % 16 == 0
-            and (spec.n * out_esize) % 16 == 0)
+    k_rows_ok = (spec.k * esize) % 16 == 0 or not (spec.a_k_major or spec.b_k_major)
+    b_rows_ok = spec.b_k_major or (spec.n * esize) % 16 == 0
+    return arch == "sm_90a" and k_rows_ok and b_rows_ok and (spec.n * out_esize) % 16 == 0
 
 
 def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if arch != "sm_90a":
         raise ValueError(f"the sm90 family needs arch='sm_90a', got {arch!r}")
-    if spec.layout != "nt":
-        raise ValueError(f"the sm90 family implements layout 'nt' only, got {spec.layout!r}")
+    layout_problem = sm90_layout_problem(spec)
+    if layout_problem is not None:
+        raise ValueError(f"the sm90 family cannot take this spec: {layout_problem}")
     esize = dtypes.get(spec.dtype).storage_bytes
     if cfg.block_k * esize != 128:
         raise ValueError(f"sm90 block_k must span 128 bytes ({128 // esize} for {spec.dtype}), got {cfg.block_k}")
     if cfg.block_m not in (64, 128, 256):
         raise ValueError(f"sm90 block_m must be 64, 128 or 256, got {cfg.block_m}")
+    if not spec.b_k_major and cfg.block_n % SM90_MN_BLOCK:
+        raise ValueError(f"layout {spec.layout!r} has an MN-major B, loaded in boxes of {SM90_MN_BLOCK} columns "
+                         f"(128 bytes, the swizzle span): sm90 block_n must be a multiple of {SM90_MN_BLOCK}, got "
+                         f"{cfg.block_n}")
     if not sm90_block_n_legal(spec, cfg.block_n):
         raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256] (int8: 8, 16, 24 or a multiple of 16), "
                          f"got {cfg.block_n}")
@@ -580,8 +610,9 @@ def m_bucket(m: int) -> int:
 
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1
                   ) -> KernelConfig:
-    """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, layout nt,
-    TMA-legal strides), the portable family otherwise. Grouped GEMMs: `m_hint` rows in each of `groups` groups."""
+    """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, a layout it reads for the
+    type, TMA-legal strides: `sm90_supports`), the portable family otherwise. Grouped GEMMs: `m_hint` rows in each
+    of `groups` groups."""
     if sm90_supports(spec, arch):
         cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS, groups)
         cfg.check_for(spec, arch)

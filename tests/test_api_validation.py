@@ -3,6 +3,8 @@
 Runs without a GPU: operands are stand-ins exposing __cuda_array_interface__, and the
 device-pointer query is replaced so that they count as memory of device 0.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -102,8 +104,11 @@ def test_explicit_config(cache_dir):
     with pytest.raises(ValueError, match="vec_a"):
         dg.build(100, 64, 64, dtype="tf32", arch="sm_90a", config=cfg)  # 8 fp32 = 32-byte loads
     sm90 = dg.KernelConfig("sm90", 128, 64, 64, 4, 2, 1, 8, 8, group_m=8)
-    with pytest.raises(ValueError, match="layout"):
-        dg.build(100, 64, 64, dtype="bf16", layout="nn", arch="sm_90a", config=sm90)
+    with pytest.raises(ValueError, match="layout"):  # MN-major operands: bf16/fp16 only
+        dg.build(100, 64, 64, dtype="tf32", layout="nn", arch="sm_90a", config=sm90)
+    with pytest.raises(ValueError, match="multiple of 64"):  # an MN-major B comes in 64-column boxes
+        dg.build(100, 64, 64, dtype="bf16", layout="nn", arch="sm_90a",
+                 config=dataclasses.replace(sm90, block_n=48))
     with pytest.raises(TypeError, match="KernelConfig"):
         dg.build(100, 64, 64, arch="sm_90a", config={"block_m": 64})
 

@@ -68,8 +68,10 @@ def test_compile_sm90a_no_local_memory(dt, layout, shared_cache_dir, monkeypatch
             assert info["sass"].get("HMMA", 0) > 0, case  # tensor cores do the math
         if (m, n, k) == (4096, 4096, 4096) and g.family == "sm80":
             assert info["sass"].get("LDGSTS", 0) > 0, case  # cp.async pipeline
-        # Hopper takes every nt problem whose strides TMA can describe; the rest go portable.
-        assert g.family == ("sm90" if layout == "nt" and (m, n, k) == (4096, 4096, 4096) else "sm80"), case
+        # Hopper takes every problem whose strides TMA can describe in a layout its WGMMA reads (nt; nn, tn, tt for
+        # 16-bit types); the rest go portable.
+        hopper = layout == "nt" or dt in ("bf16", "fp16")
+        assert g.family == ("sm90" if hopper and (m, n, k) == (4096, 4096, 4096) else "sm80"), case
         assert g.artifact.cubin[:4] == b"\x7fELF"
 
 
@@ -138,7 +140,7 @@ def test_sm90_rejections():
     with pytest.raises(ValueError, match="sm_90a"):
         ok.check_for(spec, "sm_80")
     with pytest.raises(ValueError, match="layout"):
-        ok.check_for(GemmSpec.create(1024, 2048, dtype="bf16", layout="nn"), "sm_90a")
+        ok.check_for(GemmSpec.create(1024, 2048, dtype="tf32", layout="nn"), "sm_90a")
     with pytest.raises(ValueError, match="block_k"):
         dataclasses.replace(ok, block_k=32).check_for(spec, "sm_90a")
     with pytest.raises(ValueError, match="shared memory"):

@@ -97,7 +97,8 @@ def test_family_selection():
                                     arch).family
     assert fam(4096, 4096) == "sm90"
     assert fam(4096, 4096, dtype="tf32") == "sm90"
-    assert fam(4096, 4096, layout="nn") == "sm80"       # MN-major operands: portable for now
+    assert fam(4096, 4096, layout="nn") == "sm90"       # MN-major 16-bit operands (WGMMA's trans immediates)
+    assert fam(4096, 4096, layout="nn", dtype="tf32") == "sm80"  # tf32 WGMMA reads K-major operands only
     assert fam(4096, 4100) == "sm80"                      # K * 2 bytes not a multiple of 16: no TMA
     assert fam(4100, 4096) == "sm80"                      # nor N for D's rows
     assert fam(4100, 4096, out="fp32") == "sm90"          # 4100 * 4 bytes is

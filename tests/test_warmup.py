@@ -159,7 +159,8 @@ def test_shapes_file(tmp_path):
     ({"n": 8, "k": 8, "epilogue": True}, "gemms\\[0\\]: epilogue must be a string"),
     ({"n": 8, "k": 8, "epilogue": ["bias"]}, "gemms\\[0\\]: epilogue must be a string"),
     ({"n": 24, "k": 64, "epilogue": "swiglu"}, "gemms\\[0\\]: N=24: .*multiple of 16"),
-    ({"n": 64, "k": 64, "epilogue": "bias", "layout": "tn"}, "gemms\\[0\\]: epilogue='bias' runs on the Hopper"),
+    ({"n": 64, "k": 64, "dtype": "tf32", "epilogue": "bias", "layout": "tn"},
+     "gemms\\[0\\]: epilogue='bias' runs on the Hopper"),
     ({"n": 64, "k": 64, "epilogue": "quant_fp8_g128", "out_dtype": "bf16"}, "epilogue='quant_fp8_g128' writes fp8"),
     ({"n": 64, "k": 64, "epilogue": "residual", "grouped": True}, "grouped GEMMs take bias, activations"),
     ({"n": 64, "k": 64, "dtype": "int8", "epilogue": "bias"}, "needs a floating output"),
@@ -417,7 +418,7 @@ def test_shape_option():
         ("1:64:64:epilogue=bias", "expected M:N:K:TYPE"),
         ("1:64:64:bf16:nt:bf16:x:epilogue=bias", "expected M:N:K:TYPE"),
         ("1:24:64:bf16:epilogue=swiglu", "N=24: .*multiple of 16"),
-        ("1:64:64:bf16:tn:epilogue=bias", "epilogue='bias' runs on the Hopper family"),
+        ("1:64:64:tf32:tn:epilogue=bias", "epilogue='bias' runs on the Hopper family"),
         ("1:64:64:bf16:nt:bf16:epilogue=quant_fp8_g128", "writes fp8_e4m3 \\(leave out_dtype unset\\)"),
         ("1:64:64:fp8:epilogue=swiglu+quant_fp8_g128", "fast_accum=True"),  # FP32 promotion: no room
         ("1:64:64:bf16:epilogue=beta+swiglu", "beta \\(C\\) does not combine"),
@@ -499,12 +500,12 @@ def test_run_in_two_processes_then_nothing_to_compile(cache_dir):
 
 def test_run_reports_a_failing_kernel_and_keeps_going(cache_dir, capsys):
     good = warmup.plan([warmup.parse_shape("64:64:64:bf16")], "sm_90a")[:1]  # the GEMM (not the decode kernels)
-    bad_spec = GemmSpec.create(64, 64, "bf16", layout="nn")  # the sm90 family takes nt only
+    bad_spec = GemmSpec.create(64, 64, "tf32", layout="nn")  # the sm90 family reads tf32 K-major only
     work = [(bad_spec, good[0][1]), *good]
     summary = warmup.run(work, "sm_90a", jobs=2, progress=True)
     assert summary.compiled == 1 and len(summary.failed) == 1
     spec, cfg, error = summary.failed[0]
-    assert spec == bad_spec and "layout 'nt' only" in error
+    assert spec == bad_spec and "bf16/fp16 only" in error
     progress = capsys.readouterr().err
     assert progress.startswith("\r[0/2] compiled 0 cached 0 failed 0") and "[2/2] compiled 1 cached 0 failed 1" in progress
 
