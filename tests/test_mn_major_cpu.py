@@ -105,11 +105,16 @@ class KernelModel:
         return not self.b_k_major
 
     @staticmethod
-    def stage_boxes(k_major: bool, rows: int, mn0: int, k_idx: int) -> list[tuple[int, tuple[int, int]]]:
+    def mn_box_col(mn0: int, j: int, extent: int) -> int:
+        """GemmSm90::mn_box_col: box j's M / N index, a box wholly past the tensor moved onto its last box."""
+        return min(mn0 + j * MN_BLOCK, (extent - 1) // MN_BLOCK * MN_BLOCK)
+
+    def stage_boxes(self, k_major: bool, rows: int, mn0: int, k_idx: int, extent: int
+                    ) -> list[tuple[int, tuple[int, int]]]:
         """GemmSm90::load_operand: (byte offset in the stage buffer, (col, row) box coordinates) of each TMA load."""
         if k_major:
             return [(0, (k_idx, mn0))]
-        return [(j * MN_BLOCK_BYTES, (mn0 + j * MN_BLOCK, k_idx)) for j in range(rows // MN_BLOCK)]
+        return [(j * MN_BLOCK_BYTES, (self.mn_box_col(mn0, j, extent), k_idx)) for j in range(rows // MN_BLOCK)]
 
 
 class SwappedStrides(KernelModel):
@@ -199,7 +204,9 @@ def operand_tmap(stored: np.ndarray, k_major: bool, block_mn: int) -> dict:
 def check_stage(model: KernelModel, m: int, n: int, k: int, row0: int, n0: int, k_block: int,
                 tma_swizzle=swizzle_128b, wgmma_swizzle=swizzle_128b) -> None:
     """Load one stage of tile (row0, n0) at K block k_block as the producer does and read every wgmma operand of
-    every consumer as the tensor cores would; raise AssertionError on the first wrong element."""
+    every consumer as the tensor cores would; raise AssertionError on the first wrong element. Every element at an
+    M index < M (A) or N index < N (B) must be exact, zero past K; elements past M / N feed only outputs that are
+    never stored, so they are not compared (the producer may fill them with another box's data)."""
     # Logical operands as unique non-zero ids (0 = TMA's zero fill), stored as the layout says.
     a_log = 1 + np.arange(m * k, dtype=np.int64).reshape(m, k)
     b_log = 1 + m * k + np.arange(n * k, dtype=np.int64).reshape(n, k)
@@ -211,18 +218,21 @@ def check_stage(model: KernelModel, m: int, n: int, k: int, row0: int, n0: int, 
 
     tx = 0
     k_idx = k_block * BLOCK_K
-    for stored, k_major, rows, mn0, base in ((a_stored, model.a_k_major, model.block_m, row0, STAGE_A),
-                                             (b_stored, model.b_k_major, model.block_n, n0, stage_b)):
+    for stored, k_major, rows, mn0, extent, base in ((a_stored, model.a_k_major, model.block_m, row0, m, STAGE_A),
+                                                     (b_stored, model.b_k_major, model.block_n, n0, n, stage_b)):
         tmap = operand_tmap(stored, k_major, rows)
-        for offset, (col, row) in model.stage_boxes(k_major, rows, mn0, k_idx):
+        for offset, (col, row) in model.stage_boxes(k_major, rows, mn0, k_idx, extent):
+            assert row < stored.shape[0] and col < stored.shape[1], "no TMA box lies wholly outside the tensor"
             tx += tma_load(smem, base + offset, stored, tmap, col, row, tma_swizzle)
     assert tx == a_bytes + b_bytes, "the boxes' bytes are the stage's transaction bytes (kStageTxBytes)"
     assert (smem[STAGE_A // ESIZE:] != -1).all() and (smem[:STAGE_A // ESIZE] == -1).all(), \
         "the boxes fill exactly the stage's A and B buffers"
 
-    def expect(log, rows, cols, extent_rows):
-        inside = (rows[:, None] < extent_rows) & (cols[None, :] < k)
-        return np.where(inside, log[np.minimum(rows, extent_rows - 1)[:, None], np.minimum(cols, k - 1)[None, :]], 0)
+    def compare(got, log, rows, cols, extent_rows, what):
+        valid = rows < extent_rows
+        want = np.where(cols[None, :] < k, log[np.minimum(rows, extent_rows - 1)[:, None], np.minimum(cols, k - 1)[None, :]],
+                        0)
+        np.testing.assert_array_equal(got[valid], want[valid], err_msg=what)
 
     num_wgs, wg_rows = model.consumers
     for wg in range(num_wgs):
@@ -234,12 +244,10 @@ def check_stage(model: KernelModel, m: int, n: int, k: int, row0: int, n0: int, 
                 addr = wgmma_addresses(model.desc_a_at(base_a, mi, ks), not model.trans_a, 64, wgmma_swizzle)
                 assert addr.min() >= STAGE_A and addr.max() < stage_b and len(np.unique(addr)) == addr.size
                 rows = row0 + model.wg_row_offset(wg) + mi * 64 + np.arange(64)
-                np.testing.assert_array_equal(smem[addr // ESIZE], expect(a_log, rows, cols, m),
-                                              err_msg=f"A {model} wg={wg} mi={mi} k={ks}")
+                compare(smem[addr // ESIZE], a_log, rows, cols, m, f"A {model} wg={wg} mi={mi} k={ks}")
             addr = wgmma_addresses(model.desc_b_at(base_b, ks), not model.trans_b, model.block_n, wgmma_swizzle)
             assert addr.min() >= stage_b and addr.max() < stage_b + b_bytes and len(np.unique(addr)) == addr.size
-            np.testing.assert_array_equal(smem[addr // ESIZE], expect(b_log, n0 + np.arange(model.block_n), cols, n),
-                                          err_msg=f"B {model} k={ks}")
+            compare(smem[addr // ESIZE], b_log, n0 + np.arange(model.block_n), cols, n, f"B {model} k={ks}")
 
 
 MODELS = [KernelModel(layout, bm, bn, pp)
@@ -320,6 +328,9 @@ def _probe_source(models, lie: bool = False) -> str:
         for ks in range(BLOCK_K // MMA_K):
             want = model.desc_b_at(model.desc_b_base(stage_b_base), ks)
             asserts.append(f"static_assert({g}::desc_b_at({g}::desc_b_base({stage_b_base}u), {ks}u) == {want}ull);")
+        for mn0, j, extent in ((0, 0, 1), (0, 3, 1), (128, 1, 200), (128, 2, 200), (128, 3, 256), (192, 2, 4096)):
+            want = model.mn_box_col(mn0, j, extent)
+            asserts.append(f"static_assert({g}::mn_box_col({mn0}, {j}u, {extent}u) == {want});")
     lines.append('extern "C" __global__ void dgjit_probe(unsigned int* out) {')
     lines += ["  " + a for a in asserts]
     lines += ["  out[0] = 1;", "}"]

@@ -496,28 +496,40 @@ struct GemmSm90 {
         uint64_t* full = smem.full(state.stage);
         mbarrier_arrive_expect_tx(full, kStageTxBytes);
         const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
-        load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row);
-        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row);
+        load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row, m);
+        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row, kN);
         state.advance();
       }
     }
   }
 
   // One stage of an operand, kRows M / N indices from mn0 by kBlockK from k_idx. K-major: one box of the (rows, K)
-  // map at (k_idx, mn0). MN-major: kRows / 64 boxes of the (K, rows) map at (mn0 + 64 j, k_idx), box j into the
-  // stage's j-th kMnBlockBytes block. Boxes reaching past the tensor (M / N / K tails; for MN-major also whole boxes
-  // past M or N) are zero-filled and still count their full bytes, so kStageTxBytes holds for every tile.
+  // map at (k_idx, mn0). MN-major: kRows / 64 boxes of the (K, rows) map, box j at (mn_box_col(mn0, j, extent),
+  // k_idx) into the stage's j-th kMnBlockBytes block; `extent`: the operand's M / N (MN-major only). Boxes reaching
+  // past the tensor (M / N / K tails) are zero-filled and count their full bytes, so kStageTxBytes holds for every
+  // tile.
   template <bool kKMajor, uint32_t kRows>
   static DGJIT_DEVICE void load_operand(uint8_t* dst, const CUtensorMap* tmap, uint64_t* bar, int32_t k_idx,
-                                        int32_t mn0) {
+                                        int32_t mn0, uint32_t extent) {
     if constexpr (kKMajor) {
       tma_load_2d(dst, tmap, bar, k_idx, mn0);
     } else {
 #pragma unroll
       for (uint32_t j = 0; j < kRows / kMnBlockElems; ++j) {
-        tma_load_2d(dst + j * kMnBlockBytes, tmap, bar, mn0 + static_cast<int32_t>(j * kMnBlockElems), k_idx);
+        tma_load_2d(dst + j * kMnBlockBytes, tmap, bar, mn_box_col(mn0, j, extent), k_idx);
       }
     }
+  }
+
+  // M / N index of box j of an MN-major stage from mn0 (a multiple of 64, inside the tensor) in an operand of
+  // `extent` M / N indices. A box that would lie wholly past the tensor (the last tile's boxes beyond its rows)
+  // loads the tensor's last box instead: then no TMA load is entirely out of bounds (the nt kernel never issues one,
+  // so only partial boxes' zero fill is proven on hardware), and what it loads sits in rows / columns of the tile
+  // that no output element depends on (D[i][j] reads A row i and B column j only; those are never stored).
+  static DGJIT_DEVICE constexpr int32_t mn_box_col(int32_t mn0, uint32_t j, uint32_t extent) {
+    const int32_t col = mn0 + static_cast<int32_t>(j * kMnBlockElems);
+    const int32_t last = static_cast<int32_t>((extent - 1) / kMnBlockElems * kMnBlockElems);
+    return col < last ? col : last;
   }
 
   // ---- consumer main loop: accumulate one tile over K ---------------------------------------------
