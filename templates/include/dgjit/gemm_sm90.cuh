@@ -10,7 +10,8 @@
 //             inside a box, K row k is 128 bytes of 64 MN elements at k * 128. Same size as K-major.
 // The wgmma descriptors describe either (make_smem_desc_k_major / make_smem_desc_mn_major) and the instruction's
 // trans immediates say which; everything after the main loop is the same for every layout.
-// docs/experiments/sm90-mn-major.md has the sources of the MN-major facts and a NumPy model of the address math.
+// docs/experiments/sm90-mn-major.md has the sources of the MN-major facts; tests/test_mn_major_cpu.py a NumPy model of
+// the address math (TMA writes vs the descriptors' reads), tied to this file by static_asserts.
 //
 // One CTA per SM walks the output tiles in a grouped order (TileScheduler). Warpgroups:
 //   * 0 .. kNumMathWGs-1  consumers: each owns kWGRows rows of the kBlockM x kBlockN tile, issues
