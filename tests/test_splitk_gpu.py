@@ -18,7 +18,7 @@ def _splits_used(g, m):
     """The shares a call of g with M = m runs (what Gemm.__call__ passes to the kernel)."""
     import cupy
 
-    ops = g._split_operands(g.artifact, m, cupy.cuda.Device().id)
+    ops = g._split_operands(g.artifact, m, cupy.cuda.Device().id, cupy.cuda.get_current_stream())
     return 1 if ops is None else ops.num_splits
 
 
@@ -227,6 +227,32 @@ def test_cuda_graph_capture_and_replay():
         stream.synchronize()
         err = reference.error(out, reference.reference(spec, a, b))
         assert reference.within_bound(err, "bf16"), err
+    assert _arrivals_zero(g)
+
+
+def test_first_call_inside_a_capture_is_refused_clearly():
+    """A split-K call whose workspace must grow (more rows than any earlier call) cannot allocate while a graph is
+    being captured: a clear RuntimeError before anything is launched, and the Gemm works normally afterwards."""
+    import cupy
+
+    m, n, k = 200, 2112, 7168
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a, b = reference.random_operands(spec, m)
+    g = build(48, n, k, dtype="bf16", split_k=6, weight_streaming=False)
+    out = reference.poisoned((m, n), "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(a[:48], b, out=out[:48], stream=stream)  # kernel compiled and loaded, workspace sized for 48 rows
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+                g(a, b, out=out, stream=stream)
+        finally:
+            stream.end_capture()
+        g(a, b, out=out, stream=stream)
+    stream.synchronize()
+    assert reference.within_bound(reference.error(out, reference.reference(spec, a, b)), "bf16")
     assert _arrivals_zero(g)
 
 
