@@ -213,22 +213,23 @@ def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
     return None
 
 
-def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int) -> bool:
+def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
     """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Two measured
     exceptions to the waves model for FP8 at M >= 256 (H200 sweeps, bench/results/*probe-block-row-tiles*):
 
-    - block scaling takes BLOCK_N = 176 when N and K >= 1024, else 128: since the promotion resolves which scale
-      blocks a straddling tile touches at compile time (session 6), 128x176 was the fastest or within 1% of it on
-      five of the six M = 4096 DeepSeek shapes (2112x7168: 1.03 vs 0.89 x torch at 128x128) and on the grouped
-      4 x 8192 x 4096 x 7168 (6% faster); at K = 512 (32768x512) 128x128 was 8% faster. Smaller M keeps the
-      BLOCK_N that divide 128 (not re-measured).
+    - block scaling takes BLOCK_N = 176 when N and K >= 1024 and the problem has >= 1024 rows in all (m_hint x
+      groups), else 128: since the promotion resolves which scale blocks a straddling tile touches at compile time
+      (session 6), 128x176 was the fastest or within 1% of it on five of the six M = 4096 DeepSeek shapes
+      (2112x7168: 1.03 vs 0.89 x torch at 128x128) and on the grouped 4 x 8192 x 4096 x 7168 (6% faster); at
+      K = 512 (32768x512) 128x128 was 8% faster, and masked MoE calls of 256-512 rows in all ran 15-20% slower
+      at 176 (fewer, wider tiles on an underfilled GPU). Smaller M keeps the BLOCK_N that divide 128.
     - row scaling takes BLOCK_N = 176 for N >= 1024: best or within 9% on all six shapes, 4% better in geomean than the
       model's picks (which chose 128 where 176 was 10-15% faster: 24576x1536, 7168x2048).
     """
     if m_hint < 256:
         return spec.scaling != "block" or 128 % block_n == 0
     if spec.scaling == "block":
-        if spec.n >= 1024 and spec.k >= 1024:
+        if spec.n >= 1024 and spec.k >= 1024 and m_hint * groups >= 1024:
             return block_n == 176
         return block_n == 128 if spec.n >= 128 else 128 % block_n == 0
     if spec.scaling == "row" and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024:
@@ -425,7 +426,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
                 continue
-            if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint):
+            if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
                 continue
