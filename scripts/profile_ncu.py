@@ -10,6 +10,7 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
 
   fp8-block       scaling="block" as shipped (scale warp)
   fp8-tensor      scaling="tensor", promoted: the same main loop without per-block scales
+  fp8-row         scaling="row", promoted: per-tensor's main loop, row and column scales in the epilogue
   fp8-tensor-fast scaling="tensor", fast_accum=True: no promotion at all
   bf16            the 16-bit kernel
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-VARIANTS = ("fp8-block", "fp8-tensor", "fp8-tensor-fast", "bf16")
+VARIANTS = ("fp8-block", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16")
 
 
 def build_call(variant: str, m: int, n: int, k: int):
@@ -43,7 +44,7 @@ def build_call(variant: str, m: int, n: int, k: int):
     if name == "bf16":
         kwargs = {"dtype": "bf16"}
     else:
-        kwargs = {"dtype": "fp8", "scaling": "block" if name == "fp8-block" else "tensor",
+        kwargs = {"dtype": "fp8", "scaling": {"fp8-block": "block", "fp8-row": "row"}.get(name, "tensor"),
                   "fast_accum": name == "fp8-tensor-fast"}
     if tile:
         bm, bn = (int(v) for v in tile.split("x"))
@@ -54,7 +55,7 @@ def build_call(variant: str, m: int, n: int, k: int):
         a = x.astype(dg.dtypes.numpy_dtype("bf16"))
         b = w.astype(dg.dtypes.numpy_dtype("bf16"))
         return (lambda: g(a, b, out=out)), g
-    granularity = ("group128", "block128") if name == "fp8-block" else ("tensor", "tensor")
+    granularity = {"fp8-block": ("group128", "block128"), "fp8-row": ("row", "row")}.get(name, ("tensor", "tensor"))
     qa, sa = dg.quantize(x, "fp8", granularity[0])
     qb, sb = dg.quantize(w, "fp8", granularity[1])
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out)), g

@@ -927,6 +927,8 @@ struct GemmSm90 {
   // register, the second reduces, writes the scale and stores q (no second register array: it would spill).
   static constexpr uint32_t kNumPairCols = kOutCols / 8;  // 8-column groups of the D tile
   static constexpr uint32_t kChunk = !kPrefetch ? 1 : (sizeof(TD) == 4 ? 2 : 4);
+  // kRow: column-scale pairs held in registers at a time (epilogue()).
+  static constexpr uint32_t kColBatch = kScaling == Scaling::kRow ? 8 : 1;
 
   static DGJIT_DEVICE uint32_t d_offset(uint32_t row, uint32_t col) {
     const uint32_t slice = col / Store::kSliceCols;
@@ -953,20 +955,19 @@ struct GemmSm90 {
 
   // The pair of accumulator registers i, i + 1 (tile column col, col + 1 as the accumulator layout numbers them)
   // before the activation: the scales, alpha * acc + beta * C, and the bias.
+  // kRow: row_scale is the pair's row scale, col_scale its two column scales (from registers, see epilogue()).
   static DGJIT_DEVICE float2 pre_activation(const Smem& smem, uint32_t math_wg, const TAcc (&acc)[kNumAccum],
-                                            uint32_t i, uint32_t row, uint32_t col, float tensor_scale,
-                                            const EpilogueArgs& ea, bool read_c, const float2& c, float row_bias) {
+                                            uint32_t i, uint32_t col, float tensor_scale, float row_scale,
+                                            const float2& col_scale, const EpilogueArgs& ea, bool read_c,
+                                            const float2& c, float row_bias) {
     float lo = static_cast<float>(acc[i]);
     float hi = static_cast<float>(acc[i + 1]);
     if constexpr (kScaling == Scaling::kTensor) {
       lo *= tensor_scale;
       hi *= tensor_scale;
     } else if constexpr (kScaling == Scaling::kRow) {
-      // Plain shared loads: the barrier above made the staged scales visible, and the compiler
-      // can batch these (volatile asm loads were serialised against the stores: 0.83x torch).
-      const float sa = smem.row_scales(math_wg)[row];
-      lo *= sa * smem.col_scales(math_wg)[col];
-      hi *= sa * smem.col_scales(math_wg)[col + 1];
+      lo *= row_scale * col_scale.x;
+      hi *= row_scale * col_scale.y;
     }
     if constexpr (Epi::kBeta) {
       lo = ea.alpha * lo + (read_c ? ea.beta * c.x : 0.0f);
@@ -1085,6 +1086,13 @@ struct GemmSm90 {
     const uint32_t r_base = shared_addr(smem.r(math_wg));
     const uint32_t warp = warp_idx_in_warpgroup();
     const uint32_t lane = lane_idx();
+    // kRow: the scales come from registers, loaded in batches (the row scales per m64 slice, the column scales of
+    // kColBatch accumulator groups of 8 columns at a time), so one load latency covers many stores. Read next to
+    // each use, every load sat between D stores (volatile asm, so not hoisted) and each multiply stalled on its
+    // latency: at K = 512 the row kernel ran 1.45x the per-tensor kernel's time (ncu: short-scoreboard stalls).
+    float row_scale[2] = {1.0f, 1.0f};
+    float2 col_batch[kColBatch];
+    col_batch[0] = make_float2(1.0f, 1.0f);
     uint32_t amax_bits = 0;  // per-tensor quantization with amax_out: this thread's max |x| inside (M, N_out)
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
@@ -1092,6 +1100,11 @@ struct GemmSm90 {
       if constexpr (Epi::kBias == BiasKind::kRow) {
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) row_bias[h] = smem.bias(math_wg)[mi * 64 + warp * 16 + lane / 4 + 8 * h];
+      }
+      if constexpr (kScaling == Scaling::kRow) {
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h)
+          row_scale[h] = ld_shared_f32(shared_addr(smem.row_scales(math_wg) + mi * 64 + warp * 16 + lane / 4 + 8 * h));
       }
 #pragma unroll
       for (uint32_t j0 = 0; j0 < kNumPairCols; j0 += kChunk) {
@@ -1115,6 +1128,16 @@ struct GemmSm90 {
         for (uint32_t jj = 0; jj < kChunk; ++jj) {
           const uint32_t j = j0 + jj;
           if (j < kNumPairCols) {
+            // kRow: accumulator group g = j (gated: 2j and 2j + 1) of the tile's kBlockN / 8.
+            if constexpr (kScaling == Scaling::kRow) {
+              const uint32_t g0 = kGated ? 2 * j : j;
+              if (g0 % kColBatch == 0) {
+#pragma unroll
+                for (uint32_t b = 0; b < kColBatch; ++b)
+                  if (g0 + b < kBlockN / 8)
+                    col_batch[b] = ld_shared_v2_f32(shared_addr(smem.col_scales(math_wg) + 8 * (g0 + b) + 2 * (lane % 4)));
+              }
+            }
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
               const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
@@ -1128,14 +1151,18 @@ struct GemmSm90 {
                 if constexpr (kGated) {
                   // Gate columns 16j + 2(l%4) + e of the tile's accumulators, up columns 8 further.
                   const uint32_t gate_col = 16 * j + 2 * (lane % 4);
-                  const float2 gate = pre_activation(smem, math_wg, acc[mi], 8 * j + 2 * h, row, gate_col,
-                                                     tensor_scale, ea, read_c, c_in[jj][h], row_bias[h]);
-                  const float2 up = pre_activation(smem, math_wg, acc[mi], 8 * j + 4 + 2 * h, row, gate_col + 8,
-                                                   tensor_scale, ea, read_c, c_in[jj][h], row_bias[h]);
+                  const float2 gate = pre_activation(smem, math_wg, acc[mi], 8 * j + 2 * h, gate_col, tensor_scale,
+                                                     row_scale[h], col_batch[kScaling == Scaling::kRow ? 2 * j % kColBatch : 0],
+                                                     ea, read_c, c_in[jj][h], row_bias[h]);
+                  const float2 up = pre_activation(smem, math_wg, acc[mi], 8 * j + 4 + 2 * h, gate_col + 8,
+                                                   tensor_scale, row_scale[h],
+                                                   col_batch[kScaling == Scaling::kRow ? (2 * j + 1) % kColBatch : 0], ea, read_c,
+                                                   c_in[jj][h], row_bias[h]);
                   lo = gate_activate<Epi::kGate>(gate.x) * up.x;
                   hi = gate_activate<Epi::kGate>(gate.y) * up.y;
                 } else {
-                  const float2 v = pre_activation(smem, math_wg, acc[mi], 4 * j + 2 * h, row, col, tensor_scale,
+                  const float2 v = pre_activation(smem, math_wg, acc[mi], 4 * j + 2 * h, col, tensor_scale,
+                                                  row_scale[h], col_batch[kScaling == Scaling::kRow ? j % kColBatch : 0],
                                                   ea, read_c, c_in[jj][h], row_bias[h]);
                   lo = activate<Epi::kAct>(v.x);
                   hi = activate<Epi::kAct>(v.y);
