@@ -25,7 +25,7 @@ import deepgemm_jit as dg
 from deepgemm_jit import compiler, config, dtypes, jit, launch, render, sass
 from deepgemm_jit.arrays import MatrixView
 from deepgemm_jit.errors import CompileError
-from deepgemm_jit.spec import GemmSpec
+from deepgemm_jit.spec import GemmSpec, OperandLayout
 
 ARCH = "sm_90a"
 ESIZE = 2                      # bf16 / fp16
@@ -57,21 +57,14 @@ def desc_mn_major(addr: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelModel:
-    """One GemmSm90 instantiation's operand handling: layout, tile, consumers."""
+class KernelModel(OperandLayout):
+    """One GemmSm90 instantiation's operand handling: layout (a_k_major / b_k_major from OperandLayout), tile,
+    consumers."""
 
     layout: str
     block_m: int
     block_n: int
     pingpong: bool = False
-
-    @property
-    def a_k_major(self) -> bool:
-        return self.layout[0] == "n"
-
-    @property
-    def b_k_major(self) -> bool:
-        return self.layout[1] == "t"
 
     @property
     def consumers(self) -> tuple[int, int]:
