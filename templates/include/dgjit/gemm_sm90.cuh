@@ -806,8 +806,9 @@ struct GemmSm90 {
       wgmma_wait_group<0>();
       release_stage(smem, previous_stage);
       fence_accumulators(part);
-      // The scales' products are computed here, after the wait: hoisted next to their loads (between the
-      // K block's wgmmas), each product stalled the remaining wgmma issues on the loads' latency.
+      // Meant to keep the scales' products after the wait (next to their loads, between the K block's wgmmas,
+      // each product stalls the remaining wgmma issues on the loads' latency). NVVM honours it, but ptxas still
+      // hoists the FMULs (SASS of 128x128 and 128x176, session 6); kept because the GPU-verified tree has it.
       if constexpr (kScaling == Scaling::kBlock) fence_scales(cur);
       promote<kOff>(acc, part, cur);
     }
