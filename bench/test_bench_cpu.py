@@ -469,6 +469,7 @@ def cpu_runner(monkeypatch):
     pytest.importorskip("ml_dtypes")
     from bench import runner
     from deepgemm_jit import baseline, dtypes, reference, timing
+    from deepgemm_jit.quantization import recipe_granularities
     if not hasattr(reference, "quantize_reference"):
         pytest.skip("deepgemm_jit.reference has no quantize_reference yet")
 
@@ -493,8 +494,7 @@ def cpu_runner(monkeypatch):
             kw.setdefault("beta", 1.0)
             return baseline.Bound("fake_torch_unfused", lambda: gemm(a, b, out=out, **kw),
                                   lambda: reference.to_float64(out)), []
-        gemm = _FakeGemm(np, spec, None if scaling is None else {
-            "tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}[scaling.recipe])
+        gemm = _FakeGemm(np, spec, None if scaling is None else recipe_granularities(scaling.recipe))
         out = poisoned((a.shape[0], spec.n), spec.out_dtype)
         kw = {} if scaling is None else {"scale_a": scaling.scale_a, "scale_b": scaling.scale_b}
         return baseline.Bound("fake_torch", lambda: gemm(a, b, out=out, **kw),

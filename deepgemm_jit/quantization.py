@@ -50,8 +50,15 @@ _FORMAT_CPP = {"fp8_e4m3": "kE4M3", "fp8_e5m2": "kE5M2", "int8": "kInt8"}
 _GRANULARITY_CPP = {"tensor": "kTensor", "row": "kRow", "group128": "kGroup128", "block128": "kBlock128"}
 # Sizes each cubin exports as `<entry>_<name>` __constant__ symbols (quantize.cu.j2).
 SYMBOLS = ("num_threads", "units_per_block", "group_cols")
-# GemmSpec.scaling -> the granularity of A's scales (scale_a), i.e. of the activations' quantize call.
+# GemmSpec.scaling -> the granularity of A's scales (scale_a), i.e. of the activations' quantize call, and of
+# B's (scale_b, the weight's): what quantize must produce for a GEMM of that recipe.
 ACTIVATION_GRANULARITY = {"tensor": "tensor", "row": "row", "block": "group128"}
+WEIGHT_GRANULARITY = {"tensor": "tensor", "row": "row", "block": "block128"}
+
+
+def recipe_granularities(scaling: str) -> tuple[str, str]:
+    """(A's, B's) quantize granularity for GemmSpec.scaling `scaling`: block -> (group128, block128)."""
+    return ACTIVATION_GRANULARITY[scaling], WEIGHT_GRANULARITY[scaling]
 
 
 def check_granularity(granularity: object, q_dtype: str) -> str:

@@ -4,7 +4,7 @@
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
-(contiguous, even groups), M-major scale_a as dg.quantize emits it. Results are checked against each other
+(contiguous, even groups), scale_a row-major as dg.quantize returns it. Results are checked against each other
 (same kernel math: bitwise equal) before timing. --tile forces one sm90 tile everywhere (default: the heuristic's);
 DIR@BMxBN forces a tile for that tree only, and DIR "." is the checkout's templates (to compare tiles).
 """

@@ -17,10 +17,10 @@ import cupy
 
 import deepgemm_jit as dg
 from deepgemm_jit import config, reference, timing
+from deepgemm_jit.quantization import WEIGHT_GRANULARITY, recipe_granularities
 
 SHAPES = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512), (4096, 7168, 16384), (4096, 4096, 7168),
           (4096, 7168, 2048)]
-GRAN = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
 
 
 def torch_baseline(recipe, qa, sa, qb, sb):
@@ -57,7 +57,7 @@ def main() -> int:
         for recipe in args.recipes.split(","):
             dtype = "int8" if recipe == "int8" else "fp8_e4m3"
             scaling = "none" if recipe == "int8" else recipe
-            ga, gb = GRAN.get(recipe, ("tensor", "tensor"))
+            ga, gb = recipe_granularities(recipe) if recipe in WEIGHT_GRANULARITY else ("tensor", "tensor")
             qa, sa = reference.quantize_reference(x, dtype, ga)
             qb, sb = reference.quantize_reference(w, dtype, gb)
             if recipe == "int8":

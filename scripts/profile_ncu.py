@@ -32,6 +32,7 @@ def build_call(variant: str, m: int, n: int, k: int):
 
     import deepgemm_jit as dg
     from deepgemm_jit import config
+    from deepgemm_jit.quantization import recipe_granularities
     from deepgemm_jit.spec import GemmSpec
 
     rng = cupy.random.default_rng(m + n + k)
@@ -55,7 +56,7 @@ def build_call(variant: str, m: int, n: int, k: int):
         a = x.astype(dg.dtypes.numpy_dtype("bf16"))
         b = w.astype(dg.dtypes.numpy_dtype("bf16"))
         return (lambda: g(a, b, out=out)), g
-    granularity = {"fp8-block": ("group128", "block128"), "fp8-row": ("row", "row")}.get(name, ("tensor", "tensor"))
+    granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
     qb, sb = dg.quantize(w, "fp8", granularity[1])
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out)), g

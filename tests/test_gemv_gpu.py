@@ -5,13 +5,13 @@ M = 17 for FP8)."""
 import pytest
 
 from deepgemm_jit import build, gemv, reference
+from deepgemm_jit.quantization import recipe_granularities
 from deepgemm_jit.spec import GemmSpec
 
 pytestmark = pytest.mark.gpu
 
 MS = (1, 3, 8, 13, 16)
 NK = [(1, 8), (7, 520), (129, 7168), (2112, 520), (129, 8), (7, 7168)]
-GRANULARITY = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def _fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
     rng = cupy.random.default_rng(seed)
     x = rng.standard_normal((m, k), dtype=cupy.float32)
     w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
-    ga, gb = GRANULARITY[scaling]
+    ga, gb = recipe_granularities(scaling)
     qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
     qb, sb = reference.quantize_reference(w, b_dtype, gb)
     ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)

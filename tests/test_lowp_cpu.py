@@ -51,6 +51,16 @@ def test_scale_shapes():
     assert GemmSpec.create(300, 1000, "int8").scale_shapes(5) is None
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
+def test_recipe_granularities_produce_the_scales_the_gemm_takes(scaling):
+    """quantize(x, granularity=A's) and quantize(w, granularity=B's) give exactly spec.scale_shapes(M)."""
+    from deepgemm_jit.quantization import recipe_granularities, scale_shape
+
+    spec = GemmSpec.create(300, 1000, "fp8", scaling=scaling)
+    ga, gb = recipe_granularities(scaling)
+    assert (scale_shape(ga, 77, 1000), scale_shape(gb, 300, 1000)) == spec.scale_shapes(77)
+
+
 # ---------------------------------------------------------------------------------------------- config
 def test_promotion_limits_block_n():
     spec = GemmSpec.create(7168, 16384, "fp8")

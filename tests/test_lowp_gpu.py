@@ -3,11 +3,10 @@ plus DeepGEMM's difference metric against a BF16-input reference. Odd shapes eve
 import pytest
 
 from deepgemm_jit import build, gemm, reference
+from deepgemm_jit.quantization import recipe_granularities
 
 pytestmark = pytest.mark.gpu
 
-# scaling -> (granularity of A, granularity of B) in deepgemm_jit.quantize's vocabulary
-GRANULARITY = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
 SHAPES = [(1, 136, 256), (77, 300, 1100), (129, 1000, 1000), (257, 264, 4096), (1000, 7168, 512)]
 
 
@@ -17,7 +16,7 @@ def _problem(m, n, k, dtype, b_dtype, scaling, seed):
     rng = cupy.random.default_rng(seed)
     x = rng.standard_normal((m, k), dtype=cupy.float32)
     w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
-    ga, gb = GRANULARITY[scaling]
+    ga, gb = recipe_granularities(scaling)
     qa, sa = reference.quantize_reference(x, dtype, ga)
     qb, sb = reference.quantize_reference(w, b_dtype, gb)
     ref = reference.dequantize_reference(qa, sa, dtype, ga) @ reference.dequantize_reference(qb, sb, b_dtype, gb).T

@@ -7,11 +7,11 @@ import math
 import pytest
 
 from deepgemm_jit import build, launch, reference, splitk
+from deepgemm_jit.quantization import recipe_granularities
 from deepgemm_jit.spec import GemmSpec
 
 pytestmark = pytest.mark.gpu
 
-GRANULARITY = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
 
 
 def _splits_used(g, m):
@@ -89,7 +89,7 @@ def _fp8_problem(m, n, k, scaling, seed):
     rng = cupy.random.default_rng(seed)
     x = rng.standard_normal((m, k), dtype=cupy.float32)
     w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
-    ga, gb = GRANULARITY[scaling]
+    ga, gb = recipe_granularities(scaling)
     qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
     qb, sb = reference.quantize_reference(w, "fp8_e4m3", gb)
     ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
