@@ -104,10 +104,10 @@ def main() -> int:
                 fns["cublas"] = lambda: torch.mm(ta, tb.T)
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
-            dev = cupy.cuda.Device().id
             row = {"dtype": args.dtype, "m": m, "n": n, "k": k, "old_tile": gemms["old"].config.tag,
                    "split_tile": split_cfg.tag, "split_tiles": [c.tag for c in split_cfgs], "auto_tile": auto.config.tag,
-                   "auto_splits": (auto._split_operands(auto.artifact, m, dev) or splitk.SplitOperands(1)).num_splits,
+                   "auto_splits": (splitk.num_splits(spec, auto.config, m, num_sms, auto.split_k)
+                                   if auto.config.split_k else 1),
                    "us": {name: r.median_us for name, r in t.items()},
                    "max_err": max(errors.values())}
             bound_ok = all(reference.within_bound(e, spec.dtype) for e in errors.values())
