@@ -11,6 +11,8 @@
 |                                  |      | tuning result is stored for the problem (as tune=True)    |
 | DEEPGEMM_JIT_TEMPLATES_DIR       | path | render kernels from another copy of `templates/` (kernel  |
 |                                  |      | experiments; the cache key hashes what is rendered)       |
+| DEEPGEMM_JIT_NO_BULK_SCALES      | bool | experiments: FP8 block kernels copy A scales with the     |
+|                                  |      | scale warp even where scale_a allows the bulk copy        |
 """
 from __future__ import annotations
 
@@ -76,3 +78,9 @@ def offline() -> bool:
 
 def tune() -> bool:
     return env_bool("DEEPGEMM_JIT_TUNE")
+
+
+def no_bulk_scales() -> bool:
+    """Experiments (A/B, bitwise comparisons): never set the sm90 block kernels' bulk A-scale flag
+    (launch.bulk_a_scales); read per launch plan, so a kept plan keeps the value it was made with."""
+    return env_bool("DEEPGEMM_JIT_NO_BULK_SCALES")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cubin as cubin_mod
-from . import device, runtime, tma
+from . import device, env, runtime, tma
 from .arrays import MatrixView, ScaleView
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
@@ -114,6 +114,23 @@ def scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
             np.int64(sb.stride_i), np.int64(sb.stride_j))
 
 
+def bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
+    """Whether an sm90 block-scaling kernel may bulk-copy scale_a (ScaleArgs::is_a_bulk, gemm_sm90.cuh): the TMA thread
+    then copies a tile's A scales of a K block, rows [row0, row0 + n) with n = min(block_m, rows left rounded up to
+    4), as one cp.async.bulk of 4n bytes, which needs a 16-byte aligned source. That holds for every tile starting on
+    a row multiple of 4 (the kernel checks that part per tile) when scale_a, element (i, j) at ptr + 4 (i stride_i +
+    j stride_j), is M-major (stride_i == 1; any stride for M == 1, whose one row is row 0), starts on 16 bytes and
+    has stride_j % 4 == 0; and the read of rows up to round_up(M, 4) stays inside column j when stride_j >= round_up(M,
+    4) (or there is one column). DeepGEMM's layout ((ceil(K/128), round_up(M, 4)) storage, transposed and cut to M
+    rows) passes; row-major scales never do (for M > 1). `m`: the rows the kernel indexes (all groups' for grouped
+    GEMMs, whose scale rows are the same global rows). DEEPGEMM_JIT_NO_BULK_SCALES=1 turns it off (experiments)."""
+    if sa is None or spec.scaling != "block" or m < 1 or env.no_bulk_scales():
+        return False
+    rows_up = -(-m // 4) * 4
+    return ((sa.stride_i == 1 or m == 1) and sa.ptr % 16 == 0 and sa.stride_j % 4 == 0
+            and (sa.shape[1] <= 1 or sa.stride_j >= rows_up))
+
+
 @dataclass(frozen=True)
 class EpilogueOperands:
     """Run-time operands of a fused epilogue: the bias pointer (0 when unused), C and the residual as views
@@ -202,6 +219,8 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
             args += group.args()
         if split is not None:
             args += split.args()
+        # Last, so that kernels from templates without it (A/B runs against older trees) take the same arguments.
+        args += (np.uint32(bulk_a_scales(spec, sa, m)),)
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

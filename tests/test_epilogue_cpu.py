@@ -79,9 +79,10 @@ def _compile_and_check(spec):
     mix = sass.opcode_mix(art.cubin)
     case = f"{spec.tag} {cfg.tag}"
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
-    assert "C7514" not in art.meta["log"] and "C7508" not in art.meta["log"], (case, art.meta["log"])
+    assert all(w not in art.meta["log"] for w in ("C7514", "C7517", "C7508")), (case, art.meta["log"])
     mma = "IGMMA" if spec.dtype == "int8" else "QGMMA" if spec.dtype.startswith("fp8") else "HGMMA"
     assert mix.get(mma, 0) > 0, case
+    assert (mix.get("UBLKCP", 0) > 0) == (spec.scaling == "block"), case  # block scaling: bulk-copied A scales
     return cfg, art, mix, case
 
 
@@ -129,9 +130,10 @@ def test_pingpong_variants_compile(dtype, scaling, epilogue, tile, shared_cache_
     art = jit.get_kernel(spec, cfg, "sm_90a")
     usage = sass.resource_usage(art.cubin)[art.entry]
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, cfg.tag
-    assert "C7514" not in art.meta["log"], art.meta["log"]
+    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], art.meta["log"]
     mix = sass.opcode_mix(art.cubin)
     assert mix.get("IGMMA" if dtype == "int8" else "QGMMA" if dtype == "fp8" else "HGMMA", 0) > 0
+    assert (mix.get("UBLKCP", 0) > 0) == (scaling == "block"), cfg.tag
     # The config's shared-memory mirror is what the kernel computes (checked on the GPU before each launch;
     # here against the layout formula's pieces: two D tiles of block_m rows).
     assert cfg.smem_bytes(spec) >= 2 * tile[0] * tile[1] * (4 if out_dtype == "fp32" else 2)

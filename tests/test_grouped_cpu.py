@@ -65,6 +65,10 @@ def test_compiles_without_spills(cache, kw):
     usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
     assert usage["LOCAL"] == 0 and usage["STACK"] == 0, (g, usage)
     assert g.spec.grouped and not g.config.pingpong
+    log = g.artifact.meta["log"]
+    assert "C7514" not in log and "C7517" not in log, (g, log)
+    # FP8 (block scales): the A scales' bulk copy is there (docs/experiments/sm90-fp8-bulk-a-scales.md).
+    assert (sass.opcode_mix(g.artifact.cubin).get("UBLKCP", 0) > 0) == (kw["dtype"] == "fp8"), g
 
 
 def test_segments_kernel_compiles(cache):

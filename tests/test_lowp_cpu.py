@@ -176,6 +176,9 @@ def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, 
     loops = 128 // math.gcd(block_n, 128) if scaling == "block" and block_n % 128 and 128 % block_n else 1
     assert 0 < mix.get(mma, 0) <= 4 * (block_m // 64) * loops and mix.get("HGMMA", 0) == 0, (case, mix.get(mma))
     assert mix.get("UTMALDG", 0) > 0, case
+    # Block scaling: the TMA thread's bulk copy of A scales (cp.async.bulk, docs/experiments/sm90-fp8-bulk-a-scales.md);
+    # compiled out of every other kernel.
+    assert (mix.get("UBLKCP", 0) > 0) == (scaling == "block"), (case, mix.get("UBLKCP", 0))
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.

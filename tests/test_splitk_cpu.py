@@ -140,6 +140,7 @@ def test_split_variant_matrix(dtype, scaling, out_dtype, epilogue, block_m, bloc
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
     assert mix.get("ATOMG", 0) + mix.get("ATOM", 0) + mix.get("RED", 0) > 0, case  # the arrival counter
+    assert (mix.get("UBLKCP", 0) > 0) == (scaling == "block"), case  # bulk-copied A scales
     launch.check_layout(art, spec)
 
 

@@ -23,7 +23,8 @@
 //                         (65536 / 384 = 168) and the setmaxnreg split (40 / 232) are the same for
 //                         every configuration; the idle warpgroup gives its registers back and exits.
 // Handshake per ring stage s (mbarriers in shared memory):
-//   full[s]  : 1 arrival (producer's arrive.expect_tx) + the TMA transaction bytes of A and B.
+//   full[s]  : 1 arrival (producer's arrive.expect_tx) + the TMA transaction bytes of A and B (kBlock: + the
+//              scale warp's 32 cp.async arrivals, + the A scales' bulk-copy bytes when it is used).
 //   empty[s] : one arrival per consumer warp once its wgmmas reading stage s have completed.
 // Producer and consumers walk the same tile sequence and K loop, so they agree on (stage, phase)
 // without communicating anything else.
@@ -34,12 +35,14 @@
 //   kRow:    A per row (M), B per row of the (N, K) weight, i.e. per output column; staged into shared
 //            memory with cp.async while the tile's main loop runs, applied in the epilogue;
 //   kBlock:  A per 1x128 group along K, B per 128x128 block; applied per K block when the partial sums
-//            are promoted into the FP32 accumulators (the block size equals kBlockK = 128). Warp 1 of the
-//            producer warpgroup copies each stage's scales (kBlockM of A, the tile's B blocks) from
-//            global into the stage's slot in shared memory with cp.async, whose completion arrives on
-//            the stage's full barrier, so the consumers never wait on a global load (loading them in
-//            the consumers, even one K block ahead, measured 1010 against 1424 TFLOPS for per-tensor
-//            scales at 4096x7168x16384).
+//            are promoted into the FP32 accumulators (the block size equals kBlockK = 128). Each stage's
+//            scales (kBlockM of A, the tile's B blocks) sit in the stage's slot in shared memory, filled
+//            from global memory asynchronously with completion on the stage's full barrier, so the
+//            consumers never wait on a global load (loading them in the consumers, even one K block
+//            ahead, measured 1010 against 1424 TFLOPS for per-tensor scales at 4096x7168x16384). Warp 1
+//            of the producer warpgroup copies the B blocks with cp.async, and the A scales too unless the
+//            host set ScaleArgs::is_a_bulk (M-major scale_a, see a_scale_bulk_bytes): then the TMA
+//            thread bulk-copies a tile's A scales of a K block with the stage's operands.
 // kPromote (FP8; TF32 for 3xTF32, whose accuracy the tensor cores' truncating additions would cap): every K block
 // accumulates into fresh registers that are then added (scaled, for
 // kBlock) into the FP32 accumulators: Hopper's FP8 tensor-core accumulation keeps fewer mantissa bits
@@ -74,10 +77,15 @@ enum class Scaling : uint32_t { kNone = 0, kTensor = 1, kRow = 2, kBlock = 3 };
 // (i: row of A, j: 128-group of K for kBlock, 0 otherwise), element (i, j) of scale_b is
 // b[i * b_stride_n + j * b_stride_k] (i: row of B for kRow, 128-block of rows for kBlock). Strides
 // make row-major and column-major (DeepGEMM's) scale layouts the same code.
+// is_a_bulk (kBlock; set per call by the host, deepgemm_jit/launch.py bulk_a_scales): scale_a is M-major
+// (a_stride_m == 1, or one row), 16-byte aligned, a_stride_k a multiple of 4 and at least M rounded up to 4. Then
+// rows [r, r + 4q) of one K column, r a multiple of 4, are a 16-byte aligned run of 16q bytes, inside the column
+// whenever r + 4q <= round_up(M, 4): what a_scale_bulk_bytes copies.
 struct ScaleArgs {
   const float* a;
   const float* b;
   int64_t a_stride_m, a_stride_k, b_stride_n, b_stride_k;
+  uint32_t is_a_bulk;
 };
 
 // How D leaves shared memory. TMA stores column slices whose smem row is one swizzle span, so the
@@ -481,24 +489,51 @@ struct GemmSm90 {
     }
   };
 
+  // ---- kBlock: A scales by bulk copy (ScaleArgs::is_a_bulk) ---------------------------------------
+  // Bytes of the tile's A scales that the TMA thread bulk-copies per K block into the stage's slot (rows
+  // [row0, row0 + n), n = min(kBlockM, rows left in M / the group rounded up to 4)), or 0 when the scale warp copies
+  // them: the host did not allow it, or the tile starts on a row that is not a multiple of 4 (grouped walks: a group
+  // starting there), where the run would not be 16-byte aligned. The TMA thread and the scale warp evaluate it
+  // alike per tile. Slot rows past n keep what an earlier use of the stage left (or were never written): they are the
+  // scales of tile rows past row_end, whose outputs are never stored (docs/experiments/sm90-fp8-bulk-a-scales.md
+  // checks every epilogue), while the scale warp's path fills them with clamped rows.
+  // (tests/test_bulk_scales_cpu.py ties its model of this arithmetic to this function with static_asserts.)
+  static DGJIT_DEVICE constexpr uint32_t a_scale_bulk_bytes(uint32_t is_a_bulk, uint32_t row0, uint32_t row_end) {
+    if (kScaling != Scaling::kBlock || is_a_bulk == 0 || row0 % 4 != 0 || row_end <= row0) return 0;
+    const uint32_t rows_left = row_end - row0;
+    return 4 * (rows_left < kBlockM ? (rows_left + 3) / 4 * 4 : kBlockM);
+  }
+  static DGJIT_DEVICE uint32_t a_scale_bulk_bytes(const ScaleArgs& scales, const Tile& tile) {
+    return a_scale_bulk_bytes(scales.is_a_bulk, tile.row0, tile.row_end);
+  }
+  static_assert(kBlockM % 4 == 0, "a bulk copy of kBlockM A scales must be whole 16-byte units");
+
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
-                                   uint32_t m, const GroupArgs& ga, uint32_t num_splits) {
+                                   uint32_t m, const GroupArgs& ga, uint32_t num_splits, const ScaleArgs& scales) {
     Scheduler scheduler(m, ga, num_splits);
     State state;
     Tile tile;
     while (scheduler.next(tile)) {
       const int32_t a_row = static_cast<int32_t>(tile.row0);
       const int32_t b_row = static_cast<int32_t>(tile.group * kN + tile.n_block * kBlockN);
+      const uint32_t scale_bytes = a_scale_bulk_bytes(scales, tile);
 #pragma unroll 1
       for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
         // Parity flipped: the first pass over the ring finds every stage free.
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         uint64_t* full = smem.full(state.stage);
-        mbarrier_arrive_expect_tx(full, kStageTxBytes);
+        mbarrier_arrive_expect_tx(full, kStageTxBytes + scale_bytes);
         const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
         load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row, m);
         load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row, kN);
+        if constexpr (kScaling == Scaling::kBlock) {
+          // a_stride_m is 1 (or M is 1 and row0 0) whenever scale_bytes is nonzero.
+          if (scale_bytes != 0) {
+            bulk_load(smem.stage_scales(state.stage), scales.a + tile.row0 + k_block * scales.a_stride_k, scale_bytes,
+                      full);
+          }
+        }
         state.advance();
       }
     }
@@ -649,9 +684,11 @@ struct GemmSm90 {
   }
 
   // Producer side (warp 1 of the producer warpgroup): copy each stage's scales into shared memory, in
-  // the same tile / K-block order as the TMA producer. The copies are cp.async with a deferred arrival
-  // on the stage's full barrier (one per lane), so the warp runs ahead through the ring instead of
-  // waiting out a global-memory round trip per K block (which capped the kernel when it did).
+  // the same tile / K-block order as the TMA producer: the B blocks always, the A scales of the tiles whose
+  // a_scale_bulk_bytes is 0 (the TMA thread bulk-copies the others). The copies are cp.async with a deferred arrival
+  // on the stage's full barrier (one per lane, also when a lane copies nothing: the barrier's count is fixed), so
+  // the warp runs ahead through the ring instead of waiting out a global-memory round trip per K block (which
+  // capped the kernel when it did).
   static constexpr uint32_t kScaleWarpArrivals = 32;
   static DGJIT_DEVICE void produce_scales(const Smem& smem, const ScaleArgs& scales, uint32_t m,
                                          const GroupArgs& ga, uint32_t num_splits) {
@@ -662,14 +699,18 @@ struct GemmSm90 {
     while (scheduler.next(tile)) {
       const uint32_t first_b = tile.n_block * kBlockN / 128;
       const uint32_t group_b = tile.group * kNumScaleBBlocks;  // B_g's blocks in the stacked scales
+      const bool copies_a = a_scale_bulk_bytes(scales, tile) == 0;
 #pragma unroll 1
       for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         const uint32_t dst = smem.stage_scales(state.stage);
+        if (copies_a) {
 #pragma unroll
-        for (uint32_t r = lane; r < kBlockM; r += 32) {
-          const uint32_t row = tile.row0 + r;
-          cp_async_4(dst + 4 * r, scales.a + (row < m ? row : m - 1) * scales.a_stride_m + k_block * scales.a_stride_k);
+          for (uint32_t r = lane; r < kBlockM; r += 32) {
+            const uint32_t row = tile.row0 + r;
+            cp_async_4(dst + 4 * r,
+                       scales.a + (row < m ? row : m - 1) * scales.a_stride_m + k_block * scales.a_stride_k);
+          }
         }
         if (lane < kMaxScaleBBlocks) {
           const uint32_t blk = first_b + lane < kNumScaleBBlocks ? first_b + lane : kNumScaleBBlocks - 1;
@@ -1400,7 +1441,7 @@ struct GemmSm90 {
 
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
-      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga, sk.num_splits);
+      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga, sk.num_splits, scales);
       if constexpr (kScaling == Scaling::kBlock) {
         if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga, sk.num_splits);
       }

@@ -155,6 +155,17 @@ DGJIT_DEVICE void tma_load_2d(void* smem_dst, const CUtensorMap* tmap, uint64_t*
       : "memory");
 }
 
+// `bytes` contiguous bytes global -> shared without a tensor map (cp.async.bulk, SASS UBLKCP); completion is signalled
+// as transaction bytes on `bar`, like a tensor load's. PTX ISA: both addresses 16-byte aligned and `bytes` a multiple
+// of 16 (docs/experiments/sm90-fp8-bulk-a-scales.md has the sources); the callers guarantee it, nothing checks it here.
+DGJIT_DEVICE void bulk_load(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      :
+      : "r"(smem_dst), "l"(reinterpret_cast<uint64_t>(gmem_src)), "r"(bytes), "r"(shared_addr(bar))
+      : "memory");
+}
+
 // smem -> box at (col, row). Parts of the box outside the tensor are not written: M/N tails of D are
 // clipped by the hardware. Completion is tracked per thread with bulk groups (commit/wait below).
 DGJIT_DEVICE void tma_store_2d(const CUtensorMap* tmap, const void* smem_src, int32_t col, int32_t row) {

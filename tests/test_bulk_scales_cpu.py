@@ -1,0 +1,216 @@
+"""FP8 block scaling, A scales by bulk copy (docs/experiments/sm90-fp8-bulk-a-scales.md) without a GPU: the host's
+flag (launch.bulk_a_scales) on stand-in scale arrays, a model of the kernel's per-tile copy size checked against the
+PTX rules and the tile walks (and tied to gemm_sm90.cuh by static_asserts), and the kernel signature the A/B script
+relies on."""
+import random
+
+import pytest
+
+from deepgemm_jit import config, grouped, jit, launch, render
+from deepgemm_jit.arrays import scale_view
+from deepgemm_jit.compiler import compile_cubin
+from deepgemm_jit.errors import CompileError
+from deepgemm_jit.spec import GemmSpec
+from fakes import BASE, FakeDeviceArray
+
+BLOCK = GemmSpec.create(512, 1024, dtype="fp8", scaling="block")
+KB = 8  # K groups of the stand-ins (K = 1024)
+
+
+def _flag(arr, m, spec=BLOCK, kb=KB):
+    return launch.bulk_a_scales(spec, scale_view(arr, "scale_a", (m, kb), "x"), m)
+
+
+def _m_major(m, pitch, kb=KB, ptr=BASE):
+    """scale_a (m, kb) as a transposed view of (kb, pitch) storage: element (i, j) at i + j * pitch."""
+    return FakeDeviceArray((m, kb), ptr=ptr, strides=(1, pitch))
+
+
+# ------------------------------------------------------------------------------------------------ the host's flag
+@pytest.mark.parametrize("m,pitch", [(300, 300), (301, 304), (4096, 4096), (77, 80), (5, 8), (2, 4)])
+def test_flag_on_for_aligned_m_major(m, pitch, fake_gpu_memory):
+    assert _flag(_m_major(m, pitch), m), (m, pitch)
+
+
+@pytest.mark.parametrize("arr,m,why", [
+    (FakeDeviceArray((300, KB)), 300, "row-major"),
+    (_m_major(300, 300, ptr=BASE + 4), 300, "base 4 bytes past a 16-byte boundary"),
+    (_m_major(300, 300, ptr=BASE + 8), 300, "base 8 bytes past a 16-byte boundary"),
+    (_m_major(77, 77), 77, "column pitch 77: not a multiple of 4"),
+    (_m_major(77, 78), 77, "column pitch 78: not a multiple of 4"),
+    (_m_major(78, 76), 78, "column pitch 76 < round_up(78, 4) = 80 (columns overlap)"),
+    (_m_major(300, 0), 300, "one column broadcast over K (pitch 0)"),
+    (FakeDeviceArray((300, KB), strides=(2, 1024)), 300, "every other row (stride_m 2)"),
+])
+def test_flag_off(arr, m, why, fake_gpu_memory):
+    assert not _flag(arr, m), why
+
+
+def test_flag_single_row_and_single_group(fake_gpu_memory):
+    # M = 1: the row stride means nothing (scale_view drops it); the one row is row 0 of each column.
+    assert _flag(_m_major(1, 4), 1)
+    assert not _flag(FakeDeviceArray((1, KB)), 1)  # row-major: column pitch 1
+    assert not _flag(_m_major(1, 1), 1)
+    # One K group (K <= 128): no next column to stay clear of.
+    one = GemmSpec.create(512, 128, dtype="fp8", scaling="block")
+    assert _flag(FakeDeviceArray((300, 1)), 300, one, kb=1)
+    assert not _flag(FakeDeviceArray((300, 1), ptr=BASE + 4), 300, one, kb=1)
+
+
+def test_flag_off_for_other_kernels_and_the_switch(fake_gpu_memory, monkeypatch):
+    sa = scale_view(_m_major(300, 300), "scale_a", (300, KB), "x")
+    assert launch.bulk_a_scales(BLOCK, sa, 300)
+    for scaling in ("tensor", "row"):
+        spec = GemmSpec.create(512, 1024, dtype="fp8", scaling=scaling)
+        assert not launch.bulk_a_scales(spec, sa, 300), scaling
+    assert not launch.bulk_a_scales(BLOCK, None, 300)
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_BULK_SCALES", "1")
+    assert not launch.bulk_a_scales(BLOCK, sa, 300)
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_BULK_SCALES", "0")
+    assert launch.bulk_a_scales(BLOCK, sa, 300)
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_BULK_SCALES", "maybe")
+    with pytest.raises(ValueError, match="not a boolean"):
+        launch.bulk_a_scales(BLOCK, sa, 300)
+
+
+def test_flag_for_grouped_layouts(fake_gpu_memory):
+    """Grouped scale rows are the global rows (grouped._scale_rows): contiguous (M, KB), masked (G, max_m, KB) whose
+    groups lie one after another along the rows, i.e. (KB, G * max_m) storage for the M-major form."""
+    spec = GemmSpec.create(512, 1024, dtype="fp8", scaling="block", grouped=True)
+    g, max_m, m = 4, 77, 4 * 77
+
+    def rows(arr, shape):
+        return grouped._scale_rows(arr, "scale_a", shape, "x")
+
+    contiguous = rows(FakeDeviceArray((301, KB), strides=(1, 304)), (301, KB))
+    assert launch.bulk_a_scales(spec, contiguous, 301)
+    assert not launch.bulk_a_scales(spec, rows(FakeDeviceArray((301, KB)), (301, KB)), 301)
+    # Masked, M-major over all groups' rows: pitch G * max_m = 308 (a multiple of 4 although max_m is odd; the tiles
+    # of groups starting on odd rows fall back to the scale warp inside the kernel).
+    masked = rows(FakeDeviceArray((g, max_m, KB), strides=(max_m, 1, m)), (g, max_m, KB))
+    assert (masked.stride_i, masked.stride_j) == (1, m) and launch.bulk_a_scales(spec, masked, m)
+    padded = rows(FakeDeviceArray((g, max_m, KB), strides=(max_m, 1, m + 4)), (g, max_m, KB))
+    assert launch.bulk_a_scales(spec, padded, m)
+    masked_rows = rows(FakeDeviceArray((g, max_m, KB)), (g, max_m, KB))
+    assert not launch.bulk_a_scales(spec, masked_rows, m)
+
+
+# ------------------------------------------------------------------- the kernel's per-tile copy, modelled and tied
+def bulk_bytes(is_bulk: bool, row0: int, row_end: int, block_m: int) -> int:
+    """Model of GemmSm90::a_scale_bulk_bytes (block scaling): the bytes the TMA thread copies per K block; 0: the
+    scale warp copies the tile's A scales."""
+    if not is_bulk or row0 % 4 or row_end <= row0:
+        return 0
+    rows = row_end - row0
+    return 4 * (-(-rows // 4) * 4 if rows < block_m else block_m)
+
+
+def _walks(rng):
+    """Tile walks (group, row0, row_end, n_block) of dense, contiguous (odd group starts) and masked calls."""
+    for _ in range(40):
+        block_m = rng.choice([64, 128, 256])
+        m = rng.randint(1, 2000)
+        yield block_m, m, grouped.tile_walk([(0, m)], block_m, 1, 8, 1)[0]  # dense: one group of all rows
+        cuts = sorted(rng.sample(range(1, m + 1), min(m, rng.randint(1, 6)))) if m > 1 else [m]
+        cuts[-1] = m
+        ranges = grouped.group_ranges(0, cuts, m)
+        yield block_m, m, grouped.tile_walk(ranges, block_m, 1, 8, 1)[0]
+        g, max_m = rng.randint(1, 5), rng.randint(1, 400)
+        counts = [rng.randint(-3, max_m + 3) for _ in range(g)]
+        ranges = grouped.group_ranges(2, counts, g * max_m, max_m=max_m)
+        yield block_m, g * max_m, grouped.tile_walk(ranges, block_m, 1, 8, 1)[0]
+
+
+def test_bulk_copy_rules_on_tile_walks():
+    """For every tile the kernel runs: a bulk copy starts 16-byte aligned (row0 % 4 == 0, so with a 16-byte aligned
+    base and a column pitch of a multiple of 4 floats), is a multiple of 16 bytes (PTX: cp.async.bulk), fits the
+    slot's kBlockM A floats, covers every row the tile stores (those before row_end) and reads nothing past
+    round_up(M, 4) (inside the column when the pitch is at least that); tiles it skips are the scale warp's."""
+    rng = random.Random(7)
+    seen_bulk = seen_fallback = 0
+    for block_m, m, tiles in _walks(rng):
+        for _, row0, row_end, _ in tiles:
+            n = bulk_bytes(True, row0, row_end, block_m)
+            if n == 0:
+                assert row0 % 4 != 0, (block_m, m, row0, row_end)
+                seen_fallback += 1
+                continue
+            seen_bulk += 1
+            assert n % 16 == 0 and (row0 * 4) % 16 == 0 and n <= 4 * block_m, (block_m, row0, row_end, n)
+            assert row0 + n // 4 >= min(row0 + block_m, row_end), (block_m, row0, row_end, n)
+            assert row0 + n // 4 <= -(-m // 4) * 4, (block_m, m, row0, row_end, n)
+            assert bulk_bytes(False, row0, row_end, block_m) == 0
+    assert seen_bulk > 100 and seen_fallback > 10, (seen_bulk, seen_fallback)
+
+
+_PROBE_CASES = [(0, 1), (0, 3), (0, 4), (0, 5), (0, 64), (0, 65), (0, 127), (0, 128), (0, 129), (0, 300), (4, 5),
+                (8, 200), (64, 77), (128, 257), (3, 100), (5, 6), (7, 300), (10, 10), (12, 8), (256, 513)]
+
+
+def _probe_source(lie: bool = False) -> str:
+    lines = ['#include "dgjit/gemm_sm90.cuh"', "using namespace dgjit;", "using namespace dgjit::sm90;", ""]
+    asserts = []
+    for block_m in (64, 128, 256):
+        t = (f"GemmSm90<float_e4m3_t, float_e4m3_t, bfloat16_t, 512, 1024, {block_m}, 64, 128, 2, 8, Scaling::kBlock, "
+             "true, false>")
+        lines.append(f"using G{block_m} = {t};")
+        for row0, row_end in _PROBE_CASES:
+            for is_bulk in (0, 1):
+                want = bulk_bytes(bool(is_bulk), row0, row_end, block_m)
+                if lie and (block_m, row0, row_end, is_bulk) == (128, 0, 5, 1):
+                    want += 4
+                asserts.append(f"static_assert(G{block_m}::a_scale_bulk_bytes({is_bulk}u, {row0}u, {row_end}u) == "
+                               f"{want}u);")
+    lines.append("using GT = GemmSm90<float_e4m3_t, float_e4m3_t, bfloat16_t, 512, 1024, 128, 128, 128, 4, 8, "
+                 "Scaling::kTensor, true, false>;")
+    asserts.append("static_assert(GT::a_scale_bulk_bytes(1u, 0u, 300u) == 0u);")  # only block scaling copies
+    lines.append('extern "C" __global__ void dgjit_probe(unsigned int* out) {')
+    lines += ["  " + a for a in asserts]
+    lines += ["  out[0] = 1;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _compile_probe(source: str) -> None:
+    rendered = render.RenderedSource(name="probe.cu", source=source, entry="dgjit_probe",
+                                     headers=render.collect_headers(source, render.templates_dir() / "include"))
+    compile_cubin(rendered, "sm_90a")
+
+
+def test_model_matches_the_kernel():
+    """bulk_bytes is GemmSm90::a_scale_bulk_bytes (compile-time), and one wrong value fails the compile."""
+    _compile_probe(_probe_source())
+    with pytest.raises(CompileError) as info:
+        _compile_probe(_probe_source(lie=True))
+    assert "static assertion failed" in info.value.log or "static_assert" in info.value.log
+
+
+# ------------------------------------------------------------------------------------------------- the signature
+@pytest.mark.parametrize("kw,cfg_kw", [
+    (dict(dtype="fp8", scaling="block"), {}),
+    (dict(dtype="bf16"), {}),
+    (dict(dtype="fp8", scaling="block", grouped=True), {}),
+    (dict(dtype="fp8", scaling="block"), dict(split_k=True)),
+    (dict(dtype="bf16", epilogue="bias+gelu+quant_fp8_g128"), {}),
+    (dict(dtype="bf16", epilogue="beta+bias+gelu+residual"), {}),
+])
+def test_flag_is_the_last_kernel_parameter(kw, cfg_kw):
+    """launch.plan appends the flag after every other argument; kernels rendered from templates without it (an A/B
+    against an older tree) then take the same packed arguments, since cuLaunchKernel reads only the parameters the
+    kernel declares."""
+    spec = GemmSpec.create(512, 1024, **kw)
+    cfg = config.sm90_config(spec, 128, 128, **cfg_kw)
+    src = jit.render_kernel(spec, cfg).source
+    entry = src[src.index('extern "C" __global__'):]
+    params = entry[entry.index("(") + 1:entry.index(") {")]
+    assert params.split(",")[-1].split() == ["unsigned", "int", "sa_is_bulk"], params
+    assert "sa_is_bulk}" in src
+
+
+def test_stage_slot_unchanged():
+    """The A part of a stage's scale slot is kBlockM floats, what a bulk copy writes at most; the slot (and so the
+    shared-memory mirror) is what it was, which keeps older template trees comparable through this host code."""
+    for block_m, block_n, b_blocks in ((128, 128, 1), (128, 176, 3), (64, 256, 2), (256, 112, 2)):
+        plain = GemmSpec.create(512, 1024, dtype="fp8", scaling="tensor")
+        extra = config.sm90_smem_bytes(BLOCK, block_m, block_n, 4) - config.sm90_smem_bytes(plain, block_m, block_n, 4)
+        assert extra == 4 * -(-(block_m + b_blocks) // 4) * 16, (block_m, block_n, extra)
+        assert bulk_bytes(True, 0, 10**6, block_m) == 4 * block_m
