@@ -1,12 +1,16 @@
 """Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
 
-    python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--out DIR]
+    python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--nobulk]
+                                        [--row-major-scales] [--out DIR]
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
-(contiguous, even groups), scale_a row-major as dg.quantize returns it. Results are checked against each other
-(same kernel math: bitwise equal) before timing. --tile forces one sm90 tile everywhere (default: the heuristic's);
-DIR@BMxBN forces a tile for that tree only, and DIR "." is the checkout's templates (to compare tiles).
+(contiguous, even groups). scale_a is passed M-major (column-major, the layout bench/runner.py gives our kernel and
+the one that lets block kernels bulk-copy A scales, launch.bulk_a_scales); dg.quantize itself returns it row-major,
+which --row-major-scales keeps. --nobulk adds "nobulk": the checkout's templates with DEEPGEMM_JIT_NO_BULK_SCALES=1
+(A scales by the scale warp). Results are checked against each other (same kernel math: bitwise equal) before
+timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@BMxBN forces a tile for that tree
+only, and DIR "." is the checkout's templates (to compare tiles).
 """
 from __future__ import annotations
 
@@ -23,12 +27,15 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tile", default=None, help="BMxBN forced for every case (default: the heuristic's)")
+    ap.add_argument("--nobulk", action="store_true", help="also time the checkout's templates without bulk A scales")
+    ap.add_argument("--row-major-scales", action="store_true", help="pass scale_a row-major, as dg.quantize returns it")
     args = ap.parse_args()
     import cupy
     import numpy as np
 
     import deepgemm_jit as dg
-    from deepgemm_jit import config, timing
+    from deepgemm_jit import config, launch, timing
+    from deepgemm_jit.arrays import scale_view
     from deepgemm_jit.spec import GemmSpec
 
     def forced(n, k, grouped, tile):
@@ -37,26 +44,32 @@ def main() -> int:
         bm, bn = (int(v) for v in tile.split("x"))
         return config.sm90_config(GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=grouped), bm, bn)
 
-    trees = []
+    trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
-        trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile))
-    trees.append(("new", None, args.tile))
+        trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
+    if args.nobulk:
+        trees.append(("nobulk", None, args.tile, False))
+    trees.append(("new", None, args.tile, True))
     rows = []
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
         rng = cupy.random.default_rng(m + n + k)
         total = m * groups
         qa, sa = dg.quantize(rng.standard_normal((total, k), dtype=cupy.float32), "fp8", "group128")
+        if not args.row_major_scales:
+            sa = cupy.asfortranarray(sa)
         ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
         qb, sb = (ws[0] if kind == "dense" else (cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])))
         offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
         outs, fns = {}, {}
-        for name, tdir, tile in trees:
+        for name, tdir, tile, bulk in trees:
             if tdir is None:
                 os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             else:
                 os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
+            # Read when the first call makes the launch plan, which the timed calls replay.
+            os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "0" if bulk else "1"
             out = cupy.empty((total, n), dtype=dg.dtypes.numpy_dtype("bf16"))
             if kind == "dense":
                 g = dg.build(m, n, k, dtype="fp8", weight_streaming=False, config=forced(n, k, False, tile))
@@ -67,14 +80,18 @@ def main() -> int:
             fns[name]()
             outs[name] = out
         os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
+        os.environ.pop("DEEPGEMM_JIT_NO_BULK_SCALES", None)
         cupy.cuda.Device().synchronize()
         same = all(bool((o.view(cupy.uint16) == outs["new"].view(cupy.uint16)).all()) for o in outs.values())
         t = timing.time_interleaved(fns, reps=args.reps, warmup=5)
         flops = 2.0 * total * n * k
         row = {"kind": kind, "m": m, "n": n, "k": k, "groups": groups, "bitwise_equal": same,
+               "scale_a": "row-major" if args.row_major_scales else "m-major",
+               "bulk_a_scales": bool(launch.bulk_a_scales(GemmSpec.create(n, k, dtype="fp8", scaling="block"),
+                                                          scale_view(sa, "scale_a", sa.shape, ""), total)),
                **{name: {"us": r.median_us, "tflops": flops / r.median_us / 1e6} for name, r in t.items()}}
         rows.append(row)
-        print(f"{kind} {groups}x{m}x{n}x{k}: equal={same} " + "  ".join(
+        print(f"{kind} {groups}x{m}x{n}x{k}: equal={same} bulk_a_scales={row['bulk_a_scales']} " + "  ".join(
             f"{name} {r.median_us:.1f} us {flops / r.median_us / 1e6:.0f} TF" for name, r in t.items()), flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

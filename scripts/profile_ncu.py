@@ -8,7 +8,9 @@ Run as the target of ncu (scripts/profile_ncu.sh does it for every variant and e
 The script builds one variant, launches it `--launches` times (the first ones are warm-up that ncu skips) and
 checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, default 4096x7168x16384):
 
-  fp8-block       scaling="block" as shipped (scale warp)
+  fp8-block       scaling="block" with M-major scale_a (as bench/runner.py passes it): A scales bulk-copied by the
+                  TMA thread, B scales by the scale warp (docs/experiments/sm90-fp8-bulk-a-scales.md)
+  fp8-block-warp  the same kernel and scales with DEEPGEMM_JIT_NO_BULK_SCALES=1: A scales by the scale warp too
   fp8-tensor      scaling="tensor", promoted: the same main loop without per-block scales
   fp8-row         scaling="row", promoted: per-tensor's main loop, row and column scales in the epilogue
   fp8-tensor-fast scaling="tensor", fast_accum=True: no promotion at all
@@ -21,9 +23,10 @@ Usage: python3 -m scripts.profile_ncu --variant NAME[@BMxBN] [--shape MxNxK] [--
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-VARIANTS = ("fp8-block", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16")
+VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16")
 
 
 def build_call(variant: str, m: int, n: int, k: int):
@@ -42,6 +45,9 @@ def build_call(variant: str, m: int, n: int, k: int):
     name, _, tile = variant.partition("@")
     if name not in VARIANTS:
         raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
+    if name == "fp8-block-warp":  # read when the first call makes its launch plan
+        os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "1"
+        name = "fp8-block"
     if name == "bf16":
         kwargs = {"dtype": "bf16"}
     else:
@@ -59,6 +65,8 @@ def build_call(variant: str, m: int, n: int, k: int):
     granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
     qb, sb = dg.quantize(w, "fp8", granularity[1])
+    if name == "fp8-block":
+        sa = cupy.asfortranarray(sa)  # dg.quantize returns it row-major
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out)), g
 
 
