@@ -15,6 +15,7 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
   fp8-row         scaling="row", promoted: per-tensor's main loop, row and column scales in the epilogue
   fp8-tensor-fast scaling="tensor", fast_accum=True: no promotion at all
   bf16            the 16-bit kernel
+  tf32            the TF32 kernel (FP32 inputs)
 
 A variant takes the heuristic's tile, or a forced one as NAME@BMxBN (e.g. fp8-block@128x128).
 
@@ -26,7 +27,7 @@ import argparse
 import os
 import sys
 
-VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16")
+VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32")
 
 
 def build_call(variant: str, m: int, n: int, k: int):
@@ -41,15 +42,14 @@ def build_call(variant: str, m: int, n: int, k: int):
     rng = cupy.random.default_rng(m + n + k)
     x = rng.standard_normal((m, k), dtype=cupy.float32)
     w = rng.standard_normal((n, k), dtype=cupy.float32)
-    out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
     name, _, tile = variant.partition("@")
     if name not in VARIANTS:
         raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
     if name == "fp8-block-warp":  # read when the first call makes its launch plan
         os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "1"
         name = "fp8-block"
-    if name == "bf16":
-        kwargs = {"dtype": "bf16"}
+    if name in ("bf16", "tf32"):
+        kwargs = {"dtype": name}
     else:
         kwargs = {"dtype": "fp8", "scaling": {"fp8-block": "block", "fp8-row": "row"}.get(name, "tensor"),
                   "fast_accum": name == "fp8-tensor-fast"}
@@ -58,9 +58,10 @@ def build_call(variant: str, m: int, n: int, k: int):
         spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum") if key in kwargs}
         kwargs["config"] = config.sm90_config(GemmSpec.create(n, k, **spec_kwargs), bm, bn)
     g = dg.build(m, n, k, weight_streaming=False, **kwargs)
-    if name == "bf16":
-        a = x.astype(dg.dtypes.numpy_dtype("bf16"))
-        b = w.astype(dg.dtypes.numpy_dtype("bf16"))
+    out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype(g.spec.out_dtype))
+    if name in ("bf16", "tf32"):
+        a = x.astype(dg.dtypes.numpy_dtype(name))
+        b = w.astype(dg.dtypes.numpy_dtype(name))
         return (lambda: g(a, b, out=out)), g
     granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
