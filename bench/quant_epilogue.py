@@ -1,11 +1,14 @@
 """Fused FP8 group quantization against the unfused pair (issue 5's second bar).
 
-    python -m bench.quant_epilogue [--m 64,128,4096] [--epilogue quant_fp8_g128,bias+gelu+quant_fp8_g128]
+    python -m bench.quant_epilogue [--dtype bf16,fp8_block] [--m 64,128,4096]
+                                   [--epilogue quant_fp8_g128,bias+gelu+quant_fp8_g128]
                                    [--reps 30] [--out bench/results] [--list]
 
 For each DeepSeek (N, K) of ``suites._DEEPSEEK_NK``, each M and each epilogue ending in ``quant_fp8_g128``:
 
-- fused: one BF16 GEMM whose epilogue writes E4M3 q and its 1x128 group scales (``build(..., epilogue=E)``);
+- fused: one GEMM (``--dtype``: BF16, or FP8 E4M3 with 1x128 x 128x128 block scales, the GEMMs of an FP8
+  model whose next layer takes this output) whose epilogue writes E4M3 q and its 1x128 group scales
+  (``build(..., epilogue=E)``);
 - unfused: the same GEMM with the epilogue minus the quantization, writing BF16 D, then
   ``deepgemm_jit.quantize(D, "fp8", "group128")`` (what a user runs without the fused epilogue).
 
@@ -29,16 +32,20 @@ from .suites import _DEEPSEEK_NK
 
 DEFAULT_M = (64, 128, 4096)
 DEFAULT_EPILOGUES = ("quant_fp8_g128", "bias+gelu+quant_fp8_g128")
+GEMM_DTYPES = {"bf16": {"dtype": "bf16"}, "fp8_block": {"dtype": "fp8", "scaling": "block"}}  # --dtype -> build()
 QUANT_WORD = "quant_fp8_g128"
 
 
-def cases(ms, epilogues) -> list[tuple[int, int, int, str]]:
-    """(M, N, K, epilogue) rows, in run order."""
+def cases(ms, epilogues, gemm_dtypes=("bf16",)) -> list[tuple[int, int, int, str, str]]:
+    """(M, N, K, epilogue, GEMM dtype) rows, in run order."""
     for epilogue in epilogues:
         if QUANT_WORD not in epilogue.split("+"):
             raise ValueError(f"epilogue {epilogue!r} must end in {QUANT_WORD!r} (the row compares it with the "
                              "unfused GEMM + quantize)")
-    return [(m, n, k, e) for e in epilogues for m in ms for n, k in _DEEPSEEK_NK]
+    for dt in gemm_dtypes:
+        if dt not in GEMM_DTYPES:
+            raise ValueError(f"--dtype {dt!r}: choose from {sorted(GEMM_DTYPES)}")
+    return [(m, n, k, e, dt) for dt in gemm_dtypes for e in epilogues for m in ms for n, k in _DEEPSEEK_NK]
 
 
 def unfused_epilogue(epilogue: str) -> str:
@@ -47,28 +54,36 @@ def unfused_epilogue(epilogue: str) -> str:
     return "+".join(words) or "none"
 
 
-def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int) -> dict:
+def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int, gemm_dtype: str = "bf16") -> dict:
     import cupy
 
     import deepgemm_jit as dg
     from deepgemm_jit import reference, timing
+    from deepgemm_jit.quantization import recipe_granularities
 
-    row = {"m": m, "n": n, "k": k, "epilogue": epilogue, "status": "error", "error": None}
+    row = {"m": m, "n": n, "k": k, "epilogue": epilogue, "dtype": gemm_dtype, "status": "error", "error": None}
     try:
-        fused = dg.build(m, n, k, dtype="bf16", epilogue=epilogue)
+        build_kw = GEMM_DTYPES[gemm_dtype]
+        fused = dg.build(m, n, k, epilogue=epilogue, **build_kw)
         plain_epi = unfused_epilogue(epilogue)
-        plain = dg.build(m, n, k, dtype="bf16", epilogue=None if plain_epi == "none" else plain_epi)
+        plain = dg.build(m, n, k, epilogue=None if plain_epi == "none" else plain_epi, **build_kw)
         rng = cupy.random.default_rng(seed)
         a = reference.random_matrix((m, k), "bf16", rng)
         b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+        operands = {}
+        if "scaling" in build_kw:  # FP8: the operands as an FP8 model holds them, quantized by our quantize
+            gran_a, gran_b = recipe_granularities(build_kw["scaling"])
+            a, sa = dg.quantize(a, "fp8", gran_a)
+            b, sb = dg.quantize(b, "fp8", gran_b)
+            operands = {"scale_a": sa, "scale_b": sb}
         kwargs = {}
         if "bias" in epilogue.split("+"):
             # Quantized outputs take a float32 bias; the unfused GEMM takes one in its output dtype (bf16).
             bias32 = reference.random_matrix((n,), "fp32", rng)
-            kwargs_fused = {"bias": bias32}
-            kwargs = {"bias": reference._to_storage(bias32, "bf16")}
+            kwargs_fused = {"bias": bias32, **operands}
+            kwargs = {"bias": reference._to_storage(bias32, "bf16"), **operands}
         else:
-            kwargs_fused = {}
+            kwargs_fused, kwargs = dict(operands), dict(operands)
         d = reference.poisoned((m, n), "bf16")
         q, s = fused(a, b, **kwargs_fused)
         plain(a, b, out=d, **kwargs)
@@ -96,18 +111,21 @@ def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int) -> dic
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| epilogue | M | N | K | fused µs | GEMM + quantize µs | ratio | err | status |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    lines = ["| GEMM | epilogue | M | N | K | fused µs | GEMM + quantize µs | ratio | err | fused tile | GEMM tile "
+             "| status |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|---|---|---|"]
     for r in rows:
         f = (lambda key, fmt: format(r[key], fmt) if r.get(key) is not None else "-")
-        lines.append(f"| {r['epilogue']} | {r['m']} | {r['n']} | {r['k']} | {f('fused_us', '.1f')} | "
-                     f"{f('unfused_us', '.1f')} | {f('ratio', '.3f')} | {f('err', '.1e')} | "
+        lines.append(f"| {r.get('dtype', 'bf16')} | {r['epilogue']} | {r['m']} | {r['n']} | {r['k']} | "
+                     f"{f('fused_us', '.1f')} | {f('unfused_us', '.1f')} | {f('ratio', '.3f')} | {f('err', '.1e')} | "
+                     f"{r.get('fused_config', '-')} | {r.get('plain_config', '-')} | "
                      f"{r['status']}{': ' + r['error'] if r.get('error') else ''} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.quant_epilogue", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", default="bf16", help=f"comma list of GEMM types: {', '.join(GEMM_DTYPES)}")
     p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma list of M")
     p.add_argument("--epilogue", default=",".join(DEFAULT_EPILOGUES), help="comma list, each ending in "
                    f"{QUANT_WORD}")
@@ -116,18 +134,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
     args = p.parse_args(argv)
-    rows_spec = cases([int(x) for x in args.m.split(",")], [e.strip() for e in args.epilogue.split(",")])
+    rows_spec = cases([int(x) for x in args.m.split(",")], [e.strip() for e in args.epilogue.split(",")],
+                      [d.strip() for d in args.dtype.split(",")])
     if args.list:
-        for m, n, k, e in rows_spec:
-            print(f"{e:32s} m{m} n{n} k{k}")
+        for m, n, k, e, dt in rows_spec:
+            print(f"{dt:9s} {e:32s} m{m} n{n} k{k}")
         print(f"{len(rows_spec)} rows")
         return 0
     seed = args.seed if args.seed is not None else int(time.time())
     rows = []
-    for i, (m, n, k, e) in enumerate(rows_spec):
-        rows.append(run_case(m, n, k, e, args.reps, seed + i))
+    for i, (m, n, k, e, dt) in enumerate(rows_spec):
+        rows.append(run_case(m, n, k, e, args.reps, seed + i, dt))
         r = rows[-1]
-        print(f"[{i + 1}/{len(rows_spec)}] {e} m{m} n{n} k{k}: {r['status']} "
+        print(f"[{i + 1}/{len(rows_spec)}] {dt} {e} m{m} n{n} k{k}: {r['status']} "
               f"{'' if r.get('ratio') is None else format(r['ratio'], '.3f')} {r.get('error') or ''}", flush=True)
     text = markdown(rows)
     print(text)

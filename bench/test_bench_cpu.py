@@ -783,7 +783,11 @@ def test_quant_epilogue_rows_and_unfused_pair(capsys):
     from bench import quant_epilogue as qe
 
     rows = qe.cases((64, 4096), ("quant_fp8_g128", "bias+gelu+quant_fp8_g128"))
-    assert len(rows) == 2 * 2 * 6 and rows[0] == (64, 2112, 7168, "quant_fp8_g128")
+    assert len(rows) == 2 * 2 * 6 and rows[0] == (64, 2112, 7168, "quant_fp8_g128", "bf16")
+    both = qe.cases((64,), ("quant_fp8_g128",), ("bf16", "fp8_block"))
+    assert [r[-1] for r in both] == ["bf16"] * 6 + ["fp8_block"] * 6
+    with pytest.raises(ValueError, match="--dtype"):
+        qe.cases((64,), ("quant_fp8_g128",), ("int4",))
     assert qe.unfused_epilogue("bias+gelu+quant_fp8_g128") == "bias+gelu"
     assert qe.unfused_epilogue("quant_fp8_g128") == "none"
     with pytest.raises(ValueError, match="quant_fp8_g128"):
