@@ -17,9 +17,11 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
   bf16            the 16-bit kernel
   tf32            the TF32 kernel (FP32 inputs)
 
-A variant takes the heuristic's tile, or a forced one as NAME@BMxBN (e.g. fp8-block@128x128).
+A variant takes the heuristic's tile, or a forced one as NAME@BMxBN (e.g. fp8-block@128x128), and a fused epilogue
+as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128; a bias is a random vector; epilogues that need C or a residual are
+not supported here). Ping-pong tiles: @BMxBNpp.
 
-Usage: python3 -m scripts.profile_ncu --variant NAME[@BMxBN] [--shape MxNxK] [--launches N]
+Usage: python3 -m scripts.profile_ncu --variant NAME[:EPILOGUE][@BMxBN[pp]] [--shape MxNxK] [--launches N]
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def build_call(variant: str, m: int, n: int, k: int):
     import cupy
 
     import deepgemm_jit as dg
-    from deepgemm_jit import config
+    from deepgemm_jit import config, reference
     from deepgemm_jit.quantization import recipe_granularities
     from deepgemm_jit.spec import GemmSpec
 
@@ -43,6 +45,7 @@ def build_call(variant: str, m: int, n: int, k: int):
     x = rng.standard_normal((m, k), dtype=cupy.float32)
     w = rng.standard_normal((n, k), dtype=cupy.float32)
     name, _, tile = variant.partition("@")
+    name, _, epilogue = name.partition(":")
     if name not in VARIANTS:
         raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
     if name == "fp8-block-warp":  # read when the first call makes its launch plan
@@ -53,22 +56,29 @@ def build_call(variant: str, m: int, n: int, k: int):
     else:
         kwargs = {"dtype": "fp8", "scaling": {"fp8-block": "block", "fp8-row": "row"}.get(name, "tensor"),
                   "fast_accum": name == "fp8-tensor-fast"}
+    if epilogue:
+        kwargs["epilogue"] = epilogue
     if tile:
-        bm, bn = (int(v) for v in tile.split("x"))
-        spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum") if key in kwargs}
-        kwargs["config"] = config.sm90_config(GemmSpec.create(n, k, **spec_kwargs), bm, bn)
+        pingpong = tile.endswith("pp")
+        bm, bn = (int(v) for v in tile.removesuffix("pp").split("x"))
+        spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum", "epilogue") if key in kwargs}
+        kwargs["config"] = config.sm90_config(GemmSpec.create(n, k, **spec_kwargs), bm, bn, pingpong=pingpong)
     g = dg.build(m, n, k, weight_streaming=False, **kwargs)
     out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype(g.spec.out_dtype))
+    epi_ops = {}
+    if g.spec.epi.bias != "none":
+        vec = rng.standard_normal((n if g.spec.epi.bias == "col" else m,), dtype=cupy.float32)
+        epi_ops["bias"] = reference._to_storage(vec, g.spec.out_dtype)
     if name in ("bf16", "tf32"):
         a = x.astype(dg.dtypes.numpy_dtype(name))
         b = w.astype(dg.dtypes.numpy_dtype(name))
-        return (lambda: g(a, b, out=out)), g
+        return (lambda: g(a, b, out=out, **epi_ops)), g
     granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
     qb, sb = dg.quantize(w, "fp8", granularity[1])
     if name == "fp8-block":
         sa = cupy.asfortranarray(sa)  # dg.quantize returns it row-major
-    return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out)), g
+    return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out, **epi_ops)), g
 
 
 def main() -> int:

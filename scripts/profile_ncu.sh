@@ -16,7 +16,7 @@ case "${1:-}" in *x*x*) shape=$1; shift;; esac
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 4; }
 for v in "$@"; do
-  rep="$WORK/${v//@/_}"
+  rep="$WORK/$(printf %s "$v" | tr "@:+" "___")"
   # Build (JIT compile) outside the profiler first so that ncu times only launches.
   python3 -m scripts.profile_ncu --variant "$v" --shape "$shape" --launches 1 > "$rep.log" 2>&1 || { cat "$rep.log"; continue; }
   "$NCU" --clock-control none --kernel-name regex:dgjit_gemm --launch-skip 2 --launch-count 1 --set full \
