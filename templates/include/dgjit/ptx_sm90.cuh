@@ -579,6 +579,18 @@ DGJIT_DEVICE float ld_global_nc_f32(const float* p) {
 DGJIT_DEVICE void cp_async_4(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" : : "r"(smem_addr), "l"(gmem) : "memory");
 }
+// cp_async_4 when `pred`, as a predicated instruction rather than a branch: copy loops whose trip count depends on the
+// thread are divergent code, after which ptxas keeps warp-uniform values (a main loop's stage addresses) in
+// per-thread registers.
+DGJIT_DEVICE void cp_async_4_if(bool pred, uint32_t smem_addr, const void* gmem) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  @p cp.async.ca.shared.global [%0], [%1], 4;\n"
+      "}\n"
+      : : "r"(smem_addr), "l"(gmem), "r"(static_cast<uint32_t>(pred)) : "memory");
+}
 // Arrive on an mbarrier once all of this thread's earlier cp.async copies have landed (.noinc: the
 // arrival is one of the barrier's expected count, so the thread goes on without waiting for the data).
 DGJIT_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
