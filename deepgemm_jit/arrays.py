@@ -239,6 +239,50 @@ def new_array(kind: str, shape: tuple[int, ...], name: str, device_id: int):
         return cupy.empty(shape, dtype=np.uint8 if name in dtypes.FP8_DTYPES else dtypes.numpy_dtype(name))
 
 
+# M-major float32 scales (DeepGEMM's TMA-aligned layout, the one FP8 block GEMMs bulk-copy: launch.bulk_a_scales):
+# rows padded to a multiple of this so that every column starts on 16 bytes.
+SCALE_ROWS_ALIGN = 4
+
+
+def mn_major_storage_shape(rows: int, cols: int) -> tuple[int, int]:
+    """(cols, round_up(rows, 4)): the row-major storage whose transpose cut to `rows` rows is the M-major (rows, cols)
+    scale layout, element (i, j) at i + j * round_up(rows, 4) (16-byte aligned columns from an aligned base).
+
+    >>> mn_major_storage_shape(301, 3)
+    (3, 304)
+    """
+    return cols, -(-rows // SCALE_ROWS_ALIGN) * SCALE_ROWS_ALIGN
+
+
+def mn_major_view(storage, rows: int):
+    """The (rows, cols) M-major view of (cols, padded rows) `storage` (NumPy, CuPy or torch): a transpose and a
+    slice, no copy."""
+    return storage.T[:rows]
+
+
+def new_mn_major_scales(kind: str, rows: int, cols: int, device_id: int):
+    """New float32 (rows, cols) scales of the caller's library in the M-major layout (see mn_major_storage_shape);
+    the padding rows are left uninitialised (nothing reads them as values)."""
+    return mn_major_view(new_array(kind, mn_major_storage_shape(rows, cols), "fp32", device_id), rows)
+
+
+def has_distinct_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether an array of `shape` and element `strides` (non-negative) addresses each element once: sorted by
+    stride, every dimension of more than one element must step past the whole extent of the ones below it. This
+    accepts row-major, column-major, padded and M-major layouts (and any permutation of nested dimensions) and
+    refuses zero (broadcast) and interleaving strides.
+
+    >>> [has_distinct_elements((5, 3), strides) for strides in ((1, 8), (3, 1), (1, 2), (0, 1))]
+    [True, True, False, False]
+    """
+    extent = 1  # elements spanned by the dimensions seen so far, from offset 0
+    for n, stride in sorted(((n, st) for n, st in zip(shape, strides) if n > 1), key=lambda d: d[1]):
+        if stride < extent:
+            return False
+        extent = stride * (n - 1) + extent
+    return True
+
+
 def out_view(out: object, accepted: tuple, writes: str, shape: tuple[int, int], va: MatrixView,
              vb: MatrixView) -> MatrixView | None:
     """The view of a GEMM's `out=` (None when not given) after the checks every GEMM makes before launching: one of

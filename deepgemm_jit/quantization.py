@@ -8,10 +8,16 @@ The contract (the GEMM consumes exactly these layouts):
 - ``q = round(x / s)``: FP8 round-to-nearest-even saturated to the finite range (``cvt.rn.satfinite``),
   INT8 round-half-to-even saturated to [-127, 127]. A true division, so that the float64 reference
   (``reference.quantize_reference``) agrees except for rare one-ulp double-rounding cases.
-- Scale layouts, for x of shape (M, K) (all row-major, contiguous, see :func:`scale_shape`):
-  ``tensor`` (1,); ``row`` (M,); ``group128`` (M, ceil(K/128)), 1x128 groups along K, the last one
-  partial when K % 128 != 0; ``block128`` (ceil(M/128), ceil(K/128)), 128x128 blocks. INT8 takes
-  ``tensor`` and ``row`` only.
+- Scale shapes, for x of shape (M, K) (see :func:`scale_shape`): ``tensor`` (1,); ``row`` (M,); ``group128``
+  (M, ceil(K/128)), 1x128 groups along K, the last one partial when K % 128 != 0; ``block128`` (ceil(M/128),
+  ceil(K/128)), 128x128 blocks. INT8 takes ``tensor`` and ``row`` only.
+- Scale layouts: quantize returns ``group128`` scales M-major, DeepGEMM's TMA-aligned layout: storage
+  (ceil(K/128), round_up(M, 4)) row-major seen as its transpose cut to M rows, element (i, j) at
+  base + 4 (i + j round_up(M, 4)), base 16-byte aligned. The FP8 block GEMM bulk-copies A's scales in that
+  layout (``launch.bulk_a_scales``; row-major scale_a works, through a slower path) and torch's block-scaled
+  ``F.scaled_mm`` wants A's scales M-major too. The other granularities are returned row-major (contiguous).
+  ``out=`` and ``dequantize`` take scales of any strides (row-major or M-major alike) and the kernels index
+  them through their strides.
 - A NaN in a group makes that group's scale NaN (and so its q); inputs are expected to be finite.
 
 Data flow as for the GEMM: validate -> :class:`QuantKernelSpec` -> render ``templates/quantize.cu.j2``
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config, cubin, device, dtypes, jit, runtime
-from .arrays import array_kind, matrix_view
+from .arrays import array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape, mn_major_view
 from .errors import KernelNotCachedError, NoGPUError
 from .render import RenderedSource, render
 
@@ -75,7 +81,7 @@ def check_granularity(granularity: object, q_dtype: str) -> str:
 
 
 def scale_shape(granularity: str, m: int, k: int) -> tuple[int, ...]:
-    """Shape of the float32 scales of an (m, k) matrix quantized with `granularity` (row-major).
+    """Shape of the float32 scales of an (m, k) matrix quantized with `granularity` (layouts: the module docstring).
 
     >>> scale_shape("group128", 7, 300), scale_shape("block128", 300, 300)
     ((7, 3), (3, 3))
@@ -300,8 +306,8 @@ def _as_bytes(q, q_name: str, kind: str, arg: str):
     return q
 
 
-def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, dtype_words: str) -> None:
-    """Checks that `a` is an array of library `kind`, of dtype (dtype_ok), exactly `shape`, contiguous."""
+def _check_array(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, dtype_words: str) -> None:
+    """Checks that `a` is an array of library `kind`, of dtype (dtype_ok), exactly `shape`."""
     if array_kind(a) != kind:
         raise TypeError(f"{arg} must be a {'torch tensor' if kind == 'torch' else 'CuPy array'} here, got "
                         f"{type(a).__module__}.{type(a).__name__}")
@@ -309,8 +315,70 @@ def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, 
         raise TypeError(f"{arg} has dtype {a.dtype}; {dtype_words}")
     if tuple(a.shape) != shape:
         raise ValueError(f"{arg} has shape {tuple(a.shape)}, expected {shape}")
+
+
+def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, dtype_words: str) -> None:
+    """_check_array, and `a` contiguous (row-major)."""
+    _check_array(a, arg, kind, shape, dtype_ok, dtype_words)
     if not (a.is_contiguous() if kind == "torch" else a.flags.c_contiguous):
         raise ValueError(f"{arg} must be contiguous (row-major)")
+
+
+@dataclass(frozen=True)
+class ScaleLayout:
+    """Where the kernels find scale (i, j), i the row (row block for block128), j the 128-column group: at
+    ptr + 4 * (i * stride_m + j * stride_g) (strides in elements)."""
+
+    ptr: int
+    stride_m: int
+    stride_g: int
+    num_bytes: int  # from ptr to one past the last element
+
+    def args(self) -> tuple:
+        return np.uint64(self.ptr), np.int64(self.stride_m), np.int64(self.stride_g)
+
+
+def _scales_layout(a, arg: str, kind: str, shape: tuple[int, ...], is_output: bool) -> ScaleLayout:
+    """Checks float32 scales `a` of library `kind` and exactly `shape` ((1,), (M,) or 2-D) with any non-negative
+    strides (row-major, M-major, padded); outputs' elements must be distinct (no zero or interleaved strides): the
+    kernel writes each once. Host-side checks only: ptr is 0 until :func:`_placed`."""
+    _check_array(a, arg, kind, shape, str(a.dtype).removeprefix("torch.") == "float32", "scales are float32")
+    if kind == "torch":
+        strides = tuple(int(st) for st in a.stride())
+    else:
+        strides = tuple(int(st) // 4 for st in a.strides)
+        if any(int(st) % 4 for st in a.strides):
+            raise ValueError(f"{arg} has strides {tuple(a.strides)} bytes: not whole float32 elements")
+    if any(st < 0 for st in strides):
+        raise ValueError(f"{arg} has negative strides {strides}; pass a copy (e.g. {arg}.copy())")
+    if is_output and not has_distinct_elements(shape, strides):
+        raise ValueError(f"{arg} has strides {strides} (elements) for shape {shape}: some of its elements overlap "
+                         "(a zero or interleaved stride); pass a contiguous or M-major array")
+    stride_m, stride_g = (strides + (0, 0))[:2]  # (M,) row scales: no group stride
+    last = sum((n - 1) * st for n, st in zip(shape, strides))
+    return ScaleLayout(0, stride_m, stride_g, 4 * (last + 1))
+
+
+def _placed(layout: ScaleLayout, a, arg: str, kind: str, device_id: int) -> ScaleLayout:
+    """`layout` with the data pointer of `a`, which must be on `device_id` and 4-byte aligned."""
+    ptr, _ = _pointer(a, arg, kind, device_id)
+    if ptr % 4:
+        raise ValueError(f"{arg} data pointer 0x{ptr:x} is not aligned to its 4-byte elements")
+    return dataclasses.replace(layout, ptr=ptr)
+
+
+def _new_scales(kind: str, granularity: str, m: int, k: int, device_id: int, cu_stream, is_explicit_stream: bool):
+    """(scales, ScaleLayout): new scales in the layout quantize returns. group128: M-major, storage (ceil(K/128),
+    round_up(M, 4)) seen as its transpose cut to M rows (what FP8 block GEMMs bulk-copy); the others row-major."""
+    shape = scale_shape(granularity, m, k)
+    if granularity == "group128":
+        storage_shape = mn_major_storage_shape(m, shape[1])
+        storage, ptr = _empty(kind, storage_shape, "fp32", device_id, cu_stream, is_explicit_stream)
+        return (mn_major_view(storage, m),
+                ScaleLayout(ptr, 1, storage_shape[1], 4 * storage_shape[0] * storage_shape[1]))
+    scales, ptr = _empty(kind, shape, "fp32", device_id, cu_stream, is_explicit_stream)
+    strides = (shape[1], 1) if len(shape) == 2 else (1, 0)
+    return scales, ScaleLayout(ptr, strides[0], strides[1], 4 * int(np.prod(shape)))
 
 
 def _pointer(a, arg: str, kind: str, device_id: int) -> tuple[int, int]:
@@ -355,12 +423,13 @@ def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:
 
 # -- quantize ---------------------------------------------------------------------------------------------
 
-def _quantize_outputs(out, kind: str, q_name: str, shape: tuple[int, int], scales_shape: tuple[int, ...],
-                      device_id: int, cu_stream, is_explicit_stream: bool):
-    """(q, scales, q_ptr, scales_ptr, their byte spans): `out` checked, or new arrays."""
+def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tuple[int, int], device_id: int,
+                      cu_stream, is_explicit_stream: bool):
+    """(q, scales, q_ptr, ScaleLayout of scales, their byte spans): `out` checked, or new arrays."""
+    m, k = shape
     if out is None:
         q, q_ptr = _empty(kind, shape, q_name, device_id, cu_stream, is_explicit_stream)
-        scales, scales_ptr = _empty(kind, scales_shape, "fp32", device_id, cu_stream, is_explicit_stream)
+        scales, layout = _new_scales(kind, granularity, m, k, device_id, cu_stream, is_explicit_stream)
         spans = {}
     else:
         if not isinstance(out, tuple) or len(out) != 2:
@@ -368,14 +437,13 @@ def _quantize_outputs(out, kind: str, q_name: str, shape: tuple[int, int], scale
         q, scales = out
         _contiguous(q, "out[0]", kind, shape, True, "")
         _as_bytes(q, q_name, kind, "out[0]")
-        _contiguous(scales, "out[1]", kind, scales_shape, str(scales.dtype).removeprefix("torch.") == "float32",
-                    "scales are float32")
+        layout = _scales_layout(scales, "out[1]", kind, scale_shape(granularity, m, k), is_output=True)
+        layout = _placed(layout, scales, "out[1]", kind, device_id)
         q_ptr, q_bytes = _pointer(q, "out[0]", kind, device_id)
-        scales_ptr, scales_bytes = _pointer(scales, "out[1]", kind, device_id)
-        spans = {"out[0]": (q_ptr, q_bytes), "out[1]": (scales_ptr, scales_bytes)}
+        spans = {"out[0]": (q_ptr, q_bytes), "out[1]": (layout.ptr, layout.num_bytes)}
     if q_ptr % 16:  # the kernel stores whole 4- or 8-byte chunks of q where K allows (quantize.cuh, store_chunk)
         raise ValueError(f"out[0] data pointer 0x{q_ptr:x} is not 16-byte aligned")
-    return q, scales, q_ptr, scales_ptr, spans
+    return q, scales, q_ptr, layout, spans
 
 
 def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, stream=None):
@@ -387,10 +455,15 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
     - granularity: ``"tensor"`` -> scales (1,); ``"row"`` -> (M,); ``"group128"`` -> (M, ceil(K/128));
       ``"block128"`` -> (ceil(M/128), ceil(K/128)). INT8: tensor or row.
     - q: contiguous (M, K). torch in: torch.float8_e4m3fn / float8_e5m2 / int8 tensor; CuPy in: uint8
-      (the FP8 bit patterns) or int8. scales: contiguous float32 of the same library and device,
-      dequantization factors: ``x ~= float(q) * s`` (see the module docstring for the exact rule).
-    - out: optional ``(q, scales)`` to write into instead (the types above, contiguous, 16-byte aligned q);
-      they are returned.
+      (the FP8 bit patterns) or int8. scales: float32 of the same library and device, dequantization
+      factors: ``x ~= float(q) * s`` (see the module docstring for the exact rule). group128 scales are
+      M-major: a (M, ceil(K/128)) view with strides (1, round_up(M, 4)) elements of storage (ceil(K/128),
+      round_up(M, 4)) (CuPy: a transposed slice; torch: ``torch.empty((kb, m4)).t()[:M]``), the layout the
+      FP8 block GEMM reads fastest; reshaping its rows (e.g. to (G, max_m, kb)) keeps it a view. The other
+      granularities' scales are contiguous.
+    - out: optional ``(q, scales)`` to write into instead (q contiguous and 16-byte aligned; scales of
+      the shape above with any non-negative strides that address each element once: row-major and
+      M-major alike); they are returned.
 
     Runs on `stream` (CuPy stream, raw handle, torch stream), else on the current stream of x's
     library; it never waits for the GPU. Errors about the arguments are raised before any launch.
@@ -426,8 +499,8 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         grid = _grid(-(-m // GROUP) * num_groups, "x")
 
     explicit = stream is not None
-    q, scales, q_ptr, scales_ptr, spans = _quantize_outputs(out, _out_kind(kind), q_name, (m, k),
-                                                            scale_shape(gran, m, k), dev, cu_stream, explicit)
+    q, scales, q_ptr, scales_layout, spans = _quantize_outputs(out, _out_kind(kind), q_name, gran, (m, k), dev,
+                                                               cu_stream, explicit)
     x_start, x_end = view.byte_span()
     _check_disjoint(dict(spans, x=(x_start, x_end - x_start)))
     x_args = (np.uint64(view.ptr), np.int64(view.row_stride))
@@ -442,7 +515,7 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         units_per_block = kernel_symbols(amax_art)["units_per_block"]
         amax_grid = _grid(min(-(-m * num_groups // units_per_block), _AMAX_BLOCKS_PER_SM * _num_sms(dev)), "x")
         _launch(amax_art, dev, amax_grid, x_args + (np.uint64(amax_ptr), np.uint32(m), np.uint32(k)), cu_stream)
-    _launch(art, dev, grid, x_args + (np.uint64(q_ptr), np.uint64(scales_ptr), np.uint64(amax_ptr),
+    _launch(art, dev, grid, x_args + (np.uint64(q_ptr),) + scales_layout.args() + (np.uint64(amax_ptr),
                                       np.uint32(m), np.uint32(k)), cu_stream)
     return q, scales
 
@@ -454,7 +527,8 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
     """x = float(q) * s as a contiguous (M, K) array of `out_dtype` ("fp32", "bf16" or "fp16").
 
     q and scales as :func:`quantize` returns them (CuPy uint8/int8, or torch float8/int8 tensors, q with
-    unit stride along K and any row stride; scales float32, contiguous, of :func:`scale_shape`). The
+    unit stride along K and any row stride; scales float32 of :func:`scale_shape`, any non-negative strides:
+    row-major or M-major). The
     product is rounded once to float32, then to `out_dtype`. `out`: an optional contiguous (M, K) array
     of `out_dtype` (same library) to write into and return. A simple kernel for references and tests,
     not a fast path. Runs on `stream`, else the current stream of q's library.
@@ -477,21 +551,19 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
     m, k = _check_size(int(q.shape[0]), int(q.shape[1]), "q")
     shape = scale_shape(gran, m, k)
     # dtype, shape and layout of scales (and out) before any GPU call
-    _contiguous(scales, "scales", kind, shape, str(scales.dtype).removeprefix("torch.") == "float32",
-                "scales are float32")
+    scales_layout = _scales_layout(scales, "scales", kind, shape, is_output=False)
     if out is not None:
         want = _torch_dtype(out_name) if kind == "torch" else _cupy_dtype(out_name)
         _contiguous(out, "out", kind, (m, k), out.dtype == want, f"out_dtype={out_name!r} writes {want}")
     view = matrix_view(q_bytes, "q")
     dev = _device_of(view.device, "q")
-    scales_ptr, scales_bytes = _pointer(scales, "scales", kind, dev)
+    scales_layout = _placed(scales_layout, scales, "scales", kind, dev)
     arch = _target_arch(dev, q_name)
     cu_stream = runtime.stream_for(kind, stream, dev)
 
     art = get_kernel(QuantKernelSpec("dequantize", out_name, q_name), arch)
-    rows_per_scale, cols_per_scale, scale_ld = {
-        "tensor": (m, k, 0), "row": (1, k, 1), "group128": (1, GROUP, shape[-1]),
-        "block128": (GROUP, GROUP, shape[-1])}[gran]
+    rows_per_scale, cols_per_scale = {"tensor": (m, k), "row": (1, k), "group128": (1, GROUP),
+                                      "block128": (GROUP, GROUP)}[gran]
     blocks = min(-(-m * k // kernel_symbols(art)["units_per_block"]), _DEQUANT_BLOCKS_PER_SM * _num_sms(dev))
     if out is None:
         out, out_ptr = _empty(kind, (m, k), out_name, dev, cu_stream, stream is not None)
@@ -499,9 +571,9 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
         out_ptr, out_bytes = _pointer(out, "out", kind, dev)
         q_start, q_end = view.byte_span()
         _check_disjoint({"out": (out_ptr, out_bytes), "q": (q_start, q_end - q_start),
-                         "scales": (scales_ptr, scales_bytes)})
+                         "scales": (scales_layout.ptr, scales_layout.num_bytes)})
     _launch(art, dev, _grid(blocks, "q"),
-            (np.uint64(view.ptr), np.int64(view.row_stride), np.uint64(scales_ptr), np.uint64(out_ptr),
-             np.uint32(m), np.uint32(k), np.uint32(rows_per_scale), np.uint32(cols_per_scale),
-             np.uint32(scale_ld)), cu_stream)
+            (np.uint64(view.ptr), np.int64(view.row_stride)) + scales_layout.args()
+            + (np.uint64(out_ptr), np.uint32(m), np.uint32(k), np.uint32(rows_per_scale), np.uint32(cols_per_scale)),
+            cu_stream)
     return out

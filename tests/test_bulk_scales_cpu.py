@@ -4,9 +4,10 @@ PTX rules and the tile walks (and tied to gemm_sm90.cuh by static_asserts), and 
 relies on."""
 import random
 
+import numpy as np
 import pytest
 
-from deepgemm_jit import config, grouped, jit, launch, render
+from deepgemm_jit import arrays, config, grouped, jit, launch, render
 from deepgemm_jit.arrays import scale_view
 from deepgemm_jit.compiler import compile_cubin
 from deepgemm_jit.errors import CompileError
@@ -93,6 +94,62 @@ def test_flag_for_grouped_layouts(fake_gpu_memory):
     assert launch.bulk_a_scales(spec, padded, m)
     masked_rows = rows(FakeDeviceArray((g, max_m, KB)), (g, max_m, KB))
     assert not launch.bulk_a_scales(spec, masked_rows, m)
+
+
+# ------------------------------------------------------------------- the layout the library allocates (M-major)
+def _stand_in(view, ptr=BASE):
+    """A FakeDeviceArray at `ptr` with the shape and element strides of a NumPy / torch CPU array."""
+    if hasattr(view, "stride"):  # torch: element strides
+        strides = tuple(view.stride())
+    else:
+        strides = tuple(st // view.itemsize for st in view.strides)
+    return FakeDeviceArray(tuple(view.shape), ptr=ptr, strides=strides)
+
+
+def _m_major_views(m, kb):
+    """The M-major (m, kb) scales of quantize / quant_fp8_g128 (arrays.mn_major_view of mn_major_storage_shape) in
+    NumPy and torch: (storage, view) pairs."""
+    torch = pytest.importorskip("torch")
+    shape = arrays.mn_major_storage_shape(m, kb)
+    pairs = []
+    for storage in (np.empty(shape, np.float32), torch.empty(shape, dtype=torch.float32)):
+        pairs.append((storage, arrays.mn_major_view(storage, m)))
+    return pairs
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 77, 300, 301, 4096])
+def test_default_layout_is_bulk_for_dense(m, fake_gpu_memory):
+    """Storage (kb, round_up(M, 4)) seen as its transpose cut to M rows: strides (1, round_up(M, 4)), the storage's
+    memory (no copy), and launch.bulk_a_scales takes it."""
+    m4 = -(-m // 4) * 4
+    assert arrays.mn_major_storage_shape(m, KB) == (KB, m4)
+    for storage, view in _m_major_views(m, KB):
+        case = f"{m=} {type(view).__module__}"
+        assert tuple(view.shape) == (m, KB), case
+        assert _stand_in(view).__cuda_array_interface__["strides"] == (4, 4 * m4), case
+        assert np.shares_memory(np.asarray(view), np.asarray(storage)), case
+        assert _flag(_stand_in(view), m), case
+
+
+@pytest.mark.parametrize("g,max_m", [(4, 77), (8, 128), (3, 1), (2, 2), (5, 300)])
+def test_default_layout_reshaped_to_masked_groups_is_bulk(g, max_m, fake_gpu_memory):
+    """A masked A quantized as one (G * max_m, K) matrix: its M-major scales reshaped to (G, max_m, kb) stay a view
+    (NumPy and torch; CuPy's reshape follows NumPy's no-copy rule, checked on the GPU), grouped._scale_rows flattens
+    them back to rows g * max_m + i with stride 1 and the column pitch round_up(G * max_m, 4), and the bulk path
+    takes them."""
+    spec = GemmSpec.create(512, 1024, dtype="fp8", scaling="block", grouped=True)
+    m = g * max_m
+    for _, flat in _m_major_views(m, KB):
+        case = f"{g=} {max_m=} {type(flat).__module__}"
+        masked = flat.reshape(g, max_m, KB)
+        if hasattr(masked, "data_ptr"):
+            assert masked.data_ptr() == flat.data_ptr() and masked._base is not None, case
+        else:
+            assert masked.base is not None and np.shares_memory(masked, flat), case
+        rows = grouped._scale_rows(_stand_in(masked), "scale_a", (g, max_m, KB), "x")
+        assert (rows.shape, rows.stride_i) == ((m, KB), 1), case
+        assert rows.stride_j == -(-m // 4) * 4, case
+        assert launch.bulk_a_scales(spec, rows, m), case
 
 
 # ------------------------------------------------------------------- the kernel's per-tile copy, modelled and tied

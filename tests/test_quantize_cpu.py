@@ -125,7 +125,7 @@ def test_dequantize_argument_errors_torch():
         (lambda: quant.dequantize(q8.reshape(5, 300, 1), s), ValueError, "q must be 2-D"),
         (lambda: quant.dequantize(q8, s.double()), TypeError, "scales has dtype"),
         (lambda: quant.dequantize(q8, s[:, :2]), ValueError, r"expected \(5, 3\)"),
-        (lambda: quant.dequantize(q8, torch.ones(3, 5).T), ValueError, "scales must be contiguous"),
+        (lambda: quant.dequantize(q8, torch.ones(3, 8).t()[:5]), TypeError, "torch tensor on cpu"),  # M-major: fine
         (lambda: quant.dequantize(q8, s, granularity="block128"), ValueError, r"expected \(1, 3\)"),
         (lambda: quant.dequantize(q8, np.ones((5, 3), F32)), TypeError, "scales must be a torch tensor"),
         (lambda: quant.dequantize(q8, s, out=torch.empty(5, 300)[:, :299]), ValueError, r"out has shape"),
@@ -416,9 +416,11 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
     addresses = iter(range(0x100000, 0x10000000, 0x100000))
 
     def empty(kind, shape, name, device_id, cu_stream, is_explicit_stream):
+        # A NumPy stand-in of the right shape and dtype, so that views of it (the M-major transpose) can be made
+        # and their strides checked; the kernels get the fake address.
         ptr = next(addresses)
         calls.append(("alloc", kind, shape, name, ptr))
-        return (shape, name), ptr
+        return np.empty(shape, quant._cupy_dtype(name)), ptr
 
     class Kernel:
         def __init__(self, artifact):
@@ -438,6 +440,26 @@ def _types(args):
     return [type(a).__name__ for a in args]
 
 
+_C_TYPES = {"long long": "int64", "unsigned int": "uint32"}  # pointers travel as uint64
+
+
+def entry_param_types(spec):
+    """The argument types the rendered entry of `spec` declares, as the NumPy scalar types the host packs."""
+    source = quant.render_kernel(spec).source
+    entry = source[source.index(f"{spec.entry}("):]
+    params = entry[entry.index("(") + 1:entry.index(") {")]
+    types = []
+    for param in params.split(","):
+        words = param.replace("__restrict__", "").split()[:-1]  # drop the name
+        text = " ".join(w for w in words if w != "const")
+        types.append("uint64" if "*" in text else _C_TYPES[text])
+    return types
+
+
+def _round4(m):
+    return -(-m // 4) * 4
+
+
 @pytest.mark.parametrize("gran,m,k,grid", [
     ("group128", 1000, 7168, 1000 * 56 // 16),   # 16 units of 1 x 128 per 256-thread block (8 lanes x 16 B each)
     ("group128", 7, 129, 1),
@@ -448,10 +470,20 @@ def _types(args):
 def test_quantize_launches(fake_device, gran, m, k, grid):
     ptr, row_stride = BASE + 4096, k + 8
     q, s = quant.quantize(FakeDeviceArray((m, k), np.float16, ptr=ptr, strides=(row_stride, 1)), "fp8", gran)
-    assert q == ((m, k), "fp8_e4m3") and s == (quant.scale_shape(gran, m, k), "fp32")
+    assert (q.shape, q.dtype) == ((m, k), np.uint8) and q.flags.c_contiguous
+    assert (s.shape, s.dtype) == (quant.scale_shape(gran, m, k), np.float32)
     allocs = [c for c in fake_device if c[0] == "alloc"]
     launches = [c for c in fake_device if c[0] == "launch"]
     q_ptr, s_ptr = allocs[0][4], allocs[1][4]
+    kb = -(-k // 128)
+    if gran == "group128":  # M-major: (kb, round_up(M, 4)) storage, transposed and cut to M rows
+        assert allocs[1][2:4] == ((kb, _round4(m)), "fp32")
+        assert s.strides == (4, 4 * _round4(m)) and s.base is not None and s.base.shape == (kb, _round4(m))
+        s_strides = (1, _round4(m))
+    else:  # row-major, contiguous
+        assert allocs[1][2:4] == (quant.scale_shape(gran, m, k), "fp32") and s.flags.c_contiguous
+        s_strides = (kb, 1) if gran == "block128" else (1, 0)
+    assert s_ptr % 16 == 0
     if gran == "tensor":
         word_ptr = allocs[2][4]
         assert allocs[2][2:4] == ((1,), "word")
@@ -463,12 +495,39 @@ def test_quantize_launches(fake_device, gran, m, k, grid):
         assert amax[2] == (min(-(-m * (-(-k // 128)) // 16), 8 * 132), 1, 1)
         assert amax[4] == (ptr, row_stride, word_ptr, m, k)
         assert _types(amax[4]) == ["uint64", "int64", "uint64", "uint32", "uint32"]
+        assert _types(amax[4]) == entry_param_types(quant.QuantKernelSpec("amax", "fp16", vec=8))
     else:
         word_ptr = 0
     (launch,) = launches
     assert launch[1] == "dgjit_quantize" and launch[2] == (grid, 1, 1) and launch[3] == (256, 1, 1)
-    assert launch[4] == (ptr, row_stride, q_ptr, s_ptr, word_ptr, m, k) and launch[5] == FakeStream.ptr
-    assert _types(launch[4]) == ["uint64", "int64", "uint64", "uint64", "uint64", "uint32", "uint32"]
+    assert launch[4] == (ptr, row_stride, q_ptr, s_ptr) + s_strides + (word_ptr, m, k) and launch[5] == FakeStream.ptr
+    assert _types(launch[4]) == ["uint64", "int64", "uint64", "uint64", "int64", "int64", "uint64", "uint32", "uint32"]
+    assert _types(launch[4]) == entry_param_types(quant.QuantKernelSpec("quantize", "fp16", "fp8_e4m3", gran, 8))
+
+
+@pytest.mark.parametrize("m", [1, 3, 300, 1000])
+def test_quantize_default_group128_scales_take_the_bulk_path(fake_device, m):
+    """What quantize returns for group128, handed to an FP8 block GEMM as scale_a, is M-major with 16-byte aligned
+    columns: launch.bulk_a_scales is on (dense, and masked after reshaping its rows to (G, max_m, kb))."""
+    from deepgemm_jit import grouped, launch
+    from deepgemm_jit.arrays import scale_view
+
+    k = 1000
+    kb = -(-k // 128)
+    _, s = quant.quantize(FakeDeviceArray((m, k), np.float16), "fp8", "group128")
+    s_ptr = [c for c in fake_device if c[0] == "alloc"][1][4]
+
+    def stand_in(view):
+        return FakeDeviceArray(view.shape, np.float32, s_ptr, tuple(st // 4 for st in view.strides))
+
+    dense = GemmSpec.create(512, k, dtype="fp8", scaling="block")
+    assert launch.bulk_a_scales(dense, scale_view(stand_in(s), "scale_a", (m, kb), "x"), m), m
+    if m % 4 == 0:  # as G = 4 groups of max_m rows
+        masked = s.reshape(4, m // 4, kb)
+        assert np.shares_memory(masked, s)
+        rows = grouped._scale_rows(stand_in(masked), "scale_a", (4, m // 4, kb), "x")
+        spec = GemmSpec.create(512, k, dtype="fp8", scaling="block", grouped=True)
+        assert launch.bulk_a_scales(spec, rows, m), m
 
 
 def test_quantize_picks_the_widest_legal_load(fake_device, monkeypatch):
@@ -551,28 +610,124 @@ def test_offline_quantize_after_its_warmup_line(fake_device, tmp_path, monkeypat
     quant.clear_memo()
 
 
-@pytest.mark.parametrize("gran,m,k,layout", [
-    ("tensor", 5, 300, (5, 300, 0)), ("row", 5, 300, (1, 300, 1)), ("group128", 5, 300, (1, 128, 3)),
-    ("block128", 300, 300, (128, 128, 3)),
-])
-def test_dequantize_launch(fake_device, monkeypatch, gran, m, k, layout):
-    """Every granularity's scale layout as the kernel's (rows_per_scale, cols_per_scale, scale_ld)."""
+class FakeCupy:
+    """A CuPy array as quantize / dequantize see it (array_kind patched to "cupy"): shape, dtype, strides (given in
+    elements, kept in bytes like CuPy's), flags, data pointer and device, and __cuda_array_interface__."""
+
+    def __init__(self, shape, dtype, ptr, strides=None):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        contiguous = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
+        self.strides = tuple(st * self.dtype.itemsize for st in (contiguous if strides is None else strides))
+        self.flags = type("Flags", (), {"c_contiguous": strides is None or tuple(strides) == contiguous})()
+        self.data = type("Mem", (), {"ptr": ptr, "device_id": 0})()
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.__cuda_array_interface__ = FakeDeviceArray(shape, dtype, ptr, strides).__cuda_array_interface__
+
+
+@pytest.fixture
+def fake_cupy(fake_device, monkeypatch):
+    """fake_device, with every array taken for a CuPy one (so that FakeCupy outputs are of x's library)."""
     monkeypatch.setattr(quant, "array_kind", lambda a: "cupy")
+    return fake_device
 
-    class FakeCupy:
-        def __init__(self, shape, dtype, ptr, strides=None):
-            self.shape, self.dtype = shape, np.dtype(dtype)
-            self.flags = type("Flags", (), {"c_contiguous": strides is None})()
-            self.data = type("Mem", (), {"ptr": ptr, "device_id": 0})()
-            self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
-            self.__cuda_array_interface__ = FakeDeviceArray(shape, dtype, ptr, strides).__cuda_array_interface__
 
+SCALES_AT = BASE + (1 << 20)
+
+
+@pytest.mark.parametrize("gran,m,k,strides", [
+    ("group128", 5, 300, None),            # row-major
+    ("group128", 5, 300, (1, 8)),          # M-major, quantize's own layout
+    ("group128", 5, 300, (1, 5)),          # column-major, unpadded
+    ("group128", 5, 300, (4, 1)),          # row-major, padded rows
+    ("group128", 1, 300, (1, 4)),          # one row, M-major
+    ("group128", 1, 300, (0, 1)),          # one row: its stride addresses nothing
+    ("row", 5, 300, (2,)),                 # every other element
+    ("block128", 300, 300, (1, 3)),        # column-major
+    ("tensor", 5, 300, (0,)),
+])
+def test_quantize_out_scales_any_distinct_strides(fake_cupy, gran, m, k, strides):
+    """out=(q, scales): scales of the right shape with any strides that address each element once are written through
+    those strides (the kernel gets them as arguments)."""
+    x = FakeCupy((m, k), np.float16, BASE)
+    q = FakeCupy((m, k), np.uint8, BASE + (1 << 19))
+    shape = quant.scale_shape(gran, m, k)
+    scales = FakeCupy(shape, np.float32, SCALES_AT, strides)
+    got = quant.quantize(x, "fp8", gran, out=(q, scales))
+    assert got[0] is q and got[1] is scales
+    assert not [c for c in fake_cupy if c[0] == "alloc" and c[3] == "fp32"]  # nothing allocated for the scales
+    (launch,) = [c for c in fake_cupy if c[0] == "launch" and c[1] == "dgjit_quantize"]
+    want = scales.strides[0] // 4, (scales.strides[1] // 4 if len(shape) == 2 else 0)
+    assert launch[4][2:6] == (q.data.ptr, SCALES_AT) + want, f"{gran=} {strides=}"
+
+
+@pytest.mark.parametrize("gran,m,k,strides,words", [
+    ("group128", 5, 300, (0, 1), r"out\[1\] has strides \(0, 1\).*overlap"),          # rows broadcast
+    ("group128", 5, 300, (1, 0), r"out\[1\] has strides \(1, 0\).*overlap"),          # groups broadcast
+    ("group128", 5, 300, (1, 4), r"out\[1\] has strides \(1, 4\).*overlap"),          # columns of 5 rows 4 apart
+    ("group128", 5, 300, (2, 1), r"out\[1\] has strides \(2, 1\).*overlap"),          # rows of 3 groups 2 apart
+    ("group128", 5, 300, (-1, 5), r"out\[1\] has negative strides"),
+    ("row", 5, 300, (0,), r"out\[1\] has strides \(0,\).*overlap"),
+    ("block128", 300, 300, (1, 2), r"out\[1\] has strides \(1, 2\).*overlap"),
+])
+def test_quantize_out_scales_overlapping_strides_are_refused(fake_cupy, gran, m, k, strides, words):
+    x = FakeCupy((m, k), np.float16, BASE)
+    q = FakeCupy((m, k), np.uint8, BASE + (1 << 19))
+    scales = FakeCupy(quant.scale_shape(gran, m, k), np.float32, SCALES_AT, strides)
+    with pytest.raises(ValueError, match=words):
+        quant.quantize(x, "fp8", gran, out=(q, scales))
+    assert not [c for c in fake_cupy if c[0] == "launch"]
+
+
+def test_quantize_out_errors_name_the_argument(fake_cupy):
+    x = FakeCupy((5, 300), np.float16, BASE)
+    q = FakeCupy((5, 300), np.uint8, BASE + (1 << 19))
+    cases = [
+        ((q, FakeCupy((5, 2), np.float32, SCALES_AT)), ValueError, r"out\[1\] has shape \(5, 2\), expected \(5, 3\)"),
+        ((q, FakeCupy((5, 3), np.float64, SCALES_AT)), TypeError, r"out\[1\] has dtype float64; scales are float32"),
+        ((q, FakeCupy((3, 5), np.float32, SCALES_AT)), ValueError, r"out\[1\] has shape \(3, 5\)"),
+        ((q, FakeCupy((5, 3), np.float32, SCALES_AT + 2)), ValueError, r"out\[1\] data pointer .* 4-byte"),
+        ((FakeCupy((5, 300), np.uint8, BASE + (1 << 19), strides=(301, 1)), FakeCupy((5, 3), np.float32, SCALES_AT)),
+         ValueError, r"out\[0\] must be contiguous"),
+        ((q, FakeCupy((5, 3), np.float32, BASE + 64)), ValueError, "out\\[1\\] overlaps x|x overlaps out\\[1\\]"),
+        ([q, FakeCupy((5, 3), np.float32, SCALES_AT)], TypeError, "out must be a \\(q, scales\\) tuple"),
+    ]
+    for out, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            quant.quantize(x, "fp8", "group128", out=out)
+    assert not [c for c in fake_cupy if c[0] == "launch"]
+
+
+@pytest.mark.parametrize("gran,m,k,strides,layout", [
+    ("tensor", 5, 300, None, (1, 0, 5, 300)), ("row", 5, 300, None, (1, 0, 1, 300)),
+    ("row", 5, 300, (3,), (3, 0, 1, 300)),
+    ("group128", 5, 300, None, (3, 1, 1, 128)), ("group128", 5, 300, (1, 8), (1, 8, 1, 128)),  # quantize's M-major
+    ("group128", 5, 300, (0, 1), (0, 1, 1, 128)),   # one scale row read by every row: fine for an input
+    ("block128", 300, 300, None, (3, 1, 128, 128)), ("block128", 300, 300, (1, 4), (1, 4, 128, 128)),
+])
+def test_dequantize_launch(fake_cupy, gran, m, k, strides, layout):
+    """Every granularity and scale layout as the kernel's (stride_m, stride_g, rows_per_scale, cols_per_scale)."""
     q = FakeCupy((m, k), np.uint8, BASE, strides=(k + 16, 1))
-    s = FakeCupy(quant.scale_shape(gran, m, k), np.float32, BASE + (1 << 20))
-    assert quant.dequantize(q, s, "fp8", gran, out_dtype="bf16") == ((m, k), "bf16")
-    (launch,) = [c for c in fake_device if c[0] == "launch"]
-    out_ptr = [c for c in fake_device if c[0] == "alloc"][0][4]
+    s = FakeCupy(quant.scale_shape(gran, m, k), np.float32, SCALES_AT, strides)
+    out = quant.dequantize(q, s, "fp8", gran, out_dtype="bf16")
+    assert (out.shape, out.dtype) == ((m, k), dtypes.numpy_dtype("bf16"))
+    (launch,) = [c for c in fake_cupy if c[0] == "launch"]
+    out_ptr = [c for c in fake_cupy if c[0] == "alloc"][0][4]
     assert launch[1] == "dgjit_dequantize" and launch[3] == (256, 1, 1)
     assert launch[2] == (min(-(-m * k // 256), 32 * 132), 1, 1)
-    assert launch[4] == (BASE, k + 16, BASE + (1 << 20), out_ptr, m, k) + layout
-    assert _types(launch[4]) == ["uint64", "int64", "uint64", "uint64"] + ["uint32"] * 5
+    assert launch[4] == (BASE, k + 16, SCALES_AT, layout[0], layout[1], out_ptr, m, k) + layout[2:]
+    assert _types(launch[4]) == ["uint64", "int64", "uint64", "int64", "int64", "uint64"] + ["uint32"] * 4
+    assert _types(launch[4]) == entry_param_types(quant.QuantKernelSpec("dequantize", "bf16", "fp8_e4m3"))
+
+
+def test_dequantize_scales_errors(fake_cupy):
+    q = FakeCupy((5, 300), np.uint8, BASE)
+    with pytest.raises(ValueError, match=r"scales has negative strides"):
+        quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT, (1, -5)))
+    with pytest.raises(ValueError, match=r"scales has shape \(3, 5\), expected \(5, 3\)"):
+        quant.dequantize(q, FakeCupy((3, 5), np.float32, SCALES_AT))
+    with pytest.raises(ValueError, match="scales data pointer"):
+        quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT + 1))
+    with pytest.raises(ValueError, match="out overlaps scales|scales overlaps out"):
+        quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT, (1, 8)),
+                         out=FakeCupy((5, 300), np.float32, SCALES_AT + 64))
+    assert not [c for c in fake_cupy if c[0] == "launch"]

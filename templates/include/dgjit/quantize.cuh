@@ -23,6 +23,10 @@
 //   tensor amax:      a grid-stride pass that atomicMax-es one device word per block; the quantize
 //                     kernel then reads that word: no amax ever travels to the host.
 //
+// Scales are written and read through run-time element strides (stride_m along rows or row blocks,
+// stride_g along 128-column groups): row-major and M-major (DeepGEMM's TMA-aligned layout, what the host
+// allocates for group128) are both just strides.
+//
 // Everything lives in dgjit::quant so that nothing collides with the GEMM headers.
 #pragma once
 #include "dgjit/common.cuh"
@@ -254,8 +258,8 @@ DGJIT_DEVICE uint32_t reduce_max_block(uint32_t v, uint32_t (&shared)[kNumWarps]
 // holds the tensor's amax (written by amax_body earlier on the stream) and block 0 stores the scale.
 template <class T, Format F, Granularity G, int kVec>
 DGJIT_DEVICE void quantize_units(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
-                                 float* __restrict__ scales, const uint32_t* __restrict__ amax_bits,
-                                 uint32_t m, uint32_t k) {
+                                 float* __restrict__ scales, int64_t scales_stride_m, int64_t scales_stride_g,
+                                 const uint32_t* __restrict__ amax_bits, uint32_t m, uint32_t k) {
   static_assert(G == Granularity::kGroup128 || G == Granularity::kTensor, "one lane run per unit");
   using C = Chunk<T>;
   const uint32_t num_groups = ceil_div(k, uint32_t(kGroupCols));
@@ -264,8 +268,8 @@ DGJIT_DEVICE void quantize_units(const T* __restrict__ x, int64_t ldx, uint8_t* 
   // Idle lane runs (past the last unit) still take part in the shuffles, reading nothing.
   const bool is_active = unit < num_units;
   const uint32_t row = is_active ? uint32_t(unit / num_groups) : 0;
-  const uint32_t col = (is_active ? uint32_t(unit % num_groups) : 0) * kGroupCols +
-                       (threadIdx.x % C::kLanes) * C::kElems;
+  const uint32_t group = is_active ? uint32_t(unit % num_groups) : 0;
+  const uint32_t col = group * kGroupCols + (threadIdx.x % C::kLanes) * C::kElems;
   float v[C::kElems];
   load_chunk<T, kVec>(x + int64_t(row) * ldx, col, is_active ? k : 0, v);
 
@@ -275,8 +279,9 @@ DGJIT_DEVICE void quantize_units(const T* __restrict__ x, int64_t ldx, uint8_t* 
     if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = scale;
   } else {
     scale = scale_of<F>(reduce_max_lanes<C::kLanes>(chunk_amax_bits(v)));
-    // Scales are (m, num_groups) row-major: the unit index is the scale index.
-    if (is_active && threadIdx.x % C::kLanes == 0) scales[unit] = scale;
+    if (is_active && threadIdx.x % C::kLanes == 0) {
+      scales[int64_t(row) * scales_stride_m + int64_t(group) * scales_stride_g] = scale;
+    }
   }
   if (!is_active) return;
   uint32_t words[C::kWords];
@@ -285,11 +290,12 @@ DGJIT_DEVICE void quantize_units(const T* __restrict__ x, int64_t ldx, uint8_t* 
 }
 
 // row and block128: one block per scale, grid = m (row) or ceil(m / 128) * num_groups (block128,
-// block index = the scale's row-major index). Two passes over the block's rectangle: amax, then
+// block index = row block * num_groups + group). Two passes over the block's rectangle: amax, then
 // quantize; the second pass re-reads x, which the first pass has just brought into L1/L2.
 template <class T, Format F, Granularity G, int kVec>
 DGJIT_DEVICE void quantize_rects(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
-                                 float* __restrict__ scales, uint32_t m, uint32_t k) {
+                                 float* __restrict__ scales, int64_t scales_stride_m, int64_t scales_stride_g,
+                                 uint32_t m, uint32_t k) {
   static_assert(G == Granularity::kRow || G == Granularity::kBlock128, "one block per scale");
   using C = Chunk<T>;
   __shared__ uint32_t shared[kNumWarps];
@@ -320,7 +326,11 @@ DGJIT_DEVICE void quantize_rects(const T* __restrict__ x, int64_t ldx, uint8_t* 
     amax = max_u32(amax, chunk_amax_bits(v));
   }
   const float scale = scale_of<F>(reduce_max_block(amax, shared));
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  if (threadIdx.x == 0) {  // row: the scale of row blockIdx.x; block128: of (row block, group)
+    const uint32_t scale_row = G == Granularity::kRow ? blockIdx.x : blockIdx.x / num_groups;
+    const uint32_t scale_group = G == Granularity::kRow ? 0 : blockIdx.x % num_groups;
+    scales[int64_t(scale_row) * scales_stride_m + int64_t(scale_group) * scales_stride_g] = scale;
+  }
 
   for (uint32_t u = first_unit; u < num_units; u += C::kUnitsPerBlock) {
     uint32_t row, col;
@@ -333,14 +343,16 @@ DGJIT_DEVICE void quantize_rects(const T* __restrict__ x, int64_t ldx, uint8_t* 
   }
 }
 
+// Scale (i, j) (row or row block i, group j) is scales[i * scales_stride_m + j * scales_stride_g];
+// tensor writes scales[0].
 template <class T, Format F, Granularity G, int kVec>
 DGJIT_DEVICE void quantize_body(const T* __restrict__ x, int64_t ldx, uint8_t* __restrict__ q,
-                                float* __restrict__ scales, const uint32_t* __restrict__ amax_bits,
-                                uint32_t m, uint32_t k) {
+                                float* __restrict__ scales, int64_t scales_stride_m, int64_t scales_stride_g,
+                                const uint32_t* __restrict__ amax_bits, uint32_t m, uint32_t k) {
   if constexpr (G == Granularity::kGroup128 || G == Granularity::kTensor) {
-    quantize_units<T, F, G, kVec>(x, ldx, q, scales, amax_bits, m, k);
+    quantize_units<T, F, G, kVec>(x, ldx, q, scales, scales_stride_m, scales_stride_g, amax_bits, m, k);
   } else {
-    quantize_rects<T, F, G, kVec>(x, ldx, q, scales, m, k);
+    quantize_rects<T, F, G, kVec>(x, ldx, q, scales, scales_stride_m, scales_stride_g, m, k);
   }
 }
 
@@ -369,19 +381,20 @@ DGJIT_DEVICE void amax_body(const T* __restrict__ x, int64_t ldx, uint32_t* __re
 }
 
 // x = float(q) * s, one element per thread and iteration (a reference path, not a fast one). The
-// scale of (row, col) is scales[(row / rows_per_scale) * scale_ld + col / cols_per_scale], which
-// spells every granularity: tensor (m, k, 0), row (1, k, 1), group128 (1, 128, G), block128
-// (128, 128, G). `out` is contiguous (m, k).
+// scale of (row, col) is scales[(row / rows_per_scale) * stride_m + (col / cols_per_scale) * stride_g],
+// which spells every granularity and layout: tensor (m, k, 0, 0), row (1, k, s, 0), group128
+// (1, 128, s_m, s_g), block128 (128, 128, s_m, s_g). `out` is contiguous (m, k).
 template <Format F, class TOut>
 DGJIT_DEVICE void dequantize_body(const uint8_t* __restrict__ q, int64_t ldq, const float* __restrict__ scales,
-                                  TOut* __restrict__ out, uint32_t m, uint32_t k, uint32_t rows_per_scale,
-                                  uint32_t cols_per_scale, uint32_t scale_ld) {
+                                  int64_t scales_stride_m, int64_t scales_stride_g, TOut* __restrict__ out,
+                                  uint32_t m, uint32_t k, uint32_t rows_per_scale, uint32_t cols_per_scale) {
   const uint64_t total = uint64_t(m) * k;
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const uint32_t row = uint32_t(i / k);
     const uint32_t col = uint32_t(i % k);
-    const float s = scales[uint64_t(row / rows_per_scale) * scale_ld + col / cols_per_scale];
+    const float s = scales[int64_t(row / rows_per_scale) * scales_stride_m +
+                           int64_t(col / cols_per_scale) * scales_stride_g];
     store_converted(out + i, dequantize_value<F>(q[int64_t(row) * ldq + col]) * s);
   }
 }
