@@ -410,11 +410,20 @@ def _pack(x, index):
     return cupy.ascontiguousarray(cupy.concatenate(parts, axis=0)).view(x.dtype)
 
 
+def _data_ptr(x) -> int:
+    return x.data.ptr if hasattr(x.data, "ptr") else x.ctypes.data  # CuPy; NumPy in the CPU tests
+
+
 def _quantize_rows(dg, x, granularity: str):
-    """dg.quantize over the last axis of a 2-D or 3-D array; scales keep the leading axes."""
+    """dg.quantize over the last axis of a 2-D or 3-D array; scales keep the leading axes. The scales are passed on
+    exactly as dg.quantize returns them, reshaped without a copy: group128's M-major (rows, kb) view splits into
+    (G, max_m, kb) with the rows still one run per K column, which the grouped kernel bulk-copies."""
     flat = x.reshape(-1, x.shape[-1])
     q, s = dg.quantize(flat, "fp8", granularity)
-    return q.reshape(x.shape), s.reshape(x.shape[:-1] + s.shape[1:])
+    shaped = s.reshape(x.shape[:-1] + s.shape[1:])
+    if _data_ptr(shaped) != _data_ptr(s):
+        raise RuntimeError(f"reshaping scales of strides {s.strides} to {shaped.shape} copied them")
+    return q.reshape(x.shape), shaped
 
 
 def _quantize_weights(dg, b):

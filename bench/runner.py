@@ -71,14 +71,12 @@ class Operands:
     scaling: baseline.Scaling | None = None  # FP8 scales: passed to ours and to the baseline
     ref_cos: object | None = None            # FP8: product of the BF16 inputs, for DeepGEMM's cos difference
     is_exact: bool = False                   # INT8 -> INT32: every element must equal the reference
-    ours_scale_a: object | None = None       # scale_a in the layout documented as our fast one (block: M-major)
 
     def call_kwargs(self) -> dict:
         """Keyword arguments of our kernel's call besides out=."""
         if self.scaling is None:
             return {}
-        scale_a = self.scaling.scale_a if self.ours_scale_a is None else self.ours_scale_a
-        return {"scale_a": scale_a, "scale_b": self.scaling.scale_b}
+        return {"scale_a": self.scaling.scale_a, "scale_b": self.scaling.scale_b}
 
     @property
     def scale_bytes(self) -> int:
@@ -112,10 +110,10 @@ def quantized_operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale
     scaling.check(m, spec.n, spec.k)
     ref = reference.reference(spec, dequantize(qa, sa, info.lib, info.quant_a),
                               dequantize(qb, sb, info.lib, info.quant_b))
-    # Block scales of A go to our kernel M-major (column-major, the layout deepgemm_jit.quantize emits and
-    # torch's block-scaled matmul requires as well): a K block's scales are then one contiguous run.
-    ours_sa = cupy.asfortranarray(sa) if info.scaling == "block" else None
-    return Operands(qa, qb, ref, f"{kind}-dequant", scaling, ref_cos, ours_scale_a=ours_sa)
+    # Scales go to our kernel as quantize returns them: block scale_a (group128) M-major with 16-byte aligned
+    # columns, the layout our block kernel bulk-copies (launch.bulk_a_scales); the torch baseline makes its own
+    # copies in the layouts it checks for (baseline.torch_scaled_mm_calls).
+    return Operands(qa, qb, ref, f"{kind}-dequant", scaling, ref_cos)
 
 
 EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so that a dropped factor shows

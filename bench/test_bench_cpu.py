@@ -239,7 +239,7 @@ def _fp8_case(torch, m, n, k, seed=0):
 
 
 def _dequant_product(np, a, b, recipe, sa, sb):
-    """float64 (a · sa) @ (b · sb).T from our row-major scales, written out element-block by element-block."""
+    """float64 (a · sa) @ (b · sb).T from our scales, written out element-block by element-block."""
     A, B = a.float().double().numpy(), b.float().double().numpy()
     sa, sb = sa.double().numpy(), sb.double().numpy()
     if recipe == "tensor":
@@ -285,6 +285,7 @@ def test_block_scale_layout_passes_torchs_own_checks(m, n, k):
     F = torch.nn.functional
     if not hasattr(F, "scaled_mm"):
         pytest.skip(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
+    from deepgemm_jit.arrays import mn_major_storage_shape, mn_major_view
     bl = baseline_mod()
     kb, nb = -(-k // 128), -(-n // 128)
     a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="meta")
@@ -295,7 +296,14 @@ def test_block_scale_layout_passes_torchs_own_checks(m, n, k):
     d = F.scaled_mm(a, b.t(), sa, F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128,
                     output_dtype=torch.bfloat16)
     assert d.shape == (m, n) and d.dtype == torch.bfloat16
-    with pytest.raises(RuntimeError):   # and refuses the row-major layout we hold, so the check has teeth
+    # quantize's own M-major scale_a (strides (1, round_up(M, 4))) is that layout when M % 4 == 0 (torch takes it
+    # as is); for other M, torch's CUDA kernel refuses block scaling anyway (the baseline pads M, see baseline.py).
+    ours = mn_major_view(torch.ones(mn_major_storage_shape(m, kb), device="meta"), m)
+    if m % 4 == 0:
+        assert ours.stride() == (1, m)
+        F.scaled_mm(a, b.t(), ours, F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128,
+                    output_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):   # and refuses the row-major layout, so the check has teeth
         F.scaled_mm(a, b.t(), torch.ones(m, kb, device="meta"), F.ScalingType.BlockWise1x128,
                     torch.ones(nb, kb, device="meta"), F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
 
@@ -543,6 +551,8 @@ def test_run_case_fp8_rows_on_cpu(cpu_runner, dtype):
     assert row["ref"] == "fp64-dequant" and row["scaling"] == dtype.split("_")[1]
     assert row["ratio"] == pytest.approx(1.25) and row["baseline"] == "fake_torch"
     kb, nb = -(-k // 128), -(-n // 128)
+    if dtype == "fp8_block":  # scale_a reaches ours as quantize returns it: M-major (the bulk-copied layout)
+        assert seen["scaling"].scale_a.strides == (4, 4 * m), seen["scaling"].scale_a.strides
     scale_elems = {"fp8_tensor": 2, "fp8_row": m + n, "fp8_block": m * kb + nb * kb}[dtype]
     assert row["io_bytes"] == m * k + n * k + m * n * 2 + 4 * scale_elems
 
@@ -945,10 +955,12 @@ class _FakeGrouped:
     def __init__(self, np, damage=None):
         self.np, self.damage, self.calls = np, damage, []
         self.family, self.config = "sm90_grouped", "m128n128_s4"
+        self.scale_a = None
 
     def __call__(self, a, b, *, out, offs=None, m_indices=None, masked_m=None, scale_a=None, scale_b=None):
         from deepgemm_jit import reference
         np = self.np
+        self.scale_a = scale_a
         self.calls.append(sorted(k for k, v in (("offs", offs), ("m_indices", m_indices), ("masked_m", masked_m),
                                                 ("scale_a", scale_a)) if v is not None))
 
@@ -1038,6 +1050,8 @@ def moe_cpu(monkeypatch):
         monkeypatch.setattr(deepgemm_jit, "build_grouped", build_grouped, raising=False)
         ctx = moe.Context(reps=30, warmup=1, seed=5, sizes_seed=0, rowwise=True, flusher=object())
         row = moe.run_case(case, ctx, 0)
+        if gemm.scale_a is not None:  # fp8 rows
+            built["scale_a"] = gemm.scale_a
         return row, built, gemm.calls
 
     return run
@@ -1087,6 +1101,13 @@ def test_moe_row_fp8_on_cpu(moe_cpu, layout, index, sizes):
     row, built, calls = moe_cpu(case)
     assert row["status"] == "ok", row.get("traceback") or row["note"]
     assert built["dtype"] == "fp8" and calls[0] == sorted([index, "scale_a"])
+    # scale_a as quantize returns it for all rows (M-major, columns padded to 4 rows), reshaped to (G, max_m, kb)
+    # for masked calls without a copy: rows g * max_m + i still one run per K column (the bulk-copied layout).
+    sa = built["scale_a"]
+    rows = sa.shape[0] * (sa.shape[1] if sa.ndim == 3 else 1)
+    assert sa.strides[-2:] == (4, 4 * (-(-rows // 4) * 4)), sa.strides
+    if sa.ndim == 3:
+        assert sa.strides[0] == 4 * sa.shape[1]
     assert row["err"] < 1e-2 and 0 < row["err_cos"] < 1e-2
     assert row["contenders"]["loop"]["err"] < 1e-2 and row["contenders"]["loop"]["same_recipe"]
     assert row["baseline"] == "fake F.scaled_mm(1x128,128x128) loop x3" and row["ratio"] == pytest.approx(1.5)

@@ -68,7 +68,8 @@ def _ceil_div(x: int, y: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Scaling:
-    """FP8 dequantization factors as the library takes them: float32, row-major, x ≈ q · s.
+    """FP8 dequantization factors as the library takes them: float32, x ≈ q · s, any strides (quantize's layouts:
+    group128 M-major, the others row-major).
 
     ``recipe`` "tensor": scale_a (1,), scale_b (1,); "row": scale_a (M,), scale_b (N,); "block": scale_a
     (M, ceil(K/128)) per 1x128 group of A along K, scale_b (ceil(N/128), ceil(K/128)) per 128x128 block of the
@@ -281,7 +282,7 @@ class TorchMatmul:
 
 
 # ---------------------------------------------------------------------------- torch FP8: scale layouts, calls
-# Pure functions of torch tensors (CPU tensors in the tests): our row-major scales -> what torch checks for.
+# Pure functions of torch tensors (CPU tensors in the tests): our scales (any strides) -> what torch checks for.
 def torch_tensorwise_scales(scale_a, scale_b):
     """(1,) and (1,) -> 0-dim views: torch._scaled_mm's per-tensor scales are single float32 elements."""
     return scale_a.reshape(()), scale_b.reshape(())
@@ -293,8 +294,9 @@ def torch_rowwise_scales(scale_a, scale_b):
 
 
 def torch_scales_1x128(scale_a):
-    """(M, ceil(K/128)) row-major -> the same values column-major ("outer-dim-major", strides exactly (1, M)),
-    the layout torch's BlockWise1x128 takes for A. A copy: made once in ``bind``.
+    """(M, ceil(K/128)) of any strides -> the same values column-major ("outer-dim-major", strides exactly (1, M)),
+    the layout torch's BlockWise1x128 takes for A. A copy: made once in ``bind`` (quantize's M-major scales have
+    strides (1, round_up(M, 4)): the same layout only when M % 4 == 0, and torch refuses the others).
 
     Allocated with those strides rather than by ``.t().contiguous().t()``, which keeps the row-major strides
     when M == 1 (a (1, kb) tensor is already "contiguous") and torch then refuses stride(0) != 1.
@@ -306,7 +308,7 @@ def torch_scales_1x128(scale_a):
 
 
 def torch_scales_128x128(scale_b, k_block_multiple: int = TORCH_128X128_K_BLOCK_MULTIPLE):
-    """(ceil(N/128), ceil(K/128)) row-major -> (L, ceil(N/128)) with strides (1, L), L = ceil(K/128) rounded up
+    """(ceil(N/128), ceil(K/128)) (any strides) -> (L, ceil(N/128)) with strides (1, L), L = ceil(K/128) rounded up
     to `k_block_multiple`: the transposed, padded layout torch's BlockWise128x128 takes for mat2 = b.t().
 
     Padding entries (K blocks past the end of K) are 1.0: they scale nothing but are never NaN.
@@ -343,7 +345,7 @@ def torch_scaled_mm_calls(torch, a, b, recipe: str, scale_a, scale_b, out, *, us
                           ) -> list[tuple[str, Callable[[], object]]]:
     """Ways to compute D = (a · sa) @ (b · sb).T with torch, best first: [(label, call returning D), ...].
 
-    a (M, K) and b (N, K) are row-major FP8 tensors, scales in our row-major layout (see ``Scaling``), `out` a
+    a (M, K) and b (N, K) are row-major FP8 tensors, scales in our layouts (see ``Scaling``), `out` a
     preallocated (M, N) output (used where the op has ``out=``). mat2 is ``b.t()``: cuBLASLt FP8 on Hopper takes
     a row-major A and a column-major B only. The scale layouts torch wants are made here, once. Several
     candidates exist only where torch builds disagree on a layout (block scales of B when ceil(K/128) is not a

@@ -272,9 +272,11 @@ def _round_int8(xp, v):
 def quantize_reference(x, dtype: str = "fp8", granularity: str = "group128"):
     """(q, scales) of a 2-D (M, K) CuPy or NumPy array, by the contract of deepgemm_jit.quantize, in float64.
 
-    scales: float32, the scale layout of `granularity`: s = amax / QUANT_MAX as one IEEE float32 division (the
-    float64 quotient rounded once to float32 is exactly that), s = 1 where it is 0. q: round(x / s) of the IEEE
-    float32 quotient (what the JIT kernels compute), as uint8 FP8 bit patterns or int8.
+    scales: float32, the scale layout of `granularity` and the memory layout quantize returns (group128 M-major:
+    a transposed view of (ceil(K/128), round_up(M, 4)) storage whose padding rows hold 1.0; the others
+    contiguous): s = amax / QUANT_MAX as one IEEE float32 division (the float64 quotient rounded once to float32
+    is exactly that), s = 1 where it is 0. q: round(x / s) of the IEEE float32 quotient (what the JIT kernels
+    compute), as uint8 FP8 bit patterns or int8.
 
     >>> q, s = quantize_reference(np.random.randn(3, 200).astype(np.float32), "fp8", "group128")  # s: (3, 2)
     """
@@ -293,6 +295,12 @@ def quantize_reference(x, dtype: str = "fp8", granularity: str = "group128"):
         # FP8 tie that the exact one misses), which the H200 run showed.
         v = (x64.astype(xp.float32) / _expand_scales(xp, scales, gran, m, k).astype(xp.float32)).astype(xp.float64)
         q = _round_int8(xp, v) if name == "int8" else _round_fp8(xp, v, name)
+    if gran == "group128":  # the layout quantize returns (and FP8 block GEMMs read fastest)
+        from .arrays import mn_major_storage_shape, mn_major_view
+
+        m_major = mn_major_view(xp.ones(mn_major_storage_shape(m, scales.shape[1]), dtype=xp.float32), m)
+        m_major[...] = scales
+        scales = m_major
     return q, scales
 
 
@@ -300,7 +308,7 @@ def dequantize_reference(q, scales, dtype: str = "fp8", granularity: str = "grou
     """float(q) * s exactly, as a float64 (M, k) array of q's array module (CuPy or NumPy).
 
     q: uint8 FP8 bit patterns or int8, (M, K'); `k` (default K') takes only the first k columns, for q stored with
-    padded rows; scales: float32 in the layout of `granularity` for (M, k).
+    padded rows; scales: float32 of the shape of `granularity` for (M, k), any strides (row-major or M-major).
     """
     name, gran = _quant_args(dtype, granularity)
     if len(q.shape) != 2:

@@ -5,9 +5,9 @@
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
-(contiguous, even groups). scale_a is passed M-major (column-major, the layout bench/runner.py gives our kernel and
-the one that lets block kernels bulk-copy A scales, launch.bulk_a_scales); dg.quantize itself returns it row-major,
-which --row-major-scales keeps. --nobulk adds "nobulk": the checkout's templates with DEEPGEMM_JIT_NO_BULK_SCALES=1
+(contiguous, even groups). scale_a is passed as dg.quantize returns it: M-major with 16-byte aligned columns, the
+layout that lets block kernels bulk-copy A scales (launch.bulk_a_scales); --row-major-scales passes a row-major copy
+instead (the scale warp's path). --nobulk adds "nobulk": the checkout's templates with DEEPGEMM_JIT_NO_BULK_SCALES=1
 (A scales by the scale warp). Results are checked against each other (same kernel math: bitwise equal) before
 timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@BMxBN forces a tile for that tree
 only, and DIR "." is the checkout's templates (to compare tiles).
@@ -28,7 +28,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tile", default=None, help="BMxBN forced for every case (default: the heuristic's)")
     ap.add_argument("--nobulk", action="store_true", help="also time the checkout's templates without bulk A scales")
-    ap.add_argument("--row-major-scales", action="store_true", help="pass scale_a row-major, as dg.quantize returns it")
+    ap.add_argument("--row-major-scales", action="store_true",
+                    help="pass a row-major copy of scale_a (dg.quantize returns it M-major)")
     args = ap.parse_args()
     import cupy
     import numpy as np
@@ -57,8 +58,8 @@ def main() -> int:
         rng = cupy.random.default_rng(m + n + k)
         total = m * groups
         qa, sa = dg.quantize(rng.standard_normal((total, k), dtype=cupy.float32), "fp8", "group128")
-        if not args.row_major_scales:
-            sa = cupy.asfortranarray(sa)
+        if args.row_major_scales:
+            sa = cupy.ascontiguousarray(sa)
         ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
         qb, sb = (ws[0] if kind == "dense" else (cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])))
         offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)

@@ -8,7 +8,7 @@ Run as the target of ncu (scripts/profile_ncu.sh does it for every variant and e
 The script builds one variant, launches it `--launches` times (the first ones are warm-up that ncu skips) and
 checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, default 4096x7168x16384):
 
-  fp8-block       scaling="block" with M-major scale_a (as bench/runner.py passes it): A scales bulk-copied by the
+  fp8-block       scaling="block" with M-major scale_a (as dg.quantize returns it): A scales bulk-copied by the
                   TMA thread, B scales by the scale warp (docs/experiments/sm90-fp8-bulk-a-scales.md)
   fp8-block-warp  the same kernel and scales with DEEPGEMM_JIT_NO_BULK_SCALES=1: A scales by the scale warp too
   fp8-tensor      scaling="tensor", promoted: the same main loop without per-block scales
@@ -75,9 +75,7 @@ def build_call(variant: str, m: int, n: int, k: int):
         return (lambda: g(a, b, out=out, **epi_ops)), g
     granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
-    qb, sb = dg.quantize(w, "fp8", granularity[1])
-    if name == "fp8-block":
-        sa = cupy.asfortranarray(sa)  # dg.quantize returns it row-major
+    qb, sb = dg.quantize(w, "fp8", granularity[1])  # block: scale_a M-major, the bulk-copied layout
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out, **epi_ops)), g
 
 

@@ -321,13 +321,14 @@ def test_quantize_reference_scales_and_layouts():
     x[5, 128:256] = 0.0  # one all-zero group
     q, s = reference.quantize_reference(x, "fp8", "group128")
     assert q.shape == (m, k) and q.dtype == np.uint8 and s.shape == (m, 3) and s.dtype == np.float32
+    assert s.strides == (4, 4 * 132) and np.all(s.base[:, m:] == 1.0)  # quantize's M-major layout, padding 1.0
     a = np.abs(x.astype(np.float64))
     expect = np.stack([a[:, :128].max(1), a[:, 128:256].max(1), a[:, 256:].max(1)], axis=1) / 448.0
     expect = np.where(expect == 0, 1.0, expect).astype(np.float32)
     np.testing.assert_array_equal(s, expect)
     assert s[5, 1] == 1.0 and np.all(q[5, 128:256] == 0)
     _, sb = reference.quantize_reference(x, "fp8_e5m2", "block128")
-    assert sb.shape == (2, 3)
+    assert sb.shape == (2, 3) and sb.flags.c_contiguous
     assert sb[1, 2] == np.float32(a[128:, 256:].max() / 57344.0)
     assert sb[0, 0] == np.float32(a[:128, :128].max() / 57344.0)
     _, sr = reference.quantize_reference(x, "int8", "row")
