@@ -9,8 +9,8 @@ import numpy as np
 
 from . import config as config_mod
 from . import device, dtypes, env, gemv, jit, launch, runtime, splitk
-from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, out_view, overlaps, scale_view,
-                     signature)
+from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, new_mn_major_scales, out_view,
+                     overlaps, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -281,7 +281,8 @@ class Gemm:
 
         Quantize-on-store epilogues (see ``deepgemm_jit/epilogue.py``): ``quant_fp8_g128`` returns ``(q, scales)``,
         q (M, N_out) FP8 E4M3 (uint8 bits for CuPy, float8_e4m3fn for torch) and scales (M, ceil(N_out/128))
-        float32, into ``out=`` / ``scales_out=`` when given (scales_out any strides, e.g. a column-major view);
+        float32, M-major as :func:`deepgemm_jit.quantize` returns group128 scales (so they feed a block-scaled FP8
+        GEMM's fast path), into ``out=`` / ``scales_out=`` when given (scales_out any strides, e.g. row-major);
         ``quant_fp8_tensor`` / ``quant_int8_tensor`` take ``quant_scale=`` (float32, one element, on the device) and
         optionally ``amax_out=`` (float32, one element, zeroed by the caller: the kernel max-reduces into it) and
         return q. Gated epilogues (swiglu / geglu) return (M, N/2)."""
@@ -310,8 +311,8 @@ class Gemm:
         # scales_out= for quant_fp8_g128): a plan writing into a buffer allocated here would hand it out again.
         replayable = key is not None and (not self._returns_scales or scales_out is not None)
         if self._returns_scales:  # quant_fp8_g128 returns (q, scales)
-            if scales_out is None:
-                scales_out = new_array(kind, self.spec.scales_out_shape(m), "fp32", dev)
+            if scales_out is None:  # M-major like quantize's group128 scales: a next FP8 block GEMM bulk-copies them
+                scales_out = new_mn_major_scales(kind, *self.spec.scales_out_shape(m), dev)
                 sv = scale_view(scales_out, "scales_out", self.spec.scales_out_shape(m), "")
                 epi = dataclasses.replace(epi, quant=sv.ptr, scales_stride_m=sv.stride_i, scales_stride_g=sv.stride_j)
             result = (out, scales_out)

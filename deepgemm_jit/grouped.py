@@ -20,7 +20,8 @@ Layouts (chosen per call by the keyword that describes the groups):
 Types: bf16 / fp16, and FP8 (E4M3/E5M2) with block scales: scale_a one per 1x128 group of A's rows ((M,
 ceil(K/128)), or (G, max_m, ceil(K/128)) masked), scale_b one per 128x128 block of each B_g ((G, ceil(N/128),
 ceil(K/128))). Epilogues: bias (per group, (G, N)), activations, swiglu / geglu (B_g's rows interleaved as
-``interleave_gate_up`` does), quant_fp8_g128 (returns (q, scales), scales one row per row of d).
+``interleave_gate_up`` does), quant_fp8_g128 (returns (q, scales), scales one row per row of d, M-major over all
+rows like quantize's group128 scales, so they serve as the next grouped FP8 GEMM's scale_a on its fast path).
 Bounds are range-checked on the device: offsets outside [0, M] are clamped, so bad group metadata cannot make
 the kernel write outside d.
 
@@ -41,7 +42,7 @@ from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime
 from .api import _MAX_M as _MAX_ROWS
 from .api import _accepted_dtypes, _check_m, _common_kind
-from .arrays import MatrixView, ScaleView, array_fields, new_array, overlaps, signature
+from .arrays import MatrixView, ScaleView, array_fields, new_array, new_mn_major_scales, overlaps, signature
 from .errors import KernelNotCachedError
 from .render import render
 from .spec import GemmSpec
@@ -291,8 +292,7 @@ class GroupedGemm:
         result = out
         if self._returns_scales:
             if scales_out is None:
-                groups = -(-spec.n_out // 128)
-                scales_out = new_array(kind, (num_groups, max_m, groups) if masked else (m, groups), "fp32", dev)
+                scales_out = self._new_scales_out(kind, masked, num_groups, max_m, m, dev)
                 sv = self._scales_out_view(scales_out, masked, num_groups, max_m, m)
             result = (out, scales_out)
         if m == 0 or num_groups == 0:
@@ -371,6 +371,14 @@ class GroupedGemm:
         if view.row_stride != spec.n and num_groups > 1:
             raise ValueError("bias must be contiguous")
         return view
+
+    def _new_scales_out(self, kind: str, masked: bool, num_groups: int, max_m: int, m: int, dev: int):
+        """The quant_fp8_g128 scales a call allocates: M-major over all m rows (rows g * max_m + i for masked calls,
+        the view split into (G, max_m, groups)) like quantize's group128 scales, so that a next grouped FP8 GEMM
+        bulk-copies them as its scale_a."""
+        groups = -(-self.spec.n_out // 128)
+        scales_out = new_mn_major_scales(kind, m, groups, dev)
+        return scales_out.reshape(num_groups, max_m, groups) if masked else scales_out
 
     def _scales_out_view(self, scales_out, masked: bool, num_groups: int, max_m: int, m: int) -> ScaleView:
         groups = -(-self.spec.n_out // 128)

@@ -32,6 +32,7 @@ import torch
 
 from . import config as config_mod
 from . import dtypes, quantization
+from .arrays import mn_major_storage_shape, mn_major_view
 from .api import Gemm, build
 from .grouped import GroupedGemm, build_grouped
 from .spec import LAYOUTS
@@ -282,14 +283,21 @@ def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Option
 
 
 # -- FP8: quantize and the scaled GEMM ---------------------------------------------------------------------------
+def _new_scales(x: torch.Tensor, p: _QuantProblem) -> torch.Tensor:
+    """Uninitialised scales of `p` in the layout quantization.quantize returns (group128 M-major: a view of
+    (ceil(K/128), round_up(M, 4)) storage; the others contiguous): the fake must give the real op's strides."""
+    if p.granularity == "group128":
+        return mn_major_view(x.new_empty(mn_major_storage_shape(p.m, p.scales_shape[1]), dtype=torch.float32), p.m)
+    return x.new_empty(p.scales_shape, dtype=torch.float32)
+
+
 @torch.library.custom_op("deepgemm_jit::quantize", mutates_args=())
 def _quantize_op(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group128"
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     p = _quant_problem(x, dtype, granularity)
     _require_cuda("quantize", x, "x")
     if p.m == 0:   # nothing to launch; the library refuses empty matrices
-        return (x.new_empty((0, p.k), dtype=p.torch_dtype),
-                torch.ones(p.scales_shape, dtype=torch.float32, device=x.device))
+        return x.new_empty((0, p.k), dtype=p.torch_dtype), _new_scales(x, p).fill_(1.0)
     with torch.cuda.device(x.device):
         return quantization.quantize(_k_contiguous(x), p.dtype, p.granularity)   # torch's current stream
 
@@ -297,7 +305,7 @@ def _quantize_op(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group1
 @_quantize_op.register_fake
 def _quantize_fake(x, dtype="fp8", granularity="group128"):
     p = _quant_problem(x, dtype, granularity)
-    return x.new_empty((p.m, p.k), dtype=p.torch_dtype), x.new_empty(p.scales_shape, dtype=torch.float32)
+    return x.new_empty((p.m, p.k), dtype=p.torch_dtype), _new_scales(x, p)
 
 
 def quantize(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group128"
@@ -306,9 +314,10 @@ def quantize(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group128"
 
     :func:`deepgemm_jit.quantize` as an op: x float32, float16 or bfloat16 (M, K), unit stride along K
     (copied if not); ``dtype`` ``"fp8"`` (= ``"fp8_e4m3"``), ``"fp8_e5m2"`` or ``"int8"``; q contiguous
-    (M, K) torch.float8_e4m3fn / float8_e5m2 / int8; scales contiguous float32 dequantization factors
-    (x ~= q * s): ``"tensor"`` (1,), ``"row"`` (M,), ``"group128"`` (M, ceil(K/128)), ``"block128"``
-    (ceil(M/128), ceil(K/128)). M may be 0 (nothing runs). Runs on torch's current stream, no host sync.
+    (M, K) torch.float8_e4m3fn / float8_e5m2 / int8; scales float32 dequantization factors (x ~= q * s):
+    ``"tensor"`` (1,), ``"row"`` (M,), ``"group128"`` (M, ceil(K/128)) M-major (strides (1, round_up(M, 4)), the
+    layout :func:`gemm_fp8` reads fastest), ``"block128"`` (ceil(M/128), ceil(K/128)); all but group128
+    contiguous. M may be 0 (nothing runs). Runs on torch's current stream, no host sync.
     Example::
 
         qx, sx = deepgemm_jit.torch.quantize(x.reshape(-1, 7168), "fp8", "group128")

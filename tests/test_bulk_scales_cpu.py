@@ -152,6 +152,45 @@ def test_default_layout_reshaped_to_masked_groups_is_bulk(g, max_m, fake_gpu_mem
         assert launch.bulk_a_scales(spec, rows, m), case
 
 
+@pytest.fixture
+def host_arrays(monkeypatch):
+    """arrays.new_array on the host: NumPy for "cupy", CPU torch for "torch" (same shapes, dtypes and strides)."""
+    torch = pytest.importorskip("torch")
+
+    def new_array(kind, shape, name, device_id):
+        assert name == "fp32"
+        return torch.empty(shape, dtype=torch.float32) if kind == "torch" else np.empty(shape, np.float32)
+    monkeypatch.setattr(arrays, "new_array", new_array)
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+@pytest.mark.parametrize("m", [1, 5, 77, 256])
+def test_quant_g128_default_scales_out_feed_the_bulk_path(kind, m, host_arrays, fake_gpu_memory):
+    """gemm1(epilogue=quant_fp8_g128) without scales_out= allocates them M-major (arrays.new_mn_major_scales, as
+    Gemm.__call__ does), so gemm2(block fp8, scale_a=them) takes the bulk path; the grouped GEMM's allocation
+    likewise, masked calls as (G, max_m, groups) views of all rows."""
+    first = GemmSpec.create(KB * 128, 512, dtype="bf16", epilogue="quant_fp8_g128")
+    shape = first.scales_out_shape(m)
+    scales = arrays.new_mn_major_scales(kind, *shape, 0)
+    assert tuple(scales.shape) == shape == (m, KB)
+    assert _stand_in(scales).__cuda_array_interface__["strides"] == (4, 4 * (-(-m // 4) * 4))
+    assert _flag(_stand_in(scales), m)
+
+    g = object.__new__(grouped.GroupedGemm)  # only its spec is used by the allocation and the view
+    g.spec = GemmSpec.create(KB * 128, 512, dtype="bf16", epilogue="quant_fp8_g128", grouped=True)
+    nxt = GemmSpec.create(512, KB * 128, dtype="fp8", scaling="block", grouped=True)
+    for masked, num_groups, max_m in ((False, 3, 0), (True, 3, m), (True, 1, m)):
+        rows = num_groups * max_m if masked else m
+        out = g._new_scales_out(kind, masked, num_groups, max_m, rows, 0)
+        case = f"{kind=} {m=} {masked=} {num_groups=}"
+        assert tuple(out.shape) == ((num_groups, max_m, KB) if masked else (m, KB)), case
+        view = g._scales_out_view(_stand_in(out), masked, num_groups, max_m, rows)
+        assert (view.shape, view.stride_j) == ((rows, KB), -(-rows // 4) * 4), case
+        # and the next grouped FP8 GEMM reads them as its scale_a on the bulk path
+        sa = grouped._scale_rows(_stand_in(out), "scale_a", tuple(out.shape), "x")
+        assert launch.bulk_a_scales(nxt, sa, rows), case
+
+
 # ------------------------------------------------------------------- the kernel's per-tile copy, modelled and tied
 def bulk_bytes(is_bulk: bool, row0: int, row_end: int, block_m: int) -> int:
     """Model of GemmSm90::a_scale_bulk_bytes (block scaling): the bytes the TMA thread copies per K block; 0: the
