@@ -106,13 +106,28 @@ def _stand_in(view, ptr=BASE):
     return FakeDeviceArray(tuple(view.shape), ptr=ptr, strides=strides)
 
 
+def _cupy_without_memory(shape):
+    """A CuPy float32 array over a made-up device address (no GPU needed: views and reshapes only read metadata)."""
+    import cupy
+
+    size = 4 * int(np.prod(shape))
+    memory = cupy.cuda.memory.UnownedMemory(BASE, size, None, device_id=0)
+    return cupy.ndarray(shape, np.float32, cupy.cuda.memory.MemoryPointer(memory, 0))
+
+
+def _data_ptr(x) -> int:
+    if hasattr(x, "data_ptr"):
+        return x.data_ptr()
+    return x.data.ptr if hasattr(x.data, "ptr") else x.ctypes.data
+
+
 def _m_major_views(m, kb):
     """The M-major (m, kb) scales of quantize / quant_fp8_g128 (arrays.mn_major_view of mn_major_storage_shape) in
-    NumPy and torch: (storage, view) pairs."""
+    NumPy, torch and CuPy (over no memory): (storage, view) pairs."""
     torch = pytest.importorskip("torch")
     shape = arrays.mn_major_storage_shape(m, kb)
     pairs = []
-    for storage in (np.empty(shape, np.float32), torch.empty(shape, dtype=torch.float32)):
+    for storage in (np.empty(shape, np.float32), torch.empty(shape, dtype=torch.float32), _cupy_without_memory(shape)):
         pairs.append((storage, arrays.mn_major_view(storage, m)))
     return pairs
 
@@ -127,25 +142,21 @@ def test_default_layout_is_bulk_for_dense(m, fake_gpu_memory):
         case = f"{m=} {type(view).__module__}"
         assert tuple(view.shape) == (m, KB), case
         assert _stand_in(view).__cuda_array_interface__["strides"] == (4, 4 * m4), case
-        assert np.shares_memory(np.asarray(view), np.asarray(storage)), case
+        assert _data_ptr(view) == _data_ptr(storage), case
         assert _flag(_stand_in(view), m), case
 
 
 @pytest.mark.parametrize("g,max_m", [(4, 77), (8, 128), (3, 1), (2, 2), (5, 300)])
 def test_default_layout_reshaped_to_masked_groups_is_bulk(g, max_m, fake_gpu_memory):
     """A masked A quantized as one (G * max_m, K) matrix: its M-major scales reshaped to (G, max_m, kb) stay a view
-    (NumPy and torch; CuPy's reshape follows NumPy's no-copy rule, checked on the GPU), grouped._scale_rows flattens
-    them back to rows g * max_m + i with stride 1 and the column pitch round_up(G * max_m, 4), and the bulk path
-    takes them."""
+    (NumPy, torch and CuPy), grouped._scale_rows flattens them back to rows g * max_m + i with stride 1 and the
+    column pitch round_up(G * max_m, 4), and the bulk path takes them."""
     spec = GemmSpec.create(512, 1024, dtype="fp8", scaling="block", grouped=True)
     m = g * max_m
     for _, flat in _m_major_views(m, KB):
         case = f"{g=} {max_m=} {type(flat).__module__}"
         masked = flat.reshape(g, max_m, KB)
-        if hasattr(masked, "data_ptr"):
-            assert masked.data_ptr() == flat.data_ptr() and masked._base is not None, case
-        else:
-            assert masked.base is not None and np.shares_memory(masked, flat), case
+        assert _data_ptr(masked) == _data_ptr(flat), case  # a copy would be new memory
         rows = grouped._scale_rows(_stand_in(masked), "scale_a", (g, max_m, KB), "x")
         assert (rows.shape, rows.stride_i) == ((m, KB), 1), case
         assert rows.stride_j == -(-m // 4) * 4, case

@@ -25,9 +25,11 @@ def _m_major(sa, pitch=None):
 
 
 def _same_bits(x, y) -> bool:
+    """Every element's bits equal; a same-width integer view, so that strided arrays (M-major scales) compare."""
     import cupy
 
-    return bool((x.view(cupy.uint8) == y.view(cupy.uint8)).all())
+    width = {1: cupy.uint8, 2: cupy.uint16, 4: cupy.uint32}[x.dtype.itemsize]
+    return bool((x.view(width) == y.view(width)).all())
 
 
 def _problem(m, n, k, seed, num_groups=None):

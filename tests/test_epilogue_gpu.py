@@ -244,6 +244,8 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert isinstance(result, tuple) and result[0] is q and (scales is None or result[1] is scales)
     scales = result[1]
     assert scales.shape == (m, groups) and scales.dtype == cupy.float32
+    if not column_major_scales:  # allocated M-major, as quantize returns group128 scales (the bulk-copied layout)
+        assert scales.strides == (4, 4 * (-(-m // 4) * 4)) and scales.data.ptr % 16 == 0, scales.strides
     v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, epi, bias=bias)
     q_ref, s_ref = reference.quantized_epilogue_reference(v, epi)
     case = (epilogue, m, n, k, g.config.tag)

@@ -88,18 +88,23 @@ def test_fp8_block_outputs_and_mixed_types(out_dtype, launches):
     assert err < (5e-4 if out_dtype == "fp32" else 2e-3), (out_dtype, err)
 
 
-def test_fp8_block_column_major_scale_a(launches):
+@pytest.mark.parametrize("layout", ["m_major_nan_padding", "row_major"])
+def test_fp8_block_scale_a_layouts(layout, launches):
     import cupy
 
     m, n, k = 11, 520, 3072
     qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=5)
-    kb, m_pad = sa.shape[1], -(-m // 4) * 4
-    storage = cupy.full((kb, m_pad), cupy.nan, dtype=cupy.float32)
-    storage[:, :m] = sa.T
+    if layout == "row_major":
+        sa_in = cupy.ascontiguousarray(sa)
+    else:
+        kb, m_pad = sa.shape[1], -(-m // 4) * 4
+        storage = cupy.full((kb, m_pad), cupy.nan, dtype=cupy.float32)
+        storage[:, :m] = sa.T
+        sa_in = storage[:, :m].T
     g = build(m, n, k, dtype="fp8", scaling="block")
     out = reference.poisoned((m, n), "bf16")
-    g(qa, qb, scale_a=storage[:, :m].T, scale_b=sb, out=out)
-    assert launches == [m] and reference.error(out, ref) < 5e-3
+    g(qa, qb, scale_a=sa_in, scale_b=sb, out=out)
+    assert launches == [m] and reference.error(out, ref) < 5e-3, layout
 
 
 def test_padded_rows_odd_k_and_slices(launches):

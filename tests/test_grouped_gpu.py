@@ -171,14 +171,15 @@ def _m_major(sa):
 @pytest.mark.parametrize("scale_layout", ["row_major", "m_major"])
 @pytest.mark.parametrize("sizes,n,k", [([0, 1, 300, 129, 64], 392, 640), ([1024, 512], 4096, 7168)])
 def test_contiguous_fp8_block(sizes, n, k, scale_layout):
-    """Row-major and M-major (DeepGEMM's) scale_a, groups starting at rows 0, 1, 301 and 430."""
+    """Row-major and M-major (DeepGEMM's, NaN in the padding) scale_a, groups starting at rows 0, 1, 301 and 430."""
     import cupy
 
     rng = cupy.random.default_rng(len(sizes) + n)
     qa, sa, qb, sb, a64, b64 = _fp8_problem(sizes, n, k, rng)
     g = dg.build_grouped(n, k, dtype="fp8", expected_m=max(sizes), num_groups=len(sizes))
     out = reference.poisoned((sum(sizes), n), "bf16")
-    g(qa, qb, scale_a=_m_major(sa) if scale_layout == "m_major" else sa, scale_b=sb, offs=_offsets(sizes), out=out)
+    layouts = {"m_major": _m_major, "row_major": cupy.ascontiguousarray}  # sa itself: M-major, padding 1.0
+    g(qa, qb, scale_a=layouts[scale_layout](sa), scale_b=sb, offs=_offsets(sizes), out=out)
     ends = np.cumsum(sizes)
     bounds = [(int(e - s), int(e)) for s, e in zip(sizes, ends)]
     _check_groups(out, a64, b64, bounds, "fp8_e4m3", _plain_loop(g, qa, qb, bounds, sa, sb))
@@ -205,7 +206,9 @@ def test_contiguous_fp8_block_straddling_tiles(block_n):
     _check_groups(out, a64, b64, bounds, "fp8_e4m3", _plain_loop(g, qa, qb, bounds, sa, sb))
 
 
-def test_masked_fp8_block():
+@pytest.mark.parametrize("scale_layout", ["as_quantized", "row_major"])
+def test_masked_fp8_block(scale_layout):
+    """scale_a (G, max_m, kb): quantize's M-major scales of all rows reshaped (a view; the bulk path) or row-major."""
     import cupy
 
     num_groups, max_m, n, k = 3, 256, 512, 1024
@@ -214,7 +217,10 @@ def test_masked_fp8_block():
     qa, sa, qb, sb, a64, b64 = _fp8_problem([max_m] * num_groups, n, k, rng)
     g = dg.build_grouped(n, k, dtype="fp8", expected_m=128, num_groups=num_groups)
     out = reference.poisoned((num_groups, max_m, n), "bf16")
-    g(qa.reshape(num_groups, max_m, k), qb, scale_a=sa.reshape(num_groups, max_m, -1), scale_b=sb,
+    sa3 = (sa if scale_layout == "as_quantized" else cupy.ascontiguousarray(sa)).reshape(num_groups, max_m, -1)
+    if scale_layout == "as_quantized":  # a view of the M-major storage, which the grouped kernel bulk-copies
+        assert sa3.data.ptr == sa.data.ptr and sa3.strides == (4 * max_m, 4, sa.strides[1])
+    g(qa.reshape(num_groups, max_m, k), qb, scale_a=sa3, scale_b=sb,
       masked_m=cupy.asarray(counts, dtype=cupy.int32), out=out)
     for gi, c in enumerate(counts):
         if c:

@@ -58,20 +58,27 @@ def test_fp8_block_output_types(out_dtype):
     assert err < (5e-4 if out_dtype == "fp32" else 2e-3), (out_dtype, err)
 
 
-def test_fp8_block_column_major_scales():
-    """DeepGEMM's layout: scale_a stored K-group-major with M padded to 4 (a transposed view)."""
+@pytest.mark.parametrize("layout", ["m_major_nan_padding", "row_major"])
+def test_fp8_block_scale_a_layouts(layout):
+    """DeepGEMM's layout (scale_a stored K-group-major with M padded to 4, a transposed view; NaN in the padding
+    rows) and a row-major copy (the scale warp's path) give the same output bits."""
     import cupy
 
     m, n, k = 301, 520, 3000
     _, _, qa, sa, qb, sb, ref = _problem(m, n, k, "fp8_e4m3", "fp8_e4m3", "block", seed=5)
-    kb, m_pad = sa.shape[1], -(-m // 4) * 4
-    storage = cupy.full((kb, m_pad), cupy.nan, dtype=cupy.float32)
-    storage[:, :m] = sa.T
-    sa_cm = storage[:, :m].T  # (M, KB) view with strides (1, m_pad)
+    if layout == "row_major":
+        sa_in = cupy.ascontiguousarray(sa)
+    else:
+        kb, m_pad = sa.shape[1], -(-m // 4) * 4
+        storage = cupy.full((kb, m_pad), cupy.nan, dtype=cupy.float32)
+        storage[:, :m] = sa.T
+        sa_in = storage[:, :m].T  # (M, KB) view with strides (1, m_pad)
     g = build(m, n, k, dtype="fp8", scaling="block")
-    out = reference.poisoned((m, n), "bf16")
-    g(qa, qb, scale_a=sa_cm, scale_b=sb, out=out)
-    assert reference.error(out, ref) < 5e-3
+    out, same = reference.poisoned((m, n), "bf16"), reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=sa_in, scale_b=sb, out=out)
+    g(qa, qb, scale_a=sa, scale_b=sb, out=same)  # as quantize_reference returns it (M-major, padding 1.0)
+    assert reference.error(out, ref) < 5e-3, layout
+    assert bool((out.view(cupy.uint16) == same.view(cupy.uint16)).all()), layout
 
 
 # Block-scaled tiles whose columns straddle 128-column scale blocks: each offset a tile can start at inside a

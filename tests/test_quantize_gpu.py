@@ -93,6 +93,28 @@ def sync():
     cupy.cuda.get_current_stream().synchronize()
 
 
+def round4(m):
+    return -(-m // 4) * 4
+
+
+def assert_default_layout(s, gran, m, case):
+    """quantize's own scales: group128 M-major ((1, round_up(M, 4)) strides, 16-byte aligned base: what the FP8 block
+    GEMM bulk-copies), the other granularities C-contiguous."""
+    if gran == "group128":  # (the row stride of a single row addresses nothing)
+        assert s.strides[1] == 4 * round4(m) and (m == 1 or s.strides[0] == 4), f"{case}: scales strides {s.strides}"
+        assert s.data.ptr % 16 == 0, f"{case}: scales at 0x{s.data.ptr:x}"
+    else:
+        assert s.flags.c_contiguous, f"{case}: scales strides {s.strides}"
+
+
+def poisoned_m_major(shape):
+    """(M, G) float32 NaN in the M-major layout quantize allocates for group128, and its (G, round_up(M, 4))
+    storage (NaN in the padding rows too: a write there shows)."""
+    m, groups = shape
+    storage = cupy.full((groups, round4(m)), cupy.nan, dtype=cupy.float32)
+    return storage[:, :m].T, storage
+
+
 # -- CuPy sweeps -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("m,k", list(itertools.product(MS, KS)))
@@ -114,7 +136,8 @@ def test_new_outputs_and_dequantize(src, q_name, gran):
     x = random_input((m, k), src)
     q, s = quant.quantize(x, q_name, gran)
     assert isinstance(q, cupy.ndarray) and q.flags.c_contiguous and isinstance(s, cupy.ndarray)
-    assert q.dtype == (np.int8 if q_name == "int8" else np.uint8) and s.flags.c_contiguous
+    assert q.dtype == (np.int8 if q_name == "int8" else np.uint8)
+    assert_default_layout(s, gran, m, f"{src=} {q_name=} {gran=}")
     sync()
     check_quantized(x, q, s, q_name, gran, f"{src=} {q_name=} {gran=}")
     for out_name in SRC:
@@ -131,6 +154,112 @@ def test_new_outputs_and_dequantize(src, q_name, gran):
         bound = {"fp8_e4m3": 0.04, "fp8_e5m2": 0.08, "int8": 0.1 if gran == "tensor" else 0.02}[q_name]
         err = reference.relative_error(out, reference.to_float64(x))
         assert err <= bound, f"{case} {err=:.3e}"
+
+
+@pytest.mark.parametrize("m,k", [(1, 300), (3, 129), (7, 1000), (129, 1000), (1000, 7168)])
+@pytest.mark.parametrize("q_name,gran", Q_GRAN)
+def test_scale_layouts_give_identical_values(q_name, gran, m, k):
+    """The default scales (group128 M-major), out= row-major and out= M-major (for block128 column-major, for row
+    every other element) hold identical q bits and scales; each out= layout is written at its elements only (the
+    M-major storage's padding and the skipped elements keep their NaN); dequantize of each layout is identical."""
+    x = random_input((m, k), "bf16")
+    case = f"{q_name=} {gran=} {m=} {k=}"
+    q, s = quant.quantize(x, q_name, gran)
+    assert_default_layout(s, gran, m, case)
+    shape = quant.scale_shape(gran, m, k)
+    row_major = poisoned_outputs(m, k, q_name, gran)
+    if gran == "row":
+        storage = cupy.full((2 * m,), cupy.nan, dtype=cupy.float32)
+        strided = storage[::2]
+    elif gran == "tensor":
+        storage = cupy.full((4,), cupy.nan, dtype=cupy.float32)
+        strided = storage[2:3]
+    else:  # group128: quantize's M-major; block128: its column-major analogue
+        strided, storage = poisoned_m_major(shape)
+    other = (poisoned_q((m, k), q_name), strided)
+    for out in (row_major, other):
+        got = quant.quantize(x, q_name, gran, out=out)
+        assert got[0] is out[0] and got[1] is out[1], case
+    sync()
+    check_quantized(x, q, s, q_name, gran, case)
+    for q_out, s_out in (row_major, other):
+        assert cupy.array_equal(q_out, q) and cupy.array_equal(s_out, s), case
+    written = cupy.zeros(storage.shape, dtype=bool)
+    if gran == "row":
+        written[::2] = True
+    elif gran == "tensor":
+        written[2] = True
+    else:
+        written[:, :shape[0]] = True
+    assert bool(cupy.isnan(storage[~written]).all()), f"{case}: written outside the out= scales' elements"
+    for scales in (s, row_major[1], other[1]):
+        d = quant.dequantize(q, scales, q_name, gran)
+        sync()
+        assert cupy.array_equal(as_bits(d), as_bits(expected_dequantized(q, s, q_name, gran, "fp32"))), case
+
+
+@pytest.mark.parametrize("m,n,k", [(301, 520, 3000), (1, 264, 1000), (128, 392, 1024), (77, 256, 129)])
+def test_default_scales_take_the_bulk_path_bitwise(m, n, k):
+    """The user's path: quantize's group128 scales straight into the FP8 block GEMM take the bulk A-scale path
+    (launch.bulk_a_scales on that very view) and give the bits of the same GEMM on a row-major copy of them (the
+    scale warp's path), within the float64 reference's bound."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import launch
+    from deepgemm_jit.arrays import scale_view
+    from deepgemm_jit.spec import GemmSpec
+
+    rng = cupy.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
+    qa, sa = quant.quantize(x, "fp8", "group128")
+    qb, sb = quant.quantize(w, "fp8", "block128")
+    spec = GemmSpec.create(n, k, dtype="fp8", scaling="block")
+    assert launch.bulk_a_scales(spec, scale_view(sa, "scale_a", sa.shape, ""), m), sa.strides
+    sa_rows = cupy.ascontiguousarray(sa)
+    assert not launch.bulk_a_scales(spec, scale_view(sa_rows, "scale_a", sa.shape, ""), m) or m == 1
+    g = dg.build(m, n, k, dtype="fp8", scaling="block", weight_streaming=False)
+    bulk, rows = reference.poisoned((m, n), "bf16"), reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=sa, scale_b=sb, out=bulk)
+    g(qa, qb, scale_a=sa_rows, scale_b=sb, out=rows)
+    sync()
+    case = f"{m=} {n=} {k=} {g.config.tag}"
+    assert bool((bulk.view(cupy.uint16) == rows.view(cupy.uint16)).all()), case
+    ref = (reference.dequantize_reference(qa, sa, "fp8", "group128")
+           @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
+    err = reference.error(bulk, ref)
+    assert reference.within_bound(err, "fp8_e4m3") and err < 5e-3, f"{case} {err=:.2e}"
+
+
+def test_masked_rows_reshaped_from_quantize_take_the_bulk_path():
+    """A masked A quantized as one (G * max_m, K) matrix: its scales reshaped to (G, max_m, kb) stay a view (no
+    copy), the grouped GEMM bulk-copies them, and the output equals that of a row-major copy bit for bit."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import grouped, launch
+    from deepgemm_jit.spec import GemmSpec
+
+    num_groups, max_m, n, k = 4, 77, 256, 1024
+    counts = cupy.asarray([77, 0, 40, 3], dtype=cupy.int32)
+    rng = cupy.random.default_rng(41)
+    x = rng.standard_normal((num_groups * max_m, k), dtype=cupy.float32)
+    qa, sa = quant.quantize(x, "fp8", "group128")
+    pairs = [quant.quantize(rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05), "fp8",
+                            "block128") for _ in range(num_groups)]
+    qb, sb = cupy.stack([q for q, _ in pairs]), cupy.stack([s for _, s in pairs])
+    sa3 = sa.reshape(num_groups, max_m, sa.shape[1])
+    assert sa3.data.ptr == sa.data.ptr and sa3.strides == (4 * max_m, 4, sa.strides[1]), sa3.strides
+    spec = GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=True)
+    rows = grouped._scale_rows(sa3, "scale_a", sa3.shape, "")
+    assert launch.bulk_a_scales(spec, rows, num_groups * max_m)
+    g = dg.build_grouped(n, k, dtype="fp8", expected_m=max_m, num_groups=num_groups)
+    a3 = qa.reshape(num_groups, max_m, k)
+    outs = []
+    for scale_a in (sa3, cupy.ascontiguousarray(sa3)):
+        out = reference.poisoned((num_groups, max_m, n), "bf16")
+        g(a3, qb, scale_a=scale_a, scale_b=sb, masked_m=counts, out=out)
+        outs.append(out)
+    sync()
+    for gi, c in enumerate(counts.tolist()):
+        assert bool((outs[0][gi, :c].view(cupy.uint16) == outs[1][gi, :c].view(cupy.uint16)).all()), gi
 
 
 @pytest.mark.parametrize("m,k", [(1, 1), (7, 127), (129, 129), (300, 7168)])
@@ -359,6 +488,27 @@ def test_torch_matches_cupy_and_reference(torch, src, q_name, gran, m, k):
         torch.cuda.synchronize()
         want = expected_dequantized(q_cp, s_cp, q_name, gran, out_name)
         assert cupy.array_equal(as_bits(to_cupy(d)), as_bits(want)), f"{case} {out_name=}"
+
+
+@pytest.mark.parametrize("m,k", [(1, 300), (7, 129), (1000, 7168)])
+def test_torch_scale_layouts(torch, m, k):
+    """torch: group128 scales M-major ((1, round_up(M, 4)) strides, 16-byte aligned); out= row-major and out=
+    M-major (``torch.empty((kb, m4)).t()[:M]``) hold the same q and scales."""
+    case = f"torch {m=} {k=}"
+    x = torch_input(torch, (m, k), "bf16")
+    q, s = quant.quantize(x, "fp8", "group128")
+    kb, m4 = -(-k // 128), round4(m)
+    assert s.stride()[1] == m4 and (m == 1 or s.stride()[0] == 1) and s.data_ptr() % 16 == 0, (case, s.stride())
+    outs = []
+    for scales in (torch.full((m, kb), float("nan"), device="cuda"),
+                   torch.full((kb, m4), float("nan"), device="cuda").t()[:m]):
+        out = (torch.empty((m, k), dtype=torch.float8_e4m3fn, device="cuda"), scales)
+        assert quant.quantize(x, "fp8", "group128", out=out)[1] is scales
+        outs.append(out)
+    torch.cuda.synchronize()
+    for q_out, s_out in outs:
+        assert torch.equal(q_out.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s_out, s), case
+    check_quantized(to_cupy(x), to_cupy(q), to_cupy(s), "fp8_e4m3", "group128", case)
 
 
 @pytest.mark.parametrize("gran", quant.GRANULARITIES)
