@@ -5,7 +5,8 @@ templates/ (DEEPGEMM_JIT_TEMPLATES_DIR):
 
   tensor        scaling="tensor" (promoted, no per-K-block scales): the ceiling for this tile (6 stages)
   tensor-s5     the same with 5 stages, the most the block kernel's shared memory holds at 128x128
-  block         scaling="block" as shipped (scale warp: cp.async into each stage, 33 arrivals per full barrier)
+  block         scaling="block" with row-major scale_a: the scale warp's path (cp.async into each stage, 33
+                arrivals per full barrier); dg.quantize's M-major scale_a would take the bulk A-scale path instead
   block-nocopy  the scale warp issues no copies, only its arrivals (scales read from stale shared memory)
   block-nowarp  no scale warp at all, full barriers of one arrival (scales read from stale shared memory)
 
@@ -72,6 +73,7 @@ def main() -> int:
         x = rng.standard_normal((m, k), dtype=cupy.float32)
         w = rng.standard_normal((n, k), dtype=cupy.float32)
         qa, sa = dg.quantize(x, "fp8", "group128")
+        sa = cupy.ascontiguousarray(sa)  # row-major: the scale warp copies A's scales too (what the patches cut)
         qb, sb = dg.quantize(w, "fp8", "block128")
         qa_t, sa_t = dg.quantize(x, "fp8", "tensor")
         qb_t, sb_t = dg.quantize(w, "fp8", "tensor")
