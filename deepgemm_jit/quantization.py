@@ -14,10 +14,10 @@ The contract (the GEMM consumes exactly these layouts):
 - Scale layouts: quantize returns ``group128`` scales M-major, DeepGEMM's TMA-aligned layout: storage
   (ceil(K/128), round_up(M, 4)) row-major seen as its transpose cut to M rows, element (i, j) at
   base + 4 (i + j round_up(M, 4)), base 16-byte aligned. The FP8 block GEMM bulk-copies A's scales in that
-  layout (``launch.bulk_a_scales``; row-major scale_a works, through a slower path) and torch's block-scaled
-  ``F.scaled_mm`` wants A's scales M-major too. The other granularities are returned row-major (contiguous).
-  ``out=`` and ``dequantize`` take scales of any strides (row-major or M-major alike) and the kernels index
-  them through their strides.
+  layout (``launch.bulk_a_scales``; row-major scale_a works, through a slower path); torch's block-scaled
+  ``F.scaled_mm`` wants A's scales M-major too (strides exactly (1, M): this layout when M % 4 == 0). The other
+  granularities are returned row-major (contiguous). ``out=`` (scales addressing each element once) and
+  ``dequantize`` take any non-negative strides, row-major and M-major alike: the kernels get them as arguments.
 - A NaN in a group makes that group's scale NaN (and so its q); inputs are expected to be finite.
 
 Data flow as for the GEMM: validate -> :class:`QuantKernelSpec` -> render ``templates/quantize.cu.j2``
