@@ -70,6 +70,17 @@ def poisoned(shape, name: str):
     return poison(cupy.empty(shape, dtype=dtypes.numpy_dtype(name)))
 
 
+def m_major_scales(scales, fill: float = float("nan")):
+    """A copy of (M, KB) float32 scales (CuPy) in DeepGEMM's M-major layout: storage (KB, round_up(M, 4)) seen as its
+    transpose cut to M rows, the padding rows set to `fill` (NaN: a kernel that reads them shows it)."""
+    import cupy
+
+    m, kb = scales.shape
+    storage = cupy.full((kb, -(-m // 4) * 4), fill, dtype=cupy.float32)
+    storage[:, :m] = scales.T
+    return storage[:, :m].T
+
+
 def poison(x, stream=None):
     """Fill the contiguous CuPy array `x` with NaN bytes again, on `stream` (default: the current stream), e.g.
     between replays of a captured CUDA graph; returns x."""

@@ -7,12 +7,12 @@ import random
 import numpy as np
 import pytest
 
-from deepgemm_jit import arrays, config, grouped, jit, launch, render
+from deepgemm_jit import arrays, config, grouped, jit, launch
 from deepgemm_jit.arrays import scale_view
-from deepgemm_jit.compiler import compile_cubin
 from deepgemm_jit.errors import CompileError
 from deepgemm_jit.spec import GemmSpec
 from fakes import BASE, FakeDeviceArray
+from probes import compile_probe
 
 BLOCK = GemmSpec.create(512, 1024, dtype="fp8", scaling="block")
 KB = 8  # K groups of the stand-ins (K = 1024)
@@ -277,17 +277,11 @@ def _probe_source(lie: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compile_probe(source: str) -> None:
-    rendered = render.RenderedSource(name="probe.cu", source=source, entry="dgjit_probe",
-                                     headers=render.collect_headers(source, render.templates_dir() / "include"))
-    compile_cubin(rendered, "sm_90a")
-
-
 def test_model_matches_the_kernel():
     """bulk_bytes is GemmSm90::a_scale_bulk_bytes (compile-time), and one wrong value fails the compile."""
-    _compile_probe(_probe_source())
+    compile_probe(_probe_source())
     with pytest.raises(CompileError) as info:
-        _compile_probe(_probe_source(lie=True))
+        compile_probe(_probe_source(lie=True))
     assert "static assertion failed" in info.value.log or "static_assert" in info.value.log
 
 

@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import compiler, config, dtypes, jit, launch, render, sass
+from deepgemm_jit import config, dtypes, jit, launch, sass
 from deepgemm_jit.arrays import MatrixView
 from deepgemm_jit.errors import CompileError
 from deepgemm_jit.spec import GemmSpec, OperandLayout
+from probes import compile_probe
 
 ARCH = "sm_90a"
 ESIZE = 2                      # bf16 / fp16
@@ -330,19 +331,13 @@ def _probe_source(models, lie: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compile_probe(source: str) -> None:
-    rendered = render.RenderedSource(name="probe.cu", source=source, entry="dgjit_probe",
-                                     headers=render.collect_headers(source, render.templates_dir() / "include"))
-    compiler.compile_cubin(rendered, ARCH)
-
-
 def test_replica_matches_the_kernel():
     """Every descriptor the model derives equals what GemmSm90's desc_* functions compute (compile-time), for every
     model of the tests above; a single wrong value must fail the compile (the probe has teeth)."""
     models = MODELS + NT_MODELS
-    _compile_probe(_probe_source(models))
+    compile_probe(_probe_source(models))
     with pytest.raises(CompileError) as info:
-        _compile_probe(_probe_source(models[:1], lie=True))
+        compile_probe(_probe_source(models[:1], lie=True))
     assert "static assertion failed" in info.value.log or "static_assert" in info.value.log
 
 
