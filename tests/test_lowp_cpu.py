@@ -82,6 +82,10 @@ def test_promotion_limits_block_n():
     assert len({c.block_n for c in config.sm90_ranked(row, 64, 132)}) > 1
     with pytest.raises(ValueError, match="accumulator"):
         config.sm90_config(spec, 128, 192).check_for(spec, "sm_90a")
+    # Per-tensor (promoted) at M = 4096: 160 wide for K <= 2048 (session 7 sweep), the model's pick above.
+    for n, k, want in ((7168, 2048, 160), (24576, 1536, 160), (32768, 512, 160), (7168, 16384, 176)):
+        chosen = config.choose_sm90_config(GemmSpec.create(n, k, "fp8", scaling="tensor"), 4096, 132)
+        assert chosen.block_n == want, (n, k, chosen.tag)
     fast = GemmSpec.create(7168, 16384, "fp8", scaling="tensor", fast_accum=True)
     config.sm90_config(fast, 128, 256).check_for(fast, "sm_90a")  # one set of accumulators: fits
 
