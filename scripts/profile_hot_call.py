@@ -1,9 +1,11 @@
 """Profile (GPU): where the host time of a hot Gemm call goes (cProfile over many calls of a replayed plan).
 
-    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped]
+    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped | --quantize]
 
 --grouped: a GroupedGemm (FP8 block, 8 groups) called with a new output each time, i.e. without a kept launch
 plan (what the torch op does): the full validation and planning path.
+--quantize: deepgemm_jit.quantize(x, "fp8", "group128") of a 64 x 7168 BF16 matrix, with new outputs and with out=
+(session 7: the standalone quantize measured 5-43 us in bench.quant_epilogue for a ~3 us kernel).
 """
 from __future__ import annotations
 
@@ -18,9 +20,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--grouped", action="store_true")
+    ap.add_argument("--quantize", action="store_true")
     args = ap.parse_args()
     if args.grouped:
         return profile_grouped(args.calls)
+    if args.quantize:
+        return profile_quantize(args.calls)
     import cupy
 
     import deepgemm_jit as dg
@@ -83,6 +88,38 @@ def profile_grouped(calls: int) -> int:
     prof.disable()
     cupy.cuda.Device().synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    return 0
+
+
+def profile_quantize(calls: int) -> int:
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import reference
+
+    x = reference.random_matrix((64, 7168), "bf16")
+    q, s = dg.quantize(x, "fp8", "group128")
+    calls = min(calls, 5000)
+
+    def loop(use_out: bool):
+        for i in range(calls):
+            if i % 1000 == 0:
+                cupy.cuda.Device().synchronize()
+            dg.quantize(x, "fp8", "group128", out=(q, s) if use_out else None)
+    for use_out in (False, True):
+        loop(use_out)
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        loop(use_out)
+        cupy.cuda.Device().synchronize()
+        print(f"quantize 64x7168 bf16 -> fp8 group128, out={'given' if use_out else 'new'}: "
+              f"{(time.perf_counter() - t0) / calls * 1e6:.1f} us per call", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    loop(True)
+    prof.disable()
+    cupy.cuda.Device().synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     return 0
 
 
