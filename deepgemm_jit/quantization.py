@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config, cubin, device, dtypes, jit, runtime
-from .arrays import array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape, mn_major_view
+from .arrays import array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape, mn_major_view, signature
 from .errors import KernelNotCachedError, NoGPUError
 from .render import RenderedSource, render
 
@@ -186,6 +186,7 @@ def get_kernel(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
 
 def clear_memo() -> None:
     _memo.clear()
+    _plans.clear()
 
 
 def _build(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
@@ -408,9 +409,46 @@ def _grid(num_blocks: int, what: str) -> tuple[int, int, int]:
     return (max(1, num_blocks), 1, 1)
 
 
-def _launch(artifact: QuantArtifact, device_id: int, grid: tuple[int, int, int], args: tuple, cu_stream) -> None:
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """One kernel launch with its arguments packed (runtime.PackedArgs), replayable on any stream of its device."""
+
+    kind: str  # the array library of the call (its current stream is the default one)
+    device_id: int
+    kernel: runtime.LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    bound: tuple
+    args: runtime.PackedArgs
+
+    def run(self, cu_stream) -> None:
+        self.kernel.launch(self.grid, self.block, self.args, cu_stream, bound=self.bound)
+
+
+def _launch(artifact: QuantArtifact, device_id: int, grid: tuple[int, int, int], args: tuple, cu_stream,
+            kind: str = "cupy") -> _LaunchPlan:
     block = (kernel_symbols(artifact)["num_threads"], 1, 1)
-    runtime.loaded_kernel(artifact, device_id, 0).launch(grid, block, runtime.PackedArgs(args), cu_stream)
+    kernel = runtime.loaded_kernel(artifact, device_id, 0)
+    plan = _LaunchPlan(kind, device_id, kernel, grid, block, kernel.bind(grid, block), runtime.PackedArgs(args))
+    plan.run(cu_stream)
+    return plan
+
+
+# Kept launches of quantize calls with out= given, by the signatures of x and out (arrays.signature: everything the
+# checks read) and the dtype and granularity strings: a repeated call (the same buffers, as in an inference loop or a
+# CUDA graph capture) skips validation, planning and argument packing, like Gemm's kept launch plans. Not for
+# "tensor" granularity (an amax pass and a temporary word per call).
+_plans: dict[tuple, _LaunchPlan] = {}
+_MAX_PLANS = 256
+
+
+def _plan_key(x, out, dtype, granularity) -> tuple | None:
+    if out is None or not isinstance(out, tuple) or len(out) != 2:
+        return None
+    if not (isinstance(dtype, str) and isinstance(granularity, str)):
+        return None
+    key = (signature(x), signature(out[0]), signature(out[1]), dtype, granularity)
+    return None if None in key or () in key[:3] else key
 
 
 def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:
@@ -472,6 +510,12 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
 
         q, s = deepgemm_jit.quantize(a, "fp8", "group128")   # a (M, K) bf16 -> q (M, K), s (M, ceil(K/128))
     """
+    key = _plan_key(x, out, dtype, granularity)
+    if key is not None:
+        plan = _plans.get(key)
+        if plan is not None and plan.device_id == device.current_device_id():
+            plan.run(runtime.stream_for(plan.kind, stream, plan.device_id))
+            return out
     q_name = dtypes.canonical(dtype, arg="dtype", allowed=QUANT_DTYPES)
     gran = check_granularity(granularity, q_name)
     kind = array_kind(x)
@@ -515,8 +559,12 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         units_per_block = kernel_symbols(amax_art)["units_per_block"]
         amax_grid = _grid(min(-(-m * num_groups // units_per_block), _AMAX_BLOCKS_PER_SM * _num_sms(dev)), "x")
         _launch(amax_art, dev, amax_grid, x_args + (np.uint64(amax_ptr), np.uint32(m), np.uint32(k)), cu_stream)
-    _launch(art, dev, grid, x_args + (np.uint64(q_ptr),) + scales_layout.args() + (np.uint64(amax_ptr),
-                                      np.uint32(m), np.uint32(k)), cu_stream)
+    plan = _launch(art, dev, grid, x_args + (np.uint64(q_ptr),) + scales_layout.args() + (np.uint64(amax_ptr),
+                                             np.uint32(m), np.uint32(k)), cu_stream, kind)
+    if key is not None and amax_art is None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
     return q, scales
 
 

@@ -427,7 +427,10 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
         def __init__(self, artifact):
             self.entry = artifact.entry
 
-        def launch(self, grid, block, args, stream):
+        def bind(self, grid, block):
+            return ("bound", grid, block)
+
+        def launch(self, grid, block, args, stream, bound=None):
             calls.append(("launch", self.entry, grid, block, args.args, stream.ptr))
 
     import cupy
@@ -732,3 +735,14 @@ def test_dequantize_scales_errors(fake_cupy):
         quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT, (1, 8)),
                          out=FakeCupy((5, 300), np.float32, SCALES_AT + 64))
     assert not [c for c in fake_cupy if c[0] == "launch"]
+
+
+def test_kept_plan_keys():
+    """quantize keeps launches only for CuPy / torch arrays with out= a (q, scales) tuple and string arguments."""
+    from fakes import FakeDeviceArray
+
+    x = FakeDeviceArray((4, 256), np.float16)
+    assert quant._plan_key(x, None, "fp8", "group128") is None
+    assert quant._plan_key(x, [x, x], "fp8", "group128") is None
+    assert quant._plan_key(x, (x, x), "fp8", "group128") is None  # not CuPy / torch: signature() is None
+    assert quant._plan_key(x, (x, x), ["fp8"], "group128") is None

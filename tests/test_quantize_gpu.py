@@ -399,6 +399,33 @@ def test_raw_stream_handle():
     check_quantized(x, q, scales, "fp8_e5m2", "group128", "raw handle")
 
 
+@pytest.mark.parametrize("gran", ["row", "group128", "block128", "tensor"])
+def test_kept_plan_replays_with_out(gran):
+    """A call with out= keeps its launch (quantization._plans); the replays read x's current values, follow the
+    stream argument, and a call whose arrays differ takes the checked path again (errors included). "tensor" keeps
+    no plan (its amax pass needs a temporary word per call)."""
+    m, k = 129, 1000
+    x = random_input((m, k), "bf16", seed=3)
+    q0, s0 = quant.quantize(x, "fp8", gran)
+    q, scales = reference.poison(cupy.empty_like(q0)), cupy.full(s0.shape, cupy.nan, dtype=cupy.float32)
+    quant.clear_memo()
+    for _ in range(2):
+        got_q, got_scales = quant.quantize(x, "fp8", gran, out=(q, scales))
+        assert got_q is q and got_scales is scales
+    kept = quant._plan_key(x, (q, scales), "fp8", gran) in quant._plans
+    assert kept == (gran != "tensor")
+    assert bool(cupy.array_equal(q, q0)) and bool(cupy.array_equal(scales, s0))
+    x[...] = random_input((m, k), "bf16", seed=4)  # same buffer, new values: the replay reads them
+    s = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.get_current_stream().synchronize()
+    quant.quantize(x, "fp8", gran, out=(q, scales), stream=s)
+    s.synchronize()
+    q1, s1 = quant.quantize(x, "fp8", gran)
+    assert bool(cupy.array_equal(q, q1)) and bool(cupy.array_equal(scales, s1))
+    with pytest.raises(ValueError, match="out\\[0\\]"):
+        quant.quantize(x, "fp8", gran, out=(q[:-1], scales))
+
+
 # -- argument errors that need real device arrays ------------------------------------------------------------------
 
 def test_out_errors():
