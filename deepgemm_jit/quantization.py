@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config, cubin, device, dtypes, jit, runtime
-from .arrays import array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape, mn_major_view, signature
+from .arrays import (ScaleView, array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape,
+                     mn_major_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .render import RenderedSource, render
 
@@ -325,24 +326,23 @@ def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, 
         raise ValueError(f"{arg} must be contiguous (row-major)")
 
 
-@dataclass(frozen=True)
-class ScaleLayout:
-    """Where the kernels find scale (i, j), i the row (row block for block128), j the 128-column group: at
-    ptr + 4 * (i * stride_m + j * stride_g) (strides in elements)."""
-
-    ptr: int
-    stride_m: int
-    stride_g: int
-    num_bytes: int  # from ptr to one past the last element
-
-    def args(self) -> tuple:
-        return np.uint64(self.ptr), np.int64(self.stride_m), np.int64(self.stride_g)
+def _scale_args(view: ScaleView) -> tuple:
+    """The kernels' (pointer, stride along rows, stride along 128-column groups) arguments of a scale array."""
+    return np.uint64(view.ptr), np.int64(view.stride_i), np.int64(view.stride_j)
 
 
-def _scales_layout(a, arg: str, kind: str, shape: tuple[int, ...], is_output: bool) -> ScaleLayout:
+def _span(view: ScaleView) -> tuple[int, int]:
+    """(start, bytes) of the scales, for the overlap checks."""
+    start, end = view.byte_span()
+    return start, end - start
+
+
+def _scales_layout(a, arg: str, kind: str, shape: tuple[int, ...], is_output: bool) -> ScaleView:
     """Checks float32 scales `a` of library `kind` and exactly `shape` ((1,), (M,) or 2-D) with any non-negative
     strides (row-major, M-major, padded); outputs' elements must be distinct (no zero or interleaved strides): the
-    kernel writes each once. Host-side checks only: ptr is 0 until :func:`_placed`."""
+    kernel writes each once. Returns where the kernels find them (arrays.ScaleView: element (i, j), j the 128-column
+    group, at ptr + 4 (i stride_i + j stride_j)). Host-side checks only: :func:`_placed` sets ptr (0 until then)
+    and device (-1)."""
     _check_array(a, arg, kind, shape, str(a.dtype).removeprefix("torch.") == "float32", "scales are float32")
     if kind == "torch":
         strides = tuple(int(st) for st in a.stride())
@@ -356,30 +356,29 @@ def _scales_layout(a, arg: str, kind: str, shape: tuple[int, ...], is_output: bo
         raise ValueError(f"{arg} has strides {strides} (elements) for shape {shape}: some of its elements overlap "
                          "(a zero or interleaved stride); pass a contiguous or M-major array")
     stride_m, stride_g = (strides + (0, 0))[:2]  # (M,) row scales: no group stride
-    last = sum((n - 1) * st for n, st in zip(shape, strides))
-    return ScaleLayout(0, stride_m, stride_g, 4 * (last + 1))
+    return ScaleView(0, (shape + (1,))[:2], stride_m, stride_g, -1)
 
 
-def _placed(layout: ScaleLayout, a, arg: str, kind: str, device_id: int) -> ScaleLayout:
+def _placed(layout: ScaleView, a, arg: str, kind: str, device_id: int) -> ScaleView:
     """`layout` with the data pointer of `a`, which must be on `device_id` and 4-byte aligned."""
     ptr, _ = _pointer(a, arg, kind, device_id)
     if ptr % 4:
         raise ValueError(f"{arg} data pointer 0x{ptr:x} is not aligned to its 4-byte elements")
-    return dataclasses.replace(layout, ptr=ptr)
+    return dataclasses.replace(layout, ptr=ptr, device=device_id)
 
 
 def _new_scales(kind: str, granularity: str, m: int, k: int, device_id: int, cu_stream, is_explicit_stream: bool):
-    """(scales, ScaleLayout): new scales in the layout quantize returns. group128: M-major, storage (ceil(K/128),
+    """(scales, ScaleView): new scales in the layout quantize returns. group128: M-major, storage (ceil(K/128),
     round_up(M, 4)) seen as its transpose cut to M rows (what FP8 block GEMMs bulk-copy); the others row-major."""
     shape = scale_shape(granularity, m, k)
     if granularity == "group128":
         storage_shape = mn_major_storage_shape(m, shape[1])
         storage, ptr = _empty(kind, storage_shape, "fp32", device_id, cu_stream, is_explicit_stream)
-        return (mn_major_view(storage, m),
-                ScaleLayout(ptr, 1, storage_shape[1], 4 * storage_shape[0] * storage_shape[1]))
+        return mn_major_view(storage, m), ScaleView(ptr, shape, 1, storage_shape[1], device_id)
     scales, ptr = _empty(kind, shape, "fp32", device_id, cu_stream, is_explicit_stream)
-    strides = (shape[1], 1) if len(shape) == 2 else (1, 0)
-    return scales, ScaleLayout(ptr, strides[0], strides[1], 4 * int(np.prod(shape)))
+    if len(shape) == 2:
+        return scales, ScaleView(ptr, shape, shape[1], 1, device_id)
+    return scales, ScaleView(ptr, (shape[0], 1), 1, 0, device_id)
 
 
 def _pointer(a, arg: str, kind: str, device_id: int) -> tuple[int, int]:
@@ -463,7 +462,7 @@ def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:
 
 def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tuple[int, int], device_id: int,
                       cu_stream, is_explicit_stream: bool):
-    """(q, scales, q_ptr, ScaleLayout of scales, their byte spans): `out` checked, or new arrays."""
+    """(q, scales, q_ptr, ScaleView of scales, their byte spans): `out` checked, or new arrays."""
     m, k = shape
     if out is None:
         q, q_ptr = _empty(kind, shape, q_name, device_id, cu_stream, is_explicit_stream)
@@ -478,7 +477,7 @@ def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tupl
         layout = _scales_layout(scales, "out[1]", kind, scale_shape(granularity, m, k), is_output=True)
         layout = _placed(layout, scales, "out[1]", kind, device_id)
         q_ptr, q_bytes = _pointer(q, "out[0]", kind, device_id)
-        spans = {"out[0]": (q_ptr, q_bytes), "out[1]": (layout.ptr, layout.num_bytes)}
+        spans = {"out[0]": (q_ptr, q_bytes), "out[1]": _span(layout)}
     if q_ptr % 16:  # the kernel stores whole 4- or 8-byte chunks of q where K allows (quantize.cuh, store_chunk)
         raise ValueError(f"out[0] data pointer 0x{q_ptr:x} is not 16-byte aligned")
     return q, scales, q_ptr, layout, spans
@@ -559,7 +558,7 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         units_per_block = kernel_symbols(amax_art)["units_per_block"]
         amax_grid = _grid(min(-(-m * num_groups // units_per_block), _AMAX_BLOCKS_PER_SM * _num_sms(dev)), "x")
         _launch(amax_art, dev, amax_grid, x_args + (np.uint64(amax_ptr), np.uint32(m), np.uint32(k)), cu_stream)
-    plan = _launch(art, dev, grid, x_args + (np.uint64(q_ptr),) + scales_layout.args() + (np.uint64(amax_ptr),
+    plan = _launch(art, dev, grid, x_args + (np.uint64(q_ptr),) + _scale_args(scales_layout) + (np.uint64(amax_ptr),
                                              np.uint32(m), np.uint32(k)), cu_stream, kind)
     if key is not None and amax_art is None:
         if len(_plans) >= _MAX_PLANS:
@@ -619,9 +618,9 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
         out_ptr, out_bytes = _pointer(out, "out", kind, dev)
         q_start, q_end = view.byte_span()
         _check_disjoint({"out": (out_ptr, out_bytes), "q": (q_start, q_end - q_start),
-                         "scales": (scales_layout.ptr, scales_layout.num_bytes)})
+                         "scales": _span(scales_layout)})
     _launch(art, dev, _grid(blocks, "q"),
-            (np.uint64(view.ptr), np.int64(view.row_stride)) + scales_layout.args()
+            (np.uint64(view.ptr), np.int64(view.row_stride)) + _scale_args(scales_layout)
             + (np.uint64(out_ptr), np.uint32(m), np.uint32(k), np.uint32(rows_per_scale), np.uint32(cols_per_scale)),
             cu_stream)
     return out
