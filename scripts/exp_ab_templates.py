@@ -1,7 +1,7 @@
 """Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
 
     python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--nobulk]
-                                        [--row-major-scales] [--out DIR]
+                                        [--row-major-scales] [--problems DTYPE:MxNxK,...] [--out DIR]
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
@@ -28,6 +28,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tile", default=None, help="BMxBN forced for every case (default: the heuristic's)")
     ap.add_argument("--nobulk", action="store_true", help="also time the checkout's templates without bulk A scales")
+    ap.add_argument("--problems", default=None, help="DTYPE:MxNxK,... dense calls instead of the FP8 block rows")
     ap.add_argument("--row-major-scales", action="store_true",
                     help="pass a row-major copy of scale_a (dg.quantize returns it M-major)")
     args = ap.parse_args()
@@ -53,6 +54,11 @@ def main() -> int:
         trees.append(("nobulk", None, args.tile, False))
     trees.append(("new", None, args.tile, True))
     rows = []
+    if args.problems:
+        for problem in args.problems.split(","):
+            rows.append(_time_problem(problem, trees, args.reps))
+        _write(args.out, rows)
+        return 0
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
         rng = cupy.random.default_rng(m + n + k)
@@ -94,10 +100,67 @@ def main() -> int:
         rows.append(row)
         print(f"{kind} {groups}x{m}x{n}x{k}: equal={same} bulk_a_scales={row['bulk_a_scales']} " + "  ".join(
             f"{name} {r.median_us:.1f} us {flops / r.median_us / 1e6:.0f} TF" for name, r in t.items()), flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-ab-templates.json").write_text(json.dumps(rows, indent=1))
+    _write(args.out, rows)
     return 0
+
+
+def _write(out, rows) -> None:
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "exp-ab-templates.json").write_text(json.dumps(rows, indent=1))
+
+
+def _use_tree(tdir) -> None:
+    if tdir is None:
+        os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
+    else:
+        os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
+
+
+def _time_problem(problem: str, trees, reps: int) -> dict:
+    """One dense nt problem "DTYPE:MxNxK" with every tree's kernels (build's dispatch), checked against the first
+    tree's result (bitwise equal, or the relative difference), then timed interleaved."""
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import reference, timing
+
+    dtype, _, dims = problem.partition(":")
+    m, n, k = (int(v) for v in dims.split("x"))
+    rng = cupy.random.default_rng(m + n + k)
+    a32 = rng.standard_normal((m, k), dtype=cupy.float32)
+    b32 = rng.standard_normal((n, k), dtype=cupy.float32)
+    if dtype in ("bf16", "fp16"):
+        a, b = a32.astype(dg.dtypes.numpy_dtype(dtype)), b32.astype(dg.dtypes.numpy_dtype(dtype))
+        build, kwargs = dict(dtype=dtype), {}
+    elif dtype in ("fp8_tensor", "fp8_block"):
+        scaling = dtype.split("_")[1]
+        (a, sa), (b, sb) = (dg.quantize(a32, "fp8", "tensor" if scaling == "tensor" else "group128"),
+                            dg.quantize(b32, "fp8", "tensor" if scaling == "tensor" else "block128"))
+        build, kwargs = dict(dtype="fp8", scaling=scaling), dict(scale_a=sa, scale_b=sb)
+    else:
+        raise SystemExit(f"--problems: unknown dtype {dtype!r} (bf16, fp16, fp8_tensor, fp8_block)")
+    outs, fns = {}, {}
+    for name, tdir, _tile, _bulk in trees:
+        _use_tree(tdir)
+        g = dg.build(m, n, k, **build)
+        out = reference.poisoned((m, n), "bf16")
+        fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
+        fns[name]()
+        outs[name] = out
+    _use_tree(None)
+    cupy.cuda.Device().synchronize()
+    first = next(iter(outs.values()))
+    same = all(bool((o.view(cupy.uint16) == first.view(cupy.uint16)).all()) for o in outs.values())
+    f64 = reference.to_float64(first)
+    diff = max(reference.error(reference.to_float64(o), f64) for o in outs.values())
+    t = timing.time_interleaved(fns, reps=reps, warmup=5)
+    gbytes = (m * k + n * k) * (1 if dtype.startswith("fp8") else 2) + 2 * m * n
+    row = {"problem": problem, "bitwise_equal": same, "max_rel_diff": diff,
+           **{name: {"us": r.median_us, "tb_s": gbytes / r.median_us / 1e6} for name, r in t.items()}}
+    print(f"{problem}: equal={same} diff={diff:.1e} " + "  ".join(
+        f"{name} {r.median_us:.2f} us {gbytes / r.median_us / 1e6:.2f} TB/s" for name, r in t.items()), flush=True)
+    return row
 
 
 if __name__ == "__main__":
