@@ -188,6 +188,7 @@ def get_kernel(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
 def clear_memo() -> None:
     _memo.clear()
     _plans.clear()
+    _new_output_plans.clear()
 
 
 def _build(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
@@ -248,6 +249,7 @@ def _num_sms(device_id: int) -> int:
     return device.num_sms(device_id)
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_dtype(name: str):
     import torch
 
@@ -370,15 +372,22 @@ def _placed(layout: ScaleView, a, arg: str, kind: str, device_id: int) -> ScaleV
 def _new_scales(kind: str, granularity: str, m: int, k: int, device_id: int, cu_stream, is_explicit_stream: bool):
     """(scales, ScaleView): new scales in the layout quantize returns. group128: M-major, storage (ceil(K/128),
     round_up(M, 4)) seen as its transpose cut to M rows (what FP8 block GEMMs bulk-copy); the others row-major."""
+    storage_shape, mn_major_rows = _new_scales_storage(granularity, m, k)
+    storage, ptr = _empty(kind, storage_shape, "fp32", device_id, cu_stream, is_explicit_stream)
+    shape = scale_shape(granularity, m, k)
+    if mn_major_rows:
+        return mn_major_view(storage, mn_major_rows), ScaleView(ptr, shape, 1, storage_shape[1], device_id)
+    if len(shape) == 2:
+        return storage, ScaleView(ptr, shape, shape[1], 1, device_id)
+    return storage, ScaleView(ptr, (shape[0], 1), 1, 0, device_id)
+
+
+def _new_scales_storage(granularity: str, m: int, k: int) -> tuple[tuple[int, ...], int]:
+    """(shape of the storage _new_scales allocates, rows of its M-major view or 0 where the storage is the scales)."""
     shape = scale_shape(granularity, m, k)
     if granularity == "group128":
-        storage_shape = mn_major_storage_shape(m, shape[1])
-        storage, ptr = _empty(kind, storage_shape, "fp32", device_id, cu_stream, is_explicit_stream)
-        return mn_major_view(storage, m), ScaleView(ptr, shape, 1, storage_shape[1], device_id)
-    scales, ptr = _empty(kind, shape, "fp32", device_id, cu_stream, is_explicit_stream)
-    if len(shape) == 2:
-        return scales, ScaleView(ptr, shape, shape[1], 1, device_id)
-    return scales, ScaleView(ptr, (shape[0], 1), 1, 0, device_id)
+        return mn_major_storage_shape(m, shape[1]), m
+    return shape, 0
 
 
 def _pointer(a, arg: str, kind: str, device_id: int) -> tuple[int, int]:
@@ -450,6 +459,53 @@ def _plan_key(x, out, dtype, granularity) -> tuple | None:
     return None if None in key or () in key[:3] else key
 
 
+@dataclass(frozen=True)
+class _NewOutputsPlan:
+    """The launch of a quantize call without out=, less its two output pointers: each call allocates q and the
+    scales exactly as the checked path does (_empty, _new_scales: the caller's library, device and stream) and
+    launches the kept kernel with their pointers in the argument slots of q and scales."""
+
+    kind: str  # the array library of x (its current stream is the default one); outputs are of _out_kind(kind)
+    device_id: int
+    kernel: runtime.LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    bound: tuple
+    args: runtime.ArgTemplate  # the checked call's arguments, q's and the scales' pointers as its two slots
+    q_shape: tuple[int, int]
+    q_name: str
+    scales_storage_shape: tuple[int, ...]  # what is allocated: group128 (ceil(K/128), round_up(M, 4)), else the shape
+    mn_major_rows: int  # group128: M, the rows of the M-major view of the storage; 0: the storage is the scales
+
+    def run(self, stream):
+        cu_stream = runtime.stream_for(self.kind, stream, self.device_id)
+        out_kind, explicit = _out_kind(self.kind), stream is not None
+        q, q_ptr = _empty(out_kind, self.q_shape, self.q_name, self.device_id, cu_stream, explicit)
+        storage, scales_ptr = _empty(out_kind, self.scales_storage_shape, "fp32", self.device_id, cu_stream, explicit)
+        if q_ptr % 16:  # as _quantize_outputs checks it
+            raise ValueError(f"out[0] data pointer 0x{q_ptr:x} is not 16-byte aligned")
+        scales = mn_major_view(storage, self.mn_major_rows) if self.mn_major_rows else storage
+        self.kernel.launch(self.grid, self.block, self.args.fill(q_ptr, scales_ptr), cu_stream, bound=self.bound)
+        return q, scales
+
+
+# Kept launches of quantize calls without out=, by x's signature, the dtype and granularity strings and x's type (its
+# library), used only where the current device is the plan's (checked after the lookup, as for _plans: the key itself
+# makes no CUDA call, so that a refused x, e.g. a CPU tensor, still gets the checked path's error): a repeated call
+# skips validation and planning and only allocates, fills the two output pointers and launches. Not for "tensor"
+# granularity (as _plans).
+_new_output_plans: dict[tuple, _NewOutputsPlan] = {}
+
+
+def _new_outputs_key(x, dtype, granularity) -> tuple | None:
+    if not (isinstance(dtype, str) and isinstance(granularity, str)):
+        return None
+    sig = signature(x)
+    if sig is None or sig == ():
+        return None
+    return (sig, dtype, granularity, type(x))
+
+
 def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:
     if rows < 1 or cols < 1:
         raise ValueError(f"{arg} has shape ({rows}, {cols}); quantization needs M >= 1 and K >= 1")
@@ -509,12 +565,19 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
 
         q, s = deepgemm_jit.quantize(a, "fp8", "group128")   # a (M, K) bf16 -> q (M, K), s (M, ceil(K/128))
     """
-    key = _plan_key(x, out, dtype, granularity)
-    if key is not None:
-        plan = _plans.get(key)
-        if plan is not None and plan.device_id == device.current_device_id():
-            plan.run(runtime.stream_for(plan.kind, stream, plan.device_id))
-            return out
+    if out is None:
+        key = _new_outputs_key(x, dtype, granularity)
+        if key is not None:
+            new_outputs_plan = _new_output_plans.get(key)
+            if new_outputs_plan is not None and new_outputs_plan.device_id == device.current_device_id():
+                return new_outputs_plan.run(stream)
+    else:
+        key = _plan_key(x, out, dtype, granularity)
+        if key is not None:
+            plan = _plans.get(key)
+            if plan is not None and plan.device_id == device.current_device_id():
+                plan.run(runtime.stream_for(plan.kind, stream, plan.device_id))
+                return out
     q_name = dtypes.canonical(dtype, arg="dtype", allowed=QUANT_DTYPES)
     gran = check_granularity(granularity, q_name)
     kind = array_kind(x)
@@ -561,10 +624,20 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
     plan = _launch(art, dev, grid, x_args + (np.uint64(q_ptr),) + _scale_args(scales_layout) + (np.uint64(amax_ptr),
                                              np.uint32(m), np.uint32(k)), cu_stream, kind)
     if key is not None and amax_art is None:
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
-        _plans[key] = plan
+        if out is not None:
+            _keep(_plans, key, plan)
+        else:
+            pointer_slots = (len(x_args), len(x_args) + 1)  # q's and the scales' pointers follow x's arguments
+            _keep(_new_output_plans, key, _NewOutputsPlan(
+                kind, dev, plan.kernel, plan.grid, plan.block, plan.bound,
+                runtime.ArgTemplate(plan.args.args, pointer_slots), (m, k), q_name, *_new_scales_storage(gran, m, k)))
     return q, scales
+
+
+def _keep(plans: dict, key: tuple, plan) -> None:
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = plan
 
 
 # -- dequantize -------------------------------------------------------------------------------------------

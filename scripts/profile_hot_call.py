@@ -4,8 +4,9 @@
 
 --grouped: a GroupedGemm (FP8 block, 8 groups) called with a new output each time, i.e. without a kept launch
 plan (what the torch op does): the full validation and planning path.
---quantize: deepgemm_jit.quantize(x, "fp8", "group128") of a 64 x 7168 BF16 matrix, with new outputs and with out=
-(session 7: the standalone quantize measured 5-43 us in bench.quant_epilogue for a ~3 us kernel).
+--quantize: deepgemm_jit.quantize(x, "fp8", "group128") of a 64 x 7168 BF16 matrix, with new outputs (checked every
+call, and through the kept plan of calls without out=) and with out= (session 7: the standalone quantize measured
+5-43 us in bench.quant_epilogue for a ~3 us kernel).
 """
 from __future__ import annotations
 
@@ -101,25 +102,31 @@ def profile_quantize(calls: int) -> int:
     q, s = dg.quantize(x, "fp8", "group128")
     calls = min(calls, 5000)
 
-    def loop(use_out: bool):
+    from deepgemm_jit import quantization
+
+    def loop(mode: str):
         for i in range(calls):
             if i % 1000 == 0:
                 cupy.cuda.Device().synchronize()
-            dg.quantize(x, "fp8", "group128", out=(q, s) if use_out else None)
-    for use_out in (False, True):
-        loop(use_out)
+            if mode == "new, checked":  # no kept plan: the full path of every call (as before session 8)
+                quantization._new_output_plans.clear()
+            dg.quantize(x, "fp8", "group128", out=(q, s) if mode == "given" else None)
+    for mode in ("new, checked", "new", "given"):
+        loop(mode)
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        loop(use_out)
+        loop(mode)
         cupy.cuda.Device().synchronize()
-        print(f"quantize 64x7168 bf16 -> fp8 group128, out={'given' if use_out else 'new'}: "
+        print(f"quantize 64x7168 bf16 -> fp8 group128, out={mode}: "
               f"{(time.perf_counter() - t0) / calls * 1e6:.1f} us per call", flush=True)
-    prof = cProfile.Profile()
-    prof.enable()
-    loop(True)
-    prof.disable()
-    cupy.cuda.Device().synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    for mode in ("new", "given"):
+        print(f"-- cProfile, out={mode}")
+        prof = cProfile.Profile()
+        prof.enable()
+        loop(mode)
+        prof.disable()
+        cupy.cuda.Device().synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     return 0
 
 

@@ -420,7 +420,7 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
         # A NumPy stand-in of the right shape and dtype, so that views of it (the M-major transpose) can be made
         # and their strides checked; the kernels get the fake address.
         ptr = next(addresses)
-        calls.append(("alloc", kind, shape, name, ptr))
+        calls.append(("alloc", kind, shape, name, ptr, cu_stream.ptr, is_explicit_stream))
         return np.empty(shape, quant._cupy_dtype(name)), ptr
 
     class Kernel:
@@ -746,3 +746,135 @@ def test_kept_plan_keys():
     assert quant._plan_key(x, [x, x], "fp8", "group128") is None
     assert quant._plan_key(x, (x, x), "fp8", "group128") is None  # not CuPy / torch: signature() is None
     assert quant._plan_key(x, (x, x), ["fp8"], "group128") is None
+
+
+# -- kept launches of calls without out= -------------------------------------------------------------------------
+
+def fake_signature(x):
+    """arrays.signature for FakeDeviceArray (pointer, shape, strides, dtype: what CuPy's holds), None for others."""
+    iface = getattr(x, "__cuda_array_interface__", None)
+    if iface is None:
+        return None
+    return (iface["data"][0], iface["shape"], iface["strides"], iface["typestr"])
+
+
+@pytest.fixture
+def keyed(fake_device, monkeypatch):
+    """fake_device, with FakeDeviceArray given a signature (so that quantize keeps plans for it), an empty table of
+    kept plans, streams that are the given one (or FakeStream), and `checked`: the calls of matrix_view (x's checks,
+    the first step of the full path)."""
+    monkeypatch.setattr(quant, "signature", fake_signature)
+    monkeypatch.setattr(quant, "_new_output_plans", {})
+    monkeypatch.setattr(quant.runtime, "stream_for", lambda kind, stream, device_id: stream or FakeStream())
+    checked = []
+    real_matrix_view = quant.matrix_view
+    monkeypatch.setattr(quant, "matrix_view", lambda x, arg: checked.append(x) or real_matrix_view(x, arg))
+    return fake_device, checked
+
+
+class OtherStream:
+    ptr = 0x6000
+
+
+def _replaced(args, slots):
+    """args with the values at `slots` (a dict index -> value) replaced."""
+    return tuple(slots.get(i, a) for i, a in enumerate(args))
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+@pytest.mark.parametrize("gran,m,k", [("group128", 1000, 7168), ("group128", 7, 129), ("row", 5, 300),
+                                      ("block128", 300, 300)])
+def test_repeated_call_without_out_replays_with_new_outputs(keyed, monkeypatch, kind, gran, m, k):
+    """The second call with the same x (and dtype, granularity, device) skips the checks and planning: it allocates
+    the same shapes and dtypes as the first (in x's library, for the call's stream), launches the same kernel with
+    the same grid, block and non-pointer arguments, and only q's and the scales' pointers are the new outputs'."""
+    calls, checked = keyed
+    monkeypatch.setattr(quant, "array_kind", lambda a: kind)  # x of that library (the fake is neither)
+    x = FakeDeviceArray((m, k), np.float16, ptr=BASE + 4096, strides=(k + 8, 1))
+    results = [quant.quantize(x, "fp8", gran) for _ in range(3)]
+    results.append(quant.quantize(x, "fp8", gran, stream=OtherStream()))
+    assert len(checked) == 1 and len(quant._new_output_plans) == 1  # only the first call was checked
+    allocs = [c for c in calls if c[0] == "alloc"]
+    launches = [c for c in calls if c[0] == "launch"]
+    assert len(allocs) == 8 and len(launches) == 4
+    first_q, first_s = allocs[0], allocs[1]
+    assert first_q[1:4] == (kind, (m, k), "fp8_e4m3")
+    for i in range(1, 4):
+        q_alloc, s_alloc = allocs[2 * i], allocs[2 * i + 1]
+        assert q_alloc[1:4] == first_q[1:4] and s_alloc[1:4] == first_s[1:4], f"call {i}: {q_alloc} {s_alloc}"
+        want_stream = (OtherStream.ptr, True) if i == 3 else (FakeStream.ptr, False)
+        assert q_alloc[5:] == s_alloc[5:] == want_stream, f"call {i}"
+        launch = launches[i]
+        assert launch[1:4] == launches[0][1:4], f"call {i}: kernel, grid, block"
+        assert launch[4] == _replaced(launches[0][4], {2: q_alloc[4], 3: s_alloc[4]}), f"call {i}"
+        assert _types(launch[4]) == _types(launches[0][4])
+        assert launch[5] == want_stream[0]
+        q, s = results[i]
+        assert (q.shape, q.dtype, q.strides) == (results[0][0].shape, results[0][0].dtype, results[0][0].strides)
+        assert (s.shape, s.dtype, s.strides) == (results[0][1].shape, results[0][1].dtype, results[0][1].strides)
+    assert len({c[4] for c in allocs}) == 8  # every call its own outputs
+    if gran == "group128":  # M-major scales, the storage as _new_scales allocates it
+        assert first_s[2] == (-(-k // 128), _round4(m)) and results[3][1].strides == (4, 4 * _round4(m))
+    assert launches[0][4][3] == first_s[4] and launches[0][4][2] == first_q[4]
+
+
+def test_other_arguments_take_the_checked_path(keyed, monkeypatch):
+    """Any x that differs (pointer, shape, dtype, strides), another dtype or granularity string, or another current
+    device is checked again (and keeps its own plan); the checks still refuse what they refuse."""
+    calls, checked = keyed
+    k = 256
+    base = FakeDeviceArray((4, k), np.float16)
+    others = [FakeDeviceArray((4, k), np.float16, ptr=BASE + 4096),
+              FakeDeviceArray((5, k), np.float16),
+              FakeDeviceArray((4, k), np.float32),
+              FakeDeviceArray((4, k), np.float16, strides=(k + 8, 1))]
+    quant.quantize(base, "fp8", "group128")
+    quant.quantize(base, "fp8", "group128")
+    assert len(checked) == 1
+    for i, x in enumerate(others):
+        quant.quantize(x, "fp8", "group128")
+        assert checked[-1] is x and len(checked) == 2 + i, f"other x {i}"
+    quant.quantize(base, "fp8_e4m3", "group128")
+    quant.quantize(base, "fp8", "row")
+    assert len(checked) == 7 and len(quant._new_output_plans) == 7
+    for x in [base] + others:  # all kept now
+        quant.quantize(x, "fp8", "group128")
+    assert len(checked) == 7
+    monkeypatch.setattr(device, "current_device_id", lambda: 1)  # a kept plan runs only on its device
+    num_calls = len(calls)
+    with pytest.raises(ValueError, match="current device is 1"):
+        quant.quantize(base, "fp8", "group128")
+    assert len(checked) == 8 and calls[num_calls:] == []
+    monkeypatch.setattr(device, "current_device_id", lambda: 0)
+    with pytest.raises(TypeError, match="x has dtype"):  # a refused x keeps no plan
+        quant.quantize(FakeDeviceArray((4, k), np.int32), "fp8", "group128")
+    assert len(quant._new_output_plans) == 7
+
+
+def test_tensor_granularity_and_untyped_arguments_keep_no_plan(keyed):
+    """"tensor" runs its amax pass and zeroes a new word on every call; non-string dtype/granularity and arrays
+    without a signature are checked on every call."""
+    calls, checked = keyed
+    x = FakeDeviceArray((4, 256), np.float16)
+    for _ in range(2):
+        quant.quantize(x, "fp8", "tensor")
+    assert len(checked) == 2 and not quant._new_output_plans
+    assert [c[1] for c in calls if c[0] == "launch"] == ["dgjit_amax", "dgjit_quantize"] * 2
+    assert len([c for c in calls if c[0] == "memset"]) == 2
+    assert quant._new_outputs_key(x, ["fp8"], "group128") is None
+    assert quant._new_outputs_key(x, "fp8", None) is None
+    assert quant._new_outputs_key(object(), "fp8", "group128") is None
+    assert quant._new_outputs_key(x, "fp8", "group128") == (fake_signature(x), "fp8", "group128", FakeDeviceArray)
+
+
+def test_clear_memo_and_the_bound_clear_new_output_plans(keyed, monkeypatch):
+    x = FakeDeviceArray((4, 256), np.float16)
+    quant.quantize(x, "fp8", "row")
+    assert len(quant._new_output_plans) == 1
+    monkeypatch.setattr(quant, "_MAX_PLANS", 3)
+    for i in range(3):
+        quant.quantize(FakeDeviceArray((5 + i, 256), np.float16), "fp8", "row")
+    assert len(quant._new_output_plans) == 1  # cleared when full, then the newest kept
+    monkeypatch.setattr(quant, "_plans", {("a kept out= plan",): None})
+    quant.clear_memo()
+    assert not quant._new_output_plans and not quant._plans

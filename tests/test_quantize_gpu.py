@@ -426,6 +426,35 @@ def test_kept_plan_replays_with_out(gran):
         quant.quantize(x, "fp8", gran, out=(q[:-1], scales))
 
 
+@pytest.mark.parametrize("gran", ["row", "group128", "block128", "tensor"])
+def test_kept_plan_without_out_returns_new_arrays(gran):
+    """Repeated calls without out= replay a kept launch (quantization._new_output_plans) into new arrays: distinct
+    objects and pointers, the first call's layout and values; after x changes in place they follow x, on the stream
+    given too. "tensor" keeps no plan."""
+    m, k = 129, 1000
+    case = f"{gran=}"
+    x = random_input((m, k), "bf16", seed=5)
+    quant.clear_memo()
+    results = [quant.quantize(x, "fp8", gran) for _ in range(3)]
+    assert (quant._new_outputs_key(x, "fp8", gran) in quant._new_output_plans) == (gran != "tensor"), case
+    q0, s0 = results[0]
+    assert len({a.data.ptr for r in results for a in r}) == 6, case
+    for q, scales in results[1:]:
+        assert q is not q0 and scales is not s0, case
+        assert (q.shape, q.dtype, q.strides) == (q0.shape, q0.dtype, q0.strides), case
+        assert (scales.shape, scales.dtype, scales.strides) == (s0.shape, s0.dtype, s0.strides), case
+        assert bool(cupy.array_equal(q, q0)) and bool(cupy.array_equal(scales, s0)), case
+    assert_default_layout(s0, gran, m, case)
+    check_quantized(x, q0, s0, "fp8_e4m3", gran, case)
+    x[...] = random_input((m, k), "bf16", seed=6)  # same buffer, new values: the replay reads them
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.get_current_stream().synchronize()
+    q1, s1 = quant.quantize(x, "fp8", gran, stream=stream)
+    stream.synchronize()
+    assert not bool(cupy.array_equal(s1, s0)), case
+    check_quantized(x, q1, s1, "fp8_e4m3", gran, f"{case} after x changed")
+
+
 # -- argument errors that need real device arrays ------------------------------------------------------------------
 
 def test_out_errors():
@@ -577,3 +606,35 @@ def test_torch_errors(torch):
         quant.dequantize(q, s, "fp8_e4m3")
     with pytest.raises(TypeError, match="scales must be a torch tensor"):
         quant.dequantize(q, to_cupy(s), "fp8_e5m2")
+
+
+@pytest.mark.parametrize("gran", ["row", "group128", "block128"])
+def test_torch_kept_plan_without_out_returns_new_tensors(torch, gran):
+    """torch: repeated calls without out= return new tensors (distinct pointers, same dtype, strides and values);
+    after x changes in place they follow x, on an explicit stream and on torch's current stream."""
+    m, k = 129, 1000
+    case = f"torch {gran=}"
+    x = torch_input(torch, (m, k), "bf16")
+    quant.clear_memo()
+    results = [quant.quantize(x, "fp8", gran) for _ in range(3)]
+    assert quant._new_outputs_key(x, "fp8", gran) in quant._new_output_plans, case
+    q0, s0 = results[0]
+    assert len({t.data_ptr() for r in results for t in r}) == 6, case
+    for q, scales in results[1:]:
+        assert q is not q0 and scales is not s0, case
+        assert q.dtype == torch.float8_e4m3fn and q.stride() == q0.stride() and q.device == x.device, case
+        assert scales.dtype == torch.float32 and scales.stride() == s0.stride() and scales.shape == s0.shape, case
+        assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(scales, s0), case
+    x.copy_(torch_input(torch, (m, k), "bf16"))  # same buffer, new values
+    busy = torch.cuda.Stream()
+    busy.wait_stream(torch.cuda.current_stream())
+    q1, s1 = quant.quantize(x, "fp8", gran, stream=busy)
+    with torch.cuda.stream(busy):
+        q2, s2 = quant.quantize(x, "fp8", gran)
+    torch.cuda.synchronize()
+    q_cp, s_cp = quant.quantize(to_cupy(x), "fp8", gran)
+    sync()
+    assert not torch.equal(s1, s0), case
+    for qq, ss in ((q1, s1), (q2, s2)):
+        assert cupy.array_equal(to_cupy(qq), q_cp) and cupy.array_equal(to_cupy(ss), s_cp), case
+    check_quantized(to_cupy(x), q_cp, s_cp, "fp8_e4m3", gran, case)

@@ -23,3 +23,36 @@ def test_packed_args_hold_each_value_at_its_pointer():
 def test_packed_args_refuse_untyped_python_values():
     with pytest.raises(TypeError, match="numpy scalars"):
         runtime.PackedArgs((np.uint32(1), 5))
+
+
+def test_arg_template_fills_its_pointer_slots_per_launch():
+    """ArgTemplate.fill: every value at its pointer, the slots' pointers new per fill, earlier fills untouched (each
+    fill has its own buffer: concurrent callers share nothing mutable), and a params object that cuLaunchKernel's
+    c_void_p argument takes."""
+    args = (np.uint64(0x1000), np.int64(-3), np.uint64(0), np.uint64(0), np.float32(1.5), np.uint32(7))
+    template = runtime.ArgTemplate(args, slots=(2, 3))
+    first = template.fill(0xAAA0, 0xBBB0)
+    second = template.fill(2**63 + 16, 0x20)
+    for filled, (p, s) in ((first, (0xAAA0, 0xBBB0)), (second, (2**63 + 16, 0x20))):
+        ptrs = [ctypes.c_void_p.from_buffer(filled.params, 8 * i).value for i in range(6)]
+        assert ctypes.c_uint64.from_address(ptrs[0]).value == 0x1000
+        assert ctypes.c_int64.from_address(ptrs[1]).value == -3
+        assert ctypes.c_uint64.from_address(ptrs[2]).value == p
+        assert ctypes.c_uint64.from_address(ptrs[3]).value == s
+        assert ctypes.c_float.from_address(ptrs[4]).value == 1.5
+        assert ctypes.c_uint32.from_address(ptrs[5]).value == 7
+        want = (0x1000, -3, p, s, 1.5, 7)
+        assert filled.args == want and [type(a) for a in filled.args] == [type(a) for a in args]
+    assert ctypes.c_void_p.from_param(first.params) is not None  # what LoadedKernel.launch passes as kernelParams
+
+
+def test_arg_template_refuses_wide_or_untyped_values_and_bad_slots():
+    tmap = np.frombuffer(bytes(range(128)), dtype=np.dtype("V128"))[0]
+    with pytest.raises(TypeError, match="at most 8 bytes"):
+        runtime.ArgTemplate((np.uint64(1), tmap), slots=(0,))
+    with pytest.raises(TypeError, match="numpy scalars"):
+        runtime.ArgTemplate((np.uint64(1), 5), slots=(0,))
+    with pytest.raises(ValueError, match="out of range"):
+        runtime.ArgTemplate((np.uint64(1),), slots=(1,))
+    with pytest.raises(ValueError, match="1 pointers for 2 pointer slots"):
+        runtime.ArgTemplate((np.uint64(1), np.uint64(2)), slots=(0, 1)).fill(5)
