@@ -389,18 +389,11 @@ class GroupedGemm:
         return view
 
 
-def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, *, expected_m: int | None = None,
-                  num_groups: int | None = None, epilogue=None, scaling: str | None = None,
-                  b_dtype: str | None = None, arch: str | None = None,
-                  config: config_mod.KernelConfig | None = None) -> GroupedGemm:
-    """Compile (or load from the cache) a grouped GEMM for weights (G, N, K) and return it.
-
-    ``dtype`` bf16 / fp16, or fp8 (block scales; ``b_dtype`` mixes E4M3 and E5M2). ``expected_m`` (rows per
-    group) and ``num_groups`` are hints for the tile choice (defaults 512 and 8); any group sizes and any G
-    work at call time. ``epilogue``: bias (per group), activations, swiglu / geglu, quant_fp8_g128.
-    ``arch`` / ``config`` as for :func:`deepgemm_jit.build`."""
-    expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")
-    groups = _check_m(DEFAULT_NUM_GROUPS if num_groups is None else num_groups, "num_groups")
+def grouped_spec(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, *, epilogue=None,
+                 scaling: str | None = None, b_dtype: str | None = None) -> GemmSpec:
+    """The GemmSpec :func:`build_grouped` compiles for these arguments (pure Python): what a forced ``config=``
+    must suit (``config.sm90_config(grouped_spec(4096, 7168, dtype="fp8"), 128, 176)``). ValueError where TMA
+    cannot read K or store N."""
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, scaling=scaling, b_dtype=b_dtype,
                            epilogue=epilogue, grouped=True)
     esize, out_esize = dtypes.get(spec.dtype).storage_bytes, dtypes.get(spec.out_dtype).storage_bytes
@@ -410,6 +403,22 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     if (spec.n_out * out_esize) % 16:
         raise ValueError(f"N={spec.n}: the output rows ({spec.n_out} x {out_esize} bytes) must be multiples of 16 "
                          "bytes (TMA stores)")
+    return spec
+
+
+def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, *, expected_m: int | None = None,
+                  num_groups: int | None = None, epilogue=None, scaling: str | None = None,
+                  b_dtype: str | None = None, arch: str | None = None,
+                  config: config_mod.KernelConfig | None = None) -> GroupedGemm:
+    """Compile (or load from the cache) a grouped GEMM for weights (G, N, K) and return it.
+
+    ``dtype`` bf16 / fp16, or fp8 (block scales; ``b_dtype`` mixes E4M3 and E5M2). ``expected_m`` (rows per
+    group) and ``num_groups`` are hints for the tile choice (defaults 512 and 8); any group sizes and any G
+    work at call time. ``epilogue``: bias (per group), activations, swiglu / geglu, quant_fp8_g128.
+    ``arch`` / ``config`` as for :func:`deepgemm_jit.build` (a forced config must suit :func:`grouped_spec`)."""
+    expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")
+    groups = _check_m(DEFAULT_NUM_GROUPS if num_groups is None else num_groups, "num_groups")
+    spec = grouped_spec(N, K, dtype, out_dtype, epilogue=epilogue, scaling=scaling, b_dtype=b_dtype)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:  # every group rounds its rows up to whole tiles: the cost model counts them per group
         num_sms = device.num_sms() if arch is None else None

@@ -71,6 +71,23 @@ def test_compiles_without_spills(cache, kw):
     assert (sass.opcode_mix(g.artifact.cubin).get("UBLKCP", 0) > 0) == (kw["dtype"] == "fp8"), g
 
 
+def test_grouped_spec_takes_forced_configs(cache):
+    """grouped_spec is the spec build_grouped compiles: a tile forced on it (bench.moe --tiles) builds as given, 64-row
+    tiles included; one the spec cannot take is a ValueError before any compile."""
+    spec = grouped.grouped_spec(4096, 7168, dtype="fp8")
+    assert spec == GemmSpec.create(4096, 7168, dtype="fp8", grouped=True) and spec.scaling == "block"
+    for block_m, block_n in ((64, 176), (128, 144)):
+        cfg = config.sm90_config(spec, block_m, block_n)
+        g = dg.build_grouped(4096, 7168, dtype="fp8", arch="sm_90a", config=cfg)
+        assert g.spec == spec and g.config == cfg
+        usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
+        assert usage["LOCAL"] == 0 and usage["STACK"] == 0, (cfg.tag, usage)
+    with pytest.raises(ValueError, match="accumulator"):
+        dg.build_grouped(4096, 7168, dtype="fp8", arch="sm_90a", config=config.sm90_config(spec, 128, 256))
+    with pytest.raises(ValueError, match="multiples of 16 bytes"):
+        grouped.grouped_spec(4096, 7164, dtype="fp8")
+
+
 def test_segments_kernel_compiles(cache):
     art = grouped.segments_kernel("sm_90a")
     usage = sass.resource_usage(art.cubin)[art.entry]
