@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         layouts = suites.parse_list(args.layout, suites.LAYOUTS, ("nt",), "layout")
         baseline_order = suites.parse_list(args.baseline, baseline.KINDS, baseline.DEFAULT_ORDER, "baseline")
         epilogues = suites.parse_epilogues(args.epilogue)
+        tiles = suites.parse_tiles(args.tiles) or (None,)
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    tiles = tuple(t.strip() for t in args.tiles.split(",")) if args.tiles else (None,)
     cases = suites.expand(suite_names, dtype_names, layouts, quick=args.quick, tiles=tiles, epilogues=epilogues)
     if args.only:
         cases = [c for c in cases if re.search(args.only, c.tag)]

@@ -94,14 +94,49 @@ class Case:
 
         if self.tiles == "auto":  # the heuristic's own choice, even where a tuning result is stored
             return config.choose_config(spec, self.m, device.current_arch(), device.num_sms())
+        return forced_tile_config(spec, self.tiles)
 
-        match = re.fullmatch(r"(\d+)x(\d+)(?:s(\d+))?(p?)", self.tiles)
-        if match is None:
-            raise ValueError(f"tiles={self.tiles!r}: write BMxBN[sS][p], e.g. 128x256, 128x192s4 or 128x128p "
-                             "(p: ping-pong consumers)")
-        stages = int(match.group(3)) if match.group(3) else None
-        return config.sm90_config(spec, int(match.group(1)), int(match.group(2)), stages,
-                                  pingpong=bool(match.group(4)))
+
+# --tiles: forced sm90 tiles "BMxBN[sS][p]" (s: pipeline stages, else as many as fit; p: ping-pong consumers), shared
+# by python -m bench (one row per tile) and python -m bench.moe (every tile of a row timed in one interleaved call).
+TILE_WORDS = ("auto", "tuned")
+_TILE_RE = re.compile(r"(\d+)x(\d+)(?:s(\d+))?(p?)")
+
+
+def parse_tile(text: str) -> tuple[int, int, int | None, bool]:
+    """'128x192s4' -> (block_m 128, block_n 192, stages 4, pingpong False); stages None when not given.
+    ValueError on anything but BMxBN[sS][p]."""
+    match = _TILE_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"tiles={text!r}: write BMxBN[sS][p], e.g. 128x256, 128x192s4 or 128x128p "
+                         "(p: ping-pong consumers)")
+    stages = int(match.group(3)) if match.group(3) else None
+    return int(match.group(1)), int(match.group(2)), stages, bool(match.group(4))
+
+
+def forced_tile_config(spec, tile: str):
+    """The sm90 KernelConfig of the tile 'BMxBN[sS][p]' for `spec` (``config.sm90_config``; not checked against
+    the spec: ``KernelConfig.check_for`` or the build does that)."""
+    from deepgemm_jit import config
+
+    block_m, block_n, stages, pingpong = parse_tile(tile)
+    return config.sm90_config(spec, block_m, block_n, stages, pingpong=pingpong)
+
+
+def parse_tiles(text: str | None, words=TILE_WORDS) -> tuple[str, ...]:
+    """--tiles 'auto,128x256,128x192s4' -> ('auto', '128x256', '128x192s4'), duplicates dropped, each a word of
+    `words` or a tile that ``parse_tile`` reads (checked here, before any GPU work); None or '' -> (). ValueError
+    on anything else."""
+    if not text:
+        return ()
+    items = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    for item in items:
+        if item not in words:
+            try:
+                parse_tile(item)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; or one of {list(words)}") from None
+    return items
 
 
 def _product(ms, nks) -> tuple[Shape, ...]:

@@ -130,6 +130,20 @@ def test_write_all_files(tmp_path):
         assert matplotlib.__version__ and paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_parse_tiles_shared_by_bench_and_moe():
+    assert suites.parse_tiles(None) == () and suites.parse_tiles(" ") == ()
+    assert suites.parse_tiles("auto, 128x256,128x192s4,tuned,128x256") == ("auto", "128x256", "128x192s4", "tuned")
+    assert suites.parse_tile("64x176s6p") == (64, 176, 6, True) and suites.parse_tile("128x176") == (128, 176, None,
+                                                                                                      False)
+    for bad in ("big", "128x", "128x176s", "128x176q"):
+        with pytest.raises(ValueError, match="BMxBN"):
+            suites.parse_tiles(f"auto,{bad}")
+    with pytest.raises(ValueError, match=r"one of \['auto'\]"):
+        suites.parse_tiles("tuned", words=("auto",))
+    from bench.__main__ import main
+    assert main(["--list", "--tiles", "128x256,128y64"]) == 2
+
+
 def test_tile_sweep_cases_force_configs():
     from deepgemm_jit import GemmSpec
     cases = suites.expand(["square"], ["bf16"], tiles=(None, "128x256", "128x192s4"))
