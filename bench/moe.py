@@ -1,7 +1,7 @@
 """Grouped GEMMs for mixture-of-experts (issue 8): ``dg.build_grouped`` against torch's grouped matmuls.
 
     python -m bench.moe [--layout contiguous,masked] [--dtype bf16,fp8] [--quick] [--only REGEX]
-                        [--reps 30] [--out bench/results] [--list]
+                        [--tiles BMxBN[sS],...] [--reps 30] [--out bench/results] [--list]
 
 Rows (``cases``), each for (N, K) in ``MOE_NK`` = {(4096, 7168), (7168, 2048)} and dtype bf16 / fp8 (E4M3, 1x128
 activation groups x 128x128 weight blocks, BF16 out):
@@ -45,6 +45,17 @@ or loop; fp8: loop); ``ratio`` = baseline µs / our µs (> 1: we are faster). TF
 2 * sum(rows) * N * K / t. Issue 8's bar: geomean ratio >= 1.2 for bf16 and for fp8; fp8 contiguous 4 x 8192
 with N = 4096, K = 7168 at >= 1350 TFLOPS (``summarize``).
 
+Tile sweeps (``--tiles 128x128,128x176,64x128s6``, the syntax of ``python -m bench --tiles``, parsed by
+``suites.parse_tiles``): every row also builds ours once per forced tile, ``config.sm90_config`` on the GemmSpec
+``build_grouped`` compiles for the row (``forced_config``); a tile the spec cannot take (sm90_config / check_for or
+the build raise ValueError) is a ``skipped`` tile row with ``illegal`` = the reason, also named in the row's note,
+and does not change the exit status. Each built tile is checked exactly as ours (its own poisoned out=, the same
+float64 reference, untouched padding) and, if it passes, timed in the same interleaved call as ours and the
+contenders. The row of the heuristic's tile keeps its format (plus ``tile``: ``auto``); each forced tile adds a row
+after it, tagged ``<tag>_t<tile>`` as ``python -m bench``'s tile rows, with its own µs, err, config and
+``ratio`` against the same baseline, and ``vs_auto`` = the row's µs / the tile's. Summaries, bars and the main
+table are made of the auto rows only; the markdown adds a table of tile -> µs per row with the fastest in bold.
+
 Results: ``<out>/<UTC date>-moe-<gitshort>[-dirty].{json,md}`` (``src<hash>`` without git; the commit passed as
 DEEPGEMM_JIT_GIT_COMMIT wins, see ``report.git_info``); ``<stem>.partial.json`` is rewritten after every row.
 Exit status: 0 every row ok, 1 some row failed or raised, 2 nothing could run.
@@ -60,7 +71,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import metrics, report
+from . import metrics, report, suites
 
 MOE_NK = ((4096, 7168), (7168, 2048))
 DTYPES = ("bf16", "fp8")
@@ -267,8 +278,20 @@ def torch_apis(torch) -> dict[str, bool]:
 
 
 # --------------------------------------------------------------------------------------------------- summaries
+def auto_rows(rows: list[dict]) -> list[dict]:
+    """The rows of the heuristic's tiles (every row without --tiles): what summaries and bars are made of."""
+    return [r for r in rows if r.get("tile", "auto") == "auto"]
+
+
+def is_run_ok(rows: list[dict]) -> bool:
+    """Exit status 0: every row ok, forced tiles the row's spec cannot take (``illegal``, skipped) aside."""
+    return all(r["status"] == "ok" or r.get("illegal") for r in rows)
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Geomean ratio per dtype and per (dtype, layout) over the ok rows with a ratio, and issue 8's bar."""
+    """Geomean ratio per dtype and per (dtype, layout) over the ok rows with a ratio, and issue 8's bar (the
+    heuristic's tiles only: forced --tiles rows are left out)."""
+    rows = auto_rows(rows)
     out: dict = {"geomean_ratio": {}, "geomean_by_layout": {}, "bar": {}}
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         rs = [r for r in rows if r["dtype"] == dtype]
@@ -327,7 +350,75 @@ def summary_lines(summary: dict) -> list[str]:
     return lines
 
 
+_CONFIG_TILE_RE = re.compile(r"m(\d+)n(\d+)k\d+_s(\d+)")
+
+
+def _config_tile(config: str | None) -> str:
+    """'sm90_m128n176k128_s4_g16' -> '128x176s4' (the --tiles spelling), else the config as it is."""
+    match = _CONFIG_TILE_RE.search(config or "")
+    return f"{match[1]}x{match[2]}s{match[3]}" if match else str(config or "-")
+
+
+def _by_case(rows: list[dict]) -> list[dict[str, dict]]:
+    """The rows grouped per case, in order, each {tile: row} ('auto' for the heuristic's)."""
+    key = ("layout", "index", "sizes", "dtype", "groups", "rows", "n", "k")
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in key), {})[r.get("tile", "auto")] = r
+    return list(groups.values())
+
+
+def _fastest(group: dict[str, dict]) -> str | None:
+    """The tile of the lowest median among a case's timed rows (None if none was timed); ties: the first."""
+    timed = [(r["us"], i, tile) for i, (tile, r) in enumerate(group.items())
+             if r["status"] == "ok" and r.get("us") is not None]
+    return min(timed)[2] if timed else None
+
+
+def _fastest_text(group: dict[str, dict]) -> str:
+    best, auto = _fastest(group), group.get("auto")
+    if best is None or best == "auto":
+        return best or "-"
+    if auto is None or auto.get("us") is None:
+        return best
+    return f"{best} ({auto['us'] / group[best]['us']:.3f}x auto)"
+
+
+def _tile_cell(r: dict | None, is_best: bool) -> str:
+    if r is None:
+        return "-"
+    if r["status"] == "ok" and r.get("us") is not None:
+        us = _f(r["us"], ".1f")
+        return f"**{us}**" if is_best else us
+    return "illegal" if r.get("illegal") else r["status"]
+
+
+def tile_table(rows: list[dict]) -> list[str]:
+    """Markdown lines of the --tiles sweep (none without forced tiles): per case, the median µs of the heuristic's
+    tile (auto, its tile in parentheses) and of every forced tile, the fastest in bold and named last with its gain
+    over auto; 'illegal': the row's spec cannot take the tile (reason in the JSON's note)."""
+    tiles = list(dict.fromkeys(r["tile"] for r in rows if r.get("tile", "auto") != "auto"))
+    if not tiles:
+        return []
+    lines = ["| row | auto | " + " | ".join(tiles) + " | fastest |", "|---|--:|" + "--:|" * len(tiles) + "---|"]
+    for group in _by_case(rows):
+        best, auto = _fastest(group), group.get("auto")
+        label = auto["tag"] if auto else next(iter(group.values()))["tag"].rsplit("_t", 1)[0]
+        auto_cell = _tile_cell(auto, best == "auto") + (f" ({_config_tile(auto.get('config'))})" if auto else "")
+        cells = [_tile_cell(group.get(tile), best == tile) for tile in tiles]
+        lines.append(f"| {label} | {auto_cell} | " + " | ".join(cells) + f" | {_fastest_text(group)} |")
+    return lines
+
+
+def tile_line(case_rows: list[dict]) -> str:
+    """One printed line of a case's forced tiles: '  tiles: 128x128 812.3, 128x256 illegal, ... fastest: ...'."""
+    group = _by_case(case_rows)[0]
+    cells = [f"{tile} {_tile_cell(r, False)}" for tile, r in group.items() if tile != "auto"]
+    return f"    tiles: {', '.join(cells)}; fastest: {_fastest_text(group)}"
+
+
 def markdown(header: dict, rows: list[dict], summary: dict) -> str:
+    all_rows, rows = rows, auto_rows(rows)
     has_rowwise = any(r.get("rowwise_us") is not None for r in rows)
     rw_head, rw_rule = (" torch rowwise µs |", "--:|") if has_rowwise else ("", "")
     lines = [
@@ -353,12 +444,20 @@ def markdown(header: dict, rows: list[dict], summary: dict) -> str:
                      f"{_f(r.get('err'), '.1e')} | {status} |")
     lines.append("")
     lines += [f"- {line.strip()}" for line in summary_lines(summary)]
+    tiles = tile_table(all_rows)
+    if tiles:
+        lines += ["", "## Tiles (--tiles)", "",
+                  "Median µs of each tile, timed in the same interleaved call as the row's contenders after passing "
+                  "the same check; auto = the heuristic's tile (the main table's row; its tile in parentheses); "
+                  "**bold**: the fastest; illegal: the row's spec cannot take the tile (skipped, reason in the "
+                  "JSON's note).", ""]
+        lines += tiles
     return "\n".join(lines) + "\n"
 
 
 def short_table(rows: list[dict]) -> str:
     lines = [f"{'tag':44} {'us':>9} {'base_us':>9} {'ratio':>6} {'TFLOPS':>7} status"]
-    for r in rows:
+    for r in auto_rows(rows):
         status = r["status"] if r["status"] == "ok" else f"{r['status']} {(r.get('error') or r.get('note') or '')[:70]}"
         lines.append(f"{r['tag']:44} {_f(r.get('us'), '9.1f'):>9} {_f(r.get('baseline_us'), '9.1f'):>9} "
                      f"{_f(r.get('ratio'), '6.3f'):>6} {_f(r.get('tflops'), '7.1f'):>7} {status}")
@@ -384,6 +483,16 @@ def empty_row(case: MoeCase) -> dict:
             "family": None, "config": None, "build_s": None, "first_call_s": None, "reps": None}
 
 
+def tile_row(case: MoeCase, tile: str) -> dict:
+    """The row of one forced tile of `case` (--tiles), tagged like python -m bench's tile rows
+    (``<tag>_t<tile>``): empty_row's keys and ``tile``, ``illegal`` (why the row's spec cannot take the tile, then
+    status skipped), ``vs_auto`` (the row's own µs / this tile's, > 1: the tile is faster), ``config_fields``.
+    Its ``baseline_us`` is the row's, timed in the same interleaved call; ``ratio`` = that / this tile's µs."""
+    row = empty_row(case)
+    row.update(tag=f"{case.tag}_t{tile}", tile=tile, illegal=None, vs_auto=None, config_fields=None)
+    return row
+
+
 @dataclasses.dataclass
 class Context:
     reps: int
@@ -393,6 +502,7 @@ class Context:
     rowwise: bool
     flusher: object = None
     is_context_lost: bool = False
+    tiles: tuple[str, ...] = ()   # forced tiles 'BMxBN[sS]' built, checked and timed with every row (--tiles)
 
 
 def _int_view(x):
@@ -593,7 +703,95 @@ def _rowwise_reference(ops: dict, sizes, live_groups):
     return cupy.concatenate(parts, axis=0)
 
 
-def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
+def forced_config(case: MoeCase, tile: str, arch: str = "sm_90a"):
+    """The KernelConfig of the forced tile 'BMxBN[sS]' (``--tiles``) for `case`: ``config.sm90_config`` on the
+    GemmSpec that ``build_grouped`` compiles for the row (``grouped.grouped_spec``), checked against it (pure
+    Python). ValueError where the row cannot take the tile (accumulators, shared memory, ping-pong, ...)."""
+    from deepgemm_jit.grouped import grouped_spec
+
+    spec = grouped_spec(case.n, case.k, dtype=case.dtype)
+    cfg = suites.forced_tile_config(spec, tile)
+    cfg.check_for(spec, arch)
+    return cfg
+
+
+def _first_call(gemm, a_in, b_in, kwargs: dict, out_shape: tuple[int, ...]) -> tuple[object, float, list[str]]:
+    """One call of ours into a NaN-poisoned out=, synchronized: (out, seconds, notes)."""
+    import cupy
+
+    from deepgemm_jit import reference
+
+    d = reference.poisoned(out_shape, OUT_DTYPE)
+    t0 = time.perf_counter()
+    res = gemm(a_in, b_in, out=d, **kwargs)
+    cupy.cuda.Device().synchronize()
+    seconds = time.perf_counter() - t0
+    notes = []
+    if res is not d and getattr(getattr(res, "data", None), "ptr", None) != d.data.ptr:
+        notes.append("the call returned another array than out=")
+    return d, seconds, notes
+
+
+def _judge(case: MoeCase, d, sizes, ref, ref_cos, lib: str) -> tuple[dict, list[str], str | None]:
+    """One output of ours against the float64 per-group reference: (fields err, err_cos, pad_rows, untouched_bad;
+    notes; the verdict that keeps it from being timed, None when it passed)."""
+    import cupy
+
+    from deepgemm_jit import reference
+
+    index, pads = group_index(case, sizes), pad_index(case, sizes)
+    fields: dict = {}
+    notes = []
+    ours64 = cupy.concatenate([reference.to_float64(d[index[g]]) for g, s in enumerate(sizes) if s > 0], axis=0)
+    fields["err"] = reference.error(ours64, ref)
+    if math.isnan(fields["err"]):
+        notes.append(f"{int(cupy.count_nonzero(~cupy.isfinite(ours64)))} non-finite values in the valid rows")
+    if ref_cos is not None:
+        fields["err_cos"] = reference.error(ours64, ref_cos, "cos")
+        if not fields["err_cos"] <= reference.FP8_COS_BOUND:
+            notes.append(f"cos diff {fields['err_cos']:.2e} > {reference.FP8_COS_BOUND:g} vs the BF16-input product "
+                         "(recorded, not judged)")
+    del ours64
+    bits = d.view(cupy.uint16)
+    fields["pad_rows"] = sum((ix[-1].stop - ix[-1].start) for ix in pads)
+    fields["untouched_bad"] = sum(int(cupy.count_nonzero(bits[ix] != POISON_BITS)) for ix in pads)
+    if fields["untouched_bad"]:
+        notes.append(f"{fields['untouched_bad']} elements of the {fields['pad_rows']} padding/masked rows were written")
+    verdict = None
+    if not reference.within_bound(fields["err"], lib):
+        verdict = f"err {fields['err']:.3e} > tol {reference.ERROR_BOUND[lib]:g}"
+    elif fields["untouched_bad"]:
+        verdict = "padding written"
+    return fields, notes, verdict
+
+
+def _build_tiles(case: MoeCase, dg, tile_rows: list[dict]) -> tuple[dict, list[str]]:
+    """Build ours once per forced tile: ({tile: GroupedGemm}, notes for the row). A tile the row cannot take
+    (forced_config or the build raises ValueError) is marked skipped with the reason (``illegal``); another
+    exception of its build is that tile row's error, and the others go on."""
+    from .runner import _config_strings
+
+    gemms, notes = {}, []
+    for tr in tile_rows:
+        tile = tr["tile"]
+        t0 = time.perf_counter()
+        try:
+            gemms[tile] = dg.build_grouped(case.n, case.k, dtype=case.dtype, expected_m=case.rows,
+                                           num_groups=case.groups, config=forced_config(case, tile))
+        except ValueError as exc:
+            tr.update(status="skipped", illegal=str(exc), note=f"skipped: tile {tile}: {exc}")
+            notes.append(f"tile {tile} skipped: {exc}")
+            continue
+        except Exception as exc:
+            tr["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            notes.append(f"tile {tile}: its build raised {type(exc).__name__}")
+            continue
+        tr["build_s"] = time.perf_counter() - t0
+        tr["family"], tr["config"], tr["config_fields"] = _config_strings(gemms[tile])
+    return gemms, notes
+
+
+def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict, tile_rows: list[dict]) -> None:
     import cupy
 
     import deepgemm_jit as dg
@@ -604,10 +802,12 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
     lib = LIB_DTYPE[case.dtype]
     row["tol"] = reference.ERROR_BOUND[lib]
     sizes = group_sizes(case, ctx.sizes_seed)
-    index, pads = group_index(case, sizes), pad_index(case, sizes)
+    index = group_index(case, sizes)
     live = [g for g, s in enumerate(sizes) if s > 0]
     row["group_sizes"], row["valid_rows"] = sizes, sum(sizes)
     row["m_total"] = segment_starts(case, sizes)[1]
+    for tr in tile_rows:
+        tr.update(tol=row["tol"], group_sizes=sizes, valid_rows=row["valid_rows"], m_total=row["m_total"])
     flops = valid_flops(case, sizes)
 
     if not hasattr(dg, "build_grouped"):
@@ -616,6 +816,7 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
     gemm = dg.build_grouped(case.n, case.k, dtype=case.dtype, expected_m=case.rows, num_groups=case.groups)
     row["build_s"] = time.perf_counter() - t0
     row["family"], row["config"], _ = _config_strings(gemm)
+    tile_gemms, tile_notes = _build_tiles(case, dg, tile_rows)
 
     # ---- operands: fresh N(0, 1) BF16 values (padding rows too: never zeros), index arrays on the device
     rng = cupy.random.default_rng(ctx.seed + index_no)
@@ -642,16 +843,11 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
     is_packed = case.layout == "contiguous" and case.index == "offs"
     ops["a_valid"] = a if is_packed else _pack(a, [index[g] for g in live])
 
-    # ---- correctness first: poisoned out=, float64 per-group reference, untouched padding
-    d = reference.poisoned(a_shape(case, sizes)[:-1] + (case.n,), OUT_DTYPE)
-    t0 = time.perf_counter()
-    res = gemm(a_in, b_in, out=d, **kwargs)
-    cupy.cuda.Device().synchronize()
-    row["first_call_s"] = time.perf_counter() - t0
-    notes = []
-    if res is not d and getattr(getattr(res, "data", None), "ptr", None) != d.data.ptr:
-        notes.append("the call returned another array than out=")
-    ref_parts, ref_cos_parts, ours_parts = [], [], []
+    # ---- correctness first, ours and every forced tile: poisoned out=, float64 per-group reference, untouched
+    # padding
+    out_shape = a_shape(case, sizes)[:-1] + (case.n,)
+    d, row["first_call_s"], notes = _first_call(gemm, a_in, b_in, kwargs, out_shape)
+    ref_parts, ref_cos_parts = [], []
     for g in live:
         ix = index[g]
         if case.dtype == "fp8":
@@ -661,33 +857,37 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
         else:
             a64, b64 = reference.to_float64(a[ix]), reference.to_float64(b[g])
         ref_parts.append(a64 @ b64.T)
-        ours_parts.append(reference.to_float64(d[ix]))
         del a64, b64
     ref = cupy.concatenate(ref_parts, axis=0)
-    ours64 = cupy.concatenate(ours_parts, axis=0)
-    del ref_parts, ours_parts
-    row["err"] = reference.error(ours64, ref)
-    if math.isnan(row["err"]):
-        notes.append(f"{int(cupy.count_nonzero(~cupy.isfinite(ours64)))} non-finite values in the valid rows")
-    ref_cos = None
-    if ref_cos_parts:
-        ref_cos = cupy.concatenate(ref_cos_parts, axis=0)
-        del ref_cos_parts
-        row["err_cos"] = reference.error(ours64, ref_cos, "cos")
-        if not row["err_cos"] <= reference.FP8_COS_BOUND:
-            notes.append(f"cos diff {row['err_cos']:.2e} > {reference.FP8_COS_BOUND:g} vs the BF16-input product "
-                         "(recorded, not judged)")
-    del ours64
-    bits = d.view(cupy.uint16)
-    row["pad_rows"] = sum((ix[-1].stop - ix[-1].start) for ix in pads)
-    row["untouched_bad"] = sum(int(cupy.count_nonzero(bits[ix] != POISON_BITS)) for ix in pads)
-    if row["untouched_bad"]:
-        notes.append(f"{row['untouched_bad']} elements of the {row['pad_rows']} padding/masked rows were written")
-    if not reference.within_bound(row["err"], lib) or row["untouched_bad"]:
+    del ref_parts
+    ref_cos = cupy.concatenate(ref_cos_parts, axis=0) if ref_cos_parts else None
+    del ref_cos_parts
+    fields, more, verdict = _judge(case, d, sizes, ref, ref_cos, lib)
+    row.update(fields)
+    notes += more
+    checked = {}   # tile -> (GroupedGemm, its out=): the forced tiles that passed their check
+    for tr in tile_rows:
+        tile = tr["tile"]
+        if tile not in tile_gemms:
+            continue
+        d_tile, tr["first_call_s"], tile_row_notes = _first_call(tile_gemms[tile], a_in, b_in, kwargs, out_shape)
+        tile_fields, more, tile_verdict = _judge(case, d_tile, sizes, ref, ref_cos, lib)
+        tr.update(tile_fields)
+        tile_row_notes += more
+        if tile_verdict is None:
+            checked[tile] = (tile_gemms[tile], d_tile)
+            tr["note"] = "; ".join(tile_row_notes)
+        else:
+            tr.update(status="fail", note="; ".join(tile_row_notes + [f"{tile_verdict}: not timed"]))
+            tile_notes.append(f"tile {tile} failed its check ({tile_verdict})")
+        del d_tile
+    if verdict is not None:
         row["status"] = "fail"
-        verdict = (f"err {row['err']:.3e} > tol {row['tol']:g}" if not reference.within_bound(row["err"], lib)
-                   else "padding written")
-        row["note"] = "; ".join(notes + [f"{verdict}: not timed"])
+        row["note"] = "; ".join(notes + [f"{verdict}: not timed"] + tile_notes)
+        for tr in tile_rows:
+            if tr["tile"] in checked:
+                tr.update(status="skipped", note="; ".join(x for x in (tr["note"], "passed its check, not timed: the "
+                                                                       "row's own (auto) tile failed its check") if x))
         return
 
     # ---- baselines, each checked like ours before it may be timed
@@ -715,8 +915,11 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
             notes.append("no baseline: " + "; ".join(reasons))
     del ref, ref_cos
 
-    # ---- timing: ours and every checked contender, interleaved, L2 flushed before each call
+    # ---- timing: ours, every checked forced tile and every checked contender, interleaved, L2 flushed before
+    # each call
     fns = {"ours": lambda: gemm(a_in, b_in, out=d, **kwargs)}
+    for tile, (g, d_tile) in checked.items():
+        fns[f"t{tile}"] = lambda g=g, d_tile=d_tile: g(a_in, b_in, out=d_tile, **kwargs)
     fns.update({key: c.fn for key, c in timed.items()})
     t = timing.time_interleaved(fns, reps=ctx.reps, warmup=ctx.warmup, flush=ctx.flusher)
     ours = t["ours"]
@@ -739,16 +942,39 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict) -> None:
                    rowwise_ratio=t["rowwise"].median_us / ours.median_us)
     if ours.host_us > ours.flush_us:
         notes.append(f"ours: host {ours.host_us:.0f} us > flush {ours.flush_us:.0f} us")
-    row["note"] = "; ".join(notes)
+    row["note"] = "; ".join(notes + tile_notes)
     row["status"] = "ok"
+    for tr in tile_rows:
+        if tr["tile"] not in checked:
+            continue
+        tk = t[f"t{tr['tile']}"]
+        tr.update(us=tk.median_us, us_min=tk.min_us, us_p20=tk.p20_us, us_p80=tk.p80_us, host_us=tk.host_us,
+                  flush_us=tk.flush_us, reps=tk.num_reps, tflops=flops / tk.median_us / 1e6,
+                  vs_auto=ours.median_us / tk.median_us)
+        if same:
+            tr.update(baseline=row["baseline"], baseline_us=base_us, baseline_tflops=row["baseline_tflops"],
+                      ratio=base_us / tk.median_us)
+        if tk.host_us > tk.flush_us:
+            tr["note"] = "; ".join(x for x in (tr["note"], f"host {tk.host_us:.0f} us > flush "
+                                               f"{tk.flush_us:.0f} us") if x)
+        tr["status"] = "ok"
 
 
-def run_case(case: MoeCase, ctx: Context, index_no: int) -> dict:
-    """One row; an exception becomes the row's error, a lost CUDA context skips the rows after it."""
+def run_case(case: MoeCase, ctx: Context, index_no: int) -> list[dict]:
+    """The row of `case`, then one row per forced tile of ``ctx.tiles`` (``tile_row``), all built, checked and
+    timed together; an exception becomes the row's error (the tile rows not finished take it), a lost CUDA
+    context skips the rows after it."""
     from .runner import guarded_row
 
     row = empty_row(case)
-    return guarded_row(row, ctx, lambda: _run_case(case, ctx, index_no, row))
+    tile_rows = [tile_row(case, tile) for tile in ctx.tiles]
+    if tile_rows:
+        row["tile"] = "auto"
+    guarded_row(row, ctx, lambda: _run_case(case, ctx, index_no, row, tile_rows))
+    for tr in tile_rows:
+        if tr["status"] == "error" and tr["error"] is None:
+            tr.update(status=row["status"], error=f"the row did not finish: {row['error'] or row['status']}")
+    return [row, *tile_rows]
 
 
 # -------------------------------------------------------------------------------------------------------- main
@@ -766,6 +992,11 @@ def parse_args(argv):
     p.add_argument("--sizes-seed", type=int, default=0, help="seed of the group sizes (default 0: fixed)")
     p.add_argument("--flush-mb", type=int, default=timing.DEFAULT_FLUSH_BYTES >> 20)
     p.add_argument("--no-rowwise", action="store_true", help="skip torch's row-wise grouped FP8 (information only)")
+    p.add_argument("--tiles", default=None,
+                   help="also sweep forced sm90 tiles: comma list of BMxBN[sS] as python -m bench --tiles, e.g. "
+                        "128x128,128x176,64x128s6 ('auto', the heuristic's choice, is always the row itself). Each "
+                        "is built for every row, checked like it and timed in the same interleaved call; one the "
+                        "row cannot take is reported skipped (illegal)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
     return p.parse_args(argv)
@@ -784,14 +1015,28 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         rows_spec = select(args)
+        tiles = tuple(t for t in suites.parse_tiles(args.tiles, words=("auto",)) if t != "auto")
     except ValueError as exc:
         print(f"bench.moe: {exc}", file=sys.stderr)
         return 2
     if args.list:
+        num_illegal = 0
         for c in rows_spec:
             sizes = group_sizes(c, args.sizes_seed)
             extra = f" max_m {c.max_m}" if c.max_m else ""
             print(f"{c.tag:46} valid {sum(sizes):6d}{extra} sizes {sizes if c.sizes != 'even' else 'even'}")
+            if tiles:
+                cells = []
+                for tile in tiles:
+                    try:
+                        cells.append(f"{tile} (s{forced_config(c, tile).num_stages})")
+                    except ValueError as exc:
+                        cells.append(f"{tile} (illegal, skipped: {exc})")
+                        num_illegal += 1
+                print(f"    tiles: auto, {', '.join(cells)}")
+        if tiles:
+            print(f"tiles: auto + {len(tiles)} forced per row; {num_illegal} of {len(rows_spec) * len(tiles)} "
+                  "forced tiles illegal for their row (reported skipped)")
         print(f"{len(rows_spec)} rows")
         return 0
     if not rows_spec:
@@ -826,6 +1071,8 @@ def main(argv=None) -> int:
                 "quick": args.quick, "only": args.only, "baselines": ["torch_grouped", "torch_loop"] +
                 ([] if args.no_rowwise else ["torch_rowwise(info)"]), "torch_apis": apis,
                 "num_devices": num_devices}
+    if tiles:
+        settings["tiles"] = ["auto", *tiles]
     header = report.collect_env(argv, settings)
     header["command"] = " ".join(["python", "-m", "bench.moe", *argv])
     stem = result_stem(header["date"], header.get("git_commit"), header.get("git_dirty"), header["source_sha256"])
@@ -833,19 +1080,22 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = out_dir / f"{stem}.partial.json"
     ctx = Context(reps=args.reps, warmup=args.warmup, seed=seed, sizes_seed=args.sizes_seed,
-                  rowwise=not args.no_rowwise, flusher=timing.L2Flusher(args.flush_mb << 20))
+                  rowwise=not args.no_rowwise, flusher=timing.L2Flusher(args.flush_mb << 20), tiles=tiles)
     print(f"bench.moe: {len(rows_spec)} rows on {header['gpu']}, reps {args.reps}, seed {seed}, torch "
-          f"{header.get('torch')} {apis}", flush=True)
+          f"{header.get('torch')} {apis}" + (f", tiles auto,{','.join(tiles)}" if tiles else ""), flush=True)
 
     rows: list[dict] = []
     t_start = time.perf_counter()
     for i, case in enumerate(rows_spec):
-        rows.append(run_case(case, ctx, i))
-        r = rows[-1]
+        case_rows = run_case(case, ctx, i)
+        rows += case_rows
+        r = case_rows[0]
         detail = "" if r["status"] == "ok" else " " + str(r.get("error") or r.get("note"))[:200]
         print(f"[{i + 1}/{len(rows_spec)}] {case.tag}: {r['status']} us={_f(r['us'], '.1f')} "
               f"base={_f(r['baseline_us'], '.1f')} ({r.get('baseline') or '-'}) ratio={_f(r['ratio'], '.3f')} "
               f"TFLOPS={_f(r['tflops'], '.1f')} err={_f(r['err'], '.1e')}{detail}", flush=True)
+        if tiles:
+            print(tile_line(case_rows), flush=True)
         try:
             partial.write_text(to_json(header, rows, None))
         except OSError:
@@ -859,8 +1109,10 @@ def main(argv=None) -> int:
     print(short_table(rows))
     for line in summary_lines(summary):
         print(line)
+    for line in tile_table(rows):
+        print(line)
     print(f"json: {out_dir / f'{stem}.json'}\nmd: {out_dir / f'{stem}.md'}")
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if is_run_ok(rows) else 1
 
 
 if __name__ == "__main__":

@@ -1045,8 +1045,10 @@ def moe_cpu(monkeypatch):
         return [("fake F.scaled_mm(1x128,128x128)", call)]
 
     us = {"ours": 80.0, "grouped": 100.0, "loop": 120.0, "rowwise": 70.0}
+    timed_calls = []   # the keys of every time_interleaved call
 
     def time_interleaved(fns, *, reps, warmup, flush):
+        timed_calls.append(list(fns))
         for fn in fns.values():
             fn()
         return {name: timing.Timing(us[name], us[name], us[name], us[name], reps, 5.0, 50.0, ()) for name in fns}
@@ -1054,20 +1056,30 @@ def moe_cpu(monkeypatch):
 
     real_block_calls = baseline.torch_scaled_mm_calls
 
-    def run(case, damage=None, fp8_loop=True):
+    def run(case, damage=None, fp8_loop=True, tiles=(), tile_us=None, tile_damage=None):
+        """(the row, build_grouped's arguments, ours' calls); with `tiles` (--tiles) every row of the case is in
+        run.rows, the forced configs built in run.forced, the timing calls' keys in run.timed."""
         monkeypatch.setattr(baseline, "torch_scaled_mm_calls", fake_block_calls if fp8_loop else real_block_calls)
+        us.update(tile_us or {})
         gemm = _FakeGrouped(np, damage)
-        built = {}
+        built, run.forced, run.timed = {}, [], timed_calls
+        timed_calls.clear()
 
-        def build_grouped(n, k, *, dtype, expected_m, num_groups):
+        def build_grouped(n, k, *, dtype, expected_m, num_groups, config=None):
+            if config is not None:     # a forced tile: its own fake, damaged as tile_damage says
+                tile = f"{config.block_m}x{config.block_n}"
+                run.forced.append((tile, config, expected_m, num_groups))
+                fake = _FakeGrouped(np, (tile_damage or {}).get(tile))
+                fake.config = config
+                return fake
             built.update(n=n, k=k, dtype=dtype, expected_m=expected_m, num_groups=num_groups)
             return gemm
         monkeypatch.setattr(deepgemm_jit, "build_grouped", build_grouped, raising=False)
-        ctx = moe.Context(reps=30, warmup=1, seed=5, sizes_seed=0, rowwise=True, flusher=object())
-        row = moe.run_case(case, ctx, 0)
+        ctx = moe.Context(reps=30, warmup=1, seed=5, sizes_seed=0, rowwise=True, flusher=object(), tiles=tiles)
+        run.rows = moe.run_case(case, ctx, 0)
         if gemm.scale_a is not None:  # fp8 rows
             built["scale_a"] = gemm.scale_a
-        return row, built, gemm.calls
+        return run.rows[0], built, gemm.calls
 
     return run
 
@@ -1130,6 +1142,117 @@ def test_moe_row_fp8_on_cpu(moe_cpu, layout, index, sizes):
     assert row["rowwise_us"] is None and any("_scaled_grouped_mm" in r for r in row["unavailable"])
     row, _, _ = moe_cpu(case, fp8_loop=False)                  # CPU torch refuses block scales: ours alone
     assert row["status"] == "ok" and row["ratio"] is None and "no baseline" in row["note"]
+
+
+def test_moe_row_tiles_on_cpu(moe_cpu):
+    """--tiles: every forced tile built from the row's grouped spec, checked like ours, timed in the same call as
+    ours and the baselines; one the spec cannot take is skipped with the reason; the row itself keeps its format."""
+    from bench import moe
+    case = moe.MoeCase("masked", "masked_m", "random", "fp8", 3, 64, 256, 384)
+    plain, _, _ = moe_cpu(case)
+    assert len(moe_cpu.rows) == 1 and "tile" not in plain                 # without --tiles: today's row
+    tiles = ("128x64", "64x176", "128x256")
+    row, built, calls = moe_cpu(case, tiles=tiles, tile_us={"t128x64": 96.0, "t64x176": 64.0})
+    rows = moe_cpu.rows
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
+    assert [r.get("tile") for r in rows] == ["auto", *tiles]
+    assert set(row) == set(plain) | {"tile"} and row["tag"] == plain["tag"]
+    assert row["us"] == 80.0 and row["ratio"] == pytest.approx(1.5) and row["err"] == plain["err"]
+    assert "tile 128x256 skipped: sm90 tile 128x256 needs 256 accumulator registers" in row["note"]
+    # forced configs: sm90_config on the row's grouped spec, the row's hints; the illegal one is never built
+    assert [(t, c.block_k, e, g) for t, c, e, g in moe_cpu.forced] == [("128x64", 128, 64, 3), ("64x176", 128, 64, 3)]
+    assert moe_cpu.forced[1][1] == moe.forced_config(case, "64x176")
+    assert moe_cpu.timed == [["ours", "t128x64", "t64x176", "loop"]]     # one interleaved call for all
+    t64, t176, t256 = rows[1:]
+    assert t64["tag"] == case.tag + "_t128x64" and t64["config_fields"]["block_n"] == 64
+    for r, us in ((t64, 96.0), (t176, 64.0)):
+        assert r["status"] == "ok" and r["us"] == us and r["err"] < 1e-2 and 0 < r["err_cos"] < 1e-2
+        assert r["untouched_bad"] == 0 and r["pad_rows"] == row["pad_rows"] and r["first_call_s"] is not None
+        assert r["baseline_us"] == 120.0 and r["ratio"] == pytest.approx(120.0 / us)
+        assert r["vs_auto"] == pytest.approx(80.0 / us) and r["contenders"] == {}
+    assert t256["status"] == "skipped" and "accumulator" in t256["illegal"] and t256["us"] is None
+    assert moe.is_run_ok(rows) and not moe.is_run_ok(rows + [dict(t256, illegal=None)])
+    assert "fastest: 64x176 (1.250x auto)" in moe.tile_line(rows) and "128x256 illegal" in moe.tile_line(rows)
+
+    # a tile that fails its check is not timed, the others are; the row stays ok and says so
+    row, _, _ = moe_cpu(case, tiles=tiles, tile_damage={"128x64": "pad_written"})
+    rows = moe_cpu.rows
+    assert row["status"] == "ok" and "tile 128x64 failed its check (padding written)" in row["note"]
+    assert rows[1]["status"] == "fail" and rows[1]["us"] is None and rows[1]["untouched_bad"] == case.n
+    assert moe_cpu.timed == [["ours", "t64x176", "loop"]] and rows[2]["status"] == "ok"
+    assert not moe.is_run_ok(rows)
+
+    # the row's own tile fails: nothing is timed, the tiles that passed say why they were not
+    row, _, _ = moe_cpu(case, damage="wrong", tiles=tiles)
+    rows = moe_cpu.rows
+    assert row["status"] == "fail" and moe_cpu.timed == [] and "not timed" in row["note"]
+    assert [r["status"] for r in rows[1:]] == ["skipped", "skipped", "skipped"]
+    assert "auto) tile failed its check" in rows[1]["note"] and rows[1]["err"] < 1e-2 and not rows[1]["illegal"]
+    assert not moe.is_run_ok(rows)
+
+
+def test_moe_tiles_option_list_and_forced_configs(capsys):
+    import dataclasses
+
+    from bench import moe
+    from deepgemm_jit import config
+    from deepgemm_jit.grouped import grouped_spec
+    fp8 = moe.MoeCase("contiguous", "offs", "even", "fp8", 4, 8192, 4096, 7168)
+    bf16 = dataclasses.replace(fp8, dtype="bf16")
+    assert moe.forced_config(fp8, "128x176") == config.sm90_config(grouped_spec(4096, 7168, dtype="fp8"), 128, 176)
+    assert moe.forced_config(fp8, "64x176s5").num_stages == 5 and moe.forced_config(bf16, "128x256").block_k == 64
+    for tile, word in (("128x256", "accumulator"), ("128x128p", "cooperative"), ("128x128x", "BMxBN")):
+        with pytest.raises(ValueError, match=word):
+            moe.forced_config(fp8, tile)
+    assert moe.main(["--list", "--only", "fp8_contig_offs_even_g4", "--tiles", "auto,128x176,128x256,64x128"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("fp8_contig_offs_even_g4x8192_n4096k7168")
+    assert out[1].startswith("    tiles: auto, 128x176 (s4), 128x256 (illegal, skipped: sm90 tile 128x256 needs")
+    assert out[1].endswith(", 64x128 (s8)")
+    assert out[-2:] == ["tiles: auto + 3 forced per row; 2 of 6 forced tiles illegal for their row (reported "
+                        "skipped)", "2 rows"]
+    assert moe.main(["--list", "--tiles", "128x176,tuned"]) == 2       # build_grouped has no tune=
+    assert "one of ['auto']" in capsys.readouterr().err
+    assert moe.main(["--list", "--tiles", "128by176"]) == 2
+
+
+def test_moe_summary_and_markdown_with_tiles():
+    """Tile rows enter neither the summary, the bar, the main table nor the short table: the tile table only."""
+    from bench import moe
+    bar = moe.MoeCase("contiguous", "offs", "even", "fp8", 4, 8192, 4096, 7168)
+    masked = moe.MoeCase("masked", "masked_m", "random", "bf16", 2, 256, 7168, 2048)
+
+    def row(case, us, tile=None, status="ok", **extra):
+        r = moe.empty_row(case) if tile in (None, "auto") else moe.tile_row(case, tile)
+        sizes = moe.group_sizes(case)
+        r.update(status=status, group_sizes=sizes, valid_rows=sum(sizes), err=3e-3, config="sm90_m128n176k128_s4_g16",
+                 **extra)
+        if tile == "auto":
+            r["tile"] = "auto"
+        if status == "ok":
+            r.update(us=us, tflops=moe.valid_flops(case, sizes) / us / 1e6, baseline="loop", baseline_us=1500.0,
+                     ratio=1500.0 / us)
+        return r
+    plain = [row(bar, 1400.0), row(masked, 50.0)]
+    swept = [row(bar, 1400.0, "auto"), row(bar, 1700.0, "128x64"), row(bar, 1225.0, "128x160"),
+             row(bar, None, "128x256", status="skipped", illegal="too many accumulators"),
+             row(masked, 50.0, "auto"), row(masked, 40.0, "128x64", status="fail"), row(masked, 55.0, "128x160")]
+    assert moe.summarize(swept) == moe.summarize(plain)
+    assert moe.summarize(swept)["bar"]["fp8_contig_4x8192_n4096k7168_tflops"] == pytest.approx(
+        2 * 32768 * 4096 * 7168 / 1400.0 / 1e6)
+    assert moe.auto_rows(swept) == [swept[0], swept[4]] and moe.tile_table(plain) == []
+    short = moe.short_table(swept)
+    assert len(short.splitlines()) == 3 and "_t128x" not in short
+    header = {"date": "2026-11-29T07:15:02+00:00", "gpu": "NVIDIA H200", "reps": 30, "command": "python -m bench.moe"}
+    md = moe.markdown(header, swept, moe.summarize(swept))
+    assert "## Tiles" not in moe.markdown(header, plain, moe.summarize(plain))
+    main_body = [line for line in md.splitlines() if line.startswith(("| contiguous", "| masked"))]
+    assert len(main_body) == 2
+    table = md.split("## Tiles (--tiles)")[1].strip().splitlines()[2:]
+    assert table[0] == "| row | auto | 128x64 | 128x160 | 128x256 | fastest |"
+    assert table[2] == (f"| {bar.tag} | 1400.0 (128x176s4) | 1700.0 | **1225.0** | illegal | 128x160 (1.143x auto) |")
+    assert table[3] == f"| {masked.tag} | **50.0** (128x176s4) | fail | 55.0 | - | auto |"
+    assert all(line.count("|") == table[0].count("|") for line in table[:4])
 
 
 def _cupy_on_numpy(monkeypatch, runner):
