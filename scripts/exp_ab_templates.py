@@ -140,13 +140,19 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
         build, kwargs = dict(dtype="fp8", scaling=scaling), dict(scale_a=sa, scale_b=sb)
     else:
         raise SystemExit(f"--problems: unknown dtype {dtype!r} (bf16, fp16, fp8_tensor, fp8_block)")
+    from deepgemm_jit import gemv
+
     outs, fns = {}, {}
-    for name, tdir, _tile, _bulk in trees:
+    choose_warps_k = gemv.choose_warps_k
+    for name, tdir, tile, _bulk in trees:
         _use_tree(tdir)
+        if tile and tile.startswith("wk"):  # DIR@wkW: the weight-streaming kernel's warps_k forced to W
+            gemv.choose_warps_k = (lambda w: lambda k, element_bytes: w)(int(tile[2:]))
         g = dg.build(m, n, k, **build)
         out = reference.poisoned((m, n), "bf16")
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
-        fns[name]()
+        fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
+        gemv.choose_warps_k = choose_warps_k
         outs[name] = out
     _use_tree(None)
     cupy.cuda.Device().synchronize()
