@@ -46,10 +46,18 @@ def _weight_streaming(gemm) -> dict:
     if not max_m:
         return {"max_m": 0}
     spec = gemm.spec
-    warps_k = gemv.choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes)
+    ctas = _num_sms() * gemv.GemvSpec.for_gemm(spec, 1).ctas_per_sm  # the M = 1 kernel's grid
+    warps_k = gemv.choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes, spec.n, ctas)
     return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
             "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
             "condition": "16-byte aligned rows of a and b"}
+
+
+def _num_sms() -> int:
+    """The current GPU's SM count, or 132 (the H200's) without a GPU: launch shapes depend on it."""
+    from . import device
+
+    return device.num_sms() if device.gpu_count() > 0 else config_mod.DEFAULT_SM90_NUM_SMS
 
 
 # The M values explain() shows the split-K rule at.
@@ -62,9 +70,7 @@ def _split_k(gemm) -> dict:
     cfg = gemm.config
     if not cfg.split_k:
         return {"kernel": False}
-    from . import device
-
-    num_sms = device.num_sms() if device.gpu_count() > 0 else config_mod.DEFAULT_SM90_NUM_SMS
+    num_sms = _num_sms()
     forced = getattr(gemm, "split_k", None)
     return {"kernel": True, "forced": forced, "num_sms": num_sms,
             "splits_by_m": {m: splitk.num_splits(gemm.spec, cfg, m, num_sms, forced) for m in _SPLIT_EXAMPLE_MS},

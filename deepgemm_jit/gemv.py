@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cubin, dtypes, jit, runtime
+from . import config, cubin, device, dtypes, jit, runtime
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
 from .render import RenderedSource, render
@@ -102,6 +102,13 @@ class GemvSpec:
         return 8 * self.token_tiles
 
     @property
+    def ctas_per_sm(self) -> int:
+        """CTAs an SM holds at once, which the kernel's launch bounds promise (the entry's second
+        __launch_bounds__ argument): two (<= 128 registers) for 16-bit weights and one token tile, where that
+        does not spill; FP8 (conversions, scales) and the second token tile need more registers (ptxas: 164-254)."""
+        return 2 if self.token_tiles == 1 and self.w_dtype not in dtypes.FP8_DTYPES else 1
+
+    @property
     def tag(self) -> str:
         types = self.x_dtype if self.x_dtype == self.w_dtype else f"{self.x_dtype}x{self.w_dtype}"
         scaled = "" if self.scaling == "none" else f"_{self.scaling}"
@@ -147,15 +154,27 @@ def operands_fit(va: MatrixView, vb: MatrixView) -> bool:
     return True
 
 
-def choose_warps_k(k: int, element_bytes: int) -> int:
-    """How many warps of a CTA split the K of one row block (1, 2, 4 or 8): as many as keep at least
-    MIN_STEPS_PER_WARP steps of STEP_BYTES each (long K: 8 warps on one row block, 16 rows x 8 warps of
-    loads in flight; short K: several row blocks per CTA)."""
+def choose_warps_k(k: int, element_bytes: int, n: int | None = None, resident_ctas: int | None = None) -> int:
+    """How many warps of a CTA split the K of one row block (1, 2, 4 or 8).
+
+    At most as many as keep MIN_STEPS_PER_WARP steps of STEP_BYTES each (short K: several row blocks per CTA).
+    Given N and how many CTAs the GPU holds at once (`resident_ctas`: SMs x GemvSpec.ctas_per_sm), the largest of
+    those whose grid runs in one wave: a second, partial wave of CTAs left the weight stream underfed at its end.
+    H200 sweep (bench/results/*exp-gemv-warps-k*): 7168x16384 BF16 M = 1 70.1 -> 66.3 us at warps_k 4 instead of 8
+    (448 -> 224 CTAs, two per SM); FP8 block 44.9 -> 39.7 us at 2 (112 CTAs, one per SM); FP8 block M = 16,
+    4096x7168 21.8 -> 16.9 us at 4. Not below 2 warps per row block: one wave of warps_k = 1 grids ran 2-4% slower
+    than the K-step rule's 4 and 2 (BF16 24576x1536, 32768x512). Where no choice fits one wave, the K-step rule's
+    answer stands."""
     num_steps = -(-k * element_bytes // STEP_BYTES)
-    warps_k = NUM_WARPS
-    while warps_k > 1 and num_steps < MIN_STEPS_PER_WARP * warps_k:
+    cap = NUM_WARPS
+    while cap > 1 and num_steps < MIN_STEPS_PER_WARP * cap:
+        cap //= 2
+    if n is None or resident_ctas is None:
+        return cap
+    warps_k, floor = cap, min(cap, 2)
+    while warps_k > floor and grid_size(n, warps_k) > resident_ctas:
         warps_k //= 2
-    return warps_k
+    return warps_k if grid_size(n, warps_k) <= resident_ctas else cap
 
 
 def grid_size(n: int, warps_k: int) -> int:
@@ -227,8 +246,7 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     artifact = get_kernel(GemvSpec.for_gemm(spec, m), arch)
     check_symbols(artifact)
     kernel = runtime.loaded_kernel(artifact, device_id, 0)
-    element_bytes = dtypes.get(spec.b_dtype).storage_bytes
-    warps_k = choose_warps_k(spec.k, element_bytes)
+    warps_k = _warps_k(spec, artifact.spec, device.num_sms(device_id))
     grid = (grid_size(spec.n, warps_k), 1, 1)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
             np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
@@ -241,13 +259,17 @@ def predicted_us(n: int, k: int, element_bytes: int, bandwidth_tb_s: float = 4.0
     return n * k * element_bytes / (bandwidth_tb_s * 1e12) * 1e6
 
 
-def describe(spec: GemmSpec, arch: str, m: int) -> dict:
+def _warps_k(spec: GemmSpec, gemv_spec: GemvSpec, num_sms: int) -> int:
+    return choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes, spec.n, num_sms * gemv_spec.ctas_per_sm)
+
+
+def describe(spec: GemmSpec, arch: str, m: int, num_sms: int = config.DEFAULT_SM90_NUM_SMS) -> dict:
     """What a call with M = `m` runs (for ``explain``): the rule's answer and, when it applies, the kernel,
-    its launch shape and resources. Compiles the kernel if needed (no GPU required)."""
+    its launch shape (on a GPU of `num_sms` SMs) and resources. Compiles the kernel if needed (no GPU required)."""
     if not use_weight_streaming(spec, m, arch):
         return {"used": False, "max_m": max_m(spec, arch)}
     art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
-    warps_k = choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes)
+    warps_k = _warps_k(spec, art.spec, num_sms)
     return {"used": True, "max_m": MAX_M, "tag": art.spec.tag, "cache_key": art.key, "entry": art.entry,
             "warps_k": warps_k, "grid": grid_size(spec.n, warps_k), "num_threads": 32 * NUM_WARPS,
             "registers": art.meta.get("registers"),

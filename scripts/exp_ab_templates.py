@@ -146,8 +146,10 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
     choose_warps_k = gemv.choose_warps_k
     for name, tdir, tile, _bulk in trees:
         _use_tree(tdir)
-        if tile and tile.startswith("wk"):  # DIR@wkW: the weight-streaming kernel's warps_k forced to W
-            gemv.choose_warps_k = (lambda w: lambda k, element_bytes: w)(int(tile[2:]))
+        if tile == "wkold":  # DIR@wkold: warps_k by K alone (the rule before the one-wave grid, session 8)
+            gemv.choose_warps_k = lambda k, element_bytes, *_: choose_warps_k(k, element_bytes)
+        elif tile and tile.startswith("wk"):  # DIR@wkW: the weight-streaming kernel's warps_k forced to W
+            gemv.choose_warps_k = (lambda w: lambda *_: w)(int(tile[2:]))
         g = dg.build(m, n, k, **build)
         out = reference.poisoned((m, n), "bf16")
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))

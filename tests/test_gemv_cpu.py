@@ -91,6 +91,9 @@ def test_build_switch():
     fp8 = build(1, 2112, 7168, dtype="fp8", arch=ARCH).explain()["weight_streaming"]
     assert fp8["max_m"] == 16 and fp8["kernels"] == ["gemv_fp8_e4m3_block_bf16_t1", "gemv_fp8_e4m3_block_bf16_t2"]
     assert info["grid"] == 132 and info["warps_k"] == 8
+    # 7168 rows: 448 row blocks in one wave of 2 x 132 CTAs at warps_k 4 (BF16), of 132 at 2 (FP8, one per SM).
+    assert build(1, 7168, 16384, dtype="bf16", arch=ARCH).explain()["weight_streaming"]["warps_k"] == 4
+    assert build(1, 7168, 16384, dtype="fp8", arch=ARCH).explain()["weight_streaming"]["warps_k"] == 2
 
 
 def test_split_and_grid():
@@ -101,6 +104,31 @@ def test_split_and_grid():
     assert gemv.grid_size(7168, 8) == 448 and gemv.grid_size(2112, 8) == 132
     assert gemv.grid_size(1, 1) == 1 and gemv.grid_size(129, 1) == 2 and gemv.grid_size(32768, 2) == 512
     assert 55 < gemv.predicted_us(7168, 16384, 2, 4.0) < 60
+
+
+def test_warps_k_keeps_the_grid_in_one_wave():
+    # Given the CTAs the GPU holds at once, the largest warps_k (up to the K-step rule's) whose grid fits them.
+    bf16, fp8 = 2 * 132, 132  # ctas_per_sm 2 (16-bit, one token tile) and 1 (FP8) on 132 SMs
+    assert gemv.choose_warps_k(16384, 2, 7168, bf16) == 4 and gemv.grid_size(7168, 4) == 224
+    assert gemv.choose_warps_k(16384, 1, 7168, fp8) == 2 and gemv.grid_size(7168, 2) == 112
+    assert gemv.choose_warps_k(7168, 1, 4096, fp8) == 4 and gemv.grid_size(4096, 4) == 128
+    assert gemv.choose_warps_k(7168, 2, 4096, bf16) == 8 and gemv.choose_warps_k(7168, 2, 2112, bf16) == 8
+    # Not below 2 warps per row block (measured slower): 24576 x 1536 would fit one wave of 192 CTAs at 1.
+    assert gemv.choose_warps_k(1536, 2, 24576, bf16) == 4 and gemv.choose_warps_k(512, 2, 32768, bf16) == 2
+    assert gemv.choose_warps_k(256, 2, 16, bf16) == 1  # the K-step rule's 1 stands
+    # Nothing fits one wave (24576 rows, K = 1536 FP8: 192 CTAs even at 1): the K-step rule's answer.
+    assert gemv.choose_warps_k(1536, 1, 24576, fp8) == gemv.choose_warps_k(1536, 1) == 2
+    # Never more warps on K than the K-step rule allows, whatever the grid.
+    assert gemv.choose_warps_k(512, 2, 16, bf16) == 2
+
+
+def test_ctas_per_sm_reaches_the_launch_bounds():
+    # The grid rule counts on GemvSpec.ctas_per_sm; the kernel is compiled with it as __launch_bounds__' minimum.
+    cases = [(gemv.GemvSpec("bf16", "bf16", "bf16"), 2), (gemv.GemvSpec("bf16", "bf16", "bf16", token_tiles=2), 1),
+             (gemv.GemvSpec("fp8_e4m3", "fp8_e4m3", "bf16", "block"), 1)]
+    for spec, ctas in cases:
+        assert spec.ctas_per_sm == ctas
+        assert f"kMinBlocksPerSm = {ctas};" in gemv.render_kernel(spec).source
 
 
 # -- render and compile ----------------------------------------------------------------------------------------
