@@ -1,6 +1,6 @@
 """Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
 
-    python3 -m scripts.exp_splitk_sweep [--dtype bf16|fp8_block] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
+    python3 -m scripts.exp_splitk_sweep [--dtype bf16|fp8_block|fp8_tensor] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
                                         [--nk 4096x7168,...] [--tiles 64x64,128x64] [--out DIR]
 
 Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
@@ -34,7 +34,7 @@ def _unsplit_heuristic(spec, m, num_sms):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp8_block"))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp8_block", "fp8_tensor"))
     ap.add_argument("--ms", default="16,32,64,128")
     ap.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--reps", type=int, default=30)
@@ -56,7 +56,7 @@ def main() -> int:
     shapes = NK if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
     for n, k in shapes:
         for m in (int(x) for x in args.ms.split(",")):
-            kw = {"dtype": "bf16"} if args.dtype == "bf16" else {"dtype": "fp8", "scaling": "block"}
+            kw = {"dtype": "bf16"} if args.dtype == "bf16" else {"dtype": "fp8", "scaling": args.dtype[4:]}
             spec = GemmSpec.create(n, k, **kw)
             rng = cupy.random.default_rng(m * 7 + n + k)
             if args.dtype == "bf16":
@@ -64,11 +64,12 @@ def main() -> int:
                 b = reference.random_matrix((n, k), "bf16", rng)
                 ops, ref = {}, reference.reference(spec, a, b)
             else:
-                qa, sa = dg.quantize(rng.standard_normal((m, k), dtype=cupy.float32), "fp8", "group128")
-                qb, sb = dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128")
+                ga, gb = ("group128", "block128") if args.dtype == "fp8_block" else ("tensor", "tensor")
+                qa, sa = dg.quantize(rng.standard_normal((m, k), dtype=cupy.float32), "fp8", ga)
+                qb, sb = dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", gb)
                 a, b, ops = qa, qb, {"scale_a": sa, "scale_b": sb}
-                ref = (reference.dequantize_reference(qa, sa, "fp8", "group128")
-                       @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
+                ref = (reference.dequantize_reference(qa, sa, "fp8", ga)
+                       @ reference.dequantize_reference(qb, sb, "fp8", gb).T)
             auto = dg.build(m, n, k, weight_streaming=False, **kw)
             split_cfgs = []
             if args.tiles:
