@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import dtypes, gemv, sass, splitk
+from . import gemv, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -46,8 +46,7 @@ def _weight_streaming(gemm) -> dict:
     if not max_m:
         return {"max_m": 0}
     spec = gemm.spec
-    ctas = _num_sms() * gemv.GemvSpec.for_gemm(spec, 1).ctas_per_sm  # the M = 1 kernel's grid
-    warps_k = gemv.choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes, spec.n, ctas)
+    warps_k = gemv.launch_warps_k(spec, gemv.GemvSpec.for_gemm(spec, 1), _num_sms())  # the M = 1 kernel's grid
     return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
             "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
             "condition": "16-byte aligned rows of a and b"}

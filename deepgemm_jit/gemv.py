@@ -246,7 +246,7 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     artifact = get_kernel(GemvSpec.for_gemm(spec, m), arch)
     check_symbols(artifact)
     kernel = runtime.loaded_kernel(artifact, device_id, 0)
-    warps_k = _warps_k(spec, artifact.spec, device.num_sms(device_id))
+    warps_k = launch_warps_k(spec, artifact.spec, device.num_sms(device_id))
     grid = (grid_size(spec.n, warps_k), 1, 1)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
             np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
@@ -259,7 +259,8 @@ def predicted_us(n: int, k: int, element_bytes: int, bandwidth_tb_s: float = 4.0
     return n * k * element_bytes / (bandwidth_tb_s * 1e12) * 1e6
 
 
-def _warps_k(spec: GemmSpec, gemv_spec: GemvSpec, num_sms: int) -> int:
+def launch_warps_k(spec: GemmSpec, gemv_spec: GemvSpec, num_sms: int) -> int:
+    """The warps_k a call of `spec` runs `gemv_spec`'s kernel with on a GPU of `num_sms` SMs (plan, explain)."""
     return choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes, spec.n, num_sms * gemv_spec.ctas_per_sm)
 
 
@@ -269,12 +270,12 @@ def describe(spec: GemmSpec, arch: str, m: int, num_sms: int = config.DEFAULT_SM
     if not use_weight_streaming(spec, m, arch):
         return {"used": False, "max_m": max_m(spec, arch)}
     art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
-    warps_k = _warps_k(spec, art.spec, num_sms)
+    warps_k = launch_warps_k(spec, art.spec, num_sms)
     return {"used": True, "max_m": MAX_M, "tag": art.spec.tag, "cache_key": art.key, "entry": art.entry,
             "warps_k": warps_k, "grid": grid_size(spec.n, warps_k), "num_threads": 32 * NUM_WARPS,
             "registers": art.meta.get("registers"),
             "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)}
 
 
-__all__ = ["MAX_M", "GemvSpec", "use_weight_streaming", "max_m", "operands_fit", "choose_warps_k", "plan",
-           "get_kernel", "describe"]
+__all__ = ["MAX_M", "GemvSpec", "use_weight_streaming", "max_m", "operands_fit", "choose_warps_k", "launch_warps_k",
+           "plan", "get_kernel", "describe"]
