@@ -673,6 +673,16 @@ struct GemmSm90 {
     float a[kNumM64PerWG][2];     // this thread's two rows per m64 slice
     float b[kMaxScaleBBlocks];    // the tile's 128-column blocks, from its first column's block on
   };
+  static DGJIT_DEVICE void fence_scales(BlockScales& sc) {
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+      fence_operand(sc.a[mi][0]);
+      fence_operand(sc.a[mi][1]);
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxScaleBBlocks; ++i) fence_operand(sc.b[i]);
+  }
+
   // Producer side (warp 1 of the producer warpgroup): copy each stage's scales into shared memory, in
   // the same tile / K-block order as the TMA producer: the B blocks always, the A scales of the tiles whose
   // a_scale_bulk_bytes is 0 (the TMA thread bulk-copies the others). The copies are cp.async with a deferred arrival
@@ -799,6 +809,12 @@ struct GemmSm90 {
     }
   }
 
+  // kBlock without a fused epilogue: the next K block's scales are read ahead (below). Kernels with epilogues keep
+  // reading each K block's scales next to its issue: holding a second set of scales next to the bias registers and
+  // the activation's constants made ptxas spill 8-48 bytes (128x176 bias+gelu, bias+swiglu, bias_row+gelu, grouped
+  // and dense; session 8).
+  static constexpr bool kBlockScalesAhead = kScaling == Scaling::kBlock && !kHasEpilogue;
+
   template <uint32_t kOff, class Hook>
   static DGJIT_DEVICE void mainloop_promoted_at(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                                 float (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
@@ -811,8 +827,8 @@ struct GemmSm90 {
     uint32_t k_end = tile.k_end;
     asm volatile("" : "+r"(k_end));
     float part[kNumM64PerWG][kNumAccum];
-    if constexpr (kScaling == Scaling::kBlock) {
-      const uint32_t row_byte = scale_row_byte(math_wg);
+    const uint32_t row_byte = kScaling == Scaling::kBlock ? scale_row_byte(math_wg) : 0;
+    if constexpr (kBlockScalesAhead) {
       static_assert(kPromoteEvery == 1, "block scales change every K block");
       // The scales of K block i + 1 are read while K block i's wgmmas run (its stage waited for right after the
       // issue), so the products of the promotion never wait on a shared-memory load between two wgmma issues:
@@ -842,11 +858,12 @@ struct GemmSm90 {
       }
       return;
     }
-    // FP8 per-tensor: one K block (128) per promotion. TF32: up to kPromoteEvery blocks (128 K elements) accumulate
-    // in the tensor cores first, pipelined like the plain main loop (each wait leaves the newest group running), so
-    // that the promotion's full wait and adds come once per 128 K as for FP8.
+    // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
+    // elements) accumulate in the tensor cores first, pipelined like the plain main loop (each wait leaves the newest
+    // group running), so that the promotion's full wait and adds come once per 128 K as for FP8.
 #pragma unroll 1
     for (uint32_t k_first = tile.k_begin; k_first < k_end; k_first += kPromoteEvery) {
+      BlockScales cur;
       uint32_t previous_stage = 0;
 #pragma unroll
       for (uint32_t j = 0; j < kPromoteEvery; ++j) {
@@ -854,6 +871,8 @@ struct GemmSm90 {
         mbarrier_wait(smem.full(state.stage), state.phase);
         issue_k_block(smem, state.stage, math_wg, j != 0, part);
         if (j == 0 && k_first == tile.k_begin) after_first_issue();
+        // The stage's scales are read while its wgmmas run (the stage is released only after them).
+        if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, row_byte);
         if (j > 0) {
           wgmma_wait_group<1>();
           release_stage(smem, previous_stage);
@@ -864,7 +883,11 @@ struct GemmSm90 {
       wgmma_wait_group<0>();
       release_stage(smem, previous_stage);
       fence_accumulators(part);
-      promote<kOff>(acc, part, BlockScales{});
+      // Meant to keep the scales' products after the wait (next to their loads, between the K block's wgmmas,
+      // each product stalls the remaining wgmma issues on the loads' latency). NVVM honours it, but ptxas still
+      // hoists the FMULs (SASS of 128x128 and 128x176, session 6); kept because the GPU-verified tree has it.
+      if constexpr (kScaling == Scaling::kBlock) fence_scales(cur);
+      promote<kOff>(acc, part, cur);
     }
   }
 
