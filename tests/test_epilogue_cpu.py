@@ -97,6 +97,16 @@ def test_every_family_and_epilogue_compiles(family, epilogue, shared_cache_dir, 
     assert (mix.get("UTMALDG", 0) > 2) == ("beta" in epilogue or "residual" in epilogue), case
 
 
+@pytest.mark.parametrize("epilogue", ["none", "bias_row+gelu", "beta+bias+gelu+residual", "bias+swiglu"])
+def test_fp8_block_wide_tiles_with_epilogues_compile(epilogue, shared_cache_dir, monkeypatch):
+    """FP8 block scaling at DeepSeek sizes takes 128x176 tiles, the register-tightest promoted kernels (the matrix
+    above, N = 1000, gets 128x128): session 8's scales-read-ahead loop spilled 8-48 bytes there with epilogues."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(4096, 7168, "fp8", scaling="block", epilogue=epilogue)
+    cfg, _, _, case = _compile_and_check(spec)
+    assert (cfg.block_m, cfg.block_n) == (128, 176), case
+
+
 def test_pingpong_rule_on_deepseek_rows():
     """The heuristic takes the 128x128 ping-pong tile for activation/residual epilogues at K <= 4096 unless it
     needs more waves (N = 2112); plain GEMMs and long K keep the cooperative tiles (H200 bench, NOTES)."""
