@@ -116,6 +116,13 @@ def quantized_operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale
     return Operands(qa, qb, ref, f"{kind}-dequant", scaling, ref_cos)
 
 
+def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 1.0) -> Operands:
+    """A row's inputs for the bench dtype `info` (quantized per its recipe, or plain) and their references."""
+    if info.is_quantized:
+        return quantized_operands(info, spec, m, rng, b_scale)
+    return plain_operands(spec, m, rng, b_scale)
+
+
 EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so that a dropped factor shows
 
 
@@ -264,8 +271,7 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     # ---- correctness: fresh inputs, poisoned output, float64 reference
     rng = cupy.random.default_rng(ctx.seed + index)
     b_scale = 1.0 / math.sqrt(k) if case.epilogue else 1.0
-    ops = (quantized_operands(info, g.spec, m, rng, b_scale) if info.is_quantized
-           else plain_operands(g.spec, m, rng, b_scale))
+    ops = operands(info, g.spec, m, rng, b_scale)
     a, b, call_kwargs = ops.a, ops.b, ops.call_kwargs()
     product_ref = ops.ref                 # what the plain GEMM is judged against
     epi_ops = None

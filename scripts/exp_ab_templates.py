@@ -118,30 +118,24 @@ def _use_tree(tdir) -> None:
 
 
 def _time_problem(problem: str, trees, reps: int) -> dict:
-    """One dense nt problem "DTYPE:MxNxK" with every tree's kernels (build's dispatch), checked against the first
-    tree's result (bitwise equal, or the relative difference), then timed interleaved."""
+    """One dense nt problem "DTYPE:MxNxK" (DTYPE a bench dtype: bf16, fp8_block, ...) with every tree's kernels
+    (build's dispatch), each checked against the float64 reference, all against the first tree's result (bitwise
+    equal, or the relative difference), then timed interleaved."""
     import cupy
 
     import deepgemm_jit as dg
-    from deepgemm_jit import reference, timing
+    from bench import dtypes as bench_dtypes
+    from bench import runner
+    from deepgemm_jit import gemv, reference, timing
+    from deepgemm_jit.spec import GemmSpec
 
-    dtype, _, dims = problem.partition(":")
+    dtype_name, _, dims = problem.partition(":")
     m, n, k = (int(v) for v in dims.split("x"))
-    rng = cupy.random.default_rng(m + n + k)
-    a32 = rng.standard_normal((m, k), dtype=cupy.float32)
-    b32 = rng.standard_normal((n, k), dtype=cupy.float32)
-    if dtype in ("bf16", "fp16"):
-        a, b = a32.astype(dg.dtypes.numpy_dtype(dtype)), b32.astype(dg.dtypes.numpy_dtype(dtype))
-        build, kwargs = dict(dtype=dtype), {}
-    elif dtype in ("fp8_tensor", "fp8_block"):
-        scaling = dtype.split("_")[1]
-        (a, sa), (b, sb) = (dg.quantize(a32, "fp8", "tensor" if scaling == "tensor" else "group128"),
-                            dg.quantize(b32, "fp8", "tensor" if scaling == "tensor" else "block128"))
-        build, kwargs = dict(dtype="fp8", scaling=scaling), dict(scale_a=sa, scale_b=sb)
-    else:
-        raise SystemExit(f"--problems: unknown dtype {dtype!r} (bf16, fp16, fp8_tensor, fp8_block)")
-    from deepgemm_jit import gemv
-
+    info = bench_dtypes.get(dtype_name)
+    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling)
+    ops = runner.operands(info, spec, m, cupy.random.default_rng(m + n + k))
+    a, b, kwargs = ops.a, ops.b, ops.call_kwargs()
+    build = dict(dtype=info.lib, scaling=info.scaling)
     outs, fns = {}, {}
     choose_warps_k = gemv.choose_warps_k
     for name, tdir, tile, _bulk in trees:
@@ -151,7 +145,7 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
         elif tile and tile.startswith("wk"):  # DIR@wkW: the weight-streaming kernel's warps_k forced to W
             gemv.choose_warps_k = (lambda w: lambda *_: w)(int(tile[2:]))
         g = dg.build(m, n, k, **build)
-        out = reference.poisoned((m, n), "bf16")
+        out = reference.poisoned((m, n), spec.out_dtype)
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
         gemv.choose_warps_k = choose_warps_k
@@ -159,13 +153,20 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
     _use_tree(None)
     cupy.cuda.Device().synchronize()
     first = next(iter(outs.values()))
-    same = all(bool((o.view(cupy.uint16) == first.view(cupy.uint16)).all()) for o in outs.values())
+    same = all(bool((o.view(cupy.uint8) == first.view(cupy.uint8)).all()) for o in outs.values())
     f64 = reference.to_float64(first)
     diff = max(reference.error(reference.to_float64(o), f64) for o in outs.values())
+    errors = {tree: reference.error(reference.to_float64(o), ops.ref) for tree, o in outs.items()}
+    row = {"problem": problem, "bitwise_equal": same, "max_rel_diff": diff, "err": errors}
+    if not all(reference.within_bound(e, info.lib) for e in errors.values()):
+        print(f"{problem}: NOT TIMED, error against the float64 reference beyond the {info.lib} bound: {errors}",
+              flush=True)
+        return row
     t = timing.time_interleaved(fns, reps=reps, warmup=5)
-    gbytes = (m * k + n * k) * (1 if dtype.startswith("fp8") else 2) + 2 * m * n
-    row = {"problem": problem, "bitwise_equal": same, "max_rel_diff": diff,
-           **{name: {"us": r.median_us, "tb_s": gbytes / r.median_us / 1e6} for name, r in t.items()}}
+    esize, out_esize = dg.dtypes.get(info.lib).storage_bytes, dg.dtypes.get(spec.out_dtype).storage_bytes
+    gbytes = (m * k + n * k) * esize + m * n * out_esize
+    row.update({
+        name: {"us": r.median_us, "tb_s": gbytes / r.median_us / 1e6} for name, r in t.items()})
     print(f"{problem}: equal={same} diff={diff:.1e} " + "  ".join(
         f"{name} {r.median_us:.2f} us {gbytes / r.median_us / 1e6:.2f} TB/s" for name, r in t.items()), flush=True)
     return row

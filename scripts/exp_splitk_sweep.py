@@ -45,9 +45,12 @@ def main() -> int:
     import cupy
 
     import deepgemm_jit as dg
+    from bench import dtypes as bench_dtypes
+    from bench import runner
     from deepgemm_jit import config, device, reference, splitk, timing
     from deepgemm_jit.spec import GemmSpec
 
+    info = bench_dtypes.get(args.dtype)
     num_sms = device.num_sms()
     torch = None
     if args.dtype == "bf16":
@@ -56,20 +59,10 @@ def main() -> int:
     shapes = NK if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
     for n, k in shapes:
         for m in (int(x) for x in args.ms.split(",")):
-            kw = {"dtype": "bf16"} if args.dtype == "bf16" else {"dtype": "fp8", "scaling": args.dtype[4:]}
+            kw = {"dtype": info.lib, "scaling": info.scaling}
             spec = GemmSpec.create(n, k, **kw)
-            rng = cupy.random.default_rng(m * 7 + n + k)
-            if args.dtype == "bf16":
-                a = reference.random_matrix((m, k), "bf16", rng)
-                b = reference.random_matrix((n, k), "bf16", rng)
-                ops, ref = {}, reference.reference(spec, a, b)
-            else:
-                ga, gb = ("group128", "block128") if args.dtype == "fp8_block" else ("tensor", "tensor")
-                qa, sa = dg.quantize(rng.standard_normal((m, k), dtype=cupy.float32), "fp8", ga)
-                qb, sb = dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", gb)
-                a, b, ops = qa, qb, {"scale_a": sa, "scale_b": sb}
-                ref = (reference.dequantize_reference(qa, sa, "fp8", ga)
-                       @ reference.dequantize_reference(qb, sb, "fp8", gb).T)
+            inputs = runner.operands(info, spec, m, cupy.random.default_rng(m * 7 + n + k))
+            a, b, ops, ref = inputs.a, inputs.b, inputs.call_kwargs(), inputs.ref
             auto = dg.build(m, n, k, weight_streaming=False, **kw)
             split_cfgs = []
             if args.tiles:
