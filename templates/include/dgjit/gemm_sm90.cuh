@@ -815,6 +815,43 @@ struct GemmSm90 {
   // and dense; session 8).
   static constexpr bool kBlockScalesAhead = kScaling == Scaling::kBlock && !kHasEpilogue;
 
+  // The promoted K loop of kBlockScalesAhead kernels (called by mainloop_promoted_at, which zeroed acc).
+  template <uint32_t kOff, class Hook>
+  static DGJIT_DEVICE void mainloop_block_scales_ahead(const Smem& smem, State& state, uint32_t math_wg,
+                                                       const Tile& tile, uint32_t k_end,
+                                                       float (&acc)[kNumM64PerWG][kNumAccum],
+                                                       const Hook& after_first_issue) {
+    static_assert(kPromoteEvery == 1, "block scales change every K block");
+    const uint32_t row_byte = scale_row_byte(math_wg);
+    float part[kNumM64PerWG][kNumAccum];
+    // The scales of K block i + 1 are read while K block i's wgmmas run (its stage waited for right after the
+    // issue), so the products of the promotion never wait on a shared-memory load between two wgmma issues:
+    // read next to the issue, ptxas hoisted the loads and products between the K block's QGMMAs, where each
+    // product stalled the next issue (ncu, session 8: 3.9k of the kernel's 70k stall samples on those FMULs).
+    BlockScales cur, next;
+    mbarrier_wait(smem.full(state.stage), state.phase);
+#pragma unroll 1
+    for (uint32_t k_block = tile.k_begin; k_block < k_end; ++k_block) {
+      issue_k_block(smem, state.stage, math_wg, false, part);
+      if (k_block == tile.k_begin) {
+        after_first_issue();
+        read_block_scales(cur, smem, state.stage, row_byte);
+      }
+      State upcoming = state;
+      upcoming.advance();
+      if (k_block + 1 < k_end) {
+        mbarrier_wait(smem.full(upcoming.stage), upcoming.phase);
+        read_block_scales(next, smem, upcoming.stage, row_byte);
+      }
+      wgmma_wait_group<0>();
+      release_stage(smem, state.stage);
+      fence_accumulators(part);
+      promote<kOff>(acc, part, cur);
+      cur = next;
+      state = upcoming;
+    }
+  }
+
   template <uint32_t kOff, class Hook>
   static DGJIT_DEVICE void mainloop_promoted_at(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                                 float (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
@@ -829,33 +866,7 @@ struct GemmSm90 {
     float part[kNumM64PerWG][kNumAccum];
     const uint32_t row_byte = kScaling == Scaling::kBlock ? scale_row_byte(math_wg) : 0;
     if constexpr (kBlockScalesAhead) {
-      static_assert(kPromoteEvery == 1, "block scales change every K block");
-      // The scales of K block i + 1 are read while K block i's wgmmas run (its stage waited for right after the
-      // issue), so the products of the promotion never wait on a shared-memory load between two wgmma issues:
-      // read next to the issue, ptxas hoisted the loads and products between the K block's QGMMAs, where each
-      // product stalled the next issue (ncu, session 8: 3.9k of the kernel's 70k stall samples on those FMULs).
-      BlockScales cur, next;
-      mbarrier_wait(smem.full(state.stage), state.phase);
-#pragma unroll 1
-      for (uint32_t k_block = tile.k_begin; k_block < k_end; ++k_block) {
-        issue_k_block(smem, state.stage, math_wg, false, part);
-        if (k_block == tile.k_begin) {
-          after_first_issue();
-          read_block_scales(cur, smem, state.stage, row_byte);
-        }
-        State upcoming = state;
-        upcoming.advance();
-        if (k_block + 1 < k_end) {
-          mbarrier_wait(smem.full(upcoming.stage), upcoming.phase);
-          read_block_scales(next, smem, upcoming.stage, row_byte);
-        }
-        wgmma_wait_group<0>();
-        release_stage(smem, state.stage);
-        fence_accumulators(part);
-        promote<kOff>(acc, part, cur);
-        cur = next;
-        state = upcoming;
-      }
+      mainloop_block_scales_ahead<kOff>(smem, state, math_wg, tile, k_end, acc, after_first_issue);
       return;
     }
     // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
