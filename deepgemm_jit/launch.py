@@ -46,6 +46,27 @@ def sm90_symbols(artifact: KernelArtifact) -> dict[str, int]:
     return cubin_mod.entry_symbols(artifact.cubin, artifact.entry, SM90_SYMBOLS)
 
 
+@functools.lru_cache(maxsize=2048)
+def _takes_a_box_rows(cubin: bytes, entry: str) -> bool:
+    # Kernels from templates before the argument existed (A/B runs against older trees) load whole boxes.
+    try:
+        return cubin_mod.entry_symbols(cubin, entry, ("takes_a_box_rows",))["takes_a_box_rows"] == 1
+    except ValueError:
+        return False
+
+
+def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
+    """Rows of an sm90 kernel's A box: the tile's block_m, or M for a dense K-major A of fewer rows than one tile.
+    TMA zero-fills the rows of a box past the tensor on every K block, at a few cycles per row: with small B tiles
+    that fill, not memory, set the pace (FP8 64x56 tiles ran 26% slower at M = 24 than at M = 64, session 9). The
+    kernel expects a_box_rows rows of A per stage and leaves the others unwritten: they feed only output rows past
+    M, which are never stored. Grouped GEMMs have tiles at many row offsets and keep whole boxes."""
+    cfg = artifact.config
+    if spec.grouped or not spec.a_k_major or m >= cfg.block_m or not _takes_a_box_rows(artifact.cubin, artifact.entry):
+        return cfg.block_m
+    return m
+
+
 def check_layout(artifact: KernelArtifact, spec: GemmSpec) -> None:
     """For sm90: config.py's shared-memory mirror must equal what the kernel itself computed (a
     mismatch is a bug in the mirror, caught before any launch)."""
@@ -196,7 +217,8 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         if cfg.split_k != (split is not None):
             raise ValueError("split-K kernels, and only they, take split operands")
         sym = sm90_symbols(artifact)
-        tmap_a = operand_map(va, spec.dtype, spec.a_k_major, cfg.block_m, cfg.block_k)
+        a_rows = a_box_rows(artifact, spec, m)
+        tmap_a = operand_map(va, spec.dtype, spec.a_k_major, a_rows, cfg.block_k)
         tmap_b = operand_map(vb, spec.b_type, spec.b_k_major, cfg.block_n, cfg.block_k)
 
         def output_map(view: MatrixView):  # D, and C / residual, which the epilogue reads in D's tiles
@@ -220,7 +242,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         if split is not None:
             args += split.args()
         # Last, so that kernels from templates without it (A/B runs against older trees) take the same arguments.
-        args += (np.uint32(bulk_a_scales(spec, sa, m)),)
+        args += (np.uint32(bulk_a_scales(spec, sa, m)), np.uint32(a_rows))
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

@@ -169,3 +169,22 @@ def test_cubin_symbol_reader_rejects_what_it_cannot_read():
     from deepgemm_jit import cubin
     with pytest.raises(ValueError, match="ELF64"):
         cubin.read_u32_symbols(b"not an elf", ("x",))
+
+
+def test_a_box_rows_shrinks_to_m_for_single_tile_problems(shared_cache_dir, monkeypatch):
+    """launch.a_box_rows: A's TMA box is M rows when a dense K-major A has fewer rows than one tile (no zero fill of
+    the rows past M on every K block), else the tile's block_m; the kernel exports that it takes the argument."""
+    from deepgemm_jit import cubin, launch
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(7168, 4096, dtype="fp8", scaling="tensor")
+    cfg = config.sm90_config(spec, 64, 56)
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    assert cubin.entry_symbols(art.cubin, art.entry, ("takes_a_box_rows",)) == {"takes_a_box_rows": 1}
+    assert [launch.a_box_rows(art, spec, m) for m in (1, 24, 63, 64, 65, 4096)] == [1, 24, 63, 64, 64, 64]
+    grouped = GemmSpec.create(7168, 4096, dtype="fp8", scaling="block", grouped=True)
+    art_g = jit.get_kernel(grouped, config.sm90_config(grouped, 128, 128), "sm_90a")
+    assert launch.a_box_rows(art_g, grouped, 24) == 128  # tiles at many row offsets: whole boxes
+    mn_major = GemmSpec.create(1024, 512, dtype="bf16", layout="tn")
+    art_mn = jit.get_kernel(mn_major, config.sm90_config(mn_major, 64, 64), "sm_90a")
+    assert not mn_major.a_k_major and launch.a_box_rows(art_mn, mn_major, 24) == 64

@@ -509,11 +509,19 @@ struct GemmSm90 {
   static_assert(kBlockM % 4 == 0, "a bulk copy of kBlockM A scales must be whole 16-byte units");
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
+  // a_box_rows: the rows of tmap_a's box (K-major A): kBlockM, or M when the host made the box fit a problem of
+  // fewer rows than one tile (launch.py a_box_rows). The rows of a stage past the box are then never written (they
+  // feed only output rows past M, which are not stored), instead of zero-filled by TMA on every K block: the fill
+  // ran at a few cycles per row and capped FP8 64x56 tiles at M = 24 (40 rows of fill per 7 KB of B) 26% below
+  // M = 64 (session 9).
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
-                                   uint32_t m, const GroupArgs& ga, uint32_t num_splits, const ScaleArgs& scales) {
+                                   uint32_t m, const GroupArgs& ga, uint32_t num_splits, const ScaleArgs& scales,
+                                   uint32_t a_box_rows) {
     Scheduler scheduler(m, ga, num_splits);
     State state;
     Tile tile;
+    const uint32_t stage_tx_bytes =
+        kAKMajor ? a_box_rows * kSmemRowBytes + kSmemBBytesPerStage : kStageTxBytes;
     while (scheduler.next(tile)) {
       const int32_t a_row = static_cast<int32_t>(tile.row0);
       const int32_t b_row = static_cast<int32_t>(tile.group * kN + tile.n_block * kBlockN);
@@ -523,7 +531,7 @@ struct GemmSm90 {
         // Parity flipped: the first pass over the ring finds every stage free.
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         uint64_t* full = smem.full(state.stage);
-        mbarrier_arrive_expect_tx(full, kStageTxBytes + scale_bytes);
+        mbarrier_arrive_expect_tx(full, stage_tx_bytes + scale_bytes);
         const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
         load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row, m);
         load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row, kN);
@@ -1474,7 +1482,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
                                const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
-                               const SplitArgs& split_args) {
+                               const SplitArgs& split_args, uint32_t a_box_rows) {
     // Split-K: between 1 and the number of K blocks (every share nonempty), whatever the host passed; 1 in other
     // kernels, where the scheduler's divisions then fold away.
     SplitArgs sk = split_args;
@@ -1512,7 +1520,7 @@ struct GemmSm90 {
 
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
-      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga, sk.num_splits, scales);
+      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga, sk.num_splits, scales, a_box_rows);
       if constexpr (kScaling == Scaling::kBlock) {
         if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga, sk.num_splits);
       }
@@ -1529,9 +1537,9 @@ struct GemmSm90 {
 template <class Gemm>
 DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                  const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
-                                 const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga = GroupArgs{},
-                                 const SplitArgs& sk = SplitArgs{}) {
-  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk);
+                                 const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
+                                 const SplitArgs& sk, uint32_t a_box_rows) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows);
 }
 
 }  // namespace sm90
