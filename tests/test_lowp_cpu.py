@@ -197,3 +197,30 @@ def test_build_offline_fp8_explain(shared_cache_dir, monkeypatch):
     info = g.explain()
     assert g.family == "sm90" and info["local_bytes"] == 0
     assert info["sass"]["QGMMA"] > 0 and info["sass"].get("HGMMA", 0) == 0
+
+
+def test_wg_split_k_rule_and_kernel(shared_cache_dir, monkeypatch):
+    """64-row FP8 tiles with promotion and per-tensor / per-row scales split their K blocks between two consumer
+    warpgroups (config.sm90_wg_split_k mirrors GemmSm90::kWGSplitK; the shared-memory mirror counts the lane
+    buffer): the kernel compiles without serialised wgmmas and meets through named barriers 5 and 6."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    split = {}
+    for dtype, scaling, fast in (("fp8", "tensor", False), ("fp8", "row", False), ("fp8", "block", False),
+                                 ("fp8", "tensor", True), ("bf16", None, False), ("int8", None, False)):
+        spec = GemmSpec.create(2112, 7168, dtype=dtype, scaling=scaling, fast_accum=fast)
+        split[(dtype, scaling, fast)] = [config.sm90_wg_split_k(spec, bm, pp)
+                                         for bm, pp in ((64, False), (64, True), (128, False))]
+    assert split == {("fp8", "tensor", False): [True, False, False], ("fp8", "row", False): [True, False, False],
+                     ("fp8", "block", False): [False] * 3, ("fp8", "tensor", True): [False] * 3,
+                     ("bf16", None, False): [False] * 3, ("int8", None, False): [False] * 3}
+    spec = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
+    plain = config.sm90_smem_bytes(GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor", fast_accum=True),
+                                   64, 32, 8)
+    assert config.sm90_smem_bytes(spec, 64, 32, 8) - plain == 64 * 32 * 4  # lane 1's FP32 sums
+    cfg = config.sm90_config(spec, 64, 32)
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    launch.check_layout(art, spec)
+    text = sass.disassemble(art.cubin)
+    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], art.meta["log"]
+    assert "BAR.ARV 0x5, 0x100" in text and "BAR.SYNC.DEFER_BLOCKING 0x5, 0x100" in text
+    assert "BAR.ARV 0x6, 0x100" in text and "BAR.SYNC.DEFER_BLOCKING 0x6, 0x100" in text

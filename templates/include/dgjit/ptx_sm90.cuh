@@ -544,6 +544,16 @@ DGJIT_DEVICE void st_shared_v2_f32(uint32_t smem_addr, float x, float y) {
 DGJIT_DEVICE void st_shared_v2_b32(uint32_t smem_addr, uint32_t x, uint32_t y) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" : : "r"(smem_addr), "r"(x), "r"(y) : "memory");
 }
+DGJIT_DEVICE void st_shared_v4_b32(uint32_t smem_addr, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" : : "r"(smem_addr), "r"(x), "r"(y), "r"(z), "r"(w)
+               : "memory");
+}
+DGJIT_DEVICE uint4 ld_shared_v4_b32(uint32_t smem_addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr) : "memory");
+  return v;
+}
 DGJIT_DEVICE float ld_shared_f32(uint32_t smem_addr) {
   float x;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(smem_addr) : "memory");
