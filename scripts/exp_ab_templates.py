@@ -10,7 +10,8 @@ layout that lets block kernels bulk-copy A scales (launch.bulk_a_scales); --row-
 instead (the scale warp's path). --nobulk adds "nobulk": the checkout's templates with DEEPGEMM_JIT_NO_BULK_SCALES=1
 (A scales by the scale warp). Results are checked against each other (same kernel math: bitwise equal) before
 timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@BMxBN forces a tile for that tree
-only, and DIR "." is the checkout's templates (to compare tiles).
+only, and DIR "." is the checkout's templates (to compare tiles). With --problems: DIR@wkW / DIR@wkold force the
+weight-streaming kernel's warps_k, DIR@nows builds without weight streaming (the tile kernels at small M).
 """
 from __future__ import annotations
 
@@ -144,7 +145,8 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
             gemv.choose_warps_k = lambda k, element_bytes, *_: choose_warps_k(k, element_bytes)
         elif tile and tile.startswith("wk"):  # DIR@wkW: the weight-streaming kernel's warps_k forced to W
             gemv.choose_warps_k = (lambda w: lambda *_: w)(int(tile[2:]))
-        g = dg.build(m, n, k, **build)
+        # DIR@nows: the tile kernels where build would stream weights (small M), to place the dispatch's crossover.
+        g = dg.build(m, n, k, **build, **({"weight_streaming": False} if tile == "nows" else {}))
         out = reference.poisoned((m, n), spec.out_dtype)
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
