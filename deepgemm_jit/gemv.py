@@ -8,7 +8,8 @@ in a fixed order (the same bits on every run; nothing is allocated and nothing s
 graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
 
 Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches this kernel instead of its own when the
-call's M is at most :data:`MAX_M` (FP8) or :data:`MAX_M_16BIT` (bf16, fp16) and the Gemm is
+call's M is at most :data:`MAX_M` (FP8 with K above :data:`FP8_SHORT_K`) or :data:`MAX_M_16BIT` (bf16, fp16, FP8
+with short K) and the Gemm is
 
 - layout ``nt`` (a (M, K), b (N, K)), no fused epilogue (epilogues stay in the sm90 kernel);
 - bf16 or fp16, or FP8 (E4M3/E5M2, mixes included) with ``tensor`` / ``row`` / ``block`` scaling (FP8 partial
@@ -43,6 +44,11 @@ MAX_M = 16                # two n8 token tiles of mma.sync
 # than the two-token-tile kernel on the H200 (bench/results/*decode-2f5dc04-dirty* and *exp-splitk-sweep-bf16*:
 # M = 16 at 0.69-1.05x cuBLAS here, 0.87-1.01x there); FP8 keeps both token tiles (even against the split tiles).
 MAX_M_16BIT = 8
+# FP8 with K at most this: M 9..16 runs the tile kernels too. Once A's TMA box stopped zero-filling the rows past M
+# (launch.a_box_rows), the 64-row FP8 tiles beat the two-token-tile kernel at M = 16 on every DeepSeek shape with
+# K <= 2048 (24576x1536 18.3 vs 21.9 us, 7168x2048 10.9 vs 11.8, 32768x512 12.2 vs 12.6; block scaling alike) and
+# lost at K >= 7168 (7168x16384 41.9 vs 39.8), H200, bench/results/*exp-ab-gemv-vs-tiles-smallm* (session 9).
+FP8_SHORT_K = 2048
 BLOCK_ROWS = 16           # weight rows per row block (gemv::kBlockRows)
 STEP_BYTES = 256          # bytes of each row a warp reads per step (gemv::kStepBytes)
 NUM_WARPS = 8             # warps per CTA (gemv::kNumWarps)
@@ -133,7 +139,9 @@ def max_m(spec: GemmSpec, arch: str) -> int:
         return 0
     if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
         return 0
-    return MAX_M if spec.dtype in dtypes.FP8_DTYPES else MAX_M_16BIT
+    if spec.dtype in dtypes.FP8_DTYPES and spec.k > FP8_SHORT_K:
+        return MAX_M
+    return MAX_M_16BIT
 
 
 def use_weight_streaming(spec: GemmSpec, m: int, arch: str = "sm_90a") -> bool:
@@ -271,7 +279,7 @@ def describe(spec: GemmSpec, arch: str, m: int, num_sms: int = config.DEFAULT_SM
         return {"used": False, "max_m": max_m(spec, arch)}
     art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
     warps_k = launch_warps_k(spec, art.spec, num_sms)
-    return {"used": True, "max_m": MAX_M, "tag": art.spec.tag, "cache_key": art.key, "entry": art.entry,
+    return {"used": True, "max_m": max_m(spec, arch), "tag": art.spec.tag, "cache_key": art.key, "entry": art.entry,
             "warps_k": warps_k, "grid": grid_size(spec.n, warps_k), "num_threads": 32 * NUM_WARPS,
             "registers": art.meta.get("registers"),
             "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)}

@@ -59,6 +59,17 @@ def test_spec_rejections(kwargs):
 ])
 def test_dispatch_rule(kwargs, arch, expected):
     spec = GemmSpec.create(2112, 7168, **kwargs)
+    _check_rule(spec, arch, expected)
+
+
+@pytest.mark.parametrize("k,expected", [(512, 8), (1536, 8), (2048, 8), (2049, 16), (7168, 16)])
+def test_dispatch_rule_fp8_short_k(k, expected):
+    """FP8 with K <= 2048: M 9..16 runs the 64-row tiles, faster there since A's box stopped zero-filling."""
+    for scaling in ("tensor", "block"):
+        _check_rule(GemmSpec.create(24576, k, dtype="fp8", scaling=scaling), ARCH, expected)
+
+
+def _check_rule(spec, arch, expected):
     assert gemv.max_m(spec, arch) == expected
     for m in (1, 8, 13, 16):
         assert gemv.use_weight_streaming(spec, m, arch) == (m <= expected)
