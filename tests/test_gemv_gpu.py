@@ -58,10 +58,17 @@ def _fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
     return qa, sa, qb, sb, ref
 
 
+@pytest.fixture
+def fp8_streams_any_k(monkeypatch):
+    """These tests check the kernel at every M it takes, short K included: FP8 calls stream weights up to M = 16
+    whatever K (the dispatch's K rule, gemv.FP8_SHORT_K, is tested on the CPU and in test_fp8_short_k_dispatch)."""
+    monkeypatch.setattr(gemv, "FP8_SHORT_K", 0)
+
+
 @pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
 @pytest.mark.parametrize("n,k", [(1, 16), (7, 528), (129, 7168), (2112, 1040), (300, 1000)])
 @pytest.mark.parametrize("m", MS)
-def test_fp8_recipes(m, n, k, scaling, launches):
+def test_fp8_recipes(m, n, k, scaling, launches, fp8_streams_any_k):
     qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=m * 31 + n + k)
     g = build(m, n, k, dtype="fp8", scaling=scaling)
     out = reference.poisoned((m, n), "bf16")
@@ -77,7 +84,7 @@ def test_fp8_recipes(m, n, k, scaling, launches):
 
 
 @pytest.mark.parametrize("out_dtype", ["fp32", "fp16"])
-def test_fp8_block_outputs_and_mixed_types(out_dtype, launches):
+def test_fp8_block_outputs_and_mixed_types(out_dtype, launches, fp8_streams_any_k):
     m, n, k = 13, 392, 2000 - 2000 % 16
     qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=3, b_dtype="fp8_e5m2")
     g = build(m, n, k, dtype="fp8", b_dtype="fp8_e5m2", scaling="block", out_dtype=out_dtype)
@@ -86,6 +93,19 @@ def test_fp8_block_outputs_and_mixed_types(out_dtype, launches):
     assert launches == [m]
     err = reference.error(out, ref)
     assert err < (5e-4 if out_dtype == "fp32" else 2e-3), (out_dtype, err)
+
+
+@pytest.mark.parametrize("m,k,streams", [(8, 1040, True), (9, 1040, False), (16, 2048, False), (16, 2064, True)])
+def test_fp8_short_k_dispatch(m, k, streams, launches):
+    """FP8 with K <= 2048 streams weights up to M = 8 only; from 9 rows on the 64-row tiles run, and are correct."""
+    n = 2112
+    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "tensor", seed=m + k)
+    g = build(m, n, k, dtype="fp8", scaling="tensor")
+    out = reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    assert launches == ([m] if streams else []), (m, k)
+    err = reference.error(out, ref)
+    assert err < 5e-3 and reference.num_nonfinite(out) == 0, (m, k, err)
 
 
 @pytest.mark.parametrize("layout", ["m_major_nan_padding", "row_major"])
