@@ -63,6 +63,30 @@ def opcode_mix(cubin: bytes) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+# An instruction line of `cuobjdump -sass` (its first 64-bit word in the trailing comment) and the next line (the
+# second word, which holds the scheduling control bits).
+_WORDS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)[^\n]*/\*\s*0x[0-9a-f]{16}\s*\*/\s*\n"
+                    r"\s*/\*\s*(0x[0-9a-f]{16})\s*\*/")
+_YIELD_BIT = 45  # of the second word: cleared = the scheduler may switch warps after the instruction
+
+
+def yield_mix(cubin: bytes, opcodes: tuple[str, ...] = ("FFMA", "FADD")) -> tuple[int, int]:
+    """(instructions with the yield bit cleared, with it set) among `opcodes` (exact opcode, modifiers allowed).
+
+    ptxas interleaves cleared yield bits into a promoted K loop's FFMA/FADD run, which lets the other consumer
+    warpgroup's wgmmas issue between the promotion's adds; a K loop reshaped so that ptxas stopped doing it ran
+    14-17% slower on the H200 (docs/NOTES.md, session 9). DeepGEMM sets the same bits by patching its cubins."""
+    cleared = set_ = 0
+    for match in _WORDS.finditer(disassemble(cubin)):
+        if match.group(1).split(".")[0] not in opcodes:
+            continue
+        if (int(match.group(2), 16) >> _YIELD_BIT) & 1:
+            set_ += 1
+        else:
+            cleared += 1
+    return cleared, set_
+
+
 def resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
     """Per function: REG, STACK, SHARED, LOCAL, ... as reported by cuobjdump -res-usage."""
     out: dict[str, dict[str, int]] = {}
