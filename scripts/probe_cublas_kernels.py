@@ -1,0 +1,90 @@
+"""Probe (GPU): which kernels cuBLAS (through torch) launches for given problems, with their grids and blocks.
+
+    python3 -m scripts.probe_cublas_kernels [--problems DTYPE:MxNxK,...] [--out DIR]
+
+DTYPE: bf16 (torch.mm), fp8_tensor (torch._scaled_mm, per-tensor scales), fp8_block (F.scaled_mm, 1x128 x
+128x128 block scales). Each problem is run a few times under torch.profiler; the table lists every CUDA kernel
+of the last call (name, grid, block, dynamic shared memory, duration). The kernel names of cuBLAS encode the tile,
+cluster and split strategy (e.g. ``..._tilesize64x128x64_..._cluster1x2x1...``): what the baseline does on the rows
+where ours is slower.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT = ("bf16:64x4096x7168,bf16:128x4096x7168,bf16:32x7168x16384,fp8_tensor:64x2112x7168,"
+           "fp8_tensor:128x2112x7168,fp8_tensor:64x4096x7168,bf16:4096x4096x7168,fp8_tensor:4096x7168x16384")
+
+
+def _call(torch, dtype: str, m: int, n: int, k: int):
+    a = torch.randn(m, k, device="cuda")
+    b = torch.randn(n, k, device="cuda")
+    if dtype == "bf16":
+        a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        return lambda: torch.mm(a, b.T)
+    qa, qb = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    if dtype == "fp8_tensor":
+        one = torch.ones((), device="cuda")
+        return lambda: torch._scaled_mm(qa, qb.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    if dtype == "fp8_block":
+        import torch.nn.functional as F
+
+        sa = torch.ones(m, -(-k // 128), device="cuda")
+        sb = torch.ones(-(-n // 128), -(-k // 128), device="cuda")
+        return lambda: F.scaled_mm(qa, qb.T, sa, F.ScalingType.BlockWise1x128, sb.T, F.ScalingType.BlockWise128x128,
+                                   output_dtype=torch.bfloat16)
+    raise ValueError(f"dtype {dtype!r}: bf16, fp8_tensor or fp8_block")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problems", default=DEFAULT)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for problem in args.problems.split(","):
+        dtype, _, dims = problem.partition(":")
+        m, n, k = (int(v) for v in dims.split("x"))
+        try:
+            fn = _call(torch, dtype, m, n, k)
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+        except Exception as exc:  # a baseline torch refuses: say so and go on
+            print(f"{problem}: {type(exc).__name__}: {exc}", flush=True)
+            rows.append({"problem": problem, "error": str(exc)})
+            continue
+        # The chrome trace carries each kernel's launch shape (args: grid, block, registers, shared memory).
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            trace = json.loads(path.read_text())
+        kernels = []
+        for ev in trace.get("traceEvents", []):
+            if ev.get("cat") != "kernel":
+                continue
+            a = ev.get("args", {})
+            kernels.append({"name": ev.get("name"), "us": ev.get("dur"), "grid": a.get("grid"), "block": a.get("block"),
+                            "registers": a.get("registers per thread"), "shared_memory": a.get("shared memory")})
+        rows.append({"problem": problem, "kernels": kernels})
+        for kern in kernels:
+            print(f"{problem}: {kern['name'][:160]} grid={kern['grid']} block={kern['block']} "
+                  f"regs={kern['registers']} smem={kern['shared_memory']} us={kern['us']}", flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "probe-cublas-kernels.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
