@@ -28,6 +28,9 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "compile_seconds": art.meta.get("compile_seconds"),
         "weight_streaming": _weight_streaming(gemm),
         "split_k": _split_k(gemm),
+        # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).
+        "k_lanes": (2 if gemm.config.family == "sm90" and config_mod.sm90_wg_split_k(
+            gemm.spec, gemm.config.block_m, gemm.config.pingpong) else 1),
     }
     if with_sass:
         usage = sass.resource_usage(art.cubin).get(art.entry, {})

@@ -224,6 +224,9 @@ def test_wg_split_k_rule_and_kernel(shared_cache_dir, monkeypatch):
     assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], art.meta["log"]
     assert "BAR.ARV 0x5, 0x100" in text and "BAR.SYNC.DEFER_BLOCKING 0x5, 0x100" in text
     assert "BAR.ARV 0x6, 0x100" in text and "BAR.SYNC.DEFER_BLOCKING 0x6, 0x100" in text
+    g = build(128, 2112, 7168, dtype="fp8", scaling="tensor", config=cfg, arch="sm_90a")
+    assert g.explain()["k_lanes"] == 2
+    assert build(4096, 2112, 7168, dtype="fp8", scaling="tensor", arch="sm_90a").explain()["k_lanes"] == 1
 
 
 @pytest.mark.parametrize("scaling,m,n,k", [("block", 4096, 7168, 16384), ("tensor", 4096, 7168, 16384),
