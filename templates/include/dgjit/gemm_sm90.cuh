@@ -1475,13 +1475,13 @@ struct GemmSm90 {
     Tile tile;
     uint32_t turn = 0;  // ping-pong: the consumer whose tile comes next
     // kWGSplitK: lane 0 owns the tile (bias, epilogue operands, kRow's scales, the epilogue); lane 1 only sums.
-    const bool owner = !kWGSplitK || k_lane == 0;
+    const bool owns_tile = !kWGSplitK || k_lane == 0;
     uint32_t ring_parity = 0;  // kWGSplitK: parity of the ring position of the tile's first K block
     if constexpr (kWGSplitK) {
       if (k_lane == 0) named_barrier_arrive(kLaneFree, 2 * kWarpgroupThreads);
     }
     if constexpr (kScaling == Scaling::kRow) {
-      if (owner) stage_next_row_scales(smem, scales, math_wg, m, scheduler, kPingPong ? math_wg : 0);
+      if (owns_tile) stage_next_row_scales(smem, scales, math_wg, m, scheduler, kPingPong ? math_wg : 0);
     }
     while (scheduler.next(tile)) {
       if constexpr (kPingPong) {
@@ -1495,7 +1495,7 @@ struct GemmSm90 {
       // Per-consumer buffers and registers: safe to fill before our turn (kRow's scales: see stage_row_scales).
       BiasRegs bias_regs;
       if constexpr (Epi::kBias != BiasKind::kNone) {
-        if (owner) load_bias(ea, tile, math_wg, bias_regs);
+        if (owns_tile) load_bias(ea, tile, math_wg, bias_regs);
       }
       if constexpr (kPingPong) {
         // Wait until the other consumer has left its previous tile's main loop (it arrives on our barrier
@@ -1503,7 +1503,7 @@ struct GemmSm90 {
         // match a barrier phase of its tile. The first tile of consumer 0 has no predecessor.
         if (scheduler.tiles_done() > 1) named_barrier_sync(kTurnBarrier + math_wg, 2 * kWarpgroupThreads);
       }
-      const bool wait_operands = owner && loads_epilogue_operands(ea, tile, math_wg);
+      const bool wait_operands = owns_tile && loads_epilogue_operands(ea, tile, math_wg);
       const auto prefetch = [&]() {
         if constexpr (kPrefetch) {
           if (wait_operands) prefetch_epilogue_operands(smem, tmap_c, tmap_r, ea, math_wg, tile);
