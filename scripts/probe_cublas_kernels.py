@@ -21,23 +21,27 @@ DEFAULT = ("bf16:64x4096x7168,bf16:128x4096x7168,bf16:32x7168x16384,fp8_tensor:6
 
 
 def _call(torch, dtype: str, m: int, n: int, k: int):
+    """The baseline call the bench times for this row (deepgemm_jit.baseline's torch recipes, unit scales)."""
     a = torch.randn(m, k, device="cuda")
     b = torch.randn(n, k, device="cuda")
     if dtype == "bf16":
         a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
         return lambda: torch.mm(a, b.T)
-    qa, qb = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
-    if dtype == "fp8_tensor":
-        one = torch.ones((), device="cuda")
-        return lambda: torch._scaled_mm(qa, qb.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    if dtype == "fp8_block":
-        import torch.nn.functional as F
+    from deepgemm_jit import baseline
 
+    recipe = {"fp8_tensor": "tensor", "fp8_block": "block"}.get(dtype)
+    if recipe is None:
+        raise ValueError(f"dtype {dtype!r}: bf16, fp8_tensor or fp8_block")
+    qa, qb = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    if recipe == "tensor":
+        sa = sb = torch.ones((), device="cuda")
+    else:
         sa = torch.ones(m, -(-k // 128), device="cuda")
         sb = torch.ones(-(-n // 128), -(-k // 128), device="cuda")
-        return lambda: F.scaled_mm(qa, qb.T, sa, F.ScalingType.BlockWise1x128, sb.T, F.ScalingType.BlockWise128x128,
-                                   output_dtype=torch.bfloat16)
-    raise ValueError(f"dtype {dtype!r}: bf16, fp8_tensor or fp8_block")
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    _, call = baseline.first_that_runs(baseline.torch_scaled_mm_calls(torch, qa, qb, recipe, sa, sb, out),
+                                       f"FP8 {recipe} scaling")
+    return call
 
 
 def main() -> int:
