@@ -42,7 +42,7 @@ from .spec import GemmSpec
 MAX_M = 16                # two n8 token tiles of mma.sync
 # Dispatch stops earlier for 16-bit weights: from 9 rows on, the Hopper family's split-K tiles were as fast or faster
 # than the two-token-tile kernel on the H200 (bench/results/*decode-2f5dc04-dirty* and *exp-splitk-sweep-bf16*:
-# M = 16 at 0.69-1.05x cuBLAS here, 0.87-1.01x there); FP8 keeps both token tiles (even against the split tiles).
+# M = 16 at 0.69-1.05x cuBLAS here, 0.87-1.01x there). FP8 keeps both token tiles where K > FP8_SHORT_K (below).
 MAX_M_16BIT = 8
 # FP8 with K at most this: M 9..16 runs the tile kernels too. Once A's TMA box stopped zero-filling the rows past M
 # (launch.a_box_rows), the 64-row FP8 tiles beat the two-token-tile kernel at M = 16 on every DeepSeek shape with

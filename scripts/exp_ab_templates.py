@@ -50,6 +50,8 @@ def main() -> int:
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
+        if not args.problems and (tile == "nows" or tile.startswith("wk")):
+            ap.error(f"--tree {name}={spec}: @nows and @wkW / @wkold apply to --problems rows only")
         trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
     if args.nobulk:
         trees.append(("nobulk", None, args.tile, False))

@@ -344,6 +344,15 @@ struct GemmSm90 {
   using Mma = WgmmaM64<kBlockN>;
   static constexpr uint32_t kMmaK = wgmma_k<kKind>();
   static constexpr uint32_t kNumAccum = kBlockN / 2;  // fp32 accumulators per thread per m64 slice
+  // A consumer's accumulators moved as a whole (split-K partials in global memory, kWGSplitK's lane buffer in
+  // shared memory): 4 per 16-byte word, kAccumWords per thread, word q of thread t at q * 128 + t (a warp's
+  // stores and loads are 512 contiguous bytes).
+  static constexpr uint32_t kAccumWords = kNumM64PerWG * kNumAccum / 4;
+  static_assert(kNumAccum % 4 == 0, "accumulators move in groups of four");
+  // The 16-byte word (counted from thread 0's first) holding thread 0's accumulators 4q..4q+3 of m64 slice mi.
+  static DGJIT_DEVICE constexpr uint32_t accum_word(uint32_t mi, uint32_t q) {
+    return (mi * kNumAccum / 4 + q) * kWarpgroupThreads;
+  }
   static constexpr uint32_t kInBytes = sizeof(TA);
   static constexpr uint32_t kSmemRowBytes = kBlockK * kInBytes;  // one 128B-swizzled row per M/N index
   // MN-major operands: a stage holds rows / kMnBlockElems boxes of kMnBlockElems MN elements (one 128-byte swizzle
@@ -450,7 +459,7 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemSplitBytes = kSplitK ? 16 : 0;
   // kWGSplitK: K lane 1's accumulators on their way to lane 0 (reduce_k_lanes), 16-byte words of 4.
   static constexpr uint32_t kSmemRedOffset = kSmemSplitOffset + kSmemSplitBytes;
-  static constexpr uint32_t kSmemRedBytes = kWGSplitK ? kNumM64PerWG * kNumAccum * kWarpgroupThreads * 4 : 0;
+  static constexpr uint32_t kSmemRedBytes = kWGSplitK ? kAccumWords * kWarpgroupThreads * 16 : 0;
   static_assert(kSmemRedOffset % 16 == 0, "the K-lane buffer is written in 16-byte words");
   static constexpr uint32_t kSmemBytes = kSmemRedOffset + kSmemRedBytes + 1024;
   static_assert(kSmemDSliceBytes % 1024 == 0 && kSmemABytesPerStage % 1024 == 0 &&
@@ -1371,10 +1380,7 @@ struct GemmSm90 {
   }
 
   // ---- split-K: the shares of a tile meet in global memory (SplitArgs) -------------------------------------
-  // A consumer's partial tile: its threads' accumulators, 4 per 16-byte word, word q of thread t at
-  // q * 128 + t (a warp's stores and loads are 512 contiguous bytes).
-  static constexpr uint32_t kAccumWords = kNumM64PerWG * kNumAccum / 4;
-  static_assert(kNumAccum % 4 == 0, "partial tiles move accumulators in groups of four");
+  // A consumer's partial tile: its threads' accumulators in kAccumWords words each (accum_word).
 
   static DGJIT_DEVICE uint4* partial_words(const SplitArgs& sk, const Tile& tile, uint32_t split, uint32_t math_wg) {
     const uint64_t slot = (static_cast<uint64_t>(tile.id) * sk.num_splits + split) * kNumMathWGs + math_wg;
@@ -1392,7 +1398,7 @@ struct GemmSm90 {
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
       for (uint32_t q = 0; q < kNumAccum / 4; ++q)
-        st_global_cg_v4(mine + (mi * kNumAccum / 4 + q) * kWarpgroupThreads, acc[mi][4 * q], acc[mi][4 * q + 1],
+        st_global_cg_v4(mine + accum_word(mi, q), acc[mi][4 * q], acc[mi][4 * q + 1],
                         acc[mi][4 * q + 2], acc[mi][4 * q + 3]);
     fence_acq_rel_gpu();  // this thread's partial is visible GPU-wide before thread 0 counts the arrival
     named_barrier_sync(barrier_id, kWarpgroupThreads);
@@ -1420,7 +1426,7 @@ struct GemmSm90 {
 #pragma unroll
       for (uint32_t q = 0; q < kNumAccum / 4; ++q) {
         TAcc v[4];
-        ld_global_cg_v4(words + (mi * kNumAccum / 4 + q) * kWarpgroupThreads, v[0], v[1], v[2], v[3]);
+        ld_global_cg_v4(words + accum_word(mi, q), v[0], v[1], v[2], v[3]);
 #pragma unroll
         for (uint32_t e = 0; e < 4; ++e) acc[mi][4 * q + e] = kAdd ? acc[mi][4 * q + e] + v[e] : v[e];
       }
@@ -1429,20 +1435,19 @@ struct GemmSm90 {
 
   // ---- kWGSplitK: the two K lanes of a 64-row tile meet in shared memory -------------------------------
   // Named barriers kLaneFull (lane 1 has stored its sums) and kLaneFree (lane 0 has read them; lane 0 arrives once
-  // before its first tile, lane 1 takes that arrival after its last). Word q of thread t at q * 128 + t.
+  // before its first tile, lane 1 takes that arrival after its last). The split-K partials' layout (accum_word).
   static constexpr uint32_t kLaneFull = 5;
   static constexpr uint32_t kLaneFree = 6;
   // Lane 1 hands its sums over; lane 0 adds them to its own (in that order for every tile: deterministic).
   static DGJIT_DEVICE void reduce_k_lanes(const Smem& smem, uint32_t k_lane, float (&acc)[kNumM64PerWG][kNumAccum]) {
     const uint32_t base = smem.red() + 16 * (threadIdx.x % kWarpgroupThreads);
-    constexpr uint32_t kWordStride = 16 * kWarpgroupThreads;
     if (k_lane == 1) {
       named_barrier_sync(kLaneFree, 2 * kWarpgroupThreads);
 #pragma unroll
       for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
         for (uint32_t q = 0; q < kNumAccum / 4; ++q)
-          st_shared_v4_b32(base + (mi * kNumAccum / 4 + q) * kWordStride, __float_as_uint(acc[mi][4 * q]),
+          st_shared_v4_b32(base + 16 * accum_word(mi, q), __float_as_uint(acc[mi][4 * q]),
                            __float_as_uint(acc[mi][4 * q + 1]), __float_as_uint(acc[mi][4 * q + 2]),
                            __float_as_uint(acc[mi][4 * q + 3]));
       named_barrier_arrive(kLaneFull, 2 * kWarpgroupThreads);
@@ -1452,7 +1457,7 @@ struct GemmSm90 {
       for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
         for (uint32_t q = 0; q < kNumAccum / 4; ++q) {
-          const uint4 v = ld_shared_v4_b32(base + (mi * kNumAccum / 4 + q) * kWordStride);
+          const uint4 v = ld_shared_v4_b32(base + 16 * accum_word(mi, q));
           acc[mi][4 * q] += __uint_as_float(v.x);
           acc[mi][4 * q + 1] += __uint_as_float(v.y);
           acc[mi][4 * q + 2] += __uint_as_float(v.z);
