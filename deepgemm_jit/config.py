@@ -319,9 +319,32 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
                          f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
 
 
-def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, split_k: bool = False) -> int:
-    """As many stages as fit (2..8)."""
-    for stages in range(8, 1, -1):
+# Stage cap. Beyond 8 stages a tile gains only where its stages hold few bytes of the weight: at decode sizes
+# (M <= 128) a tile is bound by streaming B from DRAM, and a CTA keeps stages x block_n x 128 bytes of it in
+# flight (shared by the tiles of the same columns: two at M = 128 with 64-row tiles). H200, session 10
+# (bench/results/*decode-9a52a6f*, every tile at up to 16 stages against *decode-bdf934e* at 8): 64x32 tiles (4 KB
+# of B per stage) ran 5-12% faster at 16 stages, 64x64 at M = 128 (two tiles per column) 7-12% faster at 12-13;
+# 64x64 at M <= 64 (8 KB, 64 KB in flight at 8 stages) ran 1-5% SLOWER at 12-13 (FP8 block 64x7168x16384 42.1 ->
+# 44.4 us). So: enough stages for SM90_B_BYTES_IN_FLIGHT per column tile, never fewer than 8.
+SM90_BASE_STAGES = 8
+SM90_MAX_STAGES = 16
+SM90_B_BYTES_IN_FLIGHT = 64 * 1024
+SM90_DEEP_STAGES_MAX_M = 128
+
+
+def sm90_stage_cap(block_m: int, block_n: int, m_hint: int | None) -> int:
+    """Most stages worth having for a tile at M = m_hint (None: no hint, SM90_BASE_STAGES)."""
+    if m_hint is None or m_hint > SM90_DEEP_STAGES_MAX_M:
+        return SM90_BASE_STAGES
+    tiles_per_column = -(-m_hint // block_m)
+    wanted = -(-SM90_B_BYTES_IN_FLIGHT * tiles_per_column // (block_n * 128))
+    return max(SM90_BASE_STAGES, min(SM90_MAX_STAGES, wanted))
+
+
+def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, split_k: bool = False,
+                 m_hint: int | None = None) -> int:
+    """As many stages as fit, 2 up to sm90_stage_cap."""
+    for stages in range(sm90_stage_cap(block_m, block_n, m_hint), 1, -1):
         if sm90_smem_bytes(spec, block_m, block_n, stages, pingpong, split_k) <= SM90_SMEM_BUDGET_BYTES:
             return stages
     return 0
@@ -435,6 +458,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts."""
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     tiles = []
     for block_m in (128, 64):
         if block_m == 64 and m_hint > 128:
@@ -446,7 +470,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
                 continue
-            stages = _sm90_stages(spec, block_m, block_n)
+            stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
             if stages < 3:
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
@@ -461,7 +485,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS:
                 continue
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
-            split_stages = _sm90_stages(spec, block_m, block_n, split_k=True)
+            split_stages = _sm90_stages(spec, block_m, block_n, split_k=True, m_hint=stage_hint)
             if best > 1 and split_cost < SPLIT_MIN_GAIN * unsplit_best and split_stages >= 3:
                 tiles[i] = (split_cost, block_m, block_n, split_stages, best)
     tiles.sort(key=lambda t: t[0])  # stable: ties keep the wider tile first
@@ -564,7 +588,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
                     or sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS
                     or sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)):
                 continue
-            stages = _sm90_stages(spec, block_m, block_n, split_k=True)
+            stages = _sm90_stages(spec, block_m, block_n, split_k=True, m_hint=m_hint)
             if stages < 3:
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms, stages,

@@ -134,3 +134,20 @@ def test_m_buckets_are_powers_of_two():
 def test_d_slice_widths_mirror_the_kernel():
     assert [config.sm90_d_slice_bytes(bn, 2) for bn in (256, 224, 176, 216, 8)] == [128, 64, 32, 16, 16]
     assert config.sm90_d_slice_bytes(216, 4) == 32
+
+
+def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
+    """Deeper than 8 stages only where 8 hold less than 64 KB of B per column tile (H200 session 10: 64x32 and
+    M = 128's 64x64 gained, 64x64 at M <= 64 lost); no M hint, large M and grouped GEMMs keep 8."""
+    cap = config.sm90_stage_cap
+    assert cap(64, 32, 32) == 16 and cap(64, 32, 128) == 16
+    assert cap(64, 64, 64) == 8 and cap(64, 64, 128) == 16
+    assert cap(64, 56, 32) == 10
+    assert cap(64, 32, None) == 8 and cap(64, 32, 4096) == 8 and cap(128, 64, 128) == 8
+    fp8 = GemmSpec.create(4096, 7168, dtype="fp8", scaling="tensor")
+    assert config.choose_sm90_config(fp8, 32, 132).num_stages == 16  # 64x32, measured 17.3 -> 16.3 us
+    assert config.choose_sm90_config(fp8, 4096, 132).num_stages <= 8
+    block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
+    assert config.choose_sm90_config(block, 64, 132).num_stages == 8  # 64x64: 13 stages were 5% slower
+    grouped = GemmSpec.create(4096, 7168, dtype="fp8", scaling="block", grouped=True)
+    assert all(t[3] <= 8 for t in config._sm90_tiles_by_cost(grouped, 32, 132, groups=4))
