@@ -330,6 +330,11 @@ SM90_BASE_STAGES = 8
 SM90_MAX_STAGES = 16
 SM90_B_BYTES_IN_FLIGHT = 64 * 1024
 SM90_DEEP_STAGES_MAX_M = 128
+# The cost model ties 128xW with 64x2W tiles (same area, same rows + columns). Up to this M a tie goes to the
+# 64-row tile: H200 session 10, M = 128, the six DeepSeek (N, K) (bench/results/*decode-tile-ties-s10*): 64x128
+# against 128x64 ran 1-5% faster on all six FP8 block rows, 7% on BF16 7168x16384 and FP8 per-tensor
+# 2112x7168 / 7168x16384 (at 7 stages, all that fits with the K-lane buffer), and within +-3% on the rest.
+SM90_DECODE_TIE_M = 128
 
 
 def sm90_stage_cap(block_m: int, block_n: int, m_hint: int | None) -> int:
@@ -488,7 +493,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             split_stages = _sm90_stages(spec, block_m, block_n, split_k=True, m_hint=stage_hint)
             if best > 1 and split_cost < SPLIT_MIN_GAIN * unsplit_best and split_stages >= 3:
                 tiles[i] = (split_cost, block_m, block_n, split_stages, best)
-    tiles.sort(key=lambda t: t[0])  # stable: ties keep the wider tile first
+    # Stable: ties keep the wider tile first; at decode sizes a 64-row tile wins a tie (see SM90_DECODE_TIE_M).
+    tiles.sort(key=lambda t: (t[0], t[1] != 64 if m_hint <= SM90_DECODE_TIE_M else False))
     return tiles
 
 

@@ -151,3 +151,14 @@ def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
     assert config.choose_sm90_config(block, 64, 132).num_stages == 8  # 64x64: 13 stages were 5% slower
     grouped = GemmSpec.create(4096, 7168, dtype="fp8", scaling="block", grouped=True)
     assert all(t[3] <= 8 for t in config._sm90_tiles_by_cost(grouped, 32, 132, groups=4))
+
+
+def test_sm90_cost_ties_go_to_the_64_row_tile_at_decode_sizes():
+    """128x64 and 64x128 cost the same in the model; at M <= 128 the 64-row tile measured faster (H200)."""
+    block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
+    tied = [t for t in config._sm90_tiles_by_cost(block, 128, 132) if (t[1], t[2]) in ((128, 64), (64, 128))]
+    assert len(tied) == 2 and tied[0][0] == tied[1][0]
+    cfg = config.choose_sm90_config(block, 128, 132)
+    assert (cfg.block_m, cfg.block_n) == (64, 128)
+    big = config.choose_sm90_config(block, 4096, 132)
+    assert big.block_m == 128  # large M: 64-row tiles are not candidates at all
