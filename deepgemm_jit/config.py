@@ -454,6 +454,36 @@ def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms
                                splits=s), s) for s in split_candidates(spec.k, block_k, tiles, num_sms))
 
 
+# Split-K exists to give idle SMs a share of the K loop. At decode sizes the cost model still prefers it where an
+# unsplit tile already keeps most SMs' consumers busy in one wave, and there the partial sums' extra traffic made it
+# slower (H200 session 10, bench/results/*decode-split-fill-s10*): BF16 {32,64}x4096x7168 64x32 unsplit 25.8/26.2
+# us vs 64x128 split 27.8/28.5; {32,64}x7168x16384 64x56 68.7/69.4 vs 64x224 split 73.5/73.8; FP8 per-tensor
+# {32,64}x2112x7168 64x32 with K lanes 12.0/12.2 vs 64x64 split 13.7/13.8. Not for promoted FP8 without K lanes (it
+# waits for every K block's wgmmas: a long serial chain; FP8 block 2112x7168 split 13.7/14.1 vs unsplit 64x32
+# 14.8/14.9) nor for tiles narrower than 32 columns (BF16 2112x7168: 64x16 unsplit 19.7/19.9 vs split 18.5/18.6).
+SPLIT_SKIP_MAX_M = 64
+SPLIT_SKIP_FILL = 0.75
+SPLIT_SKIP_MIN_N = 32
+
+
+def _sm90_decode_filler(spec: GemmSpec, m_hint: int, num_sms: int, tiles: list) -> tuple | None:
+    """The cheapest unsplit tile of `tiles` ((cost, block_m, block_n, stages, splits), any order) that keeps at
+    least SPLIT_SKIP_FILL of the SMs' consumer lanes busy in one wave at M = m_hint <= SPLIT_SKIP_MAX_M, for a K loop
+    without a wait per K block (16-bit types, or FP8 with K lanes); None when there is none. It replaces a split-K
+    pick (SPLIT_SKIP_*)."""
+    if m_hint > SPLIT_SKIP_MAX_M or spec.grouped:
+        return None
+    for tile in sorted(tiles, key=lambda t: t[0]):
+        _, block_m, block_n, _, _ = tile
+        lanes = 2 if sm90_wg_split_k(spec, block_m, False) else 1
+        if block_n < SPLIT_SKIP_MIN_N or (spec.dtype not in ("bf16", "fp16") and lanes == 1):
+            continue
+        count = -(-m_hint // block_m) * -(-spec.n // block_n)
+        if count <= num_sms and count * lanes >= SPLIT_SKIP_FILL * num_sms:
+            return tile
+    return None
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
@@ -483,6 +513,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             tiles.append((cost, block_m, block_n, stages, 1))
     if not tiles and preferred_only:
         return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
+    filler = _sm90_decode_filler(spec, m_hint, num_sms, tiles)
     if not spec.grouped and m_hint <= SPLIT_MAX_M and tiles:
         # Split-K versions of the tiles, where one beats every unsplit tile by SPLIT_MIN_GAIN.
         unsplit_best = min(t[0] for t in tiles)
@@ -495,6 +526,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 tiles[i] = (split_cost, block_m, block_n, split_stages, best)
     # Stable: ties keep the wider tile first; at decode sizes a 64-row tile wins a tie (see SM90_DECODE_TIE_M).
     tiles.sort(key=lambda t: (t[0], t[1] != 64 if m_hint <= SM90_DECODE_TIE_M else False))
+    if filler is not None and tiles[0][4] > 1:  # a split-K pick gives way to a tile that fills the SMs unsplit
+        tiles = [filler] + [t for t in tiles if t[1:3] != filler[1:3]]
     return tiles
 
 

@@ -52,7 +52,7 @@ def test_cli_reports_bad_arguments(cache_dir, capsys):
 
 def test_explain_split_k_and_fp32(cache_dir, capsys):
     """The text form shows the split-K rule of a split-K kernel, and --dtype fp32 explains the 3xTF32 GEMM."""
-    assert cli.main(["explain", "64", "7168", "16384", "--arch", "sm_90a"]) == 0
+    assert cli.main(["explain", "64", "2112", "7168", "--arch", "sm_90a"]) == 0
     out = capsys.readouterr().out
     assert "_sk" in out and "split-K   shares per tile by M" in out and "M=4096: 1" in out
     assert cli.main(["explain", "64", "256", "100", "--dtype", "fp32", "--arch", "sm_90a", "--json"]) == 0

@@ -42,13 +42,14 @@ def test_kernel_share_partition(k_blocks):
 
 
 def test_dispatch_rule_decode_and_large_m():
-    """Small M of the decode shapes gets split-K kernels and several shares per call; M = 4096 keeps the measured
+    """Small M of a decode shape whose tiles leave SMs idle gets a split-K kernel and several shares per call
+    (7168x16384 no longer does: 64x56 tiles fill the SMs, config._sm90_decode_filler); M = 4096 keeps the measured
     unsplit tiles; each call's count follows its own M."""
-    spec = GemmSpec.create(7168, 16384, dtype="bf16")
+    spec = GemmSpec.create(2112, 7168, dtype="bf16")
     cfg = config.choose_config(spec, 64, "sm_90a", 132)
     assert cfg.split_k
     assert splitk.num_splits(spec, cfg, 64, 132) > 1
-    assert splitk.num_splits(spec, cfg, 64, 132, forced=1000) == -(-16384 // cfg.block_k)
+    assert splitk.num_splits(spec, cfg, 64, 132, forced=1000) == -(-7168 // cfg.block_k)
     big = config.choose_config(spec, 4096, "sm_90a", 132)
     assert not big.split_k and splitk.num_splits(spec, big, 4096, 132) == 1
     for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)):
@@ -100,7 +101,7 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
 
 def test_explain_shows_the_rule(shared_cache_dir, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    g = build(64, 7168, 16384, dtype="bf16", arch="sm_90a")
+    g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a")
     info = g.explain()["split_k"]
     assert info["kernel"] and info["deterministic"] and info["forced"] is None
     assert info["splits_by_m"][64] > 1 and info["splits_by_m"][4096] == 1
