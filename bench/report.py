@@ -201,6 +201,37 @@ def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+# The FP8 recipes whose torch baselines compete: issue 6's decode bar compares every FP8 row with the faster of
+# torch's per-tensor and block-scaled matmuls (per-tensor is the faster one at small M).
+FP8_RECIPES = ("fp8_tensor", "fp8_row", "fp8_block")
+
+
+def geomean_vs_faster_fp8(rows: list[dict]) -> dict[str, dict]:
+    """{FP8 dtype: {"ratio": geomean of (fastest torch FP8 baseline of the same shape in this run) / us, "min",
+    "n_below_1", "n"}} for FP8 dtypes whose shapes ran with another FP8 recipe too; {} otherwise."""
+    ok = [r for r in rows if r["dtype"] in FP8_RECIPES and r["status"] == "ok" and not r.get("epilogue")
+          and r.get("us") and r.get("baseline_us")]
+    fastest: dict[tuple, float] = {}
+    recipes: dict[tuple, set] = {}
+    for r in ok:
+        key = (r["layout"], r["m"], r["n"], r["k"])
+        fastest[key] = min(fastest.get(key, math.inf), r["baseline_us"])
+        recipes.setdefault(key, set()).add(r["dtype"])
+    out: dict[str, dict] = {}
+    for dtype in dict.fromkeys(r["dtype"] for r in ok):
+        ratios = [fastest[key] / r["us"] for r in ok if r["dtype"] == dtype
+                  and len(recipes[key := (r["layout"], r["m"], r["n"], r["k"])]) > 1]
+        if ratios:
+            out[dtype] = {"ratio": metrics.geomean(ratios), "min": min(ratios),
+                          "n_below_1": sum(x < 1 for x in ratios), "n": len(ratios)}
+    return out
+
+
+def _faster_fp8_summary(dtype: str, g: dict) -> str:
+    return (f"{dtype} vs the faster torch FP8 recipe of the same shape: ratio {_f(g['ratio'], '.3f')} over {g['n']} "
+            f"rows, min {_f(g['min'], '.3f')}, {g['n_below_1']} below 1")
+
+
 def geomean_by_epilogue(rows: list[dict]) -> dict[tuple[str, str], dict]:
     """{(dtype, epilogue): {"ratio": geomean of ratio (vs cuBLAS + separate ops), "n" (rows with a ratio),
     "overhead": geomean of us / plain_us, "max_overhead", "max_overhead_shape" ((M, N, K) of the max),
@@ -321,6 +352,8 @@ def render_markdown(header: dict, rows: list[dict]) -> str:
                      f"(geomean); {g['n_ok']} ok, {g['n_bad']} failed/errored/skipped")
     for (dtype, epilogue), g in geomean_by_epilogue(rows).items():
         lines.append(f"- **geomean {_epilogue_summary(dtype, epilogue, g).replace(':', '**:', 1)}")
+    for dtype, g in geomean_vs_faster_fp8(rows).items():
+        lines.append(f"- **geomean {_faster_fp8_summary(dtype, g).replace(':', '**:', 1)}")
     return "\n".join(lines) + "\n"
 
 
@@ -348,6 +381,8 @@ def render_short_table(rows: list[dict]) -> str:
                      f"({g['n_ok']} ok, {g['n_bad']} not)")
     for (dtype, epilogue), g in geomean_by_epilogue(rows).items():
         lines.append("geomean " + _epilogue_summary(dtype, epilogue, g))
+    for dtype, g in geomean_vs_faster_fp8(rows).items():
+        lines.append("geomean " + _faster_fp8_summary(dtype, g))
     if any(r["status"] == "ok" and r.get("note") for r in rows):
         lines.append("* = the row has a note in the .md/.json")
     return "\n".join(lines)

@@ -104,6 +104,19 @@ def test_markdown_and_short_table_have_rows_and_geomean():
     assert table.splitlines()[-1].startswith("geomean tf32") and " NaN " in table
 
 
+def test_fp8_rows_against_the_faster_torch_fp8_recipe():
+    """Issue 6's bar: an FP8 block row counts against the faster torch FP8 baseline of its shape in the same run
+    (per-tensor is faster at small M), not only torch's block-scaled matmul."""
+    rows = [_row(dtype="fp8_tensor", m=32, us=10.0, base_us=11.0), _row(dtype="fp8_block", m=32, us=10.0, base_us=15.0),
+            _row(dtype="fp8_block", m=64, us=10.0, base_us=15.0)]  # M = 64: no per-tensor row, not counted
+    g = report.geomean_vs_faster_fp8(rows)
+    assert g["fp8_block"]["ratio"] == pytest.approx(1.1) and g["fp8_block"]["n"] == 1
+    assert g["fp8_tensor"]["ratio"] == pytest.approx(1.1) and g["fp8_tensor"]["n_below_1"] == 0
+    assert "fp8_block vs the faster torch FP8 recipe of the same shape: ratio 1.100 over 1 rows" in \
+        report.render_short_table(rows)
+    assert report.geomean_vs_faster_fp8([_row()]) == {}
+
+
 def test_json_record_schema_round_trip(tmp_path):
     rows = [_row(), _row(status="fail", err=float("nan")), _row(status="error")]
     rows[2]["err"] = None
