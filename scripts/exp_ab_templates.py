@@ -11,7 +11,8 @@ instead (the scale warp's path). --nobulk adds "nobulk": the checkout's template
 (A scales by the scale warp). Results are checked against each other (same kernel math: bitwise equal) before
 timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@BMxBN forces a tile for that tree
 only, and DIR "." is the checkout's templates (to compare tiles). With --problems: DIR@wkW / DIR@wkold force the
-weight-streaming kernel's warps_k, DIR@nows builds without weight streaming (the tile kernels at small M).
+weight-streaming kernel's warps_k, DIR@cpsC its CTAs per SM (launch bounds and grid rule), DIR@nows builds without
+weight streaming (the tile kernels at small M).
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def main() -> int:
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
-        if not args.problems and (tile == "nows" or tile.startswith("wk")):
-            ap.error(f"--tree {name}={spec}: @nows and @wkW / @wkold apply to --problems rows only")
+        if not args.problems and (tile == "nows" or tile.startswith(("wk", "cps"))):
+            ap.error(f"--tree {name}={spec}: @nows, @wkW / @wkold and @cpsC apply to --problems rows only")
         trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
     if args.nobulk:
         trees.append(("nobulk", None, args.tile, False))
@@ -140,19 +141,25 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
     a, b, kwargs = ops.a, ops.b, ops.call_kwargs()
     build = dict(dtype=info.lib, scaling=info.scaling)
     outs, fns = {}, {}
-    choose_warps_k = gemv.choose_warps_k
+    choose_warps_k, ctas_per_sm = gemv.choose_warps_k, gemv.GemvSpec.ctas_per_sm
     for name, tdir, tile, _bulk in trees:
         _use_tree(tdir)
         if tile == "wkold":  # DIR@wkold: warps_k by K alone (the rule before the one-wave grid, session 8)
             gemv.choose_warps_k = lambda k, element_bytes, *_: choose_warps_k(k, element_bytes)
         elif tile and tile.startswith("wk"):  # DIR@wkW: the weight-streaming kernel's warps_k forced to W
             gemv.choose_warps_k = (lambda w: lambda *_: w)(int(tile[2:]))
+        elif tile and tile.startswith("cps"):  # DIR@cpsC: its CTAs per SM (launch bounds + one-wave grid rule)
+            gemv.GemvSpec.ctas_per_sm = property((lambda c: lambda _spec: c)(int(tile[3:])))
+            gemv.clear_memo()  # the memo keys on the spec, which does not hold ctas_per_sm
         # DIR@nows: the tile kernels where build would stream weights (small M), to place the dispatch's crossover.
         g = dg.build(m, n, k, **build, **({"weight_streaming": False} if tile == "nows" else {}))
         out = reference.poisoned((m, n), spec.out_dtype)
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
         gemv.choose_warps_k = choose_warps_k
+        if gemv.GemvSpec.ctas_per_sm is not ctas_per_sm:
+            gemv.GemvSpec.ctas_per_sm = ctas_per_sm
+            gemv.clear_memo()
         outs[name] = out
     _use_tree(None)
     cupy.cuda.Device().synchronize()
