@@ -488,8 +488,9 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
     BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
-    multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds; splits: the best
-    split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay). Where no preferred
+    multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds, up to sm90_stage_cap;
+    splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
+    _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first). Where no preferred
     tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts."""
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
