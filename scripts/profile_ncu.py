@@ -17,9 +17,11 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
   bf16            the 16-bit kernel
   tf32            the TF32 kernel (FP32 inputs)
 
-A variant takes the heuristic's tile, or a forced one as NAME@BMxBN (e.g. fp8-block@128x128), and a fused epilogue
-as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128; a bias is a random vector; epilogues that need C or a residual are
-not supported here). Ping-pong tiles: @BMxBNpp.
+A "gemv-" prefix (e.g. gemv-fp8-tensor with --shape 1x24576x1536) profiles the weight-streaming kernel that build()
+dispatches calls of M <= 8 (16) to, instead of the tile kernel. A variant takes the heuristic's tile, or a forced
+one as NAME@BMxBN (e.g. fp8-block@128x128), and a fused epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128;
+a bias is a random vector; epilogues that need C or a residual are not supported here). Ping-pong tiles:
+@BMxBNpp.
 
 Usage: python3 -m scripts.profile_ncu --variant NAME[:EPILOGUE][@BMxBN[pp]] [--shape MxNxK] [--launches N]
 """
@@ -46,6 +48,8 @@ def build_call(variant: str, m: int, n: int, k: int):
     w = rng.standard_normal((n, k), dtype=cupy.float32)
     name, _, tile = variant.partition("@")
     name, _, epilogue = name.partition(":")
+    streaming = name.startswith("gemv-")
+    name = name.removeprefix("gemv-")
     if name not in VARIANTS:
         raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
     if name == "fp8-block-warp":  # read when the first call makes its launch plan
@@ -63,7 +67,7 @@ def build_call(variant: str, m: int, n: int, k: int):
         bm, bn = (int(v) for v in tile.removesuffix("pp").split("x"))
         spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum", "epilogue") if key in kwargs}
         kwargs["config"] = config.sm90_config(GemmSpec.create(n, k, **spec_kwargs), bm, bn, pingpong=pingpong)
-    g = dg.build(m, n, k, weight_streaming=False, **kwargs)
+    g = dg.build(m, n, k, weight_streaming=streaming, **kwargs)
     out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype(g.spec.out_dtype))
     epi_ops = {}
     if g.spec.epi.bias != "none":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU machine: profile GEMM variants with Nsight Compute and export what a CPU can read back.
 # Usage (repo root, carrying .whl and .carry): bash scripts/profile_ncu.sh [SHAPE] VARIANT...
-#   SHAPE like 4096x7168x16384 (default); VARIANT from scripts/profile_ncu.py.
+#   SHAPE like 4096x7168x16384 (default); VARIANT from scripts/profile_ncu.py (gemv-* for the weight-streaming
+#   kernel at M <= 8 / 16).
 # Per variant: VARIANT-details.csv (sections), VARIANT-raw.csv (every metric), VARIANT-sass.csv (per-SASS-
 # instruction samples and stall reasons), VARIANT.log; packed into $OUT/ncu.tgz (the device tool returns at
 # most 8 files), the .ncu-rep reports into $OUT/ncu-reps.tgz.
@@ -19,7 +20,7 @@ for v in "$@"; do
   rep="$WORK/$(printf %s "$v" | tr "@:+" "___")"
   # Build (JIT compile) outside the profiler first so that ncu times only launches.
   python3 -m scripts.profile_ncu --variant "$v" --shape "$shape" --launches 1 > "$rep.log" 2>&1 || { cat "$rep.log"; continue; }
-  "$NCU" --clock-control none --kernel-name regex:dgjit_gemm --launch-skip 2 --launch-count 1 --set full \
+  "$NCU" --clock-control none --kernel-name regex:"dgjit_gem[mv]" --launch-skip 2 --launch-count 1 --set full \
       --import-source no -f -o "$rep" python3 -m scripts.profile_ncu --variant "$v" --shape "$shape" >> "$rep.log" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page details --csv > "$rep-details.csv" 2>> "$rep.log"
   "$NCU" -i "$rep.ncu-rep" --page raw --csv > "$rep-raw.csv" 2>> "$rep.log"
