@@ -206,6 +206,10 @@ def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
 FP8_RECIPES = ("fp8_tensor", "fp8_row", "fp8_block")
 
 
+def _shape(r: dict) -> tuple:
+    return r["layout"], r["m"], r["n"], r["k"]
+
+
 def geomean_vs_faster_fp8(rows: list[dict]) -> dict[str, dict]:
     """{FP8 dtype: {"ratio": geomean of (fastest torch FP8 baseline of the same shape in this run) / us, "min",
     "n_below_1", "n"}} for FP8 dtypes whose shapes ran with another FP8 recipe too; {} otherwise."""
@@ -214,13 +218,11 @@ def geomean_vs_faster_fp8(rows: list[dict]) -> dict[str, dict]:
     fastest: dict[tuple, float] = {}
     recipes: dict[tuple, set] = {}
     for r in ok:
-        key = (r["layout"], r["m"], r["n"], r["k"])
-        fastest[key] = min(fastest.get(key, math.inf), r["baseline_us"])
-        recipes.setdefault(key, set()).add(r["dtype"])
+        fastest[_shape(r)] = min(fastest.get(_shape(r), math.inf), r["baseline_us"])
+        recipes.setdefault(_shape(r), set()).add(r["dtype"])
     out: dict[str, dict] = {}
     for dtype in dict.fromkeys(r["dtype"] for r in ok):
-        ratios = [fastest[key] / r["us"] for r in ok if r["dtype"] == dtype
-                  and len(recipes[key := (r["layout"], r["m"], r["n"], r["k"])]) > 1]
+        ratios = [fastest[_shape(r)] / r["us"] for r in ok if r["dtype"] == dtype and len(recipes[_shape(r)]) > 1]
         if ratios:
             out[dtype] = {"ratio": metrics.geomean(ratios), "min": min(ratios),
                           "n_below_1": sum(x < 1 for x in ratios), "n": len(ratios)}

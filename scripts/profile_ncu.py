@@ -96,7 +96,10 @@ def main() -> int:
     for _ in range(args.launches):
         call()
     cupy.cuda.get_current_stream().synchronize()
-    print(f"{args.variant} {m}x{n}x{k}: {g.explain()['config']}", flush=True)
+    info = g.explain()
+    # gemv-* variants: the call ran the weight-streaming kernel (its tag, warps_k and grid), not the tile config.
+    what = info["weight_streaming"] if m <= info["weight_streaming"].get("max_m", 0) else info["config"]
+    print(f"{args.variant} {m}x{n}x{k}: {what}", flush=True)
     return 0
 
 
