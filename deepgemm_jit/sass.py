@@ -87,6 +87,15 @@ def yield_mix(cubin: bytes, opcodes: tuple[str, ...] = ("FFMA", "FADD")) -> tupl
     return cleared, set_
 
 
+def tma_loads(cubin: bytes) -> tuple[int, int]:
+    """(UTMALDG without an L2 cache policy, with one): a load given a policy (PTX ``.L2::cache_hint``) carries it
+    as a ``desc[URx]`` operand. The sm90 kernels load B evict-first when few tiles share it (gemm_sm90.cuh,
+    kStreamBMaxReaders), so each B box is issued in both forms and each A box in the plain one."""
+    lines = [line for line in disassemble(cubin).splitlines() if "UTMALDG" in line]
+    hinted = sum("desc[" in line for line in lines)
+    return len(lines) - hinted, hinted
+
+
 def resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
     """Per function: REG, STACK, SHARED, LOCAL, ... as reported by cuobjdump -res-usage."""
     out: dict[str, dict[str, int]] = {}

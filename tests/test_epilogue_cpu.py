@@ -91,10 +91,12 @@ def test_every_family_and_epilogue_compiles(family, epilogue, shared_cache_dir, 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     dtype, scaling, out_dtype = family
     spec = GemmSpec.create(1000, 2048, dtype, out_dtype=out_dtype, scaling=scaling, epilogue=epilogue)
-    _, _, mix, case = _compile_and_check(spec)
-    # The bias is read from global memory, C and the residual by TMA loads beyond the main loop's two (A, B).
+    _, art, mix, case = _compile_and_check(spec)
+    # The bias is read from global memory, C and the residual by TMA loads beyond the main loop's two (A, B; B also
+    # in its evict-first form).
     assert mix.get("LDG", 0) > 0 or "bias" not in epilogue, case
-    assert (mix.get("UTMALDG", 0) > 2) == ("beta" in epilogue or "residual" in epilogue), case
+    plain, hinted = sass.tma_loads(art.cubin)
+    assert hinted == 1 and (plain > 2) == ("beta" in epilogue or "residual" in epilogue), (case, plain, hinted)
 
 
 @pytest.mark.parametrize("epilogue", ["none", "bias_row+gelu", "beta+bias+gelu+residual", "bias+swiglu"])

@@ -117,6 +117,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, shared_cache_di
     usage = sass.resource_usage(art.cubin)[art.entry]
     case = f"{dtype=} {out_dtype=} {cfg.tag}"
     assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
+    assert sass.tma_loads(art.cubin)[1] == 1, case  # B's box in its evict-first form (kStreamBMaxReaders)
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.

@@ -225,6 +225,8 @@ struct TileScheduler {
     next_unit += gridDim.x;
     return true;
   }
+  // Tiles that read the B rows of the tile next() just returned (one per M block).
+  DGJIT_DEVICE uint32_t b_readers() const { return num_m_blocks; }
   // Units handed out so far, counting the one next() just returned.
   DGJIT_DEVICE uint32_t tiles_done() const { return (next_unit - blockIdx.x) / gridDim.x; }
   DGJIT_DEVICE bool has_next() const { return next_unit < num_units; }
@@ -286,6 +288,8 @@ struct GroupedTileScheduler {
     next_tile += gridDim.x;
     return true;
   }
+  // Tiles that read the B rows of the tile next() just returned: its group's M blocks.
+  DGJIT_DEVICE uint32_t b_readers() const { return m_blocks; }
 };
 
 template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs), float_e4m3_t, float_e5m2_t, int8_t
@@ -533,6 +537,20 @@ struct GemmSm90 {
   static_assert(kBlockM % 4 == 0, "a bulk copy of kBlockM A scales must be whole 16-byte units");
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
+  // B rows that few tiles read (small M: one row of tiles, or a few) are loaded with an L2 evict-first policy.
+  // They are dead once read, and marking them first to go keeps the lines already in L2 (the dirty output of
+  // earlier kernels, the activations every column tile reads) instead of evicting them: evicting dirty lines writes
+  // them back to DRAM inside this kernel, on the bandwidth its weight reads need. kStreamBMaxReaders: the most M
+  // blocks that may share a B tile and still have it loaded evict-first. H200, session 11 (`*exp-ab-b-evict-first*`,
+  // docs/NOTES.md): 2-14% faster with 1-4 M blocks (M = 32..512); with 8 mixed (-4..+4%); with every tile hinted,
+  // 4096x32768x512 ran 12% slower (B lines evicted before the other M blocks read them). The weight-streaming
+  // kernel's loads (gemv.cuh) did not gain from the same policy.
+  struct L2Policy {
+    bool hinted = false;
+    uint64_t policy = 0;
+  };
+  static constexpr uint32_t kStreamBMaxReaders = 4;
+
   // a_box_rows: the rows of tmap_a's box (K-major A): kBlockM, or M when the host made the box fit a problem of
   // fewer rows than one tile (launch.py a_box_rows). The rows of a stage past the box are then never written (they
   // feed only output rows past M, which are not stored), instead of zero-filled by TMA on every K block: the fill
@@ -546,9 +564,11 @@ struct GemmSm90 {
     Tile tile;
     const uint32_t stage_tx_bytes =
         kAKMajor ? a_box_rows * kSmemRowBytes + kSmemBBytesPerStage : kStageTxBytes;
+    const uint64_t evict_first = l2_evict_first_policy();
     while (scheduler.next(tile)) {
       const int32_t a_row = static_cast<int32_t>(tile.row0);
       const int32_t b_row = static_cast<int32_t>(tile.group * kN + tile.n_block * kBlockN);
+      const L2Policy b_policy{scheduler.b_readers() <= kStreamBMaxReaders, evict_first};
       const uint32_t scale_bytes = a_scale_bulk_bytes(scales, tile);
 #pragma unroll 1
       for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
@@ -558,7 +578,7 @@ struct GemmSm90 {
         mbarrier_arrive_expect_tx(full, stage_tx_bytes + scale_bytes);
         const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
         load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row, m);
-        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row, kN);
+        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row, kN, b_policy);
         if constexpr (kScaling == Scaling::kBlock) {
           // a_stride_m is 1 (or M is 1 and row0 0) whenever scale_bytes is nonzero.
           if (scale_bytes != 0) {
@@ -578,14 +598,22 @@ struct GemmSm90 {
   // tile.
   template <bool kKMajor, uint32_t kRows>
   static DGJIT_DEVICE void load_operand(uint8_t* dst, const CUtensorMap* tmap, uint64_t* bar, int32_t k_idx,
-                                        int32_t mn0, uint32_t extent) {
+                                        int32_t mn0, uint32_t extent, L2Policy l2 = {}) {
     if constexpr (kKMajor) {
-      tma_load_2d(dst, tmap, bar, k_idx, mn0);
+      load_box(dst, tmap, bar, k_idx, mn0, l2);
     } else {
 #pragma unroll
       for (uint32_t j = 0; j < kRows / kMnBlockElems; ++j) {
-        tma_load_2d(dst + j * kMnBlockBytes, tmap, bar, mn_box_col(mn0, j, extent), k_idx);
+        load_box(dst + j * kMnBlockBytes, tmap, bar, mn_box_col(mn0, j, extent), k_idx, l2);
       }
+    }
+  }
+  static DGJIT_DEVICE void load_box(uint8_t* dst, const CUtensorMap* tmap, uint64_t* bar, int32_t col, int32_t row,
+                                    L2Policy l2) {
+    if (l2.hinted) {
+      tma_load_2d(dst, tmap, bar, col, row, l2.policy);
+    } else {
+      tma_load_2d(dst, tmap, bar, col, row);
     }
   }
 

@@ -155,6 +155,25 @@ DGJIT_DEVICE void tma_load_2d(void* smem_dst, const CUtensorMap* tmap, uint64_t*
       : "memory");
 }
 
+// An L2 cache policy (createpolicy, sm_80+) that marks every line an access brings in as the first to be evicted.
+DGJIT_DEVICE uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// tma_load_2d with an L2 cache policy on the lines the copy reads.
+DGJIT_DEVICE void tma_load_2d(void* smem_dst, const CUtensorMap* tmap, uint64_t* bar, int32_t col, int32_t row,
+                              uint64_t l2_policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;\n"
+      :
+      : "r"(shared_addr(smem_dst)), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(shared_addr(bar)),
+        "r"(col), "r"(row), "l"(l2_policy)
+      : "memory");
+}
+
 // `bytes` contiguous bytes global -> shared without a tensor map (cp.async.bulk, SASS UBLKCP); completion is signalled
 // as transaction bytes on `bar`, like a tensor load's. PTX ISA: both addresses 16-byte aligned and `bytes` a multiple
 // of 16 (docs/experiments/sm90-fp8-bulk-a-scales.md has the sources); the callers guarantee it, nothing checks it here.
