@@ -432,8 +432,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     without one (the Gemm can then be cached and explained, and run where a GPU is).
     ``config`` overrides the heuristic's :class:`KernelConfig` (tuning, experiments); it is
     checked against the problem and the arch first (ValueError if it cannot compute it).
-    ``weight_streaming`` (default: on unless ``config`` is given) lets calls with M <= 8 (bf16/fp16; 16 for FP8 with K > 2048)
-    run the decode kernel of ``deepgemm_jit/gemv.py`` (nt, no epilogue, Hopper) instead of ``config``'s kernel.
+    ``weight_streaming`` (default: on unless ``config`` is given) lets calls with M <= 8 run the decode kernel of
+    ``deepgemm_jit/gemv.py`` (nt, no epilogue, Hopper; not for weights the Hopper tiles stream faster, see
+    ``gemv.max_m``) instead of ``config``'s kernel.
     ``split_k`` (Hopper family): None (default) lets the heuristic compile a split-K kernel for small M and each
     call choose how many CTAs share a tile's K (see ``deepgemm_jit/splitk.py``); an int S > 1 forces S shares on
     every call (at most the number of 128-byte K blocks); 1 never splits. Results are deterministic either way.

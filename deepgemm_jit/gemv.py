@@ -1,15 +1,16 @@
-"""Weight streaming for decode (M <= 16): D (M, N) = A (M, K) @ B (N, K).T at the speed of reading B once.
+"""Weight streaming for decode (M <= 8, the kernel takes 16): D (M, N) = A (M, K) @ B (N, K).T at the speed of reading B once.
 
 In LLM decoding the GEMMs have 1..16 rows (tokens) and are bound by reading the weight B. The Hopper family's
-tiles (64+ rows) waste most of their tensor-core work there and keep too few bytes in flight; this kernel
+tiles (64+ rows) waste most of their tensor-core work there, and on small or short-K weights keep too few bytes in
+flight; this kernel
 streams B with 16-byte non-caching loads, multiplies with ``mma.sync`` in swap-AB form (16 weight rows on the
 MMA's M side, the tokens on its N side), splits K across the warps of a CTA and reduces through shared memory
 in a fixed order (the same bits on every run; nothing is allocated and nothing synchronises, so it is
 graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
 
 Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches this kernel instead of its own when the
-call's M is at most :data:`MAX_M` (FP8 with K above :data:`FP8_SHORT_K`) or :data:`MAX_M_16BIT` (bf16, fp16, FP8
-with short K) and the Gemm is
+call's M is at most :data:`DISPATCH_MAX_M`, the weight is not one the Hopper tiles stream faster (N at least
+:data:`TILES_MIN_N` and K at least :data:`TILES_MIN_K_16BIT` / :data:`TILES_MIN_K_FP8`), and the Gemm is
 
 - layout ``nt`` (a (M, K), b (N, K)), no fused epilogue (epilogues stay in the sm90 kernel);
 - bf16 or fp16, or FP8 (E4M3/E5M2, mixes included) with ``tensor`` / ``row`` / ``block`` scaling (FP8 partial
@@ -22,8 +23,8 @@ Out, scales (any strides), streams and return kinds behave as for the Gemm's own
 
 Example::
 
-    g = deepgemm_jit.build(1, 7168, 16384, dtype="bf16")
-    d = g(x, w)           # x (1, 16384), w (7168, 16384): runs the weight-streaming kernel
+    g = deepgemm_jit.build(1, 2112, 7168, dtype="bf16")
+    d = g(x, w)           # x (1, 7168), w (2112, 7168): runs the weight-streaming kernel
 """
 from __future__ import annotations
 
@@ -39,16 +40,21 @@ from .launch import LaunchPlan, scale_args
 from .render import RenderedSource, render
 from .spec import GemmSpec
 
-MAX_M = 16                # two n8 token tiles of mma.sync
-# Dispatch stops earlier for 16-bit weights: from 9 rows on, the Hopper family's split-K tiles were as fast or faster
-# than the two-token-tile kernel on the H200 (bench/results/*decode-2f5dc04-dirty* and *exp-splitk-sweep-bf16*:
-# M = 16 at 0.69-1.05x cuBLAS here, 0.87-1.01x there). FP8 keeps both token tiles where K > FP8_SHORT_K (below).
-MAX_M_16BIT = 8
-# FP8 with K at most this: M 9..16 runs the tile kernels too. Once A's TMA box stopped zero-filling the rows past M
-# (launch.a_box_rows), the 64-row FP8 tiles beat the two-token-tile kernel at M = 16 on every DeepSeek shape with
-# K <= 2048 (24576x1536 18.3 vs 21.9 us, 7168x2048 10.9 vs 11.8, 32768x512 12.2 vs 12.6; block scaling alike) and
-# lost at K >= 7168 (7168x16384 41.9 vs 39.8), H200, bench/results/*exp-ab-gemv-vs-tiles-smallm* (session 9).
-FP8_SHORT_K = 2048
+MAX_M = 16                # what the kernel takes: two n8 token tiles of mma.sync
+# What the dispatch gives it: one token tile. From 9 rows on, the Hopper family's tiles were as fast or faster on the
+# H200: 16-bit weights since session 5 (bench/results/*decode-2f5dc04-dirty*, *exp-splitk-sweep-bf16*), FP8 since
+# the tiles load B evict-first (session 11, *exp-ab-gemv-vs-tiles-ef*: M = 16 FP8 tensor 7168x16384 36.9 vs 41.1 us,
+# 4096x7168 14.8 vs 16.3, 2112x7168 12.1 vs 13.1; FP8 block alike or equal). The second token tile stays in the
+# kernel (GPU-tested by raising this limit) for a future where it wins again.
+DISPATCH_MAX_M = 8
+# Weights the tiles stream faster at every M: N >= TILES_MIN_N and K >= TILES_MIN_K_16BIT (bf16 / fp16) or
+# TILES_MIN_K_FP8. Same-run A/B at M = 1 and 8 with the evict-first B loads (session 11, *exp-ab-gemv-vs-tiles-ef*):
+# tiles faster on 7168x16384 (BF16 66.5 vs 68.1 us, FP8 36.5 vs 38.9), 7168x2048 (BF16 14.0 vs 14.6, FP8 equal) and
+# FP8 24576x1536 (16.2 vs 18.8); weight streaming faster on 2112x7168 (10-19%), 32768x512 (4-11%), BF16 24576x1536
+# (2-4%); 4096x7168 within +-4% either way (kept on weight streaming).
+TILES_MIN_N = 7168
+TILES_MIN_K_16BIT = 2048
+TILES_MIN_K_FP8 = 1536
 BLOCK_ROWS = 16           # weight rows per row block (gemv::kBlockRows)
 STEP_BYTES = 256          # bytes of each row a warp reads per step (gemv::kStepBytes)
 NUM_WARPS = 8             # warps per CTA (gemv::kNumWarps)
@@ -139,17 +145,20 @@ def max_m(spec: GemmSpec, arch: str) -> int:
         return 0
     if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
         return 0
-    if spec.dtype in dtypes.FP8_DTYPES and spec.k > FP8_SHORT_K:
-        return MAX_M
-    return MAX_M_16BIT
+    tiles_min_k = TILES_MIN_K_FP8 if spec.b_dtype in dtypes.FP8_DTYPES else TILES_MIN_K_16BIT
+    if spec.n >= TILES_MIN_N and spec.k >= tiles_min_k:
+        return 0
+    return DISPATCH_MAX_M
 
 
 def use_weight_streaming(spec: GemmSpec, m: int, arch: str = "sm_90a") -> bool:
     """Whether a call of a Gemm of `spec` (compiled for `arch`) with M = `m` runs the weight-streaming kernel,
     given operands with 16-byte aligned rows (:func:`operands_fit`).
 
-    >>> use_weight_streaming(GemmSpec.create(7168, 16384, "bf16"), 1)
+    >>> use_weight_streaming(GemmSpec.create(2112, 7168, "bf16"), 1)
     True
+    >>> use_weight_streaming(GemmSpec.create(7168, 16384, "bf16"), 1)
+    False
     """
     return 1 <= m <= max_m(spec, arch)
 

@@ -146,8 +146,8 @@ def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
 def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
     """The weight-streaming kernels of entries that run at small M (their first bucket, 64, holds M = 1..64) and
     that the decode rule takes (``gemv.max_m``: not grouped ones, nor fused epilogues, which stay in the sm90
-    kernel at every M): the token-tile variants the rule uses (M <= 8, and M <= 16 for FP8), whose code does not depend on N or K, so a
-    model needs only a few."""
+    kernel at every M, nor weights the Hopper tiles stream faster): the token-tile variant the rule uses (M <= 8),
+    whose code does not depend on N or K, so a model needs only a few."""
     found: list[GemvSpec] = []
     for entry in entries:
         if entry.spec.grouped:  # build_grouped runs its own kernel at every M

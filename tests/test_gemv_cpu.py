@@ -44,11 +44,11 @@ def test_spec_rejections(kwargs):
 # -- dispatch rule --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,arch,expected", [
-    (dict(dtype="bf16"), ARCH, 8),                       # 16-bit: split-K tiles from 9 rows on
+    (dict(dtype="bf16"), ARCH, 8),                       # the Hopper tiles from 9 rows on
     (dict(dtype="fp16", out_dtype="fp32"), ARCH, 8),
-    (dict(dtype="fp8", scaling="block"), ARCH, 16),
-    (dict(dtype="fp8", scaling="tensor", fast_accum=True), ARCH, 16),
-    (dict(dtype="fp8_e4m3", b_dtype="fp8_e5m2", scaling="row"), ARCH, 16),
+    (dict(dtype="fp8", scaling="block"), ARCH, 8),
+    (dict(dtype="fp8", scaling="tensor", fast_accum=True), ARCH, 8),
+    (dict(dtype="fp8_e4m3", b_dtype="fp8_e5m2", scaling="row"), ARCH, 8),
     (dict(dtype="bf16", layout="nn"), ARCH, 0),          # weights must be (N, K) row-major
     (dict(dtype="bf16", layout="tt"), ARCH, 0),
     (dict(dtype="bf16", epilogue="bias+gelu"), ARCH, 0),  # epilogues stay in the sm90 kernel
@@ -62,11 +62,17 @@ def test_dispatch_rule(kwargs, arch, expected):
     _check_rule(spec, arch, expected)
 
 
-@pytest.mark.parametrize("k,expected", [(512, 8), (1536, 8), (2048, 8), (2049, 16), (7168, 16)])
-def test_dispatch_rule_fp8_short_k(k, expected):
-    """FP8 with K <= 2048: M 9..16 runs the 64-row tiles, faster there since A's box stopped zero-filling."""
-    for scaling in ("tensor", "block"):
-        _check_rule(GemmSpec.create(24576, k, dtype="fp8", scaling=scaling), ARCH, expected)
+@pytest.mark.parametrize("dtype,n,k,expected", [
+    ("bf16", 7168, 16384, 0), ("bf16", 7168, 2048, 0), ("fp16", 24576, 2048, 0),   # tiles at every M
+    ("bf16", 24576, 1536, 8), ("bf16", 7167, 16384, 8), ("bf16", 4096, 7168, 8), ("bf16", 2112, 7168, 8),
+    ("fp8", 24576, 1536, 0), ("fp8", 7168, 16384, 0), ("fp8", 7168, 2048, 0),
+    ("fp8", 24576, 1535, 8), ("fp8", 32768, 512, 8), ("fp8", 4096, 7168, 8), ("fp8", 2112, 7168, 8),
+])
+def test_dispatch_rule_large_weights_take_the_tiles(dtype, n, k, expected):
+    """N >= 7168 with K >= 2048 (16-bit) or >= 1536 (FP8): the Hopper tiles, which load B evict-first, were faster
+    at M = 1 and 8 on the H200 (gemv.TILES_MIN_N)."""
+    for scaling in (("tensor", "block") if dtype == "fp8" else (None,)):
+        _check_rule(GemmSpec.create(n, k, dtype=dtype, scaling=scaling), ARCH, expected)
 
 
 def _check_rule(spec, arch, expected):
@@ -100,11 +106,12 @@ def test_build_switch():
     info = g.explain()["weight_streaming"]
     assert info["max_m"] == 8 and info["kernels"] == ["gemv_bf16_bf16_t1"]
     fp8 = build(1, 2112, 7168, dtype="fp8", arch=ARCH).explain()["weight_streaming"]
-    assert fp8["max_m"] == 16 and fp8["kernels"] == ["gemv_fp8_e4m3_block_bf16_t1", "gemv_fp8_e4m3_block_bf16_t2"]
+    assert fp8["max_m"] == 8 and fp8["kernels"] == ["gemv_fp8_e4m3_block_bf16_t1"]
     assert info["grid"] == 132 and info["warps_k"] == 8
     # 7168 rows: 448 row blocks in one wave of 2 x 132 CTAs at warps_k 4 (BF16), of 132 at 2 (FP8, one per SM).
-    assert build(1, 7168, 16384, dtype="bf16", arch=ARCH).explain()["weight_streaming"]["warps_k"] == 4
-    assert build(1, 7168, 16384, dtype="fp8", arch=ARCH).explain()["weight_streaming"]["warps_k"] == 2
+    assert build(1, 7168, 1536, dtype="bf16", arch=ARCH).explain()["weight_streaming"]["warps_k"] == 4
+    assert build(1, 7168, 1024, dtype="fp8", arch=ARCH).explain()["weight_streaming"]["warps_k"] == 2
+    assert build(1, 7168, 16384, dtype="bf16", arch=ARCH).explain()["weight_streaming"]["max_m"] == 0
 
 
 def test_split_and_grid():

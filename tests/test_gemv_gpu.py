@@ -1,7 +1,8 @@
 """The weight-streaming (decode) kernel on the GPU, through Gemm.__call__: float64 references (DESIGN.md bounds),
 fresh random inputs, outputs poisoned with NaN, odd shapes, every FP8 scaling recipe, identical bits on repeated
-runs, CUDA-graph capture and replay, and that the dispatch really happens (and stops at M = 9 for 16-bit weights,
-M = 17 for FP8)."""
+runs, CUDA-graph capture and replay, and that the dispatch really happens (and stops at M = 9, and for weights the
+Hopper tiles stream faster). The kernel's second token tile (M = 9..16), which the dispatch no longer picks, is
+tested by raising gemv.DISPATCH_MAX_M."""
 import pytest
 
 from deepgemm_jit import build, gemv, reference
@@ -38,7 +39,7 @@ def test_16bit(m, n, k, dtype, out_dtype, launches):
     out = reference.poisoned((m, n), out_dtype)
     g(a, b, out=out)
     # 16-bit weights stream up to M = 8; from 9 rows on the Hopper tiles (split-K) run.
-    assert launches == ([m] if m <= gemv.MAX_M_16BIT else []), f"{m=} {n=} {k=}: dispatch"
+    assert launches == ([m] if m <= gemv.DISPATCH_MAX_M else []), f"{m=} {n=} {k=}: dispatch"
     err = reference.error(out, reference.reference(spec, a, b))
     assert reference.within_bound(err, dtype), f"{m=} {n=} {k=} {dtype=} {out_dtype=} err={err:.2e}"
     assert reference.num_nonfinite(out) == 0
@@ -60,9 +61,9 @@ def _fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
 
 @pytest.fixture
 def fp8_streams_any_k(monkeypatch):
-    """These tests check the kernel at every M it takes, short K included: FP8 calls stream weights up to M = 16
-    whatever K (the dispatch's K rule, gemv.FP8_SHORT_K, is tested on the CPU and in test_fp8_short_k_dispatch)."""
-    monkeypatch.setattr(gemv, "FP8_SHORT_K", 0)
+    """These tests check the kernel at every M it takes (two token tiles from M = 9): FP8 calls stream weights up
+    to M = 16 (the dispatch's limit, gemv.DISPATCH_MAX_M, is tested on the CPU and in test_dispatch_to_tiles)."""
+    monkeypatch.setattr(gemv, "DISPATCH_MAX_M", gemv.MAX_M)
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
@@ -95,10 +96,11 @@ def test_fp8_block_outputs_and_mixed_types(out_dtype, launches, fp8_streams_any_
     assert err < (5e-4 if out_dtype == "fp32" else 2e-3), (out_dtype, err)
 
 
-@pytest.mark.parametrize("m,k,streams", [(8, 1040, True), (9, 1040, False), (16, 2048, False), (16, 2064, True)])
-def test_fp8_short_k_dispatch(m, k, streams, launches):
-    """FP8 with K <= 2048 streams weights up to M = 8 only; from 9 rows on the 64-row tiles run, and are correct."""
-    n = 2112
+@pytest.mark.parametrize("m,n,k,streams", [(8, 2112, 1040, True), (9, 2112, 1040, False), (16, 2112, 2064, False),
+                                            (1, 7168, 1536, False), (8, 7168, 1520, True)])
+def test_dispatch_to_tiles(m, n, k, streams, launches):
+    """FP8 streams weights up to M = 8, and not where N >= 7168 and K >= 1536 (gemv.TILES_MIN_N): there the Hopper
+    tiles run, with B loaded evict-first, and are correct."""
     qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "tensor", seed=m + k)
     g = build(m, n, k, dtype="fp8", scaling="tensor")
     out = reference.poisoned((m, n), "bf16")
@@ -109,7 +111,7 @@ def test_fp8_short_k_dispatch(m, k, streams, launches):
 
 
 @pytest.mark.parametrize("layout", ["m_major_nan_padding", "row_major"])
-def test_fp8_block_scale_a_layouts(layout, launches):
+def test_fp8_block_scale_a_layouts(layout, launches, fp8_streams_any_k):
     import cupy
 
     m, n, k = 11, 520, 3072
@@ -165,7 +167,7 @@ def test_dispatch_stops_above_8_and_can_be_turned_off(launches):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_block"])
-def test_deterministic_bits(dtype):
+def test_deterministic_bits(dtype, launches, fp8_streams_any_k):
     import cupy
 
     m, n, k = 16, 2112, 7168
@@ -181,6 +183,7 @@ def test_deterministic_bits(dtype):
     for _ in range(3):
         again = g(a, b, **kwargs)
         assert bool((again.view(cupy.uint16) == first.view(cupy.uint16)).all()), dtype
+    assert launches == [m] * 4, dtype  # the weight-streaming kernel's second token tile (M = 16)
 
 
 def test_cuda_graph_capture_and_replay(launches):
