@@ -461,7 +461,10 @@ def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms
 # {32,64}x2112x7168 64x32 with K lanes 12.0/12.2 vs 64x64 split 13.7/13.8. Not for promoted FP8 without K lanes (it
 # waits for every K block's wgmmas: a long serial chain; FP8 block 2112x7168 split 13.7/14.1 vs unsplit 64x32
 # 14.8/14.9) nor for tiles narrower than 32 columns (BF16 2112x7168: 64x16 unsplit 19.7/19.9 vs split 18.5/18.6).
+# TF32 (unpromoted) since session 11 (bench/results/*tf32-decode-filler-s11*): 64x7168x16384 64x56 unsplit 129.3 us
+# vs 64x224 split 138.7, 64x4096x7168 64x32 38.5 vs 64x128 split 42.0.
 SPLIT_SKIP_MAX_M = 64
+SPLIT_SKIP_DTYPES = ("bf16", "fp16", "tf32")
 SPLIT_SKIP_FILL = 0.75
 SPLIT_SKIP_MIN_N = 32
 
@@ -469,14 +472,15 @@ SPLIT_SKIP_MIN_N = 32
 def _sm90_decode_filler(spec: GemmSpec, m_hint: int, num_sms: int, tiles: list) -> tuple | None:
     """The cheapest unsplit tile of `tiles` ((cost, block_m, block_n, stages, splits), any order) that keeps at
     least SPLIT_SKIP_FILL of the SMs' consumer lanes busy in one wave at M = m_hint <= SPLIT_SKIP_MAX_M, for a K loop
-    without a wait per K block (16-bit types, or FP8 with K lanes); None when there is none. It replaces a split-K
-    pick (SPLIT_SKIP_*)."""
+    without a wait per K block (16-bit types and unpromoted TF32, or FP8 with K lanes); None when there is none. It
+    replaces a split-K pick (SPLIT_SKIP_*)."""
     if m_hint > SPLIT_SKIP_MAX_M or spec.grouped:
         return None
     for tile in sorted(tiles, key=lambda t: t[0]):
         _, block_m, block_n, _, _ = tile
         lanes = 2 if sm90_wg_split_k(spec, block_m, False) else 1
-        if block_n < SPLIT_SKIP_MIN_N or (spec.dtype not in ("bf16", "fp16") and lanes == 1):
+        no_wait = spec.dtype in SPLIT_SKIP_DTYPES and not spec.promote
+        if block_n < SPLIT_SKIP_MIN_N or (not no_wait and lanes == 1):
             continue
         count = -(-m_hint // block_m) * -(-spec.n // block_n)
         if count <= num_sms and count * lanes >= SPLIT_SKIP_FILL * num_sms:

@@ -164,16 +164,19 @@ def test_sm90_cost_ties_go_to_the_64_row_tile_at_decode_sizes():
     assert big.block_m == 128  # large M: 64-row tiles are not candidates at all
 
 
-@pytest.mark.parametrize("dtype,scaling,m,n,k,split,tile", [
-    ("bf16", None, 32, 4096, 7168, False, (64, 32)),      # unsplit 64x32 fills 128 SMs: 25.8 vs 27.8 us split
-    ("bf16", None, 64, 7168, 16384, False, (64, 56)),     # 69.4 vs 73.8 split
-    ("fp8", "tensor", 64, 2112, 7168, False, (64, 32)),  # K lanes: 66 tiles x 2 consumers, 12.2 vs 13.8 split
-    ("bf16", None, 32, 2112, 7168, True, None),           # only 64x16 would fill: split-K stays (18.5 vs 19.7)
-    ("fp8", "block", 32, 2112, 7168, True, None),         # no K lanes, a wait per K block: split stays
-    ("bf16", None, 128, 2112, 7168, True, None),          # above SPLIT_SKIP_MAX_M
+@pytest.mark.parametrize("kwargs,m,n,k,split,tile", [
+    (dict(dtype="bf16"), 32, 4096, 7168, False, (64, 32)),       # unsplit 64x32 fills 128 SMs: 25.8 vs 27.8 us split
+    (dict(dtype="bf16"), 64, 7168, 16384, False, (64, 56)),      # 69.4 vs 73.8 split
+    (dict(dtype="fp8", scaling="tensor"), 64, 2112, 7168, False, (64, 32)),  # K lanes: 66 tiles x 2, 12.2 vs 13.8
+    (dict(dtype="bf16"), 32, 2112, 7168, True, None),            # only 64x16 would fill: split-K stays (18.5 vs 19.7)
+    (dict(dtype="fp8", scaling="block"), 32, 2112, 7168, True, None),  # no K lanes, a wait per K block: split stays
+    (dict(dtype="bf16"), 128, 2112, 7168, True, None),           # above SPLIT_SKIP_MAX_M
+    (dict(dtype="tf32"), 64, 7168, 16384, False, (64, 56)),      # 129.3 vs 138.7 us split (session 11)
+    (dict(dtype="tf32"), 64, 4096, 7168, False, (64, 32)),       # 38.5 vs 42.0 split
+    (dict(dtype="tf32", promoted=True), 64, 7168, 16384, True, None),  # 3xTF32's kernel: a wait per K block
 ])
-def test_sm90_split_k_gives_way_to_a_tile_that_fills_the_sms(dtype, scaling, m, n, k, split, tile):
-    spec = GemmSpec.create(n, k, dtype=dtype, scaling=scaling)
+def test_sm90_split_k_gives_way_to_a_tile_that_fills_the_sms(kwargs, m, n, k, split, tile):
+    spec = GemmSpec.create(n, k, **kwargs)
     cfg = config.choose_sm90_config(spec, m, 132)
     assert cfg.split_k == split, cfg.tag
     if tile is not None:
