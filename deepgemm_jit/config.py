@@ -488,13 +488,43 @@ def _sm90_decode_filler(spec: GemmSpec, m_hint: int, num_sms: int, tiles: list) 
     return None
 
 
+# Short K at decode sizes: a 64x64 tile streamed the weight 4-10% faster than the cost model's wider picks (64x192 /
+# 64x256 for 16-bit, 64x128 for FP8), H200 session 11 with B loaded evict-first, M = 16..64 (bench/results/
+# *decode-short-k-tiles-s11*): BF16 24576x1536 25.6-26.6 vs 27.6-28.1 us, 32768x512 15.3-16.2 vs 17.0-17.4; FP8
+# per-tensor 32768x512 11.2-11.5 vs 11.8-12.2. At the stage cap (8 here): 12 stages were 2-6% slower, also on rows
+# that already ran 64x64 (*decode-tiles-sweep-s11*). Measured for plain GEMMs of 16-bit types and FP8 with tensor /
+# row scales only.
+SHORT_K_DECODE_MAX_BYTES = 3072  # K x element size
+SHORT_K_DECODE_TILE = (64, 64)
+
+
+def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | None:
+    """The (cost, block_m, block_n, stages, splits) entry of SHORT_K_DECODE_TILE that goes first at M = m_hint <=
+    SPLIT_SKIP_MAX_M when a row of K is at most SHORT_K_DECODE_MAX_BYTES; None where the rule does not apply."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    if m_hint > SPLIT_SKIP_MAX_M or spec.grouped or spec.epilogue != "none" or spec.k * esize > SHORT_K_DECODE_MAX_BYTES:
+        return None
+    if spec.dtype not in ("bf16", "fp16") and not (spec.dtype in dtypes.FP8_DTYPES and spec.scaling in ("tensor", "row")):
+        return None
+    block_m, block_n = SHORT_K_DECODE_TILE
+    if not sm90_block_n_legal(spec, block_n):
+        return None
+    stages = _sm90_stages(spec, block_m, block_n, m_hint=m_hint)
+    if stages < 3:
+        return None
+    cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize,
+                          dtypes.get(spec.out_dtype).storage_bytes, num_sms, stages)
+    return (cost, block_m, block_n, stages, 1)
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
     BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
     multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds, up to sm90_stage_cap;
     splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
-    _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first). Where no preferred
+    _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first; at short K and small M,
+    _sm90_decode_short_k's 64x64 tile comes first). Where no preferred
     tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts."""
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
@@ -533,6 +563,9 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     tiles.sort(key=lambda t: (t[0], t[1] != 64 if m_hint <= SM90_DECODE_TIE_M else False))
     if filler is not None and tiles[0][4] > 1:  # a split-K pick gives way to a tile that fills the SMs unsplit
         tiles = [filler] + [t for t in tiles if t[1:3] != filler[1:3]]
+    short_k = _sm90_decode_short_k(spec, m_hint, num_sms)
+    if short_k is not None:
+        tiles = [short_k] + [t for t in tiles if t[1:3] != short_k[1:3]]
     return tiles
 
 
