@@ -476,10 +476,10 @@ def _sm90_decode_filler(spec: GemmSpec, m_hint: int, num_sms: int, tiles: list) 
     replaces a split-K pick (SPLIT_SKIP_*)."""
     if m_hint > SPLIT_SKIP_MAX_M or spec.grouped:
         return None
+    no_wait = spec.dtype in SPLIT_SKIP_DTYPES and not spec.promote  # K loop without a wait per K block
     for tile in sorted(tiles, key=lambda t: t[0]):
         _, block_m, block_n, _, _ = tile
         lanes = 2 if sm90_wg_split_k(spec, block_m, False) else 1
-        no_wait = spec.dtype in SPLIT_SKIP_DTYPES and not spec.promote
         if block_n < SPLIT_SKIP_MIN_N or (not no_wait and lanes == 1):
             continue
         count = -(-m_hint // block_m) * -(-spec.n // block_n)
