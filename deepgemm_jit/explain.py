@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import gemv, sass, splitk
+from . import cubin, gemv, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -31,6 +31,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).
         "k_lanes": (2 if gemm.config.family == "sm90" and config_mod.sm90_wg_split_k(
             gemm.spec, gemm.config.block_m, gemm.config.pingpong) else 1),
+        "b_evict_first": _b_evict_first(gemm),
     }
     if with_sass:
         usage = sass.resource_usage(art.cubin).get(art.entry, {})
@@ -53,6 +54,22 @@ def _weight_streaming(gemm) -> dict:
     return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
             "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
             "condition": "16-byte aligned rows of a and b"}
+
+
+def _b_evict_first(gemm) -> dict | None:
+    """When the sm90 kernel loads B with an L2 evict-first policy (gemm_sm90.cuh, kStreamBMaxReaders): at most
+    `max_m_blocks` M blocks read each B tile, i.e. M <= max_rows (grouped: each group's rows); None for kernels
+    without the rule (other families, templates before it)."""
+    art = gemm.artifact
+    if gemm.config.family != "sm90":
+        return None
+    try:
+        readers = cubin.entry_symbols(art.cubin, art.entry, ("stream_b_max_readers",))["stream_b_max_readers"]
+    except ValueError:
+        return None
+    rows = readers * gemm.config.block_m
+    return {"max_m_blocks": readers, "max_rows": rows, "per": "group" if gemm.spec.grouped else "call",
+            "at_m_hint": -(-gemm.m_hint // gemm.config.block_m) <= readers if gemm.m_hint else None}
 
 
 def _num_sms() -> int:

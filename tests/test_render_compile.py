@@ -81,6 +81,11 @@ def test_explain_json_keys(shared_cache_dir, monkeypatch):
     for key in ("family", "config", "registers", "shared_bytes", "local_bytes", "sass", "cubin"):
         assert key in info
     assert info["family"] == "sm90" and info["registers"] > 0 and info["shared_bytes"] > 0
+    # The evict-first rule for B, read from the kernel (gemm_sm90.cuh kStreamBMaxReaders): 64 rows are one M block.
+    assert info["b_evict_first"] == {"max_m_blocks": 4, "max_rows": 4 * info["config"]["block_m"], "per": "call",
+                                     "at_m_hint": True}
+    big = build(4096, 4096, 7168, dtype="bf16", arch="sm_90a").explain()["b_evict_first"]
+    assert big["at_m_hint"] is False
 
 
 def test_sass_opcode_parser():
