@@ -1,9 +1,9 @@
-"""Weight streaming for decode (M <= 8, the kernel takes 16): D (M, N) = A (M, K) @ B (N, K).T at the speed of reading B once.
+"""Weight streaming for decode (M <= 8; the kernel takes 16): D (M, N) = A (M, K) @ B (N, K).T at the speed of
+reading B once.
 
 In LLM decoding the GEMMs have 1..16 rows (tokens) and are bound by reading the weight B. The Hopper family's
 tiles (64+ rows) waste most of their tensor-core work there, and on small or short-K weights keep too few bytes in
-flight; this kernel
-streams B with 16-byte non-caching loads, multiplies with ``mma.sync`` in swap-AB form (16 weight rows on the
+flight; this kernel streams B with 16-byte non-caching loads, multiplies with ``mma.sync`` in swap-AB form (16 weight rows on the
 MMA's M side, the tokens on its N side), splits K across the warps of a CTA and reduces through shared memory
 in a fixed order (the same bits on every run; nothing is allocated and nothing synchronises, so it is
 graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
