@@ -57,3 +57,13 @@ def entry_symbols(elf: bytes, entry: str, names: tuple[str, ...]) -> dict[str, i
     plan, parsed once)."""
     raw = read_u32_symbols(elf, tuple(f"{entry}_{name}" for name in names))
     return {name: raw[f"{entry}_{name}"] for name in names}
+
+
+@functools.lru_cache(maxsize=2048)
+def optional_entry_symbol(elf: bytes, entry: str, name: str) -> int | None:
+    """`<entry>_<name>` as entry_symbols reads it, or None where the kernel does not export it (kernels from
+    template trees older than the symbol, e.g. in A/B runs)."""
+    try:
+        return entry_symbols(elf, entry, (name,))[name]
+    except ValueError:
+        return None

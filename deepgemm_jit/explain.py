@@ -61,11 +61,8 @@ def _b_evict_first(gemm) -> dict | None:
     `max_m_blocks` M blocks read each B tile, i.e. M <= max_rows (grouped: each group's rows); None for kernels
     without the rule (other families, templates before it)."""
     art = gemm.artifact
-    if gemm.config.family != "sm90":
-        return None
-    try:
-        readers = cubin.entry_symbols(art.cubin, art.entry, ("stream_b_max_readers",))["stream_b_max_readers"]
-    except ValueError:
+    readers = cubin.optional_entry_symbol(art.cubin, art.entry, "stream_b_max_readers")
+    if gemm.config.family != "sm90" or readers is None:
         return None
     rows = readers * gemm.config.block_m
     return {"max_m_blocks": readers, "max_rows": rows, "per": "group" if gemm.spec.grouped else "call",

@@ -46,13 +46,9 @@ def sm90_symbols(artifact: KernelArtifact) -> dict[str, int]:
     return cubin_mod.entry_symbols(artifact.cubin, artifact.entry, SM90_SYMBOLS)
 
 
-@functools.lru_cache(maxsize=2048)
 def _takes_a_box_rows(cubin: bytes, entry: str) -> bool:
     # Kernels from templates before the argument existed (A/B runs against older trees) load whole boxes.
-    try:
-        return cubin_mod.entry_symbols(cubin, entry, ("takes_a_box_rows",))["takes_a_box_rows"] == 1
-    except ValueError:
-        return False
+    return cubin_mod.optional_entry_symbol(cubin, entry, "takes_a_box_rows") == 1
 
 
 def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:

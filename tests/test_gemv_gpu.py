@@ -60,16 +60,17 @@ def _fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
 
 
 @pytest.fixture
-def fp8_streams_any_k(monkeypatch):
-    """These tests check the kernel at every M it takes (two token tiles from M = 9): FP8 calls stream weights up
-    to M = 16 (the dispatch's limit, gemv.DISPATCH_MAX_M, is tested on the CPU and in test_dispatch_to_tiles)."""
+def two_token_tiles(monkeypatch):
+    """These tests check the kernel at every M it takes: calls stream weights up to M = 16, through the second
+    token tile from M = 9, which the dispatch no longer picks (its limit, gemv.DISPATCH_MAX_M, is tested on the CPU
+    and in test_dispatch_to_tiles)."""
     monkeypatch.setattr(gemv, "DISPATCH_MAX_M", gemv.MAX_M)
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
 @pytest.mark.parametrize("n,k", [(1, 16), (7, 528), (129, 7168), (2112, 1040), (300, 1000)])
 @pytest.mark.parametrize("m", MS)
-def test_fp8_recipes(m, n, k, scaling, launches, fp8_streams_any_k):
+def test_fp8_recipes(m, n, k, scaling, launches, two_token_tiles):
     qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=m * 31 + n + k)
     g = build(m, n, k, dtype="fp8", scaling=scaling)
     out = reference.poisoned((m, n), "bf16")
@@ -85,7 +86,7 @@ def test_fp8_recipes(m, n, k, scaling, launches, fp8_streams_any_k):
 
 
 @pytest.mark.parametrize("out_dtype", ["fp32", "fp16"])
-def test_fp8_block_outputs_and_mixed_types(out_dtype, launches, fp8_streams_any_k):
+def test_fp8_block_outputs_and_mixed_types(out_dtype, launches, two_token_tiles):
     m, n, k = 13, 392, 2000 - 2000 % 16
     qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=3, b_dtype="fp8_e5m2")
     g = build(m, n, k, dtype="fp8", b_dtype="fp8_e5m2", scaling="block", out_dtype=out_dtype)
@@ -111,7 +112,7 @@ def test_dispatch_to_tiles(m, n, k, streams, launches):
 
 
 @pytest.mark.parametrize("layout", ["m_major_nan_padding", "row_major"])
-def test_fp8_block_scale_a_layouts(layout, launches, fp8_streams_any_k):
+def test_fp8_block_scale_a_layouts(layout, launches, two_token_tiles):
     import cupy
 
     m, n, k = 11, 520, 3072
@@ -167,7 +168,7 @@ def test_dispatch_stops_above_8_and_can_be_turned_off(launches):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_block"])
-def test_deterministic_bits(dtype, launches, fp8_streams_any_k):
+def test_deterministic_bits(dtype, launches, two_token_tiles):
     import cupy
 
     m, n, k = 16, 2112, 7168
