@@ -1,7 +1,7 @@
 """Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
 
     python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--nobulk]
-                                        [--row-major-scales] [--problems DTYPE:MxNxK,...] [--out DIR]
+                                        [--row-major-scales] [--problems DTYPE[+EPI]:MxNxK,...] [--out DIR]
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
 checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped FP8 4 x 8192 x 4096 x 7168
@@ -10,7 +10,9 @@ layout that lets block kernels bulk-copy A scales (launch.bulk_a_scales); --row-
 instead (the scale warp's path). --nobulk adds "nobulk": the checkout's templates with DEEPGEMM_JIT_NO_BULK_SCALES=1
 (A scales by the scale warp). Results are checked against each other (same kernel math: bitwise equal) before
 timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@BMxBN forces a tile for that tree
-only, and DIR "." is the checkout's templates (to compare tiles). With --problems: DIR@wkW / DIR@wkold force the
+only, and DIR "." is the checkout's templates (to compare tiles). --problems rows are DTYPE[+EPILOGUE]:MxNxK
+(e.g. bf16+bias+gelu:4096x24576x1536, with the bench's epilogue operands); there DIR@BMxBN[sS][p] forces a tile
+(bench --tiles syntax, p: ping-pong), DIR@wkW / DIR@wkold force the
 weight-streaming kernel's warps_k, DIR@cpsC its CTAs per SM (launch bounds and grid rule), DIR@nows builds without
 weight streaming (the tile kernels at small M).
 """
@@ -30,7 +32,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tile", default=None, help="BMxBN forced for every case (default: the heuristic's)")
     ap.add_argument("--nobulk", action="store_true", help="also time the checkout's templates without bulk A scales")
-    ap.add_argument("--problems", default=None, help="DTYPE:MxNxK,... dense calls instead of the FP8 block rows")
+    ap.add_argument("--problems", default=None,
+                    help="DTYPE[+EPILOGUE]:MxNxK,... dense calls instead of the FP8 block rows")
     ap.add_argument("--row-major-scales", action="store_true",
                     help="pass a row-major copy of scale_a (dg.quantize returns it M-major)")
     args = ap.parse_args()
@@ -122,7 +125,8 @@ def _use_tree(tdir) -> None:
 
 
 def _time_problem(problem: str, trees, reps: int) -> dict:
-    """One dense nt problem "DTYPE:MxNxK" (DTYPE a bench dtype: bf16, fp8_block, ...) with every tree's kernels
+    """One dense nt problem "DTYPE[+EPILOGUE]:MxNxK" (DTYPE a bench dtype: bf16, fp8_block, ...; EPILOGUE e.g.
+    bias+gelu, with the bench's epilogue operands) with every tree's kernels
     (build's dispatch), each checked against the float64 reference, all against the first tree's result (bitwise
     equal, or the relative difference), then timed interleaved."""
     import cupy
@@ -133,13 +137,20 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
     from deepgemm_jit import gemv, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
-    dtype_name, _, dims = problem.partition(":")
+    kind, _, dims = problem.partition(":")
+    dtype_name, _, epilogue = kind.partition("+")  # "bf16+bias+gelu": a fused epilogue after the dtype
     m, n, k = (int(v) for v in dims.split("x"))
     info = bench_dtypes.get(dtype_name)
-    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling)
-    ops = runner.operands(info, spec, m, cupy.random.default_rng(m + n + k))
+    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None)
+    rng = cupy.random.default_rng(m + n + k)
+    # As the bench's epilogue rows: B scaled by 1/sqrt(K) so that activations see O(1) values.
+    ops = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
     a, b, kwargs = ops.a, ops.b, ops.call_kwargs()
-    build = dict(dtype=info.lib, scaling=info.scaling)
+    if epilogue:
+        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng)
+        ops.ref = runner.apply_epilogue(ops.ref, spec.epi, epi_ops)
+        kwargs.update(epi_ops.call_kwargs(spec.epi))
+    build = dict(dtype=info.lib, scaling=info.scaling, **({"epilogue": epilogue} if epilogue else {}))
     outs, fns = {}, {}
     choose_warps_k, ctas_per_sm = gemv.choose_warps_k, gemv.GemvSpec.ctas_per_sm
     for name, tdir, tile, _bulk in trees:
@@ -152,8 +163,15 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
             gemv.GemvSpec.ctas_per_sm = property((lambda c: lambda _spec: c)(int(tile[3:])))
             gemv.clear_memo()  # the memo keys on the spec, which does not hold ctas_per_sm
         # DIR@nows: the tile kernels where build would stream weights (small M), to place the dispatch's crossover.
-        g = dg.build(m, n, k, **build, **({"weight_streaming": False} if tile == "nows" else {}))
-        out = reference.poisoned((m, n), spec.out_dtype)
+        forced = {}
+        if tile == "nows":
+            forced = {"weight_streaming": False}
+        elif tile and tile[0].isdigit():  # DIR@BMxBN[sS][p]: that sm90 tile (bench --tiles syntax)
+            from bench.suites import forced_tile_config
+
+            forced = {"config": forced_tile_config(spec, tile)}
+        g = dg.build(m, n, k, **build, **forced)
+        out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
         gemv.choose_warps_k = choose_warps_k

@@ -1102,7 +1102,18 @@ struct GemmSm90 {
   // in-thread maximum and two shuffles; the first pass parks each finished value in its (gate) accumulator
   // register, the second reduces, writes the scale and stores q (no second register array: it would spill).
   static constexpr uint32_t kNumPairCols = kOutCols / 8;  // 8-column groups of the D tile
-  static constexpr uint32_t kChunk = !kPrefetch ? 1 : (sizeof(TD) == 4 ? 2 : 4);
+  // kBatchMath: a chunk's math runs before its stores. A store (asm volatile, "memory") keeps the next pair's
+  // loads (bias, scales) behind it, so math and stores interleaved pair by pair left one pair's dependent chain in
+  // flight per warp: GELU's ~45 FFMA/MUFU instructions per pair ran at ~4 cycles each (SASS, session 12). Batched,
+  // 4-8 chains interleave. Measured (docs/NOTES.md, session 12): cooperative tiles, whose epilogue stalls the tensor
+  // cores, 2-14% faster with every activation; ping-pong tiles, whose epilogue overlaps the other consumer's main
+  // loop, faster while the epilogue is the longer of the two (K <= 1024 with GELU: 4096x32768x512 324 -> 291 us)
+  // but 2-5% slower with GELU at K >= 1536 (4096x24576x1536 458 -> 482), where it is not: those keep the old order.
+  // Chunks of 2 groups (4 pairs); 4 left ptxas a 16-byte stack frame (bias_row+gelu ping-pong 128x128).
+  static constexpr bool kGeluWeight = Epi::kAct == Activation::kGelu || Epi::kGate == GateKind::kGeGlu;
+  static constexpr bool kBatchMath = (Epi::kAct != Activation::kNone || kGated || kPrefetch) &&
+                                     !(kPingPong && kGeluWeight && kK > 1024);
+  static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4) : (kBatchMath ? 2 : 1);
   // kRow: column-scale pairs held in registers at a time (epilogue()).
   static constexpr uint32_t kColBatch = kScaling == Scaling::kRow ? 8 : 1;
 
@@ -1299,7 +1310,38 @@ struct GemmSm90 {
             }
           }
         }
-        // Math and stores.
+        // D pair (jj, h) of the chunk into the staging tile (or parked for the group quantizer).
+        float2 out[kChunk][2];
+        auto store = [&](uint32_t jj, uint32_t h) {
+          const uint32_t j = j0 + jj;
+          const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
+          const uint32_t col = j * 8 + 2 * (lane % 4);
+          const uint32_t addr = d_base + d_offset(row, col);
+          const float lo = out[jj][h].x, hi = out[jj][h].y;
+          if constexpr (is_same<TD, int32_t>::value) {
+            st_shared_v2_b32(addr, static_cast<uint32_t>(acc[mi][4 * j + 2 * h]),
+                             static_cast<uint32_t>(acc[mi][4 * j + 2 * h + 1]));
+          } else if constexpr (kQuantGroup) {
+            park(acc[mi][park_index(j, h)], lo);
+            park(acc[mi][park_index(j, h) + 1], hi);
+          } else if constexpr (kQuantTensor) {
+            const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
+            const uint32_t global_col = n_block * kOutCols + col;
+            if (ea.amax != nullptr && global_row < tile.row_end) {
+              if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
+              if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
+            }
+            st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_scale));
+          } else if constexpr (is_same<TD, float>::value) {
+            st_shared_v2_f32(addr, lo, hi);
+          } else if constexpr (is_same<TD, bfloat16_t>::value) {
+            st_shared_b32(addr, pack_bf16x2(lo, hi));
+          } else {
+            static_assert(is_same<TD, half_t>::value, "output storage must be float, bfloat16_t, half_t or int32_t");
+            st_shared_b32(addr, pack_f16x2(lo, hi));
+          }
+        };
+        // Math, then stores (kBatchMath: the chunk's math first, see there; else each pair's store after its math).
 #pragma unroll
         for (uint32_t jj = 0; jj < kChunk; ++jj) {
           const uint32_t j = j0 + jj;
@@ -1316,13 +1358,8 @@ struct GemmSm90 {
             }
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
-              const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
-              const uint32_t col = j * 8 + 2 * (lane % 4);
-              const uint32_t addr = d_base + d_offset(row, col);
-              if constexpr (is_same<TD, int32_t>::value) {
-                st_shared_v2_b32(addr, static_cast<uint32_t>(acc[mi][4 * j + 2 * h]),
-                                 static_cast<uint32_t>(acc[mi][4 * j + 2 * h + 1]));
-              } else {
+              if constexpr (!is_same<TD, int32_t>::value) {
+                const uint32_t col = j * 8 + 2 * (lane % 4);
                 float lo, hi;
                 if constexpr (kGated) {
                   // Gate columns 16j + 2(l%4) + e of the tile's accumulators, up columns 8 further.
@@ -1347,29 +1384,19 @@ struct GemmSm90 {
                   lo += r_in[jj][h].x;
                   hi += r_in[jj][h].y;
                 }
-                if constexpr (kQuantGroup) {
-                  park(acc[mi][park_index(j, h)], lo);
-                  park(acc[mi][park_index(j, h) + 1], hi);
-                } else if constexpr (kQuantTensor) {
-                  const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
-                  const uint32_t global_col = n_block * kOutCols + col;
-                  if (ea.amax != nullptr && global_row < tile.row_end) {
-                    if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
-                    if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
-                  }
-                  st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_scale));
-                } else if constexpr (is_same<TD, float>::value) {
-                  st_shared_v2_f32(addr, lo, hi);
-                } else if constexpr (is_same<TD, bfloat16_t>::value) {
-                  st_shared_b32(addr, pack_bf16x2(lo, hi));
-                } else {
-                  static_assert(is_same<TD, half_t>::value,
-                                "output storage must be float, bfloat16_t, half_t or int32_t");
-                  st_shared_b32(addr, pack_f16x2(lo, hi));
-                }
+                out[jj][h] = make_float2(lo, hi);
               }
+              if constexpr (!kBatchMath) store(jj, h);
             }
           }
+        }
+        if constexpr (kBatchMath) {
+#pragma unroll
+          for (uint32_t jj = 0; jj < kChunk; ++jj)
+            if (j0 + jj < kNumPairCols) {
+              store(jj, 0);
+              store(jj, 1);
+            }
         }
       }
     }
