@@ -319,6 +319,71 @@ def test_all_zero_group_gets_scale_one(src, q_name, gran):
     # whose amax is exactly QUANT_MAX also has scale 1.0, so counting ones would be flaky).
 
 
+_DIVIDE_SRC = r"""
+#include "dgjit/quantize.cuh"
+using namespace dgjit;
+// Per pair i: div.rn's quotient and quant::divide's, each also rounded to E4M3, E5M2 and INT8 as the quantizers do.
+extern "C" __global__ void dgjit_test_divide(const float* x, const float* s, unsigned long long n, float* quotients,
+                                            unsigned int* codes) {
+  const unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float want = quant::div_rn(x[i], s[i]);
+  const float got = quant::divide(x[i], quant::make_divisor(s[i]));
+  quotients[2 * i] = want;
+  quotients[2 * i + 1] = got;
+  const unsigned int e4m3 = quant::cvt_fp8x2_satfinite<quant::Format::kE4M3>(got, want);
+  const unsigned int e5m2 = quant::cvt_fp8x2_satfinite<quant::Format::kE5M2>(got, want);
+  int r[2] = {quant::cvt_rni_s32(want), quant::cvt_rni_s32(got)};
+  for (int j = 0; j < 2; ++j) r[j] = r[j] < -quant::kInt8Max ? -quant::kInt8Max : (r[j] > quant::kInt8Max ? quant::kInt8Max : r[j]);
+  const unsigned int int8 = (unsigned(r[0]) & 0xFFu) | ((unsigned(r[1]) & 0xFFu) << 8);
+  codes[3 * i] = e4m3;
+  codes[3 * i + 1] = e5m2;
+  codes[3 * i + 2] = int8;
+}
+"""
+
+
+def test_divisor_matches_div_rn():
+    """quant::divide (Markstein's correction from one reciprocal per divisor, what the quantizers and the
+    quantize-on-store epilogues divide with) against div.rn.f32: the same E4M3, E5M2 and INT8 codes for every pair,
+    and the same float32 quotient bit for bit where it decides a code (2^-10 <= |x / s| <= 2^16; below, every code is
+    0, above, saturated). Pairs: random bit patterns (subnormals, huge values, inf, NaN), quantizer-like pairs
+    (|x| <= 448 s, s over 2^-149..2^127) and a grid of special values."""
+    from deepgemm_jit import render
+
+    module = cupy.RawModule(code=_DIVIDE_SRC, options=("-std=c++17", f"-I{render.templates_dir() / 'include'}"))
+    kernel = module.get_function("dgjit_test_divide")
+    rng = np.random.default_rng(12)
+    n = 1 << 22
+    random_bits = rng.integers(0, 1 << 32, size=(2, n), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    s_like = (np.abs(rng.standard_normal(n)) * np.exp2(rng.uniform(-149, 127, n))).astype(np.float32)
+    x_like = (rng.uniform(-448, 448, n) * s_like).astype(np.float32)
+    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 1.17549435e-38, 2.0 ** -100, 2.0 ** -60,
+                        2.0 ** -60 * 0.99999994, 2.0 ** 60, 2.0 ** 60 * 1.0000001, 1e19, 0.5, 1.0, 3.0, -7.0, 448.0, 57344.0, 1e30, 3.4028235e38, -3.4028235e38,
+                        np.inf, -np.inf, np.nan], dtype=np.float32)
+    gx, gs = (v.ravel() for v in np.meshgrid(special, special))
+    x = np.concatenate([random_bits[0], x_like, gx, random_bits[0][: n // 4]])
+    s = np.concatenate([random_bits[1], s_like, gs, s_like[: n // 4]])
+    total = x.size
+    quotients = cupy.empty(2 * total, dtype=cupy.float32)
+    codes = cupy.empty(3 * total, dtype=cupy.uint32)
+    threads = 256
+    kernel(((total + threads - 1) // threads,), (threads,),
+           (cupy.asarray(x), cupy.asarray(s), np.uint64(total), quotients, codes))
+    q = quotients.get().reshape(total, 2)
+    c = codes.get().reshape(total, 3)
+    want, got = q[:, 0], q[:, 1]
+    both_nan = np.isnan(want) & np.isnan(got)
+    deciding = (np.abs(want) >= 2.0 ** -10) & (np.abs(want) <= 2.0 ** 16)
+    differs = deciding & ~both_nan & (want.view(np.uint32) != got.view(np.uint32))
+    assert deciding.sum() > total // 4, "the pairs must mostly land where the quotient decides a code"
+    assert not differs.any(), [(x[i], s[i], want[i], got[i]) for i in np.flatnonzero(differs)[:5]]
+    for column, name, bits in ((0, "e4m3", 8), (1, "e5m2", 8), (2, "int8", 8)):
+        low, high = c[:, column] & ((1 << bits) - 1), c[:, column] >> bits
+        bad = np.flatnonzero(low != high)
+        assert bad.size == 0, (name, [(x[i], s[i], want[i], got[i]) for i in bad[:5]])
+
+
 @pytest.mark.parametrize("q_name", quant.QUANT_DTYPES)
 def test_extremes_saturate_and_keep_signs(q_name):
     """Each group's largest magnitude maps exactly to -QUANT_MAX when it is negative; values far below it land in

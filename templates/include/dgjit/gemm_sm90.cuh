@@ -1202,11 +1202,18 @@ struct GemmSm90 {
           if (lane % 4 == 0 && global_row < tile.row_end) {
             ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128 + g) * ea.scales_stride_g] = scale;
           }
+          const quant::Divisor divisor = quant::make_divisor(scale);
+          // The group's 16 pairs are quantized before any is stored (a store's "memory" clobber would keep each
+          // next pair's math behind it, see kBatchMath).
+          uint16_t q[16];
 #pragma unroll
           for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
             const uint32_t i = park_index(j, h);
-            st_shared_b16(d_base + d_offset(row, j * 8 + 2 * (lane % 4)),
-                          quantize_pair<Epi::kQuant>(parked(acc[mi][i]), parked(acc[mi][i + 1]), scale));
+            q[j - 16 * g] = quantize_pair<Epi::kQuant>(parked(acc[mi][i]), parked(acc[mi][i + 1]), divisor);
+          }
+#pragma unroll
+          for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
+            st_shared_b16(d_base + d_offset(row, j * 8 + 2 * (lane % 4)), q[j - 16 * g]);
           }
         }
       }
@@ -1268,6 +1275,7 @@ struct GemmSm90 {
       }
     }
     const bool read_c = kLoadC && ea.beta != 0.0f;
+    const quant::Divisor quant_divisor = quant::make_divisor(quant_scale);  // kQuantTensor's
 
     const uint32_t d_base = shared_addr(smem.d(math_wg));
     const uint32_t r_base = shared_addr(smem.r(math_wg));
@@ -1331,7 +1339,7 @@ struct GemmSm90 {
               if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
               if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
             }
-            st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_scale));
+            st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_divisor));
           } else if constexpr (is_same<TD, float>::value) {
             st_shared_v2_f32(addr, lo, hi);
           } else if constexpr (is_same<TD, bfloat16_t>::value) {

@@ -7,8 +7,9 @@
 //   q = clamp(rint(x / s), -127, 127)     INT8: round half to even
 //   x ~= float(q) * s
 //
-// x / s is a true division (div.rn), not a multiplication by 1/s: the float64 reference then agrees
-// except where the FP32 quotient rounds onto a rounding boundary of the 8-bit format (one ulp).
+// x / s is a true division (the codes of div.rn, computed by quant::divide below), not a multiplication by 1/s:
+// the float64 reference then agrees except where the FP32 quotient rounds onto a rounding boundary of the 8-bit
+// format (one ulp).
 // amax is taken as the maximum of the unsigned bit patterns of |x|: for non-negative floats that
 // order is the numeric one, it lets the tensor-wide amax use an integer atomicMax, and a NaN (whose
 // bits exceed +inf's) propagates into its group's scale instead of being dropped.
@@ -57,6 +58,64 @@ DGJIT_DEVICE float div_rn(float a, float b) {
   float r;
   asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+}
+
+DGJIT_DEVICE float rcp_rn(float a) {
+  float r;
+  asm("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+DGJIT_DEVICE float mul_rn(float a, float b) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+// a * b - c in one rounding. The negation is inside the asm: a negation in C++ can become neg.ftz.f32 (it did in
+// the CuPy-compiled kernel of test_divisor_matches_div_rn, flushing a subnormal c to -0 on the H200).
+DGJIT_DEVICE float fms_rn(float a, float b, float c) {
+  float r;
+  asm("{\n .reg .f32 t;\n neg.f32 t, %3;\n fma.rn.f32 %0, %1, %2, t;\n}" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+// c - a * b in one rounding (the product's sign flipped inside the asm, as above).
+DGJIT_DEVICE float fnma_rn(float a, float b, float c) {
+  float r;
+  asm("{\n .reg .f32 t;\n neg.f32 t, %1;\n fma.rn.f32 %0, t, %2, %3;\n}" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+// x / s for one divisor and many x, as the quantizers need it: the float32 quotient of div_rn(x, s) bit for bit
+// wherever it decides an 8-bit code (2^-10 <= |x / s| <= 2^16), so the same E4M3, E5M2 and INT8 codes for every x
+// and s. div.rn compiles to a range check (FCHK) and a call to a slow path around every division; in the unrolled
+// quantize-on-store epilogue each one became its own branch region, so no two divisions overlapped (4096x32768x512
+// FP8 block quant_fp8_g128: 295 -> 204 us). Here: Markstein's correction. With y = RN(1/s) and q = RN(x y) (within
+// one ulp of x / s), e = q s - x is exact (one FMA) and RN(q - e y) is the correctly rounded x / s, provided y is
+// normal and e does not underflow. Divisors outside [2^-60, 2^60] are therefore scaled into range by 2^64 or 2^-64,
+// with the dividends (exact power-of-two scalings; a dividend pushed to 0 or inf had a quotient far outside the
+// range above). s = 0 or +-inf, an overflowing q and NaN operands make the correction NaN, and there x y is the
+// IEEE quotient (+-inf, +-0 or NaN) or saturates the same way: it is taken. The divisor's sign moves to the
+// dividend (x / s = (-x) / |s|, exactly), so y > 0 and a zero quotient keeps its sign: e = q s - x (not x - q s) is
+// +0 and q - (+0) y keeps q's. Checked against div.rn.f32 on the H200 over random bit
+// patterns, quantizer-like pairs and special values (tests/test_quantize_gpu.py::test_divisor_matches_div_rn).
+struct Divisor {
+  float s;    // |divisor|, scaled into [2^-60, 2^60] (or 0, inf, NaN)
+  float y;    // RN(1 / s), not negative
+  float pre;  // what each dividend is multiplied by first: +-1, +-2^64 or +-2^-64, the divisor's sign
+};
+DGJIT_DEVICE Divisor make_divisor(float s) {
+  // Sign and magnitude by bits, which no flush-to-zero option touches (fabsf can become abs.ftz.f32).
+  const uint32_t sign = __float_as_uint(s) & 0x80000000u;
+  const float magnitude = __uint_as_float(__float_as_uint(s) ^ sign);
+  const float scale = magnitude < 0x1p-60f ? 0x1p64f : (magnitude > 0x1p60f ? 0x1p-64f : 1.0f);
+  const float scaled = mul_rn(magnitude, scale);
+  return Divisor{scaled, rcp_rn(scaled), __uint_as_float(__float_as_uint(scale) | sign)};
+}
+DGJIT_DEVICE float divide(float x, const Divisor& d) {
+  const float a = mul_rn(x, d.pre);
+  const float q = mul_rn(a, d.y);
+  const float e = fms_rn(q, d.s, a);           // q s - x, exactly
+  const float corrected = fnma_rn(e, d.y, q);  // q - e y
+  return corrected != corrected ? q : corrected;
 }
 
 // float -> int32, round half to even (NaN -> 0; out-of-range saturates to the int32 range).
@@ -186,11 +245,12 @@ DGJIT_DEVICE float scale_of(uint32_t amax_bits) {
 // q = round(v / s) into little-endian 32-bit words (element 0 in the lowest byte).
 template <Format F, int kElems>
 DGJIT_DEVICE void quantize_chunk(const float (&v)[kElems], float scale, uint32_t (&words)[kElems / 4]) {
+  const Divisor d = make_divisor(scale);
 #pragma unroll
   for (int w = 0; w < kElems / 4; ++w) {
     float y[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) y[j] = div_rn(v[4 * w + j], scale);
+    for (int j = 0; j < 4; ++j) y[j] = divide(v[4 * w + j], d);
     if constexpr (F == Format::kInt8) {
       uint32_t word = 0;
 #pragma unroll
