@@ -73,38 +73,51 @@ DGJIT_DEVICE float times_sigmoid(float v, float u) {
 
 // GELU (erf form) as x * Phi(x), Phi the normal CDF: with z = |x| / sqrt(2) and h = erfc(z) / 2, Phi = 1 - h for
 // x >= 0 and h for x < 0, so x * Phi(x) = max(x, 0) - |x| h for either sign. erfc(z) = t * exp(P(t) - z^2),
-// t = 1 / (1 + z / 2), P a degree-9 polynomial fitted for this kernel (least squares on ln(erfc(z) / t) + z^2
-// over z in [0, 10.5], exponent error 5e-8); the coefficients below are P's times log2(e), the constant term
-// minus 1 (the factor 1/2 of h), so h = t * exp2(P2(t) - z^2 log2(e)). Absolute error of the result below
-// 2.4e-7 for every x (float32 evaluation against float64). 17 FP32 instructions and 2 MUFU per element (27 with
-// __fdividef's range fix and the sign select). |x| is capped at FLT_MAX in the product so that x = +inf (h = 0)
-// gives inf, not inf * 0; x = -inf gives 0, the limit.
+// t = 1 / (1 + z / 2), P a polynomial fitted for this kernel (least squares, reweighted toward the largest errors,
+// on ln(erfc(z) / t) + z^2 over z in [0, 10.5]); the coefficients below are P's times log2(e), the constant term
+// minus 1 (the factor 1/2 of h), so h = t * exp2(P2(t) - z^2 log2(e)). |x| is capped at FLT_MAX in the product so
+// that x = +inf (h = 0) gives inf, not inf * 0; x = -inf gives 0, the limit.
+// kNarrowD (D stored in 16 or 8 bits): P of degree 5, relative error of the result below 2.5e-5 in float32 (a
+// fp16 half-ulp is 2.4e-4, bf16's 2e-3), 13 FP32 instructions and 2 MUFU per element. Otherwise (FP32 D): degree 9,
+// absolute error below 2.4e-7, 17 FP32 instructions. The 4 FFMA matter where the epilogue bounds the tile (ping-pong
+// at K = 512, docs/NOTES.md session 12).
+template <bool kNarrowD>
 DGJIT_DEVICE float gelu_erf(float x) {
   const float z = fabsf(x) * 0.70710678118654752f;
   const float t = rcp_approx(fmaf(0.5f, z, 1.0f));
-  float p = 0.21358460187911987f;
-  p = fmaf(p, t, -1.0068010091781616f);
-  p = fmaf(p, t, 1.7269014120101929f);
-  p = fmaf(p, t, -1.082167148590088f);
-  p = fmaf(p, t, -0.05122573301196098f);
-  p = fmaf(p, t, -0.032682936638593674f);
-  p = fmaf(p, t, 0.06172822788357735f);
-  p = fmaf(p, t, 0.5553191304206848f);
-  p = fmaf(p, t, 1.4410135746002197f);
-  p = fmaf(p, t, -2.825670003890991f);
+  float p;
+  if constexpr (kNarrowD) {
+    p = 0.3301486074924469f;
+    p = fmaf(p, t, -1.0233557224273682f);
+    p = fmaf(p, t, 0.6847704648971558f);
+    p = fmaf(p, t, 0.36697718501091003f);
+    p = fmaf(p, t, 1.4687057733535767f);
+    p = fmaf(p, t, -2.827234983444214f);
+  } else {
+    p = 0.21358460187911987f;
+    p = fmaf(p, t, -1.0068010091781616f);
+    p = fmaf(p, t, 1.7269014120101929f);
+    p = fmaf(p, t, -1.082167148590088f);
+    p = fmaf(p, t, -0.05122573301196098f);
+    p = fmaf(p, t, -0.032682936638593674f);
+    p = fmaf(p, t, 0.06172822788357735f);
+    p = fmaf(p, t, 0.5553191304206848f);
+    p = fmaf(p, t, 1.4410135746002197f);
+    p = fmaf(p, t, -2.825670003890991f);
+  }
   const float zz = z * z;
   const float h = t * ex2_approx(fmaf(zz, -1.44269504088896341f, p));
   return fmaf(-fminf(fabsf(x), 3.40282347e38f), h, fmaxf(x, 0.0f));
 }
 
 // The gate's activation of a gated unit (the up projection multiplies it).
-template <GateKind kGate>
+template <GateKind kGate, bool kNarrowD>
 DGJIT_DEVICE float gate_activate(float g) {
   if constexpr (kGate == GateKind::kSwiGlu) {
     return times_sigmoid(g, g);
   } else {
     static_assert(kGate == GateKind::kGeGlu, "gated units: swiglu or geglu");
-    return gelu_erf(g);
+    return gelu_erf<kNarrowD>(g);
   }
 }
 
@@ -124,12 +137,13 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
   }
 }
 
-template <Activation kAct>
+// kNarrowD: D is stored in 16 or 8 bits, so GELU may take its shorter polynomial (gelu_erf).
+template <Activation kAct, bool kNarrowD>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
     return fmaxf(v, 0.0f);
   } else if constexpr (kAct == Activation::kGelu) {
-    return gelu_erf(v);
+    return gelu_erf<kNarrowD>(v);
   } else if constexpr (kAct == Activation::kGeluTanh) {
     // 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3).
     return times_sigmoid(v, 1.5957691216057308f * fmaf(0.044715f * v, v * v, v));

@@ -1110,6 +1110,8 @@ struct GemmSm90 {
   // loop, faster while the epilogue is the longer of the two (K <= 1024 with GELU: 4096x32768x512 324 -> 291 us)
   // but 2-5% slower with GELU at K >= 1536 (4096x24576x1536 458 -> 482), where it is not: those keep the old order.
   // Chunks of 2 groups (4 pairs); 4 left ptxas a 16-byte stack frame (bias_row+gelu ping-pong 128x128).
+  // D stored in 16 or 8 bits: GELU's shorter polynomial is exact enough (gelu_erf).
+  static constexpr bool kNarrowD = sizeof(TD) < 4;
   static constexpr bool kGeluWeight = Epi::kAct == Activation::kGelu || Epi::kGate == GateKind::kGeGlu;
   static constexpr bool kBatchMath = (Epi::kAct != Activation::kNone || kGated || kPrefetch) &&
                                      !(kPingPong && kGeluWeight && kK > 1024);
@@ -1379,14 +1381,14 @@ struct GemmSm90 {
                                                    tensor_scale, row_scale[h],
                                                    col_batch[kScaling == Scaling::kRow ? (2 * j + 1) % kColBatch : 0], ea, read_c,
                                                    c_in[jj][h], row_bias[h]);
-                  lo = gate_activate<Epi::kGate>(gate.x) * up.x;
-                  hi = gate_activate<Epi::kGate>(gate.y) * up.y;
+                  lo = gate_activate<Epi::kGate, kNarrowD>(gate.x) * up.x;
+                  hi = gate_activate<Epi::kGate, kNarrowD>(gate.y) * up.y;
                 } else {
                   const float2 v = pre_activation(smem, math_wg, acc[mi], 4 * j + 2 * h, col, tensor_scale,
                                                   row_scale[h], col_batch[kScaling == Scaling::kRow ? j % kColBatch : 0],
                                                   ea, read_c, c_in[jj][h], row_bias[h]);
-                  lo = activate<Epi::kAct>(v.x);
-                  hi = activate<Epi::kAct>(v.y);
+                  lo = activate<Epi::kAct, kNarrowD>(v.x);
+                  hi = activate<Epi::kAct, kNarrowD>(v.y);
                 }
                 if constexpr (kLoadR) {
                   lo += r_in[jj][h].x;
