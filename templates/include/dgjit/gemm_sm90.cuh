@@ -934,38 +934,38 @@ struct GemmSm90 {
     const uint32_t row_byte = kScaling == Scaling::kBlock ? scale_row_byte(math_wg) : 0;
     if constexpr (kBlockScalesAhead) {
       mainloop_block_scales_ahead<kOff>(smem, state, math_wg, tile, k_end, acc, after_first_issue);
-      return;
-    }
-    // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
-    // elements) accumulate in the tensor cores first, pipelined like the plain main loop (each wait leaves the newest
-    // group running), so that the promotion's full wait and adds come once per 128 K as for FP8.
+    } else {
+      // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
+      // elements) accumulate in the tensor cores first, pipelined like the plain main loop (each wait leaves the
+      // newest group running), so that the promotion's full wait and adds come once per 128 K as for FP8.
 #pragma unroll 1
-    for (uint32_t k_first = tile.k_begin; k_first < k_end; k_first += kPromoteEvery * kKStep) {
-      BlockScales cur;
-      uint32_t previous_stage = 0;
+      for (uint32_t k_first = tile.k_begin; k_first < k_end; k_first += kPromoteEvery * kKStep) {
+        BlockScales cur;
+        uint32_t previous_stage = 0;
 #pragma unroll
-      for (uint32_t j = 0; j < kPromoteEvery; ++j) {
-        if (j > 0 && k_first + j >= k_end) break;
-        mbarrier_wait(smem.full(state.stage), state.phase);
-        issue_k_block(smem, state.stage, math_wg, j != 0, part);
-        if (j == 0 && k_first == tile.k_begin) after_first_issue();
-        // The stage's scales are read while its wgmmas run (the stage is released only after them).
-        if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, row_byte);
-        if (j > 0) {
-          wgmma_wait_group<1>();
-          release_stage(smem, previous_stage);
+        for (uint32_t j = 0; j < kPromoteEvery; ++j) {
+          if (j > 0 && k_first + j >= k_end) break;
+          mbarrier_wait(smem.full(state.stage), state.phase);
+          issue_k_block(smem, state.stage, math_wg, j != 0, part);
+          if (j == 0 && k_first == tile.k_begin) after_first_issue();
+          // The stage's scales are read while its wgmmas run (the stage is released only after them).
+          if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, row_byte);
+          if (j > 0) {
+            wgmma_wait_group<1>();
+            release_stage(smem, previous_stage);
+          }
+          previous_stage = state.stage;
+          advance_k(state);
         }
-        previous_stage = state.stage;
-        advance_k(state);
+        wgmma_wait_group<0>();
+        release_stage(smem, previous_stage);
+        fence_accumulators(part);
+        // Meant to keep the scales' products after the wait (next to their loads, between the K block's wgmmas,
+        // each product stalls the remaining wgmma issues on the loads' latency). NVVM honours it, but ptxas still
+        // hoists the FMULs (SASS of 128x128 and 128x176, session 6); kept because the GPU-verified tree has it.
+        if constexpr (kScaling == Scaling::kBlock) fence_scales(cur);
+        promote<kOff>(acc, part, cur);
       }
-      wgmma_wait_group<0>();
-      release_stage(smem, previous_stage);
-      fence_accumulators(part);
-      // Meant to keep the scales' products after the wait (next to their loads, between the K block's wgmmas,
-      // each product stalls the remaining wgmma issues on the loads' latency). NVVM honours it, but ptxas still
-      // hoists the FMULs (SASS of 128x128 and 128x176, session 6); kept because the GPU-verified tree has it.
-      if constexpr (kScaling == Scaling::kBlock) fence_scales(cur);
-      promote<kOff>(acc, part, cur);
     }
   }
 
@@ -1321,7 +1321,7 @@ struct GemmSm90 {
           }
         }
         // D pair (jj, h) of the chunk into the staging tile (or parked for the group quantizer).
-        float2 out[kChunk][2];
+        float2 out[kChunk][2] = {};  // (initialised only for the compiler's use-before-set analysis of the lambda)
         auto store = [&](uint32_t jj, uint32_t h) {
           const uint32_t j = j0 + jj;
           const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
