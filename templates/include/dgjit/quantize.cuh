@@ -88,7 +88,7 @@ DGJIT_DEVICE float fnma_rn(float a, float b, float c) {
 // wherever it decides an 8-bit code (2^-10 <= |x / s| <= 2^16), so the same E4M3, E5M2 and INT8 codes for every x
 // and s. div.rn compiles to a range check (FCHK) and a call to a slow path around every division; in the unrolled
 // quantize-on-store epilogue each one became its own branch region, so no two divisions overlapped (4096x32768x512
-// FP8 block quant_fp8_g128: 295 -> 204 us). Here: Markstein's correction. With y = RN(1/s) and q = RN(x y) (within
+// FP8 block quant_fp8_g128: 295 -> 206 us). Here: Markstein's correction. With y = RN(1/s) and q = RN(x y) (within
 // one ulp of x / s), e = q s - x is exact (one FMA) and RN(q - e y) is the correctly rounded x / s, provided y is
 // normal and e does not underflow. Divisors outside [2^-60, 2^60] are therefore scaled into range by 2^64 or 2^-64,
 // with the dividends (exact power-of-two scalings; a dividend pushed to 0 or inf had a quotient far outside the
