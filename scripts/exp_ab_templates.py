@@ -9,12 +9,11 @@ checkout's. Rows: dense FP8 block 4096 x {4096x7168, 7168x16384} and the grouped
 layout that lets block kernels bulk-copy A scales (launch.bulk_a_scales); --row-major-scales passes a row-major copy
 instead (the scale warp's path). --nobulk adds "nobulk": the checkout's templates with DEEPGEMM_JIT_NO_BULK_SCALES=1
 (A scales by the scale warp). Results are checked against each other (same kernel math: bitwise equal) before
-timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@BMxBN forces a tile for that tree
-only, and DIR "." is the checkout's templates (to compare tiles). --problems rows are DTYPE[+EPILOGUE]:MxNxK
-(e.g. bf16+bias+gelu:4096x24576x1536, with the bench's epilogue operands); there DIR@BMxBN[sS][p] forces a tile
-(bench --tiles syntax, p: ping-pong), DIR@wkW / DIR@wkold force the
-weight-streaming kernel's warps_k, DIR@cpsC its CTAs per SM (launch bounds and grid rule), DIR@nows builds without
-weight streaming (the tile kernels at small M).
+timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@TILE forces one for that tree only,
+TILE in bench --tiles syntax (BMxBN[sS][p], p: ping-pong), and DIR "." is the checkout's templates (to compare
+tiles). --problems rows are DTYPE[+EPILOGUE]:MxNxK (e.g. bf16+bias+gelu:4096x24576x1536, with the bench's
+epilogue operands); there DIR@wkW / DIR@wkold force the weight-streaming kernel's warps_k, DIR@cpsC its CTAs per
+SM (launch bounds and grid rule), DIR@nows builds without weight streaming (the tile kernels at small M).
 """
 from __future__ import annotations
 
@@ -41,15 +40,15 @@ def main() -> int:
     import numpy as np
 
     import deepgemm_jit as dg
-    from deepgemm_jit import config, launch, timing
+    from bench.suites import forced_tile_config
+    from deepgemm_jit import launch, timing
     from deepgemm_jit.arrays import scale_view
     from deepgemm_jit.spec import GemmSpec
 
     def forced(n, k, grouped, tile):
         if tile is None:
             return None
-        bm, bn = (int(v) for v in tile.split("x"))
-        return config.sm90_config(GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=grouped), bm, bn)
+        return forced_tile_config(GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=grouped), tile)
 
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
@@ -134,6 +133,7 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
+    from bench.suites import forced_tile_config
     from deepgemm_jit import gemv, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
@@ -167,8 +167,6 @@ def _time_problem(problem: str, trees, reps: int) -> dict:
         if tile == "nows":
             forced = {"weight_streaming": False}
         elif tile and tile[0].isdigit():  # DIR@BMxBN[sS][p]: that sm90 tile (bench --tiles syntax)
-            from bench.suites import forced_tile_config
-
             forced = {"config": forced_tile_config(spec, tile)}
         g = dg.build(m, n, k, **build, **forced)
         out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
