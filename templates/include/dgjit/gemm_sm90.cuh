@@ -1109,13 +1109,14 @@ struct GemmSm90 {
   // cores, 2-14% faster with every activation; ping-pong tiles, whose epilogue overlaps the other consumer's main
   // loop, faster while the epilogue is the longer of the two (K <= 1024 with GELU: 4096x32768x512 324 -> 291 us)
   // but 2-5% slower with GELU at K >= 1536 (4096x24576x1536 458 -> 482), where it is not: those keep the old order.
-  // Chunks of 2 groups (4 pairs); 4 left ptxas a 16-byte stack frame (bias_row+gelu ping-pong 128x128).
-  // D stored in 16 or 8 bits: GELU's shorter polynomial is exact enough (gelu_erf).
-  static constexpr bool kNarrowD = sizeof(TD) < 4;
+  // Chunks of 2 groups (4 pairs); 4 left ptxas a 16-byte stack frame (bias_row+gelu ping-pong 128x128). The
+  // ping-pong exception was measured with the degree-9 GELU (before kNarrowD): re-measure it when GELU changes.
   static constexpr bool kGeluWeight = Epi::kAct == Activation::kGelu || Epi::kGate == GateKind::kGeGlu;
   static constexpr bool kBatchMath = (Epi::kAct != Activation::kNone || kGated || kPrefetch) &&
                                      !(kPingPong && kGeluWeight && kK > 1024);
   static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4) : (kBatchMath ? 2 : 1);
+  // D stored in 16 or 8 bits: GELU's shorter polynomial is exact enough (gelu_erf).
+  static constexpr bool kNarrowD = sizeof(TD) < 4;
   // kRow: column-scale pairs held in registers at a time (epilogue()).
   static constexpr uint32_t kColBatch = kScaling == Scaling::kRow ? 8 : 1;
 
