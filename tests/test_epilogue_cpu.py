@@ -86,6 +86,10 @@ def _compile_and_check(spec):
     mma = "IGMMA" if spec.dtype == "int8" else "QGMMA" if spec.dtype.startswith("fp8") else "HGMMA"
     assert mix.get(mma, 0) > 0, case
     assert (mix.get("UBLKCP", 0) > 0) == (spec.scaling == "block"), case  # block scaling: bulk-copied A scales
+    # A 16-bit D leaves the registers by stmatrix (a warp's 16 x 16 block per instruction, kStMatrix), not pair by
+    # pair: at most the few 32-bit shared stores of the bias staging remain.
+    if spec.out_dtype in ("bf16", "fp16") and spec.epi.quant == "none":
+        assert mix.get("STSM", 0) > 0 and mix.get("STS", 0) <= 8, (case, mix.get("STSM"), mix.get("STS"))
     return cfg, art, mix, case
 
 

@@ -65,6 +65,14 @@ DGJIT_DEVICE float rcp_approx(float x) {
   return y;
 }
 
+// c - a * a in one FFMA. Written as fmaf(a, -a, c), NVVM makes -a a second product of a's inputs instead of the
+// FFMA's negation modifier.
+DGJIT_DEVICE float fma_neg_square(float a, float c) {
+  float r;
+  asm("{\n .reg .f32 n;\n neg.f32 n, %1;\n fma.rn.f32 %0, n, %1, %2;\n}" : "=f"(r) : "f"(a), "f"(c));
+  return r;
+}
+
 // v / (1 + exp(-u)), i.e. v * sigmoid(u), with the hardware exp2 and reciprocal (relative error ~1e-7;
 // exp(-u) = inf for u << 0 gives v * 0 = 0, its limit).
 DGJIT_DEVICE float times_sigmoid(float v, float u) {
@@ -78,13 +86,12 @@ DGJIT_DEVICE float times_sigmoid(float v, float u) {
 // minus 1 (the factor 1/2 of h), so h = t * exp2(P2(t) - z^2 log2(e)). |x| is capped at FLT_MAX in the product so
 // that x = +inf (h = 0) gives inf, not inf * 0; x = -inf gives 0, the limit.
 // kNarrowD (D stored in 16 or 8 bits): P of degree 5, relative error of the result below 2.5e-5 in float32 (a
-// fp16 half-ulp is 2.4e-4, bf16's 2e-3), 13 FP32 instructions and 2 MUFU per element. Otherwise (FP32 D): degree 9,
-// absolute error below 2.4e-7, 17 FP32 instructions. The 4 FFMA matter where the epilogue bounds the tile (ping-pong
+// fp16 half-ulp is 2.4e-4, bf16's 2e-3), 12 FP32 instructions and 2 MUFU per element. Otherwise (FP32 D): degree 9,
+// absolute error below 2.4e-7, 16 FP32 instructions. The 4 FFMA matter where the epilogue bounds the tile (ping-pong
 // at K = 512, docs/NOTES.md session 12).
 template <bool kNarrowD>
 DGJIT_DEVICE float gelu_erf(float x) {
-  const float z = fabsf(x) * 0.70710678118654752f;
-  const float t = rcp_approx(fmaf(0.5f, z, 1.0f));
+  const float t = rcp_approx(fmaf(fabsf(x), 0.35355339059327376f, 1.0f));  // 1 / (1 + z / 2)
   float p;
   if constexpr (kNarrowD) {
     p = 0.3301486074924469f;
@@ -105,8 +112,8 @@ DGJIT_DEVICE float gelu_erf(float x) {
     p = fmaf(p, t, 1.4410135746002197f);
     p = fmaf(p, t, -2.825670003890991f);
   }
-  const float zz = z * z;
-  const float h = t * ex2_approx(fmaf(zz, -1.44269504088896341f, p));
+  const float xs = x * 0.84932180028801904f;  // xs^2 = z^2 log2(e): one product fewer than z, z^2, then the scaling
+  const float h = t * ex2_approx(fma_neg_square(xs, p));
   return fmaf(-fminf(fabsf(x), 3.40282347e38f), h, fmaxf(x, 0.0f));
 }
 

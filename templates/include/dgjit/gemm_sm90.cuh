@@ -1114,11 +1114,27 @@ struct GemmSm90 {
   static constexpr bool kGeluWeight = Epi::kAct == Activation::kGelu || Epi::kGate == GateKind::kGeGlu;
   static constexpr bool kBatchMath = (Epi::kAct != Activation::kNone || kGated || kPrefetch) &&
                                      !(kPingPong && kGeluWeight && kK > 1024);
-  static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4) : (kBatchMath ? 2 : 1);
+  // 16-bit D leaves the registers by stmatrix after the chunk's math (stmatrix_x4: a warp's 16 rows x 2 column
+  // groups in one instruction instead of four st.shared.b32 and their address arithmetic; x2 for chunks of one
+  // group, which kernels with an activation but without kBatchMath keep).
+  static constexpr bool kStMatrix = (is_same<TD, bfloat16_t>::value || is_same<TD, half_t>::value) && !kQuantGroup &&
+                                    !kQuantTensor;
+  static constexpr bool kPlainMath = Epi::kAct == Activation::kNone && !kGated;
+  static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4)
+                                               : (kBatchMath || (kStMatrix && kPlainMath) ? 2 : 1);
   // D stored in 16 or 8 bits: GELU's shorter polynomial is exact enough (gelu_erf).
   static constexpr bool kNarrowD = sizeof(TD) < 4;
   // kRow: column-scale pairs held in registers at a time (epilogue()).
   static constexpr uint32_t kColBatch = kScaling == Scaling::kRow ? 8 : 1;
+
+  // Two D values packed for a 16-bit D (stmatrix), `lo` in the lower half.
+  static DGJIT_DEVICE uint32_t pack_d(float lo, float hi) {
+    if constexpr (is_same<TD, bfloat16_t>::value) {
+      return pack_bf16x2(lo, hi);
+    } else {
+      return pack_f16x2(lo, hi);
+    }
+  }
 
   static DGJIT_DEVICE uint32_t d_offset(uint32_t row, uint32_t col) {
     const uint32_t slice = col / Store::kSliceCols;
@@ -1345,12 +1361,7 @@ struct GemmSm90 {
             st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_divisor));
           } else if constexpr (is_same<TD, float>::value) {
             st_shared_v2_f32(addr, lo, hi);
-          } else if constexpr (is_same<TD, bfloat16_t>::value) {
-            st_shared_b32(addr, pack_bf16x2(lo, hi));
-          } else {
-            static_assert(is_same<TD, half_t>::value, "output storage must be float, bfloat16_t, half_t or int32_t");
-            st_shared_b32(addr, pack_f16x2(lo, hi));
-          }
+          }  // (16-bit D: stmatrix after the chunk's math, kStMatrix; this lambda is not called for it)
         };
         // Math, then stores (kBatchMath: the chunk's math first, see there; else each pair's store after its math).
 #pragma unroll
@@ -1397,11 +1408,26 @@ struct GemmSm90 {
                 }
                 out[jj][h] = make_float2(lo, hi);
               }
-              if constexpr (!kBatchMath) store(jj, h);
+              if constexpr (!kBatchMath && !kStMatrix) store(jj, h);
             }
           }
         }
-        if constexpr (kBatchMath) {
+        if constexpr (kStMatrix) {
+          // Lane l gives the row address of matrix l / 8: column group j + l / 16, rows 8 ((l / 8) % 2) + l % 8.
+          const uint32_t m = lane / 8;
+          const uint32_t row = mi * 64 + warp * 16 + 8 * (m % 2) + lane % 8;
+          auto packed = [&](uint32_t jj, uint32_t h) { return pack_d(out[jj][h].x, out[jj][h].y); };
+#pragma unroll
+          for (uint32_t jj = 0; jj < kChunk; jj += 2) {
+            const uint32_t j = j0 + jj;
+            if (jj + 1 < kChunk && j + 1 < kNumPairCols) {
+              stmatrix_x4(d_base + d_offset(row, (j + m / 2) * 8), packed(jj, 0), packed(jj, 1), packed(jj + 1, 0),
+                          packed(jj + 1, 1));
+            } else if (j < kNumPairCols) {
+              stmatrix_x2(d_base + d_offset(row, j * 8), packed(jj, 0), packed(jj, 1));
+            }
+          }
+        } else if constexpr (kBatchMath) {
 #pragma unroll
           for (uint32_t jj = 0; jj < kChunk; ++jj)
             if (j0 + jj < kNumPairCols) {

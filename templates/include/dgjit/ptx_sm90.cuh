@@ -554,6 +554,18 @@ DGJIT_DEVICE uint32_t pack_f16x2(float lo, float hi) {
 DGJIT_DEVICE void st_shared_b32(uint32_t smem_addr, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" : : "r"(smem_addr), "r"(value) : "memory");
 }
+// stmatrix: the warp stores 8x8 matrices of 16-bit elements, one 32-bit register per thread and matrix (thread l
+// holds row l / 4, columns 2 (l % 4) and + 1, the lower column in the lower half: the accumulator layout of a pair).
+// Lane 8i + r gives the shared address of matrix i's row r (16 contiguous bytes). One instruction replaces two
+// (x2) or four (x4) st.shared.b32 and their address arithmetic.
+DGJIT_DEVICE void stmatrix_x2(uint32_t smem_addr, uint32_t m0, uint32_t m1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};\n" : : "r"(smem_addr), "r"(m0), "r"(m1)
+               : "memory");
+}
+DGJIT_DEVICE void stmatrix_x4(uint32_t smem_addr, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" : : "r"(smem_addr), "r"(m0),
+               "r"(m1), "r"(m2), "r"(m3) : "memory");
+}
 DGJIT_DEVICE void st_shared_b16(uint32_t smem_addr, uint16_t value) {
   asm volatile("st.shared.b16 [%0], %1;\n" : : "r"(smem_addr), "h"(value) : "memory");
 }
