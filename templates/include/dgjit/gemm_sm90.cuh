@@ -1069,21 +1069,43 @@ struct GemmSm90 {
     }
   }
 
+  // Two packed 16-bit D values (the lower one in the lower half) as FP32.
+  static DGJIT_DEVICE float2 unpack_d(uint32_t bits) {
+    if constexpr (is_same<TD, bfloat16_t>::value) {
+      return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+    } else {
+      float lo, hi;
+      asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(bits & 0xffffu)));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(bits >> 16)));
+      return make_float2(lo, hi);
+    }
+  }
+
   // Two consecutive elements of a D-typed tile in shared memory, as FP32.
   static DGJIT_DEVICE float2 load_pair(uint32_t addr) {
     if constexpr (is_same<TD, float>::value) {
       return ld_shared_v2_f32(addr);
     } else {
-      const uint32_t bits = ld_shared_b32(addr);
-      if constexpr (is_same<TD, bfloat16_t>::value) {
-        return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
-      } else {
-        float lo, hi;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<uint16_t>(bits & 0xffffu)));
-        asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<uint16_t>(bits >> 16)));
-        return make_float2(lo, hi);
-      }
+      return unpack_d(ld_shared_b32(addr));
     }
+  }
+
+  // kStMatrix tiles: the C / residual pairs of column groups j (and j + 1 when `two`) of m64 slice mi, by ldmatrix
+  // (the mirror of the stores: one instruction per 16 rows x 2 groups instead of four 32-bit loads).
+  static DGJIT_DEVICE void load_groups(uint32_t base, uint32_t mi, uint32_t j, bool two, float2 (&first)[2],
+                                       float2 (&second)[2]) {
+    const uint32_t lane = lane_idx(), m = lane / 8;
+    const uint32_t row = mi * 64 + warp_idx_in_warpgroup() * 16 + 8 * (m % 2) + lane % 8;
+    uint32_t v[4];
+    if (two) {
+      ldmatrix_x4(base + d_offset(row, (j + m / 2) * 8), v[0], v[1], v[2], v[3]);
+      second[0] = unpack_d(v[2]);
+      second[1] = unpack_d(v[3]);
+    } else {
+      ldmatrix_x2(base + d_offset(row, j * 8), v[0], v[1]);
+    }
+    first[0] = unpack_d(v[0]);
+    first[1] = unpack_d(v[1]);
   }
 
   // ---- epilogue: accumulators -> D tile (this warpgroup's kWGRows rows) ---------------------------
@@ -1110,7 +1132,7 @@ struct GemmSm90 {
   // loop, faster while the epilogue is the longer of the two (K <= 1024 with GELU: 4096x32768x512 324 -> 291 us)
   // but 2-5% slower with GELU at K >= 1536 (4096x24576x1536 458 -> 482), where it is not: those keep the old order.
   // Chunks of 2 groups (4 pairs); 4 left ptxas a 16-byte stack frame (bias_row+gelu ping-pong 128x128). The
-  // ping-pong exception was measured with the degree-9 GELU (before kNarrowD): re-measure it when GELU changes.
+  // ping-pong exception still held with the degree-5 GELU (session 13: 467 vs 450 us at 4096x24576x1536).
   static constexpr bool kGeluWeight = Epi::kAct == Activation::kGelu || Epi::kGate == GateKind::kGeGlu;
   static constexpr bool kBatchMath = (Epi::kAct != Activation::kNone || kGated || kPrefetch) &&
                                      !(kPingPong && kGeluWeight && kK > 1024);
@@ -1122,6 +1144,15 @@ struct GemmSm90 {
   static constexpr bool kPlainMath = Epi::kAct == Activation::kNone && !kGated;
   static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4)
                                                : (kBatchMath || (kStMatrix && kPlainMath) ? 2 : 1);
+  // Column biases per output column group: gated units have a gate and an up bias.
+  static constexpr uint32_t kBiasPerGroup = kGated ? 2 : 1;
+  // kBiasAhead: a chunk's column biases are read while the previous chunk computes, before its stores. Read next to
+  // their use, after the previous chunk's stores (volatile asm, "memory"), their latency stalled each chunk's first
+  // add (ncu, docs/NOTES.md session 13: the bias FADD held 10% of the stall samples, short scoreboard). Measured
+  // (same-run A/B): bias+silu 4096x32768x512 231.8 -> 221.0 us, fp8 tensor bias+gelu 24576x1536 314.5 -> 308.1;
+  // the ping-pong GELU rows without kBatchMath (K > 1024) lost 4-5% (429 -> 452 us at 24576x1536) and read them
+  // at use.
+  static constexpr bool kBiasAhead = kBatchMath || kPlainMath;
   // D stored in 16 or 8 bits: GELU's shorter polynomial is exact enough (gelu_erf).
   static constexpr bool kNarrowD = sizeof(TD) < 4;
   // kRow: column-scale pairs held in registers at a time (epilogue()).
@@ -1159,13 +1190,12 @@ struct GemmSm90 {
     }
   }
 
-  // The pair of accumulator registers i, i + 1 (tile column col, col + 1 as the accumulator layout numbers them)
-  // before the activation: the scales, alpha * acc + beta * C, and the bias.
+  // The pair of accumulator registers i, i + 1 before the activation: the scales, alpha * acc + beta * C, and the
+  // bias (col_bias: the pair's two column biases, row_bias its row's; both from registers, see epilogue()).
   // kRow: row_scale is the pair's row scale, col_scale its two column scales (from registers, see epilogue()).
-  static DGJIT_DEVICE float2 pre_activation(const Smem& smem, uint32_t math_wg, const TAcc (&acc)[kNumAccum],
-                                            uint32_t i, uint32_t col, float tensor_scale, float row_scale,
-                                            const float2& col_scale, const EpilogueArgs& ea, bool read_c,
-                                            const float2& c, float row_bias) {
+  static DGJIT_DEVICE float2 pre_activation(const TAcc (&acc)[kNumAccum], uint32_t i, float tensor_scale,
+                                            float row_scale, const float2& col_scale, const EpilogueArgs& ea,
+                                            bool read_c, const float2& c, const float2& col_bias, float row_bias) {
     float lo = static_cast<float>(acc[i]);
     float hi = static_cast<float>(acc[i + 1]);
     if constexpr (kScaling == Scaling::kTensor) {
@@ -1180,9 +1210,8 @@ struct GemmSm90 {
       hi = ea.alpha * hi + (read_c ? ea.beta * c.y : 0.0f);
     }
     if constexpr (Epi::kBias == BiasKind::kCol) {
-      const float2 b = *reinterpret_cast<const float2*>(smem.bias(math_wg) + col);
-      lo += b.x;
-      hi += b.y;
+      lo += col_bias.x;
+      hi += col_bias.y;
     } else if constexpr (Epi::kBias == BiasKind::kRow) {
       lo += row_bias;
       hi += row_bias;
@@ -1308,6 +1337,20 @@ struct GemmSm90 {
     float2 col_batch[kColBatch];
     col_batch[0] = make_float2(1.0f, 1.0f);
     uint32_t amax_bits = 0;  // per-tensor quantization with amax_out: this thread's max |x| inside (M, N_out)
+    // Column biases (the same for every m64 slice), read one chunk ahead where kBiasAhead says so.
+    float2 col_bias_next[kChunk][kBiasPerGroup] = {};
+    auto load_col_bias = [&](uint32_t j0, float2 (&b)[kChunk][kBiasPerGroup]) {
+      if constexpr (Epi::kBias == BiasKind::kCol) {
+#pragma unroll
+        for (uint32_t jj = 0; jj < kChunk; ++jj)
+#pragma unroll
+          for (uint32_t q = 0; q < kBiasPerGroup; ++q)
+            if (j0 + jj < kNumPairCols)  // gated: gate columns 16j + ..., up columns 8 further; else 8j + ...
+              b[jj][q] = *reinterpret_cast<const float2*>(
+                  smem.bias(math_wg) + (kGated ? 16 * (j0 + jj) + 8 * q : 8 * (j0 + jj)) + 2 * (lane % 4));
+      }
+    };
+    if constexpr (kBiasAhead) load_col_bias(0, col_bias_next);
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
       float row_bias[2] = {0.0f, 0.0f};
@@ -1322,12 +1365,34 @@ struct GemmSm90 {
       }
 #pragma unroll
       for (uint32_t j0 = 0; j0 < kNumPairCols; j0 += kChunk) {
-        // Gather the chunk's operands.
+        // Gather the chunk's operands (and the next chunk's column biases).
+        float2 col_bias[kChunk][kBiasPerGroup] = {};
+        if constexpr (kBiasAhead) {
+#pragma unroll
+          for (uint32_t jj = 0; jj < kChunk; ++jj)
+#pragma unroll
+            for (uint32_t q = 0; q < kBiasPerGroup; ++q) col_bias[jj][q] = col_bias_next[jj][q];
+          if (mi + 1 < kNumM64PerWG || j0 + kChunk < kNumPairCols)
+            load_col_bias(j0 + kChunk < kNumPairCols ? j0 + kChunk : 0, col_bias_next);
+        } else {
+          load_col_bias(j0, col_bias);
+        }
         float2 c_in[kChunk][2], r_in[kChunk][2];
+        if constexpr (kStMatrix && kPrefetch) {
+#pragma unroll
+          for (uint32_t jj = 0; jj < kChunk; jj += 2) {
+            const uint32_t j = j0 + jj;
+            if (j < kNumPairCols) {
+              const bool two = jj + 1 < kChunk && j + 1 < kNumPairCols;
+              if constexpr (kLoadC) load_groups(d_base, mi, j, two, c_in[jj], c_in[jj + 1 < kChunk ? jj + 1 : jj]);
+              if constexpr (kLoadR) load_groups(r_base, mi, j, two, r_in[jj], r_in[jj + 1 < kChunk ? jj + 1 : jj]);
+            }
+          }
+        }
 #pragma unroll
         for (uint32_t jj = 0; jj < kChunk; ++jj) {
           const uint32_t j = j0 + jj;
-          if (j < kNumPairCols) {
+          if (!(kStMatrix && kPrefetch) && j < kNumPairCols) {
             const uint32_t col = j * 8 + 2 * (lane % 4);
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
@@ -1381,24 +1446,21 @@ struct GemmSm90 {
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
               if constexpr (!is_same<TD, int32_t>::value) {
-                const uint32_t col = j * 8 + 2 * (lane % 4);
                 float lo, hi;
                 if constexpr (kGated) {
                   // Gate columns 16j + 2(l%4) + e of the tile's accumulators, up columns 8 further.
-                  const uint32_t gate_col = 16 * j + 2 * (lane % 4);
-                  const float2 gate = pre_activation(smem, math_wg, acc[mi], 8 * j + 2 * h, gate_col, tensor_scale,
-                                                     row_scale[h], col_batch[kScaling == Scaling::kRow ? 2 * j % kColBatch : 0],
-                                                     ea, read_c, c_in[jj][h], row_bias[h]);
-                  const float2 up = pre_activation(smem, math_wg, acc[mi], 8 * j + 4 + 2 * h, gate_col + 8,
-                                                   tensor_scale, row_scale[h],
-                                                   col_batch[kScaling == Scaling::kRow ? (2 * j + 1) % kColBatch : 0], ea, read_c,
-                                                   c_in[jj][h], row_bias[h]);
+                  const float2 gate = pre_activation(acc[mi], 8 * j + 2 * h, tensor_scale, row_scale[h],
+                                                     col_batch[kScaling == Scaling::kRow ? 2 * j % kColBatch : 0],
+                                                     ea, read_c, c_in[jj][h], col_bias[jj][0], row_bias[h]);
+                  const float2 up = pre_activation(acc[mi], 8 * j + 4 + 2 * h, tensor_scale, row_scale[h],
+                                                   col_batch[kScaling == Scaling::kRow ? (2 * j + 1) % kColBatch : 0],
+                                                   ea, read_c, c_in[jj][h], col_bias[jj][kBiasPerGroup - 1], row_bias[h]);
                   lo = gate_activate<Epi::kGate, kNarrowD>(gate.x) * up.x;
                   hi = gate_activate<Epi::kGate, kNarrowD>(gate.y) * up.y;
                 } else {
-                  const float2 v = pre_activation(smem, math_wg, acc[mi], 4 * j + 2 * h, col, tensor_scale,
-                                                  row_scale[h], col_batch[kScaling == Scaling::kRow ? j % kColBatch : 0],
-                                                  ea, read_c, c_in[jj][h], row_bias[h]);
+                  const float2 v = pre_activation(acc[mi], 4 * j + 2 * h, tensor_scale, row_scale[h],
+                                                  col_batch[kScaling == Scaling::kRow ? j % kColBatch : 0],
+                                                  ea, read_c, c_in[jj][h], col_bias[jj][0], row_bias[h]);
                   lo = activate<Epi::kAct, kNarrowD>(v.x);
                   hi = activate<Epi::kAct, kNarrowD>(v.y);
                 }

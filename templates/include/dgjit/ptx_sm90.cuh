@@ -566,6 +566,16 @@ DGJIT_DEVICE void stmatrix_x4(uint32_t smem_addr, uint32_t m0, uint32_t m1, uint
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" : : "r"(smem_addr), "r"(m0),
                "r"(m1), "r"(m2), "r"(m3) : "memory");
 }
+// ldmatrix, stmatrix's mirror (same fragment and address roles); volatile with a memory clobber like the
+// epilogue's other shared loads, so that it stays ordered with its stores.
+DGJIT_DEVICE void ldmatrix_x2(uint32_t smem_addr, uint32_t& m0, uint32_t& m1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(m0), "=r"(m1) : "r"(smem_addr)
+               : "memory");
+}
+DGJIT_DEVICE void ldmatrix_x4(uint32_t smem_addr, uint32_t& m0, uint32_t& m1, uint32_t& m2, uint32_t& m3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(m0), "=r"(m1), "=r"(m2), "=r"(m3) : "r"(smem_addr) : "memory");
+}
 DGJIT_DEVICE void st_shared_b16(uint32_t smem_addr, uint16_t value) {
   asm volatile("st.shared.b16 [%0], %1;\n" : : "r"(smem_addr), "h"(value) : "memory");
 }
