@@ -233,7 +233,10 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
       K = 512 (32768x512) 128x128 was 8% faster, and masked MoE calls of 256-512 rows in all ran 15-20% slower
       at 176 (fewer, wider tiles on an underfilled GPU). Smaller M keeps the BLOCK_N that divide 128.
     - row scaling takes BLOCK_N = 176 for N >= 1024: best or within 9% on all six shapes, 4% better in geomean than the
-      model's picks (which chose 128 where 176 was 10-15% faster: 24576x1536, 7168x2048).
+      model's picks (which chose 128 where 176 was 10-15% faster: 24576x1536, 7168x2048); but 160, like per-tensor
+      below, where K <= 2048 and M >= 1024 (session 13, same run, bench/results/*exp-ab-fp8-row-tiles-s13*:
+      32768x512 149.3 us at 160 vs 162.4 at 176, 7168x2048 94.9 vs 97.4, 24576x1536 247.4 vs 248.8; at K = 7168
+      176 stays, 160 was 5% slower).
     - per-tensor scaling (promoted) takes BLOCK_N = 160 for N >= 1024, K <= 2048 and M >= 1024 (session 7 sweep,
       bench/results/*fp8-tiles-m4096-s7*): 7168x2048 90.1 us at 160 vs 96.2 at the model's 128 (176: 93.0),
       24576x1536 235.2 vs 241.3 (176: 237.4), 32768x512 134.3 vs 134.4; at K >= 7168 the model's picks (176, or
@@ -246,6 +249,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
             return block_n == 176
         return block_n == 128 if spec.n >= 128 else 128 % block_n == 0
     if spec.scaling == "row" and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024:
+        if spec.promote and spec.k <= 2048 and m_hint >= 1024:
+            return block_n == 160
         return block_n == 176
     if (spec.scaling == "tensor" and spec.promote and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024
             and spec.k <= 2048 and m_hint >= 1024):

@@ -79,6 +79,10 @@ def test_promotion_limits_block_n():
     assert config.choose_config(grouped, 256, "sm_90a", 132, groups=4).block_n == 176
     row = GemmSpec.create(7168, 16384, "fp8", scaling="row")
     assert {c.block_n for c in config.sm90_ranked(row, 4096, 132)} == {176}  # measured preference at large M
+    # ... and 160 at K <= 2048 (like per-tensor; session 13 A/B).
+    for n, k, want in ((7168, 2048, 160), (24576, 1536, 160), (32768, 512, 160), (4096, 7168, 176)):
+        chosen = config.choose_sm90_config(GemmSpec.create(n, k, "fp8", scaling="row"), 4096, 132)
+        assert chosen.block_n == want, (n, k, chosen.tag)
     assert len({c.block_n for c in config.sm90_ranked(row, 64, 132)}) > 1
     with pytest.raises(ValueError, match="accumulator"):
         config.sm90_config(spec, 128, 192).check_for(spec, "sm_90a")
