@@ -1090,19 +1090,40 @@ struct GemmSm90 {
     }
   }
 
-  // kStMatrix tiles: the C / residual pairs of column groups j (and j + 1 when `two`) of m64 slice mi, by ldmatrix
-  // (the mirror of the stores: one instruction per 16 rows x 2 groups instead of four 32-bit loads).
-  static DGJIT_DEVICE void load_groups(uint32_t base, uint32_t mi, uint32_t j, bool two, float2 (&first)[2],
-                                       float2 (&second)[2]) {
-    const uint32_t lane = lane_idx(), m = lane / 8;
-    const uint32_t row = mi * 64 + warp_idx_in_warpgroup() * 16 + 8 * (m % 2) + lane % 8;
+  // kStMatrix tiles move a warp's 16 rows x column groups j (and j + 1 when `two`) of m64 slice mi with one
+  // stmatrix / ldmatrix: lane l gives the row address of matrix l / 8, which holds group j + l / 16 (x4; j for x2),
+  // rows 8 ((l / 8) % 2) + l % 8; matrix 2q + h is pair (q, h) of the accumulator layout.
+  // (warp: the warp's index in its warpgroup, computed once by the caller: warp_idx_in_warpgroup is a shuffle.)
+  static DGJIT_DEVICE uint32_t matrix_row_offset(uint32_t warp, uint32_t lane, uint32_t mi, uint32_t j, bool two) {
+    const uint32_t m = lane / 8;
+    const uint32_t row = mi * 64 + warp * 16 + 8 * (m % 2) + lane % 8;
+    return d_offset(row, (j + (two ? m / 2 : 0)) * 8);
+  }
+
+  // The D pairs (both h) of groups j (`first`) and j + 1 (`second`, when `two`) into the staging tile.
+  static DGJIT_DEVICE void store_groups(uint32_t base, uint32_t warp, uint32_t lane, uint32_t mi, uint32_t j, bool two,
+                                        const float2 (&first)[2], const float2 (&second)[2]) {
+    const uint32_t addr = base + matrix_row_offset(warp, lane, mi, j, two);
+    if (two) {
+      stmatrix_x4(addr, pack_d(first[0].x, first[0].y), pack_d(first[1].x, first[1].y),
+                  pack_d(second[0].x, second[0].y), pack_d(second[1].x, second[1].y));
+    } else {
+      stmatrix_x2(addr, pack_d(first[0].x, first[0].y), pack_d(first[1].x, first[1].y));
+    }
+  }
+
+  // The C / residual pairs of groups j and j + 1 (when `two`) from a D-typed tile, by ldmatrix (one instruction per
+  // 16 rows x 2 groups instead of four 32-bit loads).
+  static DGJIT_DEVICE void load_groups(uint32_t base, uint32_t warp, uint32_t lane, uint32_t mi, uint32_t j, bool two,
+                                       float2 (&first)[2], float2 (&second)[2]) {
+    const uint32_t addr = base + matrix_row_offset(warp, lane, mi, j, two);
     uint32_t v[4];
     if (two) {
-      ldmatrix_x4(base + d_offset(row, (j + m / 2) * 8), v[0], v[1], v[2], v[3]);
+      ldmatrix_x4(addr, v[0], v[1], v[2], v[3]);
       second[0] = unpack_d(v[2]);
       second[1] = unpack_d(v[3]);
     } else {
-      ldmatrix_x2(base + d_offset(row, j * 8), v[0], v[1]);
+      ldmatrix_x2(addr, v[0], v[1]);
     }
     first[0] = unpack_d(v[0]);
     first[1] = unpack_d(v[1]);
@@ -1384,8 +1405,8 @@ struct GemmSm90 {
             const uint32_t j = j0 + jj;
             if (j < kNumPairCols) {
               const bool two = jj + 1 < kChunk && j + 1 < kNumPairCols;
-              if constexpr (kLoadC) load_groups(d_base, mi, j, two, c_in[jj], c_in[jj + 1 < kChunk ? jj + 1 : jj]);
-              if constexpr (kLoadR) load_groups(r_base, mi, j, two, r_in[jj], r_in[jj + 1 < kChunk ? jj + 1 : jj]);
+              if constexpr (kLoadC) load_groups(d_base, warp, lane, mi, j, two, c_in[jj], c_in[jj + 1 < kChunk ? jj + 1 : jj]);
+              if constexpr (kLoadR) load_groups(r_base, warp, lane, mi, j, two, r_in[jj], r_in[jj + 1 < kChunk ? jj + 1 : jj]);
             }
           }
         }
@@ -1475,19 +1496,12 @@ struct GemmSm90 {
           }
         }
         if constexpr (kStMatrix) {
-          // Lane l gives the row address of matrix l / 8: column group j + l / 16, rows 8 ((l / 8) % 2) + l % 8.
-          const uint32_t m = lane / 8;
-          const uint32_t row = mi * 64 + warp * 16 + 8 * (m % 2) + lane % 8;
-          auto packed = [&](uint32_t jj, uint32_t h) { return pack_d(out[jj][h].x, out[jj][h].y); };
 #pragma unroll
           for (uint32_t jj = 0; jj < kChunk; jj += 2) {
             const uint32_t j = j0 + jj;
-            if (jj + 1 < kChunk && j + 1 < kNumPairCols) {
-              stmatrix_x4(d_base + d_offset(row, (j + m / 2) * 8), packed(jj, 0), packed(jj, 1), packed(jj + 1, 0),
-                          packed(jj + 1, 1));
-            } else if (j < kNumPairCols) {
-              stmatrix_x2(d_base + d_offset(row, j * 8), packed(jj, 0), packed(jj, 1));
-            }
+            if (j < kNumPairCols)
+              store_groups(d_base, warp, lane, mi, j, jj + 1 < kChunk && j + 1 < kNumPairCols, out[jj],
+                           out[jj + 1 < kChunk ? jj + 1 : jj]);
           }
         } else if constexpr (kBatchMath) {
 #pragma unroll
