@@ -65,14 +65,6 @@ DGJIT_DEVICE float rcp_approx(float x) {
   return y;
 }
 
-// c - a * a in one FFMA. Written as fmaf(a, -a, c), NVVM makes -a a second product of a's inputs instead of the
-// FFMA's negation modifier.
-DGJIT_DEVICE float fma_neg_square(float a, float c) {
-  float r;
-  asm("{\n .reg .f32 n;\n neg.f32 n, %1;\n fma.rn.f32 %0, n, %1, %2;\n}" : "=f"(r) : "f"(a), "f"(c));
-  return r;
-}
-
 // v / (1 + exp(-u)), i.e. v * sigmoid(u), with the hardware exp2 and reciprocal (relative error ~1e-7;
 // exp(-u) = inf for u << 0 gives v * 0 = 0, its limit).
 DGJIT_DEVICE float times_sigmoid(float v, float u) {
@@ -113,7 +105,9 @@ DGJIT_DEVICE float gelu_erf(float x) {
     p = fmaf(p, t, -2.825670003890991f);
   }
   const float xs = x * 0.84932180028801904f;  // xs^2 = z^2 log2(e): one product fewer than z, z^2, then the scaling
-  const float h = t * ex2_approx(fma_neg_square(xs, p));
+  // (p - xs^2 by quant::fnma_rn: written as fmaf(xs, -xs, p), NVVM made -xs a second FMUL instead of the FFMA's
+  // negation modifier.)
+  const float h = t * ex2_approx(quant::fnma_rn(xs, xs, p));
   return fmaf(-fminf(fabsf(x), 3.40282347e38f), h, fmaxf(x, 0.0f));
 }
 
