@@ -1081,15 +1081,6 @@ struct GemmSm90 {
     }
   }
 
-  // Two consecutive elements of a D-typed tile in shared memory, as FP32.
-  static DGJIT_DEVICE float2 load_pair(uint32_t addr) {
-    if constexpr (is_same<TD, float>::value) {
-      return ld_shared_v2_f32(addr);
-    } else {
-      return unpack_d(ld_shared_b32(addr));
-    }
-  }
-
   // kStMatrix tiles move a warp's 16 rows x column groups j (and j + 1 when `two`) of m64 slice mi with one
   // stmatrix / ldmatrix: lane l gives the row address of matrix l / 8, which holds group j + l / 16 (x4; j for x2),
   // rows 8 ((l / 8) % 2) + l % 8; matrix 2q + h is pair (q, h) of the accumulator layout.
@@ -1399,7 +1390,7 @@ struct GemmSm90 {
           load_col_bias(j0, col_bias);
         }
         float2 c_in[kChunk][2], r_in[kChunk][2];
-        if constexpr (kStMatrix && kPrefetch) {
+        if constexpr (kStMatrix && kPrefetch) {  // 16-bit C / residual: two groups per ldmatrix
 #pragma unroll
           for (uint32_t jj = 0; jj < kChunk; jj += 2) {
             const uint32_t j = j0 + jj;
@@ -1409,17 +1400,19 @@ struct GemmSm90 {
               if constexpr (kLoadR) load_groups(r_base, warp, lane, mi, j, two, r_in[jj], r_in[jj + 1 < kChunk ? jj + 1 : jj]);
             }
           }
-        }
+        } else if constexpr (kPrefetch) {  // FP32 tiles (quantized D takes no C or residual: spec rule), pair by pair
+          static_assert(is_same<TD, float>::value, "C / residual tiles are 16-bit (ldmatrix) or FP32");
 #pragma unroll
-        for (uint32_t jj = 0; jj < kChunk; ++jj) {
-          const uint32_t j = j0 + jj;
-          if (!(kStMatrix && kPrefetch) && j < kNumPairCols) {
-            const uint32_t col = j * 8 + 2 * (lane % 4);
+          for (uint32_t jj = 0; jj < kChunk; ++jj) {
+            const uint32_t j = j0 + jj;
+            if (j < kNumPairCols) {
+              const uint32_t col = j * 8 + 2 * (lane % 4);
 #pragma unroll
-            for (uint32_t h = 0; h < 2; ++h) {
-              const uint32_t offset = d_offset(mi * 64 + warp * 16 + lane / 4 + 8 * h, col);
-              if constexpr (kLoadC) c_in[jj][h] = load_pair(d_base + offset);
-              if constexpr (kLoadR) r_in[jj][h] = load_pair(r_base + offset);
+              for (uint32_t h = 0; h < 2; ++h) {
+                const uint32_t offset = d_offset(mi * 64 + warp * 16 + lane / 4 + 8 * h, col);
+                if constexpr (kLoadC) c_in[jj][h] = ld_shared_v2_f32(d_base + offset);
+                if constexpr (kLoadR) r_in[jj][h] = ld_shared_v2_f32(r_base + offset);
+              }
             }
           }
         }

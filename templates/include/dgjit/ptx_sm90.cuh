@@ -602,12 +602,7 @@ DGJIT_DEVICE float ld_shared_f32(uint32_t smem_addr) {
 }
 
 // Shared loads ordered with the st.shared above (both volatile with a memory clobber): the in-place
-// epilogue reads C / residual from the address it then writes D to.
-DGJIT_DEVICE uint32_t ld_shared_b32(uint32_t smem_addr) {
-  uint32_t x;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(smem_addr) : "memory");
-  return x;
-}
+// epilogue reads C / residual from the address it then writes D to (16-bit tiles: ldmatrix_x2 / x4).
 DGJIT_DEVICE float2 ld_shared_v2_f32(uint32_t smem_addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr) : "memory");
