@@ -2,7 +2,7 @@
 
     python3 -m scripts.probe_cublas_kernels [--problems DTYPE:MxNxK,...] [--out DIR]
 
-DTYPE: bf16 (torch.mm), fp8_tensor (torch._scaled_mm, per-tensor scales), fp8_block (F.scaled_mm, 1x128 x
+DTYPE: bf16 (torch.mm), tf32 (torch.mm of float32 with TF32 allowed), fp8_tensor (torch._scaled_mm, per-tensor scales), fp8_block (F.scaled_mm, 1x128 x
 128x128 block scales). Each problem is run a few times under torch.profiler; the table lists every CUDA kernel
 of the last call (name, grid, block, dynamic shared memory, duration). The kernel names of cuBLAS encode the tile,
 cluster and split strategy (e.g. ``..._tilesize64x128x64_..._cluster1x2x1...``): what the baseline does on the rows
@@ -27,11 +27,14 @@ def _call(torch, dtype: str, m: int, n: int, k: int):
     if dtype == "bf16":
         a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
         return lambda: torch.mm(a, b.T)
+    if dtype == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        return lambda: torch.mm(a, b.T)
     from deepgemm_jit import baseline
 
     recipe = {"fp8_tensor": "tensor", "fp8_block": "block"}.get(dtype)
     if recipe is None:
-        raise ValueError(f"dtype {dtype!r}: bf16, fp8_tensor or fp8_block")
+        raise ValueError(f"dtype {dtype!r}: bf16, tf32, fp8_tensor or fp8_block")
     qa, qb = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
     if recipe == "tensor":
         sa = sb = torch.ones((), device="cuda")
