@@ -9,7 +9,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from . import dtypes
+from . import dtypes, env
 from .spec import GemmSpec
 
 FAMILIES = ("sm80", "sm90")
@@ -53,6 +53,10 @@ class KernelConfig:
     # sm90: split-K kernel: each tile's K blocks may be shared among CTAs (how many is chosen per call, see
     # splitk.py), for problems with fewer tiles than SMs.
     split_k: bool = False
+    # sm90: D leaves each consumer through a ring of this many 128-byte column slices of shared memory, each stored
+    # by TMA as soon as it is written, instead of a staging tile of the consumer's whole part of D; 0: whole tile.
+    # The 64-128 KB a staged FP32 tile takes become pipeline stages (sm90_d_ring says where).
+    d_ring: int = 0
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -70,6 +74,11 @@ class KernelConfig:
             raise ValueError(f"split_k must be a bool, got {self.split_k!r}")
         if self.split_k and (self.family != "sm90" or self.pingpong):
             raise ValueError("split_k kernels are sm90 kernels with cooperative tiles (pingpong=False)")
+        if not isinstance(self.d_ring, int) or isinstance(self.d_ring, bool) or self.d_ring < 0 or self.d_ring == 1:
+            raise ValueError(f"d_ring must be 0 (whole-tile staging) or a slice count >= 2, got {self.d_ring!r}")
+        if self.d_ring and (self.family != "sm90" or (self.pingpong and self.block_m > 64)):
+            raise ValueError("d_ring exists in the sm90 family, for consumers of 64 rows (cooperative tiles, or "
+                             "ping-pong at block_m 64)")
         if self.num_stages < 2:
             raise ValueError("num_stages must be >= 2 (the pipeline keeps one stage in flight)")
         if self.block_m % (16 * self.warps_m):
@@ -90,7 +99,8 @@ class KernelConfig:
     def tag(self) -> str:
         if self.family == "sm90":
             return (f"sm90_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}_g{self.group_m}"
-                    + ("_pp" if self.pingpong else "") + ("_sk" if self.split_k else ""))
+                    + ("_pp" if self.pingpong else "") + ("_sk" if self.split_k else "")
+                    + (f"_r{self.d_ring}" if self.d_ring else ""))
         return (f"{self.family}_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_w{self.warps_m}x{self.warps_n}_v{self.vec_a}{self.vec_b}")
 
@@ -98,7 +108,8 @@ class KernelConfig:
         """Dynamic shared memory; mirrors kSmemBytes of the family's kernel (the GPU tests compare
         it with the value the sm90 module exports)."""
         if self.family == "sm90":
-            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages, self.pingpong, self.split_k)
+            return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages, self.pingpong, self.split_k,
+                                   self.d_ring)
         esize = dtypes.get(spec.dtype).storage_bytes
         pad = 16 // esize
         a_rows, a_cols = (self.block_m, self.block_k) if spec.a_k_major else (self.block_k, self.block_m)
@@ -149,9 +160,46 @@ def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
             and spec.scaling in ("tensor", "row"))
 
 
+def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
+    """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
+    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (block_n a multiple of 16) with more slices than the
+    ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows), and no C /
+    residual (TMA loads them into the staging tile)."""
+    if spec.out_dtype != "fp32":
+        return f"out_dtype {spec.out_dtype!r} (the ring holds FP32 slices)"
+    slice_cols = sm90_d_slice_bytes(block_n, 4) // 4
+    if slice_cols < 16 or block_n // slice_cols <= d_ring:
+        return (f"block_n={block_n} is not more than {d_ring} slices of 16 or 32 FP32 columns (its D slices are "
+                f"{slice_cols} columns wide)")
+    if spec.grouped:
+        return "grouped GEMMs stage the whole tile (tiles ending inside their group)"
+    if spec.epi.beta or spec.epi.residual:
+        return "C / the residual are loaded into the whole staging tile"
+    return None
+
+
+SM90_D_RING = 2
+SM90_D_RING_MIN_M = 256
+
+
+def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, m_hint: int | None = None) -> int:
+    """The heuristic's KernelConfig.d_ring for a tile: SM90_D_RING slices for unpromoted TF32 with FP32 D where the
+    ring applies and M (m_hint; None: large) is at least SM90_D_RING_MIN_M, else 0. A whole staged FP32 tile's 64-128
+    KB of shared memory held TF32 to 4-5 stages of 32 K and a 128x256 tile to 2; with the ring 128x256 runs 4 stages.
+    H200 session 14 (bench/results/*tf32-d-ring-s14*): at M = 4096 2112x7168 357 -> 304 us (128x176), 4096x7168 651
+    -> 594 and 4096^3 364 -> 335 (128x256); the same tile with and without the ring within +-3%. At M <= 128 the
+    wider tiles it allows were 1-6% slower (128x7168x16384 135 -> 144 us), and promoted TF32 (fp32 = 3xTF32) keeps
+    its measured tiles. DEEPGEMM_JIT_NO_D_RING=1 turns the rule off (experiments)."""
+    if (spec.dtype != "tf32" or spec.promoted or (pingpong and block_m > 64) or env.no_d_ring()
+            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M)
+            or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None):
+        return 0
+    return SM90_D_RING
+
+
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False,
-                    split_k: bool = False) -> int:
-    """D staging tile per consumer (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
+                    split_k: bool = False, d_ring: int = 0) -> int:
+    """D staging tile per consumer (d_ring: that many 128-byte slices of it) (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
     + B tile, 128 bytes of K per row; an MN-major operand's 64-wide boxes of block_k rows take the same bytes) +
     full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
@@ -160,7 +208,9 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
     num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
     epi = spec.epi
     out_cols = block_n // 2 if epi.is_gated else block_n  # gated units: D tiles are half as wide (kOutCols)
-    d_bytes = num_math_wgs * wg_rows * out_cols * dtypes.get(spec.out_dtype).storage_bytes
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    d_row_bytes = d_ring * sm90_d_slice_bytes(out_cols, out_esize) if d_ring else out_cols * out_esize
+    d_bytes = num_math_wgs * wg_rows * d_row_bytes
     epi_bytes = (d_bytes if epi.beta and epi.residual else 0) + (16 if epi.beta or epi.residual else 0)
     epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": num_math_wgs * wg_rows * 4}[epi.bias]
     scale_bytes = 0
@@ -307,6 +357,9 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
         raise ValueError("grouped GEMMs run cooperative tiles (pingpong=False)")
     if cfg.split_k and spec.grouped:
         raise ValueError("grouped GEMMs have no split-K kernel (split_k=False)")
+    if cfg.d_ring and sm90_d_ring_problem(spec, cfg.block_n, cfg.d_ring) is not None:
+        raise ValueError(f"config {cfg.tag} stores D through a ring of {cfg.d_ring} slices, which this spec cannot: "
+                         f"{sm90_d_ring_problem(spec, cfg.block_n, cfg.d_ring)}")
     if cfg.split_k and sm90_accumulators(cfg.block_m, cfg.block_n, False) > SPLIT_MAX_ACCUMULATORS:
         raise ValueError(f"split-K tiles hold at most {SPLIT_MAX_ACCUMULATORS} accumulators per thread (the partials' "
                          f"reduction needs registers too); {cfg.block_m}x{cfg.block_n} holds "
@@ -352,10 +405,13 @@ def sm90_stage_cap(block_m: int, block_n: int, m_hint: int | None) -> int:
 
 
 def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, split_k: bool = False,
-                 m_hint: int | None = None) -> int:
-    """As many stages as fit, 2 up to sm90_stage_cap."""
+                 m_hint: int | None = None, d_ring: int | None = None) -> int:
+    """As many stages as fit, 2 up to sm90_stage_cap (d_ring None: sm90_d_ring's rule)."""
+    if d_ring is None:
+        d_ring = sm90_d_ring(spec, block_m, block_n, pingpong, m_hint)
     for stages in range(sm90_stage_cap(block_m, block_n, m_hint), 1, -1):
-        if sm90_smem_bytes(spec, block_m, block_n, stages, pingpong, split_k) <= SM90_SMEM_BUDGET_BYTES:
+        if (sm90_smem_bytes(spec, block_m, block_n, stages, pingpong, split_k, d_ring)
+                <= SM90_SMEM_BUDGET_BYTES):
             return stages
     return 0
 
@@ -576,7 +632,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
 
 def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[KernelConfig]:
     """Every sm90 tile config by `sm90_tile_cost`, cheapest first."""
-    return [sm90_config(spec, bm, bn, st, split_k=sk > 1)
+    return [sm90_config(spec, bm, bn, st, split_k=sk > 1, m_hint=m_hint)
             for _, bm, bn, st, sk in _sm90_tiles_by_cost(spec, m_hint, num_sms)]
 
 
@@ -606,16 +662,44 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
     return pp_waves * 128 * 128 <= waves * block_m * block_n
 
 
+# TF32 at short K and large M: ping-pong consumers of 64 rows, D through the ring, beat the cooperative tiles (each
+# consumer's epilogue, 48 KB of FP32 per 64x192 tile, runs under the other's main loop). H200 session 14, one run
+# (bench/results/*tf32-pp64-s14*): 4096x32768x512 402.6 us at 64x192 vs 421.7 at the model's 128x224 (64x224 406.9,
+# 64x256 416.3); at K = 1536 within 2% either way (24576x1536: 64x224 818 vs 836), at K >= 2048 5-30% slower.
+TF32_SHORT_K_PINGPONG_MAX_K = 512
+TF32_SHORT_K_PINGPONG_MIN_M = 1024
+TF32_SHORT_K_PINGPONG_TILE = (64, 192)
+
+
+def _sm90_tf32_short_k_pingpong(spec: GemmSpec, m_hint: int) -> KernelConfig | None:
+    """The ping-pong tile of TF32_SHORT_K_PINGPONG_* where that measured rule applies (plain unpromoted TF32 with
+    FP32 D, K <= 512, M >= 1024, N at least one tile), else None."""
+    block_m, block_n = TF32_SHORT_K_PINGPONG_TILE
+    if (spec.dtype != "tf32" or spec.promoted or spec.epilogue != "none" or spec.grouped
+            or spec.k > TF32_SHORT_K_PINGPONG_MAX_K or m_hint < TF32_SHORT_K_PINGPONG_MIN_M or spec.n < block_n):
+        return None
+    d_ring = sm90_d_ring(spec, block_m, block_n, True, m_hint)
+    if not d_ring:
+        return None
+    cfg = sm90_config(spec, block_m, block_n, pingpong=True, d_ring=d_ring)
+    return cfg if cfg.num_stages >= 3 else None
+
+
 @functools.lru_cache(maxsize=1024)
 def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> KernelConfig:
-    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`
-    (`groups`: see sm90_tile_cost). Memoized: a pure function of its arguments (all hashable, the result frozen),
-    and at 0.65-0.9 ms it was the largest host cost of a warm build (2 cores)."""
+    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`, or TF32's
+    short-K ping-pong tile (`_sm90_tf32_short_k_pingpong`) (`groups`: see sm90_tile_cost). Memoized: a pure function
+    of its arguments (all hashable, the result frozen), and at 0.65-0.9 ms it was the largest host cost of a warm
+    build (2 cores)."""
+    if groups == 1:
+        short_k = _sm90_tf32_short_k_pingpong(spec, m_hint)
+        if short_k is not None:
+            return short_k
     _, block_m, block_n, stages, splits = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
     if (splits == 1 and _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n)
             and _sm90_stages(spec, 128, 128, True) >= 3):
         return sm90_config(spec, 128, 128, pingpong=True)
-    return sm90_config(spec, block_m, block_n, stages, split_k=splits > 1)
+    return sm90_config(spec, block_m, block_n, stages, split_k=splits > 1, m_hint=m_hint)
 
 
 def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None,
@@ -679,17 +763,22 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
                 best = (cost, block_m, block_n, stages)
     if best is None:
         raise ValueError(f"no split-K tile fits {spec.tag}")
-    return sm90_config(spec, best[1], best[2], best[3], split_k=True)
+    return sm90_config(spec, best[1], best[2], best[3], split_k=True, m_hint=m_hint)
 
 
 def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | None = None,
-                group_m: int = 16, pingpong: bool = False, split_k: bool = False) -> KernelConfig:
-    """An sm90 config for `spec` with the given tile (stages: as many as fit when None)."""
+                group_m: int = 16, pingpong: bool = False, split_k: bool = False,
+                d_ring: int | None = None, m_hint: int | None = None) -> KernelConfig:
+    """An sm90 config for `spec` with the given tile (stages: as many as fit when None; d_ring: the rule of
+    sm90_d_ring at m_hint when None)."""
     esize = dtypes.get(spec.dtype).storage_bytes
-    stages = _sm90_stages(spec, block_m, block_n, pingpong, split_k) if num_stages is None else num_stages
+    if d_ring is None:
+        d_ring = sm90_d_ring(spec, block_m, block_n, pingpong, m_hint)
+    stages = (_sm90_stages(spec, block_m, block_n, pingpong, split_k, d_ring=d_ring)
+              if num_stages is None else num_stages)
     return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
                         num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,
-                        group_m=group_m, pingpong=pingpong, split_k=split_k)
+                        group_m=group_m, pingpong=pingpong, split_k=split_k, d_ring=d_ring)
 
 
 def max_vector(esize: int, ptr: int, row_stride: int, rows: int) -> int:

@@ -13,6 +13,8 @@
 |                                  |      | experiments; the cache key hashes what is rendered)       |
 | DEEPGEMM_JIT_NO_BULK_SCALES      | bool | experiments: FP8 block kernels copy A scales with the     |
 |                                  |      | scale warp even where scale_a allows the bulk copy        |
+| DEEPGEMM_JIT_NO_D_RING           | bool | experiments: the heuristic stages whole D tiles where it  |
+|                                  |      | would store them through a slice ring (config.sm90_d_ring)|
 """
 from __future__ import annotations
 
@@ -84,3 +86,9 @@ def no_bulk_scales() -> bool:
     """Experiments (A/B, bitwise comparisons): never set the sm90 block kernels' bulk A-scale flag
     (launch.bulk_a_scales); read per launch plan, so a kept plan keeps the value it was made with."""
     return env_bool("DEEPGEMM_JIT_NO_BULK_SCALES")
+
+
+def no_d_ring() -> bool:
+    """Experiments (same-run A/B of config.sm90_d_ring's rule); read when a config is chosen, and choices are
+    memoized per process, so set it before the first build."""
+    return env_bool("DEEPGEMM_JIT_NO_D_RING")

@@ -101,27 +101,35 @@ def test_sass_opcode_parser():
     assert counts == {"NOP": 1, "BRA": 1, "HMMA": 2, "HGMMA": 1}
 
 
-SM90_VARIANTS = [  # (dtype, out_dtype, block_m, block_n)
-    ("bf16", "bf16", 128, 256), ("bf16", "fp32", 128, 208), ("bf16", "bf16", 128, 176),
-    ("fp16", "fp16", 128, 144), ("fp16", "bf16", 64, 112), ("bf16", "fp16", 64, 56), ("bf16", "bf16", 64, 8),
-    ("tf32", "fp32", 128, 176), ("tf32", "bf16", 64, 72),
+SM90_VARIANTS = [  # (dtype, out_dtype, block_m, block_n, d_ring)
+    ("bf16", "bf16", 128, 256, 0), ("bf16", "fp32", 128, 208, 0), ("bf16", "bf16", 128, 176, 0),
+    ("fp16", "fp16", 128, 144, 0), ("fp16", "bf16", 64, 112, 0), ("bf16", "fp16", 64, 56, 0),
+    ("bf16", "bf16", 64, 8, 0), ("tf32", "fp32", 128, 176, 0), ("tf32", "bf16", 64, 72, 0),
+    ("tf32", "fp32", 128, 256, 2), ("tf32", "fp32", 64, 96, 2), ("tf32", "fp32", 128, 160, 3),
+    ("tf32", "fp32", 128, 176, 4),
+    ("bf16", "fp32", 128, 128, 2),
 ]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n", SM90_VARIANTS)
-def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, shared_cache_dir, monkeypatch):
-    """Every sm90 variant: HGMMA and TMA in the SASS, no local memory, setmaxnreg kept."""
+@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n,d_ring", SM90_VARIANTS)
+def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_cache_dir, monkeypatch):
+    """Every sm90 variant: HGMMA and TMA in the SASS, no local memory, setmaxnreg kept; D leaves by TMA stores
+    (one per 128-byte slice where D goes through a ring of slices) and no other global store."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     spec = GemmSpec.create(1024, 2048, dtype=dtype, out_dtype=out_dtype)
     esize = 4 if dtype == "tf32" else 2
-    stages = config._sm90_stages(spec, block_m, block_n)
+    stages = config._sm90_stages(spec, block_m, block_n, d_ring=d_ring)
     cfg = config.KernelConfig("sm90", block_m, block_n, 128 // esize, min(stages, 4), 2, 1, 16 // esize,
-                              16 // esize, group_m=16)
+                              16 // esize, group_m=16, d_ring=d_ring)
+    cfg.check_for(spec, "sm_90a")
     art = jit.get_kernel(spec, cfg, "sm_90a")
     mix = sass.opcode_mix(art.cubin)
     usage = sass.resource_usage(art.cubin)[art.entry]
     case = f"{dtype=} {out_dtype=} {cfg.tag}"
     assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
+    assert mix.get("UTMASTG", 0) > 0 and mix.get("STG", 0) == 0, (case, mix)
+    if d_ring:  # the slices' stores are issued from the epilogue's column loop, one per slice
+        assert mix["UTMASTG"] == block_n * 4 // config.sm90_d_slice_bytes(block_n, 4), (case, mix)
     assert sass.tma_loads(art.cubin)[1] == 1, case  # B's box in its evict-first form (kStreamBMaxReaders)
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
@@ -133,6 +141,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, shared_cache_di
     out_esize = 4 if out_dtype == "fp32" else 2
     slice_bytes = config.sm90_d_slice_bytes(block_n, out_esize)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
+    assert cfg.smem_bytes(spec) < config.sm90_smem_bytes(spec, block_m, block_n, cfg.num_stages) or not d_ring, case
     assert sym["num_threads"] == cfg.num_threads == 384, case
     assert sym["d_box_cols"] * out_esize == slice_bytes, case
     assert sym["d_box_rows"] == (64 if block_m == 64 else block_m // 2), case

@@ -202,3 +202,44 @@ def test_sm90_short_k_decode_tile(kwargs, m, n, k, tile):
     else:
         assert rule is not None and (cfg.block_m, cfg.block_n) == tile and not cfg.split_k, cfg.tag
         assert cfg.num_stages == config.sm90_stage_cap(64, 64, m), cfg.tag
+
+
+def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
+    """TF32 with FP32 D at M >= 256 stores D through a ring of 2 slices (session 14 measurements), which frees the
+    whole staged tile's shared memory for stages; everything else keeps the whole staged tile."""
+    tf32 = GemmSpec.create(4096, 4096, dtype="tf32")
+    assert config.sm90_d_ring(tf32, 128, 256, m_hint=4096) == config.SM90_D_RING == 2
+    assert config.sm90_d_ring(tf32, 128, 256) == 2  # no hint: large M
+    assert config.sm90_d_ring(tf32, 128, 256, m_hint=128) == 0  # decode sizes keep their measured tiles
+    assert config.sm90_d_ring(tf32, 128, 128, pingpong=True) == 0  # a 128-row consumer walks two m64 slices
+    assert config.sm90_d_ring(tf32, 128, 136) == 0  # 544-byte rows: 32-byte slices
+    for spec in (GemmSpec.create(4096, 4096, dtype="tf32", promoted=True), GemmSpec.create(4096, 4096, dtype="bf16",
+                 out_dtype="fp32"), GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"),
+                 GemmSpec.create(4096, 4096, dtype="tf32", epilogue="beta")):
+        assert config.sm90_d_ring(spec, 128, 256) == 0, spec
+    ring = config.sm90_config(tf32, 128, 256, 4, m_hint=4096)
+    whole = config.sm90_config(tf32, 128, 256, 4, d_ring=0)
+    assert (ring.d_ring, ring.tag) == (2, "sm90_m128n256k32_s4_g16_r2") and whole.d_ring == 0
+    assert whole.smem_bytes(tf32) - ring.smem_bytes(tf32) == 2 * 64 * (256 - 2 * 32) * 4
+    ring.check_for(tf32, "sm_90a")
+    with pytest.raises(ValueError, match="shared memory"):
+        whole.check_for(tf32, "sm_90a")
+    assert config.sm90_config(tf32, 128, 256, d_ring=0).num_stages == 2
+    with pytest.raises(ValueError, match="d_ring"):
+        config.sm90_config(tf32, 128, 128, pingpong=True, d_ring=2)
+    with pytest.raises(ValueError, match="d_ring"):
+        KernelConfig("sm90", 128, 256, 32, 4, 2, 1, 4, 4, d_ring=1)
+    with pytest.raises(ValueError, match="out_dtype"):
+        config.sm90_config(GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"), 128, 256, 4,
+                           d_ring=2).check_for(GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"), "sm_90a")
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_D_RING", "1")
+    assert config.sm90_d_ring(tf32, 128, 256) == 0
+
+
+@pytest.mark.parametrize("m,n,k,tag", [
+    (4096, 4096, 4096, "sm90_m128n256k32_s4_g16_r2"), (4096, 2112, 7168, "sm90_m128n176k32_s5_g16_r2"),
+    (4096, 32768, 512, "sm90_m64n192k32_s6_g16_pp_r2"), (64, 32768, 512, "sm90_m64n256k32_s4_g16"),
+])
+def test_sm90_tf32_tiles_with_the_d_ring(m, n, k, tag):
+    config.choose_sm90_config.cache_clear()
+    assert config.choose_sm90_config(GemmSpec.create(n, k, dtype="tf32"), m, 132).tag == tag

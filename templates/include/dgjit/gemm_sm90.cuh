@@ -310,7 +310,8 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kGrouped = false,     // grouped GEMM: tiles of all groups, B_g and the bias per group (GroupArgs)
           bool kSplitK = false,      // split-K: tiles' K divided among CTAs at run time (SplitArgs)
           bool kAKMajor = true,      // A stored (M, K) (K contiguous); false: (K, M), M contiguous (16-bit only)
-          bool kBKMajor = true>      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
+          bool kBKMajor = true,      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
+          uint32_t kDRing = 0>       // D through a ring of this many slices per consumer (0: the whole tile)
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -430,8 +431,20 @@ struct GemmSm90 {
   static constexpr bool kLoadC = Epi::kBeta;
   static constexpr bool kLoadR = Epi::kResidual;
   static constexpr bool kPrefetch = kLoadC || kLoadR;
+  // kDRing: a consumer's D leaves slice by slice (32 or 16 FP32 columns: 128 or 64 bytes per row) through a ring of kDRing
+  // slice buffers: each slice is stored by TMA as soon as its columns are written, and its buffer is written again
+  // kDRing slices later, once that store has read it. The 64-128 KB a whole FP32 tile takes go to pipeline stages
+  // instead (TF32: 4 stages of a 128x256 tile, where the whole tile allowed 2). Needs the tile's columns walked in
+  // slice order by one m64 slice of rows (kNumM64PerWG == 1), and a tile nobody else reads from the buffer: no C /
+  // residual (TMA loads them into the whole tile), not grouped (store_rows), no group quantizer.
+  static constexpr bool kRing = kDRing > 0;
+  static_assert(!kRing || (is_same<TD, float>::value && Store::kSliceRowBytes >= 64 && kDRing >= 2 &&
+                           kDRing < Store::kNumSlices && kNumM64PerWG == 1 && !kPrefetch && !kGrouped),
+                "a D ring holds 2 or more (and fewer than the tile's) 64- or 128-byte FP32 slices of a 64-row "
+                "consumer without C / residual, not grouped");
+  static constexpr uint32_t kSmemDBufBytesPerWG = kRing ? kDRing * kSmemDSliceBytes : kSmemDBytesPerWG;
   static constexpr uint32_t kSmemDOffset = 0;
-  static constexpr uint32_t kSmemROffset = kSmemDOffset + kNumMathWGs * kSmemDBytesPerWG;
+  static constexpr uint32_t kSmemROffset = kSmemDOffset + kNumMathWGs * kSmemDBufBytesPerWG;
   static constexpr uint32_t kSmemRBytes = kLoadC && kLoadR ? kNumMathWGs * kSmemDBytesPerWG : 0;
   static constexpr uint32_t kSmemAOffset = kSmemROffset + kSmemRBytes;
   static constexpr uint32_t kSmemBOffset = kSmemAOffset + kNumStages * kSmemABytesPerStage;
@@ -483,7 +496,7 @@ struct GemmSm90 {
 
   struct Smem {
     uint8_t* base;  // 1024-byte aligned
-    DGJIT_DEVICE uint8_t* d(uint32_t math_wg) const { return base + kSmemDOffset + math_wg * kSmemDBytesPerWG; }
+    DGJIT_DEVICE uint8_t* d(uint32_t math_wg) const { return base + kSmemDOffset + math_wg * kSmemDBufBytesPerWG; }
     // Where the residual tile lands (see kSmemRBytes).
     DGJIT_DEVICE uint8_t* r(uint32_t math_wg) const {
       return kSmemRBytes ? base + kSmemROffset + math_wg * kSmemDBytesPerWG : d(math_wg);
@@ -1180,7 +1193,7 @@ struct GemmSm90 {
   }
 
   static DGJIT_DEVICE uint32_t d_offset(uint32_t row, uint32_t col) {
-    const uint32_t slice = col / Store::kSliceCols;
+    const uint32_t slice = kRing ? col / Store::kSliceCols % kDRing : col / Store::kSliceCols;  // kRing: its buffer
     return slice * kSmemDSliceBytes +
            Store::swizzle(row * Store::kSliceRowBytes + (col % Store::kSliceCols) * sizeof(TD));
   }
@@ -1303,6 +1316,26 @@ struct GemmSm90 {
         const TD* src = reinterpret_cast<const TD*>(&v);
         for (uint32_t e = 0; col0 + col + e < kOutN; ++e) dst[e] = src[e];
       }
+    }
+  }
+
+  // kRing: slice `slice` of this consumer's D has been written into its ring buffer. One barrier per slice: before
+  // it, the store thread waits until the store issued kDRing - 1 slices back has read the buffer the next slice
+  // goes to (every slice commits one bulk group, an empty one where nothing is stored, so the counts hold); after
+  // it, it stores this slice (parts past M or N clipped by TMA, slices wholly past N not issued).
+  static DGJIT_DEVICE void store_ring_slice(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
+                                            const Tile& tile, uint32_t slice) {
+    const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
+    fence_proxy_async_shared();
+    if (is_store_thread) tma_store_wait_read<kDRing - 2>();
+    named_barrier_sync(1 + math_wg, kWarpgroupThreads);
+    if (is_store_thread) {
+      const uint32_t row0 = tile.row0 + wg_row_offset(math_wg);
+      if (row0 < tile.row_end && slice < slices_in_n(tile.n_block)) {
+        tma_store_2d(&tmap_d, smem.d(math_wg) + slice % kDRing * kSmemDSliceBytes,
+                     static_cast<int32_t>(tile.n_block * kOutCols + slice * Store::kSliceCols), static_cast<int32_t>(row0));
+      }
+      tma_store_commit();
     }
   }
 
@@ -1504,6 +1537,11 @@ struct GemmSm90 {
               store(jj, 1);
             }
         }
+        if constexpr (kRing) {
+          constexpr uint32_t kGroupsPerSlice = Store::kSliceCols / 8;
+          static_assert(kGroupsPerSlice % kChunk == 0, "a chunk of column groups lies inside one D slice");
+          if ((j0 + kChunk) % kGroupsPerSlice == 0) store_ring_slice(smem, tmap_d, math_wg, tile, j0 / kGroupsPerSlice);
+        }
       }
     }
     if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, tile, ea, acc);
@@ -1514,6 +1552,7 @@ struct GemmSm90 {
         if (lane == 0) atomicMax(ea.amax, warp_amax);
       }
     }
+    if constexpr (kRing) return;  // every slice is on its way (store_ring_slice)
     fence_proxy_async_shared();
     named_barrier_sync(barrier_id, kWarpgroupThreads);
 

@@ -1,0 +1,83 @@
+"""sm90 kernels whose D leaves through a ring of 128-byte slices (KernelConfig.d_ring) on the GPU: forced
+cooperative, ping-pong and split-K tiles on shapes with partial tiles in M and N (odd N too, through an epilogue,
+which keeps the sm90 family there), against float64 references with outputs poisoned, and bit for bit against the
+same tile with the whole D tile staged (the same math, only the way out differs)."""
+import math
+
+import pytest
+
+from deepgemm_jit import build, config, reference
+from deepgemm_jit.spec import GemmSpec
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 136, 512), (129, 264, 1000), (300, 520, 2048), (1031, 2112, 7168), (77, 1001, 520)]
+TILES = ["128x256r2", "64x96r2", "128x160r3", "64x128pr2", "128x176r4", "128x112r2"]
+
+
+def _forced(m, n, k, tile, **kwargs):
+    """The tile 'BMxBN[p]rR' (rR: the ring; r0: the whole tile staged), or a skip where it is not legal."""
+    spec = GemmSpec.create(n, k, **kwargs)
+    shape, _, ring = tile.partition("r")
+    block_m, block_n = (int(v) for v in shape.rstrip("p").split("x"))
+    try:
+        cfg = config.sm90_config(spec, block_m, block_n, pingpong=shape.endswith("p"), d_ring=int(ring))
+        cfg.check_for(spec, "sm_90a")
+    except ValueError as exc:
+        pytest.skip(f"tile not legal for this spec: {exc}")
+    return build(m, n, k, config=cfg, weight_streaming=False, **kwargs)
+
+
+def _run(g, m, n, k, dtype, seed):
+    cupy = pytest.importorskip("cupy")
+    rng = cupy.random.default_rng(seed)
+    epi = g.spec.epi
+    a = reference.random_matrix((m, k), dtype, rng=rng)
+    b = reference.random_matrix((n, k), dtype, rng=rng, scale=1.0 / math.sqrt(k))
+    bias = reference.random_matrix((n,), "fp32", rng=rng) if epi.bias == "col" else None
+    out = reference.poisoned((m, n), "fp32")
+    g(a, b, bias=bias, out=out)
+    acc = reference.to_float64(a) @ reference.to_float64(b).T
+    return out, (reference.unfused_epilogue(acc, epi, bias) if g.spec.epilogue != "none" else acc)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_tf32_ring_matches_whole_tile_and_reference(m, n, k, tile):
+    epilogue = "bias+gelu" if n % 4 else "none"  # odd N: plain TF32 would leave the sm90 family (D not TMA-legal)
+    ring = _forced(m, n, k, tile, dtype="tf32", epilogue=epilogue)
+    whole = _forced(m, n, k, tile.split("r")[0] + "r0", dtype="tf32", epilogue=epilogue)
+    assert ring.config.d_ring >= 2 and whole.config.d_ring == 0
+    out_ring, ref = _run(ring, m, n, k, "tf32", seed=m * n + k)
+    out_whole, _ = _run(whole, m, n, k, "tf32", seed=m * n + k)
+    err = reference.error(out_ring, ref)
+    assert reference.within_bound(err, "tf32"), (m, n, k, ring.config.tag, err)
+    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+
+
+@pytest.mark.parametrize("m,n,k,epilogue", [(64, 2112, 7168, "none"), (33, 1001, 4096, "bias+gelu"),
+                                            (200, 640, 3000, "bias")])
+def test_tf32_split_k_ring(m, n, k, epilogue):
+    spec = GemmSpec.create(n, k, dtype="tf32", epilogue=epilogue)
+    cfg = config.sm90_config(spec, 64, 128, split_k=True, d_ring=2)
+    g = build(m, n, k, dtype="tf32", epilogue=epilogue, config=cfg, split_k=3, weight_streaming=False)
+    assert g.config.split_k and g.config.d_ring == 2, g.config.tag
+    out, ref = _run(g, m, n, k, "tf32", seed=7)
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "tf32"), (g.config.tag, err)
+
+
+def test_bf16_in_fp32_out_ring():
+    """Not the heuristic's choice for 16-bit inputs, but a legal config: the same path with BF16 operands."""
+    m, n, k = 515, 392, 1000
+    g = _forced(m, n, k, "128x128r2", dtype="bf16", out_dtype="fp32")
+    out, ref = _run(g, m, n, k, "bf16", seed=3)
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "bf16") and err < 5e-3, (g.config.tag, err)
+
+
+def test_heuristic_rings_tf32():
+    g = build(4096, 4096, 4096, dtype="tf32")
+    assert g.config.family == "sm90" and g.config.d_ring == config.SM90_D_RING, g.config.tag
+    out, ref = _run(g, 1000, 4096, 4096, "tf32", seed=11)
+    assert reference.within_bound(reference.error(out, ref), "tf32")
