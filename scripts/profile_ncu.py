@@ -19,9 +19,11 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
 
 A "gemv-" prefix (e.g. gemv-fp8-tensor with --shape 1x24576x1536) profiles the weight-streaming kernel that build()
 dispatches calls of M <= 8 (16) to, instead of the tile kernel. A variant takes the heuristic's tile, or a forced
-one as NAME@BMxBN (e.g. fp8-block@128x128), and a fused epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128;
+one as NAME@BMxBN (e.g. fp8-block@128x128, or any bench --tiles spelling: tf32@128x256s4r2), and a fused epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128;
 a bias is a random vector; epilogues that need C or a residual are not supported here). Ping-pong tiles:
 @BMxBNpp.
+
+tf32-promoted is the TF32 GEMM of dtype fp32 (3xTF32, K three times the fp32 K).
 
 Usage: python3 -m scripts.profile_ncu --variant NAME[:EPILOGUE][@BMxBN[pp]] [--shape MxNxK] [--launches N]
 """
@@ -31,7 +33,7 @@ import argparse
 import os
 import sys
 
-VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32")
+VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32", "tf32-promoted")
 
 
 def build_call(variant: str, m: int, n: int, k: int):
@@ -57,25 +59,32 @@ def build_call(variant: str, m: int, n: int, k: int):
         name = "fp8-block"
     if name in ("bf16", "tf32"):
         kwargs = {"dtype": name}
+    elif name == "tf32-promoted":  # the TF32 GEMM inside dtype fp32 (3xTF32): pass K as 3 x the fp32 K
+        kwargs = {"dtype": "tf32", "promoted": True}
     else:
         kwargs = {"dtype": "fp8", "scaling": {"fp8-block": "block", "fp8-row": "row"}.get(name, "tensor"),
                   "fast_accum": name == "fp8-tensor-fast"}
     if epilogue:
         kwargs["epilogue"] = epilogue
     if tile:
-        pingpong = tile.endswith("pp")
-        bm, bn = (int(v) for v in tile.removesuffix("pp").split("x"))
-        spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum", "epilogue") if key in kwargs}
-        kwargs["config"] = config.sm90_config(GemmSpec.create(n, k, **spec_kwargs), bm, bn, pingpong=pingpong)
+        spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum", "epilogue", "promoted")
+                       if key in kwargs}
+        spec = GemmSpec.create(n, k, **spec_kwargs)
+        if tile.endswith("pp"):
+            bm, bn = (int(v) for v in tile.removesuffix("pp").split("x"))
+            kwargs["config"] = config.sm90_config(spec, bm, bn, pingpong=True)
+        else:  # bench --tiles syntax: BMxBN[sS][p][rR]
+            from bench.suites import forced_tile_config
+            kwargs["config"] = forced_tile_config(spec, tile)
     g = dg.build(m, n, k, weight_streaming=streaming, **kwargs)
     out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype(g.spec.out_dtype))
     epi_ops = {}
     if g.spec.epi.bias != "none":
         vec = rng.standard_normal((n if g.spec.epi.bias == "col" else m,), dtype=cupy.float32)
         epi_ops["bias"] = reference._to_storage(vec, g.spec.out_dtype)
-    if name in ("bf16", "tf32"):
-        a = x.astype(dg.dtypes.numpy_dtype(name))
-        b = w.astype(dg.dtypes.numpy_dtype(name))
+    if name in ("bf16", "tf32", "tf32-promoted"):
+        a = x.astype(dg.dtypes.numpy_dtype(g.spec.dtype))
+        b = w.astype(dg.dtypes.numpy_dtype(g.spec.dtype))
         return (lambda: g(a, b, out=out, **epi_ops)), g
     granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
