@@ -162,15 +162,16 @@ def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
 
 def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
     """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
-    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (block_n a multiple of 16) with more slices than the
-    ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows), and no C /
+    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16) with more slices than
+    the ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows), and no C /
     residual (TMA loads them into the staging tile)."""
     if spec.out_dtype != "fp32":
         return f"out_dtype {spec.out_dtype!r} (the ring holds FP32 slices)"
-    slice_cols = sm90_d_slice_bytes(block_n, 4) // 4
-    if slice_cols < 16 or block_n // slice_cols <= d_ring:
-        return (f"block_n={block_n} is not more than {d_ring} slices of 16 or 32 FP32 columns (its D slices are "
-                f"{slice_cols} columns wide)")
+    out_cols = block_n // 2 if spec.epi.is_gated else block_n  # gated units: D tiles are half as wide
+    slice_cols = sm90_d_slice_bytes(out_cols, 4) // 4
+    if slice_cols < 16 or out_cols // slice_cols <= d_ring:
+        return (f"a D tile of {out_cols} columns is not more than {d_ring} slices of 16 or 32 FP32 columns (its "
+                f"slices are {slice_cols} columns wide)")
     if spec.grouped:
         return "grouped GEMMs stage the whole tile (tiles ending inside their group)"
     if spec.epi.beta or spec.epi.residual:

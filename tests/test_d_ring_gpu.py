@@ -35,7 +35,7 @@ def _run(g, m, n, k, dtype, seed):
     a = reference.random_matrix((m, k), dtype, rng=rng)
     b = reference.random_matrix((n, k), dtype, rng=rng, scale=1.0 / math.sqrt(k))
     bias = reference.random_matrix((n,), "fp32", rng=rng) if epi.bias == "col" else None
-    out = reference.poisoned((m, n), "fp32")
+    out = reference.poisoned(g.spec.out_shape(m), "fp32")
     g(a, b, bias=bias, out=out)
     acc = reference.to_float64(a) @ reference.to_float64(b).T
     return out, (reference.unfused_epilogue(acc, epi, bias) if g.spec.epilogue != "none" else acc)
@@ -50,6 +50,19 @@ def test_tf32_ring_matches_whole_tile_and_reference(m, n, k, tile):
     assert ring.config.d_ring >= 2 and whole.config.d_ring == 0
     out_ring, ref = _run(ring, m, n, k, "tf32", seed=m * n + k)
     out_whole, _ = _run(whole, m, n, k, "tf32", seed=m * n + k)
+    err = reference.error(out_ring, ref)
+    assert reference.within_bound(err, "tf32"), (m, n, k, ring.config.tag, err)
+    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+
+
+@pytest.mark.parametrize("tile", ["128x192r2", "64x96pr2", "128x160r3"])
+@pytest.mark.parametrize("m,n,k", [(300, 1040, 2048), (1031, 2112, 520)])
+def test_tf32_gated_ring(m, n, k, tile):
+    """Gated units halve the D tile (96 / 48 / 80 columns of the tiles above: 128- and 64-byte slices)."""
+    ring = _forced(m, n, k, tile, dtype="tf32", epilogue="swiglu")
+    whole = _forced(m, n, k, tile.split("r")[0] + "r0", dtype="tf32", epilogue="swiglu")
+    out_ring, ref = _run(ring, m, n, k, "tf32", seed=m + n + k)
+    out_whole, _ = _run(whole, m, n, k, "tf32", seed=m + n + k)
     err = reference.error(out_ring, ref)
     assert reference.within_bound(err, "tf32"), (m, n, k, ring.config.tag, err)
     assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
