@@ -116,9 +116,9 @@ class Gemm:
         else:
             a_k, m = va.rows, va.cols
             a_desc = "(K, M)"
-        if a_k != spec.k:
+        if a_k != spec.operand_k:
             raise ValueError(f"a has shape {(va.rows, va.cols)}; layout {spec.layout!r} wants a {a_desc} "
-                             f"with K={spec.k}")
+                             f"with K={spec.operand_k}")
         if (vb.rows, vb.cols) != spec.b_shape():
             want = "(N, K)" if spec.b_k_major else "(K, N)"
             raise ValueError(f"b has shape {(vb.rows, vb.cols)}; layout {spec.layout!r} wants b {want} = "
@@ -460,6 +460,14 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
                           epilogue=epilogue)
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
                            fast_accum=fast_accum, epilogue=epilogue, promoted=promoted)
+    return build_spec(spec, m_hint, arch=arch, config=config, tune=tune, weight_streaming=weight_streaming,
+                      split_k=split_k)
+
+
+def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: config_mod.KernelConfig | None = None,
+               tune: bool | None = None, weight_streaming: bool | None = None, split_k: int | None = None) -> Gemm:
+    """``build`` for a spec made elsewhere (build_fp32's inner TF32 GEMM, whose spec build's arguments cannot
+    spell): the same choice of config, tuning and kernel."""
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:
         cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)

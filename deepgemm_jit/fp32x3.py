@@ -2,15 +2,17 @@
 
 Each FP32 operand is split into a TF32 value and a TF32 remainder, ``x ~= hi + lo``, and
 
-    A @ B^T ~= A_hi B_hi^T + A_hi B_lo^T + A_lo B_hi^T = A3 @ B3^T,
-    A3 = [A_hi | A_hi | A_lo] (M, 3 Kp),   B3 = [B_hi | B_lo | B_hi] (N, 3 Kp),
+    A @ B^T ~= A_hi B_hi^T + A_hi B_lo^T + A_lo B_hi^T,
+    A2 = [A_hi | A_lo] (M, 2 Kp),   B2 = [B_hi | B_lo] (N, 2 Kp),
 
-K-concatenated, each segment Kp = ceil(K / 32) * 32 columns wide and zero past K (rows of 3 Kp floats are
+K-concatenated, each segment Kp = ceil(K / 32) * 32 columns wide and zero past K (rows of 2 Kp floats are
 16-byte multiples, so the Hopper family's TMA takes them, and no BLOCK_K of 32 straddles two segments). A call
 is two launches on one stream: the split kernel (``templates/split_tf32.cu.j2``, ``dgjit/split_tf32.cuh``)
-writes A3 and B3 into workspaces allocated for the call, then the library's own TF32 ``Gemm`` (layout nt,
-K' = 3 Kp, built by ``api.build``) multiplies them into the caller's output, through its fused epilogue if it
-has one. The GEMM kernel is unchanged: this module only feeds it.
+writes A2 and B2 into workspaces allocated for the call, then the library's own TF32 ``Gemm`` (layout nt,
+promoted, ``GemmSpec.hi_lo``: its K loop runs over K' = 3 Kp, K block 3j + s multiplying (hi, hi), (hi, lo),
+(lo, hi) of block j, built by ``api.build_spec``) multiplies them into the caller's output, through its fused
+epilogue if it has one. (Until session 14 the split wrote A3 = [A_hi | A_hi | A_lo] and B3 = [B_hi | B_lo | B_hi]
+for a plain K' = 3 Kp GEMM: hi stored twice, and read twice from DRAM.)
 
 Split, per element (the device code and ``split_reference`` below agree bit for bit): ``hi`` = x rounded to
 TF32 (nearest, ties away from zero: PTX ``cvt.rna.tf32.f32``); ``lo`` = x - hi, exact in FP32, then rounded to
@@ -18,8 +20,8 @@ TF32 too, so every value the tensor cores read is a TF32 value. Left out: A_lo B
 each below 2^-22 relative per product term, under FP32 accumulation's own error (``reference.ERROR_BOUND``:
 1e-5 on ||D - D64|| / ||D64||). Inputs are expected finite (inf and NaN propagate, as in an FP32 GEMM).
 
-Cost: the split reads A and B once and writes three times their size (memory-bound, ~16 bytes per element),
-then the TF32 GEMM does three times the FLOPs of a TF32 GEMM of the same shape.
+Cost: the split reads A and B once and writes twice their size (memory-bound, ~12 bytes per element), then the
+TF32 GEMM does three times the FLOPs of a TF32 GEMM of the same shape.
 """
 from __future__ import annotations
 
@@ -41,10 +43,11 @@ K_ALIGN = 32        # Kp is a multiple of this: the TF32 GEMM's BLOCK_K (128 byt
 TILE_ROWS = 32
 TILE_COLS = 128
 NUM_THREADS = 256
-NUM_SEGMENTS = 3
-LO_SEGMENT_A = 2    # A3 = [hi hi lo]
-LO_SEGMENT_B = 1    # B3 = [hi lo hi]
-SYMBOLS = ("num_threads", "tile_rows", "tile_cols", "k_align")
+NUM_SEGMENTS = 2    # the split writes [hi | lo] per operand
+LO_SEGMENT_A = 1
+LO_SEGMENT_B = 1
+NUM_PRODUCTS = 3    # the TF32 GEMM's K' = 3 Kp: per K block hi x hi, hi x lo, lo x hi (GemmSpec.hi_lo)
+SYMBOLS = ("num_threads", "tile_rows", "tile_cols", "k_align", "num_segments")
 
 _TEMPLATE = "split_tf32.cu.j2"
 _MAX_M = 2**31 - 1
@@ -52,7 +55,7 @@ _MAX_GRID = 2**31 - 1
 
 
 def padded_k(k: int) -> int:
-    """Kp: the width of each of the three segments, K rounded up to a multiple of K_ALIGN.
+    """Kp: the width of each segment (and of each product's share of K'), K rounded up to a multiple of K_ALIGN.
 
     >>> padded_k(1), padded_k(32), padded_k(33), padded_k(7168)
     (32, 32, 64, 7168)
@@ -61,7 +64,12 @@ def padded_k(k: int) -> int:
 
 
 def inner_k(k: int) -> int:
-    """K' = 3 Kp: the K of the TF32 GEMM that computes the FP32 product."""
+    """K' = 3 Kp: the K of the TF32 GEMM that computes the FP32 product (its K loop; its operands are 2 Kp wide)."""
+    return NUM_PRODUCTS * padded_k(k)
+
+
+def split_k(k: int) -> int:
+    """2 Kp: the width of a split operand, [hi | lo]."""
     return NUM_SEGMENTS * padded_k(k)
 
 
@@ -93,10 +101,11 @@ class Fp32Spec(OperandLayout):
             raise ValueError(f"layout={self.layout!r} is not supported; choose one of {', '.join(LAYOUTS)}")
         object.__setattr__(self, "layout", self.layout.lower())
         object.__setattr__(self, "epilogue", epilogue_mod.canonical(self.epilogue))
-        # The TF32 GEMM checks out_dtype and the epilogue (its layout is always nt: the split writes K-major A3 and
-        # B3 whatever the caller's layout, so epilogues work with every layout here).
+        # The TF32 GEMM checks out_dtype and the epilogue (its layout is always nt: the split writes K-major A2 and
+        # B2 whatever the caller's layout, so epilogues work with every layout here).
         # promoted: the tensor cores' truncating accumulation would cap the accuracy (error linear in K).
-        inner = GemmSpec(self.n, inner_k(self.k), "tf32", self.out_dtype, "nt", epilogue=self.epilogue, promoted=True)
+        inner = GemmSpec(self.n, inner_k(self.k), "tf32", self.out_dtype, "nt", epilogue=self.epilogue, promoted=True,
+                         hi_lo=True)
         object.__setattr__(self, "out_dtype", inner.out_dtype)
         object.__setattr__(self, "_inner", inner)
 
@@ -111,7 +120,8 @@ class Fp32Spec(OperandLayout):
 
     @property
     def inner(self) -> GemmSpec:
-        """The TF32 GEMM's spec: (N, K') with K' = 3 Kp, layout nt, this out_dtype and epilogue."""
+        """The TF32 GEMM's spec: (N, K') with K' = 3 Kp over [hi | lo] operands of 2 Kp (hi_lo), layout nt, this
+        out_dtype and epilogue."""
         return self._inner
 
     @property
@@ -121,6 +131,10 @@ class Fp32Spec(OperandLayout):
     @property
     def k_inner(self) -> int:
         return inner_k(self.k)
+
+    @property
+    def k_split(self) -> int:
+        return split_k(self.k)
 
     def out_shape(self, m: int) -> tuple[int, int]:
         return self._inner.out_shape(m)
@@ -215,7 +229,8 @@ def kernel_symbols(artifact: SplitArtifact) -> dict[str, int]:
 def check_symbols(artifact: SplitArtifact) -> None:
     """This module's mirror of the tile sizes must be the kernel's (a mismatch is a bug, caught before launch)."""
     sym = kernel_symbols(artifact)
-    mirror = {"num_threads": NUM_THREADS, "tile_rows": TILE_ROWS, "tile_cols": TILE_COLS, "k_align": K_ALIGN}
+    mirror = {"num_threads": NUM_THREADS, "tile_rows": TILE_ROWS, "tile_cols": TILE_COLS, "k_align": K_ALIGN,
+              "num_segments": NUM_SEGMENTS}
     if sym != mirror:
         raise RuntimeError(f"{artifact.entry} ({artifact.spec.tag}) exports {sym}, fp32x3.py mirrors {mirror}")
 
@@ -271,8 +286,8 @@ def split_reference(x):
 
 
 def split_operand_reference(x_rk, lo_segment: int):
-    """The (R, 3 Kp) operand the kernel writes for the logical (R, K) float32 matrix `x_rk`: three segments of
-    hi (lo in `lo_segment`), each zero past K. A3: lo_segment LO_SEGMENT_A; B3: LO_SEGMENT_B."""
+    """The (R, 2 Kp) operand the kernel writes for the logical (R, K) float32 matrix `x_rk`: segments of hi (lo in
+    `lo_segment`), each zero past K. A2: lo_segment LO_SEGMENT_A; B2: LO_SEGMENT_B."""
     xp = _xp(x_rk)
     rows, k = x_rk.shape
     kp = padded_k(k)
@@ -283,8 +298,18 @@ def split_operand_reference(x_rk, lo_segment: int):
     return out
 
 
+def hi_lo_product_reference(a2, b2):
+    """float64 A_hi B_hi^T + A_hi B_lo^T + A_lo B_hi^T of split operands [hi | lo] (R, 2 Kp): what the TF32 GEMM
+    (GemmSpec.hi_lo) sums, exactly."""
+    xp = _xp(a2)
+    kp = a2.shape[1] // NUM_SEGMENTS
+    ah, al = a2[:, :kp].astype(xp.float64), a2[:, kp:].astype(xp.float64)
+    bh, bl = b2[:, :kp].astype(xp.float64), b2[:, kp:].astype(xp.float64)
+    return ah @ bh.T + ah @ bl.T + al @ bh.T
+
+
 def split_operands_reference(spec: Fp32Spec, a, b):
-    """(A3, B3) of stored operands a and b of `spec`'s layout: what ``Fp32Gemm.split`` returns."""
+    """(A2, B2) of stored operands a and b of `spec`'s layout: what ``Fp32Gemm.split`` returns."""
     a_mk = a if spec.a_k_major else a.T
     b_nk = b if spec.b_k_major else b.T
     return split_operand_reference(a_mk, LO_SEGMENT_A), split_operand_reference(b_nk, LO_SEGMENT_B)
@@ -301,7 +326,7 @@ class Fp32Gemm:
     any row stride; d has ``spec.out_dtype`` (fp32 by default); ``out=``, ``stream=`` and the fused epilogue's
     operands (``bias=``, ``c=``, ``residual=``, ``alpha=``/``beta=``, ``quant_scale=``, ``amax_out=``,
     ``scales_out=``) as for ``Gemm``. No scales (``scale_a``/``scale_b`` must be None). Every argument is checked
-    before anything is launched. The call allocates two workspaces of M x 3Kp and N x 3Kp floats (Kp = K
+    before anything is launched. The call allocates two workspaces of M x 2Kp and N x 2Kp floats (Kp = K
     rounded up to 32) from the caller's library's pool, for the call's stream, and returns them to it when it
     returns (the pools keep freed blocks per stream, so the stream's own order protects them).
 
@@ -315,7 +340,7 @@ class Fp32Gemm:
         self.spec = spec
         self.arch = arch
         self.m_hint = m_hint
-        self.gemm = gemm                      # the TF32 Gemm over K' = 3 Kp (api.Gemm)
+        self.gemm = gemm                      # the TF32 Gemm over K' = 3 Kp, operands 2 Kp (api.Gemm)
         self.split_artifact = split_artifact
         self.config = gemm.config
         self.artifact = gemm.artifact
@@ -368,29 +393,30 @@ class Fp32Gemm:
 
     # -- the split ------------------------------------------------------------------
     def _split(self, m: int, va: MatrixView, vb: MatrixView, dev: int, cu_stream, kind: str, explicit: bool):
-        """(A3, B3): new (M, 3Kp) and (N, 3Kp) float32 arrays of library `kind` (CuPy for anything but torch),
-        allocated for `cu_stream`, and the split of a and b written into them on it (nothing launched for M = 0)."""
+        """(A2, B2): new (M, 2Kp) and (N, 2Kp) float32 arrays ([hi | lo]) of library `kind` (CuPy for anything but
+        torch), allocated for `cu_stream`, and the split of a and b written into them on it (nothing launched for
+        M = 0)."""
         spec = self.spec
         grid = split_grid(m, spec.n, spec.k)
         alloc_kind = "torch" if kind == "torch" else "cupy"
-        a3, a3_ptr = _stream_array(alloc_kind, (m, spec.k_inner), "fp32", dev, cu_stream, explicit)
-        b3, b3_ptr = _stream_array(alloc_kind, (spec.n, spec.k_inner), "fp32", dev, cu_stream, explicit)
+        a2, a2_ptr = _stream_array(alloc_kind, (m, spec.k_split), "fp32", dev, cu_stream, explicit)
+        b2, b2_ptr = _stream_array(alloc_kind, (spec.n, spec.k_split), "fp32", dev, cu_stream, explicit)
         if m > 0:
             artifact = self.split_artifact
             if not self._checked_symbols:
                 check_symbols(artifact)
                 self._checked_symbols = True
             args = (np.uint64(va.ptr), np.int64(va.row_stride), np.uint64(vb.ptr), np.int64(vb.row_stride),
-                    np.uint64(a3_ptr), np.uint64(b3_ptr), np.uint32(m), np.uint32(spec.n), np.uint32(spec.k),
+                    np.uint64(a2_ptr), np.uint64(b2_ptr), np.uint32(m), np.uint32(spec.n), np.uint32(spec.k),
                     np.uint32(spec.k_padded))
             runtime.loaded_kernel(artifact, dev, 0).launch(grid, (NUM_THREADS, 1, 1), runtime.PackedArgs(args),
                                                            cu_stream)
-        if kind == "other":  # the Gemm takes a, b and out from one library: present A3 and B3 as out is presented
-            return _InterfaceView(a3), _InterfaceView(b3)
-        return a3, b3
+        if kind == "other":  # the Gemm takes a, b and out from one library: present A2 and B2 as out is presented
+            return _InterfaceView(a2), _InterfaceView(b2)
+        return a2, b2
 
     def _prepare(self, a, b, out, stream, ops: dict):
-        """Everything checked, then (A3, B3, out, CuPy stream) with the split launched."""
+        """Everything checked, then (A2, B2, out, CuPy stream) with the split launched."""
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
         self._check_epilogue_operands(m, va, vd, ops)
@@ -398,8 +424,8 @@ class Fp32Gemm:
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
             out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev)
-        a3, b3 = self._split(m, va, vb, dev, cu_stream, array_kind(out), stream is not None)
-        return a3, b3, out, cu_stream
+        a2, b2 = self._split(m, va, vb, dev, cu_stream, array_kind(out), stream is not None)
+        return a2, b2, out, cu_stream
 
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, out=None, stream=None, scale_a=None, scale_b=None, bias=None, c=None,
@@ -412,11 +438,11 @@ class Fp32Gemm:
                 raise TypeError(f"{arg} was given, but this GEMM (fp32, 3xTF32) takes no scales")
         ops = {"bias": bias, "c": c, "residual": residual, "alpha": alpha, "beta": beta,
                "quant_scale": quant_scale, "amax_out": amax_out, "scales_out": scales_out}
-        a3, b3, out, cu_stream = self._prepare(a, b, out, stream, ops)
-        return self.gemm(a3, b3, out=out, stream=cu_stream, **ops)
+        a2, b2, out, cu_stream = self._prepare(a, b, out, stream, ops)
+        return self.gemm(a2, b2, out=out, stream=cu_stream, **ops)
 
     def split(self, a, b, *, stream=None):
-        """Only the first launch: ``(A3, B3)``, the K-concatenated TF32 operands the GEMM multiplies (new arrays
+        """Only the first launch: ``(A2, B2)``, the K-concatenated TF32 operands the GEMM multiplies (new arrays
         of the inputs' library, CuPy for other producers; ``split_operands_reference`` computes the same bits).
         For tests and inspection."""
         kind = _common_kind(a, b, None)
@@ -518,8 +544,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
 
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
-        gemm = api.build(M, N, spec.k_inner, dtype="tf32", out_dtype=spec.out_dtype, layout="nt", arch=arch,
-                         config=config, tune=tune, epilogue=spec.epilogue, weight_streaming=False, promoted=True)
+        gemm = api.build_spec(spec.inner, api._check_m(M), arch=arch, config=config, tune=tune, weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:
         target = device.normalize_arch(arch) if arch is not None else exc.arch

@@ -27,6 +27,9 @@ SCALINGS = ("none", "tensor", "row", "block")
 #   A along K, scale_b (ceil(N/128), ceil(K/128)) per 128x128 block of B.
 DEFAULT_SCALING = {"fp8_e4m3": "block", "fp8_e5m2": "block", "int8": "none"}
 
+# hi_lo specs: K is 3 segments of whole 32-wide TF32 K blocks.
+HI_LO_K_STEP = 96
+
 # N tiles go on grid dimension y (at most 65535 blocks), which bounds N.
 MAX_N = 65535 * 64
 MAX_DIM = 2**31 - 1
@@ -62,11 +65,16 @@ class OperandLayout:
     def b_k_major(self) -> bool:
         return self.layout[1] == "t"
 
+    @property
+    def operand_k(self) -> int:
+        """The K extent of the stored operands: K (GemmSpec.hi_lo operands hold fewer columns than the K loop)."""
+        return self.k
+
     def a_shape(self, m: int) -> tuple[int, int]:
-        return (m, self.k) if self.a_k_major else (self.k, m)
+        return (m, self.operand_k) if self.a_k_major else (self.operand_k, m)
 
     def b_shape(self) -> tuple[int, int]:
-        return (self.n, self.k) if self.b_k_major else (self.k, self.n)
+        return (self.n, self.operand_k) if self.b_k_major else (self.operand_k, self.n)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,10 @@ class GemmSpec(OperandLayout):
     # in the tensor cores, whose additions truncate (3xTF32's error grew linearly with K without it: 1.7e-4 at
     # K = 16384 on the H200). FP8 is always promoted unless fast_accum.
     promoted: bool = False
+    # 3xTF32's inner GEMM (fp32x3.py): A and B are stored as [hi | lo], 2/3 of K columns each (K = 3 Kp); the kernel
+    # multiplies K block 3j + s as (hi, hi), (hi, lo), (lo, hi) of block j, so hi is stored once and its second read
+    # follows the first by a K block or two (from L2) instead of a third copy read from DRAM.
+    hi_lo: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
@@ -129,6 +141,18 @@ class GemmSpec(OperandLayout):
             raise ValueError(f"promoted=True applies to tf32 (FP8 is promoted unless fast_accum); got dtype {self.dtype!r}")
         if self.grouped:
             self._check_grouped()
+        if not isinstance(self.hi_lo, bool):
+            raise TypeError(f"hi_lo must be a bool, got {type(self.hi_lo).__name__}")
+        if self.hi_lo and not (self.dtype == "tf32" and self.promoted and self.layout == "nt" and not self.grouped
+                               and self.k % HI_LO_K_STEP == 0):
+            raise ValueError(f"hi_lo=True is the inner GEMM of fp32 (3xTF32): dtype tf32, promoted, layout nt, not "
+                             f"grouped, K a multiple of {HI_LO_K_STEP}; got dtype {self.dtype!r}, promoted "
+                             f"{self.promoted}, layout {self.layout!r}, K={self.k}")
+
+    @property
+    def operand_k(self) -> int:
+        """The K extent of the stored operands: 2/3 of K for hi_lo ([hi | lo] of each K segment), else K."""
+        return 2 * self.k // 3 if self.hi_lo else self.k
 
     def _check_grouped(self) -> None:
         """What the grouped kernel takes: layout nt, BF16/FP16 or FP8 with block scales, no C / residual."""
@@ -259,7 +283,7 @@ class GemmSpec(OperandLayout):
         scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
         epi = "" if self.epilogue == "none" else "_ep_" + self.epilogue.replace("+", "_")
         grouped = "_grouped" if self.grouped else ""
-        promoted = "_promoted" if self.promoted else ""
+        promoted = ("_promoted" if self.promoted else "") + ("_hilo" if self.hi_lo else "")
         return f"gemm{grouped}_{types}{promoted}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
 
 

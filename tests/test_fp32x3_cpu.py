@@ -45,8 +45,11 @@ def test_padded_and_inner_k(k, kp):
     assert (spec.k, spec.k_padded, spec.k_inner) == (k, kp, 3 * kp)
     inner = spec.inner
     assert (inner.n, inner.k, inner.dtype, inner.layout, inner.out_dtype) == (1000, 3 * kp, "tf32", "nt", "fp32")
-    # Rows of A3/B3 are whole 16-byte multiples (TMA), and K' holds whole BLOCK_K steps of the TF32 GEMM.
-    assert (3 * kp * 4) % 16 == 0 and kp % fp32x3.K_ALIGN == 0
+    # The TF32 GEMM loops over K' = 3 Kp and reads [hi | lo] operands of 2 Kp (GemmSpec.hi_lo).
+    assert inner.hi_lo and inner.promoted and spec.k_split == inner.operand_k == 2 * kp
+    assert inner.a_shape(5) == (5, 2 * kp) and inner.b_shape() == (1000, 2 * kp)
+    # Rows of A2/B2 are whole 16-byte multiples (TMA), and K' holds whole BLOCK_K steps of the TF32 GEMM.
+    assert (2 * kp * 4) % 16 == 0 and kp % fp32x3.K_ALIGN == 0
     assert fp32x3.K_ALIGN == config.sm90_config(inner, 128, 128).block_k
     assert inner.k % fp32x3.K_ALIGN == 0
 
@@ -149,7 +152,7 @@ def test_render_every_layout():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_compile_split_sm90a(layout, cache):
     """Real NVRTC compile: no local memory or spills, the exported sizes equal fp32x3.py's mirror, 16-byte stores
-    of the three segments, 16-byte loads of K-major sources, shared memory only for MN-major ones, and the TF32
+    of the two segments, 16-byte loads of K-major sources, shared memory only for MN-major ones, and the TF32
     rounding (cvt.rna.tf32 becomes integer add-and-mask code)."""
     spec = fp32x3.SplitKernelSpec(layout)
     art = fp32x3.get_kernel(spec, ARCH)
@@ -161,7 +164,8 @@ def test_compile_split_sm90a(layout, cache):
     assert 0 < usage["REG"] <= 64, case  # 256 threads: several blocks per SM
     assert "STL" not in text and "LDL" not in text, case
     fp32x3.check_symbols(art)
-    assert fp32x3.kernel_symbols(art) == {"num_threads": 256, "tile_rows": 32, "tile_cols": 128, "k_align": 32}
+    assert fp32x3.kernel_symbols(art) == {"num_threads": 256, "tile_rows": 32, "tile_cols": 128, "k_align": 32,
+                                          "num_segments": 2}
     assert "STG.E.128" in text, case
     assert "0xffffe000" in text.lower(), case  # the TF32 mask
     has_mn_major = not (spec.a_k_major and spec.b_k_major)
@@ -180,7 +184,7 @@ def test_build_fp32_compiles_both_kernels(m, n, k, cache):
     g = dg.build_fp32(m, n, k, arch=ARCH)
     case = f"{m=} {n=} {k=} {g!r}"
     assert isinstance(g, dg.Fp32Gemm) and g.spec == fp32x3.Fp32Spec.create(n, k), case
-    assert g.gemm.spec == g.spec.inner and g.gemm.spec.k == 3 * fp32x3.padded_k(k), case
+    assert g.gemm.spec == g.spec.inner and g.gemm.spec.k == 3 * fp32x3.padded_k(k) and g.gemm.spec.hi_lo, case
     assert g.family == g.gemm.family == ("sm90" if n % 4 == 0 else "sm80"), case
     assert g.config == g.gemm.config and g.arch == ARCH and g.m_hint == m, case
     assert g.split_artifact.spec == fp32x3.SplitKernelSpec("nt"), case
@@ -423,7 +427,7 @@ def test_split_then_gemm_on_one_stream(recorded, layout):
     m, n, k = 37, 264, 100
     g = make(m, n, k, layout=layout)
     spec = g.spec
-    kp, kk = 128, 384
+    kp, kk = 128, 256   # the workspaces are [hi | lo]: 2 Kp columns (the GEMM's K loop runs over 3 Kp)
     a = FakeDeviceArray(spec.a_shape(m), ptr=BASE, strides=(spec.a_shape(m)[1] + 3, 1))   # padded rows
     b = FakeDeviceArray(spec.b_shape(), ptr=BASE + (1 << 22) + 4)                        # 4-byte offset base
     out = FakeDeviceArray((m, n), ptr=BASE + (1 << 24))
@@ -436,7 +440,8 @@ def test_split_then_gemm_on_one_stream(recorded, layout):
     b_ld = spec.b_shape()[1]
     assert [int(x) for x in args] == [BASE, a_ld, BASE + (1 << 22) + 4, b_ld, 0x10000000, 0x11000000, m, n, k, kp]
     assert [x.dtype for x in args] == [np.uint64, np.int64, np.uint64, np.int64, np.uint64, np.uint64] + [np.uint32] * 4
-    # The TF32 Gemm multiplies exactly the two workspaces (nt, K' = 3 Kp, contiguous) into out, on the same stream.
+    # The TF32 Gemm multiplies exactly the two workspaces (nt, [hi | lo] of 2 Kp, contiguous) into out, on the same
+    # stream.
     _, a3, b3, gemm_out, gemm_stream, ops = gemm
     assert a3 == (0x10000000, m, kk, kk) and b3 == (0x11000000, n, kk, kk)
     assert gemm_out is out and stream == gemm_stream == FakeStream.ptr == alloc_a[4] == alloc_b[4]
@@ -462,8 +467,8 @@ def test_epilogue_operands_are_passed_through_and_m_zero_launches_nothing(record
 def test_split_method_returns_the_workspaces(recorded):
     make, calls = recorded
     g = make(8, 16, 8)
-    a3, b3 = g.split(FakeDeviceArray((3, 8), ptr=BASE), FakeDeviceArray((16, 8), ptr=BASE + 4096))
-    assert a3.shape == (3, 96) and b3.shape == (16, 96)
+    a2, b2 = g.split(FakeDeviceArray((3, 8), ptr=BASE), FakeDeviceArray((16, 8), ptr=BASE + 4096))
+    assert a2.shape == (3, 64) and b2.shape == (16, 64)   # [hi | lo], Kp = 32
     assert [c_[0] for c_ in calls] == ["alloc", "alloc", "launch"]
 
 
@@ -540,17 +545,16 @@ def test_three_tf32_terms_are_fp32_accurate(m, n, k):
     b = rng.standard_normal((n, k)).astype(F32)
     exact = a.astype(np.float64) @ b.astype(np.float64).T
     norm = np.linalg.norm(exact)
-    a3 = fp32x3.split_operand_reference(a, fp32x3.LO_SEGMENT_A)
-    b3 = fp32x3.split_operand_reference(b, fp32x3.LO_SEGMENT_B)
+    a2 = fp32x3.split_operand_reference(a, fp32x3.LO_SEGMENT_A)
+    b2 = fp32x3.split_operand_reference(b, fp32x3.LO_SEGMENT_B)
     kp = fp32x3.padded_k(k)
-    assert a3.shape == (m, 3 * kp) and b3.shape == (n, 3 * kp)
-    for seg in range(3):                                   # zero padding of every segment
-        assert not a3[:, seg * kp + k:(seg + 1) * kp].any() and not b3[:, seg * kp + k:(seg + 1) * kp].any()
+    assert a2.shape == (m, 2 * kp) and b2.shape == (n, 2 * kp)
+    for seg in range(2):                                   # zero padding of every segment
+        assert not a2[:, seg * kp + k:(seg + 1) * kp].any() and not b2[:, seg * kp + k:(seg + 1) * kp].any()
     hi_a, lo_a = fp32x3.split_reference(a)
-    np.testing.assert_array_equal(a3[:, :k], hi_a)
-    np.testing.assert_array_equal(a3[:, kp:kp + k], hi_a)
-    np.testing.assert_array_equal(a3[:, 2 * kp:2 * kp + k], lo_a)
-    err3 = np.linalg.norm(a3.astype(np.float64) @ b3.astype(np.float64).T - exact) / norm
+    np.testing.assert_array_equal(a2[:, :k], hi_a)
+    np.testing.assert_array_equal(a2[:, kp:kp + k], lo_a)
+    err3 = np.linalg.norm(fp32x3.hi_lo_product_reference(a2, b2) - exact) / norm
     assert err3 < 1e-6, f"{m=} {n=} {k=} {err3=:.2e}"
     # The brief's model: lo kept exact and truncated (not rounded) to TF32 by the tensor cores.
     trunc = lambda x: (bits(x) & np.uint32(0xFFFFE000)).view(F32).astype(np.float64)  # noqa: E731
@@ -584,3 +588,27 @@ def test_build_fp32_refuses_options_it_would_ignore(kwargs, named):
     """build(dtype='fp32') names every option the 3xTF32 path has no use for instead of dropping it."""
     with pytest.raises(ValueError, match=f"takes no {named}"):
         dg.build(64, 64, 64, dtype="fp32", arch=ARCH, **kwargs)
+
+
+def test_hi_lo_spec_rules_and_k_order():
+    """GemmSpec.hi_lo: only 3xTF32's inner GEMM (promoted TF32, nt, K in whole segments of K blocks); the kernel's
+    K blocks 3j + s read (hi, hi), (hi, lo), (lo, hi) of block j, whose sum hi_lo_product_reference computes."""
+    spec = GemmSpec(1024, 3 * 4096, "tf32", "fp32", "nt", promoted=True, hi_lo=True)
+    assert spec.operand_k == 2 * 4096 and spec.tag.endswith("_n1024_k12288") and "_hilo" in spec.tag
+    for kwargs in (dict(promoted=False), dict(k=3 * 4096 + 32), dict(dtype="bf16", out_dtype="bf16"),
+                   dict(layout="nn")):
+        args = dict(n=1024, k=3 * 4096, dtype="tf32", out_dtype="fp32", layout="nt", promoted=True, hi_lo=True)
+        args.update(kwargs)
+        if args["dtype"] != "tf32":
+            args["promoted"] = False
+        with pytest.raises(ValueError, match="hi_lo"):
+            GemmSpec(**args)
+    rng = np.random.default_rng(5)
+    kp = 64
+    a2 = rng.standard_normal((3, 2 * kp)).astype(F32)
+    b2 = rng.standard_normal((4, 2 * kp)).astype(F32)
+    got = fp32x3.hi_lo_product_reference(a2, b2)
+    blocks = [(a2[:, c:c + 32], b2[:, d:d + 32]) for j in range(kp // 32)
+              for c, d in ((32 * j, 32 * j), (32 * j, kp + 32 * j), (kp + 32 * j, 32 * j))]
+    want = sum(x.astype(np.float64) @ y.astype(np.float64).T for x, y in blocks)
+    np.testing.assert_allclose(got, want, rtol=1e-12)

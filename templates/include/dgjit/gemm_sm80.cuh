@@ -58,7 +58,7 @@ DGJIT_DEVICE void load_tile(T* smem, const T* gmem, int64_t ld, int row0, int co
 
 template <class TA, class TD, int kBlockM, int kBlockN, int kBlockK, int kStages,
           int kWarpsM, int kWarpsN, bool kAKMajor, bool kBKMajor, int kVecA, int kVecB,
-          int kN, int kK, bool kPromote = false>
+          int kN, int kK, bool kPromote = false, bool kHiLo = false>
 struct GemmSm80 {
   using TB = TA;
   static constexpr bool kIsTF32 = sizeof(TA) == 4;
@@ -111,17 +111,35 @@ struct GemmSm80 {
     return to_tf32(*reinterpret_cast<const float*>(p));
   }
 
-  static DGJIT_DEVICE void load_stage(TA* sa, TB* sb, const TA* a, const TB* b, int m,
-                                      int64_t lda, int64_t ldb, int m0, int n0, int k0, int tid) {
-    if constexpr (kAKMajor) {
-      load_tile<TA, kBlockM, kBlockK, kALd, kVecA, kThreads>(sa, a, lda, m0, k0, m, kK, tid);
+  // kHiLo (3xTF32's inner GEMM, deepgemm_jit/fp32x3.py): A and B hold [hi | lo], kOperandK = 2 kK / 3 columns;
+  // K tile 3j + s multiplies A (hi, hi, lo)[s] by B (hi, lo, hi)[s] of tile j (gemm_sm90.cuh's hi_lo_column).
+  static constexpr int kOperandK = kHiLo ? 2 * kK / 3 : kK;
+  static_assert(!kHiLo || (kIsTF32 && kPromote && kAKMajor && kBKMajor && kK % (3 * kBlockK) == 0),
+                "hi_lo operands: promoted TF32, layout nt, K three segments of whole K tiles");
+  template <bool kIsA>
+  static DGJIT_DEVICE constexpr int hi_lo_column(int kt) {
+    if constexpr (!kHiLo) {
+      return kt * kBlockK;
     } else {
-      load_tile<TA, kBlockK, kBlockM, kALd, kVecA, kThreads>(sa, a, lda, k0, m0, kK, m, tid);
+      const int j = kt / 3, s = kt % 3;
+      const bool lo = kIsA ? s == 2 : s == 1;
+      return ((lo ? kK / (3 * kBlockK) : 0) + j) * kBlockK;
+    }
+  }
+
+  // K tile kt of A and B into a stage.
+  static DGJIT_DEVICE void load_stage(TA* sa, TB* sb, const TA* a, const TB* b, int m,
+                                      int64_t lda, int64_t ldb, int m0, int n0, int kt, int tid) {
+    const int ka = hi_lo_column<true>(kt), kb = hi_lo_column<false>(kt);
+    if constexpr (kAKMajor) {
+      load_tile<TA, kBlockM, kBlockK, kALd, kVecA, kThreads>(sa, a, lda, m0, ka, m, kOperandK, tid);
+    } else {
+      load_tile<TA, kBlockK, kBlockM, kALd, kVecA, kThreads>(sa, a, lda, ka, m0, kOperandK, m, tid);
     }
     if constexpr (kBKMajor) {
-      load_tile<TB, kBlockN, kBlockK, kBLd, kVecB, kThreads>(sb, b, ldb, n0, k0, kN, kK, tid);
+      load_tile<TB, kBlockN, kBlockK, kBLd, kVecB, kThreads>(sb, b, ldb, n0, kb, kN, kOperandK, tid);
     } else {
-      load_tile<TB, kBlockK, kBlockN, kBLd, kVecB, kThreads>(sb, b, ldb, k0, n0, kK, kN, tid);
+      load_tile<TB, kBlockK, kBlockN, kBLd, kVecB, kThreads>(sb, b, ldb, kb, n0, kOperandK, kN, tid);
     }
   }
 
@@ -203,7 +221,7 @@ struct GemmSm80 {
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < kNumKTiles) {
         load_stage(smem_a + s * kAStageElems, smem_b + s * kBStageElems, a, b, m, lda, ldb, m0,
-                   n0, s * kBlockK, tid);
+                   n0, s, tid);
       }
       cp_async_commit();
     }
@@ -237,7 +255,7 @@ struct GemmSm80 {
       if (next < kNumKTiles) {
         const int ns = next % kStages;
         load_stage(smem_a + ns * kAStageElems, smem_b + ns * kBStageElems, a, b, m, lda, ldb, m0,
-                   n0, next * kBlockK, tid);
+                   n0, next, tid);
       }
       cp_async_commit();
     }

@@ -311,7 +311,8 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kSplitK = false,      // split-K: tiles' K divided among CTAs at run time (SplitArgs)
           bool kAKMajor = true,      // A stored (M, K) (K contiguous); false: (K, M), M contiguous (16-bit only)
           bool kBKMajor = true,      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
-          uint32_t kDRing = 0>       // D through a ring of this many slices per consumer (0: the whole tile)
+          uint32_t kDRing = 0,       // D through a ring of this many slices per consumer (0: the whole tile)
+          bool kHiLo = false>        // 3xTF32: A and B are [hi | lo] (2/3 of kK wide), see hi_lo_column
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -569,6 +570,25 @@ struct GemmSm90 {
   // feed only output rows past M, which are not stored), instead of zero-filled by TMA on every K block: the fill
   // ran at a few cycles per row and capped FP8 64x56 tiles at M = 24 (40 rows of fill per 7 KB of B) 26% below
   // M = 64 (session 9).
+  // kHiLo (3xTF32's inner GEMM, deepgemm_jit/fp32x3.py): the operands hold [hi | lo], kSegmentBlocks K blocks
+  // each, and the K loop's block 3j + s multiplies A (hi, hi, lo)[s] by B (hi, lo, hi)[s] of block j: hi is stored
+  // once, and its second read follows its first by one (A) or two (B) K blocks, while it is still in L2.
+  static constexpr uint32_t kSegmentBlocks = kNumKBlocks / 3;
+  static_assert(!kHiLo || (kKind == MmaKind::kTF32 && kPromote && kAKMajor && kBKMajor && !kGrouped &&
+                           kK % (3 * kBlockK) == 0),
+                "hi_lo operands: promoted TF32, layout nt, not grouped, K three segments of whole K blocks");
+  // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B).
+  template <bool kIsA>
+  static DGJIT_DEVICE constexpr int32_t hi_lo_column(uint32_t k_block) {
+    if constexpr (!kHiLo) {
+      return static_cast<int32_t>(k_block * kBlockK);
+    } else {
+      const uint32_t j = k_block / 3, s = k_block % 3;
+      const bool lo = kIsA ? s == 2 : s == 1;
+      return static_cast<int32_t>(((lo ? kSegmentBlocks : 0) + j) * kBlockK);
+    }
+  }
+
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
                                    uint32_t m, const GroupArgs& ga, uint32_t num_splits, const ScaleArgs& scales,
                                    uint32_t a_box_rows) {
@@ -589,9 +609,9 @@ struct GemmSm90 {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         uint64_t* full = smem.full(state.stage);
         mbarrier_arrive_expect_tx(full, stage_tx_bytes + scale_bytes);
-        const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
-        load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, k_idx, a_row, m);
-        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, k_idx, b_row, kN, b_policy);
+        load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, hi_lo_column<true>(k_block), a_row, m);
+        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, hi_lo_column<false>(k_block), b_row, kN,
+                                        b_policy);
         if constexpr (kScaling == Scaling::kBlock) {
           // a_stride_m is 1 (or M is 1 and row0 0) whenever scale_bytes is nonzero.
           if (scale_bytes != 0) {

@@ -1,11 +1,11 @@
 // The pre-pass of the FP32-accurate GEMM (3xTF32, deepgemm_jit/fp32x3.py): FP32 operands -> K-concatenated
 // TF32 operands of one TF32 GEMM,
 //
-//   A3 = [A_hi | A_hi | A_lo]   (M, 3 Kp)        A3 B3^T = A_hi B_hi^T + A_hi B_lo^T + A_lo B_hi^T
-//   B3 = [B_hi | B_lo | B_hi]   (N, 3 Kp)
+//   A2 = [A_hi | A_lo]   (M, 2 Kp)    the GEMM (GemmSpec.hi_lo) sums A_hi B_hi^T + A_hi B_lo^T + A_lo B_hi^T,
+//   B2 = [B_hi | B_lo]   (N, 2 Kp)    K block by K block
 //
 // each segment Kp = ceil(K / kKAlign) * kKAlign columns wide, zero past K, both outputs row-major and
-// contiguous (row pitch 3 Kp floats: a multiple of 16 bytes, so TMA can describe them). Per element:
+// contiguous (row pitch 2 Kp floats: a multiple of 16 bytes, so TMA can describe them). Per element:
 //
 //   hi = cvt.rna.tf32(x)        nearest TF32 (ties away from zero): the low 13 mantissa bits are zero
 //   lo = cvt.rna.tf32(x - hi)   x - hi is exact in FP32 (|x - hi| <= half a TF32 ulp of x, a multiple of
@@ -20,7 +20,7 @@
 // Work decomposition: a block owns one tile of kTileRows rows x kTileCols source columns (K) of one
 // operand; blocks [0, tiles(A)) split A, the rest B, so both operands take one launch.
 //   K-major source (row stride ld, K contiguous): lane i of a warp owns 16-byte chunk i of a row's 128
-//     columns: one 512-byte read and three 512-byte writes per warp and chunk, no shared memory. A chunk
+//     columns: one 512-byte read and two 512-byte writes per warp and chunk, no shared memory. A chunk
 //     is one 16-byte load where its address is 16-byte aligned (tested per chunk: any base and row stride
 //     work), else four scalar loads.
 //   MN-major source (a (K, M) A or a (K, N) B, rows contiguous): the tile is read k-row by k-row (a warp
@@ -43,12 +43,12 @@ constexpr int kTileRows = 32;
 constexpr int kTileCols = 128;    // source K columns per tile (and destination columns per segment)
 constexpr int kChunk = 4;         // floats per 16-byte chunk
 constexpr int kKAlign = 32;       // Kp is a multiple of this: the TF32 GEMM's BLOCK_K, so no K block straddles
-constexpr int kNumSegments = 3;
+constexpr int kNumSegments = 2;
 constexpr int kChunksPerRow = kTileCols / kChunk;                          // 32: one warp per tile row
 constexpr int kChunksPerThread = kTileRows * kChunksPerRow / kNumThreads;  // 4
 constexpr int kSmemPitch = kTileRows + 2;
-// The segment that holds lo in each output (the other two hold hi): A3 = [hi hi lo], B3 = [hi lo hi].
-constexpr int kLoSegmentA = 2;
+// The segment that holds lo in each output (the other holds hi): [hi lo] for both.
+constexpr int kLoSegmentA = 1;
 constexpr int kLoSegmentB = 1;
 static_assert(kChunksPerRow == 32 && kTileRows * kChunksPerRow % kNumThreads == 0, "a warp covers a tile row");
 static_assert(kTileCols % kKAlign == 0 && kKAlign % kChunk == 0, "chunks never straddle Kp");
@@ -113,7 +113,7 @@ DGJIT_DEVICE void load_chunk(const float* __restrict__ row, uint32_t col, uint32
   }
 }
 
-// Splits a chunk and writes its three copies into the destination row (3 * kp floats, 16-byte aligned: kp is
+// Splits a chunk and writes its hi and lo into the destination row (2 * kp floats, 16-byte aligned: kp is
 // a multiple of kKAlign and the host allocates the destination).
 template <int kLoSegment>
 DGJIT_DEVICE void store_split_chunk(float* __restrict__ dst_row, uint32_t kp, uint32_t col, const Chunk& v) {
@@ -192,15 +192,15 @@ DGJIT_DEVICE void split_tile(const float* __restrict__ src, int64_t ld, float* _
 // shared memory. a is (M, K) (kAKMajor) or (K, M); b is (N, K) (kBKMajor) or (K, N).
 template <bool kAKMajor, bool kBKMajor>
 DGJIT_DEVICE void split_body(const float* __restrict__ a, int64_t lda, const float* __restrict__ b, int64_t ldb,
-                             float* __restrict__ a3, float* __restrict__ b3, uint32_t m, uint32_t n, uint32_t k,
+                             float* __restrict__ a2, float* __restrict__ b2, uint32_t m, uint32_t n, uint32_t k,
                              uint32_t kp) {
   // Shared memory only where a source is MN-major (one row of it otherwise, never touched).
   __shared__ float smem[kAKMajor && kBKMajor ? 1 : kTileCols][kSmemPitch];
   const uint32_t a_tiles = num_tiles(m, kp);
   if (blockIdx.x < a_tiles) {
-    split_tile<kAKMajor, kLoSegmentA>(a, lda, a3, m, k, kp, blockIdx.x, smem);
+    split_tile<kAKMajor, kLoSegmentA>(a, lda, a2, m, k, kp, blockIdx.x, smem);
   } else {
-    split_tile<kBKMajor, kLoSegmentB>(b, ldb, b3, n, k, kp, blockIdx.x - a_tiles, smem);
+    split_tile<kBKMajor, kLoSegmentB>(b, ldb, b2, n, k, kp, blockIdx.x - a_tiles, smem);
   }
 }
 
