@@ -53,8 +53,9 @@ class KernelConfig:
     # sm90: split-K kernel: each tile's K blocks may be shared among CTAs (how many is chosen per call, see
     # splitk.py), for problems with fewer tiles than SMs.
     split_k: bool = False
-    # sm90: D leaves each consumer through a ring of this many 128-byte column slices of shared memory, each stored
-    # by TMA as soon as it is written, instead of a staging tile of the consumer's whole part of D; 0: whole tile.
+    # sm90: D leaves each consumer through a ring of this many 64- or 128-byte column slices of shared memory, each
+    # stored by TMA as soon as it is written, instead of a staging tile of the consumer's whole part of D; 0: whole
+    # tile.
     # The 64-128 KB a staged FP32 tile takes become pipeline stages (sm90_d_ring says where).
     d_ring: int = 0
 
@@ -162,9 +163,9 @@ def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
 
 def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
     """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
-    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16) with more slices than
-    the ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows), and no C /
-    residual (TMA loads them into the staging tile)."""
+    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16) with more slices
+    than the ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows),
+    and no C / residual (TMA loads them into the staging tile)."""
     if spec.out_dtype != "fp32":
         return f"out_dtype {spec.out_dtype!r} (the ring holds FP32 slices)"
     out_cols = block_n // 2 if spec.epi.is_gated else block_n  # gated units: D tiles are half as wide
@@ -200,7 +201,8 @@ def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = Fal
 
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False,
                     split_k: bool = False, d_ring: int = 0) -> int:
-    """D staging tile per consumer (d_ring: that many 128-byte slices of it) (+ a residual tile when the epilogue reads both C and a residual) + stages x (A tile
+    """D staging tile per consumer (d_ring: only that many of its column slices) (+ a residual tile when the
+    epilogue reads both C and a residual) + stages x (A tile
     + B tile, 128 bytes of K per row; an MN-major operand's 64-wide boxes of block_k rows take the same bytes) +
     full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the

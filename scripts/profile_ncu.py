@@ -19,9 +19,9 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
 
 A "gemv-" prefix (e.g. gemv-fp8-tensor with --shape 1x24576x1536) profiles the weight-streaming kernel that build()
 dispatches calls of M <= 8 (16) to, instead of the tile kernel. A variant takes the heuristic's tile, or a forced
-one as NAME@BMxBN (e.g. fp8-block@128x128, or any bench --tiles spelling: tf32@128x256s4r2), and a fused epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128;
-a bias is a random vector; epilogues that need C or a residual are not supported here). Ping-pong tiles:
-@BMxBNpp.
+one as NAME@BMxBN (e.g. fp8-block@128x128, or any bench --tiles spelling: tf32@128x256s4r2), and a fused
+epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128; a bias is a random vector; epilogues that need C or a
+residual are not supported here). Ping-pong tiles: @BMxBNpp.
 
 tf32-promoted is the TF32 GEMM of dtype fp32 (3xTF32, K three times the fp32 K).
 

@@ -432,9 +432,9 @@ struct GemmSm90 {
   static constexpr bool kLoadC = Epi::kBeta;
   static constexpr bool kLoadR = Epi::kResidual;
   static constexpr bool kPrefetch = kLoadC || kLoadR;
-  // kDRing: a consumer's D leaves slice by slice (32 or 16 FP32 columns: 128 or 64 bytes per row) through a ring of kDRing
-  // slice buffers: each slice is stored by TMA as soon as its columns are written, and its buffer is written again
-  // kDRing slices later, once that store has read it. The 64-128 KB a whole FP32 tile takes go to pipeline stages
+  // kDRing: a consumer's D leaves slice by slice (32 or 16 FP32 columns: 128 or 64 bytes per row) through a ring
+  // of kDRing slice buffers: each slice is stored by TMA as soon as its columns are written, and its buffer is
+  // written again kDRing slices later, once that store has read it. The 64-128 KB a whole FP32 tile takes go to pipeline stages
   // instead (TF32: 4 stages of a 128x256 tile, where the whole tile allowed 2). Needs the tile's columns walked in
   // slice order by one m64 slice of rows (kNumM64PerWG == 1), and a tile nobody else reads from the buffer: no C /
   // residual (TMA loads them into the whole tile), not grouped (store_rows), no group quantizer.
@@ -1353,7 +1353,8 @@ struct GemmSm90 {
       const uint32_t row0 = tile.row0 + wg_row_offset(math_wg);
       if (row0 < tile.row_end && slice < slices_in_n(tile.n_block)) {
         tma_store_2d(&tmap_d, smem.d(math_wg) + slice % kDRing * kSmemDSliceBytes,
-                     static_cast<int32_t>(tile.n_block * kOutCols + slice * Store::kSliceCols), static_cast<int32_t>(row0));
+                     static_cast<int32_t>(tile.n_block * kOutCols + slice * Store::kSliceCols),
+                     static_cast<int32_t>(row0));
       }
       tma_store_commit();
     }
