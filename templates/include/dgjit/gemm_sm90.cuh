@@ -434,8 +434,8 @@ struct GemmSm90 {
   static constexpr bool kPrefetch = kLoadC || kLoadR;
   // kDRing: a consumer's D leaves slice by slice (32 or 16 FP32 columns: 128 or 64 bytes per row) through a ring
   // of kDRing slice buffers: each slice is stored by TMA as soon as its columns are written, and its buffer is
-  // written again kDRing slices later, once that store has read it. The 64-128 KB a whole FP32 tile takes go to pipeline stages
-  // instead (TF32: 4 stages of a 128x256 tile, where the whole tile allowed 2). Needs the tile's columns walked in
+  // written again kDRing slices later, once that store has read it. The 64-128 KB a whole FP32 tile takes go to
+  // pipeline stages instead (TF32: 4 stages of a 128x256 tile, where the whole tile allowed 2). Needs the tile's columns walked in
   // slice order by one m64 slice of rows (kNumM64PerWG == 1), and a tile nobody else reads from the buffer: no C /
   // residual (TMA loads them into the whole tile), not grouped (store_rows), no group quantizer.
   static constexpr bool kRing = kDRing > 0;
@@ -1561,7 +1561,9 @@ struct GemmSm90 {
         if constexpr (kRing) {
           constexpr uint32_t kGroupsPerSlice = Store::kSliceCols / 8;
           static_assert(kGroupsPerSlice % kChunk == 0, "a chunk of column groups lies inside one D slice");
-          if ((j0 + kChunk) % kGroupsPerSlice == 0) store_ring_slice(smem, tmap_d, math_wg, tile, j0 / kGroupsPerSlice);
+          if ((j0 + kChunk) % kGroupsPerSlice == 0) {
+            store_ring_slice(smem, tmap_d, math_wg, tile, j0 / kGroupsPerSlice);
+          }
         }
       }
     }
