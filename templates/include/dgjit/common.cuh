@@ -51,6 +51,13 @@ DGJIT_DEVICE void store_converted(bfloat16_t* dst, float x) {
   dst->bits = h;
 }
 
+// 3xTF32's inner GEMM (GemmSpec.hi_lo, deepgemm_jit/fp32x3.py): A and B hold [hi | lo], `segment_blocks` K blocks
+// each, and K-loop block 3j + s multiplies A (hi, hi, lo)[s] by B (hi, lo, hi)[s] of block j. The stored K block
+// that loop block `k_block` reads of A (is_a) or B: hi's second read follows its first by one (A) or two (B) blocks.
+DGJIT_DEVICE constexpr uint32_t hi_lo_stored_block(uint32_t k_block, uint32_t segment_blocks, bool is_a) {
+  return (((is_a ? k_block % 3 == 2 : k_block % 3 == 1) ? segment_blocks : 0) + k_block / 3);
+}
+
 template <class T> DGJIT_DEVICE T ceil_div(T a, T b) { return (a + b - 1) / b; }
 template <class T> constexpr T ceil_div_c(T a, T b) { return (a + b - 1) / b; }
 constexpr int min_c(int a, int b) { return a < b ? a : b; }

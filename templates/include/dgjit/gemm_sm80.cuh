@@ -111,8 +111,8 @@ struct GemmSm80 {
     return to_tf32(*reinterpret_cast<const float*>(p));
   }
 
-  // kHiLo (3xTF32's inner GEMM, deepgemm_jit/fp32x3.py): A and B hold [hi | lo], kOperandK = 2 kK / 3 columns;
-  // K tile 3j + s multiplies A (hi, hi, lo)[s] by B (hi, lo, hi)[s] of tile j (gemm_sm90.cuh's hi_lo_column).
+  // kHiLo (3xTF32's inner GEMM): A and B hold [hi | lo], kOperandK = 2 kK / 3 columns, read in the order of
+  // common.cuh's hi_lo_stored_block.
   static constexpr int kOperandK = kHiLo ? 2 * kK / 3 : kK;
   static_assert(!kHiLo || (kIsTF32 && kPromote && kAKMajor && kBKMajor && kK % (3 * kBlockK) == 0),
                 "hi_lo operands: promoted TF32, layout nt, K three segments of whole K tiles");
@@ -121,9 +121,7 @@ struct GemmSm80 {
     if constexpr (!kHiLo) {
       return kt * kBlockK;
     } else {
-      const int j = kt / 3, s = kt % 3;
-      const bool lo = kIsA ? s == 2 : s == 1;
-      return ((lo ? kK / (3 * kBlockK) : 0) + j) * kBlockK;
+      return static_cast<int>(hi_lo_stored_block(kt, kK / (3 * kBlockK), kIsA)) * kBlockK;
     }
   }
 

@@ -570,9 +570,8 @@ struct GemmSm90 {
   // feed only output rows past M, which are not stored), instead of zero-filled by TMA on every K block: the fill
   // ran at a few cycles per row and capped FP8 64x56 tiles at M = 24 (40 rows of fill per 7 KB of B) 26% below
   // M = 64 (session 9).
-  // kHiLo (3xTF32's inner GEMM, deepgemm_jit/fp32x3.py): the operands hold [hi | lo], kSegmentBlocks K blocks
-  // each, and the K loop's block 3j + s multiplies A (hi, hi, lo)[s] by B (hi, lo, hi)[s] of block j: hi is stored
-  // once, and its second read follows its first by one (A) or two (B) K blocks, while it is still in L2.
+  // kHiLo (3xTF32's inner GEMM): [hi | lo] operands of kSegmentBlocks K blocks each (common.cuh,
+  // hi_lo_stored_block): hi is stored once, and read the second time while it is still in L2.
   static constexpr uint32_t kSegmentBlocks = kNumKBlocks / 3;
   static_assert(!kHiLo || (kKind == MmaKind::kTF32 && kPromote && kAKMajor && kBKMajor && !kGrouped &&
                            kK % (3 * kBlockK) == 0),
@@ -583,9 +582,7 @@ struct GemmSm90 {
     if constexpr (!kHiLo) {
       return static_cast<int32_t>(k_block * kBlockK);
     } else {
-      const uint32_t j = k_block / 3, s = k_block % 3;
-      const bool lo = kIsA ? s == 2 : s == 1;
-      return static_cast<int32_t>(((lo ? kSegmentBlocks : 0) + j) * kBlockK);
+      return static_cast<int32_t>(hi_lo_stored_block(k_block, kSegmentBlocks, kIsA) * kBlockK);
     }
   }
 
