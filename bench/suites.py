@@ -97,7 +97,8 @@ class Case:
         return forced_tile_config(spec, self.tiles)
 
 
-# --tiles: forced sm90 tiles "BMxBN[sS][p]" (s: pipeline stages, else as many as fit; p: ping-pong consumers), shared
+# --tiles: forced sm90 tiles "BMxBN[sS][p][rR]" (s: pipeline stages, else as many as fit; p: ping-pong consumers; r: D
+# through a ring of R slices, r0 the whole tile, else the library's rule), shared
 # by python -m bench (one row per tile) and python -m bench.moe (every tile of a row timed in one interleaved call).
 TILE_WORDS = ("auto", "tuned")
 _TILE_RE = re.compile(r"(\d+)x(\d+)(?:s(\d+))?(p?)(?:r(\d+))?")

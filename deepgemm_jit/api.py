@@ -467,7 +467,8 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
 def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: config_mod.KernelConfig | None = None,
                tune: bool | None = None, weight_streaming: bool | None = None, split_k: int | None = None) -> Gemm:
     """``build`` for a spec made elsewhere (build_fp32's inner TF32 GEMM, whose spec build's arguments cannot
-    spell): the same choice of config, tuning and kernel."""
+    spell): the same choice of config, tuning and kernel for `m_hint` (M, checked as build checks it)."""
+    m_hint = _check_m(m_hint)
     target = device.normalize_arch(arch) if arch is not None else device.current_arch()
     if config is None:
         cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)

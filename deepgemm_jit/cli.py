@@ -100,7 +100,7 @@ def _cmd_explain(args) -> int:
         print(f"split-K   shares per tile by M ({split['num_sms']} SMs): {shares}")
     if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM
         print(f"3xTF32    split kernel {info['split'].get('entry', '')} (local {info['split']['local_bytes']} B), "
-              f"TF32 GEMM over K' = {info.get('k_inner')} from [hi | lo] operands of {info.get('k_split')} columns")
+              f"TF32 GEMM over K' = {info.get('k_inner')} from [hi | lo] operands of {info.get('k_operand')} columns")
     return 0
 
 

@@ -14,7 +14,7 @@
 | DEEPGEMM_JIT_NO_BULK_SCALES      | bool | experiments: FP8 block kernels copy A scales with the     |
 |                                  |      | scale warp even where scale_a allows the bulk copy        |
 | DEEPGEMM_JIT_NO_D_RING           | bool | experiments: the heuristic stages whole D tiles where it  |
-|                                  |      | would store them through a slice ring (config.sm90_d_ring)|
+|                                  |      | would store them through a slice ring (sm90_d_ring)       |
 """
 from __future__ import annotations
 

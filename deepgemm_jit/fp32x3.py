@@ -64,13 +64,9 @@ def padded_k(k: int) -> int:
 
 
 def inner_k(k: int) -> int:
-    """K' = 3 Kp: the K of the TF32 GEMM that computes the FP32 product (its K loop; its operands are 2 Kp wide)."""
+    """K' = 3 Kp: the K of the TF32 GEMM that computes the FP32 product (its K loop; its operands are
+    ``GemmSpec.operand_k`` = 2 Kp wide)."""
     return NUM_PRODUCTS * padded_k(k)
-
-
-def split_k(k: int) -> int:
-    """2 Kp: the width of a split operand, [hi | lo]."""
-    return NUM_SEGMENTS * padded_k(k)
 
 
 # -- the problem ---------------------------------------------------------------------------------------------
@@ -131,10 +127,6 @@ class Fp32Spec(OperandLayout):
     @property
     def k_inner(self) -> int:
         return inner_k(self.k)
-
-    @property
-    def k_split(self) -> int:
-        return split_k(self.k)
 
     def out_shape(self, m: int) -> tuple[int, int]:
         return self._inner.out_shape(m)
@@ -399,8 +391,8 @@ class Fp32Gemm:
         spec = self.spec
         grid = split_grid(m, spec.n, spec.k)
         alloc_kind = "torch" if kind == "torch" else "cupy"
-        a2, a2_ptr = _stream_array(alloc_kind, (m, spec.k_split), "fp32", dev, cu_stream, explicit)
-        b2, b2_ptr = _stream_array(alloc_kind, (spec.n, spec.k_split), "fp32", dev, cu_stream, explicit)
+        a2, a2_ptr = _stream_array(alloc_kind, spec.inner.a_shape(m), "fp32", dev, cu_stream, explicit)
+        b2, b2_ptr = _stream_array(alloc_kind, spec.inner.b_shape(), "fp32", dev, cu_stream, explicit)
         if m > 0:
             artifact = self.split_artifact
             if not self._checked_symbols:
@@ -461,7 +453,7 @@ class Fp32Gemm:
         info.update({
             "method": "3xtf32", "spec": dataclasses.asdict(self.spec), "tag": self.spec.tag,
             "inner_spec": info["spec"], "k_padded": self.spec.k_padded, "k_inner": self.spec.k_inner,
-            "k_split": self.spec.k_split,
+            "k_operand": self.spec.inner.operand_k,
             "split": split,
             "local_bytes": None if info["local_bytes"] is None or split["local_bytes"] is None
             else info["local_bytes"] + split["local_bytes"],
@@ -545,7 +537,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
 
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
-        gemm = api.build_spec(spec.inner, api._check_m(M), arch=arch, config=config, tune=tune, weight_streaming=False)
+        gemm = api.build_spec(spec.inner, M, arch=arch, config=config, tune=tune, weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:
         target = device.normalize_arch(arch) if arch is not None else exc.arch

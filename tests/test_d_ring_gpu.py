@@ -1,4 +1,4 @@
-"""sm90 kernels whose D leaves through a ring of 128-byte slices (KernelConfig.d_ring) on the GPU: forced
+"""sm90 kernels whose D leaves through a ring of 64- or 128-byte slices (KernelConfig.d_ring) on the GPU: forced
 cooperative, ping-pong and split-K tiles on shapes with partial tiles in M and N (odd N too, through an epilogue,
 which keeps the sm90 family there), against float64 references with outputs poisoned, and bit for bit against the
 same tile with the whole D tile staged (the same math, only the way out differs)."""
@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from bench.suites import forced_tile_config
 from deepgemm_jit import build, config, reference
 from deepgemm_jit.spec import GemmSpec
 
@@ -16,12 +17,11 @@ TILES = ["128x256r2", "64x96r2", "128x160r3", "64x128pr2", "128x176r4", "128x112
 
 
 def _forced(m, n, k, tile, **kwargs):
-    """The tile 'BMxBN[p]rR' (rR: the ring; r0: the whole tile staged), or a skip where it is not legal."""
+    """The tile in bench --tiles spelling, 'BMxBN[p]rR' (rR: the ring; r0: the whole tile staged), or a skip where
+    it is not legal."""
     spec = GemmSpec.create(n, k, **kwargs)
-    shape, _, ring = tile.partition("r")
-    block_m, block_n = (int(v) for v in shape.rstrip("p").split("x"))
     try:
-        cfg = config.sm90_config(spec, block_m, block_n, pingpong=shape.endswith("p"), d_ring=int(ring))
+        cfg = forced_tile_config(spec, tile)
         cfg.check_for(spec, "sm_90a")
     except ValueError as exc:
         pytest.skip(f"tile not legal for this spec: {exc}")

@@ -46,7 +46,7 @@ def test_padded_and_inner_k(k, kp):
     inner = spec.inner
     assert (inner.n, inner.k, inner.dtype, inner.layout, inner.out_dtype) == (1000, 3 * kp, "tf32", "nt", "fp32")
     # The TF32 GEMM loops over K' = 3 Kp and reads [hi | lo] operands of 2 Kp (GemmSpec.hi_lo).
-    assert inner.hi_lo and inner.promoted and spec.k_split == inner.operand_k == 2 * kp
+    assert inner.hi_lo and inner.promoted and inner.operand_k == 2 * kp
     assert inner.a_shape(5) == (5, 2 * kp) and inner.b_shape() == (1000, 2 * kp)
     # Rows of A2/B2 are whole 16-byte multiples (TMA), and K' holds whole BLOCK_K steps of the TF32 GEMM.
     assert (2 * kp * 4) % 16 == 0 and kp % fp32x3.K_ALIGN == 0
@@ -469,6 +469,7 @@ def test_split_method_returns_the_workspaces(recorded):
     g = make(8, 16, 8)
     a2, b2 = g.split(FakeDeviceArray((3, 8), ptr=BASE), FakeDeviceArray((16, 8), ptr=BASE + 4096))
     assert a2.shape == (3, 64) and b2.shape == (16, 64)   # [hi | lo], Kp = 32
+    assert (a2.shape, b2.shape) == (g.gemm.spec.a_shape(3), g.gemm.spec.b_shape())   # what the TF32 Gemm takes
     assert [c_[0] for c_ in calls] == ["alloc", "alloc", "launch"]
 
 

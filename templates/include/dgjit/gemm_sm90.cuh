@@ -1349,12 +1349,17 @@ struct GemmSm90 {
     if (is_store_thread) {
       const uint32_t row0 = tile.row0 + wg_row_offset(math_wg);
       if (row0 < tile.row_end && slice < slices_in_n(tile.n_block)) {
-        tma_store_2d(&tmap_d, smem.d(math_wg) + slice % kDRing * kSmemDSliceBytes,
-                     static_cast<int32_t>(tile.n_block * kOutCols + slice * Store::kSliceCols),
-                     static_cast<int32_t>(row0));
+        store_d_slice(tmap_d, smem.d(math_wg) + slice % kDRing * kSmemDSliceBytes, tile.n_block, slice, row0);
       }
       tma_store_commit();
     }
+  }
+
+  // TMA store of D's column slice `slice` of n block `n_block`, rows from row0, from its staging buffer `src`.
+  static DGJIT_DEVICE void store_d_slice(const CUtensorMap& tmap_d, uint8_t* src, uint32_t n_block, uint32_t slice,
+                                         uint32_t row0) {
+    tma_store_2d(&tmap_d, src, static_cast<int32_t>(n_block * kOutCols + slice * Store::kSliceCols),
+                 static_cast<int32_t>(row0));
   }
 
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
@@ -1590,10 +1595,7 @@ struct GemmSm90 {
       const uint32_t num_slices = slices_in_n(n_block);
 #pragma unroll
       for (uint32_t slice = 0; slice < Store::kNumSlices; ++slice) {
-        if (slice < num_slices) {
-          tma_store_2d(&tmap_d, smem.d(math_wg) + slice * kSmemDSliceBytes,
-                       static_cast<int32_t>(n_block * kOutCols + slice * Store::kSliceCols), static_cast<int32_t>(row0));
-        }
+        if (slice < num_slices) store_d_slice(tmap_d, smem.d(math_wg) + slice * kSmemDSliceBytes, n_block, slice, row0);
       }
       tma_store_commit();
     }
