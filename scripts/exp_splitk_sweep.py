@@ -1,11 +1,11 @@
 """Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
 
-    python3 -m scripts.exp_splitk_sweep [--dtype bf16|fp8_block|fp8_tensor] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
+    python3 -m scripts.exp_splitk_sweep [--dtype bf16|tf32|fp8_block|fp8_tensor|...] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
                                         [--nk 4096x7168,...] [--tiles 64x64,128x64] [--out DIR]
 
 Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
 tile of the current heuristic (or each of --tiles) with every forced split count, the heuristic's own choice ("auto"), and
-cuBLAS (torch.mm; BF16 only), interleaved in one run (L2 flushed, medians). Outputs are checked against a float64
+the first baseline of `deepgemm_jit.baseline` that covers the dtype (cuBLAS through torch), interleaved in one run (L2 flushed, medians). Outputs are checked against a float64
 reference before timing. Weight streaming is off: this measures the tile kernels.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _unsplit_heuristic(spec, m, num_sms):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp8_block", "fp8_tensor"))
+    ap.add_argument("--dtype", default="bf16", help="a bench dtype (bench/dtypes.py), e.g. bf16, tf32, fp8_block")
     ap.add_argument("--ms", default="16,32,64,128")
     ap.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--reps", type=int, default=30)
@@ -47,14 +47,11 @@ def main() -> int:
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import config, device, reference, splitk, timing
+    from deepgemm_jit import baseline, config, device, reference, splitk, timing
     from deepgemm_jit.spec import GemmSpec
 
     info = bench_dtypes.get(args.dtype)
     num_sms = device.num_sms()
-    torch = None
-    if args.dtype == "bf16":
-        import torch
     rows = []
     shapes = NK if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
     for n, k in shapes:
@@ -88,14 +85,13 @@ def main() -> int:
                     gemms[f"{prefix}s{s}"] = dg.build(m, n, k, config=cfg, split_k=s, weight_streaming=False, **kw)
             fns, errors = {}, {}
             for name, g in gemms.items():
-                out = cupy.empty((m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
+                out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
                 fns[name] = (lambda g=g, out=out: g(a, b, out=out, **ops))
                 fns[name]()
                 errors[name] = reference.error(out, ref)
-            if torch is not None:
-                ta = torch.as_tensor(a.view(cupy.int16), device="cuda").view(torch.bfloat16)
-                tb = torch.as_tensor(b.view(cupy.int16), device="cuda").view(torch.bfloat16)
-                fns["cublas"] = lambda: torch.mm(ta, tb.T)
+            base, _ = baseline.bind(auto.spec, a, b, scaling=inputs.scaling)
+            if base is not None and baseline.check(base, auto.spec, ref).is_ok:
+                fns["cublas"] = base.fn
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
             row = {"dtype": args.dtype, "m": m, "n": n, "k": k, "old_tile": gemms["old"].config.tag,
