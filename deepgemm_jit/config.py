@@ -185,14 +185,17 @@ SM90_D_RING_MIN_M = 256
 
 
 def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, m_hint: int | None = None) -> int:
-    """The heuristic's KernelConfig.d_ring for a tile: SM90_D_RING slices for unpromoted TF32 with FP32 D where the
-    ring applies and M (m_hint; None: large) is at least SM90_D_RING_MIN_M, else 0. A whole staged FP32 tile's 64-128
-    KB of shared memory held TF32 to 4-5 stages of 32 K and a 128x256 tile to 2; with the ring 128x256 runs 4 stages.
+    """The heuristic's KernelConfig.d_ring for a tile: SM90_D_RING slices for TF32 with FP32 D where the ring applies
+    and M (m_hint; None: large) is at least SM90_D_RING_MIN_M, else 0. A whole staged FP32 tile's 64-128 KB of shared
+    memory held TF32 to 4-5 stages of 32 K and a 128x256 tile to 2; with the ring 128x256 runs 4 stages.
     H200 session 14 (bench/results/*tf32-d-ring-s14*): at M = 4096 2112x7168 357 -> 304 us (128x176), 4096x7168 651
     -> 594 and 4096^3 364 -> 335 (128x256); the same tile with and without the ring within +-3%. At M <= 128 the
-    wider tiles it allows were 1-6% slower (128x7168x16384 135 -> 144 us), and promoted TF32 (fp32 = 3xTF32) keeps
-    its measured tiles. DEEPGEMM_JIT_NO_D_RING=1 turns the rule off (experiments)."""
-    if (spec.dtype != "tf32" or spec.promoted or (pingpong and block_m > 64) or env.no_d_ring()
+    wider tiles it allows were 1-6% slower (128x7168x16384 135 -> 144 us). Promoted TF32 (fp32 = 3xTF32 over [hi |
+    lo] operands) too since session 15 (bench/results/*fp32-ring-tiles-s15*): the model then takes 128x176 s5 (160
+    at N = 32768) instead of 128x136-160 s4: 4096x2112x7168 1207 -> 1042 us, 8192^3 8843 -> 8718, 4096x7168x16384
+    7768 -> 7658; 4096x4096x7168 +1%, 4096^3 +2.6%. (Before [hi | lo], session 14, 128x176 with the ring had lost
+    up to 32%.) DEEPGEMM_JIT_NO_D_RING=1 turns the rule off (experiments)."""
+    if (spec.dtype != "tf32" or (pingpong and block_m > 64) or env.no_d_ring()
             or (m_hint is not None and m_hint < SM90_D_RING_MIN_M)
             or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None):
         return 0

@@ -205,16 +205,17 @@ def test_sm90_short_k_decode_tile(kwargs, m, n, k, tile):
 
 
 def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
-    """TF32 with FP32 D at M >= 256 stores D through a ring of 2 slices (session 14 measurements), which frees the
-    whole staged tile's shared memory for stages; everything else keeps the whole staged tile."""
+    """TF32 with FP32 D at M >= 256 (also promoted: 3xTF32) stores D through a ring of 2 slices (sessions 14-15),
+    which frees the whole staged tile's shared memory for stages; everything else keeps the whole staged tile."""
     tf32 = GemmSpec.create(4096, 4096, dtype="tf32")
     assert config.sm90_d_ring(tf32, 128, 256, m_hint=4096) == config.SM90_D_RING == 2
     assert config.sm90_d_ring(tf32, 128, 256) == 2  # no hint: large M
     assert config.sm90_d_ring(tf32, 128, 256, m_hint=128) == 0  # decode sizes keep their measured tiles
     assert config.sm90_d_ring(tf32, 128, 128, pingpong=True) == 0  # a 128-row consumer walks two m64 slices
     assert config.sm90_d_ring(tf32, 128, 136) == 0  # 544-byte rows: 32-byte slices
-    for spec in (GemmSpec.create(4096, 4096, dtype="tf32", promoted=True), GemmSpec.create(4096, 4096, dtype="bf16",
-                 out_dtype="fp32"), GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"),
+    assert config.sm90_d_ring(GemmSpec.create(4096, 4096, dtype="tf32", promoted=True), 128, 176) == 2  # 3xTF32
+    for spec in (GemmSpec.create(4096, 4096, dtype="bf16", out_dtype="fp32"),
+                 GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"),
                  GemmSpec.create(4096, 4096, dtype="tf32", epilogue="beta")):
         assert config.sm90_d_ring(spec, 128, 256) == 0, spec
     ring = config.sm90_config(tf32, 128, 256, 4, m_hint=4096)
