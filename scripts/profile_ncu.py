@@ -23,7 +23,8 @@ one as NAME@BMxBN (e.g. fp8-block@128x128, or any bench --tiles spelling: tf32@1
 epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128; a bias is a random vector; epilogues that need C or a
 residual are not supported here). Ping-pong tiles: @BMxBNpp.
 
-tf32-promoted is the TF32 GEMM of dtype fp32 (3xTF32, K three times the fp32 K).
+tf32-promoted is the TF32 GEMM of dtype fp32 (3xTF32, K three times the fp32 K). cublas-bf16 / cublas-tf32 profile
+cuBLAS's kernel for the same shape (torch.mm, nt, TF32 allowed for cublas-tf32) to set beside ours.
 
 Usage: python3 -m scripts.profile_ncu --variant NAME[:EPILOGUE][@BMxBN[pp]] [--shape MxNxK] [--launches N]
 """
@@ -52,6 +53,8 @@ def build_call(variant: str, m: int, n: int, k: int):
     name, _, epilogue = name.partition(":")
     streaming = name.startswith("gemv-")
     name = name.removeprefix("gemv-")
+    if name.startswith("cublas-"):
+        return _cublas_call(name.removeprefix("cublas-"), x, w), None
     if name not in VARIANTS:
         raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
     if name == "fp8-block-warp":  # read when the first call makes its launch plan
@@ -92,6 +95,24 @@ def build_call(variant: str, m: int, n: int, k: int):
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out, **epi_ops)), g
 
 
+def _cublas_call(dtype: str, x, w):
+    """Zero-argument torch.mm(A, B^T) on torch copies of x and w in `dtype` (bf16, or tf32: FP32 with TF32 allowed)."""
+    import torch
+
+    from deepgemm_jit import baseline
+
+    if dtype not in ("bf16", "tf32"):
+        raise SystemExit(f"--variant cublas-{dtype}: cublas-bf16 or cublas-tf32")
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a = torch.as_tensor(x, device="cuda").to(tdtype)
+    b = torch.as_tensor(w, device="cuda").to(tdtype)
+
+    def call():
+        with baseline.torch_fp32_mode(torch, True if dtype == "tf32" else None):
+            torch.mm(a, b.T)
+    return call
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", required=True)
@@ -105,6 +126,11 @@ def main() -> int:
     for _ in range(args.launches):
         call()
     cupy.cuda.get_current_stream().synchronize()
+    if g is None:  # cuBLAS
+        import torch
+        torch.cuda.synchronize()
+        print(f"{args.variant} {m}x{n}x{k}: torch.mm", flush=True)
+        return 0
     info = g.explain()
     # gemv-* variants: the call ran the weight-streaming kernel (its tag, warps_k and grid), not the tile config.
     what = info["weight_streaming"] if m <= info["weight_streaming"].get("max_m", 0) else info["config"]

@@ -7,7 +7,7 @@
 # instruction samples and stall reasons), VARIANT.log; packed into $OUT/ncu.tgz (the device tool returns at
 # most 8 files), the .ncu-rep reports into $OUT/ncu-reps.tgz.
 set -uo pipefail
-OUT=${OUT:-./device-out}
+OUT=${OUT:-./device-out}; mkdir -p "$OUT"
 WORK=/tmp/ncu-work; rm -rf "$WORK"; mkdir -p "$WORK"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -20,7 +20,8 @@ for v in "$@"; do
   rep="$WORK/$(printf %s "$v" | tr "@:+" "___")"
   # Build (JIT compile) outside the profiler first so that ncu times only launches.
   python3 -m scripts.profile_ncu --variant "$v" --shape "$shape" --launches 1 > "$rep.log" 2>&1 || { cat "$rep.log"; continue; }
-  "$NCU" --clock-control none --kernel-name regex:"dgjit_gem[mv]" --launch-skip 2 --launch-count 1 --set full \
+  kernels="dgjit_gem[mv]"; case "$v" in cublas-*) kernels="xmma|nvjet|cutlass|gemm";; esac
+  "$NCU" --clock-control none --kernel-name regex:"$kernels" --launch-skip 2 --launch-count 1 --set full \
       --import-source no -f -o "$rep" python3 -m scripts.profile_ncu --variant "$v" --shape "$shape" >> "$rep.log" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page details --csv > "$rep-details.csv" 2>> "$rep.log"
   "$NCU" -i "$rep.ncu-rep" --page raw --csv > "$rep-raw.csv" 2>> "$rep.log"
