@@ -127,14 +127,16 @@ EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so 
 
 
 def epilogue_operands(epi, m: int, n: int, out_dtype: str, rng) -> baseline.EpilogueOperands:
-    """Fresh N(0, 1) bias / C / residual in the output dtype, as the Epilogue `epi` needs them."""
+    """Fresh N(0, 1) bias / C / residual in the output dtype, as the Epilogue `epi` needs them (gated units: the
+    residual has D's N / 2 columns)."""
     def draw(shape):
         return reference.random_matrix(shape, out_dtype, rng)
 
     alpha, beta = EPILOGUE_ALPHA_BETA if epi.beta else (1.0, 1.0)
     return baseline.EpilogueOperands(
         bias=None if epi.bias == "none" else draw((n,) if epi.bias == "col" else (m,)),
-        c=draw((m, n)) if epi.beta else None, residual=draw((m, n)) if epi.residual else None,
+        c=draw((m, n)) if epi.beta else None,
+        residual=draw((m, n // 2 if epi.is_gated else n)) if epi.residual else None,
         alpha=alpha, beta=beta)
 
 

@@ -701,7 +701,8 @@ def test_unfused_reference_on_numpy():
 
 
 @pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+gelu+residual", "bias+gelu_tanh", "bias_row+silu",
-                                      "relu+residual", "beta+bias+sigmoid", "beta", "bias+relu"])
+                                      "relu+residual", "beta+bias+sigmoid", "beta", "bias+relu", "bias+swiglu",
+                                      "geglu+residual"])
 def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
@@ -709,14 +710,15 @@ def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
     from deepgemm_jit.epilogue import Epilogue
     bl = baseline_mod()
     epi = Epilogue.parse(epilogue)
-    m, n, k = 33, 40, 24
+    m, n, k = 33, 48, 24  # N: three blocks of 16 for the gated units
     gen = torch.Generator().manual_seed(3)
 
     def draw(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
     a, b = draw(m, k), draw(n, k) / k ** 0.5           # layout nt: a (M, K), b (N, K)
     ops = bl.EpilogueOperands(bias=None if epi.bias == "none" else draw(n if epi.bias == "col" else m),
-                              c=draw(m, n) if epi.beta else None, residual=draw(m, n) if epi.residual else None,
+                              c=draw(m, n) if epi.beta else None,
+                              residual=draw(m, n // 2 if epi.is_gated else n) if epi.residual else None,
                               alpha=0.75 if epi.beta else 1.0, beta=0.5 if epi.beta else 1.0)
     out = torch.full((m, n), float("nan"))
     label, call = bl.torch_unfused_call(torch, epi, a, b.t(), ops, out)
@@ -727,7 +729,8 @@ def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
     want = epilogue_ref.unfused_epilogue(acc, epi, alpha=ops.alpha, beta=ops.beta, **as_np)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{epilogue}: {label}")
     assert ("F.linear(bias)" in label) == (epi.bias == "col" and not epi.beta)
-    assert ("F.gelu" in label) == epi.activation.startswith("gelu") and ("add(residual)" in label) == epi.residual
+    assert ("F.gelu" in label) == (epi.activation.startswith("gelu") or epi.gate == "geglu")
+    assert ("add(residual)" in label) == epi.residual and ("(gate) * up" in label) == epi.is_gated
     assert label.startswith("addmm(C") == epi.beta
     # twice in a row (the timed loop): same result, no state carried over
     np.testing.assert_allclose(call().double().numpy(), got, rtol=0, atol=0)

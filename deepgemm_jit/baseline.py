@@ -523,6 +523,7 @@ class TorchIntMM:
 def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[str, Callable[[], object]]:
     """(label, call returning D) of D = act(alpha * A @ B + beta * C + bias) + residual, as a user writes it in
     torch: one cuBLAS call for the product (and C, and the bias where the GEMM takes it), then one kernel per op.
+    Gated units (swiglu / geglu): act(gate) * up of the interleaved product's halves, (M, N / 2), then the residual.
 
     A (M, K) and B (K, N) are math-order torch views, `out` a preallocated (M, N) tensor of the output dtype,
     the operands of `ops` torch tensors of that dtype, `epi` an ``Epilogue``. ``F.linear(x, w, bias)`` is
@@ -545,6 +546,8 @@ def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[st
     if epi.activation != "none":
         steps.append({"gelu": "F.gelu", "gelu_tanh": "F.gelu(tanh)", "relu": "F.relu_", "silu": "F.silu_",
                       "sigmoid": "sigmoid"}[epi.activation])
+    if epi.is_gated:
+        steps.append(("F.silu" if epi.gate == "swiglu" else "F.gelu") + "(gate) * up")
     if epi.residual:
         steps.append("add(residual)")
     bias = None if ops.bias is None else (ops.bias if epi.bias == "col" else ops.bias[:, None])
@@ -571,10 +574,20 @@ def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[st
             return F.gelu(y, approximate="tanh" if epi.activation == "gelu_tanh" else "none")
         return y
 
+    def gated(y):
+        # B's rows interleave gate and up in blocks of 8 (epilogue.interleave_gate_up): D's column block c of 16 is
+        # gate columns 8c.. then up columns 8c..; what a torch user does with separate projections (act(g) * u,
+        # two kernels after the GEMM) on strided views of the one product. (M, N / 2), a fresh tensor.
+        blocks = y.view(y.shape[0], -1, 2, 8)
+        gate, up = blocks[:, :, 0, :], blocks[:, :, 1, :]
+        act = F.silu(gate) if epi.gate == "swiglu" else F.gelu(gate)
+        return torch.mul(act, up).reshape(y.shape[0], -1)
+
     def call():
-        y = activation(product())
+        y = product()
+        y = gated(y) if epi.is_gated else activation(y)
         if epi.residual:
-            y = torch.add(y, ops.residual, out=out)
+            y = torch.add(y, ops.residual, out=y if epi.is_gated else out)
         return y
 
     return " + ".join(steps), call
