@@ -73,7 +73,7 @@ class Gemm:
         self._a_dtypes = _accepted_dtypes(spec.dtype)
         self._b_dtypes = _accepted_dtypes(spec.b_type)
         # 8-bit operands and fused epilogues exist only in the Hopper family (no portable fallback kernel).
-        self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none"
+        self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.raw_b
         self._epi = spec.epi  # parsed once: the call path reads it
         self._returns_scales = self._epi.has_group_scales  # quant_fp8_g128: calls return (q, scales)
         # Calls with M <= this (and 16-byte aligned rows) run the weight-streaming kernel (gemv.py; 0: never).

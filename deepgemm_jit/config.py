@@ -127,6 +127,8 @@ class KernelConfig:
             raise ValueError(f"{spec.dtype} GEMMs run on the sm90 family only (Hopper's 8-bit WGMMA)")
         if spec.epilogue != "none":
             raise ValueError(f"fused epilogues ({spec.epilogue!r}) run on the sm90 family only")
+        if spec.raw_b:
+            raise ValueError("raw-B 3xTF32 GEMMs (GemmSpec.raw_b) run on the sm90 family only")
         esize = dtypes.get(spec.dtype).storage_bytes
         mma_k = 8 if spec.dtype == "tf32" else 16
         if self.block_k % mma_k:
@@ -835,9 +837,10 @@ def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = 
         cfg = choose_sm90_config(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS, groups)
         cfg.check_for(spec, arch)
         return cfg
-    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped:
+    if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped or spec.raw_b:
         what = (f"{spec.dtype} GEMMs" if dtypes.is_quantized(spec.dtype) else
-                "grouped GEMMs" if spec.grouped else f"fused epilogues ({spec.epilogue!r})")
+                "grouped GEMMs" if spec.grouped else "raw-B 3xTF32 GEMMs (GemmSpec.raw_b)" if spec.raw_b else
+                f"fused epilogues ({spec.epilogue!r})")
         raise ValueError(f"{what} need a Hopper GPU (arch sm_90a), got arch {arch!r}")
     return choose_sm80_config(spec, m_hint, arch)
 

@@ -15,6 +15,8 @@
 |                                  |      | scale warp even where scale_a allows the bulk copy        |
 | DEEPGEMM_JIT_NO_D_RING           | bool | experiments: the heuristic stages whole D tiles where it  |
 |                                  |      | would store them through a slice ring (sm90_d_ring)       |
+| DEEPGEMM_JIT_NO_RAW_B            | bool | experiments: fp32 (3xTF32) splits the weight too at small |
+|                                  |      | M instead of reading it raw (fp32x3.raw_b_applies)        |
 """
 from __future__ import annotations
 
@@ -92,3 +94,8 @@ def no_d_ring() -> bool:
     """Experiments (same-run A/B of config.sm90_d_ring's rule); read when a config is chosen, and choices are
     memoized per process, so set it before the first build."""
     return env_bool("DEEPGEMM_JIT_NO_D_RING")
+
+
+def no_raw_b() -> bool:
+    """Experiments (same-run A/B of fp32x3.raw_b_applies); read when build_fp32 chooses its TF32 GEMM."""
+    return env_bool("DEEPGEMM_JIT_NO_RAW_B")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cubin, device, dtypes, jit, runtime, sass
+from . import cubin, device, dtypes, env, jit, runtime, sass
 from . import epilogue as epilogue_mod
 from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view
 from .errors import KernelNotCachedError
@@ -61,6 +61,19 @@ def padded_k(k: int) -> int:
     (32, 32, 64, 7168)
     """
     return -(-k // K_ALIGN) * K_ALIGN
+
+
+# Small M (decode): the TF32 GEMM reads the caller's FP32 weight itself (GemmSpec.raw_b) and only A is split: the
+# split pass of B (read the weight, write twice its bytes) and the GEMM's read of B2 were ~2.35 GB of DRAM traffic
+# for a 470 MB weight at 64x7168x16384 (H200, session 15, *exp-fp32-breakdown-s15*: split 336 + GEMM 282 us,
+# cuBLAS FP32 331). Needs B K-major (layouts nt, tt) and K a multiple of K_ALIGN (the weight is then (N, Kp)),
+# and the sm90 family. DEEPGEMM_JIT_NO_RAW_B=1 turns it off (experiments).
+RAW_B_MAX_M = 128
+
+
+def raw_b_applies(spec: "Fp32Spec", m_hint: int) -> bool:
+    """Whether build_fp32 at M = m_hint gives the TF32 GEMM the raw weight (see RAW_B_MAX_M)."""
+    return m_hint <= RAW_B_MAX_M and spec.b_k_major and spec.k % K_ALIGN == 0 and not env.no_raw_b()
 
 
 def inner_k(k: int) -> int:
@@ -118,6 +131,17 @@ class Fp32Spec(OperandLayout):
     def inner(self) -> GemmSpec:
         """The TF32 GEMM's spec: (N, K') with K' = 3 Kp over [hi | lo] operands of 2 Kp (hi_lo), layout nt, this
         out_dtype and epilogue."""
+        return self._inner
+
+    def inner_at(self, m_hint: int, arch: str) -> GemmSpec:
+        """The TF32 GEMM build_fp32 builds at M = m_hint for `arch`: `inner`, or its raw_b form at decode sizes
+        (raw_b_applies) where the Hopper family takes it."""
+        from . import config
+
+        if raw_b_applies(self, m_hint):
+            raw = dataclasses.replace(self._inner, raw_b=True)
+            if config.sm90_supports(raw, arch):
+                return raw
         return self._inner
 
     @property
@@ -333,6 +357,7 @@ class Fp32Gemm:
         self.arch = arch
         self.m_hint = m_hint
         self.gemm = gemm                      # the TF32 Gemm over K' = 3 Kp, operands 2 Kp (api.Gemm)
+        self.raw_b = gemm.spec.raw_b          # the Gemm reads the caller's b itself; only a is split
         self.split_artifact = split_artifact
         self.config = gemm.config
         self.artifact = gemm.artifact
@@ -384,15 +409,17 @@ class Fp32Gemm:
             inner._quant_operands(m, va, vd, checked, *quant)
 
     # -- the split ------------------------------------------------------------------
-    def _split(self, m: int, va: MatrixView, vb: MatrixView, dev: int, cu_stream, kind: str, explicit: bool):
+    def _split(self, m: int, va: MatrixView, vb: MatrixView, dev: int, cu_stream, kind: str, explicit: bool,
+               split_b: bool = True):
         """(A2, B2): new (M, 2Kp) and (N, 2Kp) float32 arrays ([hi | lo]) of library `kind` (CuPy for anything but
         torch), allocated for `cu_stream`, and the split of a and b written into them on it (nothing launched for
-        M = 0)."""
+        M = 0). split_b False (raw_b GEMMs): only A2 (B2 is None), the launch covering A's tiles only."""
         spec = self.spec
-        grid = split_grid(m, spec.n, spec.k)
+        grid = split_grid(m, spec.n, spec.k) if split_b else (num_tiles(m, spec.k), 1, 1)
         alloc_kind = "torch" if kind == "torch" else "cupy"
         a2, a2_ptr = _stream_array(alloc_kind, spec.inner.a_shape(m), "fp32", dev, cu_stream, explicit)
-        b2, b2_ptr = _stream_array(alloc_kind, spec.inner.b_shape(), "fp32", dev, cu_stream, explicit)
+        b2, b2_ptr = (_stream_array(alloc_kind, spec.inner.b_shape(), "fp32", dev, cu_stream, explicit) if split_b
+                      else (None, 0))
         if m > 0:
             artifact = self.split_artifact
             if not self._checked_symbols:
@@ -404,7 +431,7 @@ class Fp32Gemm:
             runtime.loaded_kernel(artifact, dev, 0).launch(grid, (NUM_THREADS, 1, 1), runtime.PackedArgs(args),
                                                            cu_stream)
         if kind == "other":  # the Gemm takes a, b and out from one library: present A2 and B2 as out is presented
-            return _InterfaceView(a2), _InterfaceView(b2)
+            return _InterfaceView(a2), None if b2 is None else _InterfaceView(b2)
         return a2, b2
 
     def _prepare(self, a, b, out, stream, ops: dict):
@@ -416,8 +443,8 @@ class Fp32Gemm:
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
             out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev)
-        a2, b2 = self._split(m, va, vb, dev, cu_stream, array_kind(out), stream is not None)
-        return a2, b2, out, cu_stream
+        a2, b2 = self._split(m, va, vb, dev, cu_stream, array_kind(out), stream is not None, split_b=not self.raw_b)
+        return a2, b if self.raw_b else b2, out, cu_stream
 
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, out=None, stream=None, scale_a=None, scale_b=None, bias=None, c=None,
@@ -537,7 +564,9 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
 
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
-        gemm = api.build_spec(spec.inner, M, arch=arch, config=config, tune=tune, weight_streaming=False)
+        target = device.normalize_arch(arch) if arch is not None else device.current_arch()
+        gemm = api.build_spec(spec.inner_at(M, target), M, arch=arch, config=config, tune=tune,
+                              weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:
         target = device.normalize_arch(arch) if arch is not None else exc.arch

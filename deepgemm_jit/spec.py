@@ -97,6 +97,10 @@ class GemmSpec(OperandLayout):
     # multiplies K block 3j + s as (hi, hi), (hi, lo), (lo, hi) of block j, so hi is stored once and its second read
     # follows the first by a K block or two (from L2) instead of a third copy read from DRAM.
     hi_lo: bool = False
+    # hi_lo with B the caller's raw FP32 weight, (N, K / 3): the kernel reads block j of it as B_hi (the tensor cores
+    # truncate FP32 to TF32) and turns it into B_lo in shared memory for block 3j + 1 (gemm_sm90.cuh, kRawB), so
+    # the weight is read once and never split into a workspace. sm90 only.
+    raw_b: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "n", _check_dim(self.n, "N", MAX_N))
@@ -148,11 +152,19 @@ class GemmSpec(OperandLayout):
             raise ValueError(f"hi_lo=True is the inner GEMM of fp32 (3xTF32): dtype tf32, promoted, layout nt, not "
                              f"grouped, K a multiple of {HI_LO_K_STEP}; got dtype {self.dtype!r}, promoted "
                              f"{self.promoted}, layout {self.layout!r}, K={self.k}")
+        if not isinstance(self.raw_b, bool):
+            raise TypeError(f"raw_b must be a bool, got {type(self.raw_b).__name__}")
+        if self.raw_b and not self.hi_lo:
+            raise ValueError("raw_b=True is a mode of the hi_lo GEMM (3xTF32's inner GEMM): set hi_lo=True")
 
     @property
     def operand_k(self) -> int:
         """The K extent of the stored operands: 2/3 of K for hi_lo ([hi | lo] of each K segment), else K."""
         return 2 * self.k // 3 if self.hi_lo else self.k
+
+    def b_shape(self) -> tuple[int, int]:
+        """B as stored: raw_b takes the FP32 weight itself, (N, K / 3); otherwise (N, operand_k) / (operand_k, N)."""
+        return (self.n, self.k // 3) if self.raw_b else super().b_shape()
 
     def _check_grouped(self) -> None:
         """What the grouped kernel takes: layout nt, BF16/FP16 or FP8 with block scales, no C / residual."""
@@ -283,7 +295,8 @@ class GemmSpec(OperandLayout):
         scaled = "" if self.scaling == "none" else f"_{self.scaling}" + ("_fastacc" if self.fast_accum else "")
         epi = "" if self.epilogue == "none" else "_ep_" + self.epilogue.replace("+", "_")
         grouped = "_grouped" if self.grouped else ""
-        promoted = ("_promoted" if self.promoted else "") + ("_hilo" if self.hi_lo else "")
+        promoted = ("_promoted" if self.promoted else "") + ("_hilo" if self.hi_lo else "") + (
+            "_rawb" if self.raw_b else "")
         return f"gemm{grouped}_{types}{promoted}{scaled}{epi}_{self.out_dtype}_{self.layout}_n{self.n}_k{self.k}"
 
 

@@ -100,8 +100,9 @@ def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = No
         if entry.spec.grouped:
             continue  # plan_grouped
         for bucket in entry.m_buckets:
-            cfg = config_mod.choose_config(entry.spec, bucket, arch, num_sms)
-            served.setdefault((entry.spec, cfg), set()).add(bucket)
+            spec = entry.spec_at(bucket, arch)
+            cfg = config_mod.choose_config(spec, bucket, arch, num_sms)
+            served.setdefault((spec, cfg), set()).add(bucket)
     return {key: tuple(sorted(b)) for key, b in served.items()}
 
 

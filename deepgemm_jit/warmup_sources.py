@@ -88,8 +88,14 @@ class WarmupEntry:
     source: str = ""  # where it came from, for messages ("shapes.json #3", "--shape ...", a model row)
     num_groups: tuple[int, ...] = ()
     # dtype fp32 (3xTF32, fp32x3.py): the caller's layout, whose split kernel is compiled too; `spec` is then the
-    # TF32 GEMM build_fp32 runs (K' = 3 * ceil(K/32) * 32, promoted, layout nt).
+    # TF32 GEMM build_fp32 runs (K' = 3 * ceil(K/32) * 32, promoted, layout nt), and `fp32` the caller's problem
+    # (at decode sizes build_fp32 runs that GEMM's raw_b form: spec_at).
     split_layout: str | None = None
+    fp32: "fp32x3.Fp32Spec | None" = None
+
+    def spec_at(self, bucket: int, arch: str) -> GemmSpec:
+        """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch`."""
+        return self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch)
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,8 @@ def parse_shape(text: str) -> WarmupEntry:
             if gemm_type != GemmType("fp32"):
                 raise ValueError("fp32 (3xTF32) takes no b_dtype, scaling or fast_accum")
             fspec = fp32x3.Fp32Spec.create(n, k, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
-            return WarmupEntry(spec=fspec.inner, m_buckets=buckets, source=where, split_layout=fspec.layout)
+            return WarmupEntry(spec=fspec.inner, m_buckets=buckets, source=where, split_layout=fspec.layout,
+                               fp32=fspec)
         spec = gemm_type.spec(n, k, out_dtype, layout, epilogue=epilogue)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None

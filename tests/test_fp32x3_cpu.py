@@ -613,3 +613,43 @@ def test_hi_lo_spec_rules_and_k_order():
               for c, d in ((32 * j, 32 * j), (32 * j, kp + 32 * j), (kp + 32 * j, 32 * j))]
     want = sum(x.astype(np.float64) @ y.astype(np.float64).T for x, y in blocks)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_raw_b_rule_and_spec(cache, monkeypatch):
+    """At decode sizes build_fp32's TF32 GEMM reads the caller's weight itself (GemmSpec.raw_b: B (N, K/3) raw FP32,
+    its lo made in shared memory), where B is K-major, K a multiple of 32 and the Hopper family takes the spec;
+    elsewhere both operands are split as before. The raw_b kernel: no local memory, nothing serialised, the lo
+    stage's named barrier (7) over the consumers."""
+    g = dg.build_fp32(64, 7168, 2048, arch=ARCH)
+    assert g.raw_b and g.gemm.spec == dataclasses.replace(g.spec.inner, raw_b=True) and g.family == "sm90"
+    assert g.gemm.spec.b_shape() == (7168, 2048) and g.gemm.spec.a_shape(64) == (64, 4096)
+    assert g.gemm.spec.tag.endswith("_promoted_hilo_rawb_fp32_nt_n7168_k6144")
+    usage = sass.resource_usage(g.gemm.artifact.cubin)[g.gemm.artifact.entry]
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0
+    log = g.gemm.artifact.meta["log"]
+    assert "C7514" not in log and "C7517" not in log, log
+    assert "BAR.SYNC.DEFER_BLOCKING 0x7, 0x80" in sass.disassemble(g.gemm.artifact.cubin)
+    assert dg.build_fp32(128, 7168, 2048, layout="tt", arch=ARCH).raw_b           # tt: B is K-major too
+    for m, n, k, layout in ((4096, 7168, 2048, "nt"), (129, 7168, 2048, "nt"), (64, 7168, 2000, "nt"),
+                            (64, 7168, 2048, "nn"), (64, 7170, 2048, "nt")):  # large M, K % 32, MN-major B, N % 4
+        g = dg.build_fp32(m, n, k, layout=layout, arch=ARCH)
+        assert not g.raw_b and g.gemm.spec == g.spec.inner, (m, n, k, layout)
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_RAW_B", "1")
+    assert not dg.build_fp32(64, 7168, 2048, arch=ARCH).raw_b
+    with pytest.raises(ValueError, match="hi_lo=True"):
+        GemmSpec(7168, 6144, "tf32", "fp32", promoted=True, raw_b=True)
+    raw = dataclasses.replace(fp32x3.Fp32Spec.create(7168, 2048).inner, raw_b=True)
+    with pytest.raises(ValueError, match="need a Hopper GPU"):
+        config.choose_config(raw, 64, "sm_80")
+    with pytest.raises(ValueError, match="sm90 family only"):
+        config.choose_sm80_config(raw, 64, "sm_80")
+
+
+def test_warmup_plans_the_raw_b_gemm_at_decode_buckets():
+    from deepgemm_jit import warmup
+
+    entry = warmup.parse_shape("1-4096:7168:2048:fp32")
+    by_mode: dict[bool, set[int]] = {True: set(), False: set()}
+    for (spec, _), buckets in warmup.plan_buckets([entry], ARCH).items():
+        by_mode[spec.raw_b].update(buckets)
+    assert by_mode[True] == {64, 128} and min(by_mode[False]) == 256, by_mode

@@ -389,3 +389,28 @@ def test_epilogues(layout, epilogue):
         g(a, b, bias=bias, c=d, residual=residual, alpha=alpha, beta=beta, out=d)
         ref = reference.unfused_epilogue(reference.reference(g.spec, a, b), epi, bias, before, residual, alpha, beta)
         assert reference.within_bound(reference.error(d, ref), "fp32")
+
+
+@pytest.mark.parametrize("m,n,k,layout", [(1, 7168, 2048, "nt"), (37, 1000, 4096, "nt"), (64, 2112, 7168, "nt"),
+                                          (100, 264, 96, "tt"), (128, 7168, 1024, "nt"), (128, 520, 32, "nt")])
+def test_raw_b_weight_at_decode_sizes(m, n, k, layout, monkeypatch):
+    """The raw-B TF32 GEMM (decode sizes: the weight read as it is, lo made in shared memory) within the FP32 bound,
+    and within a few ulps of the path that splits both operands (hi by truncation instead of rounding: the two
+    differ by terms of ~2^-21 relative); split-K, 128-row tiles and partial tiles among the cases."""
+    g = dg.build_fp32(m, n, k, layout=layout)
+    assert g.raw_b and g.gemm.spec.raw_b, g
+    a, b = operands(g.spec, m, cupy.random.default_rng(m + n + k))
+    err = check(g, m, a, b)
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_RAW_B", "1")
+    g_split = dg.build_fp32(m, n, k, layout=layout)
+    assert not g_split.raw_b
+    err_split = check(g_split, m, a, b)
+    assert err < 4 * err_split + 1e-6, (err, err_split)
+    # A weight with infinities: the rows that meet one are inf or NaN in both paths, the others finite and equal
+    # to the split path's within the bound.
+    b_inf = b.copy()
+    b_inf[3 % n, 0] = cupy.inf  # b is (N, K) in both layouts here
+    out_raw, out_split = g(a, b_inf), g_split(a, b_inf)
+    finite = cupy.isfinite(out_split)
+    assert bool((cupy.isfinite(out_raw) == finite).all())
+    assert float(cupy.abs(out_raw[finite] - out_split[finite]).max()) <= 1e-4 * float(cupy.abs(out_split[finite]).max())

@@ -51,6 +51,20 @@ DGJIT_DEVICE void store_converted(bfloat16_t* dst, float x) {
   dst->bits = h;
 }
 
+// x rounded to the nearest TF32 value, ties away from zero, returned as the FP32 with those bits (sm_80+).
+DGJIT_DEVICE float cvt_rna_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
+// IEEE subtraction, round to nearest even, subnormals kept whatever fast-math options a compile carries.
+DGJIT_DEVICE float sub_rn(float a, float b) {
+  float r;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // 3xTF32's inner GEMM (GemmSpec.hi_lo, deepgemm_jit/fp32x3.py): A and B hold [hi | lo], `segment_blocks` K blocks
 // each, and K-loop block 3j + s multiplies A (hi, hi, lo)[s] by B (hi, lo, hi)[s] of block j. The stored K block
 // that loop block `k_block` reads of A (is_a) or B: hi's second read follows its first by one (A) or two (B) blocks.

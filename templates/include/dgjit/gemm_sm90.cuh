@@ -312,7 +312,8 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kAKMajor = true,      // A stored (M, K) (K contiguous); false: (K, M), M contiguous (16-bit only)
           bool kBKMajor = true,      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
           uint32_t kDRing = 0,       // D through a ring of this many slices per consumer (0: the whole tile)
-          bool kHiLo = false>        // 3xTF32: A and B are [hi | lo] (2/3 of kK wide), see hi_lo_column
+          bool kHiLo = false,        // 3xTF32: A and B are [hi | lo] (2/3 of kK wide), see hi_lo_column
+          bool kRawB = false>        // kHiLo with B the raw FP32 weight (kK / 3 wide), see raw_b_to_lo
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -576,11 +577,22 @@ struct GemmSm90 {
   static_assert(!kHiLo || (kKind == MmaKind::kTF32 && kPromote && kAKMajor && kBKMajor && !kGrouped &&
                            kK % (3 * kBlockK) == 0),
                 "hi_lo operands: promoted TF32, layout nt, not grouped, K three segments of whole K blocks");
+  // kRawB (3xTF32 at small M, fp32x3.py): B is the caller's FP32 weight itself, read for all three K-loop blocks
+  // of its K block j. The TF32 wgmma reads an FP32 operand by dropping its low 13 mantissa bits (H200, session 15:
+  // bit-equal results for raw and truncated inputs, scripts/exp_tf32_input_rounding.py), so the raw block serves
+  // as B_hi = trunc(B) in the (hi, hi) and (lo, hi) blocks, and the consumers turn the (hi, lo) block's stage into
+  // B_lo = rna_tf32(B - trunc(B)) in shared memory before its wgmmas (raw_b_to_lo). The weight then leaves DRAM
+  // once (the repeats come from L2) and no split pass writes it twice. hi by truncation leaves out A_lo B_lo of
+  // up to ~2^-21 relative (rna's hi: ~2^-22), under the 1e-5 bound. A NaN whose payload sits only in the 13
+  // dropped bits reads as inf (the split pass would keep it a NaN).
+  static_assert(!kRawB || (kHiLo && !kPingPong), "raw B: the hi_lo GEMM with cooperative consumers");
   // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B).
   template <bool kIsA>
   static DGJIT_DEVICE constexpr int32_t hi_lo_column(uint32_t k_block) {
     if constexpr (!kHiLo) {
       return static_cast<int32_t>(k_block * kBlockK);
+    } else if constexpr (kRawB && !kIsA) {
+      return static_cast<int32_t>(k_block / 3 * kBlockK);
     } else {
       return static_cast<int32_t>(hi_lo_stored_block(k_block, kSegmentBlocks, kIsA) * kBlockK);
     }
@@ -949,6 +961,29 @@ struct GemmSm90 {
     }
   }
 
+  // kRawB: the stage's B (the raw weight's K block) becomes B_lo in place, every consumer thread taking 16-byte
+  // chunks (elementwise: the 128-byte swizzle does not matter); then the generic-proxy writes are fenced for the
+  // wgmmas (async proxy) and all consumers meet at kLoBarrier before any of them issues the stage's wgmmas.
+  // Non-finite elements get lo = 0 (inf - inf would be NaN).
+  static constexpr uint32_t kLoBarrier = 7;
+  static DGJIT_DEVICE uint32_t tf32_lo_of_truncated(uint32_t bits) {
+    if ((bits & 0x7F800000u) == 0x7F800000u) return 0u;
+    return __float_as_uint(cvt_rna_tf32(sub_rn(__uint_as_float(bits), __uint_as_float(bits & 0xFFFFE000u))));
+  }
+  static DGJIT_DEVICE void raw_b_to_lo(const Smem& smem, uint32_t stage) {
+    constexpr uint32_t kThreads = kNumMathWGs * kWarpgroupThreads;
+    constexpr uint32_t kChunks = kSmemBBytesPerStage / 16;
+    const uint32_t base = shared_addr(smem.b(stage));
+#pragma unroll 4
+    for (uint32_t i = threadIdx.x; i < kChunks; i += kThreads) {
+      const uint4 v = ld_shared_v4_b32(base + 16 * i);
+      st_shared_v4_b32(base + 16 * i, tf32_lo_of_truncated(v.x), tf32_lo_of_truncated(v.y),
+                       tf32_lo_of_truncated(v.z), tf32_lo_of_truncated(v.w));
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(kLoBarrier, kThreads);
+  }
+
   template <uint32_t kOff, class Hook>
   static DGJIT_DEVICE void mainloop_promoted_at(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                                 float (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
@@ -976,6 +1011,9 @@ struct GemmSm90 {
         for (uint32_t j = 0; j < kPromoteEvery; ++j) {
           if (j > 0 && k_first + j >= k_end) break;
           mbarrier_wait(smem.full(state.stage), state.phase);
+          if constexpr (kRawB) {
+            if ((k_first + j) % 3 == 1) raw_b_to_lo(smem, state.stage);
+          }
           issue_k_block(smem, state.stage, math_wg, j != 0, part);
           if (j == 0 && k_first == tile.k_begin) after_first_issue();
           // The stage's scales are read while its wgmmas run (the stage is released only after them).

@@ -55,24 +55,6 @@ static_assert(kTileCols % kKAlign == 0 && kKAlign % kChunk == 0, "chunks never s
 static_assert(kTileCols % kNumWarps == 0 && kTileRows == 32, "MN-major loads: one lane per row");
 
 // ------------------------------------------------------------------------------------------------
-// PTX wrappers (one per instruction)
-// ------------------------------------------------------------------------------------------------
-
-// x rounded to the nearest TF32 value, ties away from zero, returned as the FP32 with those bits.
-DGJIT_DEVICE float cvt_rna_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-}
-
-// IEEE subtraction, round to nearest even, subnormals kept whatever fast-math options a compile carries.
-DGJIT_DEVICE float sub_rn(float a, float b) {
-  float r;
-  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-// ------------------------------------------------------------------------------------------------
 // One element, one chunk
 // ------------------------------------------------------------------------------------------------
 
