@@ -343,8 +343,9 @@ class Fp32Gemm:
     operands (``bias=``, ``c=``, ``residual=``, ``alpha=``/``beta=``, ``quant_scale=``, ``amax_out=``,
     ``scales_out=``) as for ``Gemm``. No scales (``scale_a``/``scale_b`` must be None). Every argument is checked
     before anything is launched. The call allocates two workspaces of M x 2Kp and N x 2Kp floats (Kp = K
-    rounded up to 32) from the caller's library's pool, for the call's stream, and returns them to it when it
-    returns (the pools keep freed blocks per stream, so the stream's own order protects them).
+    rounded up to 32; only the first when ``raw_b``: the GEMM reads b itself, see RAW_B_MAX_M) from the caller's
+    library's pool, for the call's stream, and returns them to it when it returns (the pools keep freed blocks
+    per stream, so the stream's own order protects them).
 
     Example::
 
