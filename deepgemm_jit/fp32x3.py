@@ -481,7 +481,7 @@ class Fp32Gemm:
         info.update({
             "method": "3xtf32", "spec": dataclasses.asdict(self.spec), "tag": self.spec.tag,
             "inner_spec": info["spec"], "k_padded": self.spec.k_padded, "k_inner": self.spec.k_inner,
-            "k_operand": self.spec.inner.operand_k,
+            "k_operand": self.spec.inner.operand_k, "raw_b": self.raw_b,
             "split": split,
             "local_bytes": None if info["local_bytes"] is None or split["local_bytes"] is None
             else info["local_bytes"] + split["local_bytes"],

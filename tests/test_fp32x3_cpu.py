@@ -629,6 +629,7 @@ def test_raw_b_rule_and_spec(cache, monkeypatch):
     log = g.gemm.artifact.meta["log"]
     assert "C7514" not in log and "C7517" not in log, log
     assert "BAR.SYNC.DEFER_BLOCKING 0x7, 0x80" in sass.disassemble(g.gemm.artifact.cubin)
+    assert g.explain(with_sass=False)["raw_b"] is True
     assert dg.build_fp32(128, 7168, 2048, layout="tt", arch=ARCH).raw_b           # tt: B is K-major too
     for m, n, k, layout in ((4096, 7168, 2048, "nt"), (129, 7168, 2048, "nt"), (64, 7168, 2000, "nt"),
                             (64, 7168, 2048, "nn"), (64, 7170, 2048, "nt")):  # large M, K % 32, MN-major B, N % 4
