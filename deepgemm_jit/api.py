@@ -469,7 +469,7 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     """``build`` for a spec made elsewhere (build_fp32's inner TF32 GEMM, whose spec build's arguments cannot
     spell): the same choice of config, tuning and kernel for `m_hint` (M, checked as build checks it)."""
     m_hint = _check_m(m_hint)
-    target = device.normalize_arch(arch) if arch is not None else device.current_arch()
+    target = device.target_arch(arch)
     if config is None:
         cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)
     elif isinstance(config, config_mod.KernelConfig):

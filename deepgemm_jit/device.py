@@ -63,6 +63,11 @@ def current_arch() -> str:
     return arch_of_capability(*capability())
 
 
+def target_arch(arch: object | None) -> str:
+    """The compile target of a build: `arch` validated (normalize_arch), or the current device's when None."""
+    return normalize_arch(arch) if arch is not None else current_arch()
+
+
 def runs_on(arch: str, major: int, minor: int) -> bool:
     """Whether a cubin for `arch` loads on a device of compute capability major.minor."""
     match = _ARCH.match(arch)

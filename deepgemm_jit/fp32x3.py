@@ -565,7 +565,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
 
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
-        target = device.normalize_arch(arch) if arch is not None else device.current_arch()
+        target = device.target_arch(arch)
         gemm = api.build_spec(spec.inner_at(M, target), M, arch=arch, config=config, tune=tune,
                               weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)

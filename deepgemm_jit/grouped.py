@@ -419,7 +419,7 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")
     groups = _check_m(DEFAULT_NUM_GROUPS if num_groups is None else num_groups, "num_groups")
     spec = grouped_spec(N, K, dtype, out_dtype, epilogue=epilogue, scaling=scaling, b_dtype=b_dtype)
-    target = device.normalize_arch(arch) if arch is not None else device.current_arch()
+    target = device.target_arch(arch)
     if config is None:  # every group rounds its rows up to whole tiles: the cost model counts them per group
         num_sms = device.num_sms() if arch is None else None
         cfg = config_mod.choose_config(spec, expected, target, num_sms, groups=groups)
