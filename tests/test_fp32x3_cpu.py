@@ -654,3 +654,25 @@ def test_warmup_plans_the_raw_b_gemm_at_decode_buckets():
     for (spec, _), buckets in warmup.plan_buckets([entry], ARCH).items():
         by_mode[spec.raw_b].update(buckets)
     assert by_mode[True] == {64, 128} and min(by_mode[False]) == 256, by_mode
+
+
+def test_raw_b_gemm_warms_up_for_offline_builds(cache_dir, monkeypatch):
+    """Offline, a decode-size build_fp32 needs the raw_b TF32 GEMM: the warmup line its error prints compiles it
+    (and the split GEMM of the large buckets), after which both builds find their kernels on disk."""
+    from deepgemm_jit import warmup
+
+    fp32x3.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    with pytest.raises(KernelNotCachedError) as info:
+        dg.build_fp32(64, 7168, 2048, arch=ARCH)
+    assert info.value.warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 64:7168:2048:fp32"
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "0")
+    work = warmup.plan([warmup.parse_shape("64:7168:2048:fp32"), warmup.parse_shape("4096:7168:2048:fp32")], ARCH)
+    assert sorted(spec.raw_b for spec, _ in work if isinstance(spec, GemmSpec)) == [False, True]
+    assert not warmup.run(work, ARCH, jobs=1, progress=False).failed
+    fp32x3.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    small, large = dg.build_fp32(64, 7168, 2048, arch=ARCH), dg.build_fp32(4096, 7168, 2048, arch=ARCH)
+    assert small.raw_b and not large.raw_b and small.gemm.artifact.compiled_now is False
+    fp32x3.clear_memo()
+

@@ -325,7 +325,8 @@ struct GemmSm90 {
   // Arrivals that free a ring stage: each warp of the consumers that read it.
   static constexpr uint32_t kStageReaders = kPingPong ? 4 : 4 * kNumMathWGs;
   // Named barriers: 1 + math_wg synchronise one consumer's epilogue; kTurnBarrier + math_wg (ping-pong)
-  // tells consumer math_wg that the other one has left its main loop.
+  // tells consumer math_wg that the other one has left its main loop; kLaneFull / kLaneFree (5, 6) hand K lane 1's
+  // sums to lane 0 (kWGSplitK); kLoBarrier (7) closes raw_b_to_lo's conversion of a stage (kRawB).
   static constexpr uint32_t kTurnBarrier = 3;
   static constexpr uint32_t kNumM64PerWG = kWGRows / 64;
   // 40 + 232 (+ 232) per thread over 3 warpgroups = 504 <= 3 * 168: the consumers' increase is covered
