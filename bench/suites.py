@@ -63,14 +63,16 @@ class Case:
 
     def make_spec(self):
         """The library's GemmSpec of this case (pure Python); for fp32 (3xTF32) rows, that of the TF32 GEMM that
-        computes them (N, K' = 3 * ceil(K / 32) * 32, layout nt: what a forced tile and an epilogue apply to)."""
+        computes them on the Hopper family at this M (N, K' = 3 * ceil(K / 32) * 32, layout nt, raw_b at decode
+        sizes: what a forced tile and an epilogue apply to)."""
         from deepgemm_jit import GemmSpec
 
         info = bench_dtypes.get(self.dtype)
         if info.lib == "fp32":
             from deepgemm_jit.fp32x3 import Fp32Spec
 
-            return Fp32Spec.create(self.n, self.k, layout=self.layout, epilogue=self.epilogue).inner
+            spec = Fp32Spec.create(self.n, self.k, layout=self.layout, epilogue=self.epilogue)
+            return spec.inner_at(self.m, "sm_90a")
         extra = {"scaling": info.scaling} if info.scaling else {}
         if self.epilogue:
             extra["epilogue"] = self.epilogue

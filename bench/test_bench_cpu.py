@@ -623,6 +623,15 @@ def test_run_case_fp32_rows_build_the_3xtf32_gemm_on_cpu(cpu_runner):
     assert (spec.dtype, spec.n, spec.k, spec.layout, spec.out_dtype) == ("tf32", 256, 384, "nt", "fp32")
     cfg = case.forced_config(spec)
     assert (cfg.family, cfg.block_m, cfg.block_n, cfg.block_k) == ("sm90", 128, 128, 32)
+    # At decode sizes the forced tile is sized for the raw-B GEMM that build_fp32 then compiles (two A and two B
+    # tiles per stage): its stages fit that kernel's shared memory.
+    decode = suites.Case("deepseek", "fp32", "nt", 64, 7168, 2048, "64x112")
+    spec = decode.make_spec()
+    cfg = decode.forced_config(spec)
+    from deepgemm_jit import config
+
+    assert spec.raw_b and cfg.smem_bytes(spec) <= config.SM90_SMEM_BUDGET_BYTES
+    cfg.check_for(spec, "sm_90a")
     cases = suites.expand(("seed",), ("fp32",), suites.LAYOUTS, epilogues=("bias+gelu",))
     assert len(cases) == 3 * 4   # every layout takes epilogues here: the TF32 GEMM behind them is nt
 

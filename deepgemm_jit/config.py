@@ -196,9 +196,11 @@ def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = Fal
     lo] operands) too since session 15 (bench/results/*fp32-ring-tiles-s15*): the model then takes 128x176 s5 (160
     at N = 32768) instead of 128x136-160 s4: 4096x2112x7168 1207 -> 1042 us, 8192^3 8843 -> 8718, 4096x7168x16384
     7768 -> 7658; 4096x4096x7168 +1%, 4096^3 +2.6%. (Before [hi | lo], session 14, 128x176 with the ring had lost
-    up to 32%.) DEEPGEMM_JIT_NO_D_RING=1 turns the rule off (experiments)."""
+    up to 32%.) The raw-B GEMM (decode-size fp32) at every M: its stages are twice as large, and its tile sweep
+    (session 16, *exp-fp32-raw-b-tiles-s16*) ran with the ring. DEEPGEMM_JIT_NO_D_RING=1 turns the rule off
+    (experiments)."""
     if (spec.dtype != "tf32" or (pingpong and block_m > 64) or env.no_d_ring()
-            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M)
+            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M and not spec.raw_b)
             or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None):
         return 0
     return SM90_D_RING
@@ -208,8 +210,8 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
                     split_k: bool = False, d_ring: int = 0) -> int:
     """D staging tile per consumer (d_ring: only that many of its column slices) (+ a residual tile when the
     epilogue reads both C and a residual) + stages x (A tile
-    + B tile, 128 bytes of K per row; an MN-major operand's 64-wide boxes of block_k rows take the same bytes) +
-    full/empty barriers (+ 16 bytes of epilogue-operand barriers) +
+    + B tile, 128 bytes of K per row; an MN-major operand's 64-wide boxes of block_k rows take the same bytes;
+    raw_b: two of each) + full/empty (raw_b: and lo_full) barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer (+ 16 bytes of split-K flags) (+ the second K lane's FP32 sums of a 64-row tile,
     sm90_wg_split_k) + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
@@ -229,8 +231,11 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
         scale_bytes = num_math_wgs * (wg_rows + block_n) * 4
     split_bytes = 16 if split_k else 0
     lane_bytes = wg_rows * block_n * 4 if sm90_wg_split_k(spec, block_m, pingpong) else 0
-    return (d_bytes + num_stages * (block_m + block_n) * 128 + 2 * num_stages * 8 + scale_bytes + epi_bytes
-            + split_bytes + lane_bytes + 1024)
+    # raw_b: a stage holds A_hi and A_lo, the raw B block and its B_lo slot, and has a third barrier (lo_full).
+    operand_tiles = 2 if spec.raw_b else 1
+    barrier_bytes = -(-(3 if spec.raw_b else 2) * num_stages * 8 // 16) * 16
+    return (d_bytes + num_stages * operand_tiles * (block_m + block_n) * 128 + barrier_bytes + scale_bytes
+            + epi_bytes + split_bytes + lane_bytes + 1024)
 
 
 def sm90_max_accumulators(spec: GemmSpec) -> int:
@@ -511,16 +516,55 @@ def split_candidates(k: int, block_k: int, tiles: int | None = None, num_sms: in
     return range(1, max(1, top) + 1)
 
 
+# The raw-B 3xTF32 GEMM (GemmSpec.raw_b, dtype fp32 at M <= 128) has its own cost: a stage carries a raw K block's
+# three products (12 wgmmas) plus the converter warps' B_lo, so its time per stage grows with BLOCK_N from a fixed
+# part (barriers, the promotion's drain, the converter's pass) that the compute-centric sm90_tile_cost does not
+# see: it picked 64x56 unsplit at 64x7168x16384 (228 us) where 64x112 x 2 shares ran 178. Fitted on the H200 sweep
+# of session 16 (bench/results/*exp-fp32-raw-b-tiles-s16*, 6 DeepSeek (N, K) x M = 64 / 128, tiles 64x32..128x128 x
+# 1-3 shares): per stage and CTA, 0.22 + 0.0042 BLOCK_N us for 64-row tiles (56: 0.45, 112: 0.69, 168: 1.1) and
+# 0.33 + 0.007 BLOCK_N for 128-row tiles (56: 0.76, 112: 1.13). A tile costs waves x its share's stages x that,
+# plus one stage per share for the partial tile's round trip. BLOCK_N stays among the measured widths.
+RAW_B_BLOCK_N = (56, 96, 112, 128)
+_RAW_B_STAGE_US = {64: (0.22, 0.0042), 128: (0.33, 0.007)}
+
+
+def raw_b_tile_cost(m: int, n: int, loop_k: int, block_m: int, block_n: int, num_sms: int, splits: int = 1) -> float:
+    """Modelled microseconds of the raw-B GEMM's main loops at M = m with this tile and split count (see
+    RAW_B_BLOCK_N); loop_k: GemmSpec.loop_k (the raw K)."""
+    fixed, per_column = _RAW_B_STAGE_US[block_m]
+    units = -(-m // block_m) * -(-n // block_n) * splits
+    stages = -(-(-(-loop_k // 32)) // splits) + (1 if splits > 1 else 0)
+    return -(-units // num_sms) * stages * (fixed + per_column * block_n)
+
+
+def _raw_b_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tuple[float, int, int, int, int]]:
+    """_sm90_tiles_by_cost for raw-B GEMMs: (cost, block_m, block_n, stages, splits) by raw_b_tile_cost."""
+    tiles = []
+    for block_m in (64, 128) if m_hint > 64 else (64,):
+        for block_n in RAW_B_BLOCK_N:
+            if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
+                continue
+            cost, splits = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms)
+            stages = _sm90_stages(spec, block_m, block_n, split_k=splits > 1, m_hint=m_hint)
+            if stages >= 2:
+                tiles.append((cost, block_m, block_n, stages, splits))
+    return sorted(tiles)
+
+
 def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms: int, num_stages: int = 8
                      ) -> tuple[float, int]:
     """(cost, splits) of the cheapest split count for a tile shape at M = m (1 when splitting does not pay)."""
+    if spec.raw_b:
+        tiles = -(-m // block_m) * -(-spec.n // block_n)
+        return min((raw_b_tile_cost(m, spec.n, spec.loop_k, block_m, block_n, num_sms, s), s)
+                   for s in split_candidates(spec.loop_k, 32, tiles, num_sms))
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     block_k = 128 // esize
     d_cols = block_n // 2 if spec.epi.is_gated else None
     tiles = -(-m // block_m) * -(-spec.n // block_n)
     return min((sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, block_k, out_esize, num_sms, num_stages, d_cols,
-                               splits=s), s) for s in split_candidates(spec.k, block_k, tiles, num_sms))
+                               splits=s), s) for s in split_candidates(spec.loop_k, block_k, tiles, num_sms))
 
 
 # Split-K exists to give idle SMs a share of the K loop. At decode sizes the cost model still prefers it where an
@@ -594,7 +638,10 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
     _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first; at short K and small M,
     _sm90_decode_short_k's 64x64 tile comes first). Where no preferred
-    tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts."""
+    tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts.
+    Raw-B GEMMs: _raw_b_tiles_by_cost."""
+    if spec.raw_b:
+        return _raw_b_tiles_by_cost(spec, m_hint, num_sms)
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only

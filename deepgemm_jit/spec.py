@@ -98,8 +98,9 @@ class GemmSpec(OperandLayout):
     # follows the first by a K block or two (from L2) instead of a third copy read from DRAM.
     hi_lo: bool = False
     # hi_lo with B the caller's raw FP32 weight, (N, K / 3): the kernel reads block j of it as B_hi (the tensor cores
-    # truncate FP32 to TF32) and turns it into B_lo in shared memory for block 3j + 1 (gemm_sm90.cuh, kRawB), so
-    # the weight is read once and never split into a workspace. sm90 only.
+    # truncate FP32 to TF32), its converter warps write B_lo beside it in shared memory, and one stage serves all
+    # three products of block j (gemm_sm90.cuh, kRawB), so the weight is read once and never split into a
+    # workspace. sm90 only.
     raw_b: bool = False
 
     def __post_init__(self):
@@ -161,6 +162,12 @@ class GemmSpec(OperandLayout):
     def operand_k(self) -> int:
         """The K extent of the stored operands: 2/3 of K for hi_lo ([hi | lo] of each K segment), else K."""
         return 2 * self.k // 3 if self.hi_lo else self.k
+
+    @property
+    def loop_k(self) -> int:
+        """The K the kernel's loop walks in block_k steps (split-K shares divide it): K / 3 for raw_b, whose
+        stages each hold a raw K block's three products, else K."""
+        return self.k // 3 if self.raw_b else self.k
 
     def b_shape(self) -> tuple[int, int]:
         """B as stored: raw_b takes the FP32 weight itself, (N, K / 3); otherwise (N, operand_k) / (operand_k, N)."""

@@ -55,7 +55,7 @@ def num_splits(spec: GemmSpec, cfg: KernelConfig, m: int, num_sms: int, forced: 
     arguments, on the path of every call without a kept launch plan (the cost model took ~10 us on 2 cores)."""
     if not cfg.split_k:
         return 1
-    k_blocks = -(-spec.k // cfg.block_k)
+    k_blocks = -(-spec.loop_k // cfg.block_k)
     if forced is not None:
         return max(1, min(forced, k_blocks))
     if m > config_mod.SPLIT_MAX_M:  # the rule's range, as for the kernel choice

@@ -414,3 +414,27 @@ def test_raw_b_weight_at_decode_sizes(m, n, k, layout, monkeypatch):
     finite = cupy.isfinite(out_split)
     assert bool((cupy.isfinite(out_raw) == finite).all())
     assert float(cupy.abs(out_raw[finite] - out_split[finite]).max()) <= 1e-4 * float(cupy.abs(out_split[finite]).max())
+
+
+# Forced tiles of the raw-B kernel, whatever the heuristic picks: 64- and 128-row tiles, split-K shares of odd and
+# single raw K blocks (K = 96 is three of them), partial M and N tiles, stage counts from 2 up.
+@pytest.mark.parametrize("m,n,k,tile,splits", [
+    (64, 7168, 2048, (64, 56, None), 1), (37, 1000, 1024, (64, 168, None), 3), (1, 520, 96, (64, 112, 2), 2),
+    (128, 2112, 1024, (128, 112, None), 1), (100, 264, 1024, (128, 56, None), 3), (128, 7168, 2048, (128, 128, 2), 2),
+    (70, 4096, 7168, (64, 112, None), 5)])
+def test_raw_b_forced_tiles(m, n, k, tile, splits):
+    """Each tile / split count of the raw-B TF32 GEMM within the FP32 bound, and equal to itself on a second call
+    (deterministic split-K)."""
+    from deepgemm_jit import api, config
+
+    g_auto = dg.build_fp32(m, n, k)
+    spec = g_auto.gemm.spec
+    assert spec.raw_b
+    block_m, block_n, stages = tile
+    cfg = config.sm90_config(spec, block_m, block_n, stages, split_k=splits > 1)
+    inner = api.build_spec(spec, m, config=cfg, split_k=splits if splits > 1 else None, weight_streaming=False)
+    g = fp32x3.Fp32Gemm(g_auto.spec, inner.arch, inner.m_hint, inner, g_auto.split_artifact)
+    a, b = operands(g.spec, m, cupy.random.default_rng(m * 3 + n + k))
+    check(g, m, a, b)
+    first = g(a, b)
+    assert bool((g(a, b) == first).all())

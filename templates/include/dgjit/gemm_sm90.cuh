@@ -313,7 +313,7 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kBKMajor = true,      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
           uint32_t kDRing = 0,       // D through a ring of this many slices per consumer (0: the whole tile)
           bool kHiLo = false,        // 3xTF32: A and B are [hi | lo] (2/3 of kK wide), see hi_lo_column
-          bool kRawB = false>        // kHiLo with B the raw FP32 weight (kK / 3 wide), see raw_b_to_lo
+          bool kRawB = false>        // kHiLo with B the raw FP32 weight (kK / 3 wide), see convert_lo
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
   static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
@@ -322,11 +322,11 @@ struct GemmSm90 {
   static constexpr uint32_t kWGRows = kPingPong ? kBlockM : kBlockM / kNumMathWGs;
   // First row of a consumer's part of the tile (ping-pong: each consumer owns whole tiles).
   static DGJIT_DEVICE constexpr uint32_t wg_row_offset(uint32_t math_wg) { return kPingPong ? 0 : math_wg * kWGRows; }
-  // Arrivals that free a ring stage: each warp of the consumers that read it.
+  // Arrivals that free a ring stage: each warp of the consumers that read it (kRawB: and each converter warp).
   static constexpr uint32_t kStageReaders = kPingPong ? 4 : 4 * kNumMathWGs;
   // Named barriers: 1 + math_wg synchronise one consumer's epilogue; kTurnBarrier + math_wg (ping-pong)
   // tells consumer math_wg that the other one has left its main loop; kLaneFull / kLaneFree (5, 6) hand K lane 1's
-  // sums to lane 0 (kWGSplitK); kLoBarrier (7) closes raw_b_to_lo's conversion of a stage (kRawB).
+  // sums to lane 0 (kWGSplitK).
   static constexpr uint32_t kTurnBarrier = 3;
   static constexpr uint32_t kNumM64PerWG = kWGRows / 64;
   // 40 + 232 (+ 232) per thread over 3 warpgroups = 504 <= 3 * 168: the consumers' increase is covered
@@ -368,6 +368,9 @@ struct GemmSm90 {
   static constexpr uint32_t kMnBlockElems = 128 / kInBytes;
   static constexpr uint32_t kMnBlockBytes = kBlockK * 128;
   static constexpr uint32_t kNumKBlocks = (kK + kBlockK - 1) / kBlockK;
+  // The K blocks a tile's loop walks (schedulers, split-K shares): kRawB takes a raw K block's three products from
+  // one stage (see kRawB below), so its loop is a third of the K' = 3 Kp blocks long.
+  static constexpr uint32_t kLoopKBlocks = kRawB ? kNumKBlocks / 3 : kNumKBlocks;
   static constexpr uint32_t kNumNBlocks = (kN + kBlockN - 1) / kBlockN;
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "kBlockM must be 64, 128 or 256");
@@ -422,9 +425,14 @@ struct GemmSm90 {
   using Store = StoreTraits<TD, kOutCols>;
   static constexpr uint32_t kSmemDBytesPerWG = kWGRows * kOutCols * sizeof(TD);
   static constexpr uint32_t kSmemDSliceBytes = kWGRows * Store::kSliceRowBytes;
-  static constexpr uint32_t kSmemABytesPerStage = kBlockM * kSmemRowBytes;
-  static constexpr uint32_t kSmemBBytesPerStage = kBlockN * kSmemRowBytes;
-  static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBytesPerStage;
+  // kRawB: a stage holds A_hi then A_lo (the A part), and the raw B block then its B_lo slot (the B part), which
+  // the converter warps fill from the raw block (TMA loads 2 A tiles and 1 B tile).
+  static constexpr uint32_t kAOperandsPerStage = kRawB ? 2 : 1;
+  static constexpr uint32_t kSmemABoxBytes = kBlockM * kSmemRowBytes;
+  static constexpr uint32_t kSmemBBoxBytes = kBlockN * kSmemRowBytes;
+  static constexpr uint32_t kSmemABytesPerStage = kAOperandsPerStage * kSmemABoxBytes;
+  static constexpr uint32_t kSmemBBytesPerStage = (kRawB ? 2 : 1) * kSmemBBoxBytes;
+  static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBoxBytes;
   static_assert((kAKMajor || kSmemABytesPerStage == kBlockM / kMnBlockElems * kMnBlockBytes) &&
                     (kBKMajor || kSmemBBytesPerStage == kBlockN / kMnBlockElems * kMnBlockBytes),
                 "an MN-major stage occupies what the K-major one does (config.sm90_smem_bytes mirrors one formula)");
@@ -452,7 +460,7 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemAOffset = kSmemROffset + kSmemRBytes;
   static constexpr uint32_t kSmemBOffset = kSmemAOffset + kNumStages * kSmemABytesPerStage;
   static constexpr uint32_t kSmemBarrierOffset = kSmemBOffset + kNumStages * kSmemBBytesPerStage;
-  // 2 barriers per stage; then (kRow only) each consumer's row and column scales of its current tile;
+  // 2 barriers per stage (kRawB: 3, rounded up to 16 bytes); then (kRow only) each consumer's row and column scales of its current tile;
   // then 1024 bytes of slack so the base can be rounded up to the 1024-byte swizzle repeat at run time
   // (the dynamic smem base alignment is not guaranteed beyond 16 bytes).
   // kBlock: per stage, kBlockM scales of A then kMaxScaleBBlocks of B (16-byte aligned slots).
@@ -460,7 +468,8 @@ struct GemmSm90 {
       128 % kBlockN == 0 ? 1 : (kBlockN % 128 == 0 ? kBlockN / 128 : kBlockN / 128 + 2);
   static constexpr uint32_t kStageScaleFloats = (kBlockM + kMaxScaleBBlocks + 3) / 4 * 4;
   // One epilogue-operand barrier per consumer (16 bytes keep what follows 16-byte aligned).
-  static constexpr uint32_t kSmemEpiBarrierOffset = kSmemBarrierOffset + 2 * kNumStages * 8;
+  static constexpr uint32_t kBarriersPerStage = kRawB ? 3 : 2;
+  static constexpr uint32_t kSmemEpiBarrierOffset = kSmemBarrierOffset + (kBarriersPerStage * kNumStages * 8 + 15) / 16 * 16;
   static constexpr uint32_t kSmemEpiBarrierBytes = kPrefetch ? 16 : 0;
   static constexpr uint32_t kSmemStageScaleOffset = kSmemEpiBarrierOffset + kSmemEpiBarrierBytes;
   static constexpr uint32_t kSmemStageScaleBytes =
@@ -491,8 +500,8 @@ struct GemmSm90 {
   // the D buffer would race with store_rows' reads of it), nor per-tensor / per-row scales (they are per group).
   static_assert(!kGrouped || (!kPrefetch && !kPingPong && (kScaling == Scaling::kNone || kScaling == Scaling::kBlock)),
                 "grouped GEMMs: no C / residual operands, no ping-pong, scaling none or block");
-  using Scheduler = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
-                                         TileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>>::type;
+  using Scheduler = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks>,
+                                         TileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks>>::type;
   // Split-K: ping-pong consumers take turns by tile count and grouped walks have their own scheduler.
   static_assert(!kSplitK || (!kPingPong && !kGrouped), "split-K runs cooperative, non-grouped tiles");
   using State = PipelineState<kNumStages>;
@@ -512,11 +521,18 @@ struct GemmSm90 {
     }
     DGJIT_DEVICE uint8_t* a(uint32_t stage) const { return base + kSmemAOffset + stage * kSmemABytesPerStage; }
     DGJIT_DEVICE uint8_t* b(uint32_t stage) const { return base + kSmemBOffset + stage * kSmemBBytesPerStage; }
+    // kRawB: the stage's A_lo tile and B_lo slot.
+    DGJIT_DEVICE uint8_t* a_lo(uint32_t stage) const { return a(stage) + kSmemABoxBytes; }
+    DGJIT_DEVICE uint8_t* b_lo(uint32_t stage) const { return b(stage) + kSmemBBoxBytes; }
     DGJIT_DEVICE uint64_t* full(uint32_t stage) const {
       return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + stage;
     }
     DGJIT_DEVICE uint64_t* empty(uint32_t stage) const {
       return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + kNumStages + stage;
+    }
+    // kRawB: the stage's B_lo slot is written (the converter warps' arrivals).
+    DGJIT_DEVICE uint64_t* lo_full(uint32_t stage) const {
+      return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + 2 * kNumStages + stage;
     }
     // kBlock: the stage's scales (A rows of the tile, then its B blocks).
     DGJIT_DEVICE uint32_t stage_scales(uint32_t stage) const {
@@ -578,22 +594,28 @@ struct GemmSm90 {
   static_assert(!kHiLo || (kKind == MmaKind::kTF32 && kPromote && kAKMajor && kBKMajor && !kGrouped &&
                            kK % (3 * kBlockK) == 0),
                 "hi_lo operands: promoted TF32, layout nt, not grouped, K three segments of whole K blocks");
-  // kRawB (3xTF32 at small M, fp32x3.py): B is the caller's FP32 weight itself, read for all three K-loop blocks
-  // of its K block j. The TF32 wgmma reads an FP32 operand by dropping its low 13 mantissa bits (H200, session 15:
-  // bit-equal results for raw and truncated inputs, scripts/exp_tf32_input_rounding.py), so the raw block serves
-  // as B_hi = trunc(B) in the (hi, hi) and (lo, hi) blocks, and the consumers turn the (hi, lo) block's stage into
-  // B_lo = rna_tf32(B - trunc(B)) in shared memory before its wgmmas (raw_b_to_lo). The weight then leaves DRAM
-  // once (the repeats come from L2) and no split pass writes it twice. hi by truncation leaves out A_lo B_lo of
-  // up to ~2^-21 relative (rna's hi: ~2^-22), under the 1e-5 bound. A NaN whose payload sits only in the 13
-  // dropped bits reads as inf (the split pass would keep it a NaN).
-  static_assert(!kRawB || (kHiLo && !kPingPong), "raw B: the hi_lo GEMM with cooperative consumers");
-  // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B).
+  // kRawB (3xTF32 at small M, fp32x3.py): B is the caller's FP32 weight itself. The TF32 wgmma reads an FP32
+  // operand by dropping its low 13 mantissa bits (H200, session 15: bit-equal results for raw and truncated inputs,
+  // scripts/exp_tf32_input_rounding.py), so the raw block serves as B_hi = trunc(B). One stage holds raw K block
+  // j whole: A_hi, A_lo and the raw B block by TMA, and B_lo = B - trunc(B), which the converter warps
+  // (convert_lo) write into the stage's B_lo slot and announce on its lo_full barrier. The
+  // consumers issue (hi, hi), (lo, hi) and (hi, lo) from that stage (issue_raw_b_block), so the loop walks
+  // kSegmentBlocks stages per tile, each weight byte crosses DRAM and L2 once, no split pass writes it, and the
+  // conversion runs beside the wgmmas instead of in front of them. (Session 15's first form loaded the raw block
+  // for each of the three K'-blocks and converted in place on the consumers: 3 stages per raw block, 1.5 TB/s of
+  // weight at 64x7168x16384.) hi by truncation leaves out A_lo B_lo of up to ~2^-21 relative (rna's hi: ~2^-22),
+  // under the 1e-5 bound; B_lo has up to 13 significant bits, of which the wgmma keeps 11. A NaN whose payload sits only in the 13 dropped bits reads as inf (the split pass would
+  // keep it a NaN).
+  static_assert(!kRawB || (kHiLo && !kPingPong && kKStep == 1 && kScaling == Scaling::kNone),
+                "raw B: the hi_lo GEMM with cooperative consumers");
+  // The converter warps: producer warps 1-3, and the idle warpgroup of a 64-row tile (one consumer).
+  static constexpr uint32_t kConverterWarps = 3 + (kNumMathWGs == 1 ? 4 : 0);
+  // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B). kRawB loads by its own rule
+  // (produce): A_hi at column block j, A_lo at kSegmentBlocks + j, B at j.
   template <bool kIsA>
   static DGJIT_DEVICE constexpr int32_t hi_lo_column(uint32_t k_block) {
     if constexpr (!kHiLo) {
       return static_cast<int32_t>(k_block * kBlockK);
-    } else if constexpr (kRawB && !kIsA) {
-      return static_cast<int32_t>(k_block / 3 * kBlockK);
     } else {
       return static_cast<int32_t>(hi_lo_stored_block(k_block, kSegmentBlocks, kIsA) * kBlockK);
     }
@@ -606,7 +628,7 @@ struct GemmSm90 {
     State state;
     Tile tile;
     const uint32_t stage_tx_bytes =
-        kAKMajor ? a_box_rows * kSmemRowBytes + kSmemBBytesPerStage : kStageTxBytes;
+        kAKMajor ? kAOperandsPerStage * a_box_rows * kSmemRowBytes + kSmemBBoxBytes : kStageTxBytes;
     const uint64_t evict_first = l2_evict_first_policy();
     while (scheduler.next(tile)) {
       const int32_t a_row = static_cast<int32_t>(tile.row0);
@@ -619,9 +641,17 @@ struct GemmSm90 {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         uint64_t* full = smem.full(state.stage);
         mbarrier_arrive_expect_tx(full, stage_tx_bytes + scale_bytes);
-        load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, hi_lo_column<true>(k_block), a_row, m);
-        load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, hi_lo_column<false>(k_block), b_row, kN,
-                                        b_policy);
+        if constexpr (kRawB) {
+          const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
+          load_box(smem.a(state.stage), &tmap_a, full, k_idx, a_row, L2Policy{});
+          load_box(smem.a_lo(state.stage), &tmap_a, full, k_idx + static_cast<int32_t>(kSegmentBlocks * kBlockK),
+                   a_row, L2Policy{});
+          load_box(smem.b(state.stage), &tmap_b, full, k_idx, b_row, b_policy);
+        } else {
+          load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, hi_lo_column<true>(k_block), a_row, m);
+          load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, hi_lo_column<false>(k_block), b_row, kN,
+                                          b_policy);
+        }
         if constexpr (kScaling == Scaling::kBlock) {
           // a_stride_m is 1 (or M is 1 and row0 0) whenever scale_bytes is nonzero.
           if (scale_bytes != 0) {
@@ -725,14 +755,11 @@ struct GemmSm90 {
     return smem_desc_advance(base, operand_offset<kBKMajor>(0, k));
   }
 
-  // The wgmmas of one K block (stage) into `acc`; the first K step overwrites when `accumulate` is false.
+  // The wgmmas of one K block from the operands at desc_a / desc_b (their bases, desc_a_base / desc_b_base) into
+  // `acc`; the first K step overwrites when `accumulate` is false.
   template <class T>
-  static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
-                                         T (&acc)[kNumM64PerWG][kNumAccum]) {
-    const uint64_t desc_a = desc_a_base(shared_addr(smem.a(stage)), math_wg);
-    const uint64_t desc_b = desc_b_base(shared_addr(smem.b(stage)));
-    fence_accumulators(acc);
-    wgmma_fence();
+  static DGJIT_DEVICE void issue_k_steps(T (&acc)[kNumM64PerWG][kNumAccum], uint64_t desc_a, uint64_t desc_b,
+                                         bool accumulate) {
 #pragma unroll
     for (uint32_t k = 0; k < kBlockK / kMmaK; ++k) {
       const uint32_t scale_d = (accumulate || k != 0) ? 1u : 0u;
@@ -743,6 +770,17 @@ struct GemmSm90 {
                                                        scale_d);
       }
     }
+  }
+
+  // The wgmmas of one K block (stage) into `acc`; the first K step overwrites when `accumulate` is false.
+  template <class T>
+  static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
+                                         T (&acc)[kNumM64PerWG][kNumAccum]) {
+    const uint64_t desc_a = desc_a_base(shared_addr(smem.a(stage)), math_wg);
+    const uint64_t desc_b = desc_b_base(shared_addr(smem.b(stage)));
+    fence_accumulators(acc);
+    wgmma_fence();
+    issue_k_steps(acc, desc_a, desc_b, accumulate);
     wgmma_commit_group();
     fence_accumulators(acc);
   }
@@ -775,8 +813,9 @@ struct GemmSm90 {
   // (kMaxScaleBBlocks: the scale-B blocks a tile's columns can touch: one when 128 is a multiple of
   // kBlockN, so tiles never straddle a 128-column block, else up to ceil(kBlockN / 128) + 1.)
   static constexpr uint32_t kNumScaleBBlocks = (kN + 127) / 128;
-  // K blocks per promotion: FP8 every block (128 K; block scales change per block), TF32 every 4 (128 K).
-  static constexpr uint32_t kPromoteEvery = kIsFP8 ? 1 : 4;
+  // K blocks per promotion: FP8 every block (128 K; block scales change per block), TF32 every 4 (128 K), kRawB
+  // every 2 of its stages (2 x 3 x 32 = 192 products).
+  static constexpr uint32_t kPromoteEvery = kIsFP8 ? 1 : (kRawB ? 2 : 4);
   static_assert(!kWGSplitK || kPromoteEvery == 1 || !kPromote, "K lanes step over single K blocks");
 
   struct BlockScales {
@@ -962,27 +1001,74 @@ struct GemmSm90 {
     }
   }
 
-  // kRawB: the stage's B (the raw weight's K block) becomes B_lo in place, every consumer thread taking 16-byte
-  // chunks (elementwise: the 128-byte swizzle does not matter); then the generic-proxy writes are fenced for the
-  // wgmmas (async proxy) and all consumers meet at kLoBarrier before any of them issues the stage's wgmmas.
-  // Non-finite elements get lo = 0 (inf - inf would be NaN).
-  static constexpr uint32_t kLoBarrier = 7;
+  // ---- kRawB: B_lo beside the wgmmas ------------------------------------------------------------------
+  // The converter warps follow the ring as the consumers do: for every stage, once TMA has filled it, they write
+  // B_lo = x - trunc(x) of its raw B block into the stage's B_lo slot (16-byte chunks, elementwise: the slot has
+  // the raw block's 128-byte swizzle, so the wgmma descriptors match), fence those generic-proxy writes for the
+  // wgmmas (async proxy), and each warp arrives once on lo_full (count kConverterWarps) and once on empty (the raw
+  // block is read: empty counts kStageReaders + kConverterWarps). The slot is next written after the stage's next
+  // TMA fill, which waits for the consumers' release of this use.
+  // The difference is exact; the wgmma then drops B_lo's lowest 2 of up to 13 significant bits (truncation, where
+  // the first form rounded to nearest: 4 instructions per element instead of ~15, which left 3 converter warps
+  // 2-3x slower than the wgmmas at 64x168; the error of 16x256x16384 products moves from 1.1e-7 to 1.4e-7 in a
+  // float64 model). Non-finite elements get lo = 0 (inf - inf would be NaN; their hi carries them).
   static DGJIT_DEVICE uint32_t tf32_lo_of_truncated(uint32_t bits) {
-    if ((bits & 0x7F800000u) == 0x7F800000u) return 0u;
-    return __float_as_uint(cvt_rna_tf32(sub_rn(__uint_as_float(bits), __uint_as_float(bits & 0xFFFFE000u))));
+    const float lo = sub_rn(__uint_as_float(bits), __uint_as_float(bits & 0xFFFFE000u));
+    return lo == lo ? __float_as_uint(lo) : 0u;
   }
-  static DGJIT_DEVICE void raw_b_to_lo(const Smem& smem, uint32_t stage) {
-    constexpr uint32_t kThreads = kNumMathWGs * kWarpgroupThreads;
-    constexpr uint32_t kChunks = kSmemBBytesPerStage / 16;
-    const uint32_t base = shared_addr(smem.b(stage));
+  // Converter thread index: producer warps 1-3 first, then the idle warpgroup (64-row tiles).
+  static DGJIT_DEVICE uint32_t converter_thread() {
+    const uint32_t producer_first = kProducerWG * kWarpgroupThreads + 32;
+    return threadIdx.x >= producer_first ? threadIdx.x - producer_first : 96 + threadIdx.x - kWarpgroupThreads;
+  }
+  static DGJIT_DEVICE void convert_lo(const Smem& smem, uint32_t m, const GroupArgs& ga, uint32_t num_splits) {
+    constexpr uint32_t kThreads = kConverterWarps * 32;
+    constexpr uint32_t kChunks = kSmemBBoxBytes / 16;
+    const uint32_t t = converter_thread();
+    Scheduler scheduler(m, ga, num_splits);
+    State state;
+    Tile tile;
+    while (scheduler.next(tile)) {
+#pragma unroll 1
+      for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
+        mbarrier_wait(smem.full(state.stage), state.phase);
+        const uint32_t raw = shared_addr(smem.b(state.stage));
+        const uint32_t lo = shared_addr(smem.b_lo(state.stage));
 #pragma unroll 4
-    for (uint32_t i = threadIdx.x; i < kChunks; i += kThreads) {
-      const uint4 v = ld_shared_v4_b32(base + 16 * i);
-      st_shared_v4_b32(base + 16 * i, tf32_lo_of_truncated(v.x), tf32_lo_of_truncated(v.y),
-                       tf32_lo_of_truncated(v.z), tf32_lo_of_truncated(v.w));
+        for (uint32_t i = t; i < kChunks; i += kThreads) {
+          const uint4 v = ld_shared_v4_b32(raw + 16 * i);
+          st_shared_v4_b32(lo + 16 * i, tf32_lo_of_truncated(v.x), tf32_lo_of_truncated(v.y),
+                           tf32_lo_of_truncated(v.z), tf32_lo_of_truncated(v.w));
+        }
+        fence_proxy_async_shared();
+        __syncwarp();
+        if (lane_idx() == 0) {
+          mbarrier_arrive(smem.lo_full(state.stage));
+          mbarrier_arrive(smem.empty(state.stage));
+        }
+        state.advance();
+      }
     }
-    fence_proxy_async_shared();
-    named_barrier_sync(kLoBarrier, kThreads);
+  }
+
+  // kRawB: the three products of one stage into `part` (the first wgmma overwrites when `accumulate` is false):
+  // (A_hi, B) and (A_lo, B) as soon as TMA filled the stage (the caller waited on full), then (A_hi, B_lo) once the
+  // converter warps have written B_lo.
+  static DGJIT_DEVICE void issue_raw_b_block(const Smem& smem, const State& state, uint32_t math_wg, bool accumulate,
+                                             float (&part)[kNumM64PerWG][kNumAccum]) {
+    const uint64_t desc_a_hi = desc_a_base(shared_addr(smem.a(state.stage)), math_wg);
+    const uint64_t desc_a_lo = desc_a_base(shared_addr(smem.a_lo(state.stage)), math_wg);
+    const uint64_t desc_b = desc_b_base(shared_addr(smem.b(state.stage)));
+    const uint64_t desc_b_lo = desc_b_base(shared_addr(smem.b_lo(state.stage)));
+    fence_accumulators(part);
+    wgmma_fence();
+    issue_k_steps(part, desc_a_hi, desc_b, accumulate);
+    issue_k_steps(part, desc_a_lo, desc_b, true);
+    mbarrier_wait(smem.lo_full(state.stage), state.phase);
+    wgmma_fence();  // (what ptxas would inject after the wait, C7519)
+    issue_k_steps(part, desc_a_hi, desc_b_lo, true);
+    wgmma_commit_group();
+    fence_accumulators(part);
   }
 
   template <uint32_t kOff, class Hook>
@@ -1013,9 +1099,10 @@ struct GemmSm90 {
           if (j > 0 && k_first + j >= k_end) break;
           mbarrier_wait(smem.full(state.stage), state.phase);
           if constexpr (kRawB) {
-            if ((k_first + j) % 3 == 1) raw_b_to_lo(smem, state.stage);
+            issue_raw_b_block(smem, state, math_wg, j != 0, part);
+          } else {
+            issue_k_block(smem, state.stage, math_wg, j != 0, part);
           }
-          issue_k_block(smem, state.stage, math_wg, j != 0, part);
           if (j == 0 && k_first == tile.k_begin) after_first_issue();
           // The stage's scales are read while its wgmmas run (the stage is released only after them).
           if constexpr (kScaling == Scaling::kBlock) read_block_scales(cur, smem, state.stage, row_byte);
@@ -1851,7 +1938,7 @@ struct GemmSm90 {
     // kernels, where the scheduler's divisions then fold away.
     SplitArgs sk = split_args;
     if constexpr (kSplitK) {
-      sk.num_splits = sk.num_splits < 1 ? 1 : (sk.num_splits > kNumKBlocks ? kNumKBlocks : sk.num_splits);
+      sk.num_splits = sk.num_splits < 1 ? 1 : (sk.num_splits > kLoopKBlocks ? kLoopKBlocks : sk.num_splits);
     } else {
       sk.num_splits = 1;
     }
@@ -1875,7 +1962,8 @@ struct GemmSm90 {
       for (uint32_t s = 0; s < kNumStages; ++s) {
         // kBlock: the scale warp's 32 deferred arrivals complete a stage together with the TMA producer's.
         mbarrier_init(smem.full(s), kScaling == Scaling::kBlock ? 1 + kScaleWarpArrivals : 1);
-        mbarrier_init(smem.empty(s), kStageReaders);
+        mbarrier_init(smem.empty(s), kStageReaders + (kRawB ? kConverterWarps : 0));
+        if constexpr (kRawB) mbarrier_init(smem.lo_full(s), kConverterWarps);
       }
       fence_mbarrier_init();
       fence_proxy_async_shared();
@@ -1888,6 +1976,9 @@ struct GemmSm90 {
       if constexpr (kScaling == Scaling::kBlock) {
         if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga, sk.num_splits);
       }
+      if constexpr (kRawB) {
+        if (warp_idx_in_warpgroup() >= 1) convert_lo(smem, m, ga, sk.num_splits);
+      }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
       consume(smem, tmap_d, tmap_c, tmap_r, wg, 0, m, scales, ea, ga, sk);
@@ -1896,6 +1987,7 @@ struct GemmSm90 {
       consume(smem, tmap_d, tmap_c, tmap_r, 0, 1, m, scales, ea, ga, sk);  // K lane 1 of the 64-row tile
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
+      if constexpr (kRawB) convert_lo(smem, m, ga, sk.num_splits);
     }
   }
 };
