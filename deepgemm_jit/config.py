@@ -516,15 +516,16 @@ def split_candidates(k: int, block_k: int, tiles: int | None = None, num_sms: in
     return range(1, max(1, top) + 1)
 
 
-# The raw-B 3xTF32 GEMM (GemmSpec.raw_b, dtype fp32 at M <= 128) has its own cost: a stage carries a raw K block's
+# The raw-B 3xTF32 GEMM (GemmSpec.raw_b, dtype fp32 at M <= 512) has its own cost: a stage carries a raw K block's
 # three products (12 wgmmas) plus the converter warps' B_lo, so its time per stage grows with BLOCK_N from a fixed
 # part (barriers, the promotion's drain, the converter's pass) that the compute-centric sm90_tile_cost does not
 # see: it picked 64x56 unsplit at 64x7168x16384 (228 us) where 64x112 x 2 shares ran 178. Fitted on the H200 sweep
 # of session 16 (bench/results/*exp-fp32-raw-b-tiles-s16*, 6 DeepSeek (N, K) x M = 64 / 128, tiles 64x32..128x128 x
 # 1-3 shares): per stage and CTA, 0.22 + 0.0042 BLOCK_N us for 64-row tiles (56: 0.45, 112: 0.69, 168: 1.1) and
 # 0.33 + 0.007 BLOCK_N for 128-row tiles (56: 0.76, 112: 1.13). A tile costs waves x its share's stages x that,
-# plus one stage per share for the partial tile's round trip. BLOCK_N stays among the measured widths.
-RAW_B_BLOCK_N = (56, 96, 112, 128)
+# plus one stage per share for the partial tile's round trip. BLOCK_N stays among (or between) the measured widths;
+# 64 fills 132 SMs at M = 512, N = 2112 (4 x 33 tiles).
+RAW_B_BLOCK_N = (56, 64, 96, 112, 128)
 _RAW_B_STAGE_US = {64: (0.22, 0.0042), 128: (0.33, 0.007)}
 
 

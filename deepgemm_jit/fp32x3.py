@@ -63,12 +63,15 @@ def padded_k(k: int) -> int:
     return -(-k // K_ALIGN) * K_ALIGN
 
 
-# Small M (decode): the TF32 GEMM reads the caller's FP32 weight itself (GemmSpec.raw_b) and only A is split: the
-# split pass of B (read the weight, write twice its bytes) and the GEMM's read of B2 were ~2.35 GB of DRAM traffic
-# for a 470 MB weight at 64x7168x16384 (H200, session 15, *exp-fp32-breakdown-s15*: split 336 + GEMM 282 us,
-# cuBLAS FP32 331). Needs B K-major (layouts nt, tt) and K a multiple of K_ALIGN (the weight is then (N, Kp)),
-# and the sm90 family. DEEPGEMM_JIT_NO_RAW_B=1 turns it off (experiments).
-RAW_B_MAX_M = 128
+# Small M (decode, small prefill): the TF32 GEMM reads the caller's FP32 weight itself (GemmSpec.raw_b) and only A
+# is split: the split pass of B (read the weight, write twice its bytes) and the GEMM's read of B2 were ~2.35 GB of
+# DRAM traffic for a 470 MB weight at 64x7168x16384 (H200, session 15, *exp-fp32-breakdown-s15*: split 336 + GEMM
+# 282 us, cuBLAS FP32 331). Up to M = 512 since session 16's one-stage raw-B kernel (*exp-fp32-raw-b-larger-m-s16*
+# against the split path's *exp-fp32-breakdown-split-larger-m-s16*, us per call): M = 256 faster on all six
+# DeepSeek (N, K) (7168x16384 836 -> 554, 24576x1536 274 -> 180), M = 512 on five (2112x7168 202 -> 218 slower),
+# M = 1024 within -5..+24%, M = 2048 slower on four. Needs B K-major (layouts nt, tt) and K a multiple of K_ALIGN
+# (the weight is then (N, Kp)), and the sm90 family. DEEPGEMM_JIT_NO_RAW_B=1 turns it off (experiments).
+RAW_B_MAX_M = 512
 
 
 def raw_b_applies(spec: "Fp32Spec", m_hint: int) -> bool:

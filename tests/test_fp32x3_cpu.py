@@ -184,7 +184,7 @@ def test_build_fp32_compiles_both_kernels(m, n, k, cache):
     g = dg.build_fp32(m, n, k, arch=ARCH)
     case = f"{m=} {n=} {k=} {g!r}"
     assert isinstance(g, dg.Fp32Gemm) and g.spec == fp32x3.Fp32Spec.create(n, k), case
-    assert g.gemm.spec == g.spec.inner and g.gemm.spec.k == 3 * fp32x3.padded_k(k) and g.gemm.spec.hi_lo, case
+    assert g.gemm.spec == g.spec.inner_at(m, ARCH) and g.gemm.spec.k == 3 * fp32x3.padded_k(k) and g.gemm.spec.hi_lo, case
     assert g.family == g.gemm.family == ("sm90" if n % 4 == 0 else "sm80"), case
     assert g.config == g.gemm.config and g.arch == ARCH and g.m_hint == m, case
     assert g.split_artifact.spec == fp32x3.SplitKernelSpec("nt"), case
@@ -633,7 +633,7 @@ def test_raw_b_rule_and_spec(cache, monkeypatch):
     assert text.count("HGMMA.64x") == 2 * 3 * 4 and "BAR.SYNC.DEFER_BLOCKING 0x7" not in text
     assert g.explain(with_sass=False)["raw_b"] is True
     assert dg.build_fp32(128, 7168, 2048, layout="tt", arch=ARCH).raw_b           # tt: B is K-major too
-    for m, n, k, layout in ((4096, 7168, 2048, "nt"), (129, 7168, 2048, "nt"), (64, 7168, 2000, "nt"),
+    for m, n, k, layout in ((4096, 7168, 2048, "nt"), (513, 7168, 2048, "nt"), (64, 7168, 2000, "nt"),
                             (64, 7168, 2048, "nn"), (64, 7170, 2048, "nt")):  # large M, K % 32, MN-major B, N % 4
         g = dg.build_fp32(m, n, k, layout=layout, arch=ARCH)
         assert not g.raw_b and g.gemm.spec == g.spec.inner, (m, n, k, layout)
@@ -655,7 +655,7 @@ def test_warmup_plans_the_raw_b_gemm_at_decode_buckets():
     by_mode: dict[bool, set[int]] = {True: set(), False: set()}
     for (spec, _), buckets in warmup.plan_buckets([entry], ARCH).items():
         by_mode[spec.raw_b].update(buckets)
-    assert by_mode[True] == {64, 128} and min(by_mode[False]) == 256, by_mode
+    assert by_mode[True] == {64, 128, 256, 512} and min(by_mode[False]) == 1024, by_mode
 
 
 def test_raw_b_gemm_warms_up_for_offline_builds(cache_dir, monkeypatch):

@@ -609,7 +609,8 @@ struct GemmSm90 {
   static_assert(!kRawB || (kHiLo && !kPingPong && kKStep == 1 && kScaling == Scaling::kNone),
                 "raw B: the hi_lo GEMM with cooperative consumers");
   // The converter warps: producer warps 1-3, and the idle warpgroup of a 64-row tile (one consumer).
-  static constexpr uint32_t kConverterWarps = 3 + (kNumMathWGs == 1 ? 4 : 0);
+  static constexpr bool kIdleWGConverts = kNumMathWGs == 1;
+  static constexpr uint32_t kConverterWarps = 3 + (kIdleWGConverts ? 4 : 0);
   // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B). kRawB loads by its own rule
   // (produce): A_hi at column block j, A_lo at kSegmentBlocks + j, B at j.
   template <bool kIsA>
@@ -1987,7 +1988,7 @@ struct GemmSm90 {
       consume(smem, tmap_d, tmap_c, tmap_r, 0, 1, m, scales, ea, ga, sk);  // K lane 1 of the 64-row tile
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
-      if constexpr (kRawB) convert_lo(smem, m, ga, sk.num_splits);
+      if constexpr (kRawB && kIdleWGConverts) convert_lo(smem, m, ga, sk.num_splits);
     }
   }
 };
