@@ -1,12 +1,14 @@
 """Profile (GPU): where the host time of a hot Gemm call goes (cProfile over many calls of a replayed plan).
 
-    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped | --quantize]
+    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped | --quantize | --fp32]
 
 --grouped: a GroupedGemm (FP8 block, 8 groups) called with a new output each time, i.e. without a kept launch
 plan (what the torch op does): the full validation and planning path.
 --quantize: deepgemm_jit.quantize(x, "fp8", "group128") of a 64 x 7168 BF16 matrix, with new outputs (checked every
 call, and through the kept plan of calls without out=) and with out= (session 7: the standalone quantize measured
 5-43 us in bench.quant_epilogue for a ~3 us kernel).
+--fp32: an Fp32Gemm (3xTF32, 64 x 7168 x 2048: the raw-B GEMM) called with out= (session 16: the bench measured
+87-230 us of host time per call against ~11 us for a plain Gemm).
 """
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--grouped", action="store_true")
     ap.add_argument("--quantize", action="store_true")
+    ap.add_argument("--fp32", action="store_true")
     args = ap.parse_args()
+    if args.fp32:
+        return profile_fp32(args.calls)
     if args.grouped:
         return profile_grouped(args.calls)
     if args.quantize:
@@ -89,6 +94,46 @@ def profile_grouped(calls: int) -> int:
     prof.disable()
     cupy.cuda.Device().synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    return 0
+
+
+def profile_fp32(calls: int) -> int:
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import reference
+
+    calls = min(calls, 5000)
+    for m in (64, 1024):
+        g = dg.build_fp32(m, 7168, 2048)
+        rng = cupy.random.default_rng(0)
+        a = reference.random_matrix((m, 2048), "fp32", rng)
+        b = reference.random_matrix((7168, 2048), "fp32", rng)
+        d = cupy.empty((m, 7168), dtype=cupy.float32)
+
+        def loop():
+            for i in range(calls):
+                if i % 500 == 0:
+                    cupy.cuda.Device().synchronize()
+                g(a, b, out=d)
+        loop()
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        loop()
+        cupy.cuda.Device().synchronize()
+        print(f"fp32 {m}x7168x2048 (raw_b={g.raw_b}), out=: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per "
+              "call (incl. periodic syncs)", flush=True)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            g(a, b, out=d)
+        print(f"  200 calls enqueued in {(time.perf_counter() - t0) / 200 * 1e6:.1f} us each", flush=True)
+        cupy.cuda.Device().synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        loop()
+        prof.disable()
+        cupy.cuda.Device().synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     return 0
 
 

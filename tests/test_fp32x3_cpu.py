@@ -388,7 +388,11 @@ def recorded(monkeypatch, fake_gpu_memory, cache):
                                      data=types.SimpleNamespace(ptr=ptr)), ptr
 
     class Kernel:
-        def launch(self, grid, block, args, stream):
+        def bind(self, grid, block):
+            return grid, block
+
+        def launch(self, grid, block, args, stream, bound=None):
+            grid, block = bound or (grid, block)
             calls.append(("launch", grid, block, args.args, stream.ptr))
 
     monkeypatch.setattr(fp32x3, "_stream_array", empty)
@@ -422,8 +426,11 @@ class _Callable:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_split_then_gemm_on_one_stream(recorded, layout):
+def test_split_then_gemm_on_one_stream(recorded, layout, monkeypatch):
     make, calls = recorded
+    # arrays.signature keys CuPy arrays and torch tensors only; the fakes get the same kind of key here.
+    monkeypatch.setattr(fp32x3, "signature", lambda x: () if x is None else (
+        x.__cuda_array_interface__["data"][0], x.shape, x.__cuda_array_interface__["strides"], x.dtype))
     m, n, k = 37, 264, 100
     g = make(m, n, k, layout=layout)
     spec = g.spec
@@ -447,6 +454,16 @@ def test_split_then_gemm_on_one_stream(recorded, layout):
     assert gemm_out is out and stream == gemm_stream == FakeStream.ptr == alloc_a[4] == alloc_b[4]
     assert ops == {"bias": None, "c": None, "residual": None, "alpha": 1.0, "beta": 1.0, "quant_scale": None,
                    "amax_out": None, "scales_out": None}
+    # The same operands again: the kept plan is replayed (no validation: _operands is not called), new
+    # workspaces, the same split launch with their pointers, the same Gemm call.
+    calls.clear()
+    g._operands = None
+    assert g(a, b, out=out) is out
+    (alloc_a, alloc_b, launch, gemm) = calls
+    assert alloc_a[:4] == ("alloc", "cupy", (m, kk), "fp32") and alloc_b[:4] == ("alloc", "cupy", (n, kk), "fp32")
+    assert launch[1:3] == (grid, block) and [int(x) for x in launch[3]] == [
+        BASE, a_ld, BASE + (1 << 22) + 4, b_ld, 0x12000000, 0x13000000, m, n, k, kp]
+    assert gemm[1] == (0x12000000, m, kk, kk) and gemm[2] == (0x13000000, n, kk, kk) and gemm[3] is out
 
 
 def test_epilogue_operands_are_passed_through_and_m_zero_launches_nothing(recorded):

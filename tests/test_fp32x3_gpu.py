@@ -442,3 +442,22 @@ def test_raw_b_forced_tiles(m, n, k, tile, splits):
     first = g(a, b)
     assert bool((g(a, b) == first).all())
 
+
+@pytest.mark.parametrize("m", [64, 1000])   # raw B (only A split) and both operands split
+def test_repeated_calls_replay_the_kept_plan(m):
+    """Calls with out= whose operands keep their signatures replay the kept plan: new values in the same arrays
+    give the new product, and another out= (a new signature) takes the full path and keeps a second plan."""
+    n, k = 1000, 2048
+    g = dg.build_fp32(m, n, k)
+    rng = cupy.random.default_rng(m)
+    a, b = operands(g.spec, m, rng)
+    out = reference.poisoned((m, n), "fp32")
+    check(g, m, a, b, out=out)
+    assert len(g._plans) == 1
+    a[...] = rng.standard_normal(a.shape, dtype=cupy.float32)
+    b[...] = rng.standard_normal(b.shape, dtype=cupy.float32)
+    out.fill(cupy.nan)
+    check(g, m, a, b, out=out)
+    assert len(g._plans) == 1
+    check(g, m, a, b, out=reference.poisoned((m, n), "fp32"))
+    assert len(g._plans) == 2
