@@ -460,8 +460,8 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemAOffset = kSmemROffset + kSmemRBytes;
   static constexpr uint32_t kSmemBOffset = kSmemAOffset + kNumStages * kSmemABytesPerStage;
   static constexpr uint32_t kSmemBarrierOffset = kSmemBOffset + kNumStages * kSmemBBytesPerStage;
-  // 2 barriers per stage (kRawB: 3, rounded up to 16 bytes); then (kRow only) each consumer's row and column scales of its current tile;
-  // then 1024 bytes of slack so the base can be rounded up to the 1024-byte swizzle repeat at run time
+  // 2 barriers per stage (kRawB: 3, rounded up to 16 bytes); then (kRow only) each consumer's row and column
+  // scales of its current tile; then 1024 bytes of slack so the base can be rounded up to the 1024-byte swizzle repeat at run time
   // (the dynamic smem base alignment is not guaranteed beyond 16 bytes).
   // kBlock: per stage, kBlockM scales of A then kMaxScaleBBlocks of B (16-byte aligned slots).
   static constexpr uint32_t kMaxScaleBBlocks =
@@ -604,8 +604,8 @@ struct GemmSm90 {
   // conversion runs beside the wgmmas instead of in front of them. (Session 15's first form loaded the raw block
   // for each of the three K'-blocks and converted in place on the consumers: 3 stages per raw block, 1.5 TB/s of
   // weight at 64x7168x16384.) hi by truncation leaves out A_lo B_lo of up to ~2^-21 relative (rna's hi: ~2^-22),
-  // under the 1e-5 bound; B_lo has up to 13 significant bits, of which the wgmma keeps 11. A NaN whose payload sits only in the 13 dropped bits reads as inf (the split pass would
-  // keep it a NaN).
+  // under the 1e-5 bound; B_lo has up to 13 significant bits, of which the wgmma keeps 11. A NaN whose payload
+  // sits only in the 13 dropped bits reads as inf (the split pass would keep it a NaN).
   static_assert(!kRawB || (kHiLo && !kPingPong && kKStep == 1 && kScaling == Scaling::kNone),
                 "raw B: the hi_lo GEMM with cooperative consumers");
   // The converter warps: producer warps 1-3, and the idle warpgroup of a 64-row tile (one consumer).
