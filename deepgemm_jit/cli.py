@@ -99,8 +99,11 @@ def _cmd_explain(args) -> int:
         shares = ", ".join(f"M={m}: {s}" for m, s in split["splits_by_m"].items())
         print(f"split-K   shares per tile by M ({split['num_sms']} SMs): {shares}")
     if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM
+        operands = (f"A as [hi | lo] of {info.get('k_operand')} columns and the raw weight (its lo made in shared "
+                    f"memory, one stage per K block of 32)" if info.get("raw_b")
+                    else f"[hi | lo] operands of {info.get('k_operand')} columns")
         print(f"3xTF32    split kernel {info['split'].get('entry', '')} (local {info['split']['local_bytes']} B), "
-              f"TF32 GEMM over K' = {info.get('k_inner')} from [hi | lo] operands of {info.get('k_operand')} columns")
+              f"TF32 GEMM over K' = {info.get('k_inner')} from {operands}")
     return 0
 
 

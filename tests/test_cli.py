@@ -59,5 +59,8 @@ def test_explain_split_k_and_fp32(cache_dir, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["spec"]["dtype"] == "fp32" and info["inner_spec"]["promoted"] and info["local_bytes"] == 0
     assert cli.main(["explain", "64", "256", "100", "--dtype", "fp32", "--arch", "sm_90a"]) == 0
-    assert "3xTF32    split kernel" in capsys.readouterr().out
+    out = capsys.readouterr().out   # K = 100 is no multiple of 32: both operands are split
+    assert "3xTF32    split kernel" in out and "from [hi | lo] operands of 256 columns" in out
+    assert cli.main(["explain", "64", "256", "128", "--dtype", "fp32", "--arch", "sm_90a"]) == 0
+    assert "A as [hi | lo] of 256 columns and the raw weight" in capsys.readouterr().out
 
