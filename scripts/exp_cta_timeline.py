@@ -2,7 +2,10 @@
 whether its time is set by a tail of late CTAs (ncu, docs/analysis/ncu-tf32-m64-ours-vs-cublas-s16.md: our
 slowest SM ran 7.3 us past the mean CTA at TF32 64x7168x16384, cuBLAS's 2.0 us).
 
-    python3 -m scripts.exp_cta_timeline [--problems bf16:1x7168x16384,tf32:64x7168x16384] [--reps 8] [--out DIR]
+    python3 -m scripts.exp_cta_timeline [--problems bf16:1x7168x16384,tf32:64x7168x16384@64x64s12] [--reps 8]
+        [--out DIR]
+
+A problem may force its tile with @BMxBN[sS] (bench's tile spelling; bf16 / fp16 / tf32 only).
 
 The kernels come from an instrumented copy of templates/ (DEEPGEMM_JIT_TEMPLATES_DIR, made here in a temporary
 folder: a __device__ array dgjit_cta_timeline gets each CTA's start after its barrier setup, its consumer's end
@@ -62,14 +65,20 @@ def main() -> int:
     import numpy as np
 
     import deepgemm_jit as dg
+    from bench import suites
     from deepgemm_jit import reference, runtime, timing
 
     flush = timing.L2Flusher()
     results = []
     for item in args.problems.split(","):
         dtype, shape = item.split(":")
+        shape, _, tile = shape.partition("@")
         m, n, k = (int(v) for v in shape.split("x"))
-        g = dg.build_fp32(m, n, k) if dtype == "fp32" else dg.build(m, n, k, dtype=dtype)
+        if tile:
+            spec = dg.GemmSpec.create(n, k, dtype=dtype)
+            g = dg.build(m, n, k, dtype=dtype, config=suites.forced_tile_config(spec, tile), weight_streaming=False)
+        else:
+            g = dg.build_fp32(m, n, k) if dtype == "fp32" else dg.build(m, n, k, dtype=dtype)
         gemm = g.gemm if dtype == "fp32" else g
         rng = cupy.random.default_rng(m + n + k)
         store = "fp32" if dtype in ("fp32", "tf32") else dtype
