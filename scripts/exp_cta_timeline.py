@@ -28,11 +28,11 @@ MAX_CTAS = 1024
 _DECL = ('extern "C" { __device__ unsigned long long dgjit_cta_timeline[4 * %d]; }\n'
          "__device__ __forceinline__ unsigned long long dgjit_now() {\n"
          '  unsigned long long t; asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t)); return t;\n}\n' % MAX_CTAS)
-_START_ANCHOR = "    __syncthreads();\n\n    if (wg == kProducerWG) {"
-_START = ("    __syncthreads();\n    if (threadIdx.x == 0 && blockIdx.x < %d) {\n"
+_START_ANCHOR = "\n    if (wg == kProducerWG) {\n"  # run(): after the barriers' setup and the CTA (cluster) sync
+_START = ("\n    if (threadIdx.x == 0 && blockIdx.x < %d) {\n"
           "      unsigned int sm; asm volatile(\"mov.u32 %%0, %%%%smid;\" : \"=r\"(sm));\n"
           "      dgjit_cta_timeline[4 * blockIdx.x] = dgjit_now(); dgjit_cta_timeline[4 * blockIdx.x + 2] = sm;\n"
-          "    }\n\n    if (wg == kProducerWG) {" % MAX_CTAS)
+          "    }\n    if (wg == kProducerWG) {\n" % MAX_CTAS)
 _END_ANCHOR = "    if (threadIdx.x % kWarpgroupThreads == 0) tma_store_wait_all<0>();\n  }"
 _END = ("    if (threadIdx.x % kWarpgroupThreads == 0) tma_store_wait_all<0>();\n"
         "    if (threadIdx.x == 0 && blockIdx.x < " + str(MAX_CTAS) + ") "
