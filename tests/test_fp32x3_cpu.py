@@ -695,3 +695,27 @@ def test_raw_b_gemm_warms_up_for_offline_builds(cache_dir, monkeypatch):
     assert small.raw_b and not large.raw_b and small.gemm.artifact.compiled_now is False
     fp32x3.clear_memo()
 
+
+
+@pytest.mark.parametrize("m,n,k,tile,splits", [
+    # H200 session 16 (bench/results/*exp-fp32-raw-b-tiles-s16*, *rule-m256-512-s16*): the measured best, or the
+    # tile that ran faster than the old pick where the best was not in the sweep.
+    (64, 7168, 16384, (64, 112), 2),     # 177.8 us; the compute-centric model's 64x56 unsplit ran 227.9
+    (128, 7168, 16384, (128, 112), 2),   # 288.8; 64x112 unsplit 322.7
+    (64, 7168, 2048, (64, 112), 2),      # 35.2; 64x56 39.2
+    (128, 2112, 7168, (128, 96), 6),     # 56.7; 128x64 x4 63.6
+    (128, 32768, 512, (128, 128), 1),    # 53.1; 64x128 56.6
+    (512, 2112, 7168, (128, 64), 1),     # 201.9; 128x96 (88 CTAs) 218.3
+])
+def test_raw_b_tile_rule_picks_the_measured_tiles(m, n, k, tile, splits):
+    """The raw-B GEMM's tile and split count (config.raw_b_tile_cost) on rows where the H200 measured them."""
+    from deepgemm_jit import splitk
+
+    spec = fp32x3.Fp32Spec.create(n, k).inner_at(m, ARCH)
+    assert spec.raw_b and spec.loop_k == k
+    cfg = config.choose_sm90_config(spec, m, 132)
+    assert (cfg.block_m, cfg.block_n) == tile, cfg.tag
+    assert splitk.num_splits(spec, cfg, m, 132) == splits, cfg.tag
+    assert cfg.smem_bytes(spec) <= config.SM90_SMEM_BUDGET_BYTES
+    if cfg.block_n >= 96:  # D leaves through the ring at every M here (unpromoted TF32 keeps it to M >= 256)
+        assert cfg.d_ring == config.SM90_D_RING, cfg.tag
