@@ -526,6 +526,7 @@ def split_candidates(k: int, block_k: int, tiles: int | None = None, num_sms: in
 # plus one stage per share for the partial tile's round trip. BLOCK_N stays among (or between) the measured widths;
 # 64 fills 132 SMs at M = 512, N = 2112 (4 x 33 tiles).
 RAW_B_BLOCK_N = (56, 64, 96, 112, 128)
+RAW_B_BLOCK_K = 32  # TF32: a stage's 128 bytes of K per row
 _RAW_B_STAGE_US = {64: (0.22, 0.0042), 128: (0.33, 0.007)}
 
 
@@ -534,7 +535,7 @@ def raw_b_tile_cost(m: int, n: int, loop_k: int, block_m: int, block_n: int, num
     RAW_B_BLOCK_N); loop_k: GemmSpec.loop_k (the raw K)."""
     fixed, per_column = _RAW_B_STAGE_US[block_m]
     units = -(-m // block_m) * -(-n // block_n) * splits
-    stages = -(-(-(-loop_k // 32)) // splits) + (1 if splits > 1 else 0)
+    stages = -(-(-(-loop_k // RAW_B_BLOCK_K)) // splits) + (1 if splits > 1 else 0)
     return -(-units // num_sms) * stages * (fixed + per_column * block_n)
 
 
@@ -558,7 +559,7 @@ def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms
     if spec.raw_b:
         tiles = -(-m // block_m) * -(-spec.n // block_n)
         return min((raw_b_tile_cost(m, spec.n, spec.loop_k, block_m, block_n, num_sms, s), s)
-                   for s in split_candidates(spec.loop_k, 32, tiles, num_sms))
+                   for s in split_candidates(spec.loop_k, RAW_B_BLOCK_K, tiles, num_sms))
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     block_k = 128 // esize
