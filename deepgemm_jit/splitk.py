@@ -6,7 +6,8 @@ idle however the tiles are shaped. A split-K kernel (``KernelConfig.split_k``, `
 that run on different CTAs at the same time. Each share stores its partial tile (FP32, or INT32 for INT8) in a
 workspace and counts its arrival; the share that arrives last sums the partials in split order and runs the
 fused epilogue. The sum's order does not depend on which share is last, so results are the same bits on every
-run (deterministic; there is no atomic-add mode).
+run (deterministic; there is no atomic-add mode). Below 64 rows a partial holds only the rows below M
+(:func:`partial_threads`: at M = 1, 4 of a consumer's 128 threads store and load theirs).
 
 Dispatch:
 
@@ -63,12 +64,23 @@ def num_splits(spec: GemmSpec, cfg: KernelConfig, m: int, num_sms: int, forced: 
     return config_mod.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
 
 
+def partial_threads(m: int) -> int:
+    """Threads of a consumer warpgroup whose accumulators hold rows below M = m in a tile's first 64 rows: the first
+    ones (thread t holds rows 16 (t // 32) + (t % 32) // 4 and 8 below), and only they store partials
+    (GemmSm90::partial_threads): 128 from M = 64 on, 4 at M = 1."""
+    if m >= 64:
+        return 128
+    return m // 16 * 32 + min(m % 16, 8) * 4
+
+
 def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> tuple[int, int]:
-    """(partial-tile bytes, arrival-counter bytes) a launch with `splits` shares needs (0, 0 for one share)."""
+    """(partial-tile bytes, arrival-counter bytes) a launch with `splits` shares needs (0, 0 for one share). Partials
+    keep only the threads that hold rows below M (partial_threads: at M = 1, 1/32 of a tile)."""
     if splits <= 1:
         return 0, 0
     tiles = num_tiles(spec, cfg, m)
-    return tiles * splits * cfg.block_m * cfg.block_n * PARTIAL_BYTES, tiles * 2 * 4
+    tile_bytes = cfg.block_m * cfg.block_n * PARTIAL_BYTES * partial_threads(m) // 128
+    return tiles * splits * tile_bytes, tiles * 2 * 4
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,19 @@ def test_workspace_bytes():
     assert splitk.num_tiles(spec, cfg, 100) == tiles
     assert splitk.workspace_bytes(spec, cfg, 100, 3) == (tiles * 3 * 64 * 128 * 4, tiles * 2 * 4)
     assert splitk.SplitOperands(3, 16, 32).args() == (3, 16, 32)
+    # Below 64 rows only the threads that hold valid rows keep partials: 4 of 128 at M = 1, 84 at M = 37.
+    assert splitk.workspace_bytes(spec, cfg, 1, 3) == (8 * 3 * 64 * 128 * 4 * 4 // 128, 8 * 2 * 4)
+    assert splitk.workspace_bytes(spec, cfg, 37, 2)[0] == 8 * 2 * 64 * 128 * 4 * 84 // 128
+
+
+def test_partial_threads_are_the_valid_rows():
+    """partial_threads(M) is the number of warpgroup threads whose rows (16 (t // 32) + (t % 32) // 4, and 8 below,
+    the wgmma accumulator layout) include one below M: a prefix of the threads, so partials stay dense."""
+    for m in range(1, 200):
+        holds = [16 * (t // 32) + (t % 32) // 4 < m for t in range(128)]
+        count = sum(holds)
+        assert holds == [True] * count + [False] * (128 - count), m
+        assert splitk.partial_threads(m) == count, m
 
 
 def test_build_split_k_argument(shared_cache_dir, monkeypatch):

@@ -153,7 +153,8 @@ struct Tile {
 // registers as they are, 16 bytes per thread and store, coalesced) to `partials` and counts itself in
 // `arrivals` (one counter per tile and consumer, zero between launches). The one that arrives last sums the
 // num_splits partials in split order (the same bits whichever CTA is last: deterministic) and runs the epilogue;
-// it also puts the counter back to zero. partials: num_tiles * num_splits * kBlockM * kBlockN words.
+// it also puts the counter back to zero. partials: num_tiles * num_splits * kBlockM * kBlockN words from M = 64 on,
+// fewer below (only the threads that hold rows below M keep theirs: reduce_split).
 struct SplitArgs {
   uint32_t num_splits = 1;
   void* partials = nullptr;
@@ -357,9 +358,10 @@ struct GemmSm90 {
   // stores and loads are 512 contiguous bytes).
   static constexpr uint32_t kAccumWords = kNumM64PerWG * kNumAccum / 4;
   static_assert(kNumAccum % 4 == 0, "accumulators move in groups of four");
-  // The 16-byte word (counted from thread 0's first) holding thread 0's accumulators 4q..4q+3 of m64 slice mi.
-  static DGJIT_DEVICE constexpr uint32_t accum_word(uint32_t mi, uint32_t q) {
-    return (mi * kNumAccum / 4 + q) * kWarpgroupThreads;
+  // The 16-byte word (counted from thread 0's first) holding thread 0's accumulators 4q..4q+3 of m64 slice mi;
+  // `stride`: threads per word (split-K partials keep only the threads that hold rows below M, reduce_split).
+  static DGJIT_DEVICE constexpr uint32_t accum_word(uint32_t mi, uint32_t q, uint32_t stride = kWarpgroupThreads) {
+    return (mi * kNumAccum / 4 + q) * stride;
   }
   static constexpr uint32_t kInBytes = sizeof(TA);
   static constexpr uint32_t kSmemRowBytes = kBlockK * kInBytes;  // one 128B-swizzled row per M/N index
@@ -1729,26 +1731,42 @@ struct GemmSm90 {
   }
 
   // ---- split-K: the shares of a tile meet in global memory (SplitArgs) -------------------------------------
-  // A consumer's partial tile: its threads' accumulators in kAccumWords words each (accum_word).
-
-  static DGJIT_DEVICE uint4* partial_words(const SplitArgs& sk, const Tile& tile, uint32_t split, uint32_t math_wg) {
-    const uint64_t slot = (static_cast<uint64_t>(tile.id) * sk.num_splits + split) * kNumMathWGs + math_wg;
-    return static_cast<uint4*>(sk.partials) + slot * kAccumWords * kWarpgroupThreads + threadIdx.x % kWarpgroupThreads;
+  // A consumer's partial tile: its threads' accumulators in kAccumWords 16-byte words each (accum_word), word-major
+  // with `stride` threads per word. Only threads that hold a row below M store and load theirs: thread t holds rows
+  // 16 (t / 32) + (t % 32) / 4 (+ 8) of each m64 slice, so those are the first partial_threads(M) threads, and at
+  // M < 64 the partials shrink to them (M = 1: 4 threads of 128, 1/32 of the bytes).
+  static DGJIT_DEVICE uint32_t partial_threads(uint32_t m) {
+    if (m >= 64) return kWarpgroupThreads;
+    const uint32_t rows = m % 16 < 8 ? m % 16 : 8;  // rows of the last warp's first eight, 4 lanes each
+    return m / 16 * 32 + rows * 4;
   }
-
+  static DGJIT_DEVICE uint4* partial_words(const SplitArgs& sk, const Tile& tile, uint32_t split, uint32_t math_wg,
+                                           uint32_t stride) {
+    const uint64_t slot = (static_cast<uint64_t>(tile.id) * sk.num_splits + split) * kNumMathWGs + math_wg;
+    return static_cast<uint4*>(sk.partials) + slot * kAccumWords * stride + threadIdx.x % kWarpgroupThreads;
+  }
+  // Whether this thread holds a row below the tile's end in m64 slice mi.
+  static DGJIT_DEVICE bool holds_valid_row(const Tile& tile, uint32_t math_wg, uint32_t mi) {
+    const uint32_t t = threadIdx.x % kWarpgroupThreads;
+    const uint32_t row = tile.row0 + wg_row_offset(math_wg) + 64 * mi + 16 * (t / 32) + (t % 32) / 4;
+    return row < tile.row_end;
+  }
   // Store this share's partial tile and count the arrival; returns whether this consumer arrived last, in which
   // case `acc` now holds the sum of all shares (in split order) and the epilogue is its to run. Costs the others
   // one partial-tile store; the last one reads num_splits partials (its own included, for a fixed order).
   static DGJIT_DEVICE bool reduce_split(const Smem& smem, const SplitArgs& sk, const Tile& tile, uint32_t math_wg,
-                                        TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+                                        uint32_t m, TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const uint32_t barrier_id = 1 + math_wg;
-    uint4* mine = partial_words(sk, tile, tile.split, math_wg);
+    const uint32_t stride = partial_threads(m);
+    uint4* mine = partial_words(sk, tile, tile.split, math_wg, stride);
 #pragma unroll
-    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+      if (!holds_valid_row(tile, math_wg, mi)) continue;
 #pragma unroll
       for (uint32_t q = 0; q < kNumAccum / 4; ++q)
-        st_global_cg_v4(mine + accum_word(mi, q), acc[mi][4 * q], acc[mi][4 * q + 1],
+        st_global_cg_v4(mine + accum_word(mi, q, stride), acc[mi][4 * q], acc[mi][4 * q + 1],
                         acc[mi][4 * q + 2], acc[mi][4 * q + 3]);
+    }
     fence_acq_rel_gpu();  // this thread's partial is visible GPU-wide before thread 0 counts the arrival
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     if (threadIdx.x % kWarpgroupThreads == 0) {
@@ -1761,23 +1779,47 @@ struct GemmSm90 {
     if (*smem.split_last(math_wg) == 0) return false;
     fence_acq_rel_gpu();  // the others' partials, released by their arrivals, are read after this
     // acc = partial 0 + partial 1 + ... in this order (the last share's own registers are not used: its place in
-    // the sum would depend on which share came last).
-    add_partial<false>(partial_words(sk, tile, 0, math_wg), acc);
+    // the sum would depend on which share came last). kSumBatch partials' loads are in flight at once: with small
+    // tiles and many shares, one round trip per share would put S round trips on the last tile's path. Up to 128
+    // registers of them; 32 with promotion, whose second accumulator set is live too (128x128 FP8 block spilled),
+    // and 64 before a quantize-on-store epilogue (64x128 BF16 spilled).
+    constexpr uint32_t kSumBudgetWords = kPromote ? 8 : (Epi::kQuant != QuantKind::kNone ? 16 : 32);
+    constexpr uint32_t kSumBatch = kAccumWords >= kSumBudgetWords ? 1
+                                   : (kSumBudgetWords / kAccumWords > 8 ? 8 : kSumBudgetWords / kAccumWords);
 #pragma unroll 1
-    for (uint32_t split = 1; split < sk.num_splits; ++split) add_partial<true>(partial_words(sk, tile, split, math_wg), acc);
+    for (uint32_t s0 = 0; s0 < sk.num_splits; s0 += kSumBatch) {
+      TAcc v[kSumBatch][kNumM64PerWG][kNumAccum];
+#pragma unroll
+      for (uint32_t b = 0; b < kSumBatch; ++b) {
+        if (s0 + b < sk.num_splits) load_partial(partial_words(sk, tile, s0 + b, math_wg, stride), tile, math_wg,
+                                                 stride, v[b]);
+      }
+#pragma unroll
+      for (uint32_t b = 0; b < kSumBatch; ++b) {
+        if (s0 + b >= sk.num_splits) break;
+#pragma unroll
+        for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
+#pragma unroll
+          for (uint32_t i = 0; i < kNumAccum; ++i) acc[mi][i] = s0 + b == 0 ? v[b][mi][i] : acc[mi][i] + v[b][mi][i];
+      }
+    }
     return true;
   }
 
-  template <bool kAdd>
-  static DGJIT_DEVICE void add_partial(const uint4* words, TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+  // One share's partial tile into `v` (zeros in the words of rows past the tile's end, which no store reads).
+  static DGJIT_DEVICE void load_partial(const uint4* words, const Tile& tile, uint32_t math_wg, uint32_t stride,
+                                        TAcc (&v)[kNumM64PerWG][kNumAccum]) {
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+      const bool valid = holds_valid_row(tile, math_wg, mi);
 #pragma unroll
       for (uint32_t q = 0; q < kNumAccum / 4; ++q) {
-        TAcc v[4];
-        ld_global_cg_v4(words + accum_word(mi, q), v[0], v[1], v[2], v[3]);
-#pragma unroll
-        for (uint32_t e = 0; e < 4; ++e) acc[mi][4 * q + e] = kAdd ? acc[mi][4 * q + e] + v[e] : v[e];
+        if (valid) {
+          ld_global_cg_v4(words + accum_word(mi, q, stride), v[mi][4 * q], v[mi][4 * q + 1], v[mi][4 * q + 2],
+                          v[mi][4 * q + 3]);
+        } else {
+          v[mi][4 * q] = v[mi][4 * q + 1] = v[mi][4 * q + 2] = v[mi][4 * q + 3] = TAcc(0);
+        }
       }
     }
   }
@@ -1901,7 +1943,7 @@ struct GemmSm90 {
         if (k_lane == 1) continue;
       }
       if constexpr (kSplitK) {
-        if (sk.num_splits > 1 && !reduce_split(smem, sk, tile, math_wg, acc)) {
+        if (sk.num_splits > 1 && !reduce_split(smem, sk, tile, math_wg, m, acc)) {
           // kRow: the copies into the scale buffer must land before the next tile's copies overwrite it.
           if constexpr (kScaling == Scaling::kRow) {
             cp_async_wait_all();
