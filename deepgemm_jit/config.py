@@ -611,17 +611,31 @@ def _sm90_decode_filler(spec: GemmSpec, m_hint: int, num_sms: int, tiles: list) 
 # row scales only.
 SHORT_K_DECODE_MAX_BYTES = 3072  # K x element size
 SHORT_K_DECODE_TILE = (64, 64)
+# M buckets above SPLIT_SKIP_MAX_M up to 128 (two 64-row M blocks): 64x128 at the stage cap (8) ran best of six
+# tiles, 16-bit only measured (H200 session 17, bench/results/*deepseek-short-k-m128-tiles-s17*, us, ours / cuBLAS):
+# BF16 / FP16 128x32768x512 17.6 / 18.3 against 18.7 / 19.0 at the model's 128x256 s3 (cuBLAS 18.7-19.0),
+# 128x24576x1536 28.1 / 27.8 against 29.1 / 28.8 at 128x192 s4 (cuBLAS 31.0-31.4); 128x64 18.0-18.5 and 28.3,
+# 128x128 s5 17.7-18.0 but 30.7-31.0, 64x64 18.8-18.9 and 32.3-32.5.
+SHORT_K_DECODE_M128_MAX_M = 128
+SHORT_K_DECODE_M128_TILE = (64, 128)
 
 
 def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | None:
-    """The (cost, block_m, block_n, stages, splits) entry of SHORT_K_DECODE_TILE that goes first at M = m_hint <=
-    SPLIT_SKIP_MAX_M when a row of K is at most SHORT_K_DECODE_MAX_BYTES; None where the rule does not apply."""
+    """The (cost, block_m, block_n, stages, splits) entry that goes first when a row of K is at most
+    SHORT_K_DECODE_MAX_BYTES: SHORT_K_DECODE_TILE at M = m_hint <= SPLIT_SKIP_MAX_M, SHORT_K_DECODE_M128_TILE for
+    16-bit types up to SHORT_K_DECODE_M128_MAX_M; None where the rule does not apply."""
     esize = dtypes.get(spec.dtype).storage_bytes
-    if m_hint > SPLIT_SKIP_MAX_M or spec.grouped or spec.epilogue != "none" or spec.k * esize > SHORT_K_DECODE_MAX_BYTES:
+    if spec.grouped or spec.epilogue != "none" or spec.k * esize > SHORT_K_DECODE_MAX_BYTES:
         return None
-    if spec.dtype not in ("bf16", "fp16") and not (spec.dtype in dtypes.FP8_DTYPES and spec.scaling in ("tensor", "row")):
+    sixteen_bit = spec.dtype in ("bf16", "fp16")
+    if m_hint <= SPLIT_SKIP_MAX_M:
+        if not sixteen_bit and not (spec.dtype in dtypes.FP8_DTYPES and spec.scaling in ("tensor", "row")):
+            return None
+        block_m, block_n = SHORT_K_DECODE_TILE
+    elif m_hint <= SHORT_K_DECODE_M128_MAX_M and sixteen_bit:
+        block_m, block_n = SHORT_K_DECODE_M128_TILE
+    else:
         return None
-    block_m, block_n = SHORT_K_DECODE_TILE
     if not sm90_block_n_legal(spec, block_n):
         return None
     stages = _sm90_stages(spec, block_m, block_n, m_hint=m_hint)
@@ -639,7 +653,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds, up to sm90_stage_cap;
     splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
     _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first; at short K and small M,
-    _sm90_decode_short_k's 64x64 tile comes first). Where no preferred
+    _sm90_decode_short_k's tile comes first). Where no preferred
     tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts.
     Raw-B GEMMs: _raw_b_tiles_by_cost."""
     if spec.raw_b:

@@ -187,13 +187,17 @@ def test_sm90_split_k_gives_way_to_a_tile_that_fills_the_sms(kwargs, m, n, k, sp
     (dict(dtype="bf16"), 16, 24576, 1536, (64, 64)),     # 25.6 vs 27.6 us at the model's 64x192
     (dict(dtype="bf16"), 64, 32768, 512, (64, 64)),      # 16.2 vs 17.4 at 64x256
     (dict(dtype="fp8", scaling="tensor"), 32, 32768, 512, (64, 64)),  # 11.2 vs 12.2 at 64x128
-    (dict(dtype="bf16"), 128, 32768, 512, None),         # above SPLIT_SKIP_MAX_M: the model's pick
+    (dict(dtype="bf16"), 128, 32768, 512, (64, 128)),    # 17.6 vs 18.7 at 128x256 s3 (session 17)
+    (dict(dtype="fp16"), 100, 24576, 1536, (64, 128)),   # 27.8 vs 28.8 at 128x192 s4
+    (dict(dtype="fp8", scaling="tensor"), 128, 32768, 512, None),  # M = 128 measured for 16-bit types only
+    (dict(dtype="bf16"), 256, 32768, 512, None),         # above SHORT_K_DECODE_M128_MAX_M: the model's pick
     (dict(dtype="bf16"), 64, 7168, 16384, None),         # long K
     (dict(dtype="fp8", scaling="block"), 32, 32768, 512, None),  # not measured for block scales
     (dict(dtype="bf16", epilogue="bias+gelu"), 32, 32768, 512, None),  # nor with fused epilogues
 ])
 def test_sm90_short_k_decode_tile(kwargs, m, n, k, tile):
-    """At M <= 64 and a K row of at most 3072 bytes, 64x64 at the stage cap comes first (H200, session 11)."""
+    """At M <= 64 and a K row of at most 3072 bytes, 64x64 at the stage cap comes first (H200, session 11); at
+    M = 65..128, 64x128 for 16-bit types (session 17)."""
     spec = GemmSpec.create(n, k, **kwargs)
     rule = config._sm90_decode_short_k(spec, m, 132)
     cfg = config.choose_sm90_config(spec, m, 132)
@@ -201,7 +205,7 @@ def test_sm90_short_k_decode_tile(kwargs, m, n, k, tile):
         assert rule is None
     else:
         assert rule is not None and (cfg.block_m, cfg.block_n) == tile and not cfg.split_k, cfg.tag
-        assert cfg.num_stages == config.sm90_stage_cap(64, 64, m), cfg.tag
+        assert cfg.num_stages == config.sm90_stage_cap(*tile, config.m_bucket(m)), cfg.tag
 
 
 def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
