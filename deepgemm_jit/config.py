@@ -615,7 +615,9 @@ SHORT_K_DECODE_TILE = (64, 64)
 # tiles, 16-bit only measured (H200 session 17, bench/results/*deepseek-short-k-m128-tiles-s17*, us, ours / cuBLAS):
 # BF16 / FP16 128x32768x512 17.6 / 18.3 against 18.7 / 19.0 at the model's 128x256 s3 (cuBLAS 18.7-19.0),
 # 128x24576x1536 28.1 / 27.8 against 29.1 / 28.8 at 128x192 s4 (cuBLAS 31.0-31.4); 128x64 18.0-18.5 and 28.3,
-# 128x128 s5 17.7-18.0 but 30.7-31.0, 64x64 18.8-18.9 and 32.3-32.5.
+# 128x128 s5 17.7-18.0 but 30.7-31.0, 64x64 18.8-18.9 and 32.3-32.5. FP8 per-tensor keeps the model's picks there
+# (*decode-fp8-short-k-m128-tiles-s17*: 64x128 s7 / 128x128 s6 / 64x112 s8, within 3% of 128x64 s8; 64x64 5-10%
+# slower; 64x128 s8 does not fit).
 SHORT_K_DECODE_M128_MAX_M = 128
 SHORT_K_DECODE_M128_TILE = (64, 128)
 
