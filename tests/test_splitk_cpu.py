@@ -94,6 +94,31 @@ def test_partial_threads_are_the_valid_rows():
         assert splitk.partial_threads(m) == count, m
 
 
+def _partial_threads_probe(lie: bool = False) -> str:
+    """A kernel of static_asserts: GemmSm90::partial_threads(M) equals splitk.partial_threads(M) for M = 0..200."""
+    lines = ['#include "dgjit/gemm_sm90.cuh"', "using namespace dgjit;", "using namespace dgjit::sm90;",
+             "using G = GemmSm90<bfloat16_t, bfloat16_t, bfloat16_t, 512, 1024, 64, 64, 64, 4, 8, Scaling::kNone, "
+             "false, false, EpilogueNone, false, true>;",
+             'extern "C" __global__ void dgjit_probe(unsigned int* out) {']
+    for m in range(0, 201):
+        want = splitk.partial_threads(m) + (4 if lie and m == 37 else 0)
+        lines.append(f"  static_assert(G::partial_threads({m}u) == {want}u);")
+    lines += ["  out[0] = 1;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_partial_threads_match_the_kernel():
+    """The workspace (splitk.partial_threads) is sized by the count the kernel strides its partials with (a larger
+    kernel count would write past the workspace); one wrong value fails the compile."""
+    from deepgemm_jit.errors import CompileError
+    from probes import compile_probe
+
+    compile_probe(_partial_threads_probe())
+    with pytest.raises(CompileError) as info:
+        compile_probe(_partial_threads_probe(lie=True))
+    assert "static assertion failed" in info.value.log or "static_assert" in info.value.log
+
+
 def test_build_split_k_argument(shared_cache_dir, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     for bad, exc in ((0, ValueError), (65, ValueError), (True, TypeError), (2.0, TypeError), ("2", TypeError)):

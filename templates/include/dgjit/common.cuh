@@ -51,13 +51,6 @@ DGJIT_DEVICE void store_converted(bfloat16_t* dst, float x) {
   dst->bits = h;
 }
 
-// x rounded to the nearest TF32 value, ties away from zero, returned as the FP32 with those bits (sm_80+).
-DGJIT_DEVICE float cvt_rna_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-}
-
 // IEEE subtraction, round to nearest even, subnormals kept whatever fast-math options a compile carries.
 DGJIT_DEVICE float sub_rn(float a, float b) {
   float r;

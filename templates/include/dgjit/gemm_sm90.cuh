@@ -1734,8 +1734,9 @@ struct GemmSm90 {
   // A consumer's partial tile: its threads' accumulators in kAccumWords 16-byte words each (accum_word), word-major
   // with `stride` threads per word. Only threads that hold a row below M store and load theirs: thread t holds rows
   // 16 (t / 32) + (t % 32) / 4 (+ 8) of each m64 slice, so those are the first partial_threads(M) threads, and at
-  // M < 64 the partials shrink to them (M = 1: 4 threads of 128, 1/32 of the bytes).
-  static DGJIT_DEVICE uint32_t partial_threads(uint32_t m) {
+  // M < 64 the partials shrink to them (M = 1: 4 threads of 128, 1/32 of the bytes). splitk.partial_threads sizes
+  // the workspace by the same count (tests/test_splitk_cpu.py ties the two with static_asserts).
+  static DGJIT_DEVICE constexpr uint32_t partial_threads(uint32_t m) {
     if (m >= 64) return kWarpgroupThreads;
     const uint32_t rows = m % 16 < 8 ? m % 16 : 8;  // rows of the last warp's first eight, 4 lanes each
     return m / 16 * 32 + rows * 4;

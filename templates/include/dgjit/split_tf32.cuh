@@ -54,6 +54,13 @@ static_assert(kChunksPerRow == 32 && kTileRows * kChunksPerRow % kNumThreads == 
 static_assert(kTileCols % kKAlign == 0 && kKAlign % kChunk == 0, "chunks never straddle Kp");
 static_assert(kTileCols % kNumWarps == 0 && kTileRows == 32, "MN-major loads: one lane per row");
 
+// x rounded to the nearest TF32 value, ties away from zero, returned as the FP32 with those bits (sm_80+).
+DGJIT_DEVICE float cvt_rna_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
 // ------------------------------------------------------------------------------------------------
 // One element, one chunk
 // ------------------------------------------------------------------------------------------------
