@@ -182,6 +182,14 @@ def to_json(header: dict, rows: list[dict]) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- summaries
+def write_experiment_json(out: str | None, name: str, data) -> None:
+    """An experiment script's results as `out`/`name` (indented JSON, the folder made first); nothing when `out` is
+    None (the script was run without --out)."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(data, indent=1))
+
+
 def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
     """{dtype: {"ratio": geomean of ratio, "tflops", "baseline_tflops", "n" (rows in the mean), "n_ok",
     "n_bad"}} over the plain rows with status ok (and a baseline, for ratio); epilogue rows are summarized by

@@ -1305,3 +1305,11 @@ def _cupy_on_numpy(monkeypatch, runner):
     monkeypatch.setitem(sys.modules, "cupy", shim)
     monkeypatch.setattr(runner, "cupy", shim)
     return shim
+
+
+def test_write_experiment_json(tmp_path):
+    """The experiment scripts' --out: the folder is made, the rows land as JSON; without --out nothing is written."""
+    report.write_experiment_json(str(tmp_path / "a" / "b"), "x.json", [{"us": 1.5}])
+    assert json.loads((tmp_path / "a" / "b" / "x.json").read_text()) == [{"us": 1.5}]
+    report.write_experiment_json(None, "y.json", [1])
+    assert not list(tmp_path.glob("**/y.json"))

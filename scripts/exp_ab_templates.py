@@ -18,10 +18,11 @@ SM (launch bounds and grid rule), DIR@nows builds without weight streaming (the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
+
+from bench import report
 
 
 def main() -> int:
@@ -63,7 +64,7 @@ def main() -> int:
     if args.problems:
         for problem in args.problems.split(","):
             rows.append(_time_problem(problem, trees, args.reps))
-        _write(args.out, rows)
+        report.write_experiment_json(args.out, "exp-ab-templates.json", rows)
         return 0
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
@@ -106,14 +107,8 @@ def main() -> int:
         rows.append(row)
         print(f"{kind} {groups}x{m}x{n}x{k}: equal={same} bulk_a_scales={row['bulk_a_scales']} " + "  ".join(
             f"{name} {r.median_us:.1f} us {flops / r.median_us / 1e6:.0f} TF" for name, r in t.items()), flush=True)
-    _write(args.out, rows)
+    report.write_experiment_json(args.out, "exp-ab-templates.json", rows)
     return 0
-
-
-def _write(out, rows) -> None:
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "exp-ab-templates.json").write_text(json.dumps(rows, indent=1))
 
 
 def _use_tree(tdir) -> None:

@@ -16,12 +16,14 @@ start skew, and whether the same SMs are late in every repetition.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from bench import report
+
 
 PROBLEMS = "bf16:1x7168x16384,bf16:64x7168x16384,tf32:64x7168x16384,fp32:64x7168x16384"
 MAX_CTAS = 1024
@@ -123,9 +125,7 @@ def main() -> int:
               f", tail (max - median) {np.median(tails):.1f} us, start skew "
               f"{np.median([r['start_skew_us'] for r in reps]):.1f} us; late SMs in every rep: {sorted(common)}",
               flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-cta-timeline.json").write_text(json.dumps(results, indent=1))
+    report.write_experiment_json(args.out, "exp-cta-timeline.json", results)
     return 0
 
 

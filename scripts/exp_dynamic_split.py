@@ -18,11 +18,13 @@ shrank to the valid rows write).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from pathlib import Path
+
+from bench import report
+
 
 _VARIANT = re.compile(r"(\d+)x(\d+)(?:s(\d+))?(d?)(?::(\d+))?")
 
@@ -115,9 +117,7 @@ def main() -> int:
                                      f"{info_rows[name]['splits']} ok={info_rows[name]['within_bound']} "
                                      f"same={info_rows[name]['same_bits']})" if name in info_rows else "")
             for name, us in row["us"].items()), flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-dynamic-split.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, "exp-dynamic-split.json", rows)
     bad = [(r["dtype"], r["m"], name) for r in rows for name, v in r["variants"].items()
            if not (v["within_bound"] and v["same_bits"])]
     if bad:

@@ -7,9 +7,10 @@ medians); the split pass is the difference. Outputs are checked against float64 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
+
+from bench import report
+
 
 NK = "2112x7168,24576x1536,32768x512,7168x16384,4096x7168,7168x2048"
 
@@ -56,9 +57,7 @@ def main() -> int:
             print(f"fp32 {m}x{n}x{k} err={err:.1e} same={same} call {t['call']:.1f} gemm {t['gemm']:.1f} "
                   f"split {row['split_us']:.1f} cublas {t.get('cublas', float('nan')):.1f} us ({row['config']})",
                   flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-fp32-breakdown.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, "exp-fp32-breakdown.json", rows)
     return 0
 
 

@@ -11,9 +11,10 @@ allows (1: the unsplit kernel).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
+
+from bench import report
+
 
 NK = "2112x7168,24576x1536,32768x512,7168x16384,4096x7168,7168x2048"
 
@@ -101,9 +102,7 @@ def main() -> int:
         print(f"fp32 {m}x{n}x{k} auto {t.get('auto', float('nan')):.1f} ({row['auto']} x{auto_splits}) best "
               f"{best} {mine[best]:.1f} cublas {t.get('cublas', float('nan')):.1f} | "
               + " ".join(f"{name}={v:.1f}" for name, v in t.items()), flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-fp32-raw-b-tiles.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, "exp-fp32-raw-b-tiles.json", rows)
     return 0
 
 

@@ -16,12 +16,14 @@ costs. Usage: python3 scripts/exp_fp8_scale_path.py [--out DIR]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from bench import report
+
 
 SHAPES = [(4096, 4096, 7168), (4096, 7168, 16384), (4096, 7168, 2048), (4096, 24576, 1536)]
 HEADER = "include/dgjit/gemm_sm90.cuh"
@@ -100,9 +102,7 @@ def main() -> int:
         rows.append(row)
         print(f"{m}x{n}x{k}: " + "  ".join(f"{name} {r.median_us:.1f} us {flops / r.median_us / 1e6:.0f} TF"
                                            for name, r in t.items()), flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-fp8-scale-path.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, "exp-fp8-scale-path.json", rows)
     return 0
 
 

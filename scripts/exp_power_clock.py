@@ -12,11 +12,12 @@ inputs (no correctness meaning: they show how much of the power is data-dependen
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from bench import report
+
 
 QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active"
 
@@ -117,9 +118,7 @@ def main() -> int:
               f"(max {r['max_sm_mhz']:.0f}) power {r['power_w']:.0f} W (limit {r['power_limit_w']:.0f}) "
               f"{r['temp_c']:.0f} C reasons {r['reasons']} ({r['samples']} samples)", flush=True)
         time.sleep(1.0)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-power-clock.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, "exp-power-clock.json", rows)
     return 0
 
 

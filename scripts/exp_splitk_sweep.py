@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
+
+from bench import report
+
 
 NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 
@@ -110,9 +111,7 @@ def main() -> int:
                   + (f" cublas {us['cublas']:.1f}" if "cublas" in us else "") + " | "
                   + " ".join(f"{name}={v:.1f}" for name, v in us.items() if name not in ("old", "auto", "cublas")),
                   flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"exp-splitk-sweep-{args.dtype}.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, f"exp-splitk-sweep-{args.dtype}.json", rows)
     return 0
 
 

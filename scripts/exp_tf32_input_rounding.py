@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+
+from bench import report
+
 
 
 def main() -> int:
@@ -49,9 +51,7 @@ def main() -> int:
                "a_bits_dropped_by_trunc": int(cupy.count_nonzero(a != truncate(a)))}
         results.append(row)
         print(json.dumps(row), flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "exp-tf32-input-rounding.json").write_text(json.dumps(results, indent=1))
+    report.write_experiment_json(args.out, "exp-tf32-input-rounding.json", results)
     return 0
 
 

@@ -16,6 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import report
+
+
 DEFAULT = ("bf16:64x4096x7168,bf16:128x4096x7168,bf16:32x7168x16384,fp8_tensor:64x2112x7168,"
            "fp8_tensor:128x2112x7168,fp8_tensor:64x4096x7168,bf16:4096x4096x7168,fp8_tensor:4096x7168x16384")
 
@@ -87,9 +90,7 @@ def main() -> int:
         for kern in kernels:
             print(f"{problem}: {kern['name'][:160]} grid={kern['grid']} block={kern['block']} "
                   f"regs={kern['registers']} smem={kern['shared_memory']} us={kern['us']}", flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "probe-cublas-kernels.json").write_text(json.dumps(rows, indent=1))
+    report.write_experiment_json(args.out, "probe-cublas-kernels.json", rows)
     return 0
 
 
