@@ -163,6 +163,17 @@ def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
             and spec.scaling in ("tensor", "row"))
 
 
+def sm90_two_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool) -> bool:
+    """Whether a promoted FP8 tile queues K block i + 1's wgmmas into a second partial set before promoting K block
+    i (mirror of GemmSm90::kTwoPartialSets): tiles without K lanes whose consumer holds at most 64 accumulators
+    per thread (64 / 128-row tiles up to 128 columns, ping-pong or 256-row tiles up to 64), where the extra set
+    fits the registers. Measured on the H200 (session 18): FP8 per-tensor 4096x4096x7168 (128x128) 7% faster,
+    fused quant_fp8_g128 (128x128) 4-10%, FP8 block 128x7168x16384 (64x128) 6%."""
+    _, rows = sm90_consumers(block_m, pingpong)
+    return (spec.dtype in dtypes.FP8_DTYPES and spec.promote and not sm90_wg_split_k(spec, block_m, pingpong)
+            and (rows // 64) * (block_n // 2) <= 64)
+
+
 def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
     """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
     GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16) with more slices
@@ -307,17 +318,24 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     """
     if m_hint < 256:
         return spec.scaling != "block" or 128 % block_n == 0
+    # Since session 18 a promoted FP8 128x128 tile keeps two partial sets (sm90_two_partial_sets) and ran 1-6% faster
+    # than the 176 / 160 below on most M = 4096 rows (bench/results/*fp8-m4096-tiles-two-sets-s18*); 128 is
+    # preferred beside them from 1024 rows on, and the waves model decides: it picks 176 where that tile fills the
+    # waves much better (2112x7168: 19% faster) or K is long (7168x16384: 2.5-6%), 128 on the other rows, as
+    # measured.
+    two_sets_128 = (block_n == 128 and m_hint * groups >= 1024 and spec.promote
+                    and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024)
     if spec.scaling == "block":
         if spec.n >= 1024 and spec.k >= 1024 and m_hint * groups >= 1024:
-            return block_n == 176
+            return block_n == 176 or two_sets_128
         return block_n == 128 if spec.n >= 128 else 128 % block_n == 0
     if spec.scaling == "row" and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024:
         if spec.promote and spec.k <= 2048 and m_hint >= 1024:
-            return block_n == 160
-        return block_n == 176
+            return block_n == 160 or two_sets_128
+        return block_n == 176 or two_sets_128
     if (spec.scaling == "tensor" and spec.promote and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024
             and spec.k <= 2048 and m_hint >= 1024):
-        return block_n == 160
+        return block_n == 160 or two_sets_128
     return True
 
 

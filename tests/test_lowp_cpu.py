@@ -63,33 +63,32 @@ def test_recipe_granularities_produce_the_scales_the_gemm_takes(scaling):
 
 # ---------------------------------------------------------------------------------------------- config
 def test_promotion_limits_block_n():
+    """Promoted FP8 tile choices at large M (H200 sweeps): 176 (block, row) or 160 (K <= 2048: tensor, row) beside
+    128, whose K loop keeps two partial sets (session 18); the waves model picks 176 at 2112x7168 and 7168x16384,
+    128 on the other DeepSeek rows, as measured (bench/results/*fp8-m4096-tiles-two-sets-s18*)."""
     spec = GemmSpec.create(7168, 16384, "fp8")
     ranked = config.sm90_ranked(spec, 4096, 132)
     assert ranked and all(config.sm90_accumulators(c.block_m, c.block_n, True) <= 176 for c in ranked)
-    assert {c.block_n for c in ranked} == {176}  # block scaling at large M: 176 wide (H200 sweep, session 6)
-    for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)):
-        s = GemmSpec.create(n, k, "fp8")
-        chosen = config.choose_sm90_config(s, 4096, 132)
-        assert (chosen.block_m, chosen.block_n) == (128, 128 if k < 1024 else 176), (n, k, chosen.tag)
+    assert {c.block_n for c in ranked} == {128, 176}
+    want = {(2112, 7168): 176, (24576, 1536): 128, (32768, 512): 128, (7168, 16384): 176, (4096, 7168): 128,
+            (7168, 2048): 128}
+    for scaling in ("block", "row", "tensor"):
+        for (n, k), block_n in want.items():
+            chosen = config.choose_sm90_config(GemmSpec.create(n, k, "fp8", scaling=scaling), 4096, 132)
+            assert (chosen.block_m, chosen.block_n) == (128, block_n), (scaling, n, k, chosen.tag)
     assert all(128 % c.block_n == 0 for c in config.sm90_ranked(spec, 64, 132))
-    # Grouped (MoE) calls: 176 only once the groups hold >= 1024 rows in all (masked calls of 256-512 rows ran
-    # 15-20% slower at 176 on the H200).
+    # Grouped (MoE) calls: 176 or 128 only once the groups hold >= 1024 rows in all (masked calls of 256-512 rows
+    # ran 15-20% slower at 176 on the H200).
     grouped = GemmSpec.create(4096, 7168, "fp8", grouped=True)
     assert config.choose_config(grouped, 256, "sm_90a", 132, groups=1).block_n == 128
-    assert config.choose_config(grouped, 256, "sm_90a", 132, groups=4).block_n == 176
+    assert {c.block_n for c in config.sm90_ranked(grouped, 256, 132)} == {128}
     row = GemmSpec.create(7168, 16384, "fp8", scaling="row")
-    assert {c.block_n for c in config.sm90_ranked(row, 4096, 132)} == {176}  # measured preference at large M
-    # ... and 160 at K <= 2048 (like per-tensor; session 13 A/B).
-    for n, k, want in ((7168, 2048, 160), (24576, 1536, 160), (32768, 512, 160), (4096, 7168, 176)):
-        chosen = config.choose_sm90_config(GemmSpec.create(n, k, "fp8", scaling="row"), 4096, 132)
-        assert chosen.block_n == want, (n, k, chosen.tag)
+    assert {c.block_n for c in config.sm90_ranked(row, 4096, 132)} == {128, 176}
+    assert {c.block_n for c in config.sm90_ranked(GemmSpec.create(7168, 2048, "fp8", scaling="row"), 4096, 132)} == {
+        128, 160}
     assert len({c.block_n for c in config.sm90_ranked(row, 64, 132)}) > 1
     with pytest.raises(ValueError, match="accumulator"):
         config.sm90_config(spec, 128, 192).check_for(spec, "sm_90a")
-    # Per-tensor (promoted) at M = 4096: 160 wide for K <= 2048 (session 7 sweep), the model's pick above.
-    for n, k, want in ((7168, 2048, 160), (24576, 1536, 160), (32768, 512, 160), (7168, 16384, 176)):
-        chosen = config.choose_sm90_config(GemmSpec.create(n, k, "fp8", scaling="tensor"), 4096, 132)
-        assert chosen.block_n == want, (n, k, chosen.tag)
     fast = GemmSpec.create(7168, 16384, "fp8", scaling="tensor", fast_accum=True)
     config.sm90_config(fast, 128, 256).check_for(fast, "sm_90a")  # one set of accumulators: fits
 
@@ -155,6 +154,8 @@ LOWP_VARIANTS = [  # (dtype, b_dtype, scaling, fast_accum, out_dtype, block_m, b
     ("fp8_e5m2", None, "row", False, "bf16", 128, 96),
     ("fp8_e4m3", "fp8_e5m2", "tensor", False, "bf16", 128, 128),
     ("fp8_e5m2", "fp8_e4m3", "block", False, "bf16", 128, 64),
+    ("fp8_e4m3", None, "block", False, "bf16", 64, 32),
+    ("fp8_e4m3", None, "block", False, "bf16", 64, 128),
     ("int8", None, "none", False, "int32", 128, 128),
     ("int8", None, "none", False, "int32", 64, 256),
     ("int8", None, "row", False, "bf16", 128, 256),
@@ -181,8 +182,14 @@ def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, 
     # Each K block is 4 k32 instructions per m64 slice; more means the K loop was unrolled (code bloat). Block
     # scaling with tiles that straddle 128-column scale blocks compiles one K loop per offset a tile can start at
     # inside a block (multiples of gcd(block_n, 128) columns).
+    # Two partial sets (config.sm90_two_partial_sets) issue each K block from 4 places (first block, the loop's two,
+    # the tail) and wait with one group left in flight (DEPBAR 0x1); one-set promoted kernels always drain (0x0).
     loops = 128 // math.gcd(block_n, 128) if scaling == "block" and block_n % 128 and 128 % block_n else 1
-    assert 0 < mix.get(mma, 0) <= 4 * (block_m // 64) * loops and mix.get("HGMMA", 0) == 0, (case, mix.get(mma))
+    two_sets = config.sm90_two_partial_sets(spec, block_m, block_n, False)
+    sites = 4 if two_sets else 1
+    assert 0 < mix.get(mma, 0) <= 4 * (block_m // 64) * loops * sites and mix.get("HGMMA", 0) == 0, (case, mix.get(mma))
+    if spec.promote:
+        assert ("WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass.disassemble(art.cubin)) == two_sets, case
     assert mix.get("UTMALDG", 0) > 0, case
     # Block scaling: the TMA thread's bulk copy of A scales (cp.async.bulk, docs/experiments/sm90-fp8-bulk-a-scales.md);
     # compiled out of every other kernel.
@@ -231,6 +238,26 @@ def test_wg_split_k_rule_and_kernel(shared_cache_dir, monkeypatch):
     g = build(128, 2112, 7168, dtype="fp8", scaling="tensor", config=cfg, arch="sm_90a")
     assert g.explain()["k_lanes"] == 2
     assert build(4096, 2112, 7168, dtype="fp8", scaling="tensor", arch="sm_90a").explain()["k_lanes"] == 1
+
+
+def test_two_partial_sets_rule():
+    """Promoted FP8 tiles without K lanes keep a second partial set when it fits (<= 64 accumulators per consumer
+    thread); explain reports the count (the SASS side is checked in test_lowp_variant_matrix)."""
+    block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
+    tensor = GemmSpec.create(7168, 16384, dtype="fp8", scaling="tensor")
+    fast = GemmSpec.create(7168, 16384, dtype="fp8", scaling="tensor", fast_accum=True)
+    rule = config.sm90_two_partial_sets
+    assert [rule(block, bm, bn, False) for bm, bn in ((64, 32), (64, 128), (64, 144), (128, 128), (128, 176))] == [
+        True, True, False, True, False]
+    assert not rule(tensor, 64, 64, False)  # K lanes: two chains already
+    assert rule(tensor, 128, 128, False) and not rule(fast, 128, 128, False)
+    assert rule(block, 128, 64, True) and not rule(block, 128, 128, True)  # ping-pong: 128 rows per consumer
+    assert not rule(GemmSpec.create(7168, 16384, dtype="bf16"), 64, 32, False)
+    assert build(128, 7168, 16384, dtype="fp8", arch="sm_90a",
+                 config=config.sm90_config(block, 64, 128)).explain()["partial_sets"] == 2
+    assert build(4096, 7168, 16384, dtype="fp8", arch="sm_90a",
+                 config=config.sm90_config(block, 128, 176)).explain()["partial_sets"] == 1
+    assert build(4096, 7168, 16384, dtype="bf16", arch="sm_90a").explain()["partial_sets"] == 0
 
 
 @pytest.mark.parametrize("scaling,m,n,k", [("block", 4096, 7168, 16384), ("tensor", 4096, 7168, 16384),
