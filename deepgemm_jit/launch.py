@@ -131,6 +131,14 @@ def scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
             np.int64(sb.stride_i), np.int64(sb.stride_j))
 
 
+# The TMA thread's bulk copy of A's block scales pays from this many rows on (`m` as bulk_a_scales takes it); at decode
+# sizes the scale warp copies them faster. H200, session 18, same call, A/B/A (bench/results/*bulk-a-scales-by-m-s18*):
+# the scale warp ran the decode suite's FP8 block rows 1% (M = 1..16) to 5.5% (M = 128) faster, 128x2112x7168 16.3 ->
+# 13.8 us (ncu: 14.1 -> 11.7 us); at M = 4096 the bulk copy stays 0.2-8.6% faster (4096x4096x7168 187.6 vs 203.7).
+# M = 129..4095 was not measured between the two and keeps the bulk copy, as before.
+BULK_A_SCALES_MIN_M = 129
+
+
 def bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
     """Whether an sm90 block-scaling kernel may bulk-copy scale_a (ScaleArgs::is_a_bulk, gemm_sm90.cuh): the TMA thread
     then copies a tile's A scales of a K block, rows [row0, row0 + n) with n = min(block_m, rows left rounded up to
@@ -146,6 +154,11 @@ def bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
     rows_up = -(-m // 4) * 4
     return ((sa.stride_i == 1 or m == 1) and sa.ptr % 16 == 0 and sa.stride_j % 4 == 0
             and (sa.shape[1] <= 1 or sa.stride_j >= rows_up))
+
+
+def use_bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
+    """Whether a launch of `m` rows bulk-copies scale_a: where it may (bulk_a_scales) and pays (BULK_A_SCALES_MIN_M)."""
+    return m >= BULK_A_SCALES_MIN_M and bulk_a_scales(spec, sa, m)
 
 
 @dataclass(frozen=True)
@@ -238,7 +251,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         if split is not None:
             args += split.args()
         # Last, so that kernels from templates without it (A/B runs against older trees) take the same arguments.
-        args += (np.uint32(bulk_a_scales(spec, sa, m)), np.uint32(a_rows))
+        args += (np.uint32(use_bulk_a_scales(spec, sa, m)), np.uint32(a_rows))
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

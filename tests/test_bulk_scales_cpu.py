@@ -47,6 +47,15 @@ def test_flag_off(arr, m, why, fake_gpu_memory):
     assert not _flag(arr, m), why
 
 
+def test_decode_sizes_take_the_scale_warp(fake_gpu_memory):
+    """Launches of at most 128 rows leave scale_a to the scale warp even where the bulk copy may run (measured faster
+    there, launch.BULK_A_SCALES_MIN_M); from 129 rows on the bulk copy is used."""
+    for m, want in ((1, False), (77, False), (128, False), (129, True), (300, True), (4096, True)):
+        sa = scale_view(_m_major(m, -(-m // 4) * 4), "scale_a", (m, KB), "x")
+        assert launch.bulk_a_scales(BLOCK, sa, m), m
+        assert launch.use_bulk_a_scales(BLOCK, sa, m) == want, m
+
+
 def test_flag_single_row_and_single_group(fake_gpu_memory):
     # M = 1: the row stride means nothing (scale_view drops it); the one row is row 0 of each column.
     assert _flag(_m_major(1, 4), 1)

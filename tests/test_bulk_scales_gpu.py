@@ -51,7 +51,9 @@ def _problem(m, n, k, seed, num_groups=None):
 
 
 def _both_paths(monkeypatch, call, shape, out_dtype="bf16"):
-    """(bulk, scale warp) outputs of `call(out)`, each into a freshly poisoned array (separate launch plans)."""
+    """(bulk, scale warp) outputs of `call(out)`, each into a freshly poisoned array (separate launch plans). The bulk
+    path is forced at every M (launch.BULK_A_SCALES_MIN_M keeps decode sizes on the scale warp)."""
+    monkeypatch.setattr(launch, "BULK_A_SCALES_MIN_M", 1)
     outs = []
     for off in ("0", "1"):
         monkeypatch.setenv("DEEPGEMM_JIT_NO_BULK_SCALES", off)
