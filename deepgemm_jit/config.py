@@ -168,7 +168,7 @@ def sm90_two_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: 
     i (mirror of GemmSm90::kTwoPartialSets): tiles without K lanes whose consumer holds at most 64 accumulators
     per thread (64 / 128-row tiles up to 128 columns, ping-pong or 256-row tiles up to 64), where the extra set
     fits the registers. Measured on the H200 (session 18): FP8 per-tensor 4096x4096x7168 (128x128) 7% faster,
-    fused quant_fp8_g128 (128x128) 4-10%, FP8 block 128x7168x16384 (64x128) 6%."""
+    fused quant_fp8_g128 (128x128) 3-9%, FP8 block 128x7168x16384 (64x128) 6%."""
     _, rows = sm90_consumers(block_m, pingpong)
     return (spec.dtype in dtypes.FP8_DTYPES and spec.promote and not sm90_wg_split_k(spec, block_m, pingpong)
             and (rows // 64) * (block_n // 2) <= 64)

@@ -963,7 +963,7 @@ struct GemmSm90 {
   // Two partial sets (promoted FP8): K block i + 1's wgmmas are queued into the second set before K block i's set
   // is waited for and promoted, so the tensor cores run while the FP32 adds (and the stage's release) do; with one
   // set every K block waited for its own wgmmas to drain. Measured on the H200 (session 18, bitwise equal): FP8
-  // per-tensor 4096x4096x7168 (128x128) 177 -> 165 us, fused quant_fp8_g128 (128x128) 4-10% faster, FP8 block
+  // per-tensor 4096x4096x7168 (128x128) 177 -> 165 us, fused quant_fp8_g128 (128x128) 3-9% faster, FP8 block
   // 128x7168x16384 (64x128) 43.2 -> 40.2 us; 64x32 / 64x64 decode tiles within +-2%. The second set costs
   // kNumM64PerWG x kNumAccum registers, so tiles with more than 64 accumulators per thread (128x176 ...) keep one;
   // kWGSplitK tiles have two chains already (the K lanes). config.sm90_two_partial_sets mirrors the rule.
