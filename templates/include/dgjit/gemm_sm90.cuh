@@ -1005,7 +1005,8 @@ struct GemmSm90 {
     issue(part0, scales0, stage0);
     after_first_issue();
     // Steady state: no branch between a set's issue and the wait that retires the other set (ptxas serialised
-    // the wgmmas (C7514) when the wait's group count depended on a branch).
+    // the wgmmas (C7514) when the wait's group count depended on a branch); the tail's two ways out are needed
+    // too (a straight tail was flagged as well: docs/experiments/c7514_loop_shapes.py).
     uint32_t k_block = tile.k_begin;
 #pragma unroll 1
     for (; k_block + 2 < k_end; k_block += 2) {
