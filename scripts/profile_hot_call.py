@@ -19,6 +19,18 @@ import sys
 import time
 
 
+def _print_profile(loop, lines: int) -> None:
+    """cProfile over one call of `loop` (the GPU synchronised after it), the `lines` costliest functions by own time."""
+    import cupy
+
+    prof = cProfile.Profile()
+    prof.enable()
+    loop()
+    prof.disable()
+    cupy.cuda.Device().synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
@@ -43,22 +55,17 @@ def main() -> int:
     for _ in range(100):
         g(a, b, out=d)
     cupy.cuda.Device().synchronize()
+
+    def loop():
+        for i in range(args.calls):
+            if i % 2000 == 0:
+                cupy.cuda.Device().synchronize()
+            g(a, b, out=d)
     t0 = time.perf_counter()
-    for i in range(args.calls):
-        if i % 2000 == 0:
-            cupy.cuda.Device().synchronize()
-        g(a, b, out=d)
+    loop()
     cupy.cuda.Device().synchronize()
     print(f"plain loop: {(time.perf_counter() - t0) / args.calls * 1e6:.2f} us per call (incl. periodic syncs)")
-    prof = cProfile.Profile()
-    prof.enable()
-    for i in range(args.calls):
-        if i % 2000 == 0:
-            cupy.cuda.Device().synchronize()
-        g(a, b, out=d)
-    prof.disable()
-    cupy.cuda.Device().synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    _print_profile(loop, 15)
     return 0
 
 
@@ -88,12 +95,7 @@ def profile_grouped(calls: int) -> int:
     loop()
     cupy.cuda.Device().synchronize()
     print(f"grouped, no kept plan: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
-    prof = cProfile.Profile()
-    prof.enable()
-    loop()
-    prof.disable()
-    cupy.cuda.Device().synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    _print_profile(loop, 20)
     return 0
 
 
@@ -128,12 +130,7 @@ def profile_fp32(calls: int) -> int:
             g(a, b, out=d)
         print(f"  200 calls enqueued in {(time.perf_counter() - t0) / 200 * 1e6:.1f} us each", flush=True)
         cupy.cuda.Device().synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        loop()
-        prof.disable()
-        cupy.cuda.Device().synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        _print_profile(loop, 25)
     return 0
 
 
@@ -166,12 +163,7 @@ def profile_quantize(calls: int) -> int:
               f"{(time.perf_counter() - t0) / calls * 1e6:.1f} us per call", flush=True)
     for mode in ("new", "given"):
         print(f"-- cProfile, out={mode}")
-        prof = cProfile.Profile()
-        prof.enable()
-        loop(mode)
-        prof.disable()
-        cupy.cuda.Device().synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        _print_profile(lambda: loop(mode), 25)
     return 0
 
 

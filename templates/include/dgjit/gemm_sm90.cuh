@@ -1148,8 +1148,6 @@ struct GemmSm90 {
     // despite the pragma (K = 16384 gave 512 QGMMAs and minutes of compile time).
     uint32_t k_end = tile.k_end;
     asm volatile("" : "+r"(k_end));
-    float part[kNumM64PerWG][kNumAccum];
-    const uint32_t row_byte = kScaling == Scaling::kBlock ? scale_row_byte(math_wg) : 0;
     if constexpr (kTwoPartialSets) {
       mainloop_two_partial_sets<kOff>(smem, state, math_wg, tile, k_end, acc, after_first_issue);
     } else if constexpr (kBlockScalesAhead) {
@@ -1158,6 +1156,8 @@ struct GemmSm90 {
       // FP8: one K block (128) per promotion, its scales applied there. TF32: up to kPromoteEvery blocks (128 K
       // elements) accumulate in the tensor cores first, pipelined like the plain main loop (each wait leaves the
       // newest group running), so that the promotion's full wait and adds come once per 128 K as for FP8.
+      float part[kNumM64PerWG][kNumAccum];
+      const uint32_t row_byte = kScaling == Scaling::kBlock ? scale_row_byte(math_wg) : 0;
 #pragma unroll 1
       for (uint32_t k_first = tile.k_begin; k_first < k_end; k_first += kPromoteEvery * kKStep) {
         BlockScales cur;
