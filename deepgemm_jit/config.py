@@ -174,6 +174,18 @@ def sm90_two_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: 
             and (rows // 64) * (block_n // 2) <= 64)
 
 
+def sm90_half_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool) -> bool:
+    """Whether a promoted per-tensor / per-row FP8 tile too wide for sm90_two_partial_sets issues each K block as two
+    halves of block_n / 2 columns into their own partial sets (mirror of GemmSm90::kHalfSets): one m64 slice per
+    consumer, halves a multiple of 8 wide, no K lanes and no fused epilogue. Block scaling keeps one set (1% slower
+    with halves, session 19)."""
+    _, rows = sm90_consumers(block_m, pingpong)
+    return (spec.dtype in dtypes.FP8_DTYPES and spec.promote and spec.scaling != "block"
+            and not sm90_wg_split_k(spec, block_m, pingpong)
+            and not sm90_two_partial_sets(spec, block_m, block_n, pingpong) and rows == 64
+            and (block_n // 2) % 8 == 0 and spec.epi.is_identity)
+
+
 def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
     """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
     GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16) with more slices

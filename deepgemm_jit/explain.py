@@ -31,8 +31,9 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).
         "k_lanes": (2 if gemm.config.family == "sm90" and config_mod.sm90_wg_split_k(
             gemm.spec, gemm.config.block_m, gemm.config.pingpong) else 1),
-        # Partial-sum sets of a promoted K loop (2: the next K block's wgmmas run while one is promoted,
-        # config.sm90_two_partial_sets); 0 without promotion.
+        # Partial-sum sets of a promoted K loop (2: wgmmas run while one set is promoted: the next K block's,
+        # config.sm90_two_partial_sets, or on wide tiles the other half of this one's, sm90_half_partial_sets);
+        # 0 without promotion.
         "partial_sets": _partial_sets(gemm),
         "b_evict_first": _b_evict_first(gemm),
     }
@@ -63,7 +64,8 @@ def _partial_sets(gemm) -> int:
     cfg, spec = gemm.config, gemm.spec
     if cfg.family != "sm90" or not spec.promote:
         return 0
-    return 2 if config_mod.sm90_two_partial_sets(spec, cfg.block_m, cfg.block_n, cfg.pingpong) else 1
+    args = (spec, cfg.block_m, cfg.block_n, cfg.pingpong)
+    return 2 if config_mod.sm90_two_partial_sets(*args) or config_mod.sm90_half_partial_sets(*args) else 1
 
 
 def _b_evict_first(gemm) -> dict | None:

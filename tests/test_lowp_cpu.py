@@ -185,7 +185,8 @@ def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, 
     # Two partial sets (config.sm90_two_partial_sets) issue each K block from 4 places (first block, the loop's two,
     # the tail) and wait with one group left in flight (DEPBAR 0x1); one-set promoted kernels always drain (0x0).
     loops = 128 // math.gcd(block_n, 128) if scaling == "block" and block_n % 128 and 128 % block_n else 1
-    two_sets = config.sm90_two_partial_sets(spec, block_m, block_n, False)
+    two_sets = (config.sm90_two_partial_sets(spec, block_m, block_n, False)
+                or config.sm90_half_partial_sets(spec, block_m, block_n, False))
     sites = 4 if two_sets else 1
     assert 0 < mix.get(mma, 0) <= 4 * (block_m // 64) * loops * sites and mix.get("HGMMA", 0) == 0, (case, mix.get(mma))
     if spec.promote:
@@ -255,6 +256,16 @@ def test_two_partial_sets_rule():
     assert not rule(GemmSpec.create(7168, 16384, dtype="bf16"), 64, 32, False)
     assert build(128, 7168, 16384, dtype="fp8", arch="sm_90a",
                  config=config.sm90_config(block, 64, 128)).explain()["partial_sets"] == 2
+    # Wider per-tensor / per-row tiles: two halves of one set's width (no fused epilogue), else one set; block
+    # scaling keeps one set, and 64-row per-tensor tiles have K lanes instead.
+    half = config.sm90_half_partial_sets
+    row = GemmSpec.create(7168, 16384, dtype="fp8", scaling="row")
+    assert [half(tensor, bm, bn, False) for bm, bn in ((128, 176), (128, 160), (64, 144), (128, 128), (128, 168))] == [
+        True, True, False, False, False]
+    assert half(row, 128, 176, False) and not half(block, 128, 176, False)
+    assert not half(GemmSpec.create(7168, 16384, dtype="fp8", scaling="tensor", epilogue="bias"), 128, 176, False)
+    assert build(4096, 7168, 16384, dtype="fp8", scaling="tensor", arch="sm_90a",
+                 config=config.sm90_config(tensor, 128, 176)).explain()["partial_sets"] == 2
     assert build(4096, 7168, 16384, dtype="fp8", arch="sm_90a",
                  config=config.sm90_config(block, 128, 176)).explain()["partial_sets"] == 1
     assert build(4096, 7168, 16384, dtype="bf16", arch="sm_90a").explain()["partial_sets"] == 0

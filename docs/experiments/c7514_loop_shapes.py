@@ -6,7 +6,7 @@ of the pipeline stage").
 Findings (session 18, NVRTC 13.0): two register sets alternating in a loop, each read after a wait_group 1 that
 follows the other set's issue, compile clean only with a tail that has two ways out (the two-set K loop's
 `if (more) {issue; wait 1; read; wait 0; read} else {wait 0; read}`); the same loop with a straight tail (`wait 0;
-read both`) is flagged, and so is the half-width loop of docs/experiments/sm90-fp8-half-partial-sets.patch until its
+read both`) is flagged, and so is the half-width loop (GemmSm90::mainloop_half_sets, session 19) until its
 tail got an `else { wait_group 0 }` arm that never runs. Which set a wait retires is known to ptxas only along
 some paths; check the log of every new loop shape (the CPU tests assert no C7514 on the variant matrix)."""
 import sys
