@@ -608,24 +608,33 @@ def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms
 # 14.8/14.9) nor for tiles narrower than 32 columns (BF16 2112x7168: 64x16 unsplit 19.7/19.9 vs split 18.5/18.6).
 # TF32 (unpromoted) since session 11 (bench/results/*tf32-decode-filler-s11*): 64x7168x16384 64x56 unsplit 129.3 us
 # vs 64x224 split 138.7, 64x4096x7168 64x32 38.5 vs 64x128 split 42.0.
+# Promoted FP8 tiles with two partial sets (sm90_two_partial_sets, session 18) no longer drain every K block either,
+# and from 16 columns: FP8 block {16,32,64}x2112x7168 64x16 unsplit (132 tiles) 13.5 / 13.3 / 13.4 us vs the 64x64
+# x 4 split pick 13.9 / 13.8 / 14.2 (H200 session 19, bench/results/*exp-splitk-sweep-fp8_block-2112x7168-s19*).
 SPLIT_SKIP_MAX_M = 64
 SPLIT_SKIP_DTYPES = ("bf16", "fp16", "tf32")
 SPLIT_SKIP_FILL = 0.75
 SPLIT_SKIP_MIN_N = 32
+SPLIT_SKIP_MIN_N_TWO_SETS = 16
 
 
 def _sm90_decode_filler(spec: GemmSpec, m_hint: int, num_sms: int, tiles: list) -> tuple | None:
     """The cheapest unsplit tile of `tiles` ((cost, block_m, block_n, stages, splits), any order) that keeps at
     least SPLIT_SKIP_FILL of the SMs' consumer lanes busy in one wave at M = m_hint <= SPLIT_SKIP_MAX_M, for a K loop
-    without a wait per K block (16-bit types and unpromoted TF32, or FP8 with K lanes); None when there is none. It
-    replaces a split-K pick (SPLIT_SKIP_*)."""
+    without a wait per K block (16-bit types and unpromoted TF32, FP8 with K lanes, or promoted FP8 with two partial
+    sets, from SPLIT_SKIP_MIN_N_TWO_SETS columns); None when there is none. It replaces a split-K pick
+    (SPLIT_SKIP_*)."""
     if m_hint > SPLIT_SKIP_MAX_M or spec.grouped:
         return None
     no_wait = spec.dtype in SPLIT_SKIP_DTYPES and not spec.promote  # K loop without a wait per K block
     for tile in sorted(tiles, key=lambda t: t[0]):
         _, block_m, block_n, _, _ = tile
         lanes = 2 if sm90_wg_split_k(spec, block_m, False) else 1
-        if block_n < SPLIT_SKIP_MIN_N or (not no_wait and lanes == 1):
+        two_sets = sm90_two_partial_sets(spec, block_m, block_n, False)
+        if two_sets:
+            if block_n < SPLIT_SKIP_MIN_N_TWO_SETS:
+                continue
+        elif block_n < SPLIT_SKIP_MIN_N or (not no_wait and lanes == 1):
             continue
         count = -(-m_hint // block_m) * -(-spec.n // block_n)
         if count <= num_sms and count * lanes >= SPLIT_SKIP_FILL * num_sms:

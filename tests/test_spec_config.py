@@ -169,7 +169,9 @@ def test_sm90_cost_ties_go_to_the_64_row_tile_at_decode_sizes():
     (dict(dtype="bf16"), 64, 7168, 16384, False, (64, 56)),      # 69.4 vs 73.8 split
     (dict(dtype="fp8", scaling="tensor"), 64, 2112, 7168, False, (64, 32)),  # K lanes: 66 tiles x 2, 12.2 vs 13.8
     (dict(dtype="bf16"), 32, 2112, 7168, True, None),            # only 64x16 would fill: split-K stays (18.5 vs 19.7)
-    (dict(dtype="fp8", scaling="block"), 32, 2112, 7168, True, None),  # no K lanes, a wait per K block: split stays
+    (dict(dtype="fp8", scaling="block"), 32, 2112, 7168, False, (64, 16)),  # two sets: 132 tiles, 13.3 vs 13.8 split
+    (dict(dtype="fp8", scaling="block"), 128, 2112, 7168, False, (64, 32)),  # above SPLIT_SKIP_MAX_M: the model's
+    (dict(dtype="fp8", scaling="block"), 64, 7168, 16384, False, (64, 64)),  # unsplit already
     (dict(dtype="bf16"), 128, 2112, 7168, True, None),           # above SPLIT_SKIP_MAX_M
     (dict(dtype="tf32"), 64, 7168, 16384, False, (64, 56)),      # 129.3 vs 138.7 us split (session 11)
     (dict(dtype="tf32"), 64, 4096, 7168, False, (64, 32)),       # 38.5 vs 42.0 split
