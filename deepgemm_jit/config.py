@@ -656,21 +656,22 @@ SHORT_K_DECODE_TILE = (64, 64)
 # 128x24576x1536 28.1 / 27.8 against 29.1 / 28.8 at 128x192 s4 (cuBLAS 31.0-31.4); 128x64 18.0-18.5 and 28.3,
 # 128x128 s5 17.7-18.0 but 30.7-31.0, 64x64 18.8-18.9 and 32.3-32.5. FP8 per-tensor keeps the model's picks there
 # (*decode-fp8-short-k-m128-tiles-s17*: 64x128 s7 / 128x128 s6 / 64x112 s8, within 3% of 128x64 s8; 64x64 5-10%
-# slower; 64x128 s8 does not fit).
+# slower; 64x128 s8 does not fit). FP8 block at M <= 64 too since session 19 (*exp-ab-fp8-32768x512-gemv-vs-64x64-s19*:
+# 16x32768x512 11.54 vs 11.70 us at 64x128).
 SHORT_K_DECODE_M128_MAX_M = 128
 SHORT_K_DECODE_M128_TILE = (64, 128)
 
 
 def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | None:
     """The (cost, block_m, block_n, stages, splits) entry that goes first when a row of K is at most
-    SHORT_K_DECODE_MAX_BYTES: SHORT_K_DECODE_TILE at M = m_hint <= SPLIT_SKIP_MAX_M, SHORT_K_DECODE_M128_TILE for
-    16-bit types up to SHORT_K_DECODE_M128_MAX_M; None where the rule does not apply."""
+    SHORT_K_DECODE_MAX_BYTES: SHORT_K_DECODE_TILE at M = m_hint <= SPLIT_SKIP_MAX_M (16-bit and FP8 types),
+    SHORT_K_DECODE_M128_TILE for 16-bit types up to SHORT_K_DECODE_M128_MAX_M; None where the rule does not apply."""
     esize = dtypes.get(spec.dtype).storage_bytes
     if spec.grouped or spec.epilogue != "none" or spec.k * esize > SHORT_K_DECODE_MAX_BYTES:
         return None
     sixteen_bit = spec.dtype in ("bf16", "fp16")
     if m_hint <= SPLIT_SKIP_MAX_M:
-        if not sixteen_bit and not (spec.dtype in dtypes.FP8_DTYPES and spec.scaling in ("tensor", "row")):
+        if not sixteen_bit and spec.dtype not in dtypes.FP8_DTYPES:
             return None
         block_m, block_n = SHORT_K_DECODE_TILE
     elif m_hint <= SHORT_K_DECODE_M128_MAX_M and sixteen_bit:

@@ -10,7 +10,8 @@ graph-capturable). Device logic and the design notes: ``templates/include/dgjit/
 
 Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches this kernel instead of its own when the
 call's M is at most :data:`DISPATCH_MAX_M`, the weight is not one the Hopper tiles stream faster (N at least
-:data:`TILES_MIN_N` and K at least :data:`TILES_MIN_K_16BIT` / :data:`TILES_MIN_K_FP8`), and the Gemm is
+:data:`TILES_MIN_N` and K at least :data:`TILES_MIN_K_16BIT` / :data:`TILES_MIN_K_FP8`, or for FP8 at most
+:data:`TILES_MAX_SHORT_K_FP8`), and the Gemm is
 
 - layout ``nt`` (a (M, K), b (N, K)), no fused epilogue (epilogues stay in the sm90 kernel);
 - bf16 or fp16, or FP8 (E4M3/E5M2, mixes included) with ``tensor`` / ``row`` / ``block`` scaling (FP8 partial
@@ -55,6 +56,11 @@ DISPATCH_MAX_M = 8
 TILES_MIN_N = 7168
 TILES_MIN_K_16BIT = 2048
 TILES_MIN_K_FP8 = 1536
+# FP8 weights with N >= TILES_MIN_N and a K row of at most TILES_MAX_SHORT_K_FP8 bytes go to the tiles as well, which
+# run 64x64 there (config._sm90_decode_short_k): same-call A/B on the H200, session 19 (bench/results/
+# *exp-ab-fp8-32768x512-gemv-vs-64x64-s19*): 32768x512 block M = 1 11.23 vs 11.57 us, M = 8 11.49 vs 12.00; per-tensor
+# M = 8 11.34 vs 11.55 (session 11's 4-11% for weight streaming there was against the wider tiles of that time).
+TILES_MAX_SHORT_K_FP8 = 512
 BLOCK_ROWS = 16           # weight rows per row block (gemv::kBlockRows)
 STEP_BYTES = 256          # bytes of each row a warp reads per step (gemv::kStepBytes)
 NUM_WARPS = 8             # warps per CTA (gemv::kNumWarps)
@@ -145,8 +151,9 @@ def max_m(spec: GemmSpec, arch: str) -> int:
         return 0
     if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
         return 0
-    tiles_min_k = TILES_MIN_K_FP8 if spec.b_dtype in dtypes.FP8_DTYPES else TILES_MIN_K_16BIT
-    if spec.n >= TILES_MIN_N and spec.k >= tiles_min_k:
+    fp8 = spec.b_dtype in dtypes.FP8_DTYPES
+    tiles_min_k = TILES_MIN_K_FP8 if fp8 else TILES_MIN_K_16BIT
+    if spec.n >= TILES_MIN_N and (spec.k >= tiles_min_k or (fp8 and spec.k <= TILES_MAX_SHORT_K_FP8)):
         return 0
     return DISPATCH_MAX_M
 

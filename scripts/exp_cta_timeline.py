@@ -5,7 +5,8 @@ slowest SM ran 7.3 us past the mean CTA at TF32 64x7168x16384, cuBLAS's 2.0 us).
     python3 -m scripts.exp_cta_timeline [--problems bf16:1x7168x16384,tf32:64x7168x16384@64x64s12] [--reps 8]
         [--out DIR]
 
-A problem may force its tile with @BMxBN[sS] (bench's tile spelling; bf16 / fp16 / tf32 only).
+A problem may force its tile with @BMxBN[sS] (bench's tile spelling; not fp32). FP8 / INT8 dtypes are the bench's
+(quantized as the bench quantizes them).
 
 The kernels come from an instrumented copy of templates/ (DEEPGEMM_JIT_TEMPLATES_DIR, made here in a temporary
 folder: a __device__ array dgjit_cta_timeline gets each CTA's start after its barrier setup, its consumer's end
@@ -58,7 +59,7 @@ def instrumented_templates(src: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", default=PROBLEMS, help="comma list of dtype:MxNxK (bf16, fp16, tf32, fp32)")
+    ap.add_argument("--problems", default=PROBLEMS, help="comma list of dtype:MxNxK[@TILE] (fp32 or a bench dtype: bf16, tf32, fp8_block, ...)")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -67,7 +68,8 @@ def main() -> int:
     import numpy as np
 
     import deepgemm_jit as dg
-    from bench import suites
+    from bench import dtypes as bench_dtypes
+    from bench import runner, suites
     from deepgemm_jit import reference, runtime, timing
 
     flush = timing.L2Flusher()
@@ -76,18 +78,25 @@ def main() -> int:
         dtype, shape = item.split(":")
         shape, _, tile = shape.partition("@")
         m, n, k = (int(v) for v in shape.split("x"))
-        if tile:
-            spec = dg.GemmSpec.create(n, k, dtype=dtype)
-            g = dg.build(m, n, k, dtype=dtype, config=suites.forced_tile_config(spec, tile), weight_streaming=False)
-        else:
-            g = dg.build_fp32(m, n, k) if dtype == "fp32" else dg.build(m, n, k, dtype=dtype)
-        gemm = g.gemm if dtype == "fp32" else g
         rng = cupy.random.default_rng(m + n + k)
-        store = "fp32" if dtype in ("fp32", "tf32") else dtype
-        a = reference.random_matrix((m, k), store, rng)
-        b = reference.random_matrix((n, k), store, rng)
+        kwargs = {}
+        if dtype == "fp32":
+            g = dg.build_fp32(m, n, k)
+        else:  # a bench dtype (bf16, tf32, fp8_block, ...), quantized as the bench does
+            info = bench_dtypes.get(dtype)
+            spec = dg.GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling)
+            forced = dict(config=suites.forced_tile_config(spec, tile), weight_streaming=False) if tile else {}
+            g = dg.build(m, n, k, dtype=info.lib, scaling=info.scaling, **forced)
+        gemm = g.gemm if dtype == "fp32" else g
+        if dtype in ("fp32", "tf32") or not bench_dtypes.get(dtype).is_quantized:
+            store = "fp32" if dtype in ("fp32", "tf32") else dtype
+            a = reference.random_matrix((m, k), store, rng)
+            b = reference.random_matrix((n, k), store, rng)
+        else:
+            ops = runner.operands(bench_dtypes.get(dtype), gemm.spec, m, rng)
+            a, b, kwargs = ops.a, ops.b, ops.call_kwargs()
         out = reference.poisoned((m, n), g.spec.out_dtype)
-        g(a, b, out=out)
+        g(a, b, out=out, **kwargs)
         cupy.cuda.Device().synchronize()
         kernels = [kern for (key, _), kern in runtime._loaded.items() if key == gemm.artifact.key]
         if not kernels:
@@ -100,7 +109,7 @@ def main() -> int:
         for _ in range(args.reps):
             timeline.fill(0)
             flush()
-            g(a, b, out=out)
+            g(a, b, out=out, **kwargs)
             cupy.cuda.Device().synchronize()
             t = cupy.asnumpy(timeline)
             used = t[:, 0] > 0

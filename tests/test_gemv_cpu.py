@@ -66,11 +66,13 @@ def test_dispatch_rule(kwargs, arch, expected):
     ("bf16", 7168, 16384, 0), ("bf16", 7168, 2048, 0), ("fp16", 24576, 2048, 0),   # tiles at every M
     ("bf16", 24576, 1536, 8), ("bf16", 7167, 16384, 8), ("bf16", 4096, 7168, 8), ("bf16", 2112, 7168, 8),
     ("fp8", 24576, 1536, 0), ("fp8", 7168, 16384, 0), ("fp8", 7168, 2048, 0),
-    ("fp8", 24576, 1535, 8), ("fp8", 32768, 512, 8), ("fp8", 4096, 7168, 8), ("fp8", 2112, 7168, 8),
+    ("fp8", 24576, 1535, 8), ("fp8", 32768, 512, 0), ("fp8", 32768, 528, 8), ("fp8", 4096, 512, 8),
+    ("fp8", 4096, 7168, 8), ("fp8", 2112, 7168, 8), ("bf16", 32768, 512, 8),
 ])
 def test_dispatch_rule_large_weights_take_the_tiles(dtype, n, k, expected):
-    """N >= 7168 with K >= 2048 (16-bit) or >= 1536 (FP8): the Hopper tiles, which load B evict-first, were faster
-    at M = 1 and 8 on the H200 (gemv.TILES_MIN_N)."""
+    """N >= 7168 with K >= 2048 (16-bit) or >= 1536 (FP8), or FP8 with K <= 512: the Hopper tiles, which load B
+    evict-first (64x64 at short K), were faster at M = 1 and 8 on the H200 (gemv.TILES_MIN_N,
+    gemv.TILES_MAX_SHORT_K_FP8)."""
     for scaling in (("tensor", "block") if dtype == "fp8" else (None,)):
         _check_rule(GemmSpec.create(n, k, dtype=dtype, scaling=scaling), ARCH, expected)
 

@@ -194,7 +194,7 @@ def test_sm90_split_k_gives_way_to_a_tile_that_fills_the_sms(kwargs, m, n, k, sp
     (dict(dtype="fp8", scaling="tensor"), 128, 32768, 512, None),  # M = 128 measured for 16-bit types only
     (dict(dtype="bf16"), 256, 32768, 512, None),         # above SHORT_K_DECODE_M128_MAX_M: the model's pick
     (dict(dtype="bf16"), 64, 7168, 16384, None),         # long K
-    (dict(dtype="fp8", scaling="block"), 32, 32768, 512, None),  # not measured for block scales
+    (dict(dtype="fp8", scaling="block"), 16, 32768, 512, (64, 64)),  # 11.54 vs 11.70 at 64x128 (session 19)
     (dict(dtype="bf16", epilogue="bias+gelu"), 32, 32768, 512, None),  # nor with fused epilogues
 ])
 def test_sm90_short_k_decode_tile(kwargs, m, n, k, tile):
