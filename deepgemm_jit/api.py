@@ -63,7 +63,7 @@ class Gemm:
     """
 
     def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact,
-                 weight_streaming: bool = True, split_k: int | None = None):
+                 weight_streaming: bool = True, split_k: int | None = None, deterministic: bool = True):
         self.spec = spec
         self.arch = arch
         self.m_hint = m_hint
@@ -90,8 +90,10 @@ class Gemm:
         # buffers (the inference loop) skips validation, variant choice and tensor-map look-ups.
         self._launch_plans: dict[tuple, tuple[launch.LaunchPlan, str]] = {}
         self._lock = threading.Lock()
-        # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M) and the partial-tile workspace.
+        # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M), how they meet (deterministic:
+        # in split order; else atomic adds) and the partial-tile workspace (one mode per Gemm, so it stays zeroed).
         self.split_k = split_k
+        self.deterministic = deterministic
         self._split_workspace = splitk.Workspace()
 
     @property
@@ -346,7 +348,7 @@ class Gemm:
         if not cfg.split_k:
             return None
         splits = splitk.num_splits(self.spec, cfg, m, launch.num_sms(dev), self.split_k)
-        return self._split_workspace.operands(self.spec, cfg, m, splits, dev, cu_stream)
+        return self._split_workspace.operands(self.spec, cfg, m, splits, dev, cu_stream, atomic=not self.deterministic)
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
         if key is not None and None not in key:
@@ -414,7 +416,7 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
           arch: str | None = None, config: config_mod.KernelConfig | None = None,
           tune: bool | None = None, *, scaling: str | None = None, b_dtype: str | None = None,
           fast_accum: bool = False, epilogue=None, weight_streaming: bool | None = None,
-          split_k: int | None = None, promoted: bool = False) -> Gemm:
+          split_k: int | None = None, promoted: bool = False, deterministic: bool = True) -> Gemm:
     """Compile (or load from the cache) a GEMM for an (N, K) problem and return it.
 
     M is a tuning hint: the returned ``Gemm`` accepts any M at call time. ``dtype`` is
@@ -437,7 +439,10 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     ``gemv.max_m``) instead of ``config``'s kernel.
     ``split_k`` (Hopper family): None (default) lets the heuristic compile a split-K kernel for small M and each
     call choose how many CTAs share a tile's K (see ``deepgemm_jit/splitk.py``); an int S > 1 forces S shares on
-    every call (at most the number of 128-byte K blocks); 1 never splits. Results are deterministic either way.
+    every call (at most the number of 128-byte K blocks); 1 never splits. ``deterministic`` (default True): split-K
+    shares are summed in a fixed order, the same bits on every run; False lets them add atomically into one sum per
+    tile (the last share reads it once instead of every share's partial; FP32 results then vary in their last bits
+    from run to run). Kernels without split-K, and the weight-streaming kernel, are deterministic either way.
     ``promoted=True`` (tf32 only) adds each 32-wide K block's partial sums into FP32 registers on the CUDA cores
     instead of accumulating through K in the tensor cores, whose additions truncate: slower, error no longer growing
     with K (``dtype="fp32"``, 3xTF32, uses it).
@@ -453,7 +458,8 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     m_hint = _check_m(M)
     if dtypes.canonical(dtype, arg="dtype", allowed=dtypes.GEMM_DTYPES) == "fp32":
         _check_fp32_options(scaling=scaling, b_dtype=b_dtype, fast_accum=fast_accum,
-                            weight_streaming=weight_streaming, split_k=split_k, promoted=promoted)
+                            weight_streaming=weight_streaming, split_k=split_k, promoted=promoted,
+                            deterministic=deterministic)
         from .fp32x3 import build_fp32
 
         return build_fp32(m_hint, N, K, out_dtype=out_dtype, layout=layout, arch=arch, config=config, tune=tune,
@@ -461,11 +467,12 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     spec = GemmSpec.create(N, K, dtype=dtype, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype, scaling=scaling,
                            fast_accum=fast_accum, epilogue=epilogue, promoted=promoted)
     return build_spec(spec, m_hint, arch=arch, config=config, tune=tune, weight_streaming=weight_streaming,
-                      split_k=split_k)
+                      split_k=split_k, deterministic=deterministic)
 
 
 def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: config_mod.KernelConfig | None = None,
-               tune: bool | None = None, weight_streaming: bool | None = None, split_k: int | None = None) -> Gemm:
+               tune: bool | None = None, weight_streaming: bool | None = None, split_k: int | None = None,
+               deterministic: bool = True) -> Gemm:
     """``build`` for a spec made elsewhere (build_fp32's inner TF32 GEMM, whose spec build's arguments cannot
     spell): the same choice of config, tuning and kernel for `m_hint` (M, checked as build checks it)."""
     m_hint = _check_m(m_hint)
@@ -480,11 +487,13 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     if weight_streaming is None:
         weight_streaming = config is None
     forced_splits = _check_split_k(split_k)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be True or False, got {type(deterministic).__name__}")
     if forced_splits is not None:
         cfg = _with_split_k(cfg, spec, target, forced_splits, m_hint, config is None, arch is None)
     try:
         return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target), bool(weight_streaming),
-                    forced_splits)
+                    forced_splits, bool(deterministic))
     except KernelNotCachedError as exc:
         from .warmup_sources import warmup_command_for
 
@@ -492,12 +501,13 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
 
 
 def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_streaming=None, split_k=None,
-                        promoted=False) -> None:
-    """dtype='fp32' (build_fp32) has no scales, no second input type, no decode kernel and its own TF32 GEMM's
-    accumulation: refuse options that would otherwise be ignored."""
+                        promoted=False, deterministic=True) -> None:
+    """dtype='fp32' (build_fp32) has no scales, no second input type, no decode kernel, its own TF32 GEMM's
+    accumulation and split-K in split order only: refuse options that would otherwise be ignored."""
     given = [name for name, v in (("scaling", scaling not in (None, "none")), ("b_dtype", b_dtype not in (None, "fp32")),
                                   ("fast_accum", bool(fast_accum)), ("weight_streaming", bool(weight_streaming)),
-                                  ("split_k", split_k is not None), ("promoted", bool(promoted))) if v]
+                                  ("split_k", split_k is not None), ("promoted", bool(promoted)),
+                                  ("deterministic=False", deterministic is not True)) if v]
     if given:
         raise ValueError(f"dtype='fp32' (FP32-accurate 3xTF32) takes no {', '.join(given)}")
 

@@ -611,8 +611,10 @@ def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms
 # Promoted FP8 tiles with two partial sets (sm90_two_partial_sets, session 18) no longer drain every K block either,
 # and from 16 columns: FP8 block {16,32,64}x2112x7168 64x16 unsplit (132 tiles) 13.5 / 13.3 / 13.4 us vs the 64x64
 # x 4 split pick 13.9 / 13.8 / 14.2 (H200 session 19, bench/results/*exp-splitk-sweep-fp8_block-2112x7168-s19*).
+# INT8 (unscaled K loop, no wait per K block) since session 19: 16 / 64 x 7168x16384 64x64 unsplit 36.9 / 38.2 us vs
+# the 64x112 x 2 split pick 39.9 / 40.8 (bench/results/*exp-splitk-sweep-int8-atomic-s19*).
 SPLIT_SKIP_MAX_M = 64
-SPLIT_SKIP_DTYPES = ("bf16", "fp16", "tf32")
+SPLIT_SKIP_DTYPES = ("bf16", "fp16", "tf32", "int8")
 SPLIT_SKIP_FILL = 0.75
 SPLIT_SKIP_MIN_N = 32
 SPLIT_SKIP_MIN_N_TWO_SETS = 16

@@ -250,8 +250,10 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
             args += group.args()
         if split is not None:
             args += split.args()
-        # Last, so that kernels from templates without it (A/B runs against older trees) take the same arguments.
+        # Last, so that kernels from templates without them (A/B runs against older trees) take the same arguments.
         args += (np.uint32(use_bulk_a_scales(spec, sa, m)), np.uint32(a_rows))
+        if split is not None:
+            args += split.mode_args()
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

@@ -6,8 +6,11 @@ idle however the tiles are shaped. A split-K kernel (``KernelConfig.split_k``, `
 that run on different CTAs at the same time. Each share stores its partial tile (FP32, or INT32 for INT8) in a
 workspace and counts its arrival; the share that arrives last sums the partials in split order and runs the
 fused epilogue. The sum's order does not depend on which share is last, so results are the same bits on every
-run (deterministic; there is no atomic-add mode). Below 64 rows a partial holds only the rows below M
-(:func:`partial_threads`: at M = 1, 4 of a consumer's 128 threads store and load theirs).
+run (deterministic, the default). ``build(..., deterministic=False)`` makes the Gemm's split-K calls add their
+partials atomically into one zeroed sum per tile instead (vector ``red.add`` at the L2), which the last share reads
+once and zeroes again: FP32 results then vary in their last bits with the order the shares arrive in (INT32 sums
+are exact either way). Below 64 rows a partial holds only the rows below M (:func:`partial_threads`: at M = 1, 4
+of a consumer's 128 threads store and load theirs).
 
 Dispatch:
 
@@ -85,14 +88,18 @@ def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> t
 
 @dataclass(frozen=True)
 class SplitOperands:
-    """The three trailing arguments of a split-K kernel (gemm_sm90.cu.j2)."""
+    """A split-K kernel's split arguments (gemm_sm90.cu.j2): three after the group arguments, and the mode last."""
 
     num_splits: int
     partials: int = 0
     arrivals: int = 0
+    atomic: bool = False
 
     def args(self) -> tuple:
         return (np.uint32(self.num_splits), np.uint64(self.partials), np.uint64(self.arrivals))
+
+    def mode_args(self) -> tuple:
+        return (np.uint32(1 if self.atomic else 0),)
 
 
 class Workspace:
@@ -104,9 +111,10 @@ class Workspace:
         self._lock = threading.Lock()
 
     def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int,
-                 stream=None) -> SplitOperands:
+                 stream=None, atomic: bool = False) -> SplitOperands:
         """The launch's split operands, allocating (or growing) the workspace first when it is too small; `stream`
-        (the call's CuPy stream) must not be capturing a CUDA graph then, since allocation synchronises."""
+        (the call's CuPy stream) must not be capturing a CUDA graph then, since allocation synchronises. `atomic`:
+        the shares add into zeroed partials (a Gemm keeps one mode, so its workspace is never left non-zero)."""
         partial_bytes, arrival_bytes = workspace_bytes(spec, cfg, m, splits)
         if partial_bytes == 0:
             return SplitOperands(1)
@@ -121,7 +129,7 @@ class Workspace:
                 if have is not None:
                     self._retired.append(have)
                 have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)
-        return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr)
+        return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr, atomic)
 
 
 def _is_capturing(stream) -> bool:
@@ -132,15 +140,15 @@ def _is_capturing(stream) -> bool:
 
 
 def _allocate(partial_bytes: int, arrival_bytes: int, device_id: int, previous) -> tuple[object, object]:
-    """Zeroed counters and a partial-tile buffer on `device_id`, at least as large as `previous`'s; synchronised,
-    so that the zeros are in place whatever stream the first launch runs on."""
+    """Zeroed counters and partial tiles (the atomic mode adds into them) on `device_id`, at least as large as
+    `previous`'s; synchronised, so that the zeros are in place whatever stream the first launch runs on."""
     import cupy
 
     if previous is not None:
         partial_bytes = max(partial_bytes, previous[0].nbytes)
         arrival_bytes = max(arrival_bytes, previous[1].nbytes)
     with cupy.cuda.Device(device_id):
-        partials = cupy.empty(partial_bytes // 4, dtype=cupy.uint32)
+        partials = cupy.zeros(partial_bytes // 4, dtype=cupy.uint32)
         arrivals = cupy.zeros(arrival_bytes // 4, dtype=cupy.uint32)
         cupy.cuda.runtime.deviceSynchronize()
     return partials, arrivals

@@ -1,7 +1,7 @@
 """Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
 
     python3 -m scripts.exp_splitk_sweep [--dtype bf16|tf32|fp8_block|fp8_tensor|...] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
-                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--out DIR]
+                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--atomic] [--out DIR]
 
 Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
 tile of the current heuristic (or each of --tiles) with every forced split count, the heuristic's own choice ("auto"), and
@@ -41,6 +41,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--nk", default=None, help="comma list of NxK (default: the six DeepSeek shapes)")
     ap.add_argument("--tiles", default=None, help="comma list of BMxBN split-K tiles to sweep (default: the auto tile)")
+    ap.add_argument("--atomic", action="store_true",
+                    help="also time every forced count with deterministic=False (the shares add atomically): sNa")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import cupy
@@ -84,6 +86,9 @@ def main() -> int:
                 prefix = "" if len(split_cfgs) == 1 else f"{cfg.block_m}x{cfg.block_n}_"
                 for s in (int(x) for x in args.splits.split(",")):
                     gemms[f"{prefix}s{s}"] = dg.build(m, n, k, config=cfg, split_k=s, weight_streaming=False, **kw)
+                    if args.atomic and s > 1:
+                        gemms[f"{prefix}s{s}a"] = dg.build(m, n, k, config=cfg, split_k=s, weight_streaming=False,
+                                                           deterministic=False, **kw)
             fns, errors = {}, {}
             for name, g in gemms.items():
                 out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)

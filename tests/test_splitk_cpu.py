@@ -137,6 +137,23 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
         build(64, 7168, 16384, dtype="bf16", arch="sm_90a", config=explicit, split_k=2)
 
 
+def test_build_deterministic_argument(shared_cache_dir, monkeypatch):
+    """deterministic is a bool kept on the Gemm (its split-K calls then add atomically); explain reports it; the
+    split arguments end with the mode, after the arguments older kernels take."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    for bad in (0, 1, "no", None):
+        with pytest.raises(TypeError, match="deterministic"):
+            build(64, 2112, 7168, dtype="bf16", arch="sm_90a", deterministic=bad)
+    with pytest.raises(ValueError, match="deterministic=False"):
+        build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=False)
+    g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a", deterministic=False)
+    assert g.config.split_k and g.deterministic is False and g.explain()["split_k"]["deterministic"] is False
+    assert build(64, 2112, 7168, dtype="bf16", arch="sm_90a").deterministic is True
+    ops = splitk.SplitOperands(3, 1 << 20, 1 << 21, atomic=True)
+    assert [int(v) for v in ops.args()] == [3, 1 << 20, 1 << 21] and [int(v) for v in ops.mode_args()] == [1]
+    assert [int(v) for v in splitk.SplitOperands(3).mode_args()] == [0]
+
+
 def test_explain_shows_the_rule(shared_cache_dir, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a")
@@ -179,6 +196,8 @@ def test_split_variant_matrix(dtype, scaling, out_dtype, epilogue, block_m, bloc
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
     assert mix.get("ATOMG", 0) + mix.get("ATOM", 0) + mix.get("RED", 0) > 0, case  # the arrival counter
+    # deterministic=False: the shares' atomic adds (a run-time mode); INT8 keeps the ordered sum (exact anyway)
+    assert (mix.get("REDG", 0) > 0) == (dtype != "int8"), case
     assert (mix.get("UBLKCP", 0) > 0) == (scaling == "block"), case  # bulk-copied A scales
     launch.check_layout(art, spec)
 

@@ -218,8 +218,17 @@ def test_cuda_graph_capture_and_replay():
         graph = stream.end_capture()
     stream.synchronize()
     assert reference.num_nonfinite(out) == out.size  # captured, not run
-    for _ in range(3):
-        fresh = reference.random_matrix((m, k), "bf16")
+    _replay_with_fresh_a(graph, stream, spec, a, b, out)
+    assert _arrivals_zero(g)
+
+
+def _replay_with_fresh_a(graph, stream, spec, a, b, out, times=3):
+    """Launch a captured call `times` times, each with fresh BF16 values copied into A and D poisoned first, and
+    check D against the float64 reference each time."""
+    import cupy
+
+    for _ in range(times):
+        fresh = reference.random_matrix(a.shape, "bf16")
         cupy.cuda.Device().synchronize()
         cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
         reference.poison(out, stream)
@@ -227,7 +236,6 @@ def test_cuda_graph_capture_and_replay():
         stream.synchronize()
         err = reference.error(out, reference.reference(spec, a, b))
         assert reference.within_bound(err, "bf16"), err
-    assert _arrivals_zero(g)
 
 
 def test_first_call_inside_a_capture_is_refused_clearly():
@@ -284,3 +292,93 @@ def test_plan_grid_covers_units():
     (plan, _), = g._launch_plans.values()
     tiles = splitk.num_tiles(spec, g.config, m)
     assert plan.grid[0] == min(launch.num_sms(cupy.cuda.Device().id), tiles * 4)
+
+
+def _workspace_zero(g):
+    """Every partial word and arrival counter of g's workspaces is zero (the atomic mode's invariant: the shares add
+    into zeroed sums, which the last share zeroes again)."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return all(not bool(partials.any()) and not bool(arrivals.any())
+               for partials, arrivals in g._split_workspace._buffers.values())
+
+
+@pytest.mark.parametrize("dtype,out_dtype,epilogue", [("bf16", "bf16", None), ("fp16", "fp32", "bias+gelu"),
+                                                      ("tf32", "fp32", None)])
+@pytest.mark.parametrize("m,n,k,splits", [(1, 520, 1000, 3), (37, 2112, 7168, 4), (64, 7168, 2048, 8),
+                                          (130, 392, 4104, 2)])
+def test_atomic_mode_16bit(m, n, k, splits, dtype, out_dtype, epilogue):
+    """deterministic=False: the shares add atomically into one sum per tile; results within the same bounds, every
+    partial and counter zero after each call, over two calls with fresh inputs (the second adds into the zeros the
+    first left)."""
+    import cupy
+
+    g = build(m, n, k, dtype=dtype, out_dtype=out_dtype, epilogue=epilogue, split_k=splits, weight_streaming=False,
+              deterministic=False)
+    assert g.config.split_k and not g.deterministic and g.explain()["split_k"]["deterministic"] is False
+    store = "fp32" if dtype == "tf32" else dtype
+    for seed in (1, 2):
+        rng = cupy.random.default_rng(m + n + k + seed)
+        a = reference.random_matrix((m, k), store, rng)
+        b = reference.random_matrix((n, k), store, rng, scale=1.0 / math.sqrt(k))
+        bias = reference.random_matrix((n,), out_dtype, rng) if epilogue else None
+        out = reference.poisoned((m, n), out_dtype)
+        g(a, b, out=out, **({"bias": bias} if epilogue else {}))
+        acc = reference.to_float64(a) @ reference.to_float64(b).T
+        ref = reference.unfused_epilogue(acc, g.spec.epi, bias, None, None, 1.0, 1.0) if epilogue else acc
+        err = reference.error(out, ref)
+        case = (m, n, k, dtype, epilogue, splits, g.config.tag, seed)
+        assert reference.num_nonfinite(out) == 0, case
+        assert reference.within_bound(err, dtype), (case, err)
+        assert _workspace_zero(g), case
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "block"])
+def test_atomic_mode_fp8_and_int8_exact(scaling):
+    """FP8 (promoted) in the atomic mode; INT8's INT32 sums stay exact (integer adds in any order)."""
+    import cupy
+
+    m, n, k = 50, 2112, 7168
+    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=7)
+    g = build(m, n, k, dtype="fp8", scaling=scaling, split_k=5, weight_streaming=False, deterministic=False)
+    out = reference.poisoned((m, n), "bf16")
+    g(qa, qb, scale_a=sa, scale_b=sb, out=out)
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "fp8_e4m3") and err < 5e-3, (g.config.tag, err)
+    assert _workspace_zero(g)
+    rng = cupy.random.default_rng(3)
+    a = rng.integers(-128, 128, size=(m, k), dtype=cupy.int8)
+    b = rng.integers(-128, 128, size=(n, k), dtype=cupy.int8)
+    gi = build(m, n, k, dtype="int8", split_k=6, weight_streaming=False, deterministic=False)
+    d = gi(a, b)
+    assert bool(cupy.array_equal(d, a.astype(cupy.int64) @ b.astype(cupy.int64).T)), gi.config.tag
+    assert _workspace_zero(gi)
+
+
+def test_atomic_mode_cuda_graph_and_growth():
+    """The atomic mode under a CUDA graph (three replays with fresh inputs) and across a workspace that grows."""
+    import cupy
+
+    n, k = 2112, 7168
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    g = build(48, n, k, dtype="bf16", split_k=6, weight_streaming=False, deterministic=False)
+    for m in (48, 700, 3, 48):
+        a, b = reference.random_operands(spec, m)
+        out = reference.poisoned((m, n), "bf16")
+        g(a, b, out=out)
+        err = reference.error(out, reference.reference(spec, a, b))
+        assert reference.within_bound(err, "bf16"), (m, err)
+        assert _workspace_zero(g), m
+    m = 48
+    a, b = reference.random_operands(spec, m)
+    out = reference.poisoned((m, n), "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(a, b, out=out, stream=stream)
+        stream.synchronize()
+        stream.begin_capture()
+        g(a, b, out=out, stream=stream)
+        graph = stream.end_capture()
+    _replay_with_fresh_a(graph, stream, spec, a, b, out)
+    assert _workspace_zero(g)

@@ -665,6 +665,13 @@ DGJIT_DEVICE void ld_global_cg_v4(const void* p, float& a, float& b, float& c, f
 DGJIT_DEVICE void ld_global_cg_v4(const void* p, int32_t& a, int32_t& b, int32_t& c, int32_t& d) {
   asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p) : "memory");
 }
+// Split-K's atomic mode: add 16 bytes of an FP32 partial tile into the tile's one sum in global memory, at the L2
+// (GPU scope, relaxed: the arrival's fence and release order them before the last share reads the sum), in
+// whatever order the shares arrive (not bitwise reproducible).
+DGJIT_DEVICE void red_add_gpu_v4(void* p, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n"
+               : : "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 // Arrival counter of a split tile: acquire-release at GPU scope, so the partials written (and fenced) before an
 // arrival are visible to the thread that sees the last one.
 DGJIT_DEVICE uint32_t atomic_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
