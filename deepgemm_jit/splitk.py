@@ -8,8 +8,8 @@ workspace and counts its arrival; the share that arrives last sums the partials 
 fused epilogue. The sum's order does not depend on which share is last, so results are the same bits on every
 run (deterministic, the default). ``build(..., deterministic=False)`` makes the Gemm's split-K calls add their
 partials atomically into one zeroed sum per tile instead (vector ``red.add`` at the L2), which the last share reads
-once and zeroes again: FP32 results then vary in their last bits with the order the shares arrive in (INT32 sums
-are exact either way). Below 64 rows a partial holds only the rows below M (:func:`partial_threads`: at M = 1, 4
+once and zeroes again: FP32 results then vary in their last bits with the order the shares arrive in. INT8 kernels
+keep the ordered sum (INT32 sums are exact either way, and its scalar reductions measured slower). Below 64 rows a partial holds only the rows below M (:func:`partial_threads`: at M = 1, 4
 of a consumer's 128 threads store and load theirs).
 
 Dispatch:
