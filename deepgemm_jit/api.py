@@ -91,9 +91,11 @@ class Gemm:
         self._launch_plans: dict[tuple, tuple[launch.LaunchPlan, str]] = {}
         self._lock = threading.Lock()
         # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M), how they meet (deterministic:
-        # in split order; else atomic adds) and the partial-tile workspace (one mode per Gemm, so it stays zeroed).
+        # in split order; else atomic adds, splitk.adds_atomically) and the partial-tile workspace (one mode per
+        # Gemm, so it stays zeroed).
         self.split_k = split_k
         self.deterministic = deterministic
+        self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
         self._split_workspace = splitk.Workspace()
 
     @property
@@ -348,7 +350,8 @@ class Gemm:
         if not cfg.split_k:
             return None
         splits = splitk.num_splits(self.spec, cfg, m, launch.num_sms(dev), self.split_k)
-        return self._split_workspace.operands(self.spec, cfg, m, splits, dev, cu_stream, atomic=not self.deterministic)
+        return self._split_workspace.operands(self.spec, cfg, m, splits, dev, cu_stream,
+                                              atomic=self.split_adds_atomically)
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
         if key is not None and None not in key:

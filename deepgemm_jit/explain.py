@@ -102,5 +102,4 @@ def _split_k(gemm) -> dict:
     forced = getattr(gemm, "split_k", None)
     return {"kernel": True, "forced": forced, "num_sms": num_sms,
             "splits_by_m": {m: splitk.num_splits(gemm.spec, cfg, m, num_sms, forced) for m in _SPLIT_EXAMPLE_MS},
-            # INT8 kernels keep the ordered (exact) sum whatever the Gemm was built with (splitk.py).
-            "deterministic": getattr(gemm, "deterministic", True) or gemm.spec.dtype == "int8"}
+            "deterministic": not getattr(gemm, "split_adds_atomically", False)}

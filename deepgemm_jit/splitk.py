@@ -67,6 +67,13 @@ def num_splits(spec: GemmSpec, cfg: KernelConfig, m: int, num_sms: int, forced: 
     return config_mod.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
 
 
+def adds_atomically(spec: GemmSpec, deterministic: bool) -> bool:
+    """Whether a Gemm's split-K calls add their shares atomically (build(..., deterministic=False)); INT8 kernels
+    keep the ordered sum whatever was asked: INT32 sums are exact in any order, and their scalar reductions
+    measured slower (mirror of GemmSm90::reduce_split's kCanAdd)."""
+    return not deterministic and spec.dtype != "int8"
+
+
 def partial_threads(m: int) -> int:
     """Threads of a consumer warpgroup whose accumulators hold rows below M = m in a tile's first 64 rows: the first
     ones (thread t holds rows 16 (t // 32) + (t % 32) // 4 and 8 below), and only they store partials

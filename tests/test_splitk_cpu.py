@@ -149,6 +149,10 @@ def test_build_deterministic_argument(shared_cache_dir, monkeypatch):
     g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a", deterministic=False)
     assert g.config.split_k and g.deterministic is False and g.explain()["split_k"]["deterministic"] is False
     assert build(64, 2112, 7168, dtype="bf16", arch="sm_90a").deterministic is True
+    # INT8 keeps the ordered (exact) sum whatever was asked (splitk.adds_atomically).
+    gi = build(64, 2112, 7168, dtype="int8", arch="sm_90a", deterministic=False)
+    assert gi.config.split_k and not gi.split_adds_atomically and gi.explain()["split_k"]["deterministic"] is True
+    assert g.split_adds_atomically
     ops = splitk.SplitOperands(3, 1 << 20, 1 << 21, atomic=True)
     assert [int(v) for v in ops.args()] == [3, 1 << 20, 1 << 21] and [int(v) for v in ops.mode_args()] == [1]
     assert [int(v) for v in splitk.SplitOperands(3).mode_args()] == [0]

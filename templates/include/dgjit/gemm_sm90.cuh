@@ -1915,21 +1915,24 @@ struct GemmSm90 {
     const uint32_t barrier_id = 1 + math_wg;
     const uint32_t stride = partial_threads(m);
     // INT32 sums are exact in any order, and four scalar reductions per word measured slower than the ordered
-    // sum (INT8 64x2112x7168, 4 shares: 16.8 vs 13.5 us): integer kernels always take the ordered path.
-    const bool atomic = !kIsInt && sk.atomic != 0;
+    // sum (INT8 64x2112x7168, 4 shares: 16.8 vs 13.5 us): integer kernels have no atomic path at all (mirror:
+    // splitk.adds_atomically, which never asks them for it).
+    constexpr bool kCanAdd = !kIsInt;
+    const bool atomic = kCanAdd && sk.atomic != 0;
     uint4* mine = partial_words(sk, tile, atomic ? 0 : tile.split, math_wg, stride);
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
       if (!holds_valid_row(tile, math_wg, mi)) continue;
 #pragma unroll
       for (uint32_t q = 0; q < kNumAccum / 4; ++q) {
-        if (atomic) {
-          red_add_gpu_v4(mine + accum_word(mi, q, stride), acc[mi][4 * q], acc[mi][4 * q + 1], acc[mi][4 * q + 2],
-                         acc[mi][4 * q + 3]);
-        } else {
-          st_global_cg_v4(mine + accum_word(mi, q, stride), acc[mi][4 * q], acc[mi][4 * q + 1],
-                          acc[mi][4 * q + 2], acc[mi][4 * q + 3]);
+        uint4* word = mine + accum_word(mi, q, stride);
+        if constexpr (kCanAdd) {
+          if (atomic) {
+            red_add_gpu_v4(word, acc[mi][4 * q], acc[mi][4 * q + 1], acc[mi][4 * q + 2], acc[mi][4 * q + 3]);
+            continue;
+          }
         }
+        st_global_cg_v4(word, acc[mi][4 * q], acc[mi][4 * q + 1], acc[mi][4 * q + 2], acc[mi][4 * q + 3]);
       }
     }
     fence_acq_rel_gpu();  // this thread's partial is visible GPU-wide before thread 0 counts the arrival
