@@ -398,8 +398,6 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
         raise ValueError(f"config {cfg.tag} cannot run epilogue {spec.epilogue!r}: {problem}")
     if cfg.pingpong and spec.grouped:
         raise ValueError("grouped GEMMs run cooperative tiles (pingpong=False)")
-    if cfg.split_k and spec.grouped:
-        raise ValueError("grouped GEMMs have no split-K kernel (split_k=False)")
     if cfg.d_ring and sm90_d_ring_problem(spec, cfg.block_n, cfg.d_ring) is not None:
         raise ValueError(f"config {cfg.tag} stores D through a ring of {cfg.d_ring} slices, which this spec cannot: "
                          f"{sm90_d_ring_problem(spec, cfg.block_n, cfg.d_ring)}")
@@ -800,6 +798,31 @@ def _sm90_tf32_short_k_pingpong(spec: GemmSpec, m_hint: int) -> KernelConfig | N
     return cfg if cfg.num_stages >= 3 else None
 
 
+# FP8 grouped GEMMs of up to two waves of long-K tiles (a few groups of a few hundred to a thousand rows: decode
+# MoE, small prefill) get a split-K kernel that decides on the device, from the realised group sizes, whether to
+# split the tiles of the last, partial wave (all tiles when there are fewer than half as many as SMs) and how far
+# (GemmSm90's GroupedTileScheduler, splitk.tail_split): at most GROUPED_MAX_SPLITS shares of at least
+# GROUPED_MIN_SHARE_K_BLOCKS K blocks each. Measured on the H200 (docs/NOTES.md, session 20, scripts/
+# exp_grouped_split.py, masked rows): FP8 128x128 at K = 7168 ran 7-17% faster where it split (24.5 vs 28.0 us at
+# 231 rows x 4096 x 7168) and 1-3% slower where the realised groups left nothing to split; at K = 2048 a split tail
+# lost (28.9 vs 26.6 us). BF16's tiles, chosen to fill a wave, rarely split: 0-5% slower, +1-3.5% where they did.
+GROUPED_MAX_SPLITS = 4
+GROUPED_MIN_SHARE_K_BLOCKS = 4
+GROUPED_SPLIT_MIN_K_BLOCKS = 32
+GROUPED_SPLIT_MAX_WAVES = 2
+
+
+def grouped_split_pays(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, block_m: int, block_n: int) -> bool:
+    """Whether build_grouped compiles the device-split kernel: FP8, `groups` groups of m_hint rows make at most
+    GROUPED_SPLIT_MAX_WAVES waves of tiles, K has at least GROUPED_SPLIT_MIN_K_BLOCKS blocks, and the tile's
+    accumulators leave the reduction its registers."""
+    k_blocks = -(-spec.loop_k // (128 // dtypes.get(spec.dtype).storage_bytes))
+    tiles = groups * -(-m_hint // block_m) * -(-spec.n // block_n)
+    return (spec.dtype in dtypes.FP8_DTYPES and tiles <= GROUPED_SPLIT_MAX_WAVES * num_sms
+            and k_blocks >= GROUPED_SPLIT_MIN_K_BLOCKS
+            and sm90_accumulators(block_m, block_n, False) <= SPLIT_MAX_ACCUMULATORS)
+
+
 @functools.lru_cache(maxsize=1024)
 def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> KernelConfig:
     """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`, or TF32's
@@ -811,6 +834,9 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
         if short_k is not None:
             return short_k
     _, block_m, block_n, stages, splits = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
+    if spec.grouped and grouped_split_pays(spec, m_hint, num_sms, groups, block_m, block_n):
+        stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
+        return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint)
     if (splits == 1 and _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n)
             and _sm90_stages(spec, 128, 128, True) >= 3):
         return sm90_config(spec, 128, 128, pingpong=True)

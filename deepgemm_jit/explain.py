@@ -88,8 +88,9 @@ def _num_sms() -> int:
     return device.num_sms() if device.gpu_count() > 0 else config_mod.DEFAULT_SM90_NUM_SMS
 
 
-# The M values explain() shows the split-K rule at.
+# The M values explain() shows the split-K rule at (grouped: tile counts of a launch).
 _SPLIT_EXAMPLE_MS = (1, 16, 32, 64, 128, 256, 512, 1024, 4096)
+_GROUPED_SPLIT_EXAMPLE_TILES = (32, 64, 96, 128, 160, 200, 264, 300)
 
 
 def _split_k(gemm) -> dict:
@@ -99,7 +100,13 @@ def _split_k(gemm) -> dict:
     if not cfg.split_k:
         return {"kernel": False}
     num_sms = _num_sms()
+    deterministic = not getattr(gemm, "split_adds_atomically", False)
+    if gemm.spec.grouped:  # shares decided on the device from the realised tiles (splitk.tail_split)
+        return {"kernel": True, "on_device": True, "max_splits": gemm.max_splits, "num_sms": num_sms,
+                "whole_and_shares_by_tiles": {t: splitk.tail_split(t, num_sms, gemm.max_splits)
+                                              for t in _GROUPED_SPLIT_EXAMPLE_TILES},
+                "deterministic": deterministic}
     forced = getattr(gemm, "split_k", None)
     return {"kernel": True, "forced": forced, "num_sms": num_sms,
             "splits_by_m": {m: splitk.num_splits(gemm.spec, cfg, m, num_sms, forced) for m in _SPLIT_EXAMPLE_MS},
-            "deterministic": not getattr(gemm, "split_adds_atomically", False)}
+            "deterministic": deterministic}

@@ -39,7 +39,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, jit, launch, runtime
+from . import device, dtypes, jit, launch, runtime, splitk
 from .api import _MAX_M as _MAX_ROWS
 from .api import _accepted_dtypes, _check_m, _common_kind
 from .arrays import MatrixView, ScaleView, array_fields, new_array, new_mn_major_scales, overlaps, signature
@@ -180,7 +180,8 @@ def segments_kernel(arch: str) -> jit.BuiltKernel:
 class GroupedGemm:
     """A compiled grouped GEMM for one (N, K) and type: call it with the groups' rows (see the module)."""
 
-    def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact):
+    def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact,
+                 deterministic: bool = True):
         self.spec = spec
         self.arch = arch
         self.m_hint = m_hint
@@ -198,6 +199,11 @@ class GroupedGemm:
         # record their stream, whose workspace their segments plan writes.
         self._plans: dict[tuple, tuple[tuple[launch.LaunchPlan, ...], str, int | None]] = {}
         self._lock = threading.Lock()
+        # Device-split kernels (config.grouped_split_pays): the most K shares per tile, how they meet (as Gemm's
+        # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid.
+        self.max_splits = splitk.grouped_max_splits(spec, self.config)
+        self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
+        self._split_workspace = splitk.Workspace()
 
     def __repr__(self) -> str:
         return f"GroupedGemm({self.spec.tag}, {self.config.tag}, arch={self.arch})"
@@ -309,8 +315,13 @@ class GroupedGemm:
             bounds_ptr, bounds_kind = int(plans[0].args[3]), _SEGMENTS
         group = launch.GroupOperands(bounds=bounds_ptr, num_groups=num_groups, kind=bounds_kind, max_m=max_m,
                                      d=vd.ptr, d_ld=vd.row_stride)
+        split = None
+        if self.config.split_k:
+            split = self._split_workspace.reserve(
+                *splitk.grouped_workspace_bytes(self.config, launch.num_sms(dev)), self.max_splits, dev, cu_stream,
+                self.split_adds_atomically, "this GroupedGemm (a split-K kernel)")
         plans += (launch.plan(launch.load(self.artifact, spec, dev), self.artifact, spec, m, va, vb, vd, dev, sa, sb,
-                              ops, group),)
+                              ops, group, split),)
         for plan in plans:
             plan.run(cu_stream)
         if key is not None and None not in key:
@@ -409,13 +420,19 @@ def grouped_spec(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = No
 def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = None, *, expected_m: int | None = None,
                   num_groups: int | None = None, epilogue=None, scaling: str | None = None,
                   b_dtype: str | None = None, arch: str | None = None,
-                  config: config_mod.KernelConfig | None = None) -> GroupedGemm:
+                  config: config_mod.KernelConfig | None = None, deterministic: bool = True) -> GroupedGemm:
     """Compile (or load from the cache) a grouped GEMM for weights (G, N, K) and return it.
 
     ``dtype`` bf16 / fp16, or fp8 (block scales; ``b_dtype`` mixes E4M3 and E5M2). ``expected_m`` (rows per
     group) and ``num_groups`` are hints for the tile choice (defaults 512 and 8); any group sizes and any G
     work at call time. ``epilogue``: bias (per group), activations, swiglu / geglu, quant_fp8_g128.
-    ``arch`` / ``config`` as for :func:`deepgemm_jit.build` (a forced config must suit :func:`grouped_spec`)."""
+    ``arch`` / ``config`` as for :func:`deepgemm_jit.build` (a forced config must suit :func:`grouped_spec`).
+    Where the expected tiles make a few waves (a few groups of up to a thousand rows), the kernel splits the K of the
+    tiles of the last, partial wave between CTAs when the realised group sizes would leave half the SMs idle there
+    (decided on the device, ``splitk.tail_split``); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add
+    atomically, faster, FP32 sums in arrival order)."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")
     groups = _check_m(DEFAULT_NUM_GROUPS if num_groups is None else num_groups, "num_groups")
     spec = grouped_spec(N, K, dtype, out_dtype, epilogue=epilogue, scaling=scaling, b_dtype=b_dtype)
@@ -434,4 +451,4 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         from .warmup_sources import grouped_warmup_command_for
 
         raise exc.with_warmup_command(grouped_warmup_command_for(spec, expected, groups, target)) from None
-    return GroupedGemm(spec, target, expected, artifact)
+    return GroupedGemm(spec, target, expected, artifact, deterministic)

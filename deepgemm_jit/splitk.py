@@ -93,6 +93,37 @@ def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> t
     return tiles * splits * tile_bytes, tiles * 2 * 4
 
 
+def grouped_max_splits(spec: GemmSpec, cfg: KernelConfig) -> int:
+    """The most K shares a grouped split-K kernel may give a tile (config.grouped_split_pays compiles one): the
+    kernel picks its own count from the realised tiles (tail_split); 1 for other grouped kernels."""
+    if not cfg.split_k:
+        return 1
+    k_blocks = -(-spec.loop_k // cfg.block_k)
+    return max(1, min(config_mod.GROUPED_MAX_SPLITS, k_blocks // config_mod.GROUPED_MIN_SHARE_K_BLOCKS))
+
+
+GROUPED_SCAN_WAVES = 8  # GroupedTileScheduler::kScanWaves
+
+
+def tail_split(tiles: int, num_ctas: int, max_splits: int) -> tuple[int, int]:
+    """(whole tiles, K shares of each tile after them) of a grouped split-K launch of `num_ctas` CTAs whose groups
+    make `tiles` tiles (mirror of GemmSm90's GroupedTileScheduler): the whole waves run whole tiles, and the tiles of
+    the last, partial wave are split into as many shares as fit the grid (at most max_splits) when they would leave
+    at least half of the CTAs idle; else every tile runs whole (shares 1). (tiles left) x shares <= num_ctas
+    (grouped_workspace_bytes relies on it). Past GROUPED_SCAN_WAVES waves the kernel stops counting and never splits."""
+    left = tiles % num_ctas
+    if max_splits <= 1 or tiles > GROUPED_SCAN_WAVES * num_ctas or left == 0 or 2 * left > num_ctas:
+        return tiles, 1
+    return tiles - left, min(max_splits, num_ctas // left)
+
+
+def grouped_workspace_bytes(cfg: KernelConfig, num_ctas: int) -> tuple[int, int]:
+    """(partial-tile bytes, arrival-counter bytes) of a grouped split-K launch of `num_ctas` CTAs, whatever the group
+    sizes: its split tiles times their shares never exceed the grid (tail_split), each share one whole partial tile,
+    and one counter per split tile and consumer warpgroup."""
+    return num_ctas * cfg.block_m * cfg.block_n * PARTIAL_BYTES, num_ctas * 2 * 4
+
+
 @dataclass(frozen=True)
 class SplitOperands:
     """A split-K kernel's split arguments (gemm_sm90.cu.j2): three after the group arguments, and the mode last."""
@@ -125,14 +156,21 @@ class Workspace:
         partial_bytes, arrival_bytes = workspace_bytes(spec, cfg, m, splits)
         if partial_bytes == 0:
             return SplitOperands(1)
+        return self.reserve(partial_bytes, arrival_bytes, splits, device_id, stream, atomic,
+                            f"this split-K call (M={m}, {splits} shares per tile)")
+
+    def reserve(self, partial_bytes: int, arrival_bytes: int, splits: int, device_id: int, stream=None,
+                atomic: bool = False, what: str = "this split-K call") -> SplitOperands:
+        """SplitOperands for `splits` shares over at least these many bytes of partials and counters (see
+        operands; grouped kernels size theirs by grouped_workspace_bytes)."""
         with self._lock:
             have = self._buffers.get(device_id)
             if have is None or have[0].nbytes < partial_bytes or have[1].nbytes < arrival_bytes:
                 if stream is not None and _is_capturing(stream):
                     raise RuntimeError(
-                        f"this split-K call (M={m}, {splits} shares per tile) needs a larger workspace, which is "
-                        "allocated (with a device synchronisation) on the first call that needs it: call the Gemm "
-                        "once with this M (or a larger one) before capturing a CUDA graph")
+                        f"{what} needs a larger workspace, which is allocated (with a device synchronisation) on "
+                        "the first call that needs it: call it once outside the capture (with this size or a "
+                        "larger one) before capturing a CUDA graph")
                 if have is not None:
                     self._retired.append(have)
                 have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)

@@ -228,3 +228,50 @@ def test_offline_miss_names_the_warmup_line(tmp_path, monkeypatch):
     jit.clear_memo()
     with pytest.raises(KernelNotCachedError, match="--grouped"):
         dg.build_grouped(512, 256, dtype="bf16", arch="sm_90a", expected_m=300, num_groups=4)
+
+
+def test_tail_split_rule_and_its_workspace_bound():
+    """splitk.tail_split (the GroupedTileScheduler's choice): whole waves run whole tiles; the last wave's tiles are
+    split only when they would leave half the CTAs idle, never into more than max_splits shares, and the split
+    tiles x their shares fit the grid (the grouped workspace's size)."""
+    from deepgemm_jit import splitk
+
+    assert splitk.tail_split(64, 132, 4) == (0, 2) and splitk.tail_split(32, 132, 4) == (0, 4)
+    assert splitk.tail_split(44, 132, 4) == (0, 3) and splitk.tail_split(67, 132, 4) == (67, 1)
+    assert splitk.tail_split(160, 132, 4) == (132, 4) and splitk.tail_split(192, 132, 4) == (132, 2)
+    assert splitk.tail_split(264, 132, 4) == (264, 1) and splitk.tail_split(128, 132, 4) == (128, 1)
+    assert splitk.tail_split(0, 132, 4) == (0, 1) and splitk.tail_split(1, 132, 1) == (1, 1)
+    assert splitk.tail_split(8 * 132 + 1, 132, 4) == (8 * 132 + 1, 1)  # past the kernel's count: never split
+    for tiles in range(0, 1200):
+        for max_splits in (1, 2, 4, 8):
+            whole, s = splitk.tail_split(tiles, 132, max_splits)
+            assert 1 <= s <= max_splits and whole <= tiles and whole % 132 == 0 or (whole == tiles and s == 1)
+            assert s == 1 or (tiles - whole) * s <= 132, (tiles, max_splits, whole, s)
+
+
+@pytest.mark.parametrize("n,k,dtype,expected_m,groups,split", [
+    (4096, 7168, "fp8", 256, 1, True),    # 2 x 32 tiles of 128x128: half the SMs idle
+    (4096, 7168, "fp8", 1024, 1, True),   # 256 tiles: under two waves
+    (4096, 7168, "fp8", 512, 2, True),
+    (4096, 7168, "fp8", 512, 4, False),   # 512 tiles
+    (7168, 2048, "fp8", 256, 1, False),   # 16 K blocks: a split tail lost at K = 2048
+    (4096, 7168, "fp8", 8192, 4, False),  # prefill
+    (4096, 7168, "bf16", 256, 1, False),  # BF16: measured no gain
+])
+def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split):
+    g = dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", expected_m=expected_m, num_groups=groups)
+    assert g.config.split_k == split and (g.max_splits > 1) == split, g
+    if split:
+        usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
+        assert usage["LOCAL"] == 0 and usage["STACK"] == 0, usage
+        log = g.artifact.meta["log"]
+        assert "C7514" not in log and "C7517" not in log, log
+        # the split arguments reach the kernel (a grouped entry once dropped them: no reduction was compiled)
+        assert sass.opcode_mix(g.artifact.cubin).get("ATOMG", 0) > 0, g
+        info = g.explain()["split_k"]
+        assert info["on_device"] and info["max_splits"] == 4 and info["deterministic"], info
+        assert info["whole_and_shares_by_tiles"][64] == (0, 2) and info["whole_and_shares_by_tiles"][160] == (132, 4)
+    else:
+        assert g.explain()["split_k"] == {"kernel": False}
+    with pytest.raises(TypeError, match="deterministic"):
+        dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", deterministic=1)

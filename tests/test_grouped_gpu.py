@@ -27,12 +27,26 @@ def _offsets(sizes):
     return cupy.asarray(np.cumsum(sizes), dtype=cupy.int32)
 
 
+def _tail_split(g, bounds) -> tuple[int, int]:
+    """(whole tiles, shares of the tiles after them) the grouped kernel runs for these groups (its device rule,
+    splitk.tail_split)."""
+    from deepgemm_jit import launch, splitk
+
+    cfg = g.config
+    tiles = sum(-(-(e - s) // cfg.block_m) for s, e in bounds) * -(-g.spec.n // cfg.block_n)
+    return splitk.tail_split(tiles, launch.num_sms(0), g.max_splits)
+
+
 def _plain_loop(g, a, b, bounds, scale_a=None, scale_b=None):
-    """The plain GEMM per group with the grouped kernel's tile config: what each group's rows must equal."""
+    """The plain GEMM per group with the grouped kernel's tile config (and its K shares, summed in the same order):
+    what each group's rows must equal. None when the kernel splits only some of the tiles (no plain GEMM does)."""
     import cupy
 
+    whole, splits = _tail_split(g, bounds)
+    if whole and splits > 1:
+        return None
     plain = dg.build(max(1, max(e - s for s, e in bounds)), g.spec.n, g.spec.k, dtype=g.spec.dtype,
-                     scaling=g.spec.scaling, config=g.config, weight_streaming=False)
+                     scaling=g.spec.scaling, config=g.config, weight_streaming=False, split_k=splits)
     outs = []
     for gi, (s, e) in enumerate(bounds):
         if e == s:
@@ -390,3 +404,94 @@ def test_torch_ops_match_the_library_and_compile():
     d8 = dgt.grouped_mm_fp8(qa, qw, sa, sw, offs=offs)
     ref8 = dg.build_grouped(n, k, dtype="fp8", expected_m=64, num_groups=4)(qa, qw, scale_a=sa, scale_b=sw, offs=offs)
     assert torch.equal(d8[:241], ref8[:241])
+
+
+def _split_workspace_is_zero(g) -> bool:
+    """The device-split kernel leaves its arrival counters zero (and in the atomic mode its sums too; in split order
+    the partials stay written)."""
+    return all(not bool(counters.any()) and not (g.split_adds_atomically and bool(partials.any()))
+               for partials, counters in g._split_workspace._buffers.values())
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_device_split_follows_the_realised_tiles(dtype, deterministic):
+    """A device-split grouped kernel: from masked_m it splits every tile (fewer tiles than half the SMs) into 4 or 2
+    shares, none, or only the tiles past the first wave (4 or 2 shares), with empty and one-row groups. Each group's
+    rows equal the float64 product, and where every tile has the same shares (in split order) the plain GEMM with
+    that tile and those shares bit for bit; repeated calls give the same bits; the workspace ends zero."""
+    import cupy
+
+    from deepgemm_jit import config
+
+    num_groups, max_m, n, k = 2, 384, 4096, 2048  # 32 column tiles of 128
+    spec = dg.grouped.grouped_spec(n, k, dtype=dtype)
+    g = dg.build_grouped(n, k, dtype=dtype, num_groups=num_groups, deterministic=deterministic,
+                         config=config.sm90_config(spec, 128, 128, split_k=True))
+    assert g.max_splits == 4
+    rng = cupy.random.default_rng(7)
+    if dtype == "fp8":
+        qa, sa, qb, sb, a64, b64 = _fp8_problem([max_m] * num_groups, n, k, rng)
+        a, b, kw = qa, qb, {"scale_a": sa.reshape(num_groups, max_m, -1), "scale_b": sb}
+        lib = "fp8_e4m3"
+    else:
+        a = reference.random_matrix((num_groups * max_m, k), "bf16", rng)
+        b = reference.random_matrix((num_groups, n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+        a64, b64, kw, sa, sb, lib = reference.to_float64(a), reference.to_float64(b), {}, None, None, "bf16"
+    seen = set()
+    # tiles: 32, 64, 64, 96, 128, 160 (132 whole + 28 in 4 shares), 192 (132 + 60 in 2 shares)
+    for counts in ([100, 0], [129, 0], [1, 40], [129, 1], [256, 256], [384, 256], [384, 384]):
+        bounds = [(gi * max_m, gi * max_m + c) for gi, c in enumerate(counts)]
+        seen.add(_tail_split(g, bounds))
+        out = reference.poisoned((num_groups, max_m, n), "bf16")
+        masked = cupy.asarray(counts, dtype=cupy.int32)
+        g(a.reshape(num_groups, max_m, k), b, masked_m=masked, out=out, **kw)
+        flat = out.reshape(num_groups * max_m, n)
+        _check_groups(flat, a64, b64, bounds, lib,
+                      _plain_loop(g, a, b, bounds, sa, sb) if deterministic else None)
+        for gi, c in enumerate(counts):
+            assert _untouched(out[gi], slice(c, max_m)), (counts, gi)
+        assert _split_workspace_is_zero(g), counts
+        if deterministic:
+            again = reference.poisoned((num_groups, max_m, n), "bf16")
+            g(a.reshape(num_groups, max_m, k), b, masked_m=masked, out=again, **kw)
+            assert bool((again.view(cupy.uint16) == out.view(cupy.uint16)).all()), counts
+    assert seen == {(0, 4), (0, 2), (96, 1), (128, 1), (132, 4), (132, 2)}
+
+
+def test_device_split_cuda_graph_replay_changes_its_shares():
+    """A captured device-split call: replays with new masked_m switch on the device between all tiles split, none,
+    and the tiles past the first wave split."""
+    import cupy
+
+    from deepgemm_jit import config
+
+    num_groups, max_m, n, k = 2, 384, 4096, 1024
+    spec = dg.grouped.grouped_spec(n, k, dtype="bf16")
+    g = dg.build_grouped(n, k, dtype="bf16", num_groups=num_groups,
+                         config=config.sm90_config(spec, 128, 128, split_k=True))
+    a = reference.random_matrix((num_groups, max_m, k), "bf16")
+    b = reference.random_matrix((num_groups, n, k), "bf16", scale=1.0 / math.sqrt(k))
+    counts = cupy.asarray([384, 384], dtype=cupy.int32)
+    out = reference.poisoned((num_groups, max_m, n), "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(a, b, masked_m=counts, out=out, stream=stream)  # compile, load and allocate outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        g(a, b, masked_m=counts, out=out, stream=stream)
+        graph = stream.end_capture()
+    a64, b64 = reference.to_float64(a), reference.to_float64(b)
+    seen = set()
+    for new in ([100, 0], [129, 3], [384, 256], [0, 200]):  # 32 tiles, 96, 160, 64
+        seen.add(_tail_split(g, [(gi * max_m, gi * max_m + c) for gi, c in enumerate(new)]))
+        reference.poison(out, stream)
+        counts.set(np.asarray(new, dtype=np.int32), stream=stream)
+        graph.launch(stream)
+        stream.synchronize()
+        for gi, c in enumerate(new):
+            if c:
+                err = reference.error(out[gi, :c], a64[gi, :c] @ b64[gi].T)
+                assert reference.within_bound(err, "bf16"), (new, gi, err)
+            assert _untouched(out[gi], slice(c, max_m)), (new, gi)
+    assert seen == {(0, 4), (96, 1), (132, 4), (0, 2)}

@@ -23,9 +23,8 @@ def test_config_field_and_tag():
         KernelConfig("sm80", 128, 128, 32, 3, 2, 4, 8, 8, split_k=True)
     with pytest.raises(ValueError, match="at most 112 accumulators"):
         config.sm90_config(spec, 128, 256, 3, split_k=True).check_for(spec, "sm_90a")
-    grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
-    with pytest.raises(ValueError, match="grouped"):
-        config.sm90_config(grouped, 64, 128, split_k=True).check_for(grouped, "sm_90a")
+    grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)  # grouped kernels split on the device
+    config.sm90_config(grouped, 64, 128, split_k=True).check_for(grouped, "sm_90a")
 
 
 @pytest.mark.parametrize("k_blocks", [1, 2, 5, 8, 31, 112, 256])

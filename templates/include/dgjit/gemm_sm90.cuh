@@ -144,7 +144,8 @@ struct PipelineState {
 struct Tile {
   uint32_t row0, row_end, n_block, group;
   uint32_t k_begin, k_end;
-  uint32_t id, split;
+  uint32_t id, split;  // split-K: the tile's slot in the workspace and this unit's share of its K blocks
+  uint32_t num_splits;  // shares of this tile's K blocks (1: the whole tile)
 };
 
 // Split-K (deepgemm_jit/splitk.py): every tile's K blocks are divided into num_splits nearly equal shares that
@@ -163,6 +164,7 @@ struct SplitArgs {
   void* partials = nullptr;
   uint32_t* arrivals = nullptr;
   uint32_t atomic = 0;
+  uint32_t whole_tiles = 0;  // grouped walks: units below it are whole tiles (set on the device, GroupedTileScheduler)
 };
 
 // Tile t of a grid of num_m_blocks x kNumNBlocks tiles, numbered in bands of kGroupM consecutive M blocks;
@@ -199,6 +201,27 @@ struct GroupArgs {
   int64_t d_ld = 0;
 };
 
+// [start, end) rows of group g as described above.
+DGJIT_DEVICE void group_rows(const GroupArgs& ga, uint32_t m, uint32_t g, uint32_t& start, uint32_t& end) {
+  int64_t s, e;
+  if (ga.kind == static_cast<uint32_t>(GroupBounds::kMasked)) {
+    const int32_t count = ga.bounds[g];
+    s = static_cast<int64_t>(g) * ga.max_m;
+    e = s + (count < 0 ? 0 : (static_cast<uint32_t>(count) < ga.max_m ? count : ga.max_m));
+  } else if (ga.kind == static_cast<uint32_t>(GroupBounds::kOffsets)) {
+    s = g == 0 ? 0 : ga.bounds[g - 1];
+    e = ga.bounds[g];
+  } else {
+    s = ga.bounds[2 * g];
+    e = ga.bounds[2 * g + 1];
+  }
+  s = s < 0 ? 0 : (s > m ? m : s);
+  e = e > m ? m : e;
+  e = e < s ? s : e;
+  start = static_cast<uint32_t>(s);
+  end = static_cast<uint32_t>(e);
+}
+
 // Persistent tile walk: CTA b takes units b, b + gridDim.x, ... Unit u is split u % num_splits of tile
 // u / num_splits in the raster order (num_splits = 1 without split-K: units are tiles), so the shares of a tile
 // run on neighbouring CTAs at the same time.
@@ -210,9 +233,9 @@ struct TileScheduler {
   uint32_t num_units;
   uint32_t next_unit;
 
-  DGJIT_DEVICE TileScheduler(uint32_t m_, const GroupArgs&, uint32_t num_splits_)
-      : m(m_), num_m_blocks((m_ + kBlockM - 1) / kBlockM), num_splits(num_splits_),
-        num_units(num_m_blocks * kNumNBlocks * num_splits_), next_unit(blockIdx.x) {}
+  DGJIT_DEVICE TileScheduler(uint32_t m_, const GroupArgs&, const SplitArgs& sk)
+      : m(m_), num_m_blocks((m_ + kBlockM - 1) / kBlockM), num_splits(sk.num_splits),
+        num_units(num_m_blocks * kNumNBlocks * sk.num_splits), next_unit(blockIdx.x) {}
 
   DGJIT_DEVICE bool next(Tile& tile) {
     if (next_unit >= num_units) return false;
@@ -227,6 +250,7 @@ struct TileScheduler {
     tile.k_end = (split + 1) * kNumKBlocks / num_splits;
     tile.id = t;
     tile.split = split;
+    tile.num_splits = num_splits;
     next_unit += gridDim.x;
     return true;
   }
@@ -240,57 +264,95 @@ struct TileScheduler {
 // The same walk over the tiles of all groups, group after group (raster order inside a group): tile t of the
 // CTA's sequence is found by moving a cursor forward through the groups, so empty and short groups cost a
 // couple of loads of their bounds and no CTA ever runs an empty tile. Every role of the CTA walks it alike.
-template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks>
+//
+// Split-K on the device (split-K kernels): the group sizes are only known here, so before the CTA's roles start
+// one warp counts the tiles of all groups (plan(), 32 groups per round of loads) and splits the last, partial wave:
+// the first whole_tiles (whole waves of gridDim.x) run whole, and when the tiles left over would leave at least half
+// of the CTAs idle, each of them gets S = min(max_splits, gridDim.x / tiles left) shares (units whole_tiles + j:
+// share j % S of the j / S-th tile left, whose workspace slot is j / S). With few tiles that is every tile; with a
+// wave's worth and a little more, the stragglers. Every CTA counts the same bounds, so all agree; tiles left x S <=
+// gridDim.x bounds the workspace (splitk.grouped_workspace_bytes), and splitk.tail_split mirrors the rule. The count
+// stops past kScanWaves waves (a tail then costs little). A launch that splits nothing runs the walk (and the roles'
+// code) compiled with kSplit = false, the plain kernel's: the split walk's state in registers through the K loop
+// slowed it by 2-8% (docs/NOTES.md, session 20).
+template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks, bool kSplit>
 struct GroupedTileScheduler {
+  static constexpr uint32_t kScanWaves = 8;
   const GroupArgs& ga;
   uint32_t m;
-  uint32_t next_tile;
+  uint32_t next_unit;
+  uint32_t whole_tiles = 0, num_splits = 1;  // kSplit: units from whole_tiles on are shares of the last tiles
   uint32_t group = 0, first_tile = 0, group_tiles = 0, m_blocks = 0, start = 0, end = 0;
 
-  // (No split-K: num_splits is always 1 here.)
-  DGJIT_DEVICE GroupedTileScheduler(uint32_t m_, const GroupArgs& ga_, uint32_t) : ga(ga_), m(m_), next_tile(blockIdx.x) {
+  DGJIT_DEVICE GroupedTileScheduler(uint32_t m_, const GroupArgs& ga_, const SplitArgs& sk)
+      : ga(ga_), m(m_), next_unit(blockIdx.x) {
+    if constexpr (kSplit) {
+      whole_tiles = sk.whole_tiles;
+      num_splits = sk.num_splits;
+    }
     if (ga.num_groups > 0) load(0);
   }
 
-  DGJIT_DEVICE void load(uint32_t g) {
-    int64_t s, e;
-    if (ga.kind == static_cast<uint32_t>(GroupBounds::kMasked)) {
-      const int32_t count = ga.bounds[g];
-      s = static_cast<int64_t>(g) * ga.max_m;
-      e = s + (count < 0 ? 0 : (static_cast<uint32_t>(count) < ga.max_m ? count : ga.max_m));
-    } else if (ga.kind == static_cast<uint32_t>(GroupBounds::kOffsets)) {
-      s = g == 0 ? 0 : ga.bounds[g - 1];
-      e = ga.bounds[g];
-    } else {
-      s = ga.bounds[2 * g];
-      e = ga.bounds[2 * g + 1];
+  // The launch's plan into out[0] (whole tiles) and out[1] (shares of the tiles after them; 1: nothing split);
+  // one whole warp calls it.
+  static DGJIT_DEVICE void plan(const GroupArgs& ga, uint32_t m, uint32_t max_splits, volatile uint32_t* out) {
+    uint32_t tiles = 0;
+    for (uint32_t g0 = 0; g0 < ga.num_groups && tiles <= kScanWaves * gridDim.x; g0 += 32) {
+      uint32_t mine = 0, s, e;
+      if (g0 + lane_idx() < ga.num_groups) {
+        group_rows(ga, m, g0 + lane_idx(), s, e);
+        mine = (e - s + kBlockM - 1) / kBlockM * kNumNBlocks;
+      }
+#pragma unroll
+      for (uint32_t offset = 16; offset > 0; offset /= 2) mine += __shfl_xor_sync(0xffffffffu, mine, offset);
+      tiles += mine;
     }
-    s = s < 0 ? 0 : (s > m ? m : s);
-    e = e > m ? m : e;
-    e = e < s ? s : e;
-    start = static_cast<uint32_t>(s);
-    end = static_cast<uint32_t>(e);
+    uint32_t whole = tiles, splits = 1;
+    const uint32_t left = tiles % gridDim.x;
+    if (max_splits > 1 && tiles <= kScanWaves * gridDim.x && left > 0 && 2 * left <= gridDim.x) {
+      const uint32_t fit = gridDim.x / left;
+      splits = fit < max_splits ? fit : max_splits;
+      whole = tiles - left;
+    }
+    if (lane_idx() == 0) {
+      out[0] = whole;
+      out[1] = splits;
+    }
+  }
+
+  DGJIT_DEVICE void load(uint32_t g) {
+    group_rows(ga, m, g, start, end);
     m_blocks = (end - start + kBlockM - 1) / kBlockM;
     group_tiles = m_blocks * kNumNBlocks;
   }
 
   DGJIT_DEVICE bool next(Tile& tile) {
     if (group >= ga.num_groups) return false;
-    while (next_tile >= first_tile + group_tiles) {
+    uint32_t t = next_unit, split = 0, shares = 1, slot = 0;
+    if constexpr (kSplit) {
+      if (next_unit >= whole_tiles) {
+        slot = (next_unit - whole_tiles) / num_splits;
+        split = next_unit - whole_tiles - slot * num_splits;
+        t = whole_tiles + slot;
+        shares = num_splits;
+      }
+    }
+    while (t >= first_tile + group_tiles) {
       if (++group >= ga.num_groups) return false;
       first_tile += group_tiles;
       load(group);
     }
     uint32_t m_block;
-    raster<kGroupM, kNumNBlocks>(next_tile - first_tile, m_blocks, m_block, tile.n_block);
+    raster<kGroupM, kNumNBlocks>(t - first_tile, m_blocks, m_block, tile.n_block);
     tile.row0 = start + m_block * kBlockM;
     tile.row_end = end;
     tile.group = group;
-    tile.k_begin = 0;
-    tile.k_end = kNumKBlocks;
-    tile.id = 0;
-    tile.split = 0;
-    next_tile += gridDim.x;
+    tile.k_begin = split * kNumKBlocks / shares;
+    tile.k_end = (split + 1) * kNumKBlocks / shares;
+    tile.id = slot;
+    tile.split = split;
+    tile.num_splits = shares;
+    next_unit += gridDim.x;
     return true;
   }
   // Tiles that read the B rows of the tile next() just returned: its group's M blocks.
@@ -489,7 +551,8 @@ struct GemmSm90 {
       Epi::kBias == BiasKind::kCol ? kBlockN : (Epi::kBias == BiasKind::kRow ? kWGRows : 0);
   static constexpr uint32_t kSmemBiasOffset = kSmemScaleOffset + kSmemScaleBytes;
   static constexpr uint32_t kSmemBiasBytes = kNumMathWGs * kBiasFloatsPerWG * 4;
-  // Split-K: one word per consumer, where its thread 0 tells the others whether they arrived last.
+  // Split-K: one word per consumer, where its thread 0 tells the others whether they arrived last; grouped, then
+  // the launch's split plan (GroupedTileScheduler::plan, two words).
   static constexpr uint32_t kSmemSplitOffset = kSmemBiasOffset + kSmemBiasBytes;
   static constexpr uint32_t kSmemSplitBytes = kSplitK ? 16 : 0;
   // kWGSplitK: K lane 1's accumulators on their way to lane 0 (reduce_k_lanes), 16-byte words of 4.
@@ -506,10 +569,13 @@ struct GemmSm90 {
   // the D buffer would race with store_rows' reads of it), nor per-tensor / per-row scales (they are per group).
   static_assert(!kGrouped || (!kPrefetch && !kPingPong && (kScaling == Scaling::kNone || kScaling == Scaling::kBlock)),
                 "grouped GEMMs: no C / residual operands, no ping-pong, scaling none or block");
-  using Scheduler = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks>,
-                                         TileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks>>::type;
-  // Split-K: ping-pong consumers take turns by tile count and grouped walks have their own scheduler.
-  static_assert(!kSplitK || (!kPingPong && !kGrouped), "split-K runs cooperative, non-grouped tiles");
+  // kWalkSplits: the walk hands out K shares (split-K kernels; grouped ones only in launches whose plan splits).
+  template <bool kWalkSplits>
+  using Walk = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks, kWalkSplits>,
+                                    TileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks>>::type;
+  // Split-K: ping-pong consumers take turns by tile count. Grouped walks choose which tiles to split, and how far,
+  // on the device (GroupedTileScheduler), the host's count the most they may use.
+  static_assert(!kSplitK || !kPingPong, "split-K runs cooperative tiles");
   using State = PipelineState<kNumStages>;
 
   struct Smem {
@@ -552,6 +618,10 @@ struct GemmSm90 {
     DGJIT_DEVICE volatile uint32_t* split_last(uint32_t math_wg) const {
       return reinterpret_cast<volatile uint32_t*>(base + kSmemSplitOffset) + math_wg;
     }
+    DGJIT_DEVICE volatile uint32_t* split_plan() const {
+      return reinterpret_cast<volatile uint32_t*>(base + kSmemSplitOffset) + 2;
+    }
+
     DGJIT_DEVICE uint32_t red() const { return shared_addr(base + kSmemRedOffset); }
   };
 
@@ -628,10 +698,11 @@ struct GemmSm90 {
     }
   }
 
+  template <bool kWalkSplits>
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
-                                   uint32_t m, const GroupArgs& ga, uint32_t num_splits, const ScaleArgs& scales,
+                                   uint32_t m, const GroupArgs& ga, const SplitArgs& sk, const ScaleArgs& scales,
                                    uint32_t a_box_rows) {
-    Scheduler scheduler(m, ga, num_splits);
+    Walk<kWalkSplits> scheduler(m, ga, sk);
     State state;
     Tile tile;
     const uint32_t stage_tx_bytes =
@@ -846,9 +917,10 @@ struct GemmSm90 {
   // the warp runs ahead through the ring instead of waiting out a global-memory round trip per K block (which
   // capped the kernel when it did).
   static constexpr uint32_t kScaleWarpArrivals = 32;
+  template <bool kWalkSplits>
   static DGJIT_DEVICE void produce_scales(const Smem& smem, const ScaleArgs& scales, uint32_t m,
-                                         const GroupArgs& ga, uint32_t num_splits) {
-    Scheduler scheduler(m, ga, num_splits);
+                                         const GroupArgs& ga, const SplitArgs& sk) {
+    Walk<kWalkSplits> scheduler(m, ga, sk);
     State state;
     Tile tile;
     const uint32_t lane = lane_idx();
@@ -1174,11 +1246,12 @@ struct GemmSm90 {
     const uint32_t producer_first = kProducerWG * kWarpgroupThreads + 32;
     return threadIdx.x >= producer_first ? threadIdx.x - producer_first : 96 + threadIdx.x - kWarpgroupThreads;
   }
-  static DGJIT_DEVICE void convert_lo(const Smem& smem, uint32_t m, const GroupArgs& ga, uint32_t num_splits) {
+  template <bool kWalkSplits>
+  static DGJIT_DEVICE void convert_lo(const Smem& smem, uint32_t m, const GroupArgs& ga, const SplitArgs& sk) {
     constexpr uint32_t kThreads = kConverterWarps * 32;
     constexpr uint32_t kChunks = kSmemBBoxBytes / 16;
     const uint32_t t = converter_thread();
-    Scheduler scheduler(m, ga, num_splits);
+    Walk<kWalkSplits> scheduler(m, ga, sk);
     State state;
     Tile tile;
     while (scheduler.next(tile)) {
@@ -2037,6 +2110,7 @@ struct GemmSm90 {
     }
   }
 
+  template <bool kWalkSplits>
   static DGJIT_DEVICE void consume(const Smem& smem, const CUtensorMap& tmap_d, const CUtensorMap& tmap_c,
                                    const CUtensorMap& tmap_r, uint32_t math_wg, uint32_t k_lane, uint32_t m,
                                    const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
@@ -2044,7 +2118,9 @@ struct GemmSm90 {
     TAcc acc[kNumM64PerWG][kNumAccum];
     float tensor_scale = 1.0f;
     if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
-    Scheduler scheduler(m, ga, sk.num_splits);
+    // Split-K's share handling, where this launch's walk hands out shares.
+    constexpr bool kShares = kSplitK && kWalkSplits;
+    Walk<kWalkSplits> scheduler(m, ga, sk);
     State state;
     uint32_t operand_phase = 0;
     Tile tile;
@@ -2087,7 +2163,7 @@ struct GemmSm90 {
       // Split-K: only the share that arrives last runs the epilogue, which is known after the main loop; its
       // operands are loaded then.
       const auto after_first_issue = [&]() {
-        if constexpr (!kSplitK) prefetch();
+        if constexpr (!kShares) prefetch();
       };
       // kWGSplitK: this lane's K blocks are those at ring positions of its parity, from `first` on (none when the
       // tile has one block and it is the other lane's); the ring then moves past the whole tile.
@@ -2121,8 +2197,10 @@ struct GemmSm90 {
         reduce_k_lanes(smem, k_lane, acc);
         if (k_lane == 1) continue;
       }
-      if constexpr (kSplitK) {
-        if (sk.num_splits > 1 && !reduce_split(smem, sk, tile, math_wg, m, acc)) {
+      if constexpr (kShares) {
+        SplitArgs shares = sk;  // this tile's K shares (grouped walks split some tiles only, on the device)
+        shares.num_splits = tile.num_splits;
+        if (shares.num_splits > 1 && !reduce_split(smem, shares, tile, math_wg, m, acc)) {
           // kRow: the copies into the scale buffer must land before the next tile's copies overwrite it.
           if constexpr (kScaling == Scaling::kRow) {
             cp_async_wait_all();
@@ -2190,26 +2268,50 @@ struct GemmSm90 {
       fence_mbarrier_init();
       fence_proxy_async_shared();
     }
+    // Grouped split-K: the producer's second warp counts the groups' tiles meanwhile (GroupedTileScheduler::plan);
+    // after the barrier a launch whose plan splits runs the roles with the splitting walk, any other the plain one.
+    if constexpr (kGrouped && kSplitK) {
+      if (threadIdx.x / 32 == kProducerWG * 4 + 1) Walk<true>::plan(ga, m, sk.num_splits, smem.split_plan());
+    }
     __syncthreads();
+    if constexpr (kGrouped && kSplitK) {
+      sk.whole_tiles = smem.split_plan()[0];
+      sk.num_splits = smem.split_plan()[1];
+      if (sk.num_splits > 1) {
+        roles<true>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows);
+        return;
+      }
+    }
+    roles<!kGrouped>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows);
+  }
 
+  // The CTA's roles, each walking the tiles (kWalkSplits: with K shares; grouped kernels only where run() found a
+  // launch's plan to split).
+  template <bool kWalkSplits>
+  static DGJIT_DEVICE void roles(const Smem& smem, uint32_t wg, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
+                                 const CUtensorMap& tmap_d, const CUtensorMap& tmap_c, const CUtensorMap& tmap_r,
+                                 uint32_t m, const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
+                                 const SplitArgs& sk, uint32_t a_box_rows) {
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
-      if (warp_idx_in_warpgroup() == 0 && elect_one()) produce(smem, tmap_a, tmap_b, m, ga, sk.num_splits, scales, a_box_rows);
+      if (warp_idx_in_warpgroup() == 0 && elect_one()) {
+        produce<kWalkSplits>(smem, tmap_a, tmap_b, m, ga, sk, scales, a_box_rows);
+      }
       if constexpr (kScaling == Scaling::kBlock) {
-        if (warp_idx_in_warpgroup() == 1) produce_scales(smem, scales, m, ga, sk.num_splits);
+        if (warp_idx_in_warpgroup() == 1) produce_scales<kWalkSplits>(smem, scales, m, ga, sk);
       }
       if constexpr (kRawB) {
-        if (warp_idx_in_warpgroup() >= 1) convert_lo(smem, m, ga, sk.num_splits);
+        if (warp_idx_in_warpgroup() >= 1) convert_lo<kWalkSplits>(smem, m, ga, sk);
       }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
-      consume(smem, tmap_d, tmap_c, tmap_r, wg, 0, m, scales, ea, ga, sk);
+      consume<kWalkSplits>(smem, tmap_d, tmap_c, tmap_r, wg, 0, m, scales, ea, ga, sk);
     } else if constexpr (kWGSplitK) {
       setmaxnreg_inc<kMathRegs>();
-      consume(smem, tmap_d, tmap_c, tmap_r, 0, 1, m, scales, ea, ga, sk);  // K lane 1 of the 64-row tile
+      consume<kWalkSplits>(smem, tmap_d, tmap_c, tmap_r, 0, 1, m, scales, ea, ga, sk);  // K lane 1 of the 64-row tile
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
-      if constexpr (kRawB && kIdleWGConverts) convert_lo(smem, m, ga, sk.num_splits);
+      if constexpr (kRawB && kIdleWGConverts) convert_lo<kWalkSplits>(smem, m, ga, sk);
     }
   }
 };
