@@ -801,7 +801,7 @@ def _sm90_tf32_short_k_pingpong(spec: GemmSpec, m_hint: int) -> KernelConfig | N
 # FP8 grouped GEMMs of up to two waves of long-K tiles (a few groups of a few hundred to a thousand rows: decode
 # MoE, small prefill) get a split-K kernel that decides on the device, from the realised group sizes, whether to
 # split the tiles of the last, partial wave (all tiles when there are fewer than half as many as SMs) and how far
-# (GemmSm90's GroupedTileScheduler, splitk.tail_split): at most GROUPED_MAX_SPLITS shares of at least
+# (GroupedTileScheduler in sched_sm90.cuh, splitk.tail_split): at most GROUPED_MAX_SPLITS shares of at least
 # GROUPED_MIN_SHARE_K_BLOCKS K blocks each. Measured on the H200 (docs/NOTES.md, session 20, scripts/
 # exp_grouped_split.py, masked rows): FP8 128x128 at K = 7168 ran 7-17% faster where it split (24.5 vs 28.0 us at
 # 231 rows x 4096 x 7168) and 1-3% slower where the realised groups left nothing to split; at K = 2048 a split tail

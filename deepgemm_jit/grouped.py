@@ -1,7 +1,7 @@
 """Grouped GEMMs for mixture-of-experts: ``build_grouped`` -> ``GroupedGemm``.
 
 One launch multiplies every group's rows by its own weight, B_g = b[g] of b (G, N, K) (``nn.Linear`` weights
-stacked). The kernel is the Hopper family's persistent one walking the tiles of all groups (gemm_sm90.cuh's
+stacked). The kernel is the Hopper family's persistent one walking the tiles of all groups (sched_sm90.cuh's
 GroupedTileScheduler): empty and short groups cost no CTA a whole wave, and the group sizes stay on the device
 (no host synchronisation; a call can be captured in a CUDA graph).
 
@@ -131,7 +131,7 @@ def _scale_rows(x, arg: str, shape: tuple[int, ...], what: str) -> ScaleView:
 # -- the tile walk, on the host ----------------------------------------------------------------------------
 
 def group_ranges(kind: int, bounds, m: int, max_m: int = 0) -> list[tuple[int, int]]:
-    """[start, end) rows of every group as the kernel reads `bounds` (GroupedTileScheduler::load): clamped to
+    """[start, end) rows of every group as the kernel reads `bounds` (group_rows in sched_sm90.cuh): clamped to
     [0, m], empty when the end comes before the start."""
     ranges = []
     for g in range(len(bounds) // 2 if kind == _SEGMENTS else len(bounds)):
@@ -151,7 +151,7 @@ def group_ranges(kind: int, bounds, m: int, max_m: int = 0) -> list[tuple[int, i
 def tile_walk(ranges: list[tuple[int, int]], block_m: int, num_n_blocks: int, group_m: int, num_ctas: int
               ) -> list[list[tuple[int, int, int, int]]]:
     """The tiles each CTA runs, (group, row0, row_end, n_block), in order: a host model of the device walk
-    (gemm_sm90.cuh's raster + GroupedTileScheduler), for tests and for counting waves."""
+    (sched_sm90.cuh's raster + GroupedTileScheduler), for tests and for counting waves."""
     tiles = []
     for g, (s, e) in enumerate(ranges):
         m_blocks = -(-(e - s) // block_m)
