@@ -172,8 +172,8 @@ struct GroupedTileScheduler {
   // The launch's plan into out[0] (whole tiles) and out[1] (shares of the tiles after them; 1: nothing split);
   // one whole warp calls it.
   static DGJIT_DEVICE void plan(const GroupArgs& ga, uint32_t m, uint32_t max_splits, volatile uint32_t* out) {
-    uint32_t tiles = 0;
-    for (uint32_t g0 = 0; g0 < ga.num_groups && tiles <= kScanWaves * gridDim.x; g0 += 32) {
+    uint32_t tiles = 0;  // (not counted when the host allows one share: nothing would split)
+    for (uint32_t g0 = 0; max_splits > 1 && g0 < ga.num_groups && tiles <= kScanWaves * gridDim.x; g0 += 32) {
       uint32_t mine = 0, s, e;
       if (g0 + lane_idx() < ga.num_groups) {
         group_rows(ga, m, g0 + lane_idx(), s, e);
