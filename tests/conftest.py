@@ -1,6 +1,3 @@
-import os
-import sys
-
 import pytest
 
 from deepgemm_jit import arrays, device, jit

@@ -2,8 +2,6 @@
 
 Skipped cleanly without a GPU (marker `gpu`).
 """
-import itertools
-
 import numpy as np
 import pytest
 
@@ -151,7 +149,7 @@ def test_demo_on_gpu(capsys):
 
 
 def test_tuning_persists_and_is_reused(tmp_path, monkeypatch):
-    from deepgemm_jit import jit, timing, tuning
+    from deepgemm_jit import jit, timing
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "cache"))
     jit.clear_memo()
     g = dg.build(4096, 2112, 1024, dtype="bf16", tune=True)
@@ -167,7 +165,7 @@ def test_tuning_persists_and_is_reused(tmp_path, monkeypatch):
 
 
 def test_repeat_calls_reuse_plans_and_see_new_data():
-    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("cupy")
     for dtype, layout in (("bf16", "nt"), ("fp16", "nn")):
         g = dg.build(256, 136, 200, dtype=dtype, layout=layout)
         a, b = reference.random_operands(g.spec, 256)
