@@ -429,8 +429,8 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     ``arch`` / ``config`` as for :func:`deepgemm_jit.build` (a forced config must suit :func:`grouped_spec`).
     Where the expected tiles make a few waves (a few groups of up to a thousand rows), the kernel splits the K of the
     tiles of the last, partial wave between CTAs when the realised group sizes would leave half the SMs idle there
-    (decided on the device, ``splitk.tail_split``); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add
-    atomically, faster, FP32 sums in arrival order)."""
+    (decided on the device, ``splitk.tail_split``); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the
+    shares add atomically, faster, FP32 sums in arrival order)."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")

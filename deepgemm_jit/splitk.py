@@ -107,10 +107,11 @@ GROUPED_SCAN_WAVES = 8  # GroupedTileScheduler::kScanWaves
 
 def tail_split(tiles: int, num_ctas: int, max_splits: int) -> tuple[int, int]:
     """(whole tiles, K shares of each tile after them) of a grouped split-K launch of `num_ctas` CTAs whose groups
-    make `tiles` tiles (mirror of GroupedTileScheduler, sched_sm90.cuh): the whole waves run whole tiles, and the tiles of
-    the last, partial wave are split into as many shares as fit the grid (at most max_splits) when they would leave
-    at least half of the CTAs idle; else every tile runs whole (shares 1). (tiles left) x shares <= num_ctas
-    (grouped_workspace_bytes relies on it). Past GROUPED_SCAN_WAVES waves the kernel stops counting and never splits."""
+    make `tiles` tiles (mirror of GroupedTileScheduler, sched_sm90.cuh): the whole waves run whole tiles, and the
+    tiles of the last, partial wave are split into as many shares as fit the grid (at most max_splits) when they
+    would leave at least half of the CTAs idle; else every tile runs whole (shares 1). (tiles left) x shares <=
+    num_ctas (grouped_workspace_bytes relies on it). Past GROUPED_SCAN_WAVES waves the kernel stops counting and
+    never splits; with max_splits 1 it does not count."""
     left = tiles % num_ctas
     if max_splits <= 1 or tiles > GROUPED_SCAN_WAVES * num_ctas or left == 0 or 2 * left > num_ctas:
         return tiles, 1
