@@ -802,12 +802,11 @@ def _sm90_tf32_short_k_pingpong(spec: GemmSpec, m_hint: int) -> KernelConfig | N
 # MoE, small prefill) get a split-K kernel that decides on the device, from the realised group sizes, whether to
 # split the tiles of the last, partial wave (all tiles when there are fewer than half as many as SMs) and how far
 # (GroupedTileScheduler in sched_sm90.cuh, splitk.tail_split): at most GROUPED_MAX_SPLITS shares of at least
-# GROUPED_MIN_SHARE_K_BLOCKS K blocks each. Measured on the H200 (docs/NOTES.md, session 20, scripts/
+# _MIN_K_BLOCKS_PER_SPLIT K blocks each (split_candidates). Measured on the H200 (docs/NOTES.md, session 20, scripts/
 # exp_grouped_split.py, masked rows): FP8 128x128 at K = 7168 ran 7-17% faster where it split (24.5 vs 28.0 us at
 # 231 rows x 4096 x 7168) and 1-3% slower where the realised groups left nothing to split; at K = 2048 a split tail
 # lost (28.9 vs 26.6 us). BF16's tiles, chosen to fill a wave, rarely split: 0-5% slower, +1-3.5% where they did.
 GROUPED_MAX_SPLITS = 4
-GROUPED_MIN_SHARE_K_BLOCKS = 4
 GROUPED_SPLIT_MIN_K_BLOCKS = 32
 GROUPED_SPLIT_MAX_WAVES = 2
 

@@ -98,8 +98,7 @@ def grouped_max_splits(spec: GemmSpec, cfg: KernelConfig) -> int:
     kernel picks its own count from the realised tiles (tail_split); 1 for other grouped kernels."""
     if not cfg.split_k:
         return 1
-    k_blocks = -(-spec.loop_k // cfg.block_k)
-    return max(1, min(config_mod.GROUPED_MAX_SPLITS, k_blocks // config_mod.GROUPED_MIN_SHARE_K_BLOCKS))
+    return min(config_mod.GROUPED_MAX_SPLITS, max(config_mod.split_candidates(spec.loop_k, cfg.block_k)))
 
 
 GROUPED_SCAN_WAVES = 8  # GroupedTileScheduler::kScanWaves

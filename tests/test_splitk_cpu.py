@@ -248,3 +248,23 @@ def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
     assert first.num_splits == 3 and made == [splitk.workspace_bytes(spec, cfg, 100, 3)[0]]
     assert ws.operands(spec, cfg, 100, 1, 0, stream=object()) == splitk.SplitOperands(1)
 
+
+
+def _scan_waves_probe(lie: bool = False) -> str:
+    """A kernel of one static_assert: GroupedTileScheduler::kScanWaves equals splitk.GROUPED_SCAN_WAVES."""
+    want = splitk.GROUPED_SCAN_WAVES + (1 if lie else 0)
+    return "\n".join([
+        '#include "dgjit/gemm_sm90.cuh"', "using namespace dgjit::sm90;",
+        f"static_assert(GroupedTileScheduler<128, 32, 16, 56, true>::kScanWaves == {want}u);",
+        'extern "C" __global__ void dgjit_probe(unsigned int* out) { out[0] = 1; }']) + "\n"
+
+
+def test_grouped_scan_waves_match_the_kernel():
+    """splitk.tail_split (explain, tests) stops splitting where the kernel's plan stops counting."""
+    from deepgemm_jit.errors import CompileError
+    from probes import compile_probe
+
+    compile_probe(_scan_waves_probe())
+    with pytest.raises(CompileError) as info:
+        compile_probe(_scan_waves_probe(lie=True))
+    assert "static assertion failed" in info.value.log or "static_assert" in info.value.log

@@ -1750,7 +1750,7 @@ struct GemmSm90 {
   }
   static DGJIT_DEVICE uint4* partial_words(const SplitArgs& sk, const Tile& tile, uint32_t split, uint32_t math_wg,
                                            uint32_t stride) {
-    const uint64_t slot = (static_cast<uint64_t>(tile.id) * sk.num_splits + split) * kNumMathWGs + math_wg;
+    const uint64_t slot = (static_cast<uint64_t>(tile.id) * tile.num_splits + split) * kNumMathWGs + math_wg;
     return static_cast<uint4*>(sk.partials) + slot * kAccumWords * stride + threadIdx.x % kWarpgroupThreads;
   }
   // Whether this thread holds a row below the tile's end in m64 slice mi.
@@ -1792,7 +1792,7 @@ struct GemmSm90 {
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     if (threadIdx.x % kWarpgroupThreads == 0) {
       uint32_t* counter = sk.arrivals + tile.id * kNumMathWGs + math_wg;
-      const bool last = atomic_add_acq_rel_gpu(counter, 1) == sk.num_splits - 1;
+      const bool last = atomic_add_acq_rel_gpu(counter, 1) == tile.num_splits - 1;
       if (last) st_relaxed_gpu_u32(counter, 0);  // every share has arrived: ready for the next launch
       *smem.split_last(math_wg) = last ? 1u : 0u;
     }
@@ -1819,16 +1819,16 @@ struct GemmSm90 {
     constexpr uint32_t kSumBatch = kAccumWords >= kSumBudgetWords ? 1
                                    : (kSumBudgetWords / kAccumWords > 8 ? 8 : kSumBudgetWords / kAccumWords);
 #pragma unroll 1
-    for (uint32_t s0 = 0; s0 < sk.num_splits; s0 += kSumBatch) {
+    for (uint32_t s0 = 0; s0 < tile.num_splits; s0 += kSumBatch) {
       TAcc v[kSumBatch][kNumM64PerWG][kNumAccum];
 #pragma unroll
       for (uint32_t b = 0; b < kSumBatch; ++b) {
-        if (s0 + b < sk.num_splits) load_partial(partial_words(sk, tile, s0 + b, math_wg, stride), tile, math_wg,
+        if (s0 + b < tile.num_splits) load_partial(partial_words(sk, tile, s0 + b, math_wg, stride), tile, math_wg,
                                                  stride, v[b]);
       }
 #pragma unroll
       for (uint32_t b = 0; b < kSumBatch; ++b) {
-        if (s0 + b >= sk.num_splits) break;
+        if (s0 + b >= tile.num_splits) break;
 #pragma unroll
         for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi)
 #pragma unroll
@@ -1978,9 +1978,8 @@ struct GemmSm90 {
         if (k_lane == 1) continue;
       }
       if constexpr (kShares) {
-        SplitArgs shares = sk;  // this tile's K shares (grouped walks split some tiles only, on the device)
-        shares.num_splits = tile.num_splits;
-        if (shares.num_splits > 1 && !reduce_split(smem, shares, tile, math_wg, m, acc)) {
+        // The tile's own share count: grouped walks split only the tiles of a last, partial wave.
+        if (tile.num_splits > 1 && !reduce_split(smem, sk, tile, math_wg, m, acc)) {
           // kRow: the copies into the scale buffer must land before the next tile's copies overwrite it.
           if constexpr (kScaling == Scaling::kRow) {
             cp_async_wait_all();
