@@ -798,28 +798,51 @@ def _sm90_tf32_short_k_pingpong(spec: GemmSpec, m_hint: int) -> KernelConfig | N
     return cfg if cfg.num_stages >= 3 else None
 
 
-# FP8 grouped GEMMs of up to two waves of long-K tiles (a few groups of a few hundred to a thousand rows: decode
-# MoE, small prefill) get a split-K kernel that decides on the device, from the realised group sizes, whether to
-# split the tiles of the last, partial wave (all tiles when there are fewer than half as many as SMs) and how far
+# Grouped GEMMs of a few waves of long-K tiles (a few groups of a few hundred to a thousand rows: decode MoE, small
+# prefill) get a split-K kernel that decides on the device, from the realised group sizes, whether to split the tiles
+# of the last, partial wave (all tiles when there are fewer than half as many as SMs) and how far
 # (GroupedTileScheduler in sched_sm90.cuh, splitk.tail_split): at most GROUPED_MAX_SPLITS shares of at least
-# _MIN_K_BLOCKS_PER_SPLIT K blocks each (split_candidates). Measured on the H200 (docs/NOTES.md, session 20, scripts/
-# exp_grouped_split.py, masked rows): FP8 128x128 at K = 7168 ran 7-17% faster where it split (24.5 vs 28.0 us at
-# 231 rows x 4096 x 7168) and 1-3% slower where the realised groups left nothing to split; at K = 2048 a split tail
-# lost (28.9 vs 26.6 us). BF16's tiles, chosen to fill a wave, rarely split: 0-5% slower, +1-3.5% where they did.
+# _MIN_K_BLOCKS_PER_SPLIT K blocks each (split_candidates). Measured on the H200 (docs/NOTES.md, sessions 20-21,
+# masked rows):
+# - FP8, the cost model's tile (128x128), up to GROUPED_SPLIT_MAX_WAVES expected waves: 7-17% faster where it split
+#   (24.5 vs 28.0 us at 231 rows x 4096 x 7168), 1-3% slower where the realised groups left nothing to split (its
+#   K loop sits at the register limit); at K = 2048 a split tail lost (28.9 vs 26.6 us).
+# - 16-bit: the cost model's wide tiles (128x224 / 128x256 at 3 stages) fill a wave at the expected rows, but the
+#   realised rows (only the GPU knows them) often leave a second wave a few tiles full: 586 masked rows x 4096 x 7168
+#   ran 76.9 us at 128x256 and 61.2 as 128x128 device-split (torch 49.2). 128x128 split up to GROUPED_SCAN_WAVES
+#   expected waves (where the kernel still counts): masked BF16 geomean against torch 0.980 -> 1.036 and 0.967 ->
+#   1.028 over two group-size draws (30 rows each), its split kernel no slower than the plain one where nothing
+#   split. Narrower picks (128x64, 128x112: one or two hundred rows) stay plain: they were faster than 128x128 split.
 GROUPED_MAX_SPLITS = 4
 GROUPED_SPLIT_MIN_K_BLOCKS = 32
 GROUPED_SPLIT_MAX_WAVES = 2
+GROUPED_SPLIT_TILE_16BIT = (128, 128)
 
 
-def grouped_split_pays(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, block_m: int, block_n: int) -> bool:
-    """Whether build_grouped compiles the device-split kernel: FP8, `groups` groups of m_hint rows make at most
-    GROUPED_SPLIT_MAX_WAVES waves of tiles, K has at least GROUPED_SPLIT_MIN_K_BLOCKS blocks, and the tile's
-    accumulators leave the reduction its registers."""
-    k_blocks = -(-spec.loop_k // (128 // dtypes.get(spec.dtype).storage_bytes))
-    tiles = groups * -(-m_hint // block_m) * -(-spec.n // block_n)
-    return (spec.dtype in dtypes.FP8_DTYPES and tiles <= GROUPED_SPLIT_MAX_WAVES * num_sms
-            and k_blocks >= GROUPED_SPLIT_MIN_K_BLOCKS
-            and sm90_accumulators(block_m, block_n, False) <= SPLIT_MAX_ACCUMULATORS)
+def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, block_m: int, block_n: int
+                       ) -> tuple[int, int] | None:
+    """The tile of the device-split kernel build_grouped compiles instead of the cost model's (block_m, block_n),
+    or None for the plain kernel of that tile: K has at least GROUPED_SPLIT_MIN_K_BLOCKS blocks, and
+    - FP8: the same tile, when `groups` groups of m_hint rows make at most GROUPED_SPLIT_MAX_WAVES waves of it;
+    - 16-bit: GROUPED_SPLIT_TILE_16BIT, when the pick is at least as wide and its tiles make at most
+      splitk.GROUPED_SCAN_WAVES waves (beyond them the kernel never splits);
+    and the tile's accumulators leave the reduction its registers. Epilogues with a bias keep the plain kernel: the
+    bias read pushed the split kernels (168 registers a thread) into a stack frame (8-24 bytes)."""
+    from .splitk import GROUPED_SCAN_WAVES  # splitk imports this module
+
+    if (spec.loop_k < GROUPED_SPLIT_MIN_K_BLOCKS * (128 // dtypes.get(spec.dtype).storage_bytes)
+            or spec.epi.bias != "none"):
+        return None
+    if spec.dtype in dtypes.FP8_DTYPES:
+        tile, max_waves = (block_m, block_n), GROUPED_SPLIT_MAX_WAVES
+    elif dtypes.get(spec.dtype).storage_bytes == 2 and block_n >= GROUPED_SPLIT_TILE_16BIT[1]:
+        tile, max_waves = GROUPED_SPLIT_TILE_16BIT, GROUPED_SCAN_WAVES
+    else:
+        return None
+    tiles = groups * -(-m_hint // tile[0]) * -(-spec.n // tile[1])
+    if tiles > max_waves * num_sms or sm90_accumulators(*tile, False) > SPLIT_MAX_ACCUMULATORS:
+        return None
+    return tile
 
 
 @functools.lru_cache(maxsize=1024)
@@ -833,8 +856,12 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
         if short_k is not None:
             return short_k
     _, block_m, block_n, stages, splits = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
-    if spec.grouped and grouped_split_pays(spec, m_hint, num_sms, groups, block_m, block_n):
-        stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
+    split_tile = grouped_split_tile(spec, m_hint, num_sms, groups, block_m, block_n) if spec.grouped else None
+    if split_tile is not None:
+        if split_tile == (block_m, block_n):
+            stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
+        else:  # as many stages as fit (what the measurement forced)
+            (block_m, block_n), stages = split_tile, None
         return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint)
     if (splits == 1 and _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n)
             and _sm90_stages(spec, 128, 128, True) >= 3):

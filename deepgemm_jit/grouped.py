@@ -199,7 +199,7 @@ class GroupedGemm:
         # record their stream, whose workspace their segments plan writes.
         self._plans: dict[tuple, tuple[tuple[launch.LaunchPlan, ...], str, int | None]] = {}
         self._lock = threading.Lock()
-        # Device-split kernels (config.grouped_split_pays): the most K shares per tile, how they meet (as Gemm's
+        # Device-split kernels (config.grouped_split_tile): the most K shares per tile, how they meet (as Gemm's
         # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid.
         self.max_splits = splitk.grouped_max_splits(spec, self.config)
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)

@@ -94,7 +94,7 @@ def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> t
 
 
 def grouped_max_splits(spec: GemmSpec, cfg: KernelConfig) -> int:
-    """The most K shares a grouped split-K kernel may give a tile (config.grouped_split_pays compiles one): the
+    """The most K shares a grouped split-K kernel may give a tile (config.grouped_split_tile compiles one): the
     kernel picks its own count from the realised tiles (tail_split); 1 for other grouped kernels."""
     if not cfg.split_k:
         return 1

@@ -256,11 +256,16 @@ def test_tail_split_rule_and_its_workspace_bound():
     (4096, 7168, "fp8", 512, 4, False),   # 512 tiles
     (7168, 2048, "fp8", 256, 1, False),   # 16 K blocks: a split tail lost at K = 2048
     (4096, 7168, "fp8", 8192, 4, False),  # prefill
-    (4096, 7168, "bf16", 256, 1, False),  # BF16: measured no gain
+    (4096, 7168, "bf16", 256, 1, False),  # 16-bit: the model's 128x64 stays plain (faster than 128x128 split)
+    (4096, 7168, "bf16", 1024, 1, True),  # 16-bit: its 128x256 pick becomes 128x128 split
+    (7168, 2048, "fp16", 256, 8, True),   # 32 K blocks of 64
+    (4096, 7168, "bf16", 1024, 8, False),  # 2048 tiles of 128x128: past the kernel's count
 ])
 def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split):
     g = dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", expected_m=expected_m, num_groups=groups)
     assert g.config.split_k == split and (g.max_splits > 1) == split, g
+    if split and dtype != "fp8":
+        assert (g.config.block_m, g.config.block_n) == config.GROUPED_SPLIT_TILE_16BIT, g
     if split:
         usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
         assert usage["LOCAL"] == 0 and usage["STACK"] == 0, usage
@@ -275,3 +280,16 @@ def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split
         assert g.explain()["split_k"] == {"kernel": False}
     with pytest.raises(TypeError, match="deterministic"):
         dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", deterministic=1)
+
+
+@pytest.mark.parametrize("dtype,epilogue,split", [
+    ("fp8", "bias+silu", False), ("bf16", "bias", False), ("bf16", "swiglu", True),
+    ("bf16", "bias+gelu+quant_fp8_g128", False), ("bf16", "gelu+quant_fp8_g128", True),
+])
+def test_grouped_split_kernel_epilogues(cache, dtype, epilogue, split):
+    """Where the split rule holds, epilogues without a bias keep the split kernel; with a bias (whose read cost the
+    split kernel a stack frame) the plain one. Either compiles without local memory or stack."""
+    g = dg.build_grouped(4096, 7168, dtype=dtype, epilogue=epilogue, arch="sm_90a", expected_m=1024, num_groups=1)
+    assert g.config.split_k == split, g
+    usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
+    assert usage["LOCAL"] == 0 and usage["STACK"] == 0, (g, usage)
