@@ -427,10 +427,12 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     group) and ``num_groups`` are hints for the tile choice (defaults 512 and 8); any group sizes and any G
     work at call time. ``epilogue``: bias (per group), activations, swiglu / geglu, quant_fp8_g128.
     ``arch`` / ``config`` as for :func:`deepgemm_jit.build` (a forced config must suit :func:`grouped_spec`).
-    Where the expected tiles make a few waves (a few groups of up to a thousand rows), the kernel splits the K of the
+    Where the expected tiles make a few waves (a few groups of up to a thousand rows: FP8 up to 2 waves; 16-bit up
+    to 8 waves of 128x128 tiles, which then replace the cost model's wider ones), the kernel splits the K of the
     tiles of the last, partial wave between CTAs when the realised group sizes would leave half the SMs idle there
-    (decided on the device, ``splitk.tail_split``); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the
-    shares add atomically, faster, FP32 sums in arrival order)."""
+    (decided on the device, ``splitk.tail_split``; ``config.grouped_split_tile`` has the rule, epilogues with a bias
+    keep the plain kernel); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add atomically,
+    faster, FP32 sums in arrival order)."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     expected = _check_m(DEFAULT_EXPECTED_M if expected_m is None else expected_m, "expected_m")
