@@ -974,17 +974,40 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
     return vec_a, vec_b
 
 
+# M buckets between these bounds are whole 128-row blocks (M_BUCKET_STEP), elsewhere powers of two. The tile's wave
+# count changes with every 128-row block, and a tile chosen for the bucket's top can run far from it at the bucket's
+# bottom: with power-of-two buckets every M of (512, 1024] ran the 1024-row tile, 128x256 for BF16 4096 x 7168, which
+# at 586 rows makes 80 tiles on 132 SMs (76.4 us; the tile the cost model picks for 640 rows, 128x160: 52.0; cuBLAS
+# 49.3). H200, docs/NOTES.md session 21 (scripts/exp_m_buckets.py, 99 rows at M = 586..3500): geomean against cuBLAS
+# BF16 0.821 -> 0.925 and 0.937 -> 0.989 (two sweeps), FP8 per-tensor 1.042 -> 1.063, FP8 block 1.021 -> 1.032 and
+# 1.094 -> 1.090. At 300 rows the 384-row tile was slower than the 512-row one, so small M keeps powers of two (the
+# decode rules were measured on them); above 4096 a 128-row block is under 3% of M.
+M_BUCKET_FINE_FROM = 512
+M_BUCKET_FINE_TO = 4096
+M_BUCKET_STEP = 128
+
+
 def m_bucket(m: int) -> int:
-    """The M a config is chosen for: M rounded up to a power of two in [64, 16384].
+    """The M a config is chosen for: M rounded up to a whole M_BUCKET_STEP-row block in (M_BUCKET_FINE_FROM,
+    M_BUCKET_FINE_TO], else to a power of two in [64, 16384].
 
     Heuristics see this representative, not the exact M, so that every M of a bucket shares one
     compiled kernel (and the functional ``gemm`` one memo entry); above 16384 rows the wave
     quantisation the heuristics model no longer changes the choice.
     """
+    if M_BUCKET_FINE_FROM < m <= M_BUCKET_FINE_TO:
+        return -(-m // M_BUCKET_STEP) * M_BUCKET_STEP
     bucket = 64
     while bucket < m and bucket < 16384:
         bucket *= 2
     return bucket
+
+
+def next_m_bucket(bucket: int) -> int:
+    """The bucket after `bucket` (warmup lists a range's buckets with it)."""
+    if M_BUCKET_FINE_FROM <= bucket < M_BUCKET_FINE_TO:
+        return bucket + M_BUCKET_STEP
+    return bucket * 2
 
 
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1

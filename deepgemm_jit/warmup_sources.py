@@ -117,7 +117,7 @@ class GemmType:
 
 # -- M ranges -----------------------------------------------------------------------------------------
 def m_buckets(lo: int, hi: int) -> tuple[int, ...]:
-    """The buckets every M in [lo, hi] falls in: (64, 128, ...) up to m_bucket(hi)."""
+    """The buckets every M in [lo, hi] falls in: m_bucket(lo), then config.next_m_bucket up to m_bucket(hi)."""
     for name, value in (("lo", lo), ("hi", hi)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"M range {name} must be a positive integer, got {value!r}")
@@ -127,7 +127,7 @@ def m_buckets(lo: int, hi: int) -> tuple[int, ...]:
     last = config_mod.m_bucket(hi)
     while bucket <= last:
         buckets.append(bucket)
-        bucket *= 2
+        bucket = config_mod.next_m_bucket(bucket)
     return tuple(buckets)
 
 

@@ -123,12 +123,18 @@ def test_sm90_heuristic_follows_waves():
         assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= config.SM90_SMEM_BUDGET_BYTES
 
 
-def test_m_buckets_are_powers_of_two():
-    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 4096, 4097, 10**6)] == \
-        [64, 64, 128, 128, 256, 4096, 8192, 16384]
-    spec = GemmSpec.create(7168, 16384, dtype="bf16")
-    # Every M of a bucket gets the same config (and so the same compiled kernel).
-    assert config.choose_config(spec, 3000, "sm_90a") == config.choose_config(spec, 4096, "sm_90a")
+def test_m_buckets():
+    """Powers of two up to 512 rows and above 4096, whole 128-row blocks between."""
+    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 300, 512, 513, 586, 640, 641, 3000, 4096, 4097,
+                                         10**6)] == \
+        [64, 64, 128, 128, 256, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192, 16384]
+    assert [config.next_m_bucket(b) for b in (64, 256, 512, 640, 3968, 4096, 8192)] == \
+        [128, 512, 640, 768, 4096, 8192, 16384]
+    spec = GemmSpec.create(4096, 7168, dtype="bf16")
+    # Every M of a bucket gets the same config (and so the same compiled kernel) ...
+    assert config.choose_config(spec, 2945, "sm_90a") == config.choose_config(spec, 3072, "sm_90a")
+    # ... chosen for the bucket's own M blocks: 586 rows no longer run the 1024-row bucket's 128x256 (80 tiles)
+    assert config.choose_config(spec, 586, "sm_90a") != config.choose_config(spec, 1024, "sm_90a")
 
 
 def test_d_slice_widths_mirror_the_kernel():

@@ -13,7 +13,9 @@ from deepgemm_jit.quantization import QuantKernelSpec
 from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
-ALL_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Powers of two, whole 128-row blocks from 512 to 4096 rows (config.m_bucket)
+ALL_BUCKETS = (64, 128, 256, 512, *range(640, 4097, 128), 8192, 16384)
+BUCKETS_TO_4096 = ALL_BUCKETS[:-2]
 
 
 def _config(name: str) -> dict:
@@ -106,7 +108,7 @@ def test_model_shapes_errors_name_the_key():
 # -- sources ------------------------------------------------------------------------------------------
 def test_m_buckets():
     assert warmup.m_buckets(1, 16384) == ALL_BUCKETS
-    assert warmup.m_buckets(100, 100) == (128,) and warmup.m_buckets(65, 1000) == (128, 256, 512, 1024)
+    assert warmup.m_buckets(100, 100) == (128,) and warmup.m_buckets(65, 1000) == (128, 256, 512, 640, 768, 896, 1024)
     assert warmup.m_buckets(1, 10**6) == ALL_BUCKETS
     assert warmup.parse_m("1-16384") == ALL_BUCKETS and warmup.parse_m("4096") == (4096,)
     for bad in ("0-5", "9-3", "x", "1-2-3"):
@@ -139,9 +141,9 @@ def test_shapes_file(tmp_path):
     assert e[1].spec == GemmSpec(4096, 7168, "fp16", "fp32", "nt") and e[1].m_buckets == (128, 256)
     assert e[1].source == "experts"
     assert e[2].spec == GemmSpec(96, 64, "tf32", "fp32", "tn") and e[2].m_buckets == (128,)
-    assert e[3].m_buckets == (64, 4096, 8192)
+    assert e[3].m_buckets == (64, 3072, 8192)  # 3000 rows: a 128-row bucket; 5000: a power of two
     block = GemmSpec(7168, 2048, "fp8_e4m3", "bf16", "nt", scaling="block")
-    assert e[4].spec == block and e[4].m_buckets == ALL_BUCKETS[:7]
+    assert e[4].spec == block and e[4].m_buckets == BUCKETS_TO_4096
     assert e[5].spec == block  # fp8's default scaling is block
     assert e[6].spec == GemmSpec(4096, 512, "fp8_e4m3", "fp32", "nt", b_dtype="fp8_e5m2", scaling="row",
                                  fast_accum=True)
@@ -391,7 +393,7 @@ def test_shape_option():
         ("1:64:64:fp8:epilogue=bias+silu", GemmSpec.create(64, 64, "fp8", epilogue="bias+silu")),
     ]:
         assert warmup.parse_shape(text).spec == spec, text
-    assert warmup.parse_shape("1-4096:8:8:fp8").m_buckets == ALL_BUCKETS[:7]
+    assert warmup.parse_shape("1-4096:8:8:fp8").m_buckets == BUCKETS_TO_4096
     for bad, message in [
         ("7168:2048:bf16", "expected M:N:K:TYPE"), ("1:a:8:bf16", "integers"), ("0:8:8:bf16", "--shape 0:8:8:bf16: M"),
         ("1:8:8:bf16:nq", "--shape 1:8:8:bf16:nq: layout='nq'"),
@@ -698,7 +700,7 @@ def test_deepseek_plan_has_grouped_kernels_each_distinct_config_once():
 def test_grouped_option_and_command_round_trip():
     entry = warmup.parse_grouped("256,32,32:1-4096:4096:7168:fp8/block")
     assert entry.spec == GemmSpec.create(4096, 7168, "fp8", grouped=True)
-    assert entry.num_groups == (256, 32) and entry.m_buckets == ALL_BUCKETS[:7]
+    assert entry.num_groups == (256, 32) and entry.m_buckets == BUCKETS_TO_4096
     assert warmup.parse_grouped("8:100:4096:7168:bf16:fp32").spec.out_dtype == "fp32"
     for spec, m, groups in [(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32),
                             (GemmSpec.create(7168, 2048, "bf16", grouped=True), 1, 256),
@@ -723,7 +725,7 @@ def test_grouped_option_and_command_round_trip():
             == "deepgemm-jit warmup --arch sm_90a --grouped 8:64:4096:7168:bf16:epilogue=swiglu+quant_fp8_g128")
     entry = warmup.parse_grouped("256,8:1-4096:4096:7168:fp8/block:bf16:epilogue=bias+swiglu")
     assert entry.spec == GemmSpec.create(4096, 7168, "fp8", epilogue="bias+swiglu", grouped=True)
-    assert entry.num_groups == (256, 8) and entry.m_buckets == ALL_BUCKETS[:7]
+    assert entry.num_groups == (256, 8) and entry.m_buckets == BUCKETS_TO_4096
     with pytest.raises(ValueError, match="not a grouped spec"):
         warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168), 64, 8, "sm_90a")
     for text, message in [("8:64:4096:7168", "expected G:M:N:K:TYPE"),
@@ -759,7 +761,7 @@ def test_shapes_file_grouped_entries(tmp_path):
     assert fused.spec == GemmSpec.create(4096, 7168, epilogue="bias+swiglu", grouped=True)
     assert (fused.num_groups, fused.m_buckets) == ((16,), (64,))
     assert (first.spec, first.num_groups, first.m_buckets) == (GemmSpec.create(4096, 7168, "fp8", grouped=True),
-                                                               (256, 32), ALL_BUCKETS[:7])
+                                                               (256, 32), BUCKETS_TO_4096)
     assert (second.spec, second.num_groups, second.m_buckets) == (GemmSpec.create(7168, 2048, grouped=True), (8,),
                                                                   (64, 8192))
     assert plain.spec == GemmSpec.create(7168, 2048) and plain.num_groups == ()
@@ -808,7 +810,7 @@ def test_deepseek_grouped_warmup_then_offline_build_grouped_compiles_nothing(cac
                     assert g.config == config.choose_config(g.spec, m, "sm_90a", groups=groups)
                     covered += 1
             assert not dg.build_grouped(n, k, dtype=dtype, arch="sm_90a").artifact.compiled_now  # default hints
-    assert covered == 2 * 2 * 7 * 13
+    assert covered == 2 * 2 * 7 * (len(ALL_BUCKETS) + 4)
     assert not grouped.segments_kernel("sm_90a").compiled_now
     activations = QuantKernelSpec("quantize", "bf16", "fp8_e4m3", "group128", 8)
     assert not quantization.get_kernel(activations, "sm_90a").compiled_now
