@@ -126,6 +126,24 @@ def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 
 EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so that a dropped factor shows
 
 
+def checked_contenders(gemms: dict, inputs: Operands, m: int) -> tuple[dict, dict]:
+    """For experiment scripts: each named Gemm of `gemms` called once on `inputs` into a poisoned output, its error
+    against the float64 reference, and the first baseline that computes the problem and passes its check ("cublas");
+    returns (name -> call, name -> error) ready for timing.time_interleaved."""
+    ops = inputs.call_kwargs()
+    fns, errors = {}, {}
+    for name, g in gemms.items():
+        out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
+        fns[name] = (lambda g=g, out=out: g(inputs.a, inputs.b, out=out, **ops))
+        fns[name]()
+        errors[name] = reference.error(out, inputs.ref)
+    spec = next(iter(gemms.values())).spec
+    base, _ = baseline.bind(spec, inputs.a, inputs.b, scaling=inputs.scaling)
+    if base is not None and baseline.check(base, spec, inputs.ref).is_ok:
+        fns["cublas"] = base.fn
+    return fns, errors
+
+
 def epilogue_operands(epi, m: int, n: int, out_dtype: str, rng) -> baseline.EpilogueOperands:
     """Fresh N(0, 1) bias / C / residual in the output dtype, as the Epilogue `epi` needs them (gated units: the
     residual has D's N / 2 columns)."""

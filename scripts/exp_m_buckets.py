@@ -33,7 +33,7 @@ def main() -> int:
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import baseline, config, device, reference, timing
+    from deepgemm_jit import config, device, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
     num_sms = device.num_sms()
@@ -46,21 +46,12 @@ def main() -> int:
             spec = GemmSpec.create(n, k, **kw)
             for m in (int(x) for x in args.ms.split(",")):
                 inputs = runner.operands(info, spec, m, cupy.random.default_rng(m * 7 + n + k))
-                a, b, ops, ref = inputs.a, inputs.b, inputs.call_kwargs(), inputs.ref
                 bucket = dg.build(m, n, k, **kw)
                 rows_cfg = config.choose_sm90_config(spec, -(-m // 128) * 128, num_sms)
                 gemms = {"bucket": bucket}
                 if rows_cfg != bucket.config:
                     gemms["rows"] = dg.build(m, n, k, config=rows_cfg, **kw)
-                fns, errors = {}, {}
-                for name, g in gemms.items():
-                    out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
-                    fns[name] = (lambda g=g, out=out: g(a, b, out=out, **ops))
-                    fns[name]()
-                    errors[name] = reference.error(out, ref)
-                base, _ = baseline.bind(bucket.spec, a, b, scaling=inputs.scaling)
-                if base is not None and baseline.check(base, bucket.spec, ref).is_ok:
-                    fns["cublas"] = base.fn
+                fns, errors = runner.checked_contenders(gemms, inputs, m)
                 cupy.cuda.Device().synchronize()
                 t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
                 us = {name: r.median_us for name, r in t.items()}

@@ -50,7 +50,7 @@ def main() -> int:
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import baseline, config, device, reference, splitk, timing
+    from deepgemm_jit import config, device, reference, splitk, timing
     from deepgemm_jit.spec import GemmSpec
 
     info = bench_dtypes.get(args.dtype)
@@ -62,7 +62,6 @@ def main() -> int:
             kw = {"dtype": info.lib, "scaling": info.scaling}
             spec = GemmSpec.create(n, k, **kw)
             inputs = runner.operands(info, spec, m, cupy.random.default_rng(m * 7 + n + k))
-            a, b, ops, ref = inputs.a, inputs.b, inputs.call_kwargs(), inputs.ref
             auto = dg.build(m, n, k, weight_streaming=False, **kw)
             split_cfgs = []
             if args.tiles:
@@ -89,15 +88,7 @@ def main() -> int:
                     if args.atomic and s > 1:
                         gemms[f"{prefix}s{s}a"] = dg.build(m, n, k, config=cfg, split_k=s, weight_streaming=False,
                                                            deterministic=False, **kw)
-            fns, errors = {}, {}
-            for name, g in gemms.items():
-                out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
-                fns[name] = (lambda g=g, out=out: g(a, b, out=out, **ops))
-                fns[name]()
-                errors[name] = reference.error(out, ref)
-            base, _ = baseline.bind(auto.spec, a, b, scaling=inputs.scaling)
-            if base is not None and baseline.check(base, auto.spec, ref).is_ok:
-                fns["cublas"] = base.fn
+            fns, errors = runner.checked_contenders(gemms, inputs, m)
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
             row = {"dtype": args.dtype, "m": m, "n": n, "k": k, "old_tile": gemms["old"].config.tag,
