@@ -83,7 +83,7 @@ def _cmd_explain(args) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    print(f"spec      {g.spec.tag}  (M hint {g.m_hint})")
+    print(f"spec      {g.spec.tag}  (M hint {g.m_hint}, tile chosen for M bucket {info['m_bucket']})")
     print(f"arch      {info['arch']}")
     print(f"family    {info['family']}   config {info['config_tag']}")
     print(f"threads   {info['num_threads']}   registers {info['registers']}   shared {info['shared_bytes']} B"
