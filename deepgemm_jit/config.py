@@ -688,6 +688,22 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
     return (cost, block_m, block_n, stages, 1)
 
 
+# 64-row tiles (one consumer warpgroup) are costed up to SM90_ROWS64_MAX_M rows and at the buckets of
+# SM90_ROWS64_BUCKETS. H200, session 21 (scripts/exp_m_buckets.py --against previous, the previous rule: 128-row
+# tiles from 129 rows): at 260 and 300 rows (bucket 320) the 64-row tiles the cost model then picks ran 1.07-1.68x
+# faster on 11 of 14 changed rows (BF16 300 x 2112 x 7168 64x88 27.5 us vs 128x64 39.1, cuBLAS 25.4; FP8 per-tensor
+# 260 x 2112 x 7168 17.0 vs 26.2), 0.97-0.99x on 3; at 400 (bucket 448) and 600-700 rows they lost up to 11% where
+# they were picked (BF16 400 x 7168 x 2048 28.0 vs 26.4; FP8 per-tensor 700 x 4096 x 7168 42.2 vs 38.2), so those
+# buckets keep 128-row tiles. 129-256 rows (bucket 256) were not measured and keep them too.
+SM90_ROWS64_MAX_M = 128
+SM90_ROWS64_BUCKETS = (320,)
+
+
+def sm90_rows64_costed(m_hint: int) -> bool:
+    """Whether the cost model weighs 64-row tiles at M bucket m_hint."""
+    return m_hint <= SM90_ROWS64_MAX_M or m_hint in SM90_ROWS64_BUCKETS
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
@@ -705,7 +721,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     tiles = []
     for block_m in (128, 64):
-        if block_m == 64 and m_hint > 128:
+        if block_m == 64 and not sm90_rows64_costed(m_hint):
             continue
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
@@ -913,7 +929,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     best = None
     for block_m in (128, 64):
-        if block_m == 64 and m_hint > 128:
+        if block_m == 64 and not sm90_rows64_costed(m_hint):
             continue
         for block_n in SM90_BLOCK_N:
             if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
@@ -974,29 +990,29 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
     return vec_a, vec_b
 
 
-# M buckets between these bounds are whole 128-row blocks (M_BUCKET_STEP), elsewhere powers of two. The tile's wave
-# count changes with every 128-row block, and a tile chosen for the bucket's top can run far from it at the bucket's
+# M buckets: (lo, hi, step) ranges where M is rounded up to a whole step of rows, powers of two elsewhere. A tile's
+# wave count changes with every M block, and a tile chosen for the bucket's top can run far from it at the bucket's
 # bottom: with power-of-two buckets every M of (512, 1024] ran the 1024-row tile, 128x256 for BF16 4096 x 7168, which
 # at 586 rows makes 80 tiles on 132 SMs (76.4 us; the tile the cost model picks for 640 rows, 128x160: 52.0; cuBLAS
-# 49.3). H200, docs/NOTES.md session 21 (scripts/exp_m_buckets.py, 99 rows at M = 586..3500): geomean against cuBLAS
-# BF16 0.821 -> 0.925 and 0.937 -> 0.989 (two sweeps), FP8 per-tensor 1.042 -> 1.063, FP8 block 1.021 -> 1.032 and
-# 1.094 -> 1.090. At 300 rows the 384-row tile was slower than the 512-row one, so small M keeps powers of two (the
-# decode rules were measured on them); above 4096 a 128-row block is under 3% of M.
-M_BUCKET_FINE_FROM = 512
-M_BUCKET_FINE_TO = 4096
-M_BUCKET_STEP = 128
+# 49.3). H200, docs/NOTES.md session 21 (scripts/exp_m_buckets.py): 128-row buckets in (512, 4096] took BF16 from
+# 0.821 to 0.925 and 0.937 to 0.989 geomean against cuBLAS, FP8 per-tensor 1.042 -> 1.063, FP8 block 1.021 -> 1.032
+# and 1.094 -> 1.090 (99 rows at M = 586..3500). M in (256, 320] has its own bucket, 5 blocks of the 64-row tiles the
+# cost model weighs there (SM90_ROWS64_BUCKETS). Small M otherwise keeps powers of two (the decode rules were
+# measured on them); above 4096 a 128-row block is under 3% of M.
+M_BUCKET_STEPS = ((256, 320, 64), (512, 4096, 128))
 
 
 def m_bucket(m: int) -> int:
-    """The M a config is chosen for: M rounded up to a whole M_BUCKET_STEP-row block in (M_BUCKET_FINE_FROM,
-    M_BUCKET_FINE_TO], else to a power of two in [64, 16384].
+    """The M a config is chosen for: M rounded up to a whole step of rows inside a range of M_BUCKET_STEPS, else to
+    a power of two in [64, 16384].
 
     Heuristics see this representative, not the exact M, so that every M of a bucket shares one
     compiled kernel (and the functional ``gemm`` one memo entry); above 16384 rows the wave
     quantisation the heuristics model no longer changes the choice.
     """
-    if M_BUCKET_FINE_FROM < m <= M_BUCKET_FINE_TO:
-        return -(-m // M_BUCKET_STEP) * M_BUCKET_STEP
+    for lo, hi, step in M_BUCKET_STEPS:
+        if lo < m <= hi:
+            return -(-m // step) * step
     bucket = 64
     while bucket < m and bucket < 16384:
         bucket *= 2
@@ -1004,10 +1020,10 @@ def m_bucket(m: int) -> int:
 
 
 def next_m_bucket(bucket: int) -> int:
-    """The bucket after `bucket` (warmup lists a range's buckets with it)."""
-    if M_BUCKET_FINE_FROM <= bucket < M_BUCKET_FINE_TO:
-        return bucket + M_BUCKET_STEP
-    return bucket * 2
+    """The bucket after `bucket` (warmup lists a range's buckets with it): the bucket of the next row; past the
+    largest bucket, twice it (so that a walk up to it ends)."""
+    nxt = m_bucket(bucket + 1)
+    return nxt if nxt > bucket else 2 * bucket
 
 
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1

@@ -1,23 +1,55 @@
-"""Experiment (GPU): dense GEMMs at M between the power-of-two buckets, the bucket's tile against the tile the cost
-model picks for the call's own rows (M rounded up to a whole 128-row block), and cuBLAS, in one interleaved run.
+"""Experiment (GPU): dense GEMMs at M between buckets, the heuristic's kernel against the kernel of another rule and
+cuBLAS, in one interleaved run.
 
-    python3 -m scripts.exp_m_buckets [--dtypes bf16,fp8_block] [--ms 300,479,586,...] [--nk 4096x7168,...] [--out DIR]
+    python3 -m scripts.exp_m_buckets [--dtypes bf16,fp8_block] [--ms 300,479,586,...] [--nk 4096x7168,...]
+                                     [--against rows|previous] [--out DIR]
 
-`build(M)` picks its kernel for config.m_bucket(M), M rounded up to a power of two, so every M of (512, 1024] runs
-the 1024-row tile: at 586 rows x 4096 x 7168 BF16 that is 128x256 (80 tiles on 132 SMs, 77 us; cuBLAS 50). "bucket"
-= that kernel, "rows" = config.choose_sm90_config at M rounded up to 128 rows (forced with build(config=)), "cublas" = the
-first baseline that covers the dtype. Outputs are checked against a float64 reference before timing (L2 flushed,
-medians); a row whose two configs are the same kernel times it once.
+`build(M)` picks its kernel for config.m_bucket(M). "bucket" = that kernel; the other contender (--against):
+- rows: config.choose_sm90_config at M rounded up to 128 rows (what 128-row buckets give; session 21's first sweeps,
+  when buckets were powers of two: 586 x 4096 x 7168 BF16 ran the 1024-row bucket's 128x256 at 76.4 us, 128x160 at
+  52.0, cuBLAS 49.3);
+- previous: the config of the rule before the 320-row bucket with 64-row tiles (PREVIOUS_RULE: 128-row buckets
+  from 512 rows, 64-row tiles up to 128 rows), chosen with those constants swapped into config. (Session 21 timed
+  a wider version, 64-row buckets and 64-row tiles up to 768 rows, against it: docs/NOTES.md.)
+"cublas" = the first baseline that covers the dtype. Outputs are checked against a float64 reference before timing
+(L2 flushed, medians); a row whose two configs are the same kernel times it once.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from bench import report
 
 MS = (300, 479, 586, 700, 800, 900, 1100, 1300, 1800, 2600, 3500)
 NK = {"bf16": ((4096, 7168), (7168, 2048), (2112, 7168)), "fp8_block": ((4096, 7168), (7168, 2048))}
+PREVIOUS_RULE = {"M_BUCKET_STEPS": ((512, 4096, 128),), "SM90_ROWS64_MAX_M": 128, "SM90_ROWS64_BUCKETS": ()}
+
+
+@contextlib.contextmanager
+def _config_constants(values: dict):
+    from deepgemm_jit import config
+
+    saved = {name: getattr(config, name) for name in values}
+    for name, value in values.items():
+        setattr(config, name, value)
+    config.choose_sm90_config.cache_clear()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+        config.choose_sm90_config.cache_clear()
+
+
+def _other_config(spec, m: int, num_sms: int, against: str):
+    from deepgemm_jit import config
+
+    if against == "rows":
+        return config.choose_sm90_config(spec, -(-m // 128) * 128, num_sms)
+    with _config_constants(PREVIOUS_RULE):
+        return config.choose_config(spec, m, "sm_90a", num_sms)
 
 
 def main() -> int:
@@ -25,6 +57,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp8_block")
     ap.add_argument("--ms", default=",".join(str(m) for m in MS))
     ap.add_argument("--nk", default=None, help="comma list of NxK for every dtype (default: NK per dtype)")
+    ap.add_argument("--against", default="rows", choices=("rows", "previous"))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -33,11 +66,12 @@ def main() -> int:
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import config, device, reference, timing
+    from deepgemm_jit import device, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
     num_sms = device.num_sms()
     rows = []
+    other = args.against
     for dname in args.dtypes.split(","):
         info = bench_dtypes.get(dname)
         shapes = NK[dname] if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
@@ -47,24 +81,23 @@ def main() -> int:
             for m in (int(x) for x in args.ms.split(",")):
                 inputs = runner.operands(info, spec, m, cupy.random.default_rng(m * 7 + n + k))
                 bucket = dg.build(m, n, k, **kw)
-                rows_cfg = config.choose_sm90_config(spec, -(-m // 128) * 128, num_sms)
+                other_cfg = _other_config(spec, m, num_sms, other)
                 gemms = {"bucket": bucket}
-                if rows_cfg != bucket.config:
-                    gemms["rows"] = dg.build(m, n, k, config=rows_cfg, **kw)
+                if other_cfg != bucket.config:
+                    gemms[other] = dg.build(m, n, k, config=other_cfg, **kw)
                 fns, errors = runner.checked_contenders(gemms, inputs, m)
                 cupy.cuda.Device().synchronize()
                 t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
                 us = {name: r.median_us for name, r in t.items()}
-                us.setdefault("rows", us["bucket"])
+                us.setdefault(other, us["bucket"])
                 row = {"dtype": dname, "m": m, "n": n, "k": k, "bucket_tile": bucket.config.tag,
-                       "rows_tile": rows_cfg.tag, "us": us, "max_err": max(errors.values()),
+                       f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
                        "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}
                 rows.append(row)
                 cub = us.get("cublas")
                 print(f"{dname} m={m} n={n} k={k} ok={row['correct']} bucket {us['bucket']:.1f} ({row['bucket_tile']}) "
-                      f"rows {us['rows']:.1f} ({row['rows_tile']})" + (f" cublas {cub:.1f}" if cub else ""),
-                      flush=True)
-    report.write_experiment_json(args.out, "exp-m-buckets.json", rows)
+                      f"{other} {us[other]:.1f} ({other_cfg.tag})" + (f" cublas {cub:.1f}" if cub else ""), flush=True)
+    report.write_experiment_json(args.out, f"exp-m-buckets-vs-{other}.json", rows)
     return 0
 
 

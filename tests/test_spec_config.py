@@ -124,17 +124,21 @@ def test_sm90_heuristic_follows_waves():
 
 
 def test_m_buckets():
-    """Powers of two up to 512 rows and above 4096, whole 128-row blocks between."""
-    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 300, 512, 513, 586, 640, 641, 3000, 4096, 4097,
-                                         10**6)] == \
-        [64, 64, 128, 128, 256, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192, 16384]
-    assert [config.next_m_bucket(b) for b in (64, 256, 512, 640, 3968, 4096, 8192)] == \
-        [128, 512, 640, 768, 4096, 8192, 16384]
+    """Powers of two up to 256 rows, 320 for (256, 320], 512, then whole 128-row blocks up to 4096 and powers of two
+    above (M_BUCKET_STEPS)."""
+    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 257, 300, 320, 321, 512, 513, 586, 640, 641, 3000,
+                                         4096, 4097, 10**6)] == \
+        [64, 64, 128, 128, 256, 320, 320, 320, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192, 16384]
+    assert [config.next_m_bucket(b) for b in (64, 256, 320, 512, 640, 3968, 4096, 8192)] == \
+        [128, 320, 512, 640, 768, 4096, 8192, 16384]
     spec = GemmSpec.create(4096, 7168, dtype="bf16")
     # Every M of a bucket gets the same config (and so the same compiled kernel) ...
     assert config.choose_config(spec, 2945, "sm_90a") == config.choose_config(spec, 3072, "sm_90a")
     # ... chosen for the bucket's own M blocks: 586 rows no longer run the 1024-row bucket's 128x256 (80 tiles)
     assert config.choose_config(spec, 586, "sm_90a") != config.choose_config(spec, 1024, "sm_90a")
+    # 64-row tiles are weighed up to 128 rows and at the 320-row bucket (SM90_ROWS64_BUCKETS), not at 256 or 512
+    assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a").block_m
+            for m in (64, 200, 300, 400)] == [64, 128, 64, 128]
 
 
 def test_d_slice_widths_mirror_the_kernel():
