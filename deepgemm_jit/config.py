@@ -690,11 +690,12 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
 
 # 64-row tiles (one consumer warpgroup) are costed up to SM90_ROWS64_MAX_M rows and at the buckets of
 # SM90_ROWS64_BUCKETS. H200, session 21 (scripts/exp_m_buckets.py --against previous, the previous rule: 128-row
-# tiles from 129 rows): at 260 and 300 rows (bucket 320) the 64-row tiles the cost model then picks ran 1.07-1.68x
-# faster on 11 of 14 changed rows (BF16 300 x 2112 x 7168 64x88 27.5 us vs 128x64 39.1, cuBLAS 25.4; FP8 per-tensor
-# 260 x 2112 x 7168 17.0 vs 26.2), 0.97-0.99x on 3; at 400 (bucket 448) and 600-700 rows they lost up to 11% where
-# they were picked (BF16 400 x 7168 x 2048 28.0 vs 26.4; FP8 per-tensor 700 x 4096 x 7168 42.2 vs 38.2), so those
-# buckets keep 128-row tiles. 129-256 rows (bucket 256) were not measured and keep them too.
+# tiles from 129 rows): at 260 and 300 rows (bucket 320) the 64-row tiles the cost model then picks ran 1.02-1.68x
+# faster on 12 of the 14 rows whose pick changed (BF16 300 x 2112 x 7168 64x88 27.5 us vs 128x64 39.1, cuBLAS 25.4;
+# FP8 per-tensor 260 x 2112 x 7168 17.0 vs 26.2) and 0.97 / 0.99x on 2; at 400 rows (a 448 bucket in that sweep) and
+# 600-700 rows they lost up to 11% where they were picked (BF16 400 x 7168 x 2048 28.0 vs 26.4; FP8 per-tensor 700 x
+# 4096 x 7168 42.2 vs 38.2), so those M keep 128-row tiles. 129-256 rows (bucket 256) were not measured and keep them
+# too.
 SM90_ROWS64_MAX_M = 128
 SM90_ROWS64_BUCKETS = (320,)
 
