@@ -139,6 +139,11 @@ def test_m_buckets():
     # 64-row tiles are weighed up to 128 rows and at the 320-row bucket (SM90_ROWS64_BUCKETS), not at 256 or 512
     assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a").block_m
             for m in (64, 200, 300, 400)] == [64, 128, 64, 128]
+    # grouped GEMMs (measured elsewhere) keep the 512-row bucket's choice there
+    grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
+    for groups in (1, 16):
+        assert config.choose_config(grouped, 300, "sm_90a", groups=groups) == \
+            config.choose_config(grouped, 512, "sm_90a", groups=groups)
 
 
 def test_d_slice_widths_mirror_the_kernel():
