@@ -22,6 +22,7 @@ and the run ends with what it has (rerun them with ``--only``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -124,6 +125,24 @@ def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 
 
 
 EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so that a dropped factor shows
+
+
+@contextlib.contextmanager
+def config_constants(values: dict):
+    """For experiment scripts: deepgemm_jit.config's module constants set to `values` (name -> value) inside the
+    block, e.g. another rule's thresholds, with the heuristic's memo cleared on the way in and out."""
+    from deepgemm_jit import config
+
+    saved = {name: getattr(config, name) for name in values}
+    for name, value in values.items():
+        setattr(config, name, value)
+    config.choose_sm90_config.cache_clear()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+        config.choose_sm90_config.cache_clear()
 
 
 def checked_contenders(gemms: dict, inputs: Operands, m: int) -> tuple[dict, dict]:

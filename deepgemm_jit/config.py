@@ -1027,18 +1027,23 @@ def next_m_bucket(bucket: int) -> int:
     return nxt if nxt > bucket else 2 * bucket
 
 
+def tile_bucket(spec: GemmSpec, m_hint: int) -> int:
+    """The M bucket `spec`'s tile is chosen for (choose_config; explain reports it): m_bucket, except that grouped
+    GEMMs skip SM90_ROWS64_BUCKETS, which exist for dense 64-row tiles (measured there), and keep the next bucket's
+    choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked rows, session 19)."""
+    bucket = m_bucket(m_hint)
+    if spec.grouped and bucket in SM90_ROWS64_BUCKETS:
+        return next_m_bucket(bucket)
+    return bucket
+
+
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1
                   ) -> KernelConfig:
     """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, a layout it reads for the
     type, TMA-legal strides: `sm90_supports`), the portable family otherwise. Grouped GEMMs: `m_hint` rows in each
     of `groups` groups."""
     if sm90_supports(spec, arch):
-        bucket = m_bucket(m_hint)
-        if (spec.grouped or groups > 1) and bucket in SM90_ROWS64_BUCKETS:
-            # Those buckets exist for dense 64-row tiles (measured there); grouped GEMMs keep the next bucket's
-            # choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked rows, session 19).
-            bucket = next_m_bucket(bucket)
-        cfg = choose_sm90_config(spec, bucket, num_sms or DEFAULT_SM90_NUM_SMS, groups)
+        cfg = choose_sm90_config(spec, tile_bucket(spec, m_hint), num_sms or DEFAULT_SM90_NUM_SMS, groups)
         cfg.check_for(spec, arch)
         return cfg
     if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped or spec.raw_b:

@@ -13,7 +13,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "spec": dataclasses.asdict(gemm.spec),
         "arch": gemm.arch,
         "m_hint": gemm.m_hint,
-        "m_bucket": config_mod.m_bucket(gemm.m_hint),  # the M the heuristic chose the tile for
+        "m_bucket": config_mod.tile_bucket(gemm.spec, gemm.m_hint),  # the M the heuristic chose the tile for
         "family": gemm.config.family,
         "config": dataclasses.asdict(gemm.config),
         "config_tag": gemm.config.tag,

@@ -17,7 +17,6 @@ cuBLAS, in one interleaved run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 from bench import report
@@ -27,28 +26,13 @@ NK = {"bf16": ((4096, 7168), (7168, 2048), (2112, 7168)), "fp8_block": ((4096, 7
 PREVIOUS_RULE = {"M_BUCKET_STEPS": ((512, 4096, 128),), "SM90_ROWS64_MAX_M": 128, "SM90_ROWS64_BUCKETS": ()}
 
 
-@contextlib.contextmanager
-def _config_constants(values: dict):
-    from deepgemm_jit import config
-
-    saved = {name: getattr(config, name) for name in values}
-    for name, value in values.items():
-        setattr(config, name, value)
-    config.choose_sm90_config.cache_clear()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
-        config.choose_sm90_config.cache_clear()
-
-
 def _other_config(spec, m: int, num_sms: int, against: str):
+    from bench import runner
     from deepgemm_jit import config
 
     if against == "rows":
         return config.choose_sm90_config(spec, -(-m // 128) * 128, num_sms)
-    with _config_constants(PREVIOUS_RULE):
+    with runner.config_constants(PREVIOUS_RULE):
         return config.choose_config(spec, m, "sm_90a", num_sms)
 
 

@@ -21,16 +21,11 @@ NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7
 
 
 def _unsplit_heuristic(spec, m, num_sms):
+    from bench import runner
     from deepgemm_jit import config
 
-    saved = config.SPLIT_MAX_M
-    config.SPLIT_MAX_M = 0
-    config.choose_sm90_config.cache_clear()
-    try:
+    with runner.config_constants({"SPLIT_MAX_M": 0}):
         return config.choose_sm90_config(spec, config.m_bucket(m), num_sms)
-    finally:
-        config.SPLIT_MAX_M = saved
-        config.choose_sm90_config.cache_clear()
 
 
 def main() -> int:

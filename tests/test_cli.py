@@ -38,6 +38,11 @@ def test_explain_names_the_m_bucket(cache_dir, capsys):
     assert "(M hint 586, tile chosen for M bucket 640)" in capsys.readouterr().out
     assert cli.main(["explain", "400", "4096", "7168", "--arch", "sm_90a", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["m_bucket"] == 512
+    # a grouped GEMM hinted at 300 rows per group has its tile chosen at 512 (config.tile_bucket), and says so
+    import deepgemm_jit as dg
+
+    g = dg.build_grouped(4096, 7168, dtype="bf16", expected_m=300, num_groups=8, arch="sm_90a")
+    assert g.explain()["m_bucket"] == 512 and dg.build(300, 4096, 7168, arch="sm_90a").explain()["m_bucket"] == 320
 
 
 def test_explain_text_and_cache_commands(cache_dir, capsys):
