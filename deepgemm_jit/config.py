@@ -186,18 +186,25 @@ def sm90_half_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong:
             and (block_n // 2) % 8 == 0 and spec.epi.is_identity)
 
 
+# Narrowest slice (bytes per row) a D ring takes, by D dtype (mirror of GemmSm90::kRingD): FP32 from 16 columns;
+# 16-bit from 16 columns too (a chunk of the epilogue, two 8-column groups, must lie inside one slice).
+_D_RING_MIN_SLICE_BYTES = {"fp32": 64, "bf16": 32, "fp16": 32}
+
+
 def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
     """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
-    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16) with more slices
-    than the ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows),
+    GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16), BF16 / FP16 D in
+    32-byte or wider ones (a multiple of 16 columns), with more slices than the ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows),
     and no C / residual (TMA loads them into the staging tile)."""
-    if spec.out_dtype != "fp32":
-        return f"out_dtype {spec.out_dtype!r} (the ring holds FP32 slices)"
+    min_slice_bytes = _D_RING_MIN_SLICE_BYTES.get(spec.out_dtype)
+    if min_slice_bytes is None:
+        return f"out_dtype {spec.out_dtype!r} (the ring holds FP32, BF16 or FP16 slices)"
     out_cols = block_n // 2 if spec.epi.is_gated else block_n  # gated units: D tiles are half as wide
-    slice_cols = sm90_d_slice_bytes(out_cols, 4) // 4
-    if slice_cols < 16 or out_cols // slice_cols <= d_ring:
-        return (f"a D tile of {out_cols} columns is not more than {d_ring} slices of 16 or 32 FP32 columns (its "
-                f"slices are {slice_cols} columns wide)")
+    esize = dtypes.get(spec.out_dtype).storage_bytes
+    slice_bytes = sm90_d_slice_bytes(out_cols, esize)
+    if slice_bytes < min_slice_bytes or out_cols * esize // slice_bytes <= d_ring:
+        return (f"a D tile of {out_cols} {spec.out_dtype} columns is not more than {d_ring} slices of at least "
+                f"{min_slice_bytes} bytes per row (its slices are {slice_bytes // esize} columns wide)")
     if spec.grouped:
         return "grouped GEMMs stage the whole tile (tiles ending inside their group)"
     if spec.epi.beta or spec.epi.residual:
@@ -222,11 +229,40 @@ def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = Fal
     up to 32%.) The raw-B GEMM (decode-size fp32) at every M: its stages are twice as large, and its tile sweep
     (session 16, *exp-fp32-raw-b-tiles-s16*) ran with the ring. DEEPGEMM_JIT_NO_D_RING=1 turns the rule off
     (experiments)."""
-    if (spec.dtype != "tf32" or (pingpong and block_m > 64) or env.no_d_ring()
-            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M and not spec.raw_b)
-            or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None):
+    if (pingpong and block_m > 64) or env.no_d_ring() or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None:
+        return 0
+    if spec.dtype in ("bf16", "fp16"):
+        return SM90_D_RING if _sm90_16bit_ring_pays(spec, block_m, block_n, pingpong, m_hint) else 0
+    if (spec.dtype != "tf32" or spec.out_dtype != "fp32"  # (TF32 with 16-bit D: not measured, keeps the whole tile)
+            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M and not spec.raw_b)):
         return 0
     return SM90_D_RING
+
+
+# 16-bit GEMMs whose whole staged D tile leaves a wide cooperative tile this many stages or fewer take the ring where
+# it adds a stage, for M buckets in [SM90_D_RING_MIN_M, SM90_D_RING_16BIT_MAX_M]; below SM90_D_RING_16BIT_MIN_K only
+# up to SM90_D_RING_16BIT_SHORT_K_MAX_M rows.
+SM90_D_RING_16BIT_MAX_STAGES = 3
+SM90_D_RING_16BIT_MAX_M = 3968
+SM90_D_RING_16BIT_MIN_K = 2048
+SM90_D_RING_16BIT_SHORT_K_MAX_M = 512
+
+
+def _sm90_16bit_ring_pays(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool, m_hint: int | None) -> bool:
+    """Whether a 16-bit tile takes SM90_D_RING slices (sm90_d_ring's rule for bf16 / fp16): 16-bit D, a plain epilogue,
+    a cooperative 128-row tile whose whole staged D leaves it SM90_D_RING_16BIT_MAX_STAGES stages or fewer and the
+    ring one more, at mid M (m_hint; None: large M) and long K.
+    H200 session 22 (bench/results/*exp-16bit-d-ring*-s22*): forced 3 -> 4 stages of 128x240 at 800 x 4096 x 7168
+    79.0 -> 72.3 us (cuBLAS 66.9; cuBLAS runs 128x224 at 4 stages there), at 2600 rows 231.1 -> 224.0; 128x176 4 -> 5
+    stages gained 0.5-2%, 128x208 4 -> 5 at K = 2048 lost 3%; at M = 4096 128x256 3 -> 4 stages was -2..+4% (short K
+    worst: 4096 x 32768 x 512 198.9 -> 207.6), where the kernels are power-bound."""
+    if (m_hint is None or not SM90_D_RING_MIN_M <= m_hint <= SM90_D_RING_16BIT_MAX_M or pingpong or block_m != 128
+            or not spec.epi.is_identity or spec.out_dtype not in ("bf16", "fp16")
+            or (spec.k < SM90_D_RING_16BIT_MIN_K and m_hint > SM90_D_RING_16BIT_SHORT_K_MAX_M)):
+        return False
+    whole = _sm90_stages(spec, block_m, block_n, m_hint=m_hint, d_ring=0)
+    return whole <= SM90_D_RING_16BIT_MAX_STAGES and _sm90_stages(spec, block_m, block_n, m_hint=m_hint,
+                                                                    d_ring=SM90_D_RING) > whole
 
 
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False,

@@ -2,16 +2,19 @@
 cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_m_buckets [--dtypes bf16,fp8_block] [--ms 300,479,586,...] [--nk 4096x7168,...]
-                                     [--against rows|previous] [--out DIR]
+                                     [--against rows|previous|no16ring] [--tiles 128x128s6,256x128,...] [--out DIR]
 
 `build(M)` picks its kernel for config.m_bucket(M). "bucket" = that kernel; the other contender (--against):
 - rows: config.choose_sm90_config at M rounded up to 128 rows (what 128-row buckets give; session 21's first sweeps,
   when buckets were powers of two: 586 x 4096 x 7168 BF16 ran the 1024-row bucket's 128x256 at 76.4 us, 128x160 at
   52.0, cuBLAS 49.3);
-- previous: the config of the rule before the 320-row bucket with 64-row tiles (PREVIOUS_RULE: 128-row buckets
+- previous: the config of the rule before the 320-row bucket with 64-row tiles (RULES["previous"]: 128-row buckets
   from 512 rows, 64-row tiles up to 128 rows), chosen with those constants swapped into config. (Session 21 timed
   a wider version, 64-row buckets and 64-row tiles up to 768 rows, against it: docs/NOTES.md.)
-"cublas" = the first baseline that covers the dtype. Outputs are checked against a float64 reference before timing
+- no16ring: the config with 16-bit D tiles staged whole (RULES["no16ring"]; session 22's ring rule off).
+--tiles adds forced sm90 tiles (bench --tiles syntax) as contenders of every row, to ask what a tile would give
+where no rule picks it; a tile the spec cannot take is skipped with its reason. "cublas" = the first baseline that
+covers the dtype. Outputs are checked against a float64 reference before timing
 (L2 flushed, medians); a row whose two configs are the same kernel times it once.
 """
 from __future__ import annotations
@@ -23,7 +26,11 @@ from bench import report
 
 MS = (300, 479, 586, 700, 800, 900, 1100, 1300, 1800, 2600, 3500)
 NK = {"bf16": ((4096, 7168), (7168, 2048), (2112, 7168)), "fp8_block": ((4096, 7168), (7168, 2048))}
-PREVIOUS_RULE = {"M_BUCKET_STEPS": ((512, 4096, 128),), "SM90_ROWS64_MAX_M": 128, "SM90_ROWS64_BUCKETS": ()}
+# Other rules, as the config constants that restore them (--against NAME).
+RULES = {
+    "previous": {"M_BUCKET_STEPS": ((512, 4096, 128),), "SM90_ROWS64_MAX_M": 128, "SM90_ROWS64_BUCKETS": ()},
+    "no16ring": {"SM90_D_RING_16BIT_MAX_M": 0},  # 16-bit tiles stage their whole D tile (before session 22)
+}
 
 
 def _other_config(spec, m: int, num_sms: int, against: str):
@@ -32,7 +39,7 @@ def _other_config(spec, m: int, num_sms: int, against: str):
 
     if against == "rows":
         return config.choose_sm90_config(spec, -(-m // 128) * 128, num_sms)
-    with runner.config_constants(PREVIOUS_RULE):
+    with runner.config_constants(RULES[against]):
         return config.choose_config(spec, m, "sm_90a", num_sms)
 
 
@@ -41,7 +48,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp8_block")
     ap.add_argument("--ms", default=",".join(str(m) for m in MS))
     ap.add_argument("--nk", default=None, help="comma list of NxK for every dtype (default: NK per dtype)")
-    ap.add_argument("--against", default="rows", choices=("rows", "previous"))
+    ap.add_argument("--against", default="rows", choices=("rows", *RULES))
+    ap.add_argument("--tiles", default="", help="comma list of forced tiles timed beside the rows (BMxBN[sS][p][rR])")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -49,10 +57,11 @@ def main() -> int:
 
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
-    from bench import runner
+    from bench import runner, suites
     from deepgemm_jit import device, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
+    tiles = suites.parse_tiles(args.tiles, words=())
     num_sms = device.num_sms()
     rows = []
     other = args.against
@@ -69,6 +78,12 @@ def main() -> int:
                 gemms = {"bucket": bucket}
                 if other_cfg != bucket.config:
                     gemms[other] = dg.build(m, n, k, config=other_cfg, **kw)
+                skipped = {}
+                for tile in tiles:
+                    try:
+                        gemms[tile] = dg.build(m, n, k, config=suites.forced_tile_config(spec, tile), **kw)
+                    except ValueError as exc:
+                        skipped[tile] = str(exc)
                 fns, errors = runner.checked_contenders(gemms, inputs, m)
                 cupy.cuda.Device().synchronize()
                 t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
@@ -76,11 +91,15 @@ def main() -> int:
                 us.setdefault(other, us["bucket"])
                 row = {"dtype": dname, "m": m, "n": n, "k": k, "bucket_tile": bucket.config.tag,
                        f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
-                       "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}
+                       "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values()),
+                       "tiles": {t: gemms[t].config.tag for t in gemms if t not in ("bucket", other)},
+                       "skipped_tiles": skipped}
                 rows.append(row)
                 cub = us.get("cublas")
                 print(f"{dname} m={m} n={n} k={k} ok={row['correct']} bucket {us['bucket']:.1f} ({row['bucket_tile']}) "
-                      f"{other} {us[other]:.1f} ({other_cfg.tag})" + (f" cublas {cub:.1f}" if cub else ""), flush=True)
+                      f"{other} {us[other]:.1f} ({other_cfg.tag})" + (f" cublas {cub:.1f}" if cub else "")
+                      + "".join(f" {t} {us[t]:.1f}" for t in row["tiles"]) + "".join(f" {t} skipped" for t in skipped),
+                      flush=True)
     report.write_experiment_json(args.out, f"exp-m-buckets-vs-{other}.json", rows)
     return 0
 

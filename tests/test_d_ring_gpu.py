@@ -1,7 +1,8 @@
-"""sm90 kernels whose D leaves through a ring of 64- or 128-byte slices (KernelConfig.d_ring) on the GPU: forced
-cooperative, ping-pong and split-K tiles on shapes with partial tiles in M and N (odd N too, through an epilogue,
-which keeps the sm90 family there), against float64 references with outputs poisoned, and bit for bit against the
-same tile with the whole D tile staged (the same math, only the way out differs)."""
+"""sm90 kernels whose D leaves through a ring of slices (KernelConfig.d_ring; FP32 D in 64- or 128-byte slices,
+16-bit D in 32-byte or wider ones) on the GPU: forced cooperative, ping-pong and split-K tiles on shapes with partial
+tiles in M and N (odd N too, through an epilogue, which keeps the sm90 family there), against float64 references
+with outputs poisoned, and bit for bit against the same tile with the whole D tile staged (the same math, only the
+way out differs)."""
 import math
 
 import pytest
@@ -34,8 +35,8 @@ def _run(g, m, n, k, dtype, seed):
     epi = g.spec.epi
     a = reference.random_matrix((m, k), dtype, rng=rng)
     b = reference.random_matrix((n, k), dtype, rng=rng, scale=1.0 / math.sqrt(k))
-    bias = reference.random_matrix((n,), "fp32", rng=rng) if epi.bias == "col" else None
-    out = reference.poisoned(g.spec.out_shape(m), "fp32")
+    bias = reference.random_matrix((n,), g.spec.out_dtype, rng=rng) if epi.bias == "col" else None
+    out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
     g(a, b, bias=bias, out=out)
     acc = reference.to_float64(a) @ reference.to_float64(b).T
     return out, (reference.unfused_epilogue(acc, epi, bias) if g.spec.epilogue != "none" else acc)
@@ -52,6 +53,26 @@ def test_tf32_ring_matches_whole_tile_and_reference(m, n, k, tile):
     out_whole, _ = _run(whole, m, n, k, "tf32", seed=m * n + k)
     err = reference.error(out_ring, ref)
     assert reference.within_bound(err, "tf32"), (m, n, k, ring.config.tag, err)
+    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+
+
+# 16-bit D: 128- (256, 192, 64x192 ping-pong), 64- (224) and 32-byte slices (240, 176, 112), rings of 2-4.
+TILES_16 = ["128x256s4r2", "128x240s4r2", "128x224s4r4", "128x176s5r2", "128x112r3", "64x192pr2", "128x192s4r2"]
+SHAPES_16 = [(1, 136, 512), (129, 264, 1000), (300, 520, 2048), (1031, 2112, 7168), (77, 1000, 520)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("tile", TILES_16)
+@pytest.mark.parametrize("m,n,k", SHAPES_16)
+def test_16bit_ring_matches_whole_tile_and_reference(m, n, k, tile, dtype):
+    epilogue = "bias+gelu" if (m + n) % 3 == 0 else "none"
+    ring = _forced(m, n, k, tile, dtype=dtype, epilogue=epilogue)
+    whole = _forced(m, n, k, tile.split("s")[0].split("r")[0] + "r0", dtype=dtype, epilogue=epilogue)
+    assert ring.config.d_ring >= 2 and whole.config.d_ring == 0
+    out_ring, ref = _run(ring, m, n, k, dtype, seed=m * n + k)
+    out_whole, _ = _run(whole, m, n, k, dtype, seed=m * n + k)
+    err = reference.error(out_ring, ref)
+    assert reference.within_bound(err, dtype), (m, n, k, ring.config.tag, err)
     assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
 
 

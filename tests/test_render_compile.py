@@ -108,6 +108,7 @@ SM90_VARIANTS = [  # (dtype, out_dtype, block_m, block_n, d_ring)
     ("tf32", "fp32", 128, 256, 2), ("tf32", "fp32", 64, 96, 2), ("tf32", "fp32", 128, 160, 3),
     ("tf32", "fp32", 128, 176, 4),
     ("bf16", "fp32", 128, 128, 2),
+    ("bf16", "bf16", 128, 240, 2), ("fp16", "fp16", 128, 224, 4), ("bf16", "bf16", 128, 256, 2),
 ]
 
 
@@ -128,8 +129,9 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     case = f"{dtype=} {out_dtype=} {cfg.tag}"
     assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
     assert mix.get("UTMASTG", 0) > 0 and mix.get("STG", 0) == 0, (case, mix)
+    out_esize = 4 if out_dtype == "fp32" else 2
     if d_ring:  # the slices' stores are issued from the epilogue's column loop, one per slice
-        assert mix["UTMASTG"] == block_n * 4 // config.sm90_d_slice_bytes(block_n, 4), (case, mix)
+        assert mix["UTMASTG"] == block_n * out_esize // config.sm90_d_slice_bytes(block_n, out_esize), (case, mix)
     assert sass.tma_loads(art.cubin)[1] == 1, case  # B's box in its evict-first form (kStreamBMaxReaders)
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
@@ -138,7 +140,6 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
     from deepgemm_jit import launch
     sym = launch.sm90_symbols(art)
-    out_esize = 4 if out_dtype == "fp32" else 2
     slice_bytes = config.sm90_d_slice_bytes(block_n, out_esize)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
     assert cfg.smem_bytes(spec) < config.sm90_smem_bytes(spec, block_m, block_n, cfg.num_stages) or not d_ring, case

@@ -239,6 +239,7 @@ def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
                  GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"),
                  GemmSpec.create(4096, 4096, dtype="tf32", epilogue="beta")):
         assert config.sm90_d_ring(spec, 128, 256) == 0, spec
+        assert config.sm90_d_ring(spec, 128, 256, m_hint=1024) == 0, spec
     ring = config.sm90_config(tf32, 128, 256, 4, m_hint=4096)
     whole = config.sm90_config(tf32, 128, 256, 4, d_ring=0)
     assert (ring.d_ring, ring.tag) == (2, "sm90_m128n256k32_s4_g16_r2") and whole.d_ring == 0
@@ -251,9 +252,12 @@ def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
         config.sm90_config(tf32, 128, 128, pingpong=True, d_ring=2)
     with pytest.raises(ValueError, match="d_ring"):
         KernelConfig("sm90", 128, 256, 32, 4, 2, 1, 4, 4, d_ring=1)
+    # 16-bit D may take a ring (session 22; legal for TF32 too, though its rule keeps the whole tile); INT32 may not.
+    tf32_bf16 = GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16")
+    config.sm90_config(tf32_bf16, 128, 256, 4, d_ring=2).check_for(tf32_bf16, "sm_90a")
+    int8 = GemmSpec.create(4096, 4096, dtype="int8")
     with pytest.raises(ValueError, match="out_dtype"):
-        config.sm90_config(GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"), 128, 256, 4,
-                           d_ring=2).check_for(GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"), "sm_90a")
+        config.sm90_config(int8, 128, 256, 3, d_ring=2).check_for(int8, "sm_90a")
     monkeypatch.setenv("DEEPGEMM_JIT_NO_D_RING", "1")
     assert config.sm90_d_ring(tf32, 128, 256) == 0
 
@@ -265,3 +269,38 @@ def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
 def test_sm90_tf32_tiles_with_the_d_ring(m, n, k, tag):
     config.choose_sm90_config.cache_clear()
     assert config.choose_sm90_config(GemmSpec.create(n, k, dtype="tf32"), m, 132).tag == tag
+
+
+def test_sm90_16bit_d_ring_rule():
+    """16-bit D through the ring (session 22) only where it adds a stage to a wide cooperative tile held to 3 stages by
+    its staged D tile, at mid M (256..3968 rows), with a plain epilogue, and K >= 2048 unless M <= 512."""
+    bf16 = GemmSpec.create(4096, 7168, dtype="bf16")
+    assert config.sm90_d_ring(bf16, 128, 240, m_hint=896) == config.SM90_D_RING
+    assert config.sm90_config(bf16, 128, 240, m_hint=896).tag == "sm90_m128n240k64_s4_g16_r2"
+    assert config.sm90_config(bf16, 128, 240, d_ring=0).num_stages == 3
+    assert config.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="fp16"), 128, 256, m_hint=2048) == 2
+    for m_hint in (None, 128, 4096, 8192):  # large M is power-bound (ring -2..+4%); decode keeps its measured tiles
+        assert config.sm90_d_ring(bf16, 128, 240, m_hint=m_hint) == 0, m_hint
+    assert config.sm90_d_ring(bf16, 128, 176, m_hint=1024) == 0  # 4 stages already: 4 -> 5 measured 0..-3%
+    assert config.sm90_d_ring(bf16, 128, 240, pingpong=True, m_hint=1024) == 0
+    assert config.sm90_d_ring(bf16, 128, 128, m_hint=1024) == 0  # 6 stages; and two slices only: no ring
+    short_k = GemmSpec.create(24576, 1536, dtype="bf16")
+    assert config.sm90_d_ring(short_k, 128, 256, m_hint=512) == 2
+    assert config.sm90_d_ring(short_k, 128, 256, m_hint=640) == 0  # short K from 1000 rows: 0..+3% slower
+    for spec in (GemmSpec.create(4096, 7168, dtype="bf16", epilogue="bias"),
+                 GemmSpec.create(4096, 7168, dtype="bf16", out_dtype="fp32"),
+                 GemmSpec.create(4096, 7168, dtype="fp8", scaling="tensor"),
+                 GemmSpec.create(4096, 7168, dtype="bf16", grouped=True)):
+        assert config.sm90_d_ring(spec, 128, 240, m_hint=896) == 0, spec
+    # A 16-bit ring's slices are 32 bytes or wider, and more than the ring: 128 bf16 columns are two 128-byte slices.
+    assert config.sm90_d_ring_problem(bf16, 240, 2) is None
+    assert "not more than 2 slices" in config.sm90_d_ring_problem(bf16, 128, 2)
+    assert "not more than" in config.sm90_d_ring_problem(bf16, 120, 2)  # 240-byte rows: 16-byte slices
+    # The dense picks that change are exactly the 3-stage ones, each one stage deeper with the same tile.
+    from bench import runner
+    for m in (896, 1792, 2688, 3456):
+        new = config.choose_config(bf16, m, "sm_90a", 132)
+        with runner.config_constants({"SM90_D_RING_16BIT_MAX_M": 0}):
+            old = config.choose_config(bf16, m, "sm_90a", 132)
+        assert (new.block_m, new.block_n, new.num_stages, new.d_ring) == (old.block_m, old.block_n, 4, 2), (m, old, new)
+

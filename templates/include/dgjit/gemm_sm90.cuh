@@ -290,17 +290,21 @@ struct GemmSm90 {
   static constexpr bool kLoadC = Epi::kBeta;
   static constexpr bool kLoadR = Epi::kResidual;
   static constexpr bool kPrefetch = kLoadC || kLoadR;
-  // kDRing: a consumer's D leaves slice by slice (32 or 16 FP32 columns: 128 or 64 bytes per row) through a ring
-  // of kDRing slice buffers: each slice is stored by TMA as soon as its columns are written, and its buffer is
-  // written again kDRing slices later, once that store has read it. The 64-128 KB a whole FP32 tile takes go to
-  // pipeline stages instead (TF32: 4 stages of a 128x256 tile, where the whole tile allowed 2). Needs the tile's columns walked in
+  // kDRing: a consumer's D leaves slice by slice (FP32: 32 or 16 columns, 128 or 64 bytes per row; 16-bit: 64, 32 or
+  // 16 columns) through a ring of kDRing slice buffers: each slice is stored by TMA as soon as its columns are
+  // written, and its buffer is written again kDRing slices later, once that store has read it. The shared memory a
+  // whole staged tile takes goes to pipeline stages instead (TF32: 4 stages of a 128x256 tile, where the whole tile
+  // allowed 2; BF16 at mid M: 4 stages of 128x240, where it allowed 3). Needs the tile's columns walked in
   // slice order by one m64 slice of rows (kNumM64PerWG == 1), and a tile nobody else reads from the buffer: no C /
   // residual (TMA loads them into the whole tile), not grouped (store_rows), no group quantizer.
   static constexpr bool kRing = kDRing > 0;
-  static_assert(!kRing || (is_same<TD, float>::value && Store::kSliceRowBytes >= 64 && kDRing >= 2 &&
-                           kDRing < Store::kNumSlices && kNumM64PerWG == 1 && !kPrefetch && !kGrouped),
-                "a D ring holds 2 or more (and fewer than the tile's) 64- or 128-byte FP32 slices of a 64-row "
-                "consumer without C / residual, not grouped");
+  static constexpr bool kRingD = (is_same<TD, float>::value && Store::kSliceRowBytes >= 64) ||
+                                 ((is_same<TD, bfloat16_t>::value || is_same<TD, half_t>::value) &&
+                                  Store::kSliceRowBytes >= 32);
+  static_assert(!kRing || (kRingD && kDRing >= 2 && kDRing < Store::kNumSlices && kNumM64PerWG == 1 && !kPrefetch &&
+                           !kGrouped),
+                "a D ring holds 2 or more (and fewer than the tile's) slices of a 64-row consumer without C / "
+                "residual, not grouped: FP32 slices of 64 or 128 bytes, 16-bit ones of 32 bytes or more");
   static constexpr uint32_t kSmemDBufBytesPerWG = kRing ? kDRing * kSmemDSliceBytes : kSmemDBytesPerWG;
   static constexpr uint32_t kSmemDOffset = 0;
   static constexpr uint32_t kSmemROffset = kSmemDOffset + kNumMathWGs * kSmemDBufBytesPerWG;
