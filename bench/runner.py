@@ -145,20 +145,26 @@ def config_constants(values: dict):
         config.choose_sm90_config.cache_clear()
 
 
-def checked_contenders(gemms: dict, inputs: Operands, m: int) -> tuple[dict, dict]:
+def checked_contenders(gemms: dict, inputs: Operands, m: int,
+                       epi_ops: baseline.EpilogueOperands | None = None) -> tuple[dict, dict]:
     """For experiment scripts: each named Gemm of `gemms` called once on `inputs` into a poisoned output, its error
-    against the float64 reference, and the first baseline that computes the problem and passes its check ("cublas");
-    returns (name -> call, name -> error) ready for timing.time_interleaved."""
-    ops = inputs.call_kwargs()
+    against the float64 reference, and the first baseline that computes the problem and passes its check ("cublas";
+    with a fused epilogue, cuBLAS + the separate torch ops); returns (name -> call, name -> error) ready for
+    timing.time_interleaved. `epi_ops`: the operands of the Gemms' (common) fused epilogue (epilogue_operands)."""
+    spec = next(iter(gemms.values())).spec
+    ops, ref, bind_kwargs = inputs.call_kwargs(), inputs.ref, {"scaling": inputs.scaling}
+    if epi_ops is not None:
+        ops = {**ops, **epi_ops.call_kwargs(spec.epi)}
+        ref = apply_epilogue(ref, spec.epi, epi_ops)
+        bind_kwargs["epilogue"] = epi_ops
     fns, errors = {}, {}
     for name, g in gemms.items():
         out = reference.poisoned(g.spec.out_shape(m), g.spec.out_dtype)
         fns[name] = (lambda g=g, out=out: g(inputs.a, inputs.b, out=out, **ops))
         fns[name]()
-        errors[name] = reference.error(out, inputs.ref)
-    spec = next(iter(gemms.values())).spec
-    base, _ = baseline.bind(spec, inputs.a, inputs.b, scaling=inputs.scaling)
-    if base is not None and baseline.check(base, spec, inputs.ref).is_ok:
+        errors[name] = reference.error(out, ref)
+    base, _ = baseline.bind(spec, inputs.a, inputs.b, **bind_kwargs)
+    if base is not None and baseline.check(base, spec, ref).is_ok:
         fns["cublas"] = base.fn
     return fns, errors
 

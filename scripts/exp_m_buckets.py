@@ -2,7 +2,8 @@
 cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_m_buckets [--dtypes bf16,fp8_block] [--ms 300,479,586,...] [--nk 4096x7168,...]
-                                     [--against rows|previous|no16ring] [--tiles 128x128s6,256x128,...] [--out DIR]
+                                     [--against rows|RULE] [--tiles 128x128s6,256x128,...] [--epilogue EPI]
+                                     [--out DIR]
 
 `build(M)` picks its kernel for config.m_bucket(M). "bucket" = that kernel; the other contender (--against):
 - rows: config.choose_sm90_config at M rounded up to 128 rows (what 128-row buckets give; session 21's first sweeps,
@@ -12,6 +13,8 @@ cuBLAS, in one interleaved run.
   from 512 rows, 64-row tiles up to 128 rows), chosen with those constants swapped into config. (Session 21 timed
   a wider version, 64-row buckets and 64-row tiles up to 768 rows, against it: docs/NOTES.md.)
 - no16ring: the config with 16-bit D tiles staged whole (RULES["no16ring"]; session 22's ring rule off).
+--epilogue fuses an epilogue (e.g. bias, bias+gelu) into every contender, with the bench's operands (B scaled by
+1 / sqrt(K)); "cublas" is then cuBLAS + the separate torch ops.
 --tiles adds forced sm90 tiles (bench --tiles syntax) as contenders of every row, to ask what a tile would give
 where no rule picks it; a tile the spec cannot take is skipped with its reason. "cublas" = the first baseline that
 covers the dtype. Outputs are checked against a float64 reference before timing
@@ -49,6 +52,7 @@ def main() -> int:
     ap.add_argument("--ms", default=",".join(str(m) for m in MS))
     ap.add_argument("--nk", default=None, help="comma list of NxK for every dtype (default: NK per dtype)")
     ap.add_argument("--against", default="rows", choices=("rows", *RULES))
+    ap.add_argument("--epilogue", default=None, help="fused epilogue of every contender, e.g. bias+gelu")
     ap.add_argument("--tiles", default="", help="comma list of forced tiles timed beside the rows (BMxBN[sS][p][rR])")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
@@ -69,10 +73,12 @@ def main() -> int:
         info = bench_dtypes.get(dname)
         shapes = NK[dname] if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
         for n, k in shapes:
-            kw = {"dtype": info.lib, "scaling": info.scaling}
+            kw = {"dtype": info.lib, "scaling": info.scaling, "epilogue": args.epilogue}
             spec = GemmSpec.create(n, k, **kw)
             for m in (int(x) for x in args.ms.split(",")):
-                inputs = runner.operands(info, spec, m, cupy.random.default_rng(m * 7 + n + k))
+                rng = cupy.random.default_rng(m * 7 + n + k)
+                inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
+                epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
                 bucket = dg.build(m, n, k, **kw)
                 other_cfg = _other_config(spec, m, num_sms, other)
                 gemms = {"bucket": bucket}
@@ -84,12 +90,12 @@ def main() -> int:
                         gemms[tile] = dg.build(m, n, k, config=suites.forced_tile_config(spec, tile), **kw)
                     except ValueError as exc:
                         skipped[tile] = str(exc)
-                fns, errors = runner.checked_contenders(gemms, inputs, m)
+                fns, errors = runner.checked_contenders(gemms, inputs, m, epi_ops)
                 cupy.cuda.Device().synchronize()
                 t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
                 us = {name: r.median_us for name, r in t.items()}
                 us.setdefault(other, us["bucket"])
-                row = {"dtype": dname, "m": m, "n": n, "k": k, "bucket_tile": bucket.config.tag,
+                row = {"dtype": dname, "epilogue": spec.epilogue, "m": m, "n": n, "k": k, "bucket_tile": bucket.config.tag,
                        f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
                        "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values()),
                        "tiles": {t: gemms[t].config.tag for t in gemms if t not in ("bucket", other)},

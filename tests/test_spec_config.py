@@ -273,7 +273,7 @@ def test_sm90_tf32_tiles_with_the_d_ring(m, n, k, tag):
 
 def test_sm90_16bit_d_ring_rule():
     """16-bit D through the ring (session 22) only where it adds a stage to a wide cooperative tile held to 3 stages by
-    its staged D tile, at mid M (256..3968 rows), with a plain epilogue, and K >= 2048 unless M <= 512."""
+    its staged D tile, at mid M (256..3968 rows), without a gated unit, C or residual, and K >= 2048 unless M <= 512."""
     bf16 = GemmSpec.create(4096, 7168, dtype="bf16")
     assert config.sm90_d_ring(bf16, 128, 240, m_hint=896) == config.SM90_D_RING
     assert config.sm90_config(bf16, 128, 240, m_hint=896).tag == "sm90_m128n240k64_s4_g16_r2"
@@ -287,7 +287,10 @@ def test_sm90_16bit_d_ring_rule():
     short_k = GemmSpec.create(24576, 1536, dtype="bf16")
     assert config.sm90_d_ring(short_k, 128, 256, m_hint=512) == 2
     assert config.sm90_d_ring(short_k, 128, 256, m_hint=640) == 0  # short K from 1000 rows: 0..+3% slower
-    for spec in (GemmSpec.create(4096, 7168, dtype="bf16", epilogue="bias"),
+    for epi in ("bias", "bias+gelu", "bias_row+silu"):
+        assert config.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="bf16", epilogue=epi), 128, 240, m_hint=896) == 2
+    for spec in (GemmSpec.create(4096, 7168, dtype="bf16", epilogue="swiglu"),
+                 GemmSpec.create(4096, 7168, dtype="bf16", epilogue="residual"),
                  GemmSpec.create(4096, 7168, dtype="bf16", out_dtype="fp32"),
                  GemmSpec.create(4096, 7168, dtype="fp8", scaling="tensor"),
                  GemmSpec.create(4096, 7168, dtype="bf16", grouped=True)):
