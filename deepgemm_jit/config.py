@@ -194,8 +194,9 @@ _D_RING_MIN_SLICE_BYTES = {"fp32": 64, "bf16": 32, "fp16": 32}
 def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None:
     """Why D cannot leave through a ring of `d_ring` slices (KernelConfig.d_ring), or None when it can (mirror of
     GemmSm90's static_assert): FP32 D in 64- or 128-byte slices (D tile width a multiple of 16), BF16 / FP16 D in
-    32-byte or wider ones (a multiple of 16 columns), with more slices than the ring, not grouped (tiles ending inside their group are stored from the whole staged tile, store_rows),
-    and no C / residual (TMA loads them into the staging tile)."""
+    32-byte or wider ones (a multiple of 16 columns), with more slices than the ring, not grouped (tiles ending
+    inside their group are stored from the whole staged tile, store_rows), and no C / residual (TMA loads them into
+    the staging tile)."""
     min_slice_bytes = _D_RING_MIN_SLICE_BYTES.get(spec.out_dtype)
     if min_slice_bytes is None:
         return f"out_dtype {spec.out_dtype!r} (the ring holds FP32, BF16 or FP16 slices)"
@@ -218,8 +219,9 @@ SM90_D_RING_MIN_M = 256
 
 def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, m_hint: int | None = None) -> int:
     """The heuristic's KernelConfig.d_ring for a tile: SM90_D_RING slices for TF32 with FP32 D where the ring applies
-    and M (m_hint; None: large) is at least SM90_D_RING_MIN_M, else 0. A whole staged FP32 tile's 64-128 KB of shared
-    memory held TF32 to 4-5 stages of 32 K and a 128x256 tile to 2; with the ring 128x256 runs 4 stages.
+    and M (m_hint; None: large) is at least SM90_D_RING_MIN_M, for BF16 / FP16 where _sm90_16bit_ring_pays, else 0.
+    A whole staged FP32 tile's 64-128 KB of shared memory held TF32 to 4-5 stages of 32 K and a 128x256 tile to 2;
+    with the ring 128x256 runs 4 stages.
     H200 session 14 (bench/results/*tf32-d-ring-s14*): at M = 4096 2112x7168 357 -> 304 us (128x176), 4096x7168 651
     -> 594 and 4096^3 364 -> 335 (128x256); the same tile with and without the ring within +-3%. At M <= 128 the
     wider tiles it allows were 1-6% slower (128x7168x16384 135 -> 144 us). Promoted TF32 (fp32 = 3xTF32 over [hi |
@@ -250,8 +252,9 @@ SM90_D_RING_16BIT_SHORT_K_MAX_M = 512
 
 def _sm90_16bit_ring_pays(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool, m_hint: int | None) -> bool:
     """Whether a 16-bit tile takes SM90_D_RING slices (sm90_d_ring's rule for bf16 / fp16): 16-bit D, no gated unit
-    (C and the residual already keep the whole tile: sm90_d_ring_problem), a cooperative 128-row tile whose whole staged D leaves it SM90_D_RING_16BIT_MAX_STAGES stages or fewer and the
-    ring one more, at mid M (m_hint; None: large M) and long K.
+    (C and the residual already keep the whole tile: sm90_d_ring_problem), a cooperative 128-row tile whose whole
+    staged D leaves it SM90_D_RING_16BIT_MAX_STAGES stages or fewer and the ring one more, at mid M (m_hint; None:
+    large M) and long K.
     H200 session 22 (bench/results/*exp-16bit-d-ring*-s22*): forced 3 -> 4 stages of 128x240 at 800 x 4096 x 7168
     79.0 -> 72.3 us (cuBLAS 66.9; cuBLAS runs 128x224 at 4 stages there), at 2600 rows 231.1 -> 224.0; 128x176 4 -> 5
     stages gained 0.5-2%, 128x208 4 -> 5 at K = 2048 lost 3%; at M = 4096 128x256 3 -> 4 stages was -2..+4% (short K

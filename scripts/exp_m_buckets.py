@@ -95,8 +95,8 @@ def main() -> int:
                 t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
                 us = {name: r.median_us for name, r in t.items()}
                 us.setdefault(other, us["bucket"])
-                row = {"dtype": dname, "epilogue": spec.epilogue, "m": m, "n": n, "k": k, "bucket_tile": bucket.config.tag,
-                       f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
+                row = {"dtype": dname, "epilogue": spec.epilogue, "m": m, "n": n, "k": k,
+                       "bucket_tile": bucket.config.tag, f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
                        "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values()),
                        "tiles": {t: gemms[t].config.tag for t in gemms if t not in ("bucket", other)},
                        "skipped_tiles": skipped}
