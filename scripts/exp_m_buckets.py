@@ -30,7 +30,7 @@ from bench import report
 
 MS = (300, 479, 586, 700, 800, 900, 1100, 1300, 1800, 2600, 3500)
 NK = {"bf16": ((4096, 7168), (7168, 2048), (2112, 7168)), "fp8_block": ((4096, 7168), (7168, 2048))}
-# Other rules, as the config constants that restore them (--against NAME).
+# Other rules, as the config constants that give them (--against NAME): earlier rules, or variants of the current one.
 RULES = {
     "previous": {"M_BUCKET_STEPS": ((512, 4096, 128),), "SM90_ROWS64_MAX_M": 128, "SM90_ROWS64_BUCKETS": ()},
     "no16ring": {"SM90_D_RING_16BIT_MAX_M": 0},  # 16-bit tiles stage their whole D tile (before session 22)
