@@ -389,7 +389,19 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     if (spec.scaling == "tensor" and spec.promote and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024
             and spec.k <= 2048 and m_hint >= 1024):
         return block_n == 160 or two_sets_128
+    if (spec.scaling == "tensor" and spec.promote and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 2048
+            and m_hint >= 1024):
+        return block_n >= SM90_FP8_TENSOR_MIN_BLOCK_N
     return True
+
+
+# Per-tensor FP8 (promoted) at K > 2048, N >= 2048 and M >= 1024 rows considers tiles at least this wide
+# (sm90_block_n_preferred; at N = 1024 / 1280 narrow tiles are what fills the SMs, and it was not measured there).
+# 128x64 was a near-tie with 128x144 in the waves model at 2112 x 7168 and lost on the H200 (session 22,
+# bench/results/*exp-fp8-tensor-*-s22*): 1000 / 2000 rows 32.1 / 75.3 us against 128x144's 28.1 / 50.5 (cuBLAS 27.9 /
+# 48.9). 96 stays allowed: a floor of 112 also moved 96-wide picks, 1.04-1.18x faster where the model then took 144
+# or 160 but 1.7-7% slower on the four rows where it took 112 (e.g. 1000 x 3072 x 4096 23.4 -> 25.2 us).
+SM90_FP8_TENSOR_MIN_BLOCK_N = 96
 
 
 def sm90_accumulators(block_m: int, block_n: int, promote: bool, pingpong: bool = False) -> int:

@@ -307,3 +307,18 @@ def test_sm90_16bit_d_ring_rule():
             old = config.choose_config(bf16, m, "sm_90a", 132)
         assert (new.block_m, new.block_n, new.num_stages, new.d_ring) == (old.block_m, old.block_n, 4, 2), (m, old, new)
 
+
+
+def test_fp8_tensor_mid_m_floor_on_block_n():
+    """Per-tensor FP8 at K > 2048, N >= 2048 and M >= 1024 leaves out tiles narrower than 96 (session 22: 128x64 at
+    2112 x 7168 ran 75.3 us at 2000 rows where 128x144 ran 50.5); the picks it moves are exactly those."""
+    from bench import runner
+    spec = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
+    for m in (1000, 2000):
+        assert (config.choose_config(spec, m, "sm_90a", 132).block_n, m) == (144, m)
+        with runner.config_constants({"SM90_FP8_TENSOR_MIN_BLOCK_N": 8}):
+            assert config.choose_config(spec, m, "sm_90a", 132).block_n == 64
+    assert config.choose_config(spec, 3000, "sm_90a", 132).block_n == 96  # 96 stays allowed
+    assert config.choose_config(spec, 512, "sm_90a", 132).block_n == 64  # below 1024 rows: unchanged
+    narrow_n = GemmSpec.create(1024, 7168, dtype="fp8", scaling="tensor")  # fills the SMs with narrow tiles
+    assert config.choose_config(narrow_n, 1024, "sm_90a", 132).block_n == 64
