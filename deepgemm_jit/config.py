@@ -349,9 +349,18 @@ def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
     return None
 
 
+# Per-tensor FP8 (promoted) at K > 2048, N >= 2048 and M >= 1024 rows considers tiles at least this wide
+# (sm90_block_n_preferred; at N = 1024 / 1280 narrow tiles are what fills the SMs, and it was not measured there).
+# 128x64 was a near-tie with 128x144 in the waves model at 2112 x 7168 and lost on the H200 (session 22,
+# bench/results/*exp-fp8-tensor-*-s22*): 1000 / 2000 rows 32.1 / 75.3 us against 128x144's 28.1 / 50.5 (cuBLAS 27.9 /
+# 48.9). 96 stays allowed: a floor of 112 also moved 96-wide picks, 1.04-1.18x faster where the model then took 144
+# or 160 but 1.7-7% slower on the four rows where it took 112 (e.g. 1000 x 3072 x 4096 23.4 -> 25.2 us).
+SM90_FP8_TENSOR_MIN_BLOCK_N = 96
+
+
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
-    """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Two measured
-    exceptions to the waves model for FP8 at M >= 256 (H200 sweeps, bench/results/*probe-block-row-tiles*):
+    """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Measured exceptions to
+    the waves model for FP8 at M >= 256 (H200 sweeps, bench/results/*probe-block-row-tiles*, and as cited):
 
     - block scaling takes BLOCK_N = 176 when N and K >= 1024 and the problem has >= 1024 rows in all (m_hint x
       groups), else 128: since the promotion resolves which scale blocks a straddling tile touches at compile time
@@ -367,7 +376,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     - per-tensor scaling (promoted) takes BLOCK_N = 160 for N >= 1024, K <= 2048 and M >= 1024 (session 7 sweep,
       bench/results/*fp8-tiles-m4096-s7*): 7168x2048 90.1 us at 160 vs 96.2 at the model's 128 (176: 93.0),
       24576x1536 235.2 vs 241.3 (176: 237.4), 32768x512 134.3 vs 134.4; at K >= 7168 the model's picks (176, or
-      128 = 176 on 4096x7168) stay, 160 was 2-4% slower there.
+      128 = 176 on 4096x7168) stay, 160 was 2-4% slower there. At K > 2048 (N >= 2048, M >= 1024) it keeps the
+      model's picks of at least SM90_FP8_TENSOR_MIN_BLOCK_N columns (session 22: 128x64 lost up to 1.49x).
     """
     if m_hint < 256:
         return spec.scaling != "block" or 128 % block_n == 0
@@ -394,14 +404,6 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
         return block_n >= SM90_FP8_TENSOR_MIN_BLOCK_N
     return True
 
-
-# Per-tensor FP8 (promoted) at K > 2048, N >= 2048 and M >= 1024 rows considers tiles at least this wide
-# (sm90_block_n_preferred; at N = 1024 / 1280 narrow tiles are what fills the SMs, and it was not measured there).
-# 128x64 was a near-tie with 128x144 in the waves model at 2112 x 7168 and lost on the H200 (session 22,
-# bench/results/*exp-fp8-tensor-*-s22*): 1000 / 2000 rows 32.1 / 75.3 us against 128x144's 28.1 / 50.5 (cuBLAS 27.9 /
-# 48.9). 96 stays allowed: a floor of 112 also moved 96-wide picks, 1.04-1.18x faster where the model then took 144
-# or 160 but 1.7-7% slower on the four rows where it took 112 (e.g. 1000 x 3072 x 4096 23.4 -> 25.2 us).
-SM90_FP8_TENSOR_MIN_BLOCK_N = 96
 
 
 def sm90_accumulators(block_m: int, block_n: int, promote: bool, pingpong: bool = False) -> int:

@@ -4,6 +4,7 @@ tiles in M and N (odd N too, through an epilogue, which keeps the sm90 family th
 with outputs poisoned, and bit for bit against the same tile with the whole D tile staged (the same math, only the
 way out differs)."""
 import math
+import re
 
 import pytest
 
@@ -43,18 +44,24 @@ def _run(g, m, n, k, dtype, seed):
     return out, (reference.unfused_epilogue(acc, epi, bias) if g.spec.epilogue != "none" else acc)
 
 
+def _check_ring_against_whole_tile(m, n, k, tile, dtype, epilogue, seed):
+    """The forced ring tile ('BMxBN[sS][p]rR') within the dtype's bound of float64, and bit for bit equal to the same
+    tile with D staged whole (r0, as many stages as fit: the ring's stage count may not)."""
+    ring = _forced(m, n, k, tile, dtype=dtype, epilogue=epilogue)
+    whole = _forced(m, n, k, re.sub(r"s\d+", "", tile.split("r")[0]) + "r0", dtype=dtype, epilogue=epilogue)
+    assert ring.config.d_ring >= 2 and whole.config.d_ring == 0, (ring.config.tag, whole.config.tag)
+    out_ring, ref = _run(ring, m, n, k, dtype, seed=seed)
+    out_whole, _ = _run(whole, m, n, k, dtype, seed=seed)
+    err = reference.error(out_ring, ref)
+    assert reference.within_bound(err, dtype), (m, n, k, ring.config.tag, err)
+    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+
+
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_tf32_ring_matches_whole_tile_and_reference(m, n, k, tile):
     epilogue = "bias+gelu" if n % 4 else "none"  # odd N: plain TF32 would leave the sm90 family (D not TMA-legal)
-    ring = _forced(m, n, k, tile, dtype="tf32", epilogue=epilogue)
-    whole = _forced(m, n, k, tile.split("r")[0] + "r0", dtype="tf32", epilogue=epilogue)
-    assert ring.config.d_ring >= 2 and whole.config.d_ring == 0
-    out_ring, ref = _run(ring, m, n, k, "tf32", seed=m * n + k)
-    out_whole, _ = _run(whole, m, n, k, "tf32", seed=m * n + k)
-    err = reference.error(out_ring, ref)
-    assert reference.within_bound(err, "tf32"), (m, n, k, ring.config.tag, err)
-    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+    _check_ring_against_whole_tile(m, n, k, tile, "tf32", epilogue, seed=m * n + k)
 
 
 # 16-bit D: 128- (256, 192, 64x192 ping-pong), 64- (224) and 32-byte slices (240, 176, 112), rings of 2-4.
@@ -67,27 +74,14 @@ SHAPES_16 = [(1, 136, 512), (129, 264, 1000), (300, 520, 2048), (1031, 2112, 716
 @pytest.mark.parametrize("m,n,k", SHAPES_16)
 def test_16bit_ring_matches_whole_tile_and_reference(m, n, k, tile, dtype):
     epilogue = ("bias+gelu", "bias_row+silu", "none")[(m + n) % 3]
-    ring = _forced(m, n, k, tile, dtype=dtype, epilogue=epilogue)
-    whole = _forced(m, n, k, tile.split("s")[0].split("r")[0] + "r0", dtype=dtype, epilogue=epilogue)
-    assert ring.config.d_ring >= 2 and whole.config.d_ring == 0
-    out_ring, ref = _run(ring, m, n, k, dtype, seed=m * n + k)
-    out_whole, _ = _run(whole, m, n, k, dtype, seed=m * n + k)
-    err = reference.error(out_ring, ref)
-    assert reference.within_bound(err, dtype), (m, n, k, ring.config.tag, err)
-    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+    _check_ring_against_whole_tile(m, n, k, tile, dtype, epilogue, seed=m * n + k)
 
 
 @pytest.mark.parametrize("tile", ["128x192r2", "64x96pr2", "128x160r3"])
 @pytest.mark.parametrize("m,n,k", [(300, 1040, 2048), (1031, 2112, 520)])
 def test_tf32_gated_ring(m, n, k, tile):
     """Gated units halve the D tile (96 / 48 / 80 columns of the tiles above: 128- and 64-byte slices)."""
-    ring = _forced(m, n, k, tile, dtype="tf32", epilogue="swiglu")
-    whole = _forced(m, n, k, tile.split("r")[0] + "r0", dtype="tf32", epilogue="swiglu")
-    out_ring, ref = _run(ring, m, n, k, "tf32", seed=m + n + k)
-    out_whole, _ = _run(whole, m, n, k, "tf32", seed=m + n + k)
-    err = reference.error(out_ring, ref)
-    assert reference.within_bound(err, "tf32"), (m, n, k, ring.config.tag, err)
-    assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
+    _check_ring_against_whole_tile(m, n, k, tile, "tf32", "swiglu", seed=m + n + k)
 
 
 @pytest.mark.parametrize("m,n,k,epilogue", [(64, 2112, 7168, "none"), (33, 1001, 4096, "bias+gelu"),

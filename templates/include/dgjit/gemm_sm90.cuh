@@ -298,9 +298,9 @@ struct GemmSm90 {
   // slice order by one m64 slice of rows (kNumM64PerWG == 1), and a tile nobody else reads from the buffer: no C /
   // residual (TMA loads them into the whole tile), not grouped (store_rows), no group quantizer.
   static constexpr bool kRing = kDRing > 0;
+  static constexpr bool k16BitD = is_same<TD, bfloat16_t>::value || is_same<TD, half_t>::value;
   static constexpr bool kRingD = (is_same<TD, float>::value && Store::kSliceRowBytes >= 64) ||
-                                 ((is_same<TD, bfloat16_t>::value || is_same<TD, half_t>::value) &&
-                                  Store::kSliceRowBytes >= 32);
+                                 (k16BitD && Store::kSliceRowBytes >= 32);
   static_assert(!kRing || (kRingD && kDRing >= 2 && kDRing < Store::kNumSlices && kNumM64PerWG == 1 && !kPrefetch &&
                            !kGrouped),
                 "a D ring holds 2 or more (and fewer than the tile's) slices of a 64-row consumer without C / "
@@ -1321,7 +1321,7 @@ struct GemmSm90 {
   // 16-bit D leaves the registers by stmatrix after the chunk's math (stmatrix_x4: a warp's 16 rows x 2 column
   // groups in one instruction instead of four st.shared.b32 and their address arithmetic; x2 for chunks of one
   // group, which kernels with an activation but without kBatchMath keep).
-  static constexpr bool kStMatrix = (is_same<TD, bfloat16_t>::value || is_same<TD, half_t>::value) && !kQuantGroup &&
+  static constexpr bool kStMatrix = k16BitD && !kQuantGroup &&
                                     !kQuantTensor;
   static constexpr bool kPlainMath = Epi::kAct == Activation::kNone && !kGated;
   static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4)
