@@ -63,6 +63,43 @@ def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
     return m
 
 
+def _takes_edge_maps(cubin: bytes, entry: str) -> bool:
+    # Dense kernels from templates before the edge maps (A/B runs against older trees) load whole boxes.
+    return cubin_mod.optional_entry_symbol(cubin, entry, "takes_edge_maps") == 1
+
+
+def a_edge_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
+    """Rows of A's edge map (GemmSm90::EdgeMaps): M % block_m for a dense K-major A of more rows than one tile whose
+    last M block is partial, else 0 (no tile loads through it; a_box_rows shrinks the one tile of a smaller A)."""
+    block_m = artifact.config.block_m
+    if spec.grouped or not spec.a_k_major or m <= block_m:
+        return 0
+    return m % block_m
+
+
+def b_edge_rows(artifact: KernelArtifact, spec: GemmSpec) -> int:
+    """Rows of B's edge map: N % block_n for a dense K-major B (the kernel's kBEdgeRows), else 0."""
+    if spec.grouped or not spec.b_k_major:
+        return 0
+    return spec.n % artifact.config.block_n
+
+
+def edge_maps(artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView, vb: MatrixView, tmap_a, tmap_b
+              ) -> tuple:
+    """The three trailing arguments of a dense kernel (gemm_sm90.cu.j2): A's and B's edge maps and A's edge rows, or ()
+    for kernels without them. TMA zero-fills a box's rows past the tensor at a few cycles per row on every K block,
+    so the tiles of a partial last M / N block load through maps whose boxes end at the tensor: a 128-row tile with 16
+    rows left in its last M block paced whole waves 1.3x slower (400 x 4096 x 7168 BF16: 56.5 us, 448 rows: 42.3).
+    A map a kernel does not use is passed as the main one."""
+    if spec.grouped or not _takes_edge_maps(artifact.cubin, artifact.entry):
+        return ()
+    cfg = artifact.config
+    a_rows, b_rows = a_edge_rows(artifact, spec, m), b_edge_rows(artifact, spec)
+    map_a = operand_map(va, spec.dtype, spec.a_k_major, a_rows, cfg.block_k) if a_rows else tmap_a
+    map_b = operand_map(vb, spec.b_type, spec.b_k_major, b_rows, cfg.block_k) if b_rows else tmap_b
+    return map_a, map_b, np.uint32(a_rows)
+
+
 def check_layout(artifact: KernelArtifact, spec: GemmSpec) -> None:
     """For sm90: config.py's shared-memory mirror must equal what the kernel itself computed (a
     mismatch is a bug in the mirror, caught before any launch)."""
@@ -254,6 +291,7 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         args += (np.uint32(use_bulk_a_scales(spec, sa, m)), np.uint32(a_rows))
         if split is not None:
             args += split.mode_args()
+        args += edge_maps(artifact, spec, m, va, vb, tmap_a, tmap_b)
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),

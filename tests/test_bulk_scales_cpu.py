@@ -305,9 +305,9 @@ def test_model_matches_the_kernel():
 ])
 def test_flag_is_the_last_kernel_parameter(kw, cfg_kw):
     """launch.plan appends the flag, then A's box rows (launch.a_box_rows), then (split-K kernels) the split mode,
-    after every other argument, in the order the templates added them; kernels rendered from templates without
-    them (an A/B against an older tree) then take the same packed arguments, since cuLaunchKernel reads only the
-    parameters the kernel declares."""
+    then (dense kernels) the edge maps (launch.edge_maps), after every other argument, in the order the templates
+    added them; kernels rendered from templates without them (an A/B against an older tree) then take the same
+    packed arguments, since cuLaunchKernel reads only the parameters the kernel declares."""
     spec = GemmSpec.create(512, 1024, **kw)
     cfg = config.sm90_config(spec, 128, 128, **cfg_kw)
     src = jit.render_kernel(spec, cfg).source
@@ -316,6 +316,9 @@ def test_flag_is_the_last_kernel_parameter(kw, cfg_kw):
     tail = [["unsigned", "int", "sa_is_bulk"], ["unsigned", "int", "a_box_rows"]]
     if cfg.split_k:
         tail.append(["unsigned", "int", "split_atomic"])
+    if not spec.grouped:
+        tail += [["const", "__grid_constant__", "CUtensorMap", f"tmap_{x}_edge"] for x in "ab"]
+        tail.append(["unsigned", "int", "a_edge_rows"])
     assert [p.split() for p in params.split(",")[-len(tail):]] == tail, params
     assert "sa_is_bulk}" in src
 

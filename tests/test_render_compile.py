@@ -204,3 +204,26 @@ def test_a_box_rows_shrinks_to_m_for_single_tile_problems(shared_cache_dir, monk
     mn_major = GemmSpec.create(1024, 512, dtype="bf16", layout="tn")
     art_mn = jit.get_kernel(mn_major, config.sm90_config(mn_major, 64, 64), "sm_90a")
     assert not mn_major.a_k_major and launch.a_box_rows(art_mn, mn_major, 24) == 64
+
+
+def test_edge_maps_for_partial_last_blocks(shared_cache_dir, monkeypatch):
+    """launch.edge_maps: dense kernels take A's and B's edge maps last; A's has M % block_m rows for a multi-tile A
+    with a partial last M block (0 rows otherwise: a_box_rows covers a single tile), B's N % block_n rows. Grouped
+    kernels take none."""
+    from deepgemm_jit import cubin, launch
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(7168, 4096, dtype="fp8", scaling="tensor")
+    art = jit.get_kernel(spec, config.sm90_config(spec, 64, 56), "sm_90a")
+    assert cubin.entry_symbols(art.cubin, art.entry, ("takes_edge_maps",)) == {"takes_edge_maps": 1}
+    assert [launch.a_edge_rows(art, spec, m) for m in (1, 63, 64, 65, 400, 4096)] == [0, 0, 0, 1, 16, 0]
+    assert launch.b_edge_rows(art, spec) == 0  # 7168 = 128 x 56
+    odd_n = GemmSpec.create(2112, 7168, dtype="bf16")
+    assert launch.b_edge_rows(jit.get_kernel(odd_n, config.sm90_config(odd_n, 128, 128), "sm_90a"), odd_n) == 64
+    grouped = GemmSpec.create(7168, 4096, dtype="fp8", scaling="block", grouped=True)
+    art_g = jit.get_kernel(grouped, config.sm90_config(grouped, 128, 128), "sm_90a")
+    assert cubin.optional_entry_symbol(art_g.cubin, art_g.entry, "takes_edge_maps") is None
+    assert launch.a_edge_rows(art_g, grouped, 400) == 0 and launch.b_edge_rows(art_g, grouped) == 0
+    mn_major = GemmSpec.create(1000, 512, dtype="bf16", layout="tt")  # A MN-major, B K-major
+    art_mn = jit.get_kernel(mn_major, config.sm90_config(mn_major, 64, 64), "sm_90a")
+    assert launch.a_edge_rows(art_mn, mn_major, 400) == 0 and launch.b_edge_rows(art_mn, mn_major) == 1000 % 64

@@ -50,7 +50,10 @@
 // straight through K like the 16-bit kernels.
 //
 // Tails: M, N and K need no special code. TMA zero-fills the parts of a load box outside the tensor
-// (zeros contribute nothing to the dot products) and clips the parts of a store box outside D.
+// (zeros contribute nothing to the dot products) and clips the parts of a store box outside D. Since that fill
+// is slow, dense kernels load the partial last M / N blocks of K-major operands through boxes that end at the
+// tensor instead (EdgeMaps; the stage rows past them stay unwritten and feed only output rows / columns that are
+// never stored), and a single tile's A box holds just M rows (a_box_rows).
 #pragma once
 #include "dgjit/epilogue_sm90.cuh"
 #include "dgjit/ptx_sm90.cuh"
@@ -87,6 +90,15 @@ struct ScaleArgs {
   const float* b;
   int64_t a_stride_m, a_stride_k, b_stride_n, b_stride_k;
   uint32_t is_a_bulk;
+};
+
+// Tensor maps for the tiles at the far edges of A and B (dense kernels; launch.py edge_maps): `a` boxes `a_rows` =
+// M % kBlockM rows, for the last M block when M is larger than one tile (0: no such map); `b` boxes kN % kBlockN rows,
+// for the last N block (GemmSm90::kBEdgeRows). Unused ones may point at any map.
+struct EdgeMaps {
+  const CUtensorMap* a = nullptr;
+  const CUtensorMap* b = nullptr;
+  uint32_t a_rows = 0;
 };
 
 // How D leaves shared memory. TMA stores column slices whose smem row is one swizzle span, so the
@@ -482,21 +494,34 @@ struct GemmSm90 {
     }
   }
 
+  // Edge maps (dense kernels; EdgeMaps): the tiles of the last M block, when M is not a multiple of kBlockM and
+  // larger than it, load A through edges.a, whose box holds the edges.a_rows = M % kBlockM rows left; the tiles of the
+  // last N block, when kN is not a multiple of kBlockN, load B through edges.b (kBEdgeRows rows). The stage's rows past
+  // the box stay unwritten, as with a_box_rows. TMA's zero fill of a box's rows past the tensor, at a few cycles per
+  // row on every K block, made such tiles the slowest of their wave: 400 x 4096 x 7168 BF16 at 128x128 ran 56.5 us,
+  // 448 rows 42.3 (session 23).
+  static constexpr uint32_t kBEdgeRows = kBKMajor && !kGrouped ? kN % kBlockN : 0;
+
   template <bool kWalkSplits>
   static DGJIT_DEVICE void produce(const Smem& smem, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
                                    uint32_t m, const GroupArgs& ga, const SplitArgs& sk, const ScaleArgs& scales,
-                                   uint32_t a_box_rows) {
+                                   uint32_t a_box_rows, const EdgeMaps& edges) {
     Walk<kWalkSplits> scheduler(m, ga, sk);
     State state;
     Tile tile;
-    const uint32_t stage_tx_bytes =
-        kAKMajor ? kAOperandsPerStage * a_box_rows * kSmemRowBytes + kSmemBBoxBytes : kStageTxBytes;
     const uint64_t evict_first = l2_evict_first_policy();
     while (scheduler.next(tile)) {
       const int32_t a_row = static_cast<int32_t>(tile.row0);
       const int32_t b_row = static_cast<int32_t>(tile.group * kN + tile.n_block * kBlockN);
       const L2Policy b_policy{scheduler.b_readers() <= kStreamBMaxReaders, evict_first};
       const uint32_t scale_bytes = a_scale_bulk_bytes(scales, tile);
+      const bool a_edge = kAKMajor && !kGrouped && edges.a_rows != 0 && tile.row0 + kBlockM > m;
+      const bool b_edge = kBEdgeRows != 0 && tile.n_block == kNumNBlocks - 1;
+      const CUtensorMap* map_a = a_edge ? edges.a : &tmap_a;
+      const CUtensorMap* map_b = b_edge ? edges.b : &tmap_b;
+      const uint32_t a_rows = a_edge ? edges.a_rows : a_box_rows;
+      const uint32_t stage_tx_bytes = (kAKMajor ? kAOperandsPerStage * a_rows * kSmemRowBytes : kSmemABytesPerStage) +
+                                      (b_edge ? kBEdgeRows * kSmemRowBytes : kSmemBBoxBytes);
 #pragma unroll 1
       for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
         // Parity flipped: the first pass over the ring finds every stage free.
@@ -505,13 +530,13 @@ struct GemmSm90 {
         mbarrier_arrive_expect_tx(full, stage_tx_bytes + scale_bytes);
         if constexpr (kRawB) {
           const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
-          load_box(smem.a(state.stage), &tmap_a, full, k_idx, a_row, L2Policy{});
-          load_box(smem.a_lo(state.stage), &tmap_a, full, k_idx + static_cast<int32_t>(kSegmentBlocks * kBlockK),
+          load_box(smem.a(state.stage), map_a, full, k_idx, a_row, L2Policy{});
+          load_box(smem.a_lo(state.stage), map_a, full, k_idx + static_cast<int32_t>(kSegmentBlocks * kBlockK),
                    a_row, L2Policy{});
-          load_box(smem.b(state.stage), &tmap_b, full, k_idx, b_row, b_policy);
+          load_box(smem.b(state.stage), map_b, full, k_idx, b_row, b_policy);
         } else {
-          load_operand<kAKMajor, kBlockM>(smem.a(state.stage), &tmap_a, full, hi_lo_column<true>(k_block), a_row, m);
-          load_operand<kBKMajor, kBlockN>(smem.b(state.stage), &tmap_b, full, hi_lo_column<false>(k_block), b_row, kN,
+          load_operand<kAKMajor, kBlockM>(smem.a(state.stage), map_a, full, hi_lo_column<true>(k_block), a_row, m);
+          load_operand<kBKMajor, kBlockN>(smem.b(state.stage), map_b, full, hi_lo_column<false>(k_block), b_row, kN,
                                           b_policy);
         }
         if constexpr (kScaling == Scaling::kBlock) {
@@ -2016,7 +2041,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void run(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
                                const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
-                               const SplitArgs& split_args, uint32_t a_box_rows) {
+                               const SplitArgs& split_args, uint32_t a_box_rows, const EdgeMaps& edges) {
     // Split-K: between 1 and the number of K blocks (every share nonempty), whatever the host passed; 1 in other
     // kernels, where the scheduler's divisions then fold away.
     SplitArgs sk = split_args;
@@ -2038,6 +2063,8 @@ struct GemmSm90 {
       tma_prefetch_descriptor(&tmap_d);
       if constexpr (kLoadC) tma_prefetch_descriptor(&tmap_c);
       if constexpr (kLoadR) tma_prefetch_descriptor(&tmap_r);
+      if (edges.a_rows != 0) tma_prefetch_descriptor(edges.a);
+      if constexpr (kBEdgeRows != 0) tma_prefetch_descriptor(edges.b);
       if constexpr (kPrefetch) {
         for (uint32_t wg_i = 0; wg_i < kNumMathWGs; ++wg_i) mbarrier_init(smem.epi_full(wg_i), 1);
       }
@@ -2061,11 +2088,11 @@ struct GemmSm90 {
       sk.whole_tiles = smem.split_plan()[0];
       sk.num_splits = smem.split_plan()[1];
       if (sk.num_splits > 1) {
-        roles<true>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows);
+        roles<true>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows, edges);
         return;
       }
     }
-    roles<!kGrouped>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows);
+    roles<!kGrouped>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows, edges);
   }
 
   // The CTA's roles, each walking the tiles (kWalkSplits: with K shares; grouped kernels only where run() found a
@@ -2074,11 +2101,11 @@ struct GemmSm90 {
   static DGJIT_DEVICE void roles(const Smem& smem, uint32_t wg, const CUtensorMap& tmap_a, const CUtensorMap& tmap_b,
                                  const CUtensorMap& tmap_d, const CUtensorMap& tmap_c, const CUtensorMap& tmap_r,
                                  uint32_t m, const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
-                                 const SplitArgs& sk, uint32_t a_box_rows) {
+                                 const SplitArgs& sk, uint32_t a_box_rows, const EdgeMaps& edges) {
     if (wg == kProducerWG) {
       setmaxnreg_dec<kProducerRegs>();
       if (warp_idx_in_warpgroup() == 0 && elect_one()) {
-        produce<kWalkSplits>(smem, tmap_a, tmap_b, m, ga, sk, scales, a_box_rows);
+        produce<kWalkSplits>(smem, tmap_a, tmap_b, m, ga, sk, scales, a_box_rows, edges);
       }
       if constexpr (kScaling == Scaling::kBlock) {
         if (warp_idx_in_warpgroup() == 1) produce_scales<kWalkSplits>(smem, scales, m, ga, sk);
@@ -2104,8 +2131,8 @@ template <class Gemm>
 DGJIT_DEVICE void gemm_sm90_body(const CUtensorMap& tmap_a, const CUtensorMap& tmap_b, const CUtensorMap& tmap_d,
                                  const CUtensorMap& tmap_c, const CUtensorMap& tmap_r, uint32_t m,
                                  const ScaleArgs& scales, const EpilogueArgs& ea, const GroupArgs& ga,
-                                 const SplitArgs& sk, uint32_t a_box_rows) {
-  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows);
+                                 const SplitArgs& sk, uint32_t a_box_rows, const EdgeMaps& edges = {}) {
+  Gemm::run(tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows, edges);
 }
 
 }  // namespace sm90
