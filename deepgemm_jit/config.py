@@ -260,7 +260,10 @@ def _sm90_16bit_ring_pays(spec: GemmSpec, block_m: int, block_n: int, pingpong: 
     stages gained 0.5-2%, 128x208 4 -> 5 at K = 2048 lost 3%; at M = 4096 128x256 3 -> 4 stages was -2..+4% (short K
     worst: 4096 x 32768 x 512 198.9 -> 207.6), where the kernels are power-bound. With bias, bias+gelu and bias+silu
     fused, the 12 rows the ring changed ran 3.7-10% faster (800 x 4096 x 7168 bias+gelu 84.2 -> 75.7 us; cuBLAS +
-    torch ops 74.3). Gated units are not measured (nor GPU-tested with 16-bit D)."""
+    torch ops 74.3). Gated units are not measured (nor GPU-tested with 16-bit D). Those M had partial last M blocks
+    whose TMA zero fill the extra stage also hid; re-measured after the edge maps (session 23,
+    *exp-16bit-d-ring-rule-after-edge-maps*): still faster on all 14 rows it changes, 1.001-1.077x (800 x 4096 x 7168
+    75.8 -> 73.6 us)."""
     if (m_hint is None or not SM90_D_RING_MIN_M <= m_hint <= SM90_D_RING_16BIT_MAX_M or pingpong or block_m != 128
             or spec.epi.is_gated or spec.out_dtype not in ("bf16", "fp16")
             or (spec.k < SM90_D_RING_16BIT_MIN_K and m_hint > SM90_D_RING_16BIT_SHORT_K_MAX_M)):
@@ -354,7 +357,9 @@ def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
 # 128x64 was a near-tie with 128x144 in the waves model at 2112 x 7168 and lost on the H200 (session 22,
 # bench/results/*exp-fp8-tensor-*-s22*): 1000 / 2000 rows 32.1 / 75.3 us against 128x144's 28.1 / 50.5 (cuBLAS 27.9 /
 # 48.9). 96 stays allowed: a floor of 112 also moved 96-wide picks, 1.04-1.18x faster where the model then took 144
-# or 160 but 1.7-7% slower on the four rows where it took 112 (e.g. 1000 x 3072 x 4096 23.4 -> 25.2 us).
+# or 160 but 1.7-7% slower on the four rows where it took 112 (e.g. 1000 x 3072 x 4096 23.4 -> 25.2 us). Still so
+# once partial last M blocks stopped being zero-filled (session 23, *floor-after-edge-maps*): 30.9 / 71.1 vs 28.3 /
+# 50.1 us.
 SM90_FP8_TENSOR_MIN_BLOCK_N = 96
 
 
