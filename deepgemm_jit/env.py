@@ -90,6 +90,12 @@ def no_bulk_scales() -> bool:
     return env_bool("DEEPGEMM_JIT_NO_BULK_SCALES")
 
 
+def no_a_edge() -> bool:
+    """Experiments (same-run A/B of launch.edge_maps): load A's partial last M block through the whole-box map, as
+    before the edge maps; read per launch plan, so a kept plan keeps the value it was made with."""
+    return env_bool("DEEPGEMM_JIT_NO_A_EDGE")
+
+
 def no_d_ring() -> bool:
     """Experiments (same-run A/B of config.sm90_d_ring's rule); read when a config is chosen, and choices are
     memoized per process, so set it before the first build."""

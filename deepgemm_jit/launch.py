@@ -68,13 +68,25 @@ def _takes_edge_maps(cubin: bytes, entry: str) -> bool:
     return cubin_mod.optional_entry_symbol(cubin, entry, "takes_edge_maps") == 1
 
 
+# A's edge map pays on tiles up to this wide. TMA's fill of the last M block's rows competes with the stage's B rows
+# for the TMA unit; under a wide tile's wgmmas it hides. H200 session 23, the A edge on / off in one call
+# (bench/results/*exp-ab-a-edge-on-off*, BF16): 128x128 at 400 x 4096 x 7168 55.8 -> 42.4 us (128x64 / 128x96 rows
+# alike), 128x176 at 1300 x 4096 x 7168 107.3 / 107.6 (even); 128x224 / 128x256 ring tiles in one wave 0.5-2% slower
+# with it (400 x 7168 x 16384 147.6 -> 150.8, 900 x 4096 x 7168 75.9 -> 77.3), equal in several waves. Wider tiles
+# load whole A boxes, as before the edge maps. (B's edge map, for the last N block, pays at every width: 2600 x 4096
+# x 7168 at 128x240, whose last N block is 16 columns, 223.7 -> 210.3 us.)
+A_EDGE_MAX_BLOCK_N = 176
+
+
 def a_edge_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
     """Rows of A's edge map (GemmSm90::EdgeMaps): M % block_m for a dense K-major A of more rows than one tile whose
-    last M block is partial, else 0 (no tile loads through it; a_box_rows shrinks the one tile of a smaller A)."""
-    block_m = artifact.config.block_m
-    if spec.grouped or not spec.a_k_major or m <= block_m:
+    last M block is partial, on tiles at most A_EDGE_MAX_BLOCK_N wide; else 0 (no tile loads through it; a_box_rows
+    shrinks the one tile of a smaller A)."""
+    cfg = artifact.config
+    if (spec.grouped or not spec.a_k_major or m <= cfg.block_m or cfg.block_n > A_EDGE_MAX_BLOCK_N
+            or env.no_a_edge()):
         return 0
-    return m % block_m
+    return m % cfg.block_m
 
 
 def b_edge_rows(artifact: KernelArtifact, spec: GemmSpec) -> int:
@@ -90,6 +102,7 @@ def edge_maps(artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView, 
     for kernels without them. TMA zero-fills a box's rows past the tensor at a few cycles per row on every K block,
     so the tiles of a partial last M / N block load through maps whose boxes end at the tensor: a 128-row tile with 16
     rows left in its last M block paced whole waves 1.3x slower (400 x 4096 x 7168 BF16: 56.5 us, 448 rows: 42.3).
+    A's map only for tiles up to A_EDGE_MAX_BLOCK_N columns.
     A map a kernel does not use is passed as the main one."""
     if spec.grouped or not _takes_edge_maps(artifact.cubin, artifact.entry):
         return ()

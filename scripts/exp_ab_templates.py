@@ -13,7 +13,8 @@ timing. --tile forces one sm90 tile everywhere (default: the heuristic's); DIR@T
 TILE in bench --tiles syntax (BMxBN[sS][p], p: ping-pong), and DIR "." is the checkout's templates (to compare
 tiles). --problems rows are DTYPE[+EPILOGUE]:MxNxK (e.g. bf16+bias+gelu:4096x24576x1536, with the bench's
 epilogue operands); there DIR@wkW / DIR@wkold force the weight-streaming kernel's warps_k, DIR@cpsC its CTAs per
-SM (launch bounds and grid rule), DIR@nows builds without weight streaming (the tile kernels at small M), DIR@nobulk
+SM (launch bounds and grid rule), DIR@nows builds without weight streaming (the tile kernels at small M), DIR@noaedge
+loads A's partial last M block through the whole-box map (launch.edge_maps' A edge off), DIR@nobulk
 copies FP8 block A scales with the scale warp (DEEPGEMM_JIT_NO_BULK_SCALES=1 for that tree's launch plan).
 --time-wrong times --problems rows whose results are off (trees that drop work on purpose, to bound a cost).
 """
@@ -59,8 +60,9 @@ def main() -> int:
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
-        if not args.problems and (tile in ("nows", "nobulk") or tile.startswith(("wk", "cps"))):
-            ap.error(f"--tree {name}={spec}: @nows, @nobulk, @wkW / @wkold and @cpsC apply to --problems rows only")
+        if not args.problems and (tile in ("nows", "nobulk", "noaedge") or tile.startswith(("wk", "cps"))):
+            ap.error(f"--tree {name}={spec}: @nows, @nobulk, @noaedge, @wkW / @wkold and @cpsC apply to --problems "
+                     "rows only")
         trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
     if args.nobulk:
         trees.append(("nobulk", None, args.tile, False))
@@ -173,8 +175,11 @@ def _time_problem(problem: str, trees, reps: int, time_wrong: bool = False) -> d
         fns[name] = (lambda g=g, out=out: g(a, b, out=out, **kwargs))
         if tile == "nobulk":  # DIR@nobulk: FP8 block A scales by the scale warp (read when the plan is made)
             os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "1"
+        if tile == "noaedge":  # DIR@noaedge: A's partial last M block through the whole-box map (launch.edge_maps)
+            os.environ["DEEPGEMM_JIT_NO_A_EDGE"] = "1"
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
         os.environ.pop("DEEPGEMM_JIT_NO_BULK_SCALES", None)
+        os.environ.pop("DEEPGEMM_JIT_NO_A_EDGE", None)
         gemv.choose_warps_k = choose_warps_k
         if gemv.GemvSpec.ctas_per_sm is not ctas_per_sm:
             gemv.GemvSpec.ctas_per_sm = ctas_per_sm

@@ -208,8 +208,8 @@ def test_a_box_rows_shrinks_to_m_for_single_tile_problems(shared_cache_dir, monk
 
 def test_edge_maps_for_partial_last_blocks(shared_cache_dir, monkeypatch):
     """launch.edge_maps: dense kernels take A's and B's edge maps last; A's has M % block_m rows for a multi-tile A
-    with a partial last M block (0 rows otherwise: a_box_rows covers a single tile), B's N % block_n rows. Grouped
-    kernels take none."""
+    with a partial last M block on tiles up to A_EDGE_MAX_BLOCK_N wide (0 rows otherwise: a_box_rows covers a single
+    tile), B's N % block_n rows. Grouped kernels take none."""
     from deepgemm_jit import cubin, launch
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
@@ -220,6 +220,8 @@ def test_edge_maps_for_partial_last_blocks(shared_cache_dir, monkeypatch):
     assert launch.b_edge_rows(art, spec) == 0  # 7168 = 128 x 56
     odd_n = GemmSpec.create(2112, 7168, dtype="bf16")
     assert launch.b_edge_rows(jit.get_kernel(odd_n, config.sm90_config(odd_n, 128, 128), "sm_90a"), odd_n) == 64
+    wide = jit.get_kernel(odd_n, config.sm90_config(odd_n, 128, 240), "sm_90a")  # past launch.A_EDGE_MAX_BLOCK_N
+    assert launch.a_edge_rows(wide, odd_n, 400) == 0 and launch.b_edge_rows(wide, odd_n) == 2112 % 240
     grouped = GemmSpec.create(7168, 4096, dtype="fp8", scaling="block", grouped=True)
     art_g = jit.get_kernel(grouped, config.sm90_config(grouped, 128, 128), "sm_90a")
     assert cubin.optional_entry_symbol(art_g.cubin, art_g.entry, "takes_edge_maps") is None

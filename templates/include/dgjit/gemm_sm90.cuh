@@ -93,8 +93,9 @@ struct ScaleArgs {
 };
 
 // Tensor maps for the tiles at the far edges of A and B (dense kernels; launch.py edge_maps): `a` boxes `a_rows` =
-// M % kBlockM rows, for the last M block when M is larger than one tile (0: no such map); `b` boxes kN % kBlockN rows,
-// for the last N block (GemmSm90::kBEdgeRows). Unused ones may point at any map.
+// M % kBlockM rows, for the last M block when M is larger than one tile (0: no such map, also where the host keeps
+// whole boxes: launch.A_EDGE_MAX_BLOCK_N); `b` boxes kN % kBlockN rows, for the last N block (GemmSm90::kBEdgeRows).
+// Unused ones may point at any map.
 struct EdgeMaps {
   const CUtensorMap* a = nullptr;
   const CUtensorMap* b = nullptr;
