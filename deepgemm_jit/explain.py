@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import cubin, gemv, sass, splitk
+from . import cubin, gemv, launch, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -37,6 +37,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         # 0 without promotion.
         "partial_sets": _partial_sets(gemm),
         "b_evict_first": _b_evict_first(gemm),
+        "edge_maps": _edge_maps(gemm),
     }
     if with_sass:
         usage = sass.resource_usage(art.cubin).get(art.entry, {})
@@ -80,6 +81,20 @@ def _b_evict_first(gemm) -> dict | None:
     rows = readers * gemm.config.block_m
     return {"max_m_blocks": readers, "max_rows": rows, "per": "group" if gemm.spec.grouped else "call",
             "at_m_hint": -(-gemm.m_hint // gemm.config.block_m) <= readers if gemm.m_hint else None}
+
+
+def _edge_maps(gemm) -> dict | None:
+    """How the sm90 kernel loads a partial last M / N block (launch.edge_maps): `a` whether A's comes through a map
+    whose box ends at M (per call, M % block_m rows, when M is larger than one tile), `b_rows` the rows of B's edge
+    box (N % block_n; 0: N is whole tiles); None for kernels without edge maps (grouped, other families, templates
+    before them)."""
+    art, spec = gemm.artifact, gemm.spec
+    if gemm.config.family != "sm90" or cubin.optional_entry_symbol(art.cubin, art.entry, "takes_edge_maps") != 1:
+        return None
+    a_probe = 2 * gemm.config.block_m + 1  # any M past one tile with a partial last block
+    return {"a": launch.a_edge_rows(art, spec, a_probe) != 0, "a_max_block_n": launch.A_EDGE_MAX_BLOCK_N,
+            "b_rows": launch.b_edge_rows(art, spec),
+            "a_rows_at_m_hint": launch.a_edge_rows(art, spec, gemm.m_hint) if gemm.m_hint else None}
 
 
 def _num_sms() -> int:

@@ -86,6 +86,11 @@ def test_explain_json_keys(shared_cache_dir, monkeypatch):
                                      "at_m_hint": True}
     big = build(4096, 4096, 7168, dtype="bf16", arch="sm_90a").explain()["b_evict_first"]
     assert big["at_m_hint"] is False
+    # Edge maps (launch.edge_maps): B's box rows, and whether A's partial last M block has its own map.
+    edges = build(400, 2112, 7168, dtype="bf16", arch="sm_90a").explain()
+    cfg = edges["config"]
+    assert edges["edge_maps"] == {"a": cfg["block_n"] <= 176, "a_max_block_n": 176, "b_rows": 2112 % cfg["block_n"],
+                                  "a_rows_at_m_hint": 400 % cfg["block_m"] if cfg["block_n"] <= 176 else 0}
 
 
 def test_sass_opcode_parser():
