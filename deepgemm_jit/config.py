@@ -755,14 +755,21 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
 # FP8 per-tensor 260 x 2112 x 7168 17.0 vs 26.2) and 0.97 / 0.99x on 2; at 400 rows (a 448 bucket in that sweep) and
 # 600-700 rows they lost up to 11% where they were picked (BF16 400 x 7168 x 2048 28.0 vs 26.4; FP8 per-tensor 700 x
 # 4096 x 7168 42.2 vs 38.2), so those M keep 128-row tiles. 129-256 rows (bucket 256) were not measured and keep them
-# too.
+# too. Those 128-row tiles were slowed by TMA's zero fill of their last M block (84 of 128 rows at 300 rows), which
+# the edge maps removed (launch.edge_maps); re-measured against 128-row tiles costed at the same bucket (session 23,
+# --against rows128at320, bench/results/*exp-m-buckets-rows64-vs-rows128-at-320-s23*, 7 shapes x 260 / 300 rows):
+# 16-bit now runs 128-row tiles 1.072x faster in geomean (0.988-1.226; 300 x 7168 x 16384 150.3 -> 122.6 us, 300 x
+# 2112 x 7168 27.4 -> 24.8), so only 8-bit types (FP8 block: 64-row tiles still 1.074x faster, 300 x 3072 x 7168 20.8
+# vs 27.0 us) keep 64-row tiles there. TF32 was measured neither way and goes with 16-bit.
 SM90_ROWS64_MAX_M = 128
 SM90_ROWS64_BUCKETS = (320,)
 
 
-def sm90_rows64_costed(m_hint: int) -> bool:
-    """Whether the cost model weighs 64-row tiles at M bucket m_hint."""
-    return m_hint <= SM90_ROWS64_MAX_M or m_hint in SM90_ROWS64_BUCKETS
+def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
+    """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, and at
+    SM90_ROWS64_BUCKETS for 8-bit inputs."""
+    return m_hint <= SM90_ROWS64_MAX_M or (m_hint in SM90_ROWS64_BUCKETS
+                                           and dtypes.get(spec.dtype).storage_bytes == 1)
 
 
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
@@ -782,7 +789,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     tiles = []
     for block_m in (128, 64):
-        if block_m == 64 and not sm90_rows64_costed(m_hint):
+        if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
             continue
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
@@ -990,7 +997,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     best = None
     for block_m in (128, 64):
-        if block_m == 64 and not sm90_rows64_costed(m_hint):
+        if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
             continue
         for block_n in SM90_BLOCK_N:
             if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
@@ -1058,7 +1065,7 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
 # 49.3). H200, docs/NOTES.md session 21 (scripts/exp_m_buckets.py): 128-row buckets in (512, 4096] took BF16 from
 # 0.821 to 0.925 and 0.937 to 0.989 geomean against cuBLAS, FP8 per-tensor 1.042 -> 1.063, FP8 block 1.021 -> 1.032
 # and 1.094 -> 1.090 (99 rows at M = 586..3500). M in (256, 320] has its own bucket, 5 blocks of the 64-row tiles the
-# cost model weighs there (SM90_ROWS64_BUCKETS). Small M otherwise keeps powers of two (the decode rules were
+# cost model weighs there for 8-bit types (SM90_ROWS64_BUCKETS; 16-bit costs 128-row tiles at 320 rows). Small M otherwise keeps powers of two (the decode rules were
 # measured on them); above 4096 a 128-row block is under 3% of M.
 M_BUCKET_STEPS = ((256, 320, 64), (512, 4096, 128))
 

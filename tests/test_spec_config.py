@@ -136,9 +136,12 @@ def test_m_buckets():
     assert config.choose_config(spec, 2945, "sm_90a") == config.choose_config(spec, 3072, "sm_90a")
     # ... chosen for the bucket's own M blocks: 586 rows no longer run the 1024-row bucket's 128x256 (80 tiles)
     assert config.choose_config(spec, 586, "sm_90a") != config.choose_config(spec, 1024, "sm_90a")
-    # 64-row tiles are weighed up to 128 rows and at the 320-row bucket (SM90_ROWS64_BUCKETS), not at 256 or 512
+    # 64-row tiles are weighed up to 128 rows, and at the 320-row bucket (SM90_ROWS64_BUCKETS) for 8-bit types only
+    # (16-bit ran 128-row tiles faster there once the last M block stopped being zero-filled, session 23)
     assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a").block_m
-            for m in (64, 200, 300, 400)] == [64, 128, 64, 128]
+            for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
+    assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
+            for m in (64, 300, 400)] == [64, 64, 128]
     # grouped GEMMs (measured elsewhere) keep the 512-row bucket's choice there
     grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
     for groups in (1, 16):
