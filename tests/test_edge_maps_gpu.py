@@ -20,7 +20,7 @@ K = 1536
 CASES = [
     ("bf16", "128x128", None),
     ("bf16", "64x128", None),
-    ("bf16", "128x240s4r2", None),
+    ("bf16", "128x240s4r2", None),  # wider than launch.A_EDGE_MAX_BLOCK_N: whole A boxes, B's edge map
     ("bf16", "128x128p", "bias+gelu"),
     ("bf16", "64x56k", None),
     ("fp16", "128x176", None),
