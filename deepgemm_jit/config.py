@@ -1065,8 +1065,8 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
 # 49.3). H200, docs/NOTES.md session 21 (scripts/exp_m_buckets.py): 128-row buckets in (512, 4096] took BF16 from
 # 0.821 to 0.925 and 0.937 to 0.989 geomean against cuBLAS, FP8 per-tensor 1.042 -> 1.063, FP8 block 1.021 -> 1.032
 # and 1.094 -> 1.090 (99 rows at M = 586..3500). M in (256, 320] has its own bucket, 5 blocks of the 64-row tiles the
-# cost model weighs there for 8-bit types (SM90_ROWS64_BUCKETS; 16-bit costs 128-row tiles at 320 rows). Small M otherwise keeps powers of two (the decode rules were
-# measured on them); above 4096 a 128-row block is under 3% of M.
+# cost model weighs there for 8-bit types (SM90_ROWS64_BUCKETS; 16-bit costs 128-row tiles at 320 rows). Small M
+# otherwise keeps powers of two (the decode rules were measured on them); above 4096 a 128-row block is under 3% of M.
 M_BUCKET_STEPS = ((256, 320, 64), (512, 4096, 128))
 
 
