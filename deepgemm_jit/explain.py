@@ -89,10 +89,9 @@ def _edge_maps(gemm) -> dict | None:
     box (N % block_n; 0: N is whole tiles); None for kernels without edge maps (grouped, other families, templates
     before them)."""
     art, spec = gemm.artifact, gemm.spec
-    if gemm.config.family != "sm90" or cubin.optional_entry_symbol(art.cubin, art.entry, "takes_edge_maps") != 1:
+    if gemm.config.family != "sm90" or not launch.takes(art, "edge_maps"):
         return None
-    a_probe = 2 * gemm.config.block_m + 1  # any M past one tile with a partial last block
-    return {"a": launch.a_edge_rows(art, spec, a_probe) != 0, "a_max_block_n": launch.A_EDGE_MAX_BLOCK_N,
+    return {"a": launch.a_edge_used(art, spec), "a_max_block_n": launch.A_EDGE_MAX_BLOCK_N,
             "b_rows": launch.b_edge_rows(art, spec),
             "a_rows_at_m_hint": launch.a_edge_rows(art, spec, gemm.m_hint) if gemm.m_hint else None}
 

@@ -46,9 +46,11 @@ def sm90_symbols(artifact: KernelArtifact) -> dict[str, int]:
     return cubin_mod.entry_symbols(artifact.cubin, artifact.entry, SM90_SYMBOLS)
 
 
-def _takes_a_box_rows(cubin: bytes, entry: str) -> bool:
-    # Kernels from templates before the argument existed (A/B runs against older trees) load whole boxes.
-    return cubin_mod.optional_entry_symbol(cubin, entry, "takes_a_box_rows") == 1
+def takes(artifact: KernelArtifact, argument: str) -> bool:
+    """Whether an sm90 kernel takes a trailing argument the templates added later ("a_box_rows", "edge_maps"): it
+    exports `<entry>_takes_<argument>` = 1. Kernels from older template trees (A/B runs) do not, and load whole
+    boxes."""
+    return cubin_mod.optional_entry_symbol(artifact.cubin, artifact.entry, f"takes_{argument}") == 1
 
 
 def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
@@ -58,14 +60,9 @@ def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
     kernel expects a_box_rows rows of A per stage and leaves the others unwritten: they feed only output rows past
     M, which are never stored. Grouped GEMMs have tiles at many row offsets and keep whole boxes."""
     cfg = artifact.config
-    if spec.grouped or not spec.a_k_major or m >= cfg.block_m or not _takes_a_box_rows(artifact.cubin, artifact.entry):
+    if spec.grouped or not spec.a_k_major or m >= cfg.block_m or not takes(artifact, "a_box_rows"):
         return cfg.block_m
     return m
-
-
-def _takes_edge_maps(cubin: bytes, entry: str) -> bool:
-    # Dense kernels from templates before the edge maps (A/B runs against older trees) load whole boxes.
-    return cubin_mod.optional_entry_symbol(cubin, entry, "takes_edge_maps") == 1
 
 
 # A's edge map pays on tiles up to this wide. TMA's fill of the last M block's rows competes with the stage's B rows
@@ -78,15 +75,18 @@ def _takes_edge_maps(cubin: bytes, entry: str) -> bool:
 A_EDGE_MAX_BLOCK_N = 176
 
 
+def a_edge_used(artifact: KernelArtifact, spec: GemmSpec) -> bool:
+    """Whether the kernel loads A's partial last M block through an edge map: a dense K-major A, tiles at most
+    A_EDGE_MAX_BLOCK_N wide (DEEPGEMM_JIT_NO_A_EDGE turns it off for A/B runs)."""
+    return (not spec.grouped and spec.a_k_major and artifact.config.block_n <= A_EDGE_MAX_BLOCK_N
+            and not env.no_a_edge())
+
+
 def a_edge_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
-    """Rows of A's edge map (GemmSm90::EdgeMaps): M % block_m for a dense K-major A of more rows than one tile whose
-    last M block is partial, on tiles at most A_EDGE_MAX_BLOCK_N wide; else 0 (no tile loads through it; a_box_rows
-    shrinks the one tile of a smaller A)."""
-    cfg = artifact.config
-    if (spec.grouped or not spec.a_k_major or m <= cfg.block_m or cfg.block_n > A_EDGE_MAX_BLOCK_N
-            or env.no_a_edge()):
-        return 0
-    return m % cfg.block_m
+    """Rows of A's edge map (GemmSm90::EdgeMaps): M % block_m where a_edge_used and A has more rows than one tile,
+    else 0 (no tile loads through it; a_box_rows shrinks the one tile of a smaller A)."""
+    block_m = artifact.config.block_m
+    return m % block_m if m > block_m and a_edge_used(artifact, spec) else 0
 
 
 def b_edge_rows(artifact: KernelArtifact, spec: GemmSpec) -> int:
@@ -104,7 +104,7 @@ def edge_maps(artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView, 
     rows left in its last M block paced whole waves 1.3x slower (400 x 4096 x 7168 BF16: 56.5 us, 448 rows: 42.3).
     A's map only for tiles up to A_EDGE_MAX_BLOCK_N columns.
     A map a kernel does not use is passed as the main one."""
-    if spec.grouped or not _takes_edge_maps(artifact.cubin, artifact.entry):
+    if spec.grouped or not takes(artifact, "edge_maps"):
         return ()
     cfg = artifact.config
     a_rows, b_rows = a_edge_rows(artifact, spec, m), b_edge_rows(artifact, spec)
