@@ -153,6 +153,14 @@ def _product(ms, nks) -> tuple[Shape, ...]:
 # DeepSeek-V3 dense projections (DeepGEMM's own benchmark shapes): decode (64), small prefill (128), prefill (4096).
 _DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 
+# Dense projections of other model families, (N, K) = (output features, input features) of the weight: the
+# cost model and its M buckets were tuned on DeepSeek's shapes, so these rows check that the choices carry over.
+# Llama-3.1-8B: qkv (32 + 2 x 8 heads of 128), o, gate_up (2 x 14336), down; Llama-3.1-70B sharded over 8 GPUs
+# (tensor parallel: qkv / gate_up split by columns, o / down by rows); Qwen2.5-7B (28 + 2 x 4 heads, 18944).
+_MODELS_NK = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+              (1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584),
+              (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944))
+
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
@@ -164,6 +172,11 @@ SUITES: dict[str, Suite] = {
         Suite("decode", _product((1, 8, 16, 32, 64, 128), _DEEPSEEK_NK),
               _product((1, 16), ((2112, 7168), (7168, 16384))),
               "DeepSeek-V3 projections at decode sizes, M in {1, 8, 16, 32, 64, 128}"),
+        # M = 1000: a partial last M block at prefill size (DESIGN.md: odd sizes in every sweep).
+        Suite("models", _product((1, 32, 256, 1000, 4096), _MODELS_NK),
+              _product((32, 4096), ((6144, 4096), (8192, 1024))),
+              "Llama-3.1-8B, Llama-3.1-70B at tensor parallel 8 and Qwen2.5-7B projections, M in {1, 32, 256, 1000, "
+              "4096}"),
         Suite("square", ((4096, 4096, 4096), (8192, 8192, 8192)), ((4096, 4096, 4096),),
               "large square, compute-bound"),
         Suite("seed", ((64, 4096, 4096), (1, 4096, 4096), (4096, 4096, 4096)),

@@ -39,6 +39,9 @@ def test_suite_expansion_counts_and_dedup():
     assert (64, 2112, 7168) in ds and (4096, 7168, 16384) in ds and (128, 32768, 512) in ds
     quick = suites.expand(("deepseek",), ("bf16",), ("nt",), quick=True)
     assert 0 < len(quick) < 18 and all(c.suite == "deepseek" for c in quick)
+    # models: 12 projections of Llama-3.1-8B / 70B (TP 8) / Qwen2.5-7B x M in {1, 32, 256, 1000, 4096}
+    models = {(c.m, c.n, c.k) for c in suites.expand(("models",), ("bf16",), ("nt",))}
+    assert len(models) == 60 and (1000, 28672, 4096) in models and (1, 3584, 18944) in models
     with pytest.raises(ValueError, match="unknown suite"):
         suites.expand(("nope",), ("bf16",))
     with pytest.raises(ValueError, match="unknown dtype"):
