@@ -84,16 +84,18 @@ def _b_evict_first(gemm) -> dict | None:
 
 
 def _edge_maps(gemm) -> dict | None:
-    """How the sm90 kernel loads a partial last M / N block (launch.edge_maps): `a` whether A's comes through a map
-    whose box ends at M (per call, M % block_m rows, when M is larger than one tile), `b_rows` the rows of B's edge
-    box (N % block_n; 0: N is whole tiles); None for kernels without edge maps (grouped, other families, templates
-    before them)."""
+    """How the sm90 kernel loads a partial last M / N block (launch.edge_maps): `a_rows_at_m_hint` the rows of A's
+    edge map at the build's M (M % block_m; 0: whole boxes, where M is whole tiles, one tile, or launch.a_edge_used
+    leaves a wide tile's edge block to TMA's fill; None without an M), the rule's constants, and `b_rows` the rows of
+    B's edge box (N % block_n; 0: N is whole tiles); None for kernels without edge maps (grouped, other families,
+    templates before them)."""
     art, spec = gemm.artifact, gemm.spec
     if gemm.config.family != "sm90" or not launch.takes(art, "edge_maps"):
         return None
-    return {"a": launch.a_edge_used(art, spec), "a_max_block_n": launch.A_EDGE_MAX_BLOCK_N,
-            "b_rows": launch.b_edge_rows(art, spec),
-            "a_rows_at_m_hint": launch.a_edge_rows(art, spec, gemm.m_hint) if gemm.m_hint else None}
+    return {"a_rows_at_m_hint": launch.a_edge_rows(art, spec, gemm.m_hint) if gemm.m_hint else None,
+            "a_max_block_n": launch.A_EDGE_MAX_BLOCK_N,
+            "a_wide": {"max_last_band": launch.A_EDGE_WIDE_MAX_LAST_BAND, "max_rows": launch.A_EDGE_WIDE_MAX_ROWS},
+            "b_rows": launch.b_edge_rows(art, spec)}
 
 
 def _num_sms() -> int:

@@ -70,23 +70,40 @@ def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
 # (bench/results/*exp-ab-a-edge-on-off*, BF16): 128x128 at 400 x 4096 x 7168 55.8 -> 42.4 us (128x64 / 128x96 rows
 # alike), 128x176 at 1300 x 4096 x 7168 107.3 / 107.6 (even); 128x224 / 128x256 ring tiles in one wave 0.5-2% slower
 # with it (400 x 7168 x 16384 147.6 -> 150.8, 900 x 4096 x 7168 75.9 -> 77.3), equal in several waves. Wider tiles
-# load whole A boxes, as before the edge maps. (B's edge map, for the last N block, pays at every width: 2600 x 4096
-# x 7168 at 128x240, whose last N block is 16 columns, 223.7 -> 210.3 us.)
+# load whole A boxes, as before the edge maps, except as below. (B's edge map, for the last N block, pays at every
+# width: 2600 x 4096 x 7168 at 128x240, whose last N block is 16 columns, 223.7 -> 210.3 us.)
 A_EDGE_MAX_BLOCK_N = 176
+# ... except where the last M block's tiles are a large share of the last waves and fill most of their A box: the
+# raster (sched_sm90.cuh) walks the M blocks in bands of group_m, the last band last, so with at most
+# A_EDGE_WIDE_MAX_LAST_BAND M blocks in it and at most A_EDGE_WIDE_MAX_ROWS rows in the edge block, wider tiles take
+# A's edge map too. H200 session 24, A's edge map at every width against this rule's predecessor (up to 176 only), one
+# call per set, BF16 (bench/results/*exp-ab-a-edge-wide-*-s24*): 129 x 37888 x 3584 (128x192) 142.6 -> 98.8 us,
+# 129 x 28672 x 4096 (128x224) 112.3 -> 85.2, 160 rows 96.4 -> 85.0, 257 x 8192 x 8192 87.1 -> 68.9, 257 x 28672 x
+# 4096 135.9 -> 122.3, 2049 rows (17 M blocks: a last band of one) 1.8-4% faster on four shapes; 1-2.4% slower at 4 to
+# 9 M blocks (385 x 7168 x 16384 148.3 -> 151.9, 513 x 37888 x 3584, 1025 x 8192 x 8192) and at 300 rows (44 in the
+# edge block: 120.3 -> 122.9 at 28672 x 4096), which the rule leaves out; 200 rows (72), 2600 and 3100 rows even.
+A_EDGE_WIDE_MAX_LAST_BAND = 3
+A_EDGE_WIDE_MAX_ROWS = 32
 
 
-def a_edge_used(artifact: KernelArtifact, spec: GemmSpec) -> bool:
-    """Whether the kernel loads A's partial last M block through an edge map: a dense K-major A, tiles at most
-    A_EDGE_MAX_BLOCK_N wide (DEEPGEMM_JIT_NO_A_EDGE turns it off for A/B runs)."""
-    return (not spec.grouped and spec.a_k_major and artifact.config.block_n <= A_EDGE_MAX_BLOCK_N
-            and not env.no_a_edge())
+def a_edge_used(artifact: KernelArtifact, spec: GemmSpec, m: int) -> bool:
+    """Whether a call with M rows loads A's partial last M block through an edge map: a dense K-major A of more rows
+    than one tile with a partial last block, on tiles up to A_EDGE_MAX_BLOCK_N wide or on wider ones whose last
+    raster band and edge block are small (A_EDGE_WIDE_*); DEEPGEMM_JIT_NO_A_EDGE turns it off for A/B runs."""
+    cfg = artifact.config
+    edge = m % cfg.block_m
+    if spec.grouped or not spec.a_k_major or m <= cfg.block_m or edge == 0 or env.no_a_edge():
+        return False
+    if cfg.block_n <= A_EDGE_MAX_BLOCK_N:
+        return True
+    last_band = (-(-m // cfg.block_m) - 1) % cfg.group_m + 1
+    return last_band <= A_EDGE_WIDE_MAX_LAST_BAND and edge <= A_EDGE_WIDE_MAX_ROWS
 
 
 def a_edge_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
-    """Rows of A's edge map (GemmSm90::EdgeMaps): M % block_m where a_edge_used and A has more rows than one tile,
-    else 0 (no tile loads through it; a_box_rows shrinks the one tile of a smaller A)."""
-    block_m = artifact.config.block_m
-    return m % block_m if m > block_m and a_edge_used(artifact, spec) else 0
+    """Rows of A's edge map (GemmSm90::EdgeMaps): M % block_m where a_edge_used, else 0 (no tile loads through it;
+    a_box_rows shrinks the one tile of a smaller A)."""
+    return m % artifact.config.block_m if a_edge_used(artifact, spec, m) else 0
 
 
 def b_edge_rows(artifact: KernelArtifact, spec: GemmSpec) -> int:
@@ -102,7 +119,7 @@ def edge_maps(artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView, 
     for kernels without them. TMA zero-fills a box's rows past the tensor at a few cycles per row on every K block,
     so the tiles of a partial last M / N block load through maps whose boxes end at the tensor: a 128-row tile with 16
     rows left in its last M block paced whole waves 1.3x slower (400 x 4096 x 7168 BF16: 56.5 us, 448 rows: 42.3).
-    A's map only for tiles up to A_EDGE_MAX_BLOCK_N columns.
+    A's map where a_edge_used.
     A map a kernel does not use is passed as the main one."""
     if spec.grouped or not takes(artifact, "edge_maps"):
         return ()

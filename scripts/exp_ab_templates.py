@@ -14,7 +14,9 @@ TILE in bench --tiles syntax (BMxBN[sS][p], p: ping-pong), and DIR "." is the ch
 tiles). --problems rows are DTYPE[+EPILOGUE]:MxNxK (e.g. bf16+bias+gelu:4096x24576x1536, with the bench's
 epilogue operands); there DIR@wkW / DIR@wkold force the weight-streaming kernel's warps_k, DIR@cpsC its CTAs per
 SM (launch bounds and grid rule), DIR@nows builds without weight streaming (the tile kernels at small M), DIR@noaedge
-loads A's partial last M block through the whole-box map (launch.edge_maps' A edge off), DIR@nobulk
+loads A's partial last M block through the whole-box map (launch.edge_maps' A edge off), DIR@aedge through A's edge
+map at every tile width (launch.A_EDGE_MAX_BLOCK_N lifted), DIR@aedge176 on tiles up to 176 columns only (session 23's
+rule, without launch.A_EDGE_WIDE_*), DIR@nobulk
 copies FP8 block A scales with the scale warp (DEEPGEMM_JIT_NO_BULK_SCALES=1 for that tree's launch plan).
 --time-wrong times --problems rows whose results are off (trees that drop work on purpose, to bound a cost).
 """
@@ -60,9 +62,10 @@ def main() -> int:
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
-        if not args.problems and (tile in ("nows", "nobulk", "noaedge") or tile.startswith(("wk", "cps"))):
-            ap.error(f"--tree {name}={spec}: @nows, @nobulk, @noaedge, @wkW / @wkold and @cpsC apply to --problems "
-                     "rows only")
+        problem_only = ("nows", "nobulk", "noaedge", "aedge", "aedge176")
+        if not args.problems and (tile in problem_only or tile.startswith(("wk", "cps"))):
+            ap.error(f"--tree {name}={spec}: @nows, @nobulk, @noaedge, @aedge[176], @wkW / @wkold and @cpsC apply to "
+                     "--problems rows only")
         trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
     if args.nobulk:
         trees.append(("nobulk", None, args.tile, False))
@@ -136,7 +139,7 @@ def _time_problem(problem: str, trees, reps: int, time_wrong: bool = False) -> d
     from bench import dtypes as bench_dtypes
     from bench import runner
     from bench.suites import forced_tile_config
-    from deepgemm_jit import gemv, reference, timing
+    from deepgemm_jit import gemv, launch, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
     kind, _, dims = problem.partition(":")
@@ -177,7 +180,13 @@ def _time_problem(problem: str, trees, reps: int, time_wrong: bool = False) -> d
             os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "1"
         if tile == "noaedge":  # DIR@noaedge: A's partial last M block through the whole-box map (launch.edge_maps)
             os.environ["DEEPGEMM_JIT_NO_A_EDGE"] = "1"
+        a_edge_rule = launch.A_EDGE_MAX_BLOCK_N, launch.A_EDGE_WIDE_MAX_LAST_BAND
+        if tile == "aedge":  # DIR@aedge: A's edge map at every tile width (launch.A_EDGE_MAX_BLOCK_N lifted)
+            launch.A_EDGE_MAX_BLOCK_N = 256
+        if tile == "aedge176":  # DIR@aedge176: A's edge map up to 176 columns only (session 23's rule)
+            launch.A_EDGE_WIDE_MAX_LAST_BAND = 0
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
+        launch.A_EDGE_MAX_BLOCK_N, launch.A_EDGE_WIDE_MAX_LAST_BAND = a_edge_rule
         os.environ.pop("DEEPGEMM_JIT_NO_BULK_SCALES", None)
         os.environ.pop("DEEPGEMM_JIT_NO_A_EDGE", None)
         gemv.choose_warps_k = choose_warps_k

@@ -89,8 +89,9 @@ def test_explain_json_keys(shared_cache_dir, monkeypatch):
     # Edge maps (launch.edge_maps): B's box rows, and whether A's partial last M block has its own map.
     edges = build(400, 2112, 7168, dtype="bf16", arch="sm_90a").explain()
     cfg = edges["config"]
-    assert edges["edge_maps"] == {"a": cfg["block_n"] <= 176, "a_max_block_n": 176, "b_rows": 2112 % cfg["block_n"],
-                                  "a_rows_at_m_hint": 400 % cfg["block_m"] if cfg["block_n"] <= 176 else 0}
+    assert edges["edge_maps"] == {"a_rows_at_m_hint": 400 % cfg["block_m"] if cfg["block_n"] <= 176 else 0,
+                                  "a_max_block_n": 176, "a_wide": {"max_last_band": 3, "max_rows": 32},
+                                  "b_rows": 2112 % cfg["block_n"]}
 
 
 def test_sass_opcode_parser():
@@ -213,8 +214,8 @@ def test_a_box_rows_shrinks_to_m_for_single_tile_problems(shared_cache_dir, monk
 
 def test_edge_maps_for_partial_last_blocks(shared_cache_dir, monkeypatch):
     """launch.edge_maps: dense kernels take A's and B's edge maps last; A's has M % block_m rows for a multi-tile A
-    with a partial last M block on tiles up to A_EDGE_MAX_BLOCK_N wide (0 rows otherwise: a_box_rows covers a single
-    tile), B's N % block_n rows. Grouped kernels take none."""
+    with a partial last M block on tiles up to A_EDGE_MAX_BLOCK_N wide, or wider where launch.a_edge_used allows (0
+    rows otherwise; a_box_rows covers a single tile), B's N % block_n rows. Grouped kernels take none."""
     from deepgemm_jit import cubin, launch
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
@@ -226,7 +227,12 @@ def test_edge_maps_for_partial_last_blocks(shared_cache_dir, monkeypatch):
     odd_n = GemmSpec.create(2112, 7168, dtype="bf16")
     assert launch.b_edge_rows(jit.get_kernel(odd_n, config.sm90_config(odd_n, 128, 128), "sm_90a"), odd_n) == 64
     wide = jit.get_kernel(odd_n, config.sm90_config(odd_n, 128, 240), "sm_90a")  # past launch.A_EDGE_MAX_BLOCK_N
-    assert launch.a_edge_rows(wide, odd_n, 400) == 0 and launch.b_edge_rows(wide, odd_n) == 2112 % 240
+    assert launch.b_edge_rows(wide, odd_n) == 2112 % 240
+    # Wider tiles: only with at most 3 M blocks in the last raster band (16 M blocks a band) and at most 32 rows in
+    # the edge block: 129, 160, 257 and 2049 rows (17 M blocks) yes; 200 (72 rows), 300 (44), 400 (4 M blocks),
+    # 1025 (9) and 2600 rows (21: a band of 5) no.
+    assert [launch.a_edge_rows(wide, odd_n, m) for m in (129, 160, 200, 257, 300, 400, 1025, 2049, 2600, 4096)] == [
+        1, 32, 0, 1, 0, 0, 0, 1, 0, 0]
     grouped = GemmSpec.create(7168, 4096, dtype="fp8", scaling="block", grouped=True)
     art_g = jit.get_kernel(grouped, config.sm90_config(grouped, 128, 128), "sm_90a")
     assert cubin.optional_entry_symbol(art_g.cubin, art_g.entry, "takes_edge_maps") is None
