@@ -363,6 +363,16 @@ def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
 SM90_FP8_TENSOR_MIN_BLOCK_N = 96
 
 
+# An MN-major B (layouts nn, tn) leaves the cost model BLOCK_N = 64, 128, 192 or 256, and its waves term chose 64
+# where it saves a wave of 128s: 1.4-2.2x slower than 128 / 192 at 1000 and 4096 rows (H200 session 24, bench --tiles
+# on the models suite, bench/results/*models-bf16-nn-tn-tiles-s24*: tn 1000 x 4608 x 3584 122.5 us at 128x64 vs 61.3
+# at 128x192 (cuBLAS 46.6), nn 4096 x 1280 x 8192 196.4 vs 132.0 (110.8)); 64 was never the fastest of the seven
+# tiles timed on the 12 rows. From this bucket on it is left out. (The model's (block_m + block_n) term underweights a
+# narrow tile's bytes per FLOP; K-major B has the widths between 64 and 128 to fall back on, and its 128x64 picks
+# there are left alone: nt 4096 x 1280 x 8192 picks 128x160.)
+SM90_MN_B_MIN_M_NO_64 = 512
+
+
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
     """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Measured exceptions to
     the waves model for FP8 at M >= 256 (H200 sweeps, bench/results/*probe-block-row-tiles*, and as cited):
@@ -384,6 +394,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
       128 = 176 on 4096x7168) stay, 160 was 2-4% slower there. At K > 2048 (N >= 2048, M >= 1024) it keeps the
       model's picks of at least SM90_FP8_TENSOR_MIN_BLOCK_N columns (session 22: 128x64 lost up to 1.49x).
     """
+    if not spec.b_k_major and block_n == SM90_MN_BLOCK and m_hint >= SM90_MN_B_MIN_M_NO_64:
+        return False
     if m_hint < 256:
         return spec.scaling != "block" or 128 % block_n == 0
     # Since session 18 a promoted FP8 128x128 tile keeps two partial sets (sm90_two_partial_sets) and ran 1-6% faster

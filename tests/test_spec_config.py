@@ -325,3 +325,16 @@ def test_fp8_tensor_mid_m_floor_on_block_n():
     assert config.choose_config(spec, 512, "sm_90a", 132).block_n == 64  # below 1024 rows: unchanged
     narrow_n = GemmSpec.create(1024, 7168, dtype="fp8", scaling="tensor")  # fills the SMs with narrow tiles
     assert config.choose_config(narrow_n, 1024, "sm_90a", 132).block_n == 64
+
+
+def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
+    """config.SM90_MN_B_MIN_M_NO_64: with an MN-major B (nn, tn) the cost model chose 128x64 where it saved a wave of
+    128x128, and ran 1.4-2.2x slower than 128 / 192 columns (H200 session 24); from 512 rows 64 is not preferred."""
+    for layout in ("nn", "tn"):
+        for m, n, k in ((1000, 4608, 3584), (4096, 1280, 8192)):
+            spec = GemmSpec.create(n, k, dtype="bf16", layout=layout)
+            assert config.choose_config(spec, m, "sm_90a", 132).block_n == 192, (layout, m, n, k)
+    spec = GemmSpec.create(4608, 3584, dtype="bf16", layout="nn")
+    assert config.sm90_block_n_preferred(spec, 64, 256) and not config.sm90_block_n_preferred(spec, 64, 512)
+    nt = GemmSpec.create(4608, 3584, dtype="bf16")
+    assert config.sm90_block_n_preferred(nt, 64, 4096)  # K-major B: unchanged
