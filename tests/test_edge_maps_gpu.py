@@ -30,6 +30,12 @@ CASES = [
     ("fp8_block", "128x176", None),
     ("fp8_block", "128x128", "quant_fp8_g128"),
     ("int8", "128x128", None),
+    # The last M block's second consumer has no rows below M at these M (extra <= 64 rows past whole tiles) and
+    # passes its stages back without wgmmas (GemmSm90::rows_idle), in every cooperative case above and with a
+    # split-K tile, 256-row tiles (two m64 slices per consumer) and C and residual tiles loaded during the main loop.
+    ("bf16", "128x128k", None),
+    ("bf16", "256x128", None),
+    ("bf16", "128x176", "beta+bias+residual"),
 ]
 
 
@@ -62,7 +68,9 @@ def test_edge_tiles_match_reference_and_whole_rows(name, tile, epilogue, extra):
     g = build(m, n, K, dtype=info.lib, scaling=info.scaling, epilogue=epilogue, config=cfg, weight_streaming=False)
     rng = cupy.random.default_rng(1000 * extra + block_n)
     inputs = runner.operands(info, spec, m_whole, rng, b_scale=1.0 / K ** 0.5)
-    bias = reference.random_matrix((n,), spec.out_dtype, rng) if spec.epi.bias != "none" else None
+    ops = runner.epilogue_operands(spec.epi, m_whole, n, spec.out_dtype, rng)
+    rows = EpilogueOperands(bias=ops.bias, c=None if ops.c is None else ops.c[:m],
+                            residual=None if ops.residual is None else ops.residual[:m], alpha=ops.alpha, beta=ops.beta)
     if quant:  # (q, scales): the rows below M of both, bit for bit against the whole-rows call
         q_whole, s_whole = g(inputs.a, inputs.b, **_rows_of(inputs.scaling, m_whole))
         q, s = g(inputs.a[:m], inputs.b, **_rows_of(inputs.scaling, m))
@@ -70,15 +78,15 @@ def test_edge_tiles_match_reference_and_whole_rows(name, tile, epilogue, extra):
         assert np.array_equal(_bits(q), _bits(q_whole[:m])) and np.array_equal(_bits(s), _bits(s_whole[:m])), (tile, m)
         return
     out_whole = reference.poisoned(spec.out_shape(m_whole), spec.out_dtype)
-    g(inputs.a, inputs.b, out=out_whole, bias=bias, **_rows_of(inputs.scaling, m_whole))
+    g(inputs.a, inputs.b, out=out_whole, **ops.call_kwargs(spec.epi), **_rows_of(inputs.scaling, m_whole))
     # The call under test writes the first m rows of a larger poisoned buffer; the rows past m must stay as they were.
     big = reference.poisoned((m + 8, spec.n_out), spec.out_dtype)
     before = _bits(big[m:])
     out = big[:m]
-    g(inputs.a[:m], inputs.b, out=out, bias=bias, **_rows_of(inputs.scaling, m))
+    g(inputs.a[:m], inputs.b, out=out, **rows.call_kwargs(spec.epi), **_rows_of(inputs.scaling, m))
     cupy.cuda.get_current_stream().synchronize()
     assert np.array_equal(_bits(big[m:]), before), (tile, m, "rows past M were written")
-    ref = runner.apply_epilogue(inputs.ref[:m], spec.epi, EpilogueOperands(bias=bias))
+    ref = runner.apply_epilogue(inputs.ref[:m], spec.epi, rows)
     if inputs.is_exact:
         assert bool((out == ref.astype(out.dtype)).all()), (tile, m, n)
     else:
