@@ -1077,9 +1077,19 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
 # 49.3). H200, docs/NOTES.md session 21 (scripts/exp_m_buckets.py): 128-row buckets in (512, 4096] took BF16 from
 # 0.821 to 0.925 and 0.937 to 0.989 geomean against cuBLAS, FP8 per-tensor 1.042 -> 1.063, FP8 block 1.021 -> 1.032
 # and 1.094 -> 1.090 (99 rows at M = 586..3500). M in (256, 320] has its own bucket, 5 blocks of the 64-row tiles the
-# cost model weighs there for 8-bit types (SM90_ROWS64_BUCKETS; 16-bit costs 128-row tiles at 320 rows). Small M
-# otherwise keeps powers of two (the decode rules were measured on them); above 4096 a 128-row block is under 3% of M.
-M_BUCKET_STEPS = ((256, 320, 64), (512, 4096, 128))
+# cost model weighs there for 8-bit types (SM90_ROWS64_BUCKETS; 16-bit costs 128-row tiles at 320 rows), and M in
+# (320, 384] its own too: the 512-row bucket's tiles ran there 1.13x slower in geomean (BF16) and 1.10x (FP8
+# per-tensor) than the cost model's picks for 384 rows (H200 session 24, scripts/exp_m_buckets.py --against rows,
+# bench/results/*exp-m-buckets-384-rows-s24*, 14 shapes x 330 / 384 rows: BF16 24576 x 1536 54.5 -> 43.8 us, 4096 x
+# 7168 40.5 -> 34.1, FP8 7168 x 16384 81.8 -> 66.1; against cuBLAS BF16 0.90 -> 1.02, FP8 1.00 -> 1.10; one row 1.3%
+# slower); against the 512-row bucket's kernels (--against no384, *exp-m-buckets-384-vs-512-bucket-*): FP16 1.119x,
+# TF32 1.129x, FP8 block 1.013x (the one changed row 1.205x), none slower; fp32's raw-B GEMM 8-37% faster than the
+# 512-row bucket's tiles on 5 shapes (*exp-fp32-384-bucket-*). At 400 / 448 rows the cost model's picks equal the
+# 512-row bucket's on the same shapes. Small M otherwise keeps powers of two (the decode rules were measured on
+# them); above 4096 a 128-row block is under 3% of M.
+M_BUCKET_STEPS = ((256, 384, 64), (512, 4096, 128))
+# Buckets measured on dense GEMMs only: grouped GEMMs choose their tile for the next bucket that is not one of them.
+DENSE_ONLY_BUCKETS = (320, 384)
 
 
 def m_bucket(m: int) -> int:
@@ -1108,11 +1118,12 @@ def next_m_bucket(bucket: int) -> int:
 
 def tile_bucket(spec: GemmSpec, m_hint: int) -> int:
     """The M bucket `spec`'s tile is chosen for (choose_config; explain reports it): m_bucket, except that grouped
-    GEMMs skip SM90_ROWS64_BUCKETS, which exist for dense 64-row tiles (measured there), and keep the next bucket's
-    choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked rows, session 19)."""
+    GEMMs skip DENSE_ONLY_BUCKETS (the 320-row one exists for dense 64-row tiles, the 384-row one was measured on
+    dense GEMMs) and keep the 512-row bucket's choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked rows,
+    session 19)."""
     bucket = m_bucket(m_hint)
-    if spec.grouped and bucket in SM90_ROWS64_BUCKETS:
-        return next_m_bucket(bucket)
+    while spec.grouped and bucket in DENSE_ONLY_BUCKETS:
+        bucket = next_m_bucket(bucket)
     return bucket
 
 

@@ -15,7 +15,8 @@ cuBLAS, in one interleaved run.
 - no16ring: the config with 16-bit D tiles staged whole (RULES["no16ring"]; session 22's ring rule off);
 - ring5: the 16-bit ring also where it takes a tile from 4 stages to 5 (RULES["ring5"]);
 - fp8narrow: per-tensor FP8 tiles of any width at M >= 1024 (RULES["fp8narrow"]; before session 22);
-- rows128at320: the 320-row bucket with 128-row tiles only (RULES["rows128at320"]).
+- rows128at320: the 320-row bucket with 128-row tiles only (RULES["rows128at320"]);
+- no384: M in (320, 384] in the 512-row bucket, as before session 24 (RULES["no384"]).
 --epilogue fuses an epilogue (e.g. bias, bias+gelu) into every contender, with the bench's operands (B scaled by
 1 / sqrt(K)); "cublas" is then cuBLAS + the separate torch ops.
 --tiles adds forced sm90 tiles (bench --tiles syntax) as contenders of every row, to ask what a tile would give
@@ -39,6 +40,7 @@ RULES = {
     "ring5": {"SM90_D_RING_16BIT_MAX_STAGES": 4},  # ... and tiles at 4 stages take the ring for a fifth
     "fp8narrow": {"SM90_FP8_TENSOR_MIN_BLOCK_N": 8},  # per-tensor FP8 at M >= 1024 may pick any width (session 21)
     "rows128at320": {"SM90_ROWS64_BUCKETS": ()},  # the 320-row bucket kept, 128-row tiles only (session 23)
+    "no384": {"M_BUCKET_STEPS": ((256, 320, 64), (512, 4096, 128))},  # 321-384 rows in the 512 bucket (sessions 21-23)
 }
 
 

@@ -124,13 +124,13 @@ def test_sm90_heuristic_follows_waves():
 
 
 def test_m_buckets():
-    """Powers of two up to 256 rows, 320 for (256, 320], 512, then whole 128-row blocks up to 4096 and powers of two
-    above (M_BUCKET_STEPS)."""
-    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 257, 300, 320, 321, 512, 513, 586, 640, 641, 3000,
-                                         4096, 4097, 10**6)] == \
-        [64, 64, 128, 128, 256, 320, 320, 320, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192, 16384]
-    assert [config.next_m_bucket(b) for b in (64, 256, 320, 512, 640, 3968, 4096, 8192)] == \
-        [128, 320, 512, 640, 768, 4096, 8192, 16384]
+    """Powers of two up to 256 rows, 320 for (256, 320], 384 for (320, 384], 512, then whole 128-row blocks up to
+    4096 and powers of two above (M_BUCKET_STEPS)."""
+    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 257, 300, 320, 321, 384, 385, 512, 513, 586, 640, 641,
+                                         3000, 4096, 4097, 10**6)] == \
+        [64, 64, 128, 128, 256, 320, 320, 320, 384, 384, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192, 16384]
+    assert [config.next_m_bucket(b) for b in (64, 256, 320, 384, 512, 640, 3968, 4096, 8192)] == \
+        [128, 320, 384, 512, 640, 768, 4096, 8192, 16384]
     spec = GemmSpec.create(4096, 7168, dtype="bf16")
     # Every M of a bucket gets the same config (and so the same compiled kernel) ...
     assert config.choose_config(spec, 2945, "sm_90a") == config.choose_config(spec, 3072, "sm_90a")
@@ -142,11 +142,16 @@ def test_m_buckets():
             for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
     assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
             for m in (64, 300, 400)] == [64, 64, 128]
+    # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
+    # take 128x128
+    bf16 = GemmSpec.create(4096, 7168, dtype="bf16")
+    assert [config.choose_config(bf16, m, "sm_90a").block_n for m in (330, 384, 385, 512)] == [96, 96, 128, 128]
     # grouped GEMMs (measured elsewhere) keep the 512-row bucket's choice there
     grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
     for groups in (1, 16):
-        assert config.choose_config(grouped, 300, "sm_90a", groups=groups) == \
-            config.choose_config(grouped, 512, "sm_90a", groups=groups)
+        for m in (300, 384):
+            assert config.choose_config(grouped, m, "sm_90a", groups=groups) == \
+                config.choose_config(grouped, 512, "sm_90a", groups=groups)
 
 
 def test_d_slice_widths_mirror_the_kernel():

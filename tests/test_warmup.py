@@ -13,8 +13,8 @@ from deepgemm_jit.quantization import QuantKernelSpec
 from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
-# config.m_bucket: powers of two, 320, then whole 128-row blocks from 512 to 4096 rows
-ALL_BUCKETS = (64, 128, 256, 320, 512, *range(640, 4097, 128), 8192, 16384)
+# config.m_bucket: powers of two, 320, 384, then whole 128-row blocks from 512 to 4096 rows
+ALL_BUCKETS = (64, 128, 256, 320, 384, 512, *range(640, 4097, 128), 8192, 16384)
 BUCKETS_TO_4096 = ALL_BUCKETS[:-2]
 
 
@@ -108,7 +108,8 @@ def test_model_shapes_errors_name_the_key():
 # -- sources ------------------------------------------------------------------------------------------
 def test_m_buckets():
     assert warmup.m_buckets(1, 16384) == ALL_BUCKETS
-    assert warmup.m_buckets(100, 100) == (128,) and warmup.m_buckets(65, 1000) == (128, 256, 320, 512, 640, 768, 896, 1024)
+    assert warmup.m_buckets(100, 100) == (128,)
+    assert warmup.m_buckets(65, 1000) == (128, 256, 320, 384, 512, 640, 768, 896, 1024)
     assert warmup.m_buckets(1, 10**6) == ALL_BUCKETS
     assert warmup.parse_m("1-16384") == ALL_BUCKETS and warmup.parse_m("4096") == (4096,)
     for bad in ("0-5", "9-3", "x", "1-2-3"):
