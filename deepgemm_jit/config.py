@@ -1092,6 +1092,12 @@ M_BUCKET_STEPS = ((256, 384, 64), (512, 4096, 128))
 DENSE_ONLY_BUCKETS = (320, 384)
 
 
+def raster_band_m_blocks(m_blocks: int, group_m: int, band: int) -> int:
+    """M blocks in band `band` of the persistent tile order (sched_sm90.cuh's raster: bands of group_m consecutive
+    M blocks, the last band holding what is left); its host mirror for grouped.tile_walk and launch.a_edge_used."""
+    return min(group_m, m_blocks - band * group_m)
+
+
 def m_bucket(m: int) -> int:
     """The M a config is chosen for: M rounded up to a whole step of rows inside a range of M_BUCKET_STEPS, else to
     a power of two in [64, 16384].

@@ -157,9 +157,8 @@ def tile_walk(ranges: list[tuple[int, int]], block_m: int, num_n_blocks: int, gr
         m_blocks = -(-(e - s) // block_m)
         for t in range(m_blocks * num_n_blocks):
             band, in_band = divmod(t, group_m * num_n_blocks)
-            first = band * group_m
-            band_m = min(group_m, m_blocks - first)
-            tiles.append((g, s + (first + in_band % band_m) * block_m, e, in_band // band_m))
+            band_m = config_mod.raster_band_m_blocks(m_blocks, group_m, band)
+            tiles.append((g, s + (band * group_m + in_band % band_m) * block_m, e, in_band // band_m))
     return [tiles[c::num_ctas] for c in range(num_ctas)]
 
 

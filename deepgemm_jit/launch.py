@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import config as config_mod
 from . import cubin as cubin_mod
 from . import device, env, runtime, tma
 from .arrays import MatrixView, ScaleView
@@ -96,7 +97,8 @@ def a_edge_used(artifact: KernelArtifact, spec: GemmSpec, m: int) -> bool:
         return False
     if cfg.block_n <= A_EDGE_MAX_BLOCK_N:
         return True
-    last_band = (-(-m // cfg.block_m) - 1) % cfg.group_m + 1
+    m_blocks = -(-m // cfg.block_m)
+    last_band = config_mod.raster_band_m_blocks(m_blocks, cfg.group_m, (m_blocks - 1) // cfg.group_m)
     return last_band <= A_EDGE_WIDE_MAX_LAST_BAND and edge <= A_EDGE_WIDE_MAX_ROWS
 
 
