@@ -188,6 +188,12 @@ SUITES: dict[str, Suite] = {
                       (333, 7168, 2048)),
               ((7, 13, 24), (1000, 1000, 1000)),
               "odd and small sizes (correctness-minded)"),
+        # K (and, for nn / tn, N) whose 16-bit rows are aligned to the element only: TMA cannot read them in place,
+        # so they run staged copies (staging.py) or the portable kernel; these rows time that path against cuBLAS.
+        Suite("oddk", ((17, 33, 65), (100, 100, 99), (129, 257, 135), (1000, 1001, 1003), (333, 7168, 2047),
+                       (4095, 4097, 4099)),
+              ((17, 33, 65), (1000, 1001, 1003)),
+              "odd K: operands TMA cannot describe in place"),
     )
 }
 

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, env, gemv, jit, launch, runtime, splitk
+from . import device, dtypes, env, gemv, jit, launch, runtime, splitk, staging
 from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, new_mn_major_scales, out_view,
                      overlaps, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
@@ -97,6 +97,8 @@ class Gemm:
         self.deterministic = deterministic
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
         self._split_workspace = splitk.Workspace()
+        # Aligned copies of operands TMA cannot describe (staging.py; _stages says when they are used).
+        self._staging = staging.StagingBuffers()
 
     @property
     def family(self) -> str:
@@ -333,8 +335,10 @@ class Gemm:
                 plan.run(cu_stream)
                 self._remember_plan(key if replayable else None, plan, kind)
                 return result
-        if self._sm90_only and not all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
-            self._run_staged(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
+        if self.config.family == "sm90" and self._stages(va, vb, vd, epi, cu_stream):
+            staged = self._staged_plan(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
+            staged.run(cu_stream)
+            self._remember_plan(key if replayable else None, staged, kind)
             return result
         artifact = self._artifact_for(va, vb, vd)
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
@@ -359,43 +363,38 @@ class Gemm:
                 self._launch_plans.clear()
             self._launch_plans[key] = (plan, kind)
 
-    def _run_staged(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
-                    epi: launch.EpilogueOperands, dev: int, cu_stream) -> None:
-        """8-bit operands, and the operands of fused epilogues (C and the residual included), that TMA cannot
-        describe (row pitch not a multiple of 16 bytes, e.g. K % 16 != 0, or a misaligned base) have no other
-        kernel family: they are copied into buffers with an aligned pitch,
-        and D goes through one when it is unaligned. The stream is synchronised before the buffers are
-        released, so this path is correct but slow: use K and N that are multiples of 16 for speed."""
+    def _stages(self, va: MatrixView, vb: MatrixView, vd: MatrixView, epi: launch.EpilogueOperands,
+                cu_stream) -> bool:
+        """Whether a call of the Hopper kernel runs on staged copies (_staged_plan): some operand is one TMA cannot
+        describe. The portable kernel is 2-4x slower on such operands even with 2- or 4-element loads
+        (config.sm90_supports), so it serves only kernels that have one (no 8-bit types or fused epilogues) and
+        only while the stream captures a CUDA graph before the staging buffers hold these operands (staging.py
+        allocates outside a capture)."""
+        views = (va, vb, vd) + epi.views()
+        if all(map(launch.tma_legal, views)):
+            return False
+        return self._sm90_only or not runtime.is_capturing(cu_stream) or all(
+            self._staging.fits(v, role) for v, role in zip((va, vb, vd), ("a", "b", "d")))
+
+    def _staged_plan(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
+                     epi: launch.EpilogueOperands, dev: int, cu_stream) -> staging.StagedPlan:
+        """The launch on aligned copies of the operands TMA cannot describe (row pitch not a multiple of 16 bytes,
+        e.g. K % 16 != 0, or a misaligned base), where _stages says so: they are copied into the Gemm's staging
+        buffers (staging.py, 16-byte pitches; no allocation or synchronisation once they are large enough), and D
+        goes through one when it is unaligned, copied out after the launch, all on the call's stream."""
         import cupy
 
-        staged: list = []
-
-        def aligned(view: MatrixView, copy_in: bool) -> MatrixView:
-            if launch.tma_legal(view):
-                return view
-            row_bytes = view.cols * view.itemsize
-            pitch = -(-row_bytes // 16) * 16
-            buf = cupy.empty((view.rows, pitch), dtype=cupy.uint8)
-            staged.append(buf)
-            if copy_in:
-                cupy.cuda.runtime.memcpy2DAsync(buf.data.ptr, pitch, view.ptr, view.row_stride * view.itemsize,
-                                                row_bytes, view.rows, 3, cu_stream.ptr)  # 3: device to device
-            return dataclasses.replace(view, ptr=buf.data.ptr, row_stride=pitch // view.itemsize)
-
         with cupy.cuda.Device(dev):
-            # C and the residual are copied before D's buffer is written (C may be out itself).
-            epi2 = dataclasses.replace(epi, **{arg: aligned(view, True) for arg, view in
-                                               (("c", epi.c), ("residual", epi.residual)) if view is not None})
-            va2, vb2, vd2 = aligned(va, True), aligned(vb, True), aligned(vd, False)
-            plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m, va2, vb2,
-                               vd2, dev, sa, sb, epi2, split=self._split_operands(self.artifact, m, dev, cu_stream))
-            plan.run(cu_stream)
-            if vd2 is not vd:
-                cupy.cuda.runtime.memcpy2DAsync(vd.ptr, vd.row_stride * vd.itemsize, vd2.ptr,
-                                                vd2.row_stride * vd2.itemsize, vd.cols * vd.itemsize, vd.rows, 3,
-                                                cu_stream.ptr)
-            cu_stream.synchronize()
-            staged.clear()  # the copies are done (synchronised above): release the buffers
+            originals = {"a": va, "b": vb, "c": epi.c, "residual": epi.residual}
+            staged = {role: self._staging.aligned(view, role, cu_stream, dev)
+                      for role, view in originals.items() if view is not None}
+            vd2 = self._staging.aligned(vd, "d", cu_stream, dev)
+            epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
+            plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m,
+                               staged["a"], staged["b"], vd2, dev, sa, sb, epi2,
+                               split=self._split_operands(self.artifact, m, dev, cu_stream))
+        copies_in = [(view, originals[role]) for role, view in staged.items() if view is not originals[role]]
+        return staging.StagedPlan.around(plan, copies_in, None if vd2 is vd else (vd2, vd))
 
     def explain(self) -> dict:
         from .explain import describe

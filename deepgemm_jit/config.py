@@ -430,21 +430,16 @@ def sm90_accumulators(block_m: int, block_n: int, promote: bool, pingpong: bool 
 
 
 def sm90_supports(spec: GemmSpec, arch: str) -> bool:
-    """Whether the Hopper family can take this spec with packed operands: sm_90a, a layout its WGMMA reads for the
-    type (nt for every type; nn, tn, tt for bf16 / fp16) and TMA-legal row strides (16-byte multiples) for the
-    rows the spec fixes: K for K-major operands, N for an MN-major B and for D. An MN-major A's rows are M long
-    (known per call: an M whose rows TMA cannot describe runs the portable kernel). 8-bit specs and fused
-    epilogues always go to sm90 (they have no other family); operands TMA cannot describe are staged through
-    padded copies at call time."""
+    """Whether the Hopper family builds this spec's kernel: sm_90a and a layout its WGMMA reads for the type (nt for
+    every type; nn, tn, tt for bf16 / fp16). Calls whose operands TMA cannot describe (row pitches or bases not
+    16-byte aligned: an odd K, K = 4100 in 16 bits, a sliced view) run it on aligned copies (Gemm._stages,
+    staging.py): 2-4x faster than the portable kernel with 1-, 2- or 4-element loads on every row measured
+    (1000 x 1000 x 1002 BF16 68.0 -> 20.9 us, 4096 x 4096 x 4100 810 -> 363; cuBLAS 24.1 / 544;
+    bench/results/*exp-staging-s25*). The portable family serves other archs, other layouts, and calls captured
+    in a CUDA graph before the staging buffers were sized."""
     if dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.grouped:
         return arch == "sm_90a"
-    if sm90_layout_problem(spec) is not None:
-        return False
-    esize = dtypes.get(spec.dtype).storage_bytes
-    out_esize = dtypes.get(spec.out_dtype).storage_bytes
-    k_rows_ok = (spec.k * esize) % 16 == 0 or not (spec.a_k_major or spec.b_k_major)
-    b_rows_ok = spec.b_k_major or (spec.n * esize) % 16 == 0
-    return arch == "sm_90a" and k_rows_ok and b_rows_ok and (spec.n * out_esize) % 16 == 0
+    return arch == "sm_90a" and sm90_layout_problem(spec) is None
 
 
 def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
@@ -1136,8 +1131,8 @@ def tile_bucket(spec: GemmSpec, m_hint: int) -> int:
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1
                   ) -> KernelConfig:
     """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, a layout it reads for the
-    type, TMA-legal strides: `sm90_supports`), the portable family otherwise. Grouped GEMMs: `m_hint` rows in each
-    of `groups` groups."""
+    type, row strides TMA describes or that Gemm._stages copies: `sm90_supports`), the portable family otherwise.
+    Grouped GEMMs: `m_hint` rows in each of `groups` groups."""
     if sm90_supports(spec, arch):
         cfg = choose_sm90_config(spec, tile_bucket(spec, m_hint), num_sms or DEFAULT_SM90_NUM_SMS, groups)
         cfg.check_for(spec, arch)

@@ -194,6 +194,13 @@ def resolve_stream(stream: object):
                     f"got {type(stream).__name__}")
 
 
+def is_capturing(stream) -> bool:
+    """Whether the CuPy stream `stream` is capturing a CUDA graph (no allocation or synchronisation then)."""
+    import cupy
+
+    return bool(cupy.cuda.runtime.streamIsCapturing(stream.ptr))
+
+
 def stream_for(kind: str, stream: object, device_id: int):
     """The CuPy stream a call runs on: `stream` when given (anything ``resolve_stream`` takes), else the
     current stream of the caller's array library on `device_id`: torch's for torch tensors (kind

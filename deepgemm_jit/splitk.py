@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config as config_mod
+from . import runtime
 from .config import KernelConfig
 from .spec import GemmSpec
 
@@ -166,7 +167,7 @@ class Workspace:
         with self._lock:
             have = self._buffers.get(device_id)
             if have is None or have[0].nbytes < partial_bytes or have[1].nbytes < arrival_bytes:
-                if stream is not None and _is_capturing(stream):
+                if stream is not None and runtime.is_capturing(stream):
                     raise RuntimeError(
                         f"{what} needs a larger workspace, which is allocated (with a device synchronisation) on "
                         "the first call that needs it: call it once outside the capture (with this size or a "
@@ -175,13 +176,6 @@ class Workspace:
                     self._retired.append(have)
                 have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)
         return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr, atomic)
-
-
-def _is_capturing(stream) -> bool:
-    """Whether the CuPy stream `stream` is capturing a CUDA graph."""
-    import cupy
-
-    return bool(cupy.cuda.runtime.streamIsCapturing(stream.ptr))
 
 
 def _allocate(partial_bytes: int, arrival_bytes: int, device_id: int, previous) -> tuple[object, object]:

@@ -14,8 +14,8 @@ def test_demo_without_gpu_compiles_and_says_so(cache_dir, capsys):
 
 
 def test_explain_json(cache_dir, capsys):
-    # tn with N = 201: b's (K, N) rows are not 16-byte multiples, so the portable family (tn with N % 8 == 0 is sm90)
-    assert cli.main(["explain", "100", "201", "300", "--dtype", "fp16", "--layout", "tn", "--arch", "sm_90a",
+    # tf32 with an MN-major operand (tn): the portable family (Hopper's tf32 WGMMA reads K-major operands only)
+    assert cli.main(["explain", "100", "201", "300", "--dtype", "tf32", "--layout", "tn", "--arch", "sm_90a",
                      "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["family"] == "sm80" and info["local_bytes"] == 0 and info["sass"]["HMMA"] > 0

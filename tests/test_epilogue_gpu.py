@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from deepgemm_jit import build, reference
+from deepgemm_jit import build, reference, staging
 
 pytestmark = pytest.mark.gpu
 
@@ -252,28 +252,28 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert not bool(cupy.isnan(scales).any()) and bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
     assert not bool((q == 0xFF).any()), case
     _check_quantized_q(q, q_ref, "fp8_e4m3", case)
-    # Launch plans are kept only for TMA-legal calls (staged ones copy operands first) that pass every buffer
-    # written (out= and scales_out=): the first call allocated its scales when scales_out was None, and a replay
-    # would hand that buffer out again.
-    plans = 1 if column_major_scales and not staged else 0
+    # Launch plans (staged calls' copies included) are kept only for calls that pass every buffer written (out=
+    # and scales_out=): the first call allocated its scales when scales_out was None, and a replay would hand that
+    # buffer out again.
+    plans = 1 if column_major_scales else 0
     assert len(g._launch_plans) == plans, case
     a2 = reference.random_matrix((m, k), "bf16", rng)
     again = g(a2, b, bias=bias, out=q, scales_out=scales)
     assert again[0] is q and again[1] is scales, case
-    assert len(g._launch_plans) == (0 if staged else plans + 1), case
-    if not staged:  # a third call with the same buffers replays the plan of the second
-        g(a2, b, bias=bias, out=q, scales_out=scales)
-        assert len(g._launch_plans) == plans + 1, case
+    assert len(g._launch_plans) == plans + 1, case
+    g(a2, b, bias=bias, out=q, scales_out=scales)  # a third call with the same buffers replays the second's plan
+    assert len(g._launch_plans) == plans + 1, case
+    assert all(isinstance(plan, staging.StagedPlan) == staged for plan, _ in g._launch_plans.values()), case
     v2 = reference.unfused_epilogue(reference.to_float64(a2) @ reference.to_float64(b).T, epi, bias=bias)
     q_ref2, s_ref2 = reference.quantized_epilogue_reference(v2, epi)
     assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
     _check_quantized_q(q, q_ref2, "fp8_e4m3", case)
     scales.fill(cupy.nan)
-    replayed = g(a2, b, bias=bias, out=q, scales_out=scales)  # same signatures: the replay path unless staged
+    replayed = g(a2, b, bias=bias, out=q, scales_out=scales)  # same signatures: the replay path
     assert replayed[0] is q and replayed[1] is scales, case
     assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
     fresh = g(a2, b, bias=bias, out=q)  # allocates its scales: never kept as a plan
-    assert len(g._launch_plans) == (0 if staged else plans + 1), case
+    assert len(g._launch_plans) == plans + 1, case
     assert fresh[1] is not scales and bool(cupy.array_equal(fresh[1], scales)), case
 
 

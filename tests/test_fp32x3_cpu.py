@@ -180,12 +180,12 @@ def test_compile_split_sm90a(layout, cache):
                                    (4096, 1000, 1)])
 def test_build_fp32_compiles_both_kernels(m, n, k, cache):
     """build_fp32 without a GPU: the TF32 GEMM over K' and the split kernel compiled to sm_90a, neither with local
-    memory; the Hopper family where N allows TMA stores (N * 4 bytes a multiple of 16)."""
+    memory; the Hopper family (D's rows of N * 4 bytes staged per call where TMA cannot store them)."""
     g = dg.build_fp32(m, n, k, arch=ARCH)
     case = f"{m=} {n=} {k=} {g!r}"
     assert isinstance(g, dg.Fp32Gemm) and g.spec == fp32x3.Fp32Spec.create(n, k), case
     assert g.gemm.spec == g.spec.inner_at(m, ARCH) and g.gemm.spec.k == 3 * fp32x3.padded_k(k) and g.gemm.spec.hi_lo, case
-    assert g.family == g.gemm.family == ("sm90" if n % 4 == 0 else "sm80"), case
+    assert g.family == g.gemm.family == "sm90", case
     assert g.config == g.gemm.config and g.arch == ARCH and g.m_hint == m, case
     assert g.split_artifact.spec == fp32x3.SplitKernelSpec("nt"), case
     info = g.explain()
@@ -198,10 +198,7 @@ def test_build_fp32_compiles_both_kernels(m, n, k, cache):
     assert "C7514" not in log and "C7517" not in log, (case, log)
     assert info["split"]["local_bytes"] == 0 and info["split"]["sass"].get("STG", 0) > 0, case
     assert "STL" not in info["sass"] and "LDL" not in info["sass"], case
-    if g.family == "sm90":
-        assert info["sass"].get("HGMMA", 0) > 0, case
-    else:
-        assert info["sass"].get("HMMA", 0) > 0, case
+    assert info["sass"].get("HGMMA", 0) > 0, case
     assert "Fp32Gemm(gemm_fp32x3_fp32_nt" in repr(g) and g.config.tag in repr(g)
 
 
@@ -650,8 +647,9 @@ def test_raw_b_rule_and_spec(cache, monkeypatch):
     assert text.count("HGMMA.64x") == 2 * 3 * 4 and "BAR.SYNC.DEFER_BLOCKING 0x7" not in text
     assert g.explain(with_sass=False)["raw_b"] is True
     assert dg.build_fp32(128, 7168, 2048, layout="tt", arch=ARCH).raw_b           # tt: B is K-major too
+    assert dg.build_fp32(64, 7170, 2048, arch=ARCH).raw_b  # N % 4: D's rows staged per call (Gemm._stages)
     for m, n, k, layout in ((4096, 7168, 2048, "nt"), (513, 7168, 2048, "nt"), (64, 7168, 2000, "nt"),
-                            (64, 7168, 2048, "nn"), (64, 7170, 2048, "nt")):  # large M, K % 32, MN-major B, N % 4
+                            (64, 7168, 2048, "nn")):  # large M, K % 32, MN-major B
         g = dg.build_fp32(m, n, k, layout=layout, arch=ARCH)
         assert not g.raw_b and g.gemm.spec == g.spec.inner, (m, n, k, layout)
     monkeypatch.setenv("DEEPGEMM_JIT_NO_RAW_B", "1")

@@ -60,10 +60,26 @@ def check(g, m, a=None, b=None, out=None, rng=None, **call_kwargs):
         out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
     assert g(a, b, out=out, **call_kwargs) is out
     cupy.cuda.get_current_stream().synchronize()
-    err = reference.relative_error(out, reference.reference(spec, a, b))
+    err = judged_error(out, reference.reference(spec, a, b), a, b)
     assert reference.within_bound(err, "fp32"), f"{case_name(g, m)} err={err:.2e} bound={BOUND} " \
                                                 f"nonfinite={reference.num_nonfinite(out)}"
     return err
+
+
+def judged_error(out, ref, a, b) -> float:
+    """||out - ref||_F over the larger of ||ref||_F and the size independent inputs of a's and b's magnitudes give
+    it, sqrt(M N K) rms(a) rms(b). The two agree for outputs of many elements; for a few dot products the first
+    alone is ill-conditioned where the terms cancel: the 1 x 1 x 4096 draw of test_sweep_nt sums to 3.08 from terms
+    of total magnitude 2630 (condition 854, against ~41 typical) and read 1.9e-5 / 1.45e-5 (raw_b / split kernel)
+    at FP32-level rounding, 2e-8 x its condition (scripts/exp_fp32_one_dot.py, session 25)."""
+    if reference.num_nonfinite(out):
+        return math.nan
+    m, n = ref.shape
+    k = a.size // m
+    rms = lambda x: float(cupy.sqrt(cupy.mean(cupy.square(x.astype(cupy.float64)))))  # noqa: E731
+    typical = math.sqrt(m * n * k) * rms(a) * rms(b)
+    diff = float(cupy.linalg.norm(reference.to_float64(out) - ref))
+    return diff / max(float(cupy.linalg.norm(ref)), typical)
 
 
 def assert_same_bits(got, want, what, tiny_ok=False):

@@ -58,10 +58,98 @@ def test_sm90_is_used_and_tma_fallback_works():
     g = dg.build(512, 520, 1032, dtype="bf16")
     assert g.family == "sm90"
     check(g, 333)
-    a_big = reference.random_matrix((333, 1032 + 3), "bf16")  # row stride 2070 B: not TMA-legal
     b = reference.random_matrix((520, 1032), "bf16")
-    check(g, 333, a=a_big[:, :1032], b=b)
-    assert [art.config.family for art in g._variants.values()] == ["sm80"]
+    # Row strides of 2070 B (2-byte aligned) and 2072 B (8-byte aligned): not TMA-legal, so A is copied into an
+    # aligned buffer for the Hopper kernel (Gemm._stages); no portable kernel is built.
+    for pad in (3, 4):
+        a_padded = reference.random_matrix((333, 1032 + pad), "bf16")
+        check(g, 333, a=a_padded[:, :1032], b=b)
+    assert not g._variants and {role for _, role in g._staging._buffers} == {"a"}
+
+
+def test_capture_before_staging_runs_the_portable_kernel():
+    """A CUDA graph captured before the staging buffers were sized cannot allocate them: the call runs the portable
+    kernel (4-element loads for A's 2072-byte rows) inside the capture instead, and the replay is correct."""
+    import cupy
+
+    from deepgemm_jit import launch
+    from deepgemm_jit.arrays import matrix_view
+
+    g = dg.build(333, 520, 1032, dtype="bf16", weight_streaming=False)
+    a = reference.random_matrix((333, 1032 + 4), "bf16")[:, :1032]
+    b = reference.random_matrix((520, 1032), "bf16")
+    out = reference.poisoned((333, 520), "bf16")
+    portable = g._artifact_for(matrix_view(a, "a"), matrix_view(b, "b"), matrix_view(out, "out"))
+    launch.load(portable, g.spec, cupy.cuda.Device().id)  # loaded outside the capture
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        g(a, b, out=out, stream=stream)
+        graph = stream.end_capture()
+        assert reference.num_nonfinite(out) == out.size  # captured, not run
+        graph.launch(stream)
+    stream.synchronize()
+    assert [(art.config.family, art.config.vec_a) for art in g._variants.values()] == [("sm80", 4)]
+    assert not g._staging._buffers
+    assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
+
+
+def test_staged_call_is_captured_in_a_cuda_graph():
+    """After a first call sized the Gemm's staging buffers (staging.py), a staged call (odd K) allocates and
+    synchronises nothing: it is captured in a CUDA graph and replays with fresh A, D poisoned before each replay."""
+    import cupy
+
+    g = dg.build(300, 1001, 1003, dtype="bf16", weight_streaming=False)
+    a, b = reference.random_operands(g.spec, 300)
+    out = reference.poisoned((300, 1001), "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(a, b, out=out, stream=stream)  # compiles, loads and sizes the staging buffers
+        sizes = {key: buf.nbytes for key, buf in g._staging._buffers.items()}
+        assert {role for _, role in sizes} == {"a", "b", "d"}
+        reference.poison(out, stream)
+        stream.synchronize()
+        stream.begin_capture()
+        g(a, b, out=out, stream=stream)
+        graph = stream.end_capture()
+    stream.synchronize()
+    assert reference.num_nonfinite(out) == out.size  # captured, not run
+    for _ in range(3):
+        fresh = reference.random_matrix(a.shape, "bf16")  # alive until the stream is synchronised below
+        cupy.cuda.Device().synchronize()
+        cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
+        reference.poison(out, stream)
+        graph.launch(stream)
+        stream.synchronize()
+        assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
+    assert {key: buf.nbytes for key, buf in g._staging._buffers.items()} == sizes
+
+
+def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
+    """K = 1003 in 16 bits (rows of 2006 bytes): the build is the Hopper kernel and calls copy A and B into aligned
+    buffers (and D, N = 1001, through one), where the portable kernel loaded them one element at a time."""
+    for dtype in ("bf16", "fp16", "tf32"):
+        g = dg.build(1000, 1001, 1003, dtype=dtype)
+        assert g.family == "sm90"
+        for m in (1000, 17, 129):
+            check(g, m)
+        assert not g._variants
+
+
+def test_staged_plans_replay_after_the_buffers_grew():
+    """A kept staged plan (same operands, out= given) replays on the buffers it was made with, even after a larger
+    call grew them (the outgrown ones are retired, not freed)."""
+    g = dg.build(64, 1001, 1003, dtype="bf16", weight_streaming=False)
+    a, b = reference.random_operands(g.spec, 64)
+    out = reference.poisoned((64, 1001), "bf16")
+    g(a, b, out=out)
+    ref = reference.reference(g.spec, a, b)
+    assert reference.within_bound(reference.error(out, ref), "bf16")
+    check(g, 900)  # grows the staging buffers of a, d
+    assert g._staging._retired
+    reference.poison(out)
+    assert g(a, b, out=out) is out  # the kept plan
+    assert reference.within_bound(reference.error(out, ref), "bf16")
 
 
 def test_new_output_array():

@@ -236,7 +236,7 @@ def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
 
     capturing = {"now": True}
     monkeypatch.setattr(splitk, "_allocate", fake_allocate)
-    monkeypatch.setattr(splitk, "_is_capturing", lambda stream: capturing["now"])
+    monkeypatch.setattr(splitk.runtime, "is_capturing", lambda stream: capturing["now"])
     ws = splitk.Workspace()
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
         ws.operands(spec, cfg, 100, 3, 0, stream=object())

@@ -1,0 +1,137 @@
+"""Aligned copies of operands TMA cannot describe, for the Hopper kernels (``Gemm._stages`` says when).
+
+TMA needs a 16-byte aligned base and row pitches that are multiples of 16 bytes. Operands without them (an odd K in
+16 bits, a sliced view, ...) are copied row by row (``cudaMemcpy2DAsync``) into buffers with a 16-byte pitch before
+the launch, and D is written into one and copied out after it. The buffers belong to the ``Gemm`` (one set per
+device, one buffer per operand role), are allocated on the first call that needs them and grown when a larger call
+needs more; calls then only enqueue copies on their own stream, with no allocation and no synchronisation, so a call
+can be captured in a CUDA graph once the Gemm has run at that size. A ``StagedPlan`` (the copies and the launch) is
+replayed like a plain launch plan by calls with the same operands (``Gemm.__call__``), so the host work is three or
+four enqueued copies more than a plain call. Like the split-K workspace (``splitk.py``) and a cuBLAS handle's
+workspace, the buffers serve one call at a time: do not run one Gemm's staged calls concurrently on two streams.
+
+Example::
+
+    staging = StagingBuffers()
+    va2 = staging.aligned(va, "a", stream, device_id)   # va itself when TMA can read it
+    plan = StagedPlan.around(launch.plan(... va2 ...), copies_in=[(va2, va)], copy_out=None)
+    plan.run(stream)
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from . import runtime
+from .arrays import MatrixView
+from .launch import LaunchPlan, tma_legal
+
+PITCH_ALIGN = 16  # bytes: what TMA needs of a row pitch (launch.tma_legal)
+ROLES = ("a", "b", "d", "c", "residual")
+
+
+def pitch_bytes(view: MatrixView) -> int:
+    """The row pitch of `view`'s aligned copy: its row bytes rounded up to PITCH_ALIGN."""
+    return -(-view.cols * view.itemsize // PITCH_ALIGN) * PITCH_ALIGN
+
+
+class StagingBuffers:
+    """A Gemm's staging buffers: per device, one CuPy byte buffer per operand role (ROLES), grown on demand."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, str], object] = {}
+        self._retired: list = []  # outgrown buffers: kept StagedPlans may still point at them
+        self._lock = threading.Lock()
+
+    def fits(self, view: MatrixView, role: str) -> bool:
+        """Whether the buffer of `role` on `view`'s device already holds `view`'s aligned copy (or it needs none)."""
+        if tma_legal(view):
+            return True
+        have = self._buffers.get((view.device, role))
+        return have is not None and have.nbytes >= view.rows * pitch_bytes(view)
+
+    def aligned(self, view: MatrixView, role: str, stream, device_id: int) -> MatrixView:
+        """`view` when TMA can use it in place; else a view of the same shape in the buffer of `role`, with a
+        16-byte pitch (the caller copies into or out of it: StagedPlan). Growing a buffer allocates and
+        synchronises `stream` first (the old buffer may still be read by earlier work): it must not be capturing
+        a CUDA graph then (RuntimeError)."""
+        if tma_legal(view):
+            return view
+        if role not in ROLES:
+            raise ValueError(f"staging role {role!r} not in {ROLES}")
+        pitch = pitch_bytes(view)
+        nbytes = view.rows * pitch
+        with self._lock:
+            buf = self._buffers.get((device_id, role))
+            if buf is None or buf.nbytes < nbytes:
+                if runtime.is_capturing(stream):
+                    raise RuntimeError(
+                        f"this call copies {role} into an aligned buffer ({nbytes} bytes), which is allocated on the "
+                        "first call that needs it: call it once outside the capture (with this size or a larger "
+                        "one) before capturing a CUDA graph, or pass operands whose rows are multiples of 16 bytes")
+                if buf is not None:
+                    self._retired.append(buf)
+                buf = self._grow(device_id, role, nbytes, stream)
+        return dataclasses.replace(view, ptr=buf.data.ptr, row_stride=pitch // view.itemsize, device=device_id)
+
+    def _grow(self, device_id: int, role: str, nbytes: int, stream):
+        import cupy
+
+        stream.synchronize()  # earlier calls may still read the buffer being replaced
+        with cupy.cuda.Device(device_id):
+            buf = cupy.empty(nbytes, dtype=cupy.uint8)
+        self._buffers[(device_id, role)] = buf
+        return buf
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCopy:
+    """One enqueued copy of a matrix's rows between two pitches (cudaMemcpy2DAsync, device to device)."""
+
+    dst: int
+    dst_pitch: int
+    src: int
+    src_pitch: int
+    row_bytes: int
+    rows: int
+
+    @classmethod
+    def of(cls, dst: MatrixView, src: MatrixView) -> RowCopy:
+        assert (dst.rows, dst.cols, dst.itemsize) == (src.rows, src.cols, src.itemsize)
+        return cls(dst.ptr, dst.row_stride * dst.itemsize, src.ptr, src.row_stride * src.itemsize,
+                   src.cols * src.itemsize, src.rows)
+
+    def run(self, stream) -> None:
+        import cupy
+
+        if self.rows and self.row_bytes:
+            cupy.cuda.runtime.memcpy2DAsync(self.dst, self.dst_pitch, self.src, self.src_pitch, self.row_bytes,
+                                            self.rows, 3, stream.ptr)  # 3: device to device
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedPlan:
+    """A launch on staged operands: the copies into the staging buffers, the launch, D's copy out. Replayable
+    like a LaunchPlan (the buffers it points at stay alive: StagingBuffers retires, never frees, them)."""
+
+    copies_in: tuple[RowCopy, ...]
+    launch: LaunchPlan
+    copies_out: tuple[RowCopy, ...]
+
+    @property
+    def device_id(self) -> int:
+        return self.launch.device_id
+
+    @classmethod
+    def around(cls, launch: LaunchPlan, copies_in, copy_out) -> StagedPlan:
+        """`copies_in`: (staged, original) view pairs copied before the launch (C, which may be D itself, among
+        them: all of them precede D's writes); `copy_out`: D's (staged, original) pair or None."""
+        return cls(tuple(RowCopy.of(dst, src) for dst, src in copies_in), launch,
+                   () if copy_out is None else (RowCopy.of(copy_out[1], copy_out[0]),))
+
+    def run(self, stream) -> None:
+        for copy in self.copies_in:
+            copy.run(stream)
+        self.launch.run(stream)
+        for copy in self.copies_out:
+            copy.run(stream)

@@ -1,0 +1,67 @@
+"""Experiment (GPU): operands TMA cannot read in place, the kernel build() picks against the Hopper kernel on staged
+copies (staging.py) and cuBLAS, in one interleaved run.
+
+    python3 -m scripts.exp_staging [--dtypes bf16,tf32] [--shapes 1000x1000x1004,...] [--reps 30] [--out DIR]
+
+Gemm._stages stages a call only where the portable kernel would load A or B one element at a time (config.
+sm90_supports builds the Hopper kernel for those specs); rows whose K leaves 4- or 8-byte aligned rows run the
+portable kernel with 2- or 4-element loads. "staged" here is the Hopper kernel of the same spec (the cost model's
+tile for M's bucket) whose every call is staged, to ask where that rule's line should be. Outputs are checked
+against a float64 reference before timing (L2 flushed, medians).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench import report
+
+# K in 16 bits: 1003 / 4099 element-aligned rows (staged by the rule), 1002 / 4098 4-byte, 1004 / 4100 8-byte.
+SHAPES = ("17x33x1004", "128x4096x4100", "1000x1000x1002", "1000x1000x1004", "1000x1001x1003", "4096x4096x4098",
+          "4096x4096x4100", "4095x4097x4099")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="bf16,tf32")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import cupy
+
+    import deepgemm_jit as dg
+    from bench import dtypes as bench_dtypes
+    from bench import runner
+    from deepgemm_jit import config, device, reference, timing
+    from deepgemm_jit.spec import GemmSpec
+
+    num_sms = device.num_sms()
+    rows = []
+    for dname in args.dtypes.split(","):
+        info = bench_dtypes.get(dname)
+        for shape in args.shapes.split(","):
+            m, n, k = (int(v) for v in shape.split("x"))
+            spec = GemmSpec.create(n, k, dtype=info.lib)
+            rng = cupy.random.default_rng(m + n + k)
+            inputs = runner.operands(info, spec, m, rng, 1.0)
+            built = dg.build(m, n, k, dtype=info.lib)
+            staged = dg.build(m, n, k, dtype=info.lib,
+                              config=config.choose_sm90_config(spec, config.tile_bucket(spec, m), num_sms))
+            staged._stages = lambda *_args: True  # every call on staged copies
+            fns, errors = runner.checked_contenders({"built": built, "staged": staged}, inputs, m)
+            cupy.cuda.Device().synchronize()
+            t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
+            us = {name: r.median_us for name, r in t.items()}
+            row = {"dtype": dname, "m": m, "n": n, "k": k, "built": built.config.tag, "staged_tile": staged.config.tag,
+                   "us": us, "max_err": max(errors.values()),
+                   "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}
+            rows.append(row)
+            print(f"{dname} {m}x{n}x{k} ok={row['correct']} built {us['built']:.1f} ({row['built']}) staged "
+                  f"{us['staged']:.1f} ({row['staged_tile']}) cublas {us.get('cublas', float('nan')):.1f}", flush=True)
+    report.write_experiment_json(args.out, "exp-staging.json", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
