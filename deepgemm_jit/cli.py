@@ -98,6 +98,9 @@ def _cmd_explain(args) -> int:
     if split.get("kernel"):
         shares = ", ".join(f"M={m}: {s}" for m, s in split["splits_by_m"].items())
         print(f"split-K   shares per tile by M ({split['num_sms']} SMs): {shares}")
+    staging = info.get("staging")
+    if staging and staging["packed_staged"]:
+        print(f"staging   {', '.join(staging['packed_staged'])}: {staging['note']}")
     if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM
         operands = (f"A as [hi | lo] of {info.get('k_operand')} columns and the raw weight (its lo made in shared "
                     f"memory, one stage per K block of 32)" if info.get("raw_b")

@@ -442,6 +442,23 @@ def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     return arch == "sm_90a" and sm90_layout_problem(spec) is None
 
 
+def sm90_unaligned_rows(spec: GemmSpec) -> list[str]:
+    """The operands whose packed rows TMA cannot describe (row bytes not a multiple of 16), which every call of
+    the Hopper kernel copies into aligned buffers (Gemm._stages): 'a' / 'b' for K-major rows of K, 'b' for an
+    MN-major B's rows of N, 'd' for D's rows of N_out. An MN-major A's rows (M) are judged per call."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    b_esize = 4 if spec.raw_b else esize  # raw_b: the caller's FP32 weight
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    unaligned = []
+    if spec.a_k_major and spec.a_shape(1)[1] * esize % 16:
+        unaligned.append("a")
+    if spec.b_shape()[1] * b_esize % 16:
+        unaligned.append("b")
+    if spec.n_out * out_esize % 16:
+        unaligned.append("d")
+    return unaligned
+
+
 def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if arch != "sm_90a":
         raise ValueError(f"the sm90 family needs arch='sm_90a', got {arch!r}")

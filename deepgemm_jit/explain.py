@@ -38,6 +38,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "partial_sets": _partial_sets(gemm),
         "b_evict_first": _b_evict_first(gemm),
         "edge_maps": _edge_maps(gemm),
+        "staging": _staging(gemm),
     }
     if with_sass:
         usage = sass.resource_usage(art.cubin).get(art.entry, {})
@@ -47,6 +48,17 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
     else:
         info["local_bytes"] = art.meta.get("stack_bytes")
     return info
+
+
+def _staging(gemm) -> dict | None:
+    """Whether packed (contiguous) operands of this spec are read in place by TMA or copied into aligned buffers on
+    every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes); an MN-major A's
+    rows are M long (per call). None for the portable family."""
+    if gemm.config.family != "sm90":
+        return None
+    rows = config_mod.sm90_unaligned_rows(gemm.spec)
+    return {"packed_staged": rows, "note": ("copied into 16-byte-pitched buffers on every call: pad these rows to "
+                                            "16 bytes to skip the copies") if rows else "read in place"}
 
 
 def _weight_streaming(gemm) -> dict:

@@ -19,7 +19,18 @@ def test_explain_json(cache_dir, capsys):
                      "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["family"] == "sm80" and info["local_bytes"] == 0 and info["sass"]["HMMA"] > 0
-    assert info["cubin"].startswith(str(cache_dir))
+    assert info["cubin"].startswith(str(cache_dir)) and info["staging"] is None
+
+
+def test_explain_says_which_packed_operands_are_staged(cache_dir, capsys):
+    """fp16 tn with N = 201: B's (K, N) rows and D's rows are not 16-byte multiples, so every call copies them into
+    aligned buffers for the Hopper kernel; K = 4100 nt stages A and B; aligned rows are read in place."""
+    for argv, staged in ((["100", "201", "300", "--layout", "tn"], ["b", "d"]), (["64", "256", "4100"], ["a", "b"]),
+                         (["64", "256", "4096"], [])):
+        assert cli.main(["explain", *argv, "--dtype", "fp16", "--arch", "sm_90a", "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["family"] == "sm90" and info["staging"]["packed_staged"] == staged, (argv, info["staging"])
+        assert ("pad these rows" in info["staging"]["note"]) == bool(staged)
 
 
 def test_explain_fp8_with_epilogue_json(cache_dir, capsys):
