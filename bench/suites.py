@@ -229,8 +229,7 @@ def parse_epilogues(text: str | None) -> tuple[str | None, ...]:
 def expand(suites, dtypes, layouts=("nt",), quick: bool = False, tiles=(None,), epilogues=(None,)) -> list[Case]:
     """Every case of the run, suite-major then dtype then layout then shape (then forced tile, for
     sweeps, then epilogue); a shape met twice runs once, a layout the dtype is not built for (8-bit: nt only)
-    not at all, nor an epilogue the library's spec refuses for the dtype or layout (int8 -> int32 output,
-    tf32 with layouts other than nt)."""
+    not at all, nor an epilogue the library's spec refuses for the dtype or layout (int8 -> int32 output)."""
     cases: list[Case] = []
     seen: set[tuple] = set()
     for suite_name in suites:

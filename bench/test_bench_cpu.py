@@ -675,12 +675,12 @@ def test_epilogue_arguments_cases_and_default_unchanged(capsys):
                                                                    "epilogue": "bias+gelu"}
     assert case.make_spec().epilogue == "bias+gelu"
     assert suites.Case("deepseek", "bf16", "nt", 1, 8, 8, epilogue="none").epilogue is None
-    # what the library's spec refuses is not expanded: int8 -> int32 output, tf32 with layouts other than nt (bf16
-    # takes epilogues in every layout: MN-major operands on the Hopper family)
+    # what the library's spec refuses is not expanded: int8 -> int32 output (bf16 and tf32 take epilogues in every
+    # layout: MN-major operands read by the Hopper kernel, or transposed for it, config.kernel_spec)
     both = suites.expand(("seed",), ("bf16", "tf32", "int8"), suites.LAYOUTS, epilogues=(None, "bias+relu"))
     with_epi = [c for c in both if c.epilogue]
-    assert {(c.dtype, c.layout) for c in with_epi} == {("bf16", x) for x in suites.LAYOUTS} | {("tf32", "nt")}
-    assert len(with_epi) == 3 * 5
+    assert {(c.dtype, c.layout) for c in with_epi} == {(d, x) for d in ("bf16", "tf32") for x in suites.LAYOUTS}
+    assert len(with_epi) == 3 * 4 * 2  # 3 shapes x 4 layouts x (bf16, tf32)
     assert len(both) - len(with_epi) == 3 * 4 * 2 + 3
     assert main(["--epilogue", "bias+swish", "--list"]) == 2 and "unknown word" in capsys.readouterr().err
 

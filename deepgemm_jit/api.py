@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, env, gemv, jit, launch, runtime, splitk, staging
+from . import device, dtypes, env, gemv, jit, launch, runtime, splitk, staging, transpose
 from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, new_mn_major_scales, out_view,
                      overlaps, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
@@ -69,6 +69,10 @@ class Gemm:
         self.m_hint = m_hint
         self.config = artifact.config
         self.artifact = artifact
+        # The spec the kernel was compiled for: `spec`, or its nt twin, whose calls transpose MN-major TF32 operands
+        # into K-major staging buffers first (config.kernel_spec, transpose.py).
+        self.kernel_spec = artifact.spec
+        self._transposes = artifact.spec.layout != spec.layout
         # Resolved once here rather than on every call.
         self._a_dtypes = _accepted_dtypes(spec.dtype)
         self._b_dtypes = _accepted_dtypes(spec.b_type)
@@ -257,7 +261,8 @@ class Gemm:
         base = self.config
         if self._sm90_only:
             return self.artifact
-        if base.family == "sm90" and launch.tma_legal(va) and launch.tma_legal(vb) and launch.tma_legal(vd):
+        if (base.family == "sm90" and not self._transposes and launch.tma_legal(va) and launch.tma_legal(vb)
+                and launch.tma_legal(vd)):
             return self.artifact
         vec_a = config_mod.max_vector(self._esize, va.ptr, va.row_stride, va.rows)
         vec_b = config_mod.max_vector(self._esize, vb.ptr, vb.row_stride, vb.rows)
@@ -353,8 +358,8 @@ class Gemm:
         cfg = artifact.config
         if not cfg.split_k:
             return None
-        splits = splitk.num_splits(self.spec, cfg, m, launch.num_sms(dev), self.split_k)
-        return self._split_workspace.operands(self.spec, cfg, m, splits, dev, cu_stream,
+        splits = splitk.num_splits(artifact.spec, cfg, m, launch.num_sms(dev), self.split_k)
+        return self._split_workspace.operands(artifact.spec, cfg, m, splits, dev, cu_stream,
                                               atomic=self.split_adds_atomically)
 
     def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
@@ -365,36 +370,51 @@ class Gemm:
 
     def _stages(self, va: MatrixView, vb: MatrixView, vd: MatrixView, epi: launch.EpilogueOperands,
                 cu_stream) -> bool:
-        """Whether a call of the Hopper kernel runs on staged copies (_staged_plan): some operand is one TMA cannot
-        describe. The portable kernel is 2-4x slower on such operands even with 2- or 4-element loads
-        (config.sm90_supports), so it serves only kernels that have one (no 8-bit types or fused epilogues) and
-        only while the stream captures a CUDA graph before the staging buffers hold these operands (staging.py
-        allocates outside a capture)."""
-        views = (va, vb, vd) + epi.views()
-        if all(map(launch.tma_legal, views)):
+        """Whether a call of the Hopper kernel runs on staged copies (_staged_plan): MN-major TF32 operands (always
+        transposed, config.sm90_transposes), or some operand TMA cannot describe. The portable kernel is 2-4x
+        slower on such operands even with 2- or 4-element loads (config.sm90_supports), so it serves only kernels
+        that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA graph before
+        the staging buffers hold these operands (staging.py allocates outside a capture)."""
+        if not self._transposes and all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
             return False
         return self._sm90_only or not runtime.is_capturing(cu_stream) or all(
-            self._staging.fits(v, role) for v, role in zip((va, vb, vd), ("a", "b", "d")))
+            self._staging.fits(v, role, self._transposed(role)) for v, role in zip((va, vb, vd), ("a", "b", "d")))
+
+    def _transposed(self, role: str) -> bool:
+        """Whether calls copy operand `role` transposed: an MN-major A or B of a transposing Gemm."""
+        if not self._transposes or role not in ("a", "b"):
+            return False
+        return not (self.spec.a_k_major if role == "a" else self.spec.b_k_major)
 
     def _staged_plan(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
                      epi: launch.EpilogueOperands, dev: int, cu_stream) -> staging.StagedPlan:
         """The launch on aligned copies of the operands TMA cannot describe (row pitch not a multiple of 16 bytes,
         e.g. K % 16 != 0, or a misaligned base), where _stages says so: they are copied into the Gemm's staging
         buffers (staging.py, 16-byte pitches; no allocation or synchronisation once they are large enough), and D
-        goes through one when it is unaligned, copied out after the launch, all on the call's stream."""
+        goes through one when it is unaligned, copied out after the launch, all on the call's stream. MN-major TF32
+        operands are written transposed (K-major) by the transpose kernel (transpose.py) for the nt kernel."""
         import cupy
 
+        steps = []
         with cupy.cuda.Device(dev):
             originals = {"a": va, "b": vb, "c": epi.c, "residual": epi.residual}
-            staged = {role: self._staging.aligned(view, role, cu_stream, dev)
-                      for role, view in originals.items() if view is not None}
+            staged = {}
+            for role, view in originals.items():
+                if view is None:
+                    continue
+                if self._transposed(role):
+                    staged[role] = self._staging.aligned(view, role, cu_stream, dev, transposed=True)
+                    steps.append(transpose.plan(staged[role], view, self.arch, dev))
+                else:
+                    staged[role] = self._staging.aligned(view, role, cu_stream, dev)
+                    if staged[role] is not view:
+                        steps.append(staging.RowCopy.of(staged[role], view))
             vd2 = self._staging.aligned(vd, "d", cu_stream, dev)
             epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
-            plan = launch.plan(launch.load(self.artifact, self.spec, dev), self.artifact, self.spec, m,
+            plan = launch.plan(launch.load(self.artifact, self.kernel_spec, dev), self.artifact, self.kernel_spec, m,
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,
                                split=self._split_operands(self.artifact, m, dev, cu_stream))
-        copies_in = [(view, originals[role]) for role, view in staged.items() if view is not originals[role]]
-        return staging.StagedPlan.around(plan, copies_in, None if vd2 is vd else (vd2, vd))
+        return staging.StagedPlan(tuple(steps), plan, () if vd2 is vd else (staging.RowCopy.of(vd, vd2),))
 
     def explain(self) -> dict:
         from .explain import describe
@@ -479,11 +499,16 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     spell): the same choice of config, tuning and kernel for `m_hint` (M, checked as build checks it)."""
     m_hint = _check_m(m_hint)
     target = device.target_arch(arch)
+    # The spec the kernel is compiled for: `spec`, or its nt twin where calls transpose MN-major TF32 operands
+    # (config.kernel_spec); a forced portable config keeps the caller's layout.
+    kspec = config_mod.kernel_spec(spec, target)
+    if isinstance(config, config_mod.KernelConfig) and config.family != "sm90":
+        kspec = spec
     if config is None:
-        cfg = _tuned_or_heuristic(spec, m_hint, target, arch is None, env.tune() if tune is None else tune)
+        cfg = _tuned_or_heuristic(kspec, m_hint, target, arch is None, env.tune() if tune is None else tune)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config
-        cfg.check_for(spec, target)
+        cfg.check_for(kspec, target)
     else:
         raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
     if weight_streaming is None:
@@ -492,9 +517,11 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic must be True or False, got {type(deterministic).__name__}")
     if forced_splits is not None:
-        cfg = _with_split_k(cfg, spec, target, forced_splits, m_hint, config is None, arch is None)
+        cfg = _with_split_k(cfg, kspec, target, forced_splits, m_hint, config is None, arch is None)
     try:
-        return Gemm(spec, target, m_hint, jit.get_kernel(spec, cfg, target), bool(weight_streaming),
+        if kspec is not spec:
+            transpose.get_kernel(transpose.TransposeSpec(dtypes.get(spec.dtype).storage_bytes), target)
+        return Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming),
                     forced_splits, bool(deterministic))
     except KernelNotCachedError as exc:
         from .warmup_sources import warmup_command_for

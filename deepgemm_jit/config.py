@@ -333,6 +333,19 @@ def sm90_layout_problem(spec: GemmSpec) -> str | None:
             f"{spec.dtype} operands must be K-major (layout 'nt')")
 
 
+def sm90_transposes(spec: GemmSpec, arch: str) -> bool:
+    """Whether the Hopper kernel of `spec` is its nt twin's, fed K-major copies of the MN-major operands that every
+    call makes (transpose.py, Gemm._staged_plan): TF32 in layouts nn / tn / tt, which Hopper's TF32 WGMMA cannot
+    read (sm90_layout_problem) and the portable kernel ran at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
+    return (arch == "sm_90a" and spec.dtype == "tf32" and sm90_layout_problem(spec) is not None
+            and not spec.grouped and not spec.hi_lo)
+
+
+def kernel_spec(spec: GemmSpec, arch: str) -> GemmSpec:
+    """The spec whose kernel `spec`'s calls run: its nt twin where sm90_transposes, else `spec` itself."""
+    return dataclasses.replace(spec, layout="nt") if sm90_transposes(spec, arch) else spec
+
+
 def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
     """Why the fused epilogue cannot use tiles BLOCK_N wide, or None when it can (mirror of GemmSm90's
     static_asserts): gated units pair 8 gate with 8 up columns (BLOCK_N multiple of 16), quant_fp8_g128 needs tiles

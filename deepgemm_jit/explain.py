@@ -13,7 +13,8 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "spec": dataclasses.asdict(gemm.spec),
         "arch": gemm.arch,
         "m_hint": gemm.m_hint,
-        "m_bucket": config_mod.tile_bucket(gemm.spec, gemm.m_hint),  # the M the heuristic chose the tile for
+        # the M the heuristic chose the tile for
+        "m_bucket": config_mod.tile_bucket(gemm.artifact.spec, gemm.m_hint),
         "family": gemm.config.family,
         "config": dataclasses.asdict(gemm.config),
         "config_tag": gemm.config.tag,
@@ -31,7 +32,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "split_k": _split_k(gemm),
         # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).
         "k_lanes": (2 if gemm.config.family == "sm90" and config_mod.sm90_wg_split_k(
-            gemm.spec, gemm.config.block_m, gemm.config.pingpong) else 1),
+            gemm.artifact.spec, gemm.config.block_m, gemm.config.pingpong) else 1),
         # Partial-sum sets of a promoted K loop (2: wgmmas run while one set is promoted: the next K block's,
         # config.sm90_two_partial_sets, or on wide tiles the other half of this one's, sm90_half_partial_sets);
         # 0 without promotion.
@@ -56,7 +57,14 @@ def _staging(gemm) -> dict | None:
     rows are M long (per call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
-    rows = config_mod.sm90_unaligned_rows(gemm.spec)
+    if gemm.artifact.spec.layout != gemm.spec.layout:  # config.sm90_transposes
+        moved = [role for role, k_major in (("a", gemm.spec.a_k_major), ("b", gemm.spec.b_k_major)) if not k_major]
+        rows = [role for role in config_mod.sm90_unaligned_rows(gemm.artifact.spec) if role not in moved]
+        return {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_layout": gemm.artifact.spec.layout,
+                "note": f"{' and '.join(moved)} (MN-major TF32) transposed into K-major buffers on every call "
+                        "(transpose.py): Hopper's TF32 WGMMA reads K-major operands only"
+                        + (f"; {', '.join(rows)} copied into 16-byte-pitched buffers" if rows else "")}
+    rows = config_mod.sm90_unaligned_rows(gemm.artifact.spec)
     return {"packed_staged": rows, "note": ("copied into 16-byte-pitched buffers on every call: pad these rows to "
                                             "16 bytes to skip the copies") if rows else "read in place"}
 
@@ -67,7 +75,7 @@ def _weight_streaming(gemm) -> dict:
     max_m = getattr(gemm, "weight_streaming_max_m", 0)
     if not max_m:
         return {"max_m": 0}
-    spec = gemm.spec
+    spec = gemm.artifact.spec
     warps_k = gemv.launch_warps_k(spec, gemv.GemvSpec.for_gemm(spec, 1), _num_sms())  # the M = 1 kernel's grid
     return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
             "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
@@ -75,7 +83,7 @@ def _weight_streaming(gemm) -> dict:
 
 
 def _partial_sets(gemm) -> int:
-    cfg, spec = gemm.config, gemm.spec
+    cfg, spec = gemm.config, gemm.artifact.spec
     if cfg.family != "sm90" or not spec.promote:
         return 0
     args = (spec, cfg.block_m, cfg.block_n, cfg.pingpong)
@@ -91,7 +99,7 @@ def _b_evict_first(gemm) -> dict | None:
     if gemm.config.family != "sm90" or readers is None:
         return None
     rows = readers * gemm.config.block_m
-    return {"max_m_blocks": readers, "max_rows": rows, "per": "group" if gemm.spec.grouped else "call",
+    return {"max_m_blocks": readers, "max_rows": rows, "per": "group" if gemm.artifact.spec.grouped else "call",
             "at_m_hint": -(-gemm.m_hint // gemm.config.block_m) <= readers if gemm.m_hint else None}
 
 
@@ -101,7 +109,7 @@ def _edge_maps(gemm) -> dict | None:
     leaves a wide tile's edge block to TMA's fill; None without an M), the rule's constants, and `b_rows` the rows of
     B's edge box (N % block_n; 0: N is whole tiles); None for kernels without edge maps (grouped, other families,
     templates before them)."""
-    art, spec = gemm.artifact, gemm.spec
+    art, spec = gemm.artifact, gemm.artifact.spec
     if gemm.config.family != "sm90" or not launch.takes(art, "edge_maps"):
         return None
     return {"a_rows_at_m_hint": launch.a_edge_rows(art, spec, gemm.m_hint) if gemm.m_hint else None,
@@ -130,12 +138,13 @@ def _split_k(gemm) -> dict:
         return {"kernel": False}
     num_sms = _num_sms()
     deterministic = not getattr(gemm, "split_adds_atomically", False)
-    if gemm.spec.grouped:  # shares decided on the device from the realised tiles (splitk.tail_split)
+    if gemm.artifact.spec.grouped:  # shares decided on the device from the realised tiles (splitk.tail_split)
         return {"kernel": True, "on_device": True, "max_splits": gemm.max_splits, "num_sms": num_sms,
                 "whole_and_shares_by_tiles": {t: splitk.tail_split(t, num_sms, gemm.max_splits)
                                               for t in _GROUPED_SPLIT_EXAMPLE_TILES},
                 "deterministic": deterministic}
     forced = getattr(gemm, "split_k", None)
     return {"kernel": True, "forced": forced, "num_sms": num_sms,
-            "splits_by_m": {m: splitk.num_splits(gemm.spec, cfg, m, num_sms, forced) for m in _SPLIT_EXAMPLE_MS},
+            "splits_by_m": {m: splitk.num_splits(gemm.artifact.spec, cfg, m, num_sms, forced)
+                            for m in _SPLIT_EXAMPLE_MS},
             "deterministic": deterministic}

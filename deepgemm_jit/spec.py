@@ -132,10 +132,10 @@ class GemmSpec(OperandLayout):
             if self.out_dtype == "int32" or (self.dtype == "int8" and self.scaling == "none"):
                 raise ValueError(f"epilogue={self.epilogue!r} needs a floating output; unscaled int8 writes int32 "
                                  "(use scaling='row' or 'tensor' with out_dtype bf16/fp16/fp32)")
-            if self.layout != "nt" and self.dtype not in ("bf16", "fp16"):
+            if self.layout != "nt" and self.dtype not in ("bf16", "fp16", "tf32"):  # tf32: transposed copies
                 raise ValueError(f"epilogue={self.epilogue!r} runs on the Hopper family, which reads {self.dtype} "
                                  f"operands K-major only: layout 'nt' (a (M, K), b (N, K)), got {self.layout!r} "
-                                 "(MN-major layouts nn/tn/tt with epilogues are bf16/fp16 only)")
+                                 "(MN-major layouts nn/tn/tt with epilogues are bf16/fp16/tf32 only)")
             self._check_fused()
         self._check_quantized()
         if not isinstance(self.grouped, bool):

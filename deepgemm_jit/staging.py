@@ -14,7 +14,7 @@ Example::
 
     staging = StagingBuffers()
     va2 = staging.aligned(va, "a", stream, device_id)   # va itself when TMA can read it
-    plan = StagedPlan.around(launch.plan(... va2 ...), copies_in=[(va2, va)], copy_out=None)
+    plan = StagedPlan((RowCopy.of(va2, va),), launch.plan(... va2 ...), ())
     plan.run(stream)
 """
 from __future__ import annotations
@@ -35,6 +35,13 @@ def pitch_bytes(view: MatrixView) -> int:
     return -(-view.cols * view.itemsize // PITCH_ALIGN) * PITCH_ALIGN
 
 
+def _staged_shape(view: MatrixView, transposed: bool) -> tuple[int, MatrixView]:
+    """(rows, view of that shape) of the staged copy: `view` itself, or its transpose's shape."""
+    if not transposed:
+        return view.rows, view
+    return view.cols, dataclasses.replace(view, rows=view.cols, cols=view.rows)
+
+
 class StagingBuffers:
     """A Gemm's staging buffers: per device, one CuPy byte buffer per operand role (ROLES), grown on demand."""
 
@@ -43,24 +50,28 @@ class StagingBuffers:
         self._retired: list = []  # outgrown buffers: kept StagedPlans may still point at them
         self._lock = threading.Lock()
 
-    def fits(self, view: MatrixView, role: str) -> bool:
-        """Whether the buffer of `role` on `view`'s device already holds `view`'s aligned copy (or it needs none)."""
-        if tma_legal(view):
+    def fits(self, view: MatrixView, role: str, transposed: bool = False) -> bool:
+        """Whether the buffer of `role` on `view`'s device already holds `view`'s aligned copy (or it needs none),
+        or with `transposed` its transposed copy."""
+        if tma_legal(view) and not transposed:
             return True
+        rows, shaped = _staged_shape(view, transposed)
         have = self._buffers.get((view.device, role))
-        return have is not None and have.nbytes >= view.rows * pitch_bytes(view)
+        return have is not None and have.nbytes >= rows * pitch_bytes(shaped)
 
-    def aligned(self, view: MatrixView, role: str, stream, device_id: int) -> MatrixView:
+    def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False) -> MatrixView:
         """`view` when TMA can use it in place; else a view of the same shape in the buffer of `role`, with a
-        16-byte pitch (the caller copies into or out of it: StagedPlan). Growing a buffer allocates and
-        synchronises `stream` first (the old buffer may still be read by earlier work): it must not be capturing
-        a CUDA graph then (RuntimeError)."""
-        if tma_legal(view):
+        16-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
+        transposed shape (cols, rows) in that buffer (the caller transposes into it: transpose.py). Growing a
+        buffer allocates and synchronises `stream` first (the old buffer may still be read by earlier work): it
+        must not be capturing a CUDA graph then (RuntimeError)."""
+        if tma_legal(view) and not transposed:
             return view
         if role not in ROLES:
             raise ValueError(f"staging role {role!r} not in {ROLES}")
+        rows, view = _staged_shape(view, transposed)
         pitch = pitch_bytes(view)
-        nbytes = view.rows * pitch
+        nbytes = rows * pitch
         with self._lock:
             buf = self._buffers.get((device_id, role))
             if buf is None or buf.nbytes < nbytes:
@@ -114,20 +125,14 @@ class StagedPlan:
     """A launch on staged operands: the copies into the staging buffers, the launch, D's copy out. Replayable
     like a LaunchPlan (the buffers it points at stay alive: StagingBuffers retires, never frees, them)."""
 
-    copies_in: tuple[RowCopy, ...]
+    copies_in: tuple  # RowCopy or transposing LaunchPlan steps (anything with run(stream)), before the launch:
+    #                   C, which may be D itself, among them, so all of them precede D's writes
     launch: LaunchPlan
-    copies_out: tuple[RowCopy, ...]
+    copies_out: tuple[RowCopy, ...]  # D's copy out of its staging buffer, if any
 
     @property
     def device_id(self) -> int:
         return self.launch.device_id
-
-    @classmethod
-    def around(cls, launch: LaunchPlan, copies_in, copy_out) -> StagedPlan:
-        """`copies_in`: (staged, original) view pairs copied before the launch (C, which may be D itself, among
-        them: all of them precede D's writes); `copy_out`: D's (staged, original) pair or None."""
-        return cls(tuple(RowCopy.of(dst, src) for dst, src in copies_in), launch,
-                   () if copy_out is None else (RowCopy.of(copy_out[1], copy_out[0]),))
 
     def run(self, stream) -> None:
         for copy in self.copies_in:

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import config as config_mod
-from . import device, fp32x3, gemv, quantization
+from . import device, fp32x3, gemv, quantization, transpose
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -54,7 +54,8 @@ from .warmup_sources import (ACTIVATION_DTYPE, DEFAULT_M_RANGE, EP_DEGREES, M_MA
 
 # The public names: the planner's, and the sources' (importable from here as before).
 __all__ = ["SegmentsKernel", "Summary", "plan_buckets", "plan_grouped", "plan_segments", "plan_quantize",
-           "plan_gemv", "plan", "kernel_type", "run", "add_parser", "main", "M_MAX_BUCKET", "SHAPE_SYNTAX",
+           "plan_transpose", "plan_split", "plan_gemv", "plan", "kernel_type", "run", "add_parser", "main",
+           "M_MAX_BUCKET", "SHAPE_SYNTAX",
            "GemmType", "WarmupEntry", "expert_group_counts", "grouped_warmup_command_for", "hf_config_entries",
            "m_buckets", "parse_grouped", "parse_m", "parse_quantize", "parse_shape", "parse_shapes_file",
            "parse_type", "quantize_command_for", "type_text", "warmup_command_for", "activation_quantize_spec"]
@@ -161,6 +162,12 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
     return found
 
 
+def plan_transpose(entries: list[WarmupEntry], arch: str) -> list[transpose.TransposeSpec]:
+    """The transpose kernel of TF32 entries with MN-major operands on Hopper (config.sm90_transposes)."""
+    need = any(not e.spec.grouped and e.fp32 is None and config_mod.sm90_transposes(e.spec, arch) for e in entries)
+    return [transpose.TransposeSpec(4)] if need else []
+
+
 def plan_split(entries: list[WarmupEntry]) -> list[fp32x3.SplitKernelSpec]:
     """The 3xTF32 split kernels of fp32 entries (one per caller layout)."""
     found: list[fp32x3.SplitKernelSpec] = []
@@ -177,11 +184,12 @@ def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quan
     grouped GEMMs (``plan_grouped``: choice per expected_m bucket and num_groups), then (quantization spec, None)
     for the kernels of ``plan_quantize(entries, quantize)``, then (gemv spec, None) for the decode kernels of
     ``plan_gemv``, then (SegmentsKernel(), None) when there are grouped entries, then the split kernels of fp32
-    (3xTF32) entries (``plan_split``)."""
+    (3xTF32) entries (``plan_split``), then the transpose kernel of TF32 entries with MN-major operands
+    (``plan_transpose``)."""
     return (list(plan_buckets(entries, arch, num_sms)) + list(plan_grouped(entries, arch, num_sms))
             + [(q, None) for q in plan_quantize(entries, quantize)]
             + [(g, None) for g in plan_gemv(entries, arch)] + [(s, None) for s in plan_segments(entries)]
-            + [(s, None) for s in plan_split(entries)])
+            + [(s, None) for s in plan_split(entries)] + [(t, None) for t in plan_transpose(entries, arch)])
 
 
 def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) -> str:
@@ -192,7 +200,7 @@ def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) ->
         text = f"grouped {type_text(spec)}" if spec.grouped else type_text(spec)
         text = "fp32 (3xtf32)" if spec.promoted else text
         return text if spec.epilogue == "none" else f"{text} {spec.epilogue}"
-    if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec)):
+    if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec, transpose.TransposeSpec)):
         return spec.tag
     return "gemv" if isinstance(spec, GemvSpec) else "quantize"
 
@@ -207,6 +215,8 @@ def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, c
             return grouped.segments_kernel(arch).compiled_now, None
         if isinstance(spec, fp32x3.SplitKernelSpec):
             return fp32x3.get_kernel(spec, arch).compiled_now, None
+        if isinstance(spec, transpose.TransposeSpec):
+            return transpose.get_kernel(spec, arch).compiled_now, None
         if isinstance(spec, GemvSpec):
             return gemv.get_kernel(spec, arch).compiled_now, None
         if cfg is None:
@@ -379,8 +389,11 @@ def main(args: argparse.Namespace) -> int:
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
     decode = plan_gemv(entries, arch)
     segments = plan_segments(entries)
+    # fp32 entries' split kernels and the transpose kernel of TF32 entries with MN-major operands (plan() lists the
+    # same; before session 25 the command left the split kernels out, so an offline fp32 build found none cached)
+    helpers = plan_split(entries) + plan_transpose(entries, arch)
     work = (list(served) + list(grouped) + [(spec, None) for spec in quantize] + [(spec, None) for spec in decode]
-            + [(spec, None) for spec in segments])
+            + [(spec, None) for spec in segments] + [(spec, None) for spec in helpers])
     if args.dry_run:
         for (spec, cfg), buckets in served.items():
             print(f"{spec.tag:44s} {cfg.tag:32s} M buckets {_m_text(buckets)}")
@@ -392,6 +405,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"{spec.tag:77s} for M <= {spec.max_m} (decode)")
         for spec in segments:
             print(f"{spec.tag:77s} for grouped GEMMs called with m_indices=")
+        for spec in helpers:
+            print(f"{spec.tag:77s} for " + ("fp32 (3xTF32) GEMMs" if isinstance(spec, fp32x3.SplitKernelSpec)
+                                            else "TF32 GEMMs with MN-major operands"))
         types = Counter(kernel_type(spec) for spec, _ in work)
         print(f"warmup plan: {len(work)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0

@@ -94,8 +94,11 @@ class WarmupEntry:
     fp32: "fp32x3.Fp32Spec | None" = None
 
     def spec_at(self, bucket: int, arch: str) -> GemmSpec:
-        """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch`."""
-        return self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch)
+        """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch` (config.kernel_spec: the nt twin
+        of a TF32 spec with MN-major operands on Hopper)."""
+        from . import config
+
+        return config.kernel_spec(self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch), arch)
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,10 @@ def test_spec_rules():
     assert GemmSpec.create(300, 1000, "bf16", epilogue=Epilogue(residual=True)).epilogue == "residual"
     with pytest.raises(ValueError, match="int32"):
         GemmSpec.create(300, 1024, "int8", epilogue="relu")
-    with pytest.raises(ValueError, match="layout"):  # MN-major layouts take epilogues for bf16/fp16 only
-        GemmSpec.create(300, 1000, "tf32", layout="nn", epilogue="relu")
+    with pytest.raises(ValueError, match="layout"):  # MN-major layouts take epilogues for bf16/fp16/tf32 only
+        GemmSpec.create(300, 1024, "fp8", scaling="tensor", layout="nn", epilogue="relu")
     assert GemmSpec.create(300, 1000, "bf16", layout="nn", epilogue="relu").layout == "nn"
+    assert GemmSpec.create(300, 1000, "tf32", layout="nn", epilogue="relu").layout == "nn"  # transposed copies
     # Epilogues have no portable kernel: sm90 even for unaligned K (operands are staged at call time).
     assert config.choose_config(GemmSpec.create(300, 1003, "bf16", epilogue="relu"), 4096, "sm_90a").family == "sm90"
     with pytest.raises(ValueError, match="Hopper"):

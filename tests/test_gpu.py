@@ -136,6 +136,44 @@ def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
         assert not g._variants
 
 
+@pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
+def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
+    """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (transpose.py): odd sizes, sliced
+    views, a kept plan replayed on fresh inputs, a fused epilogue, and a CUDA graph captured after a first call."""
+    import cupy
+
+    g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, weight_streaming=False)
+    assert g.family == "sm90" and g.kernel_spec.layout == "nt"
+    for m in (1000, 1, 17, 129, 2049):
+        check(g, m)
+    (ar, ac), (br, bc) = g.spec.a_shape(77), g.spec.b_shape()
+    a = reference.random_matrix((ar, ac + 3), "tf32")[:, 1:1 + ac]
+    b = reference.random_matrix((br, bc + 5), "tf32")[:, :bc]
+    check(g, 77, a=a, b=b)
+    assert not g._variants  # the portable kernel never ran
+    out = reference.poisoned((77, 1001), "tf32")
+    g(a, b, out=out)
+    a[...] = reference.random_matrix(a.shape, "tf32")  # fresh values in the same buffer: the kept plan replays
+    reference.poison(out)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        cupy.cuda.Device().synchronize()
+        stream.begin_capture()
+        g(a, b, out=out, stream=stream)
+        graph = stream.end_capture()
+        graph.launch(stream)
+    stream.synchronize()
+    assert reference.within_bound(reference.relative_error(out, reference.reference(g.spec, a, b)), "tf32")
+    e = dg.build(300, 256, 512, dtype="tf32", layout=layout, epilogue="bias+gelu")
+    assert e.family == "sm90" and e.kernel_spec.layout == "nt"
+    a, b = reference.random_operands(e.spec, 300)
+    bias = reference.random_matrix((256,), "tf32")
+    out = reference.poisoned((300, 256), "tf32")
+    e(a, b, bias=bias, out=out)
+    ref = reference.unfused_epilogue(reference.reference(e.spec, a, b), e.spec.epi, bias)
+    assert reference.within_bound(reference.relative_error(out, ref), "tf32")
+
+
 def test_staged_plans_replay_after_the_buffers_grew():
     """A kept staged plan (same operands, out= given) replays on the buffers it was made with, even after a larger
     call grew them (the outgrown ones are retired, not freed)."""

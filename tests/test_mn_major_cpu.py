@@ -417,6 +417,27 @@ def test_build_chooses_sm90(layout, dtype, shared_cache_dir, monkeypatch):
     launch.check_layout(g.artifact, g.spec)
 
 
+@pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
+def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, shared_cache_dir, monkeypatch):
+    """TF32 with MN-major operands: the Hopper kernel of the nt twin (config.kernel_spec) and the transpose kernel
+    its calls run first (transpose.py), neither with local memory; explain says which operands are transposed."""
+    from deepgemm_jit import transpose
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
+    assert g.family == "sm90" and g.spec.layout == layout and g.kernel_spec == config.kernel_spec(g.spec, ARCH)
+    assert g.kernel_spec.layout == "nt" and g._transposes
+    assert [g._transposed(r) for r in "ab"] == [not g.spec.a_k_major, not g.spec.b_k_major]
+    info = g.explain()
+    assert info["local_bytes"] == 0 and info["sass"].get("HGMMA", 0) > 0 and info["spec"]["layout"] == layout
+    assert info["staging"]["transposed"] == [r for r in "ab" if g._transposed(r)]
+    art = transpose.get_kernel(transpose.TransposeSpec(4), ARCH)
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    assert usage.get("LOCAL", 0) == 0 and usage["SHARED"] >= 32 * 33 * 4
+    mix = sass.opcode_mix(art.cubin)
+    assert mix.get("LDS", 0) > 0 and mix.get("STS", 0) > 0 and mix.get("BAR", 0) > 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Heuristic and validation
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,8 +500,9 @@ def test_config_errors():
     tf32 = GemmSpec.create(1024, 2048, dtype="tf32", layout="nn")
     with pytest.raises(ValueError, match="bf16/fp16 only.*K-major"):
         config.sm90_config(tf32, 128, 128, 3).check_for(tf32, ARCH)
-    with pytest.raises(ValueError, match="bf16/fp16 only"):
-        dg.build(64, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
+    # build() with a Hopper config for a TF32 MN-major spec compiles it for the nt twin (config.kernel_spec)
+    g = dg.build(64, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
+    assert g.family == "sm90" and g.kernel_spec.layout == "nt" and g.spec.layout == "tn"
 
 
 def test_epilogue_rules():
@@ -488,8 +510,9 @@ def test_epilogue_rules():
         for dtype in ("bf16", "fp16"):
             spec = GemmSpec.create(1024, 1000, dtype=dtype, layout=layout, epilogue="bias+gelu")
             assert config.choose_config(spec, 4096, ARCH).family == "sm90"
-        with pytest.raises(ValueError, match="reads tf32 operands K-major only.*'nt'"):
-            GemmSpec.create(1024, 1000, dtype="tf32", layout=layout, epilogue="relu")
+        # TF32: the nt twin's kernel on transposed copies (config.kernel_spec)
+        tf32 = GemmSpec.create(1024, 1000, dtype="tf32", layout=layout, epilogue="relu")
+        assert config.choose_config(config.kernel_spec(tf32, ARCH), 4096, ARCH).family == "sm90"
         with pytest.raises(ValueError, match="fp8_e4m3 operands K-major only"):
             GemmSpec.create(1024, 1024, dtype="fp8", scaling="tensor", layout=layout, epilogue="relu")
     with pytest.raises(ValueError, match="Hopper"):  # epilogues still have no portable kernel
@@ -511,7 +534,9 @@ def test_tensor_map_boxes(captured_maps):
 
 
 def test_unaligned_m_of_an_mn_major_a_runs_portable(shared_cache_dir, monkeypatch):
-    """tn with M % 8 != 0: A's (K, M) rows are not 16-byte multiples, so the call takes the portable variant."""
+    """tn with M % 8 != 0: A's (K, M) rows are not 16-byte multiples: the portable variant is what _artifact_for
+    gives (it serves calls captured in a CUDA graph before the staging buffers are sized; other calls copy A into
+    an aligned buffer for the Hopper kernel, Gemm._stages)."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     g = dg.build(4096, 1024, 1024, dtype="bf16", layout="tn", arch=ARCH)
     assert g.family == "sm90"

@@ -104,6 +104,21 @@ def test_family_selection():
     assert fam(4096, 4096, arch="sm_80") == "sm80"
 
 
+def test_tf32_mn_major_layouts_run_the_nt_kernel_on_transposed_copies():
+    """Hopper's TF32 WGMMA reads K-major operands only: a TF32 spec with MN-major operands compiles its nt twin's
+    kernel (config.kernel_spec) and calls transpose those operands first; 16-bit types and other archs keep their
+    layout, and so do grouped and 3xTF32 (hi_lo) specs."""
+    for layout in ("nn", "tn", "tt"):
+        spec = GemmSpec.create(1001, 1003, dtype="tf32", layout=layout)
+        assert config.sm90_transposes(spec, "sm_90a") and config.kernel_spec(spec, "sm_90a") == GemmSpec.create(
+            1001, 1003, dtype="tf32", layout="nt")
+        assert config.kernel_spec(spec, "sm_80") is spec and config.choose_config(spec, 1000, "sm_90a").family == "sm80"
+        half = GemmSpec.create(1001, 1003, dtype="bf16", layout=layout)
+        assert not config.sm90_transposes(half, "sm_90a") and config.kernel_spec(half, "sm_90a") is half
+    nt = GemmSpec.create(1001, 1003, dtype="tf32")
+    assert config.kernel_spec(nt, "sm_90a") is nt
+
+
 def test_sm90_heuristic_follows_waves():
     """Shapes measured on the H200 (docs/NOTES.md): the waves model picks the measured winner."""
     pick = lambda m, n, k: config.choose_config(GemmSpec.create(n, k, dtype="bf16"), m, "sm_90a", 132)

@@ -68,7 +68,7 @@ def test_staged_plan_copies_in_then_launches_then_copies_d_out(fakes):
     launch_plan = type("L", (), {"device_id": 0, "run": lambda self, stream: copies.append("launch")})()
     a, a2 = view(10, 1003, 1003, ptr=4098), view(10, 1003, 1008, ptr=1 << 20)
     d, d2 = view(10, 33, 33, ptr=8194), view(10, 33, 40, ptr=1 << 21)
-    plan = staging.StagedPlan.around(launch_plan, [(a2, a)], (d2, d))
+    plan = staging.StagedPlan((staging.RowCopy.of(a2, a),), launch_plan, (staging.RowCopy.of(d, d2),))
     plan.run(object())
     plan.run(object())  # replayed: the same copies again
     copy_in, copy_out = copies[0], copies[2]
@@ -76,3 +76,13 @@ def test_staged_plan_copies_in_then_launches_then_copies_d_out(fakes):
     assert (copy_in.dst, copy_in.dst_pitch, copy_in.src, copy_in.src_pitch) == (1 << 20, 2016, 4098, 2006)
     assert (copy_out.dst, copy_out.dst_pitch, copy_out.src, copy_out.src_pitch) == (8194, 66, 1 << 21, 80)
     assert copy_in.row_bytes == 2006 and copy_out.row_bytes == 66 and copy_in.rows == copy_out.rows == 10
+
+
+def test_transposed_copies_take_the_transposed_shape(fakes):
+    """MN-major TF32 operands (config.sm90_transposes) are staged transposed, even when TMA could read them."""
+    grown, _, _ = fakes
+    bufs = staging.StagingBuffers()
+    b = view(1003, 1024, 1024, dtype=np.float32)  # (K, N), TMA-legal rows
+    got = bufs.aligned(b, "b", object(), 0, transposed=True)
+    assert (got.rows, got.cols, got.row_stride) == (1024, 1003, 1004) and grown == [(0, "b", 1024 * 4016)]
+    assert bufs.fits(b, "b", transposed=True) and not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", True)

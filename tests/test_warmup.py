@@ -162,8 +162,8 @@ def test_shapes_file(tmp_path):
     ({"n": 8, "k": 8, "epilogue": True}, "gemms\\[0\\]: epilogue must be a string"),
     ({"n": 8, "k": 8, "epilogue": ["bias"]}, "gemms\\[0\\]: epilogue must be a string"),
     ({"n": 24, "k": 64, "epilogue": "swiglu"}, "gemms\\[0\\]: N=24: .*multiple of 16"),
-    ({"n": 64, "k": 64, "dtype": "tf32", "epilogue": "bias", "layout": "tn"},
-     "gemms\\[0\\]: epilogue='bias' runs on the Hopper"),
+    ({"n": 64, "k": 64, "dtype": "fp8", "epilogue": "bias", "layout": "tn"},
+     "gemms\\[0\\]: .*layout"),
     ({"n": 64, "k": 64, "epilogue": "quant_fp8_g128", "out_dtype": "bf16"}, "epilogue='quant_fp8_g128' writes fp8"),
     ({"n": 64, "k": 64, "epilogue": "residual", "grouped": True}, "grouped GEMMs take bias, activations"),
     ({"n": 64, "k": 64, "dtype": "int8", "epilogue": "bias"}, "needs a floating output"),
@@ -358,6 +358,22 @@ def test_plan_gemv_kernels_for_small_m_entries():
     assert warmup.plan_gemv(fused + entries, "sm_90a") == decode
 
 
+def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
+    """fp32 entries need their layout's split kernel and TF32 entries with MN-major operands the transpose kernel
+    (their GEMM is the nt twin's, config.kernel_spec); the command compiles both (before session 25 it left the
+    split kernels out: an offline fp32 build then found none cached)."""
+    entries = [warmup.parse_shape(x) for x in ("64:4096:4096:tf32:nn", "64:4096:4096:fp32:tn", "64:4096:4096:tf32")]
+    assert [s.tag for s in warmup.plan_split(entries)] == ["split_tf32_tn"]
+    assert [s.tag for s in warmup.plan_transpose(entries, "sm_90a")] == ["transpose_b32"]
+    assert warmup.plan_transpose(entries, "sm_80") == [] and warmup.plan_transpose(entries[2:], "sm_90a") == []
+    assert [spec.layout for spec, _ in warmup.plan_buckets(entries[:1], "sm_90a")] == ["nt"]
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "64:4096:4096:tf32:nn", "--shape",
+                             "64:4096:4096:fp32:tn", "--dry-run")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[:-1] if " for " in line] == ["split_tf32_tn", "transpose_b32"]
+    assert out[-1].startswith("warmup plan: 4 kernels for sm_90a")
+
+
 def test_dry_run_with_quantize_only(capsys):
     assert warmup.main(_args("--arch", "sm_90a", "--quantize", "bf16:int8/tensor", "--quantize", "bf16:fp8/row",
                              "--dry-run")) == 0
@@ -422,7 +438,7 @@ def test_shape_option():
         ("1:64:64:epilogue=bias", "expected M:N:K:TYPE"),
         ("1:64:64:bf16:nt:bf16:x:epilogue=bias", "expected M:N:K:TYPE"),
         ("1:24:64:bf16:epilogue=swiglu", "N=24: .*multiple of 16"),
-        ("1:64:64:tf32:tn:epilogue=bias", "epilogue='bias' runs on the Hopper family"),
+        ("1:64:64:fp8:tn:epilogue=bias", "layout"),
         ("1:64:64:bf16:nt:bf16:epilogue=quant_fp8_g128", "writes fp8_e4m3 \\(leave out_dtype unset\\)"),
         ("1:64:64:fp8:epilogue=swiglu+quant_fp8_g128", "fast_accum=True"),  # FP32 promotion: no room
         ("1:64:64:bf16:epilogue=beta+swiglu", "beta \\(C\\) does not combine"),
