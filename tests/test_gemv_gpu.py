@@ -8,6 +8,7 @@ import pytest
 from deepgemm_jit import build, gemv, reference
 from deepgemm_jit.quantization import recipe_granularities
 from deepgemm_jit.spec import GemmSpec
+from graphs import capture_call, replay_with_fresh_a
 
 pytestmark = pytest.mark.gpu
 
@@ -188,32 +189,13 @@ def test_deterministic_bits(dtype, launches, two_token_tiles):
 
 
 def test_cuda_graph_capture_and_replay(launches):
-    import cupy
-
     m, n, k = 8, 4096, 7168
     spec = GemmSpec.create(n, k, dtype="bf16")
     a, b = reference.random_operands(spec, m)
     g = build(m, n, k, dtype="bf16")
     out = reference.poisoned((m, n), "bf16")
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        g(a, b, out=out, stream=stream)  # compile, load and plan outside the capture
-        reference.poison(out, stream)
-        stream.synchronize()
-        stream.begin_capture()
-        g(a, b, out=out, stream=stream)
-        graph = stream.end_capture()
-    stream.synchronize()
-    assert reference.num_nonfinite(out) == out.size  # captured, not run
-    for _ in range(2):
-        fresh = reference.random_matrix((m, k), "bf16")  # new inputs in the same buffers
-        cupy.cuda.Device().synchronize()  # made on the current stream, copied on `stream`
-        cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
-        reference.poison(out, stream)
-        graph.launch(stream)
-        stream.synchronize()
-        err = reference.error(out, reference.reference(spec, a, b))
-        assert reference.within_bound(err, "bf16"), err
+    graph, stream = capture_call(g, a, b, out)  # compiled, loaded and planned by the first, uncaptured call
+    replay_with_fresh_a(graph, stream, spec, a, b, out, times=2)
     assert launches and set(launches) == {m}
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import deepgemm_jit as dg
 from deepgemm_jit import reference
+from graphs import capture_call, replay_with_fresh_a
 
 pytestmark = pytest.mark.gpu
 
@@ -97,31 +98,13 @@ def test_capture_before_staging_runs_the_portable_kernel():
 def test_staged_call_is_captured_in_a_cuda_graph():
     """After a first call sized the Gemm's staging buffers (staging.py), a staged call (odd K) allocates and
     synchronises nothing: it is captured in a CUDA graph and replays with fresh A, D poisoned before each replay."""
-    import cupy
-
     g = dg.build(300, 1001, 1003, dtype="bf16", weight_streaming=False)
     a, b = reference.random_operands(g.spec, 300)
     out = reference.poisoned((300, 1001), "bf16")
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        g(a, b, out=out, stream=stream)  # compiles, loads and sizes the staging buffers
-        sizes = {key: buf.nbytes for key, buf in g._staging._buffers.items()}
-        assert {role for _, role in sizes} == {"a", "b", "d"}
-        reference.poison(out, stream)
-        stream.synchronize()
-        stream.begin_capture()
-        g(a, b, out=out, stream=stream)
-        graph = stream.end_capture()
-    stream.synchronize()
-    assert reference.num_nonfinite(out) == out.size  # captured, not run
-    for _ in range(3):
-        fresh = reference.random_matrix(a.shape, "bf16")  # alive until the stream is synchronised below
-        cupy.cuda.Device().synchronize()
-        cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
-        reference.poison(out, stream)
-        graph.launch(stream)
-        stream.synchronize()
-        assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
+    graph, stream = capture_call(g, a, b, out)  # the first, uncaptured call sizes the staging buffers
+    sizes = {key: buf.nbytes for key, buf in g._staging._buffers.items()}
+    assert {role for _, role in sizes} == {"a", "b", "d"}
+    replay_with_fresh_a(graph, stream, g.spec, a, b, out)
     assert {key: buf.nbytes for key, buf in g._staging._buffers.items()} == sizes
 
 
@@ -139,9 +122,7 @@ def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
     """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (transpose.py): odd sizes, sliced
-    views, a kept plan replayed on fresh inputs, a fused epilogue, and a CUDA graph captured after a first call."""
-    import cupy
-
+    views, a fused epilogue, and a CUDA graph captured after a first call, replayed on fresh inputs."""
     g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, weight_streaming=False)
     assert g.family == "sm90" and g.kernel_spec.layout == "nt"
     for m in (1000, 1, 17, 129, 2049):
@@ -151,19 +132,10 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
     b = reference.random_matrix((br, bc + 5), "tf32")[:, :bc]
     check(g, 77, a=a, b=b)
     assert not g._variants  # the portable kernel never ran
+    a, b = reference.random_operands(g.spec, 77)
     out = reference.poisoned((77, 1001), "tf32")
-    g(a, b, out=out)
-    a[...] = reference.random_matrix(a.shape, "tf32")  # fresh values in the same buffer: the kept plan replays
-    reference.poison(out)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        cupy.cuda.Device().synchronize()
-        stream.begin_capture()
-        g(a, b, out=out, stream=stream)
-        graph = stream.end_capture()
-        graph.launch(stream)
-    stream.synchronize()
-    assert reference.within_bound(reference.relative_error(out, reference.reference(g.spec, a, b)), "tf32")
+    graph, stream = capture_call(g, a, b, out)
+    replay_with_fresh_a(graph, stream, g.spec, a, b, out, times=2, dtype="tf32")
     e = dg.build(300, 256, 512, dtype="tf32", layout=layout, epilogue="bias+gelu")
     assert e.family == "sm90" and e.kernel_spec.layout == "nt"
     a, b = reference.random_operands(e.spec, 300)

@@ -9,6 +9,7 @@ import pytest
 from deepgemm_jit import build, launch, reference, splitk
 from deepgemm_jit.quantization import recipe_granularities
 from deepgemm_jit.spec import GemmSpec
+from graphs import capture_call, replay_with_fresh_a
 
 pytestmark = pytest.mark.gpu
 
@@ -201,41 +202,14 @@ def test_workspace_grows_with_m():
 
 
 def test_cuda_graph_capture_and_replay():
-    import cupy
-
     m, n, k = 48, 2112, 7168
     spec = GemmSpec.create(n, k, dtype="bf16")
     a, b = reference.random_operands(spec, m)
     g = build(m, n, k, dtype="bf16", split_k=6, weight_streaming=False)
     out = reference.poisoned((m, n), "bf16")
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        g(a, b, out=out, stream=stream)  # compile, load, plan and allocate the workspace outside the capture
-        reference.poison(out, stream)
-        stream.synchronize()
-        stream.begin_capture()
-        g(a, b, out=out, stream=stream)
-        graph = stream.end_capture()
-    stream.synchronize()
-    assert reference.num_nonfinite(out) == out.size  # captured, not run
-    _replay_with_fresh_a(graph, stream, spec, a, b, out)
+    graph, stream = capture_call(g, a, b, out)  # the workspace is allocated by the first, uncaptured call
+    replay_with_fresh_a(graph, stream, spec, a, b, out)
     assert _arrivals_zero(g)
-
-
-def _replay_with_fresh_a(graph, stream, spec, a, b, out, times=3):
-    """Launch a captured call `times` times, each with fresh BF16 values copied into A and D poisoned first, and
-    check D against the float64 reference each time."""
-    import cupy
-
-    for _ in range(times):
-        fresh = reference.random_matrix(a.shape, "bf16")
-        cupy.cuda.Device().synchronize()
-        cupy.cuda.runtime.memcpyAsync(a.data.ptr, fresh.data.ptr, a.nbytes, 3, stream.ptr)
-        reference.poison(out, stream)
-        graph.launch(stream)
-        stream.synchronize()
-        err = reference.error(out, reference.reference(spec, a, b))
-        assert reference.within_bound(err, "bf16"), err
 
 
 def test_first_call_inside_a_capture_is_refused_clearly():
@@ -359,8 +333,6 @@ def test_atomic_mode_fp8_and_int8_exact(scaling):
 
 def test_atomic_mode_cuda_graph_and_growth():
     """The atomic mode under a CUDA graph (three replays with fresh inputs) and across a workspace that grows."""
-    import cupy
-
     n, k = 2112, 7168
     spec = GemmSpec.create(n, k, dtype="bf16")
     g = build(48, n, k, dtype="bf16", split_k=6, weight_streaming=False, deterministic=False)
@@ -374,12 +346,6 @@ def test_atomic_mode_cuda_graph_and_growth():
     m = 48
     a, b = reference.random_operands(spec, m)
     out = reference.poisoned((m, n), "bf16")
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        g(a, b, out=out, stream=stream)
-        stream.synchronize()
-        stream.begin_capture()
-        g(a, b, out=out, stream=stream)
-        graph = stream.end_capture()
-    _replay_with_fresh_a(graph, stream, spec, a, b, out)
+    graph, stream = capture_call(g, a, b, out)
+    replay_with_fresh_a(graph, stream, spec, a, b, out)
     assert _workspace_zero(g)
