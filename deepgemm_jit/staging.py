@@ -81,7 +81,11 @@ class StagingBuffers:
                         "first call that needs it: call it once outside the capture (with this size or a larger "
                         "one) before capturing a CUDA graph, or pass operands whose rows are multiples of 16 bytes")
                 if buf is not None:
+                    # At least doubled: kept plans may point at the outgrown buffer, so it is retired, not freed,
+                    # and calls with slowly growing M (a serving loop) must not retire one buffer per size. Doubling
+                    # keeps all retired buffers together smaller than the live one.
                     self._retired.append(buf)
+                    nbytes = max(nbytes, 2 * buf.nbytes)
                 buf = self._grow(device_id, role, nbytes, stream)
         return dataclasses.replace(view, ptr=buf.data.ptr, row_stride=pitch // view.itemsize, device=device_id)
 

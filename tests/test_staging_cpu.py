@@ -59,6 +59,10 @@ def test_buffers_grow_only_for_larger_calls_and_never_while_capturing(fakes):
     first = bufs._buffers[(0, "a")]
     bufs.aligned(view(400, 1003, 1003), "a", object(), 0)
     assert len(grown) == 2 and first in bufs._retired  # a kept plan may still point at the outgrown buffer
+    assert grown[1] == (0, "a", 2 * 300 * 2016)  # doubled, not just the 400 rows asked for
+    for rows in range(401, 1300):  # slowly growing M: a few doublings, not one buffer per size
+        bufs.aligned(view(rows, 1003, 1003), "a", object(), 0)
+    assert len(grown) == 4 and sum(b.nbytes for b in bufs._retired) < bufs._buffers[(0, "a")].nbytes
     with pytest.raises(ValueError, match="staging role"):
         bufs.aligned(view(1, 3, 3, ptr=4098), "x", object(), 0)
 
