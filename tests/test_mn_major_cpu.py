@@ -431,6 +431,7 @@ def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, sh
     info = g.explain()
     assert info["local_bytes"] == 0 and info["sass"].get("HGMMA", 0) > 0 and info["spec"]["layout"] == layout
     assert info["staging"]["transposed"] == [r for r in "ab" if g._transposed(r)]
+    assert info["staging"]["kernel_spec"] == g.kernel_spec.tag and "_nt_" in g.kernel_spec.tag
     art = transpose.get_kernel(transpose.TransposeSpec(4), ARCH)
     usage = sass.resource_usage(art.cubin)[art.entry]
     assert usage.get("LOCAL", 0) == 0 and usage["SHARED"] >= 32 * 33 * 4
