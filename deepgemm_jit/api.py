@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, env, gemv, jit, launch, runtime, splitk, staging, transpose
+from . import copies, device, dtypes, env, gemv, jit, launch, runtime, splitk, staging
 from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, new_mn_major_scales, out_view,
                      overlaps, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
@@ -70,7 +70,7 @@ class Gemm:
         self.config = artifact.config
         self.artifact = artifact
         # The spec the kernel was compiled for: `spec`, or its nt twin, whose calls transpose MN-major TF32 operands
-        # into K-major staging buffers first (config.kernel_spec, transpose.py).
+        # into K-major staging buffers first (config.kernel_spec, copies.py).
         self.kernel_spec = artifact.spec
         self._transposes = artifact.spec.layout != spec.layout
         # Resolved once here rather than on every call.
@@ -392,7 +392,7 @@ class Gemm:
         e.g. K % 16 != 0, or a misaligned base), where _stages says so: they are copied into the Gemm's staging
         buffers (staging.py, 16-byte pitches; no allocation or synchronisation once they are large enough), and D
         goes through one when it is unaligned, copied out after the launch, all on the call's stream. MN-major TF32
-        operands are written transposed (K-major) by the transpose kernel (transpose.py) for the nt kernel."""
+        operands are written transposed (K-major) for the nt kernel. The copies are copies.py's kernels."""
         import cupy
 
         steps = []
@@ -404,17 +404,18 @@ class Gemm:
                     continue
                 if self._transposed(role):
                     staged[role] = self._staging.aligned(view, role, cu_stream, dev, transposed=True)
-                    steps.append(transpose.plan(staged[role], view, self.arch, dev))
+                    steps.append(copies.transpose_plan(staged[role], view, self.arch, dev))
                 else:
                     staged[role] = self._staging.aligned(view, role, cu_stream, dev)
                     if staged[role] is not view:
-                        steps.append(staging.RowCopy.of(staged[role], view))
+                        steps.append(copies.rows_plan(staged[role], view, self.arch, dev))
             vd2 = self._staging.aligned(vd, "d", cu_stream, dev)
             epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
             plan = launch.plan(launch.load(self.artifact, self.kernel_spec, dev), self.artifact, self.kernel_spec, m,
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,
                                split=self._split_operands(self.artifact, m, dev, cu_stream))
-        return staging.StagedPlan(tuple(steps), plan, () if vd2 is vd else (staging.RowCopy.of(vd, vd2),))
+        out = () if vd2 is vd else (copies.rows_plan(vd, vd2, self.arch, dev),)
+        return staging.StagedPlan(tuple(steps), plan, out)
 
     def explain(self) -> dict:
         from .explain import describe
@@ -519,8 +520,12 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     if forced_splits is not None:
         cfg = _with_split_k(cfg, kspec, target, forced_splits, m_hint, config is None, arch is None)
     try:
+        # The staging copies every call will run (copies.py; warmup.plan_copies lists the same), loaded here so
+        # that an offline build without them fails now, with its warmup line.
         if kspec is not spec:
-            transpose.get_kernel(transpose.TransposeSpec(dtypes.get(spec.dtype).storage_bytes), target)
+            copies.get_kernel(copies.CopySpec("transpose", dtypes.get(spec.dtype).storage_bytes), target)
+        if cfg.family == "sm90" and config_mod.sm90_unaligned_rows(kspec):
+            copies.get_kernel(copies.ROWS, target)
         return Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming),
                     forced_splits, bool(deterministic))
     except KernelNotCachedError as exc:

@@ -335,7 +335,7 @@ def sm90_layout_problem(spec: GemmSpec) -> str | None:
 
 def sm90_transposes(spec: GemmSpec, arch: str) -> bool:
     """Whether the Hopper kernel of `spec` is its nt twin's, fed K-major copies of the MN-major operands that every
-    call makes (transpose.py, Gemm._staged_plan): TF32 in layouts nn / tn / tt, which Hopper's TF32 WGMMA cannot
+    call makes (copies.py, Gemm._staged_plan): TF32 in layouts nn / tn / tt, which Hopper's TF32 WGMMA cannot
     read (sm90_layout_problem) and the portable kernel ran at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
     return (arch == "sm_90a" and spec.dtype == "tf32" and sm90_layout_problem(spec) is not None
             and not spec.grouped and not spec.hi_lo)

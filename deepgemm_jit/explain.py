@@ -62,7 +62,7 @@ def _staging(gemm) -> dict | None:
         rows = [role for role in config_mod.sm90_unaligned_rows(gemm.artifact.spec) if role not in moved]
         return {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_spec": gemm.artifact.spec.tag,
                 "note": f"{' and '.join(moved)} (MN-major TF32) transposed into K-major buffers on every call "
-                        "(transpose.py): Hopper's TF32 WGMMA reads K-major operands only"
+                        "(copies.py): Hopper's TF32 WGMMA reads K-major operands only"
                         + (f"; {', '.join(rows)} copied into 16-byte-pitched buffers" if rows else "")}
     rows = config_mod.sm90_unaligned_rows(gemm.artifact.spec)
     return {"packed_staged": rows, "note": ("copied into 16-byte-pitched buffers on every call: pad these rows to "

@@ -1,8 +1,8 @@
 """Aligned copies of operands TMA cannot describe, for the Hopper kernels (``Gemm._stages`` says when).
 
 TMA needs a 16-byte aligned base and row pitches that are multiples of 16 bytes. Operands without them (an odd K in
-16 bits, a sliced view, ...) are copied row by row (``cudaMemcpy2DAsync``) into buffers with a 16-byte pitch before
-the launch, and D is written into one and copied out after it. The buffers belong to the ``Gemm`` (one set per
+16 bits, a sliced view, ...) are copied row by row (copies.py) into buffers with a 16-byte pitch before the launch,
+and D is written into one and copied out after it. The buffers belong to the ``Gemm`` (one set per
 device, one buffer per operand role), are allocated on the first call that needs them and grown when a larger call
 needs more; calls then only enqueue copies on their own stream, with no allocation and no synchronisation, so a call
 can be captured in a CUDA graph once the Gemm has run at that size. A ``StagedPlan`` (the copies and the launch) is
@@ -14,7 +14,7 @@ Example::
 
     staging = StagingBuffers()
     va2 = staging.aligned(va, "a", stream, device_id)   # va itself when TMA can read it
-    plan = StagedPlan((RowCopy.of(va2, va),), launch.plan(... va2 ...), ())
+    plan = StagedPlan((copies.rows_plan(va2, va, arch, device_id),), launch.plan(... va2 ...), ())
     plan.run(stream)
 """
 from __future__ import annotations
@@ -26,7 +26,10 @@ from . import runtime
 from .arrays import MatrixView
 from .launch import LaunchPlan, tma_legal
 
-PITCH_ALIGN = 16  # bytes: what TMA needs of a row pitch (launch.tma_legal)
+# Bytes a staged row pitch is rounded up to. TMA needs 16 (launch.tma_legal); 128 starts every row on a 128-byte
+# line, so a TMA box row (128 bytes of K) reads one line instead of two: with 16, 4096 x 4096 x 4100 BF16 ran 314 us
+# staged against ~178 for the aligned GEMM (docs/NOTES.md session 25).
+PITCH_ALIGN = 128
 ROLES = ("a", "b", "d", "c", "residual")
 
 
@@ -62,7 +65,7 @@ class StagingBuffers:
     def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False) -> MatrixView:
         """`view` when TMA can use it in place; else a view of the same shape in the buffer of `role`, with a
         16-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
-        transposed shape (cols, rows) in that buffer (the caller transposes into it: transpose.py). Growing a
+        transposed shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a
         buffer allocates and synchronises `stream` first (the old buffer may still be read by earlier work): it
         must not be capturing a CUDA graph then (RuntimeError)."""
         if tma_legal(view) and not transposed:
@@ -100,39 +103,14 @@ class StagingBuffers:
 
 
 @dataclasses.dataclass(frozen=True)
-class RowCopy:
-    """One enqueued copy of a matrix's rows between two pitches (cudaMemcpy2DAsync, device to device)."""
-
-    dst: int
-    dst_pitch: int
-    src: int
-    src_pitch: int
-    row_bytes: int
-    rows: int
-
-    @classmethod
-    def of(cls, dst: MatrixView, src: MatrixView) -> RowCopy:
-        assert (dst.rows, dst.cols, dst.itemsize) == (src.rows, src.cols, src.itemsize)
-        return cls(dst.ptr, dst.row_stride * dst.itemsize, src.ptr, src.row_stride * src.itemsize,
-                   src.cols * src.itemsize, src.rows)
-
-    def run(self, stream) -> None:
-        import cupy
-
-        if self.rows and self.row_bytes:
-            cupy.cuda.runtime.memcpy2DAsync(self.dst, self.dst_pitch, self.src, self.src_pitch, self.row_bytes,
-                                            self.rows, 3, stream.ptr)  # 3: device to device
-
-
-@dataclasses.dataclass(frozen=True)
 class StagedPlan:
     """A launch on staged operands: the copies into the staging buffers, the launch, D's copy out. Replayable
     like a LaunchPlan (the buffers it points at stay alive: StagingBuffers retires, never frees, them)."""
 
-    copies_in: tuple  # RowCopy or transposing LaunchPlan steps (anything with run(stream)), before the launch:
-    #                   C, which may be D itself, among them, so all of them precede D's writes
+    copies_in: tuple[LaunchPlan, ...]  # copies.py's row copies and transposes, before the launch: C, which may be
+    #                                    D itself, among them, so all of them precede D's writes
     launch: LaunchPlan
-    copies_out: tuple[RowCopy, ...]  # D's copy out of its staging buffer, if any
+    copies_out: tuple[LaunchPlan, ...]  # D's copy out of its staging buffer, if any
 
     @property
     def device_id(self) -> int:

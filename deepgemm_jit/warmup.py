@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import config as config_mod
-from . import device, fp32x3, gemv, quantization, transpose
+from . import copies, device, fp32x3, gemv, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -54,7 +54,7 @@ from .warmup_sources import (ACTIVATION_DTYPE, DEFAULT_M_RANGE, EP_DEGREES, M_MA
 
 # The public names: the planner's, and the sources' (importable from here as before).
 __all__ = ["SegmentsKernel", "Summary", "plan_buckets", "plan_grouped", "plan_segments", "plan_quantize",
-           "plan_transpose", "plan_split", "plan_gemv", "plan", "kernel_type", "run", "add_parser", "main",
+           "plan_copies", "plan_split", "plan_gemv", "plan", "kernel_type", "run", "add_parser", "main",
            "M_MAX_BUCKET", "SHAPE_SYNTAX",
            "GemmType", "WarmupEntry", "expert_group_counts", "grouped_warmup_command_for", "hf_config_entries",
            "m_buckets", "parse_grouped", "parse_m", "parse_quantize", "parse_shape", "parse_shapes_file",
@@ -162,10 +162,16 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
     return found
 
 
-def plan_transpose(entries: list[WarmupEntry], arch: str) -> list[transpose.TransposeSpec]:
-    """The transpose kernel of TF32 entries with MN-major operands on Hopper (config.sm90_transposes)."""
-    need = any(not e.spec.grouped and e.fp32 is None and config_mod.sm90_transposes(e.spec, arch) for e in entries)
-    return [transpose.TransposeSpec(4)] if need else []
+def plan_copies(entries: list[WarmupEntry], arch: str) -> list[copies.CopySpec]:
+    """The staging copies (copies.py) the entries' Hopper GEMMs run: the row copy where packed operands are
+    misaligned (config.sm90_unaligned_rows; calls on misaligned views of aligned specs load it on first use), the
+    transpose for TF32 entries with MN-major operands (config.sm90_transposes)."""
+    if arch != "sm_90a":
+        return []
+    plain = [e for e in entries if not e.spec.grouped]
+    rows = any(config_mod.sm90_unaligned_rows(e.spec_at(e.m_buckets[0] if e.m_buckets else 64, arch)) for e in plain)
+    transposes = any(e.fp32 is None and config_mod.sm90_transposes(e.spec, arch) for e in plain)
+    return [copies.ROWS] * rows + [copies.CopySpec("transpose", 4)] * transposes
 
 
 def plan_split(entries: list[WarmupEntry]) -> list[fp32x3.SplitKernelSpec]:
@@ -184,12 +190,11 @@ def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quan
     grouped GEMMs (``plan_grouped``: choice per expected_m bucket and num_groups), then (quantization spec, None)
     for the kernels of ``plan_quantize(entries, quantize)``, then (gemv spec, None) for the decode kernels of
     ``plan_gemv``, then (SegmentsKernel(), None) when there are grouped entries, then the split kernels of fp32
-    (3xTF32) entries (``plan_split``), then the transpose kernel of TF32 entries with MN-major operands
-    (``plan_transpose``)."""
+    (3xTF32) entries (``plan_split``), then the staging copies (``plan_copies``)."""
     return (list(plan_buckets(entries, arch, num_sms)) + list(plan_grouped(entries, arch, num_sms))
             + [(q, None) for q in plan_quantize(entries, quantize)]
             + [(g, None) for g in plan_gemv(entries, arch)] + [(s, None) for s in plan_segments(entries)]
-            + [(s, None) for s in plan_split(entries)] + [(t, None) for t in plan_transpose(entries, arch)])
+            + [(s, None) for s in plan_split(entries)] + [(t, None) for t in plan_copies(entries, arch)])
 
 
 def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) -> str:
@@ -200,7 +205,7 @@ def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) ->
         text = f"grouped {type_text(spec)}" if spec.grouped else type_text(spec)
         text = "fp32 (3xtf32)" if spec.promoted else text
         return text if spec.epilogue == "none" else f"{text} {spec.epilogue}"
-    if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec, transpose.TransposeSpec)):
+    if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec, copies.CopySpec)):
         return spec.tag
     return "gemv" if isinstance(spec, GemvSpec) else "quantize"
 
@@ -215,8 +220,8 @@ def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, c
             return grouped.segments_kernel(arch).compiled_now, None
         if isinstance(spec, fp32x3.SplitKernelSpec):
             return fp32x3.get_kernel(spec, arch).compiled_now, None
-        if isinstance(spec, transpose.TransposeSpec):
-            return transpose.get_kernel(spec, arch).compiled_now, None
+        if isinstance(spec, copies.CopySpec):
+            return copies.get_kernel(spec, arch).compiled_now, None
         if isinstance(spec, GemvSpec):
             return gemv.get_kernel(spec, arch).compiled_now, None
         if cfg is None:
@@ -389,9 +394,9 @@ def main(args: argparse.Namespace) -> int:
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
     decode = plan_gemv(entries, arch)
     segments = plan_segments(entries)
-    # fp32 entries' split kernels and the transpose kernel of TF32 entries with MN-major operands (plan() lists the
-    # same; before session 25 the command left the split kernels out, so an offline fp32 build found none cached)
-    helpers = plan_split(entries) + plan_transpose(entries, arch)
+    # fp32 entries' split kernels and the staging copies (plan() lists the same; before session 25 the command left
+    # the split kernels out, so an offline fp32 build found none cached)
+    helpers = plan_split(entries) + plan_copies(entries, arch)
     work = (list(served) + list(grouped) + [(spec, None) for spec in quantize] + [(spec, None) for spec in decode]
             + [(spec, None) for spec in segments] + [(spec, None) for spec in helpers])
     if args.dry_run:
@@ -407,7 +412,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"{spec.tag:77s} for grouped GEMMs called with m_indices=")
         for spec in helpers:
             print(f"{spec.tag:77s} for " + ("fp32 (3xTF32) GEMMs" if isinstance(spec, fp32x3.SplitKernelSpec)
-                                            else "TF32 GEMMs with MN-major operands"))
+                                            else "staged operands (copies.py)"))
         types = Counter(kernel_type(spec) for spec, _ in work)
         print(f"warmup plan: {len(work)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0

@@ -121,7 +121,7 @@ def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
 
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
-    """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (transpose.py): odd sizes, sliced
+    """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (copies.py): odd sizes, sliced
     views, a fused epilogue, and a CUDA graph captured after a first call, replayed on fresh inputs."""
     g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, weight_streaming=False)
     assert g.family == "sm90" and g.kernel_spec.layout == "nt"

@@ -420,8 +420,8 @@ def test_build_chooses_sm90(layout, dtype, shared_cache_dir, monkeypatch):
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, shared_cache_dir, monkeypatch):
     """TF32 with MN-major operands: the Hopper kernel of the nt twin (config.kernel_spec) and the transpose kernel
-    its calls run first (transpose.py), neither with local memory; explain says which operands are transposed."""
-    from deepgemm_jit import transpose
+    its calls run first (copies.py), neither with local memory; explain says which operands are transposed."""
+    from deepgemm_jit import copies
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
@@ -432,7 +432,7 @@ def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, sh
     assert info["local_bytes"] == 0 and info["sass"].get("HGMMA", 0) > 0 and info["spec"]["layout"] == layout
     assert info["staging"]["transposed"] == [r for r in "ab" if g._transposed(r)]
     assert info["staging"]["kernel_spec"] == g.kernel_spec.tag and "_nt_" in g.kernel_spec.tag
-    art = transpose.get_kernel(transpose.TransposeSpec(4), ARCH)
+    art = copies.get_kernel(copies.CopySpec("transpose", 4), ARCH)
     usage = sass.resource_usage(art.cubin)[art.entry]
     assert usage.get("LOCAL", 0) == 0 and usage["SHARED"] >= 32 * 33 * 4
     mix = sass.opcode_mix(art.cubin)

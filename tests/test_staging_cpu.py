@@ -24,7 +24,6 @@ def fakes(monkeypatch):
         return buf
 
     monkeypatch.setattr(staging.StagingBuffers, "_grow", fake_grow)
-    monkeypatch.setattr(staging.RowCopy, "run", lambda self, stream: copies.append(self))
     monkeypatch.setattr(staging.runtime, "is_capturing", lambda stream: capturing["now"])
     return grown, copies, capturing
 
@@ -40,8 +39,8 @@ def test_legal_views_pass_through_and_odd_rows_get_aligned_pitches(fakes):
     assert bufs.aligned(aligned, "a", object(), 0) is aligned and not grown
     odd = view(100, 1003, 1003)  # 2006-byte rows: not a multiple of 16
     got = bufs.aligned(odd, "a", object(), 0)
-    assert got.row_stride * 2 == staging.pitch_bytes(odd) == 2016 and (got.rows, got.cols) == (100, 1003)
-    assert got.ptr == 1 << 20 and grown == [(0, "a", 100 * 2016)]
+    assert got.row_stride * 2 == staging.pitch_bytes(odd) == 2048 and (got.rows, got.cols) == (100, 1003)
+    assert got.ptr == 1 << 20 and grown == [(0, "a", 100 * 2048)]
 
 
 def test_buffers_grow_only_for_larger_calls_and_never_while_capturing(fakes):
@@ -59,7 +58,7 @@ def test_buffers_grow_only_for_larger_calls_and_never_while_capturing(fakes):
     first = bufs._buffers[(0, "a")]
     bufs.aligned(view(400, 1003, 1003), "a", object(), 0)
     assert len(grown) == 2 and first in bufs._retired  # a kept plan may still point at the outgrown buffer
-    assert grown[1] == (0, "a", 2 * 300 * 2016)  # doubled, not just the 400 rows asked for
+    assert grown[1] == (0, "a", 2 * 300 * 2048)  # doubled, not just the 400 rows asked for
     for rows in range(401, 1300):  # slowly growing M: a few doublings, not one buffer per size
         bufs.aligned(view(rows, 1003, 1003), "a", object(), 0)
     assert len(grown) == 4 and sum(b.nbytes for b in bufs._retired) < bufs._buffers[(0, "a")].nbytes
@@ -67,19 +66,41 @@ def test_buffers_grow_only_for_larger_calls_and_never_while_capturing(fakes):
         bufs.aligned(view(1, 3, 3, ptr=4098), "x", object(), 0)
 
 
-def test_staged_plan_copies_in_then_launches_then_copies_d_out(fakes):
-    _, copies, _ = fakes
-    launch_plan = type("L", (), {"device_id": 0, "run": lambda self, stream: copies.append("launch")})()
-    a, a2 = view(10, 1003, 1003, ptr=4098), view(10, 1003, 1008, ptr=1 << 20)
-    d, d2 = view(10, 33, 33, ptr=8194), view(10, 33, 40, ptr=1 << 21)
-    plan = staging.StagedPlan((staging.RowCopy.of(a2, a),), launch_plan, (staging.RowCopy.of(d, d2),))
+def test_staged_plan_copies_in_then_launches_then_copies_d_out():
+    ran = []
+    step = lambda name: type(name, (), {"device_id": 0, "run": lambda self, stream: ran.append(name)})()  # noqa: E731
+    plan = staging.StagedPlan((step("copy a"), step("transpose b")), step("launch"), (step("copy d out"),))
     plan.run(object())
-    plan.run(object())  # replayed: the same copies again
-    copy_in, copy_out = copies[0], copies[2]
-    assert plan.device_id == 0 and copies == [copy_in, "launch", copy_out] * 2
-    assert (copy_in.dst, copy_in.dst_pitch, copy_in.src, copy_in.src_pitch) == (1 << 20, 2016, 4098, 2006)
-    assert (copy_out.dst, copy_out.dst_pitch, copy_out.src, copy_out.src_pitch) == (8194, 66, 1 << 21, 80)
-    assert copy_in.row_bytes == 2006 and copy_out.row_bytes == 66 and copy_in.rows == copy_out.rows == 10
+    plan.run(object())  # replayed: the same steps again
+    assert plan.device_id == 0 and ran == ["copy a", "transpose b", "launch", "copy d out"] * 2
+
+
+def test_row_copy_and_transpose_launches():
+    """copies.py's launch geometry: one thread per 16-byte chunk of a row (pitches in bytes), one block per 32 x 32
+    tile of a transpose; shapes checked (no GPU: the launch plans are built with a fake kernel)."""
+    from deepgemm_jit import copies
+
+    class FakeKernel:
+        def bind(self, grid, block):
+            return (grid, block)
+
+    src, dst = view(10, 1003, 1005, ptr=4098), view(10, 1003, 1008, ptr=1 << 20)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(copies, "get_kernel", lambda spec, arch: spec)
+        mp.setattr(copies.runtime, "loaded_kernel", lambda art, dev, smem: FakeKernel())
+        rows = copies.rows_plan(dst, src, "sm_90a", 0)
+        chunks = -(-2006 // 16)
+        assert rows.grid == (-(-10 * chunks // 256), 1, 1) and rows.block == (256, 1, 1)
+        assert [int(x) for x in rows.args] == [4098, 2010, 1 << 20, 2016, 10, 2006, chunks]
+        t = copies.transpose_plan(view(1003, 10, 16, dtype=np.float32), view(10, 1003, 1003, dtype=np.float32),
+                                  "sm_90a", 0)
+        assert t.grid == (1 * 32, 1, 1) and t.block == (32, 8, 1) and int(t.args[-1]) == 32
+        with pytest.raises(ValueError, match="not src"):
+            copies.rows_plan(view(10, 1002, 1008), src, "sm_90a", 0)
+        with pytest.raises(ValueError, match="transposed"):
+            copies.transpose_plan(dst, src, "sm_90a", 0)
+    with pytest.raises(ValueError, match="itemsize"):
+        copies.CopySpec("transpose", 1)
 
 
 def test_transposed_copies_take_the_transposed_shape(fakes):
@@ -88,5 +109,5 @@ def test_transposed_copies_take_the_transposed_shape(fakes):
     bufs = staging.StagingBuffers()
     b = view(1003, 1024, 1024, dtype=np.float32)  # (K, N), TMA-legal rows
     got = bufs.aligned(b, "b", object(), 0, transposed=True)
-    assert (got.rows, got.cols, got.row_stride) == (1024, 1003, 1004) and grown == [(0, "b", 1024 * 4016)]
+    assert (got.rows, got.cols, got.row_stride) == (1024, 1003, 1024) and grown == [(0, "b", 1024 * 4096)]
     assert bufs.fits(b, "b", transposed=True) and not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", True)

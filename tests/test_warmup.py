@@ -362,10 +362,14 @@ def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
     """fp32 entries need their layout's split kernel and TF32 entries with MN-major operands the transpose kernel
     (their GEMM is the nt twin's, config.kernel_spec); the command compiles both (before session 25 it left the
     split kernels out: an offline fp32 build then found none cached)."""
+    from deepgemm_jit import copies
+
     entries = [warmup.parse_shape(x) for x in ("64:4096:4096:tf32:nn", "64:4096:4096:fp32:tn", "64:4096:4096:tf32")]
     assert [s.tag for s in warmup.plan_split(entries)] == ["split_tf32_tn"]
-    assert [s.tag for s in warmup.plan_transpose(entries, "sm_90a")] == ["transpose_b32"]
-    assert warmup.plan_transpose(entries, "sm_80") == [] and warmup.plan_transpose(entries[2:], "sm_90a") == []
+    assert [s.tag for s in warmup.plan_copies(entries, "sm_90a")] == ["transpose_b32"]
+    assert warmup.plan_copies(entries, "sm_80") == [] and warmup.plan_copies(entries[2:], "sm_90a") == []
+    odd = [warmup.parse_shape(x) for x in ("64:4096:4100:bf16", "64:4098:4096:fp32")]  # K rows, fp32 D rows
+    assert warmup.plan_copies(odd[:1], "sm_90a") == warmup.plan_copies(odd[1:], "sm_90a") == [copies.ROWS]
     assert [spec.layout for spec, _ in warmup.plan_buckets(entries[:1], "sm_90a")] == ["nt"]
     assert warmup.main(_args("--arch", "sm_90a", "--shape", "64:4096:4096:tf32:nn", "--shape",
                              "64:4096:4096:fp32:tn", "--dry-run")) == 0

@@ -1,0 +1,144 @@
+"""The copies behind staged calls (Gemm._staged_plan, staging.py): rows into or out of 16-byte-pitched buffers, and
+the transposing copy of TF32 GEMMs with MN-major operands.
+
+- ``rows``: operands TMA cannot describe (row pitch or base not a multiple of 16 bytes) are copied row by row into
+  the Gemm's aligned buffers, and D out of one. cudaMemcpy2DAsync ran these copies at ~0.35 TB/s (4096 x 4096 x
+  4100 BF16: 363 us staged against ~178 for the GEMM, docs/NOTES.md session 25); this kernel reads with aligned
+  16-byte loads and funnel shifts and stores as wide as the destination allows.
+- ``transpose``: Hopper's TF32 WGMMA reads K-major operands only, so a TF32 GEMM in layouts nn / tn / tt builds the
+  Hopper kernel of its nt twin (``config.kernel_spec``) and every call copies its MN-major operands, (K, M) /
+  (K, N), into K-major buffers with this kernel first: 32 x 32 tiles through shared memory.
+
+Example::
+
+    step = copies.transpose_plan(dst_view, src_view, arch, device_id)   # dst (C, R) = src (R, C) transposed
+    step = copies.rows_plan(dst_view, src_view, arch, device_id)        # dst = src, any pitches
+    step.run(stream)
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import cubin, jit, runtime
+from .arrays import MatrixView
+from .launch import LaunchPlan
+from .render import RenderedSource, render
+
+KINDS = ("transpose", "rows")
+TILE = 32            # transpose: the kernel's kTile (a 32 x 32 tile per block of (TILE, 8) threads)
+TRANSPOSE_THREADS = 256
+CHUNK = 16           # rows: bytes per thread (the kernel's kChunk)
+ROWS_THREADS = 256
+SYMBOLS = ("tile", "threads")
+_TEMPLATE = "copies.cu.j2"
+_MAX_GRID = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class CopySpec:
+    """What a copy kernel is compiled for: its kind and element size (shapes, strides and pointers are arguments;
+    the rows kernel copies bytes, itemsize 1)."""
+
+    kind: str = "rows"
+    itemsize: int = 1
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"copy kind must be one of {KINDS}, got {self.kind!r}")
+        allowed = (2, 4) if self.kind == "transpose" else (1,)
+        if self.itemsize not in allowed:
+            raise ValueError(f"a {self.kind} copy takes itemsize {allowed}, got {self.itemsize}")
+
+    @property
+    def entry(self) -> str:
+        return f"dgjit_{self.tag}"
+
+    @property
+    def tag(self) -> str:
+        return f"transpose_b{8 * self.itemsize}" if self.kind == "transpose" else "copy_rows"
+
+    @property
+    def mirror(self) -> dict[str, int]:
+        """The sizes the kernel exports (check_symbols)."""
+        if self.kind == "transpose":
+            return {"tile": TILE, "threads": TRANSPOSE_THREADS}
+        return {"tile": CHUNK, "threads": ROWS_THREADS}
+
+
+ROWS = CopySpec("rows", 1)
+
+
+@dataclass(frozen=True)
+class CopyArtifact(jit.BuiltKernel):
+    """A compiled copy kernel: the cached cubin and what it was built for."""
+
+    spec: CopySpec
+    arch: str
+
+
+_memo: jit.Memo[CopyArtifact] = jit.Memo()
+
+
+def render_kernel(spec: CopySpec) -> RenderedSource:
+    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+
+
+def get_kernel(spec: CopySpec, arch: str) -> CopyArtifact:
+    """The copy kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
+    return _memo.get((spec, arch), lambda: _build(spec, arch))
+
+
+def clear_memo() -> None:
+    _memo.clear()
+
+
+def _build(spec: CopySpec, arch: str) -> CopyArtifact:
+    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
+                               meta={"copy_spec": dataclasses.asdict(spec)})
+    artifact = CopyArtifact(**vars(built), spec=spec, arch=arch)
+    check_symbols(artifact)
+    return artifact
+
+
+def check_symbols(artifact: CopyArtifact) -> None:
+    """This module's mirror of the kernel's sizes must be the kernel's (a mismatch is a bug, caught before any
+    launch)."""
+    sym = cubin.entry_symbols(artifact.cubin, artifact.entry, SYMBOLS)
+    if sym != artifact.spec.mirror:
+        raise RuntimeError(f"{artifact.entry} exports {sym}, copies.py mirrors {artifact.spec.mirror}")
+
+
+def _grid(blocks: int, what: str) -> tuple[int, int, int]:
+    if blocks > _MAX_GRID:
+        raise ValueError(f"{what} needs {blocks} blocks, more than one launch takes")
+    return (max(blocks, 1), 1, 1)
+
+
+def transpose_plan(dst: MatrixView, src: MatrixView, arch: str, device_id: int) -> LaunchPlan:
+    """The launch that writes dst (C, R) = src (R, C) transposed (same element size; any row strides)."""
+    if (dst.rows, dst.cols) != (src.cols, src.rows) or dst.itemsize != src.itemsize:
+        raise ValueError(f"transpose: dst {dst.rows}x{dst.cols} ({dst.itemsize} B) is not src {src.rows}x{src.cols} "
+                         f"({src.itemsize} B) transposed")
+    kernel = runtime.loaded_kernel(get_kernel(CopySpec("transpose", src.itemsize), arch), device_id, 0)
+    tiles_c = -(-src.cols // TILE)
+    args = (np.uint64(src.ptr), np.int64(src.row_stride), np.uint64(dst.ptr), np.int64(dst.row_stride),
+            np.uint32(src.rows), np.uint32(src.cols), np.uint32(tiles_c))
+    grid = _grid(-(-src.rows // TILE) * tiles_c, f"a {src.rows} x {src.cols} transpose")
+    return LaunchPlan(kernel, grid, (TILE, TRANSPOSE_THREADS // TILE, 1), args, device_id)
+
+
+def rows_plan(dst: MatrixView, src: MatrixView, arch: str, device_id: int) -> LaunchPlan:
+    """The launch that copies src's rows into dst (same shape and element size; any pitches and bases)."""
+    if (dst.rows, dst.cols, dst.itemsize) != (src.rows, src.cols, src.itemsize):
+        raise ValueError(f"row copy: dst {dst.rows}x{dst.cols} ({dst.itemsize} B) is not src's shape "
+                         f"{src.rows}x{src.cols} ({src.itemsize} B)")
+    kernel = runtime.loaded_kernel(get_kernel(ROWS, arch), device_id, 0)
+    row_bytes = src.cols * src.itemsize
+    chunks = max(1, -(-row_bytes // CHUNK))
+    args = (np.uint64(src.ptr), np.int64(src.row_stride * src.itemsize), np.uint64(dst.ptr),
+            np.int64(dst.row_stride * dst.itemsize), np.uint32(src.rows), np.uint32(row_bytes), np.uint32(chunks))
+    grid = _grid(-(-src.rows * chunks // ROWS_THREADS), f"a {src.rows} x {row_bytes}-byte row copy")
+    return LaunchPlan(kernel, grid, (ROWS_THREADS, 1, 1), args, device_id)
