@@ -64,7 +64,7 @@ class StagingBuffers:
 
     def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False) -> MatrixView:
         """`view` when TMA can use it in place; else a view of the same shape in the buffer of `role`, with a
-        16-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
+        PITCH_ALIGN-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
         transposed shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a
         buffer allocates and synchronises `stream` first (the old buffer may still be read by earlier work): it
         must not be capturing a CUDA graph then (RuntimeError)."""
