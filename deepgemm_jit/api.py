@@ -390,7 +390,7 @@ class Gemm:
                      epi: launch.EpilogueOperands, dev: int, cu_stream) -> staging.StagedPlan:
         """The launch on aligned copies of the operands TMA cannot describe (row pitch not a multiple of 16 bytes,
         e.g. K % 16 != 0, or a misaligned base), where _stages says so: they are copied into the Gemm's staging
-        buffers (staging.py, 16-byte pitches; no allocation or synchronisation once they are large enough), and D
+        buffers (staging.py, 128-byte pitches; no allocation or synchronisation once they are large enough), and D
         goes through one when it is unaligned, copied out after the launch, all on the call's stream. MN-major TF32
         operands are written transposed (K-major) for the nt kernel. The copies are copies.py's kernels."""
         import cupy

@@ -1,4 +1,4 @@
-"""The copies behind staged calls (Gemm._staged_plan, staging.py): rows into or out of 16-byte-pitched buffers, and
+"""The copies behind staged calls (Gemm._staged_plan, staging.py): rows into or out of 128-byte-pitched buffers, and
 the transposing copy of TF32 GEMMs with MN-major operands.
 
 - ``rows``: operands TMA cannot describe (row pitch or base not a multiple of 16 bytes) are copied row by row into

@@ -63,9 +63,9 @@ def _staging(gemm) -> dict | None:
         return {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_spec": gemm.artifact.spec.tag,
                 "note": f"{' and '.join(moved)} (MN-major TF32) transposed into K-major buffers on every call "
                         "(copies.py): Hopper's TF32 WGMMA reads K-major operands only"
-                        + (f"; {', '.join(rows)} copied into 16-byte-pitched buffers" if rows else "")}
+                        + (f"; {', '.join(rows)} copied into 128-byte-pitched buffers" if rows else "")}
     rows = config_mod.sm90_unaligned_rows(gemm.artifact.spec)
-    return {"packed_staged": rows, "note": ("copied into 16-byte-pitched buffers on every call: pad these rows to "
+    return {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows to "
                                             "16 bytes to skip the copies") if rows else "read in place"}
 
 

@@ -1,7 +1,7 @@
 """Aligned copies of operands TMA cannot describe, for the Hopper kernels (``Gemm._stages`` says when).
 
 TMA needs a 16-byte aligned base and row pitches that are multiples of 16 bytes. Operands without them (an odd K in
-16 bits, a sliced view, ...) are copied row by row (copies.py) into buffers with a 16-byte pitch before the launch,
+16 bits, a sliced view, ...) are copied row by row (copies.py) into buffers with 128-byte pitches before the launch,
 and D is written into one and copied out after it. The buffers belong to the ``Gemm`` (one set per
 device, one buffer per operand role), are allocated on the first call that needs them and grown when a larger call
 needs more; calls then only enqueue copies on their own stream, with no allocation and no synchronisation, so a call
