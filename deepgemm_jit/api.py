@@ -73,6 +73,9 @@ class Gemm:
         # into K-major staging buffers first (config.kernel_spec, copies.py).
         self.kernel_spec = artifact.spec
         self._transposes = artifact.spec.layout != spec.layout
+        # The operands those calls transpose: the MN-major ones ("a", "b"); empty for every other Gemm.
+        self.transposed_operands = tuple(role for role, k_major in (("a", spec.a_k_major), ("b", spec.b_k_major))
+                                         if self._transposes and not k_major)
         # Resolved once here rather than on every call.
         self._a_dtypes = _accepted_dtypes(spec.dtype)
         self._b_dtypes = _accepted_dtypes(spec.b_type)
@@ -378,13 +381,8 @@ class Gemm:
         if not self._transposes and all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
             return False
         return self._sm90_only or not runtime.is_capturing(cu_stream) or all(
-            self._staging.fits(v, role, self._transposed(role)) for v, role in zip((va, vb, vd), ("a", "b", "d")))
-
-    def _transposed(self, role: str) -> bool:
-        """Whether calls copy operand `role` transposed: an MN-major A or B of a transposing Gemm."""
-        if not self._transposes or role not in ("a", "b"):
-            return False
-        return not (self.spec.a_k_major if role == "a" else self.spec.b_k_major)
+            self._staging.fits(v, role, role in self.transposed_operands)
+            for v, role in zip((va, vb, vd), ("a", "b", "d")))
 
     def _staged_plan(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
                      epi: launch.EpilogueOperands, dev: int, cu_stream) -> staging.StagedPlan:
@@ -402,7 +400,7 @@ class Gemm:
             for role, view in originals.items():
                 if view is None:
                     continue
-                if self._transposed(role):
+                if role in self.transposed_operands:
                     staged[role] = self._staging.aligned(view, role, cu_stream, dev, transposed=True)
                     steps.append(copies.transpose_plan(staged[role], view, self.arch, dev))
                 else:

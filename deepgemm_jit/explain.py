@@ -58,7 +58,7 @@ def _staging(gemm) -> dict | None:
     if gemm.config.family != "sm90":
         return None
     if gemm.artifact.spec.layout != gemm.spec.layout:  # config.sm90_transposes
-        moved = [role for role, k_major in (("a", gemm.spec.a_k_major), ("b", gemm.spec.b_k_major)) if not k_major]
+        moved = list(gemm.transposed_operands)
         rows = [role for role in config_mod.sm90_unaligned_rows(gemm.artifact.spec) if role not in moved]
         return {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_spec": gemm.artifact.spec.tag,
                 "note": f"{' and '.join(moved)} (MN-major TF32) transposed into K-major buffers on every call "

@@ -66,8 +66,8 @@ class StagingBuffers:
         """`view` when TMA can use it in place; else a view of the same shape in the buffer of `role`, with a
         PITCH_ALIGN-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
         transposed shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a
-        buffer allocates and synchronises `stream` first (the old buffer may still be read by earlier work): it
-        must not be capturing a CUDA graph then (RuntimeError)."""
+        buffer allocates (for `stream`, and synchronises it): `stream` must not be capturing a CUDA graph then
+        (RuntimeError)."""
         if tma_legal(view) and not transposed:
             return view
         if role not in ROLES:
@@ -95,9 +95,13 @@ class StagingBuffers:
     def _grow(self, device_id: int, role: str, nbytes: int, stream):
         import cupy
 
-        stream.synchronize()  # earlier calls may still read the buffer being replaced
-        with cupy.cuda.Device(device_id):
+        # Allocated with `stream` current: CuPy's pool then hands out a block no other stream's pending work may
+        # still use (its free lists are per stream; the caller's current CuPy stream may be another one, e.g. for
+        # torch tensors). The outgrown buffer is retired, not freed; the synchronisation only keeps growth, which
+        # is rare, ordered with everything the call's stream had queued.
+        with cupy.cuda.Device(device_id), stream:
             buf = cupy.empty(nbytes, dtype=cupy.uint8)
+        stream.synchronize()
         self._buffers[(device_id, role)] = buf
         return buf
 

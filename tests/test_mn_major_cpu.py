@@ -427,10 +427,11 @@ def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, sh
     g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
     assert g.family == "sm90" and g.spec.layout == layout and g.kernel_spec == config.kernel_spec(g.spec, ARCH)
     assert g.kernel_spec.layout == "nt" and g._transposes
-    assert [g._transposed(r) for r in "ab"] == [not g.spec.a_k_major, not g.spec.b_k_major]
+    assert g.transposed_operands == tuple(r for r, k_major in zip("ab", (g.spec.a_k_major, g.spec.b_k_major))
+                                          if not k_major)
     info = g.explain()
     assert info["local_bytes"] == 0 and info["sass"].get("HGMMA", 0) > 0 and info["spec"]["layout"] == layout
-    assert info["staging"]["transposed"] == [r for r in "ab" if g._transposed(r)]
+    assert info["staging"]["transposed"] == list(g.transposed_operands) != []
     assert info["staging"]["kernel_spec"] == g.kernel_spec.tag and "_nt_" in g.kernel_spec.tag
     art = copies.get_kernel(copies.CopySpec("transpose", 4), ARCH)
     usage = sass.resource_usage(art.cubin)[art.entry]
