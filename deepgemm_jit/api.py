@@ -104,7 +104,7 @@ class Gemm:
         self.deterministic = deterministic
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
         self._split_workspace = splitk.Workspace()
-        # Aligned copies of operands TMA cannot describe (staging.py; _stages says when they are used).
+        # Aligned copies of operands TMA cannot describe (staging.py; _staged_roles says when they are used).
         self._staging = staging.StagingBuffers()
 
     @property
@@ -343,8 +343,9 @@ class Gemm:
                 plan.run(cu_stream)
                 self._remember_plan(key if replayable else None, plan, kind)
                 return result
-        if self.config.family == "sm90" and self._stages(va, vb, vd, epi, cu_stream):
-            staged = self._staged_plan(m, va, vb, vd, sa, sb, epi, dev, cu_stream)
+        realigned = self._staged_roles(m, va, vb, vd, epi, cu_stream) if self.config.family == "sm90" else None
+        if realigned is not None:
+            staged = self._staged_plan(m, va, vb, vd, sa, sb, epi, dev, cu_stream, realigned)
             staged.run(cu_stream)
             self._remember_plan(key if replayable else None, staged, kind)
             return result
@@ -371,23 +372,36 @@ class Gemm:
                 self._launch_plans.clear()
             self._launch_plans[key] = (plan, kind)
 
-    def _stages(self, va: MatrixView, vb: MatrixView, vd: MatrixView, epi: launch.EpilogueOperands,
-                cu_stream) -> bool:
-        """Whether a call of the Hopper kernel runs on staged copies (_staged_plan): MN-major TF32 operands (always
-        transposed, config.sm90_transposes), or some operand TMA cannot describe. The portable kernel is 2-4x
-        slower on such operands even with 2- or 4-element loads (config.sm90_supports), so it serves only kernels
-        that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA graph before
-        the staging buffers hold these operands (staging.py allocates outside a capture)."""
-        if not self._transposes and all(map(launch.tma_legal, (va, vb, vd) + epi.views())):
-            return False
-        return self._sm90_only or not runtime.is_capturing(cu_stream) or all(
-            self._staging.fits(v, role, role in self.transposed_operands)
-            for v, role in zip((va, vb, vd), ("a", "b", "d")))
+    def _staged_roles(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, epi: launch.EpilogueOperands,
+                      cu_stream) -> frozenset[str] | None:
+        """None when a call of the Hopper kernel reads its operands in place; else it runs on staged copies
+        (_staged_plan) of MN-major TF32 operands (always transposed, config.sm90_transposes), of every operand TMA
+        cannot describe, and of the returned roles: A / B that TMA can read but whose rows start off 32-byte
+        sectors, in calls large enough that copying them pays (config.sm90_realigns). The portable kernel is 2-4x
+        slower on operands TMA cannot describe even with 2- or 4-element loads (config.sm90_supports), so it serves
+        only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA
+        graph before the staging buffers hold these operands (staging.py allocates outside a capture); such a
+        capture reads rows off sectors in place."""
+        realigned = frozenset()
+        if config_mod.sm90_realigns(m, self.spec.n, self.spec.k):
+            realigned = frozenset(role for role, v in (("a", va), ("b", vb)) if role not in self.transposed_operands
+                                  and launch.tma_legal(v) and staging.off_sector(v))
+        must = self._transposes or not all(map(launch.tma_legal, (va, vb, vd) + epi.views()))
+        if not must and not realigned:
+            return None
+        if not runtime.is_capturing(cu_stream):
+            return realigned
+        roles = tuple(zip((va, vb, vd), ("a", "b", "d")))
+        for keep in (realigned, frozenset()):  # buffers sized outside the capture: realigned if they can be
+            if all(self._staging.fits(v, role, role in self.transposed_operands, role in keep) for v, role in roles):
+                return keep if must or keep else None
+        return frozenset() if must and self._sm90_only else None
 
     def _staged_plan(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
-                     epi: launch.EpilogueOperands, dev: int, cu_stream) -> staging.StagedPlan:
+                     epi: launch.EpilogueOperands, dev: int, cu_stream,
+                     realigned: frozenset[str] = frozenset()) -> staging.StagedPlan:
         """The launch on aligned copies of the operands TMA cannot describe (row pitch not a multiple of 16 bytes,
-        e.g. K % 16 != 0, or a misaligned base), where _stages says so: they are copied into the Gemm's staging
+        e.g. K % 16 != 0, or a misaligned base), where _staged_roles says so: they are copied into the Gemm's staging
         buffers (staging.py, 128-byte pitches; no allocation or synchronisation once they are large enough), and D
         goes through one when it is unaligned, copied out after the launch, all on the call's stream. MN-major TF32
         operands are written transposed (K-major) for the nt kernel. The copies are copies.py's kernels."""
@@ -404,10 +418,10 @@ class Gemm:
                     staged[role] = self._staging.aligned(view, role, cu_stream, dev, transposed=True)
                     steps.append(copies.transpose_plan(staged[role], view, self.arch, dev))
                 else:
-                    staged[role] = self._staging.aligned(view, role, cu_stream, dev)
+                    staged[role] = self._staging.aligned(view, role, cu_stream, dev, realign=role in realigned)
                     if staged[role] is not view:
                         steps.append(copies.rows_plan(staged[role], view, self.arch, dev))
-            vd2 = self._staging.aligned(vd, "d", cu_stream, dev)
+            vd2 = self._staging.aligned(vd, "d", cu_stream, dev, realign="d" in realigned)
             epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
             plan = launch.plan(launch.load(self.artifact, self.kernel_spec, dev), self.artifact, self.kernel_spec, m,
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,
@@ -522,7 +536,7 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
         # that an offline build without them fails now, with its warmup line.
         if kspec is not spec:
             copies.get_kernel(copies.CopySpec("transpose", dtypes.get(spec.dtype).storage_bytes), target)
-        if cfg.family == "sm90" and config_mod.sm90_unaligned_rows(kspec):
+        if cfg.family == "sm90" and (config_mod.sm90_unaligned_rows(kspec) or config_mod.sm90_off_sector_rows(kspec)):
             copies.get_kernel(copies.ROWS, target)
         return Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming),
                     forced_splits, bool(deterministic))

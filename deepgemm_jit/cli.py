@@ -101,6 +101,8 @@ def _cmd_explain(args) -> int:
     staging = info.get("staging")
     if staging and staging["packed_staged"]:
         print(f"staging   {', '.join(staging['packed_staged'])}: {staging['note']}")
+    if staging and staging.get("realigned"):
+        print(f"realign   {staging['realign_note']}")
     if staging and "kernel_spec" in staging:
         print(f"kernel    {staging['kernel_spec']} (the nt twin of the spec above)")
     if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM

@@ -445,7 +445,7 @@ def sm90_accumulators(block_m: int, block_n: int, promote: bool, pingpong: bool 
 def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     """Whether the Hopper family builds this spec's kernel: sm_90a and a layout its WGMMA reads for the type (nt for
     every type; nn, tn, tt for bf16 / fp16). Calls whose operands TMA cannot describe (row pitches or bases not
-    16-byte aligned: an odd K, K = 4100 in 16 bits, a sliced view) run it on aligned copies (Gemm._stages,
+    16-byte aligned: an odd K, K = 4100 in 16 bits, a sliced view) run it on aligned copies (Gemm._staged_roles,
     staging.py): 2-4x faster than the portable kernel with 1-, 2- or 4-element loads on every row measured
     (1000 x 1000 x 1002 BF16 68.0 -> 20.9 us, 4096 x 4096 x 4100 810 -> 363; cuBLAS 24.1 / 544;
     bench/results/*exp-staging-s25*). The portable family serves other archs, other layouts, and calls captured
@@ -455,21 +455,46 @@ def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     return arch == "sm_90a" and sm90_layout_problem(spec) is None
 
 
-def sm90_unaligned_rows(spec: GemmSpec) -> list[str]:
-    """The operands whose packed rows TMA cannot describe (row bytes not a multiple of 16), which every call of
-    the Hopper kernel copies into aligned buffers (Gemm._stages): 'a' / 'b' for K-major rows of K, 'b' for an
-    MN-major B's rows of N, 'd' for D's rows of N_out. An MN-major A's rows (M) are judged per call."""
+# A call copies A and B whose rows TMA could read in place but that start off 32-byte sectors (staging.off_sector)
+# into 128-byte-pitched buffers when it is large (M x N x K) and dense enough that the GEMM's time lost to those rows
+# (~1.5x at M = 4096) outweighs the copies: per K, the kernel's work grows with M x N and the copies' bytes with
+# M + N, so the bound is on M N / (M + N), alike for every dtype (rate x element size is ~constant). BF16, one call
+# each (docs/NOTES.md session 26; built in place / restaged, us): 4096 x 4096 x 4104 276 / 218, 8192 x 1024 x 4104
+# (M N / (M + N) = 910) 151 / 138, 4096 x 4096 x 1032 75.0 / 69.4 (M N K 1.7e10); lost or even below either
+# bound: 1024 x 4096 x 4104 (819) 71.9 / 74.8, 1024 x 7168 x 2056 (896) 68.5 / 67.9, 2048 x 2048 x 2056 (M N K
+# 8.6e9) 39.8 / 44.0, 4096 x 2048 x 1224 (1.0e10) 47.7 / 47.0.
+REALIGN_MIN_MN_OVER_M_PLUS_N = 900
+REALIGN_MIN_MNK = 1.5e10
+
+
+def sm90_realigns(m: int, n: int, k: int) -> bool:
+    """Whether a call of M x N x K copies A / B rows that start off 32-byte sectors (see REALIGN_MIN_MNK)."""
+    return m * n * k >= REALIGN_MIN_MNK and m * n >= REALIGN_MIN_MN_OVER_M_PLUS_N * (m + n)
+
+
+def _packed_row_bytes(spec: GemmSpec) -> dict[str, int]:
+    """Row bytes of the packed (contiguous) operands whose rows the spec fixes: A's rows of K when K-major, B's
+    rows (of K, or of N when MN-major), D's rows of N_out. An MN-major A's rows are M long (per call)."""
     esize = dtypes.get(spec.dtype).storage_bytes
     b_esize = 4 if spec.raw_b else esize  # raw_b: the caller's FP32 weight
-    out_esize = dtypes.get(spec.out_dtype).storage_bytes
-    unaligned = []
-    if spec.a_k_major and spec.a_shape(1)[1] * esize % 16:
-        unaligned.append("a")
-    if spec.b_shape()[1] * b_esize % 16:
-        unaligned.append("b")
-    if spec.n_out * out_esize % 16:
-        unaligned.append("d")
-    return unaligned
+    rows = {"b": spec.b_shape()[1] * b_esize, "d": spec.n_out * dtypes.get(spec.out_dtype).storage_bytes}
+    if spec.a_k_major:
+        rows["a"] = spec.a_shape(1)[1] * esize
+    return rows
+
+
+def sm90_unaligned_rows(spec: GemmSpec) -> list[str]:
+    """The operands whose packed rows TMA cannot describe (row bytes not a multiple of 16), which every call of
+    the Hopper kernel copies into aligned buffers (Gemm._staged_roles): 'a' / 'b' for K-major rows of K, 'b' for an
+    MN-major B's rows of N, 'd' for D's rows of N_out. An MN-major A's rows (M) are judged per call."""
+    return [role for role, nbytes in sorted(_packed_row_bytes(spec).items()) if nbytes % 16]
+
+
+def sm90_off_sector_rows(spec: GemmSpec) -> list[str]:
+    """The packed A / B whose rows TMA reads in place but every other one of which starts 16 bytes into a 32-byte
+    sector (row bytes an odd multiple of 16): calls large enough copy them (sm90_realigns, Gemm._staged_roles)."""
+    return [role for role, nbytes in sorted(_packed_row_bytes(spec).items())
+            if role != "d" and nbytes % 16 == 0 and nbytes % 32]
 
 
 def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
@@ -1161,7 +1186,7 @@ def tile_bucket(spec: GemmSpec, m_hint: int) -> int:
 def choose_config(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None, groups: int = 1
                   ) -> KernelConfig:
     """The heuristic choice for M's bucket: the Hopper family where it applies (sm_90a, a layout it reads for the
-    type, row strides TMA describes or that Gemm._stages copies: `sm90_supports`), the portable family otherwise.
+    type, row strides TMA describes or that Gemm._staged_roles copies: `sm90_supports`), the portable family otherwise.
     Grouped GEMMs: `m_hint` rows in each of `groups` groups."""
     if sm90_supports(spec, arch):
         cfg = choose_sm90_config(spec, tile_bucket(spec, m_hint), num_sms or DEFAULT_SM90_NUM_SMS, groups)

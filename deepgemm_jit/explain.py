@@ -53,8 +53,9 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
 
 def _staging(gemm) -> dict | None:
     """Whether packed (contiguous) operands of this spec are read in place by TMA or copied into aligned buffers on
-    every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes); an MN-major A's
-    rows are M long (per call). None for the portable family."""
+    every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes), and which large
+    calls copy (rows an odd multiple of 16 bytes: config.sm90_realigns); an MN-major A's rows are M long (per
+    call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
     if gemm.artifact.spec.layout != gemm.spec.layout:  # config.sm90_transposes
@@ -65,9 +66,18 @@ def _staging(gemm) -> dict | None:
                         "(copies.py): Hopper's TF32 WGMMA reads K-major operands only"
                         + (f"; {', '.join(rows)} copied into 128-byte-pitched buffers" if rows else "")}
     rows = config_mod.sm90_unaligned_rows(gemm.artifact.spec)
-    return {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows to "
-                                            "a multiple of 16 bytes to skip the copies (128 reads fastest)")
+    info = {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows to "
+                                            "a multiple of 32 bytes to skip the copies")
             if rows else "read in place"}
+    off_sector = config_mod.sm90_off_sector_rows(gemm.artifact.spec)
+    if off_sector:
+        info["realigned"] = off_sector
+        info["realign_note"] = (
+            f"{' and '.join(off_sector)}: rows an odd multiple of 16 bytes, which TMA reads ~1.5x slower; calls with "
+            f"M N K >= {config_mod.REALIGN_MIN_MNK:.2g} and M N / (M + N) >= "
+            f"{config_mod.REALIGN_MIN_MN_OVER_M_PLUS_N} copy them into 128-byte-pitched buffers: pad them to a "
+            "multiple of 32 bytes to skip both")
+    return info
 
 
 def _weight_streaming(gemm) -> dict:

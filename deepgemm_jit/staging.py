@@ -1,4 +1,4 @@
-"""Aligned copies of operands TMA cannot describe, for the Hopper kernels (``Gemm._stages`` says when).
+"""Aligned copies of operands TMA cannot describe, for the Hopper kernels (``Gemm._staged_roles`` says when).
 
 TMA needs a 16-byte aligned base and row pitches that are multiples of 16 bytes. Operands without them (an odd K in
 16 bits, a sliced view, ...) are copied row by row (copies.py) into buffers with 128-byte pitches before the launch,
@@ -26,16 +26,26 @@ from . import runtime
 from .arrays import MatrixView
 from .launch import LaunchPlan, tma_legal
 
-# Bytes a staged row pitch is rounded up to. TMA needs 16 (launch.tma_legal); 128 starts every row on a 128-byte
-# line, so a TMA box row (128 bytes of K) reads one line instead of two: with 16, 4096 x 4096 x 4100 BF16 ran 314 us
-# staged against ~178 for the aligned GEMM (docs/NOTES.md session 25).
+# Bytes a staged row pitch is rounded up to. TMA needs 16 (launch.tma_legal), but rows that start 16 bytes into a
+# 32-byte sector (off_sector) read slowly: with 16-byte pitches 4096 x 4096 x 4100 BF16 ran 314 us staged against
+# ~178 for the aligned GEMM (docs/NOTES.md session 25). 128 starts every row on a 128-byte line.
 PITCH_ALIGN = 128
+# TMA reads rows at the speed of aligned ones when they start on these (docs/NOTES.md session 26: BF16 pitches 32
+# and 64 bytes past a 128-byte multiple ran as fast as 128-byte ones, 16 past it ~1.5x slower).
+SECTOR_BYTES = 32
 ROLES = ("a", "b", "d", "c", "residual")
 
 
 def pitch_bytes(view: MatrixView) -> int:
     """The row pitch of `view`'s aligned copy: its row bytes rounded up to PITCH_ALIGN."""
     return -(-view.cols * view.itemsize // PITCH_ALIGN) * PITCH_ALIGN
+
+
+def off_sector(view: MatrixView) -> bool:
+    """Whether some row of `view` starts off a SECTOR_BYTES boundary (its base, or every other row of a pitch that
+    is an odd multiple of 16 bytes): TMA reads such rows (at 16-byte alignment) ~1.5x slower, so large calls copy
+    them (config.sm90_realigns)."""
+    return view.ptr % SECTOR_BYTES != 0 or (view.rows > 1 and view.row_stride * view.itemsize % SECTOR_BYTES != 0)
 
 
 def _staged_shape(view: MatrixView, transposed: bool) -> tuple[int, MatrixView]:
@@ -53,22 +63,24 @@ class StagingBuffers:
         self._retired: list = []  # outgrown buffers: kept StagedPlans may still point at them
         self._lock = threading.Lock()
 
-    def fits(self, view: MatrixView, role: str, transposed: bool = False) -> bool:
+    def fits(self, view: MatrixView, role: str, transposed: bool = False, realign: bool = False) -> bool:
         """Whether the buffer of `role` on `view`'s device already holds `view`'s aligned copy (or it needs none),
-        or with `transposed` its transposed copy."""
-        if tma_legal(view) and not transposed:
+        or with `transposed` its transposed copy; `realign` as for aligned()."""
+        if tma_legal(view) and not transposed and not realign:
             return True
         rows, shaped = _staged_shape(view, transposed)
         have = self._buffers.get((view.device, role))
         return have is not None and have.nbytes >= rows * pitch_bytes(shaped)
 
-    def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False) -> MatrixView:
-        """`view` when TMA can use it in place; else a view of the same shape in the buffer of `role`, with a
+    def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False,
+                realign: bool = False) -> MatrixView:
+        """`view` when TMA can use it in place (and `realign` is off: then it is copied even so, e.g. rows off
+        sectors, off_sector); else a view of the same shape in the buffer of `role`, with a
         PITCH_ALIGN-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
         transposed shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a
         buffer allocates (for `stream`, and synchronises it): `stream` must not be capturing a CUDA graph then
         (RuntimeError)."""
-        if tma_legal(view) and not transposed:
+        if tma_legal(view) and not transposed and not realign:
             return view
         if role not in ROLES:
             raise ValueError(f"staging role {role!r} not in {ROLES}")

@@ -164,12 +164,14 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
 
 def plan_copies(entries: list[WarmupEntry], arch: str) -> list[copies.CopySpec]:
     """The staging copies (copies.py) the entries' Hopper GEMMs run: the row copy where packed operands are
-    misaligned (config.sm90_unaligned_rows; calls on misaligned views of aligned specs load it on first use), the
-    transpose for TF32 entries with MN-major operands (config.sm90_transposes)."""
+    misaligned (config.sm90_unaligned_rows) or off 32-byte sectors (config.sm90_off_sector_rows: large calls copy
+    them; calls on misaligned views of aligned specs load it on first use), the transpose for TF32 entries with
+    MN-major operands (config.sm90_transposes)."""
     if arch != "sm_90a":
         return []
     plain = [e for e in entries if not e.spec.grouped]
-    rows = any(config_mod.sm90_unaligned_rows(e.spec_at(e.m_buckets[0] if e.m_buckets else 64, arch)) for e in plain)
+    specs = [e.spec_at(e.m_buckets[0] if e.m_buckets else 64, arch) for e in plain]
+    rows = any(config_mod.sm90_unaligned_rows(s) or config_mod.sm90_off_sector_rows(s) for s in specs)
     transposes = any(e.fp32 is None and config_mod.sm90_transposes(e.spec, arch) for e in plain)
     return [copies.ROWS] * rows + [copies.CopySpec("transpose", 4)] * transposes
 

@@ -3,10 +3,10 @@ copies (staging.py) and cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_staging [--dtypes bf16,tf32] [--shapes 1000x1000x1004,...] [--reps 30] [--out DIR]
 
-Gemm._stages stages a call only where the portable kernel would load A or B one element at a time (config.
-sm90_supports builds the Hopper kernel for those specs); rows whose K leaves 4- or 8-byte aligned rows run the
-portable kernel with 2- or 4-element loads. "staged" here is the Hopper kernel of the same spec (the cost model's
-tile for M's bucket) whose every call is staged, to ask where that rule's line should be. Outputs are checked
+"built" is build()'s Gemm: Gemm._staged_roles stages operands TMA cannot read in place, and at large sizes
+(config.sm90_realigns) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel of the
+same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied whenever
+their pitch is not a 128-byte multiple), to ask where those rules' lines should be. Outputs are checked
 against a float64 reference before timing (L2 flushed, medians).
 """
 from __future__ import annotations
@@ -28,6 +28,9 @@ def main() -> int:
     ap.add_argument("--pitch128", action="store_true",
                     help="the staged contender also copies operands whose pitch is TMA-legal but not a multiple of "
                          "128 bytes (a TMA box row then spans two 128-byte lines)")
+    ap.add_argument("--realign-d", action="store_true",
+                    help="the staged contender also stages D (copied out after the launch) whenever TMA could store "
+                         "it in place but its rows start off 32-byte sectors (staging.off_sector)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -40,10 +43,18 @@ def main() -> int:
     from deepgemm_jit.spec import GemmSpec
 
     num_sms = device.num_sms()
-    if args.pitch128:
-        from deepgemm_jit import launch, staging
+    from deepgemm_jit import launch, staging
 
-        staging.tma_legal = lambda v: launch.tma_legal(v) and (v.rows == 1 or v.row_stride * v.itemsize % 128 == 0)
+    def forced_roles(m, va, vb, vd, *_rest):
+        """Gemm._staged_roles of the "staged" contender: every call staged; with --pitch128 also every TMA-legal A /
+        B whose pitch is not a 128-byte multiple (config.sm90_realigns' rule left out), with --realign-d D."""
+        roles = set()
+        if args.pitch128:
+            roles |= {role for role, v in (("a", va), ("b", vb))
+                      if launch.tma_legal(v) and v.rows > 1 and v.row_stride * v.itemsize % 128}
+        if args.realign_d and launch.tma_legal(vd) and staging.off_sector(vd):
+            roles.add("d")
+        return frozenset(roles)
     rows = []
     for dname in args.dtypes.split(","):
         info = bench_dtypes.get(dname)
@@ -55,7 +66,7 @@ def main() -> int:
             built = dg.build(m, n, k, dtype=info.lib)
             staged = dg.build(m, n, k, dtype=info.lib,
                               config=config.choose_sm90_config(spec, config.tile_bucket(spec, m), num_sms))
-            staged._stages = lambda *_args: True  # every call on staged copies
+            staged._staged_roles = forced_roles
             fns, errors = runner.checked_contenders({"built": built, "staged": staged}, inputs, m)
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)

@@ -33,6 +33,18 @@ def test_explain_says_which_packed_operands_are_staged(cache_dir, capsys):
         assert ("pad these rows" in info["staging"]["note"]) == bool(staged)
 
 
+def test_explain_says_which_packed_operands_large_calls_realign(cache_dir, capsys):
+    """BF16 K = 4104: 8208-byte rows, TMA-legal but every other one 16 bytes into a 32-byte sector, so large calls
+    copy A and B (config.sm90_realigns); K = 4112 (a 32-byte multiple) and TF32 K = 4104 are read in place."""
+    for argv, dtype, realigned in ((["4096", "4096", "4104"], "bf16", ["a", "b"]),
+                                   (["4096", "4096", "4112"], "bf16", []), (["4096", "4096", "4104"], "tf32", [])):
+        assert cli.main(["explain", *argv, "--dtype", dtype, "--arch", "sm_90a", "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["staging"]["packed_staged"] == [] and info["staging"].get("realigned", []) == realigned, argv
+    assert cli.main(["explain", "4096", "4096", "4104", "--dtype", "bf16", "--arch", "sm_90a"]) == 0
+    assert "realign   a and b: rows an odd multiple of 16 bytes" in capsys.readouterr().out
+
+
 def test_explain_fp8_with_epilogue_json(cache_dir, capsys):
     """Issue 4's check from the command line: QGMMA in the SASS and no local memory."""
     assert cli.main(["explain", "4096", "7168", "2048", "--dtype", "fp8_e4m3", "--scaling", "row", "--epilogue",

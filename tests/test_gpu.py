@@ -146,6 +146,33 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
     assert reference.within_bound(reference.relative_error(out, ref), "tf32")
 
 
+@pytest.mark.parametrize("dtype,layout", [("bf16", "nt"), ("fp16", "nn"), ("tf32", "nt")])
+def test_large_calls_realign_rows_off_sectors(dtype, layout):
+    """K = 2056 in 16 bits or 2052 in TF32 (rows an odd multiple of 16 bytes: TMA-legal, every other row off a
+    32-byte sector): a call of 4096 rows copies A and B into 128-byte-pitched buffers (config.sm90_realigns), one
+    of 64 rows reads them in place. fp16 nn: B's rows are N = 2056 long."""
+    from deepgemm_jit import config
+
+    n, k = (2056, 2048) if layout == "nn" else (2048, 2056 if dtype != "tf32" else 2052)
+    g = dg.build(4096, n, k, dtype=dtype, layout=layout)
+    assert config.sm90_realigns(4096, n, k) and not config.sm90_realigns(64, n, k)
+    check(g, 64)
+    assert not g._staging._buffers
+    check(g, 4096)
+    expect = {"a", "b"} if layout == "nt" else {"b"}
+    assert {role for _, role in g._staging._buffers} == expect
+
+
+def test_sliced_a_off_sectors_is_realigned():
+    """A sliced at column 8 of a BF16 matrix: a base 16 bytes into a 32-byte sector on every row (aligned pitch)."""
+    g = dg.build(4096, 2048, 2048, dtype="bf16")
+    a = reference.random_matrix((4096, 2048 + 64), "bf16")[:, 8:8 + 2048]
+    b = reference.random_matrix((2048, 2048), "bf16")
+    assert a.data.ptr % 32 == 16 and a.strides[0] % 32 == 0
+    check(g, 4096, a=a, b=b)
+    assert {role for _, role in g._staging._buffers} == {"a"}
+
+
 def test_staged_plans_replay_after_the_buffers_grew():
     """A kept staged plan (same operands, out= given) replays on the buffers it was made with, even after a larger
     call grew them (the outgrown ones are retired, not freed)."""

@@ -55,20 +55,21 @@ def warm_cache():
 
 
 def hopper_serves(g, a, b, out) -> bool:
-    """Whether the call runs g's sm90 kernel (TMA-legal operands, or copies of them: Gemm._stages) rather than a
-    portable variant."""
+    """Whether the call runs g's sm90 kernel (TMA-legal operands, or copies of them: Gemm._staged_roles) rather
+    than a portable variant."""
     import cupy
 
     va, vb, vd = matrix_view(a, "a"), matrix_view(b, "b"), matrix_view(out, "out")
-    if g.family == "sm90" and g._stages(va, vb, vd, launch.EpilogueOperands(), cupy.cuda.get_current_stream()):
+    stream = cupy.cuda.get_current_stream()
+    if g.family == "sm90" and g._staged_roles(vd.rows, va, vb, vd, launch.EpilogueOperands(), stream) is not None:
         return True
     return g._artifact_for(va, vb, vd).config.family == "sm90"
 
 
 def expected_hopper(spec: GemmSpec, m: int) -> bool:
     """(16-bit types) Every call runs the Hopper kernel: in place when TMA can describe its operands, on aligned
-    copies otherwise (config.sm90_supports, Gemm._stages); the portable kernel only serves graph captures before
-    the staging buffers were sized (tests/test_gpu.py)."""
+    copies otherwise (config.sm90_supports, Gemm._staged_roles); the portable kernel only serves graph captures
+    before the staging buffers were sized (tests/test_gpu.py)."""
     return True
 
 
@@ -179,7 +180,7 @@ def test_epilogue_with_unaligned_m_is_staged():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_padded_views(layout):
     """Row strides wider than the rows: TMA reads them in place when 16-byte multiples; other strides and odd
-    offsets run the Hopper kernel on staged copies (Gemm._stages)."""
+    offsets run the Hopper kernel on staged copies (Gemm._staged_roles)."""
     m, n, k = 192, 320, 576
     g = dg.build(m, n, k, dtype="bf16", layout=layout)
     (ar, ac), (br, bc) = g.spec.a_shape(m), g.spec.b_shape()

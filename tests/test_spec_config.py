@@ -99,7 +99,7 @@ def test_family_selection():
     assert fam(4096, 4096, layout="nn") == "sm90"       # MN-major 16-bit operands (WGMMA's trans immediates)
     assert fam(4096, 4096, layout="nn", dtype="tf32") == "sm80"  # tf32 WGMMA reads K-major operands only
     # Rows TMA cannot describe (K * 2 bytes or D's N * 2 not multiples of 16, odd N of an MN-major B) still build
-    # the Hopper kernel: calls copy those operands into aligned buffers (Gemm._stages)
+    # the Hopper kernel: calls copy those operands into aligned buffers (Gemm._staged_roles)
     assert fam(4096, 4100) == fam(4100, 4096) == fam(1001, 1003) == fam(1001, 1024, layout="nn") == "sm90"
     assert fam(4096, 4096, arch="sm_80") == "sm80"
 

@@ -103,6 +103,20 @@ def test_row_copy_and_transpose_launches():
         copies.CopySpec("transpose", 1)
 
 
+def test_realign_copies_legal_views_off_sectors(fakes):
+    """Rows TMA can read but that start 16 bytes into a 32-byte sector (staging.off_sector) are copied only when
+    the caller asks (realign=True: large calls, config.sm90_realigns)."""
+    grown, _, _ = fakes
+    bufs = staging.StagingBuffers()
+    legal = view(100, 4104, 4104)  # 8208-byte rows: 16-byte multiples, every other row off a 32-byte sector
+    assert staging.off_sector(legal) and staging.off_sector(view(100, 1024, 2048, ptr=4096 + 16))  # base off
+    assert not staging.off_sector(view(100, 4112, 4112)) and not staging.off_sector(view(1, 4104, 4104))
+    assert bufs.aligned(legal, "a", object(), 0) is legal and bufs.fits(legal, "a") and not grown
+    assert not bufs.fits(legal, "a", realign=True)
+    got = bufs.aligned(legal, "a", object(), 0, realign=True)
+    assert got.row_stride * 2 == 8320 and grown == [(0, "a", 100 * 8320)] and bufs.fits(legal, "a", realign=True)
+
+
 def test_transposed_copies_take_the_transposed_shape(fakes):
     """MN-major TF32 operands (config.sm90_transposes) are staged transposed, even when TMA could read them."""
     grown, _, _ = fakes
@@ -111,3 +125,30 @@ def test_transposed_copies_take_the_transposed_shape(fakes):
     got = bufs.aligned(b, "b", object(), 0, transposed=True)
     assert (got.rows, got.cols, got.row_stride) == (1024, 1003, 1024) and grown == [(0, "b", 1024 * 4096)]
     assert bufs.fits(b, "b", transposed=True) and not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", True)
+
+
+def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
+    """Gemm._staged_roles: A and B off sectors are copied at large M (config.sm90_realigns) and read in place at
+    small M; inside a CUDA graph capture, realigned only when the buffers were sized before, else in place."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import config, launch
+
+    assert config.sm90_realigns(4096, 2048, 2056) and not config.sm90_realigns(64, 2048, 2056)
+    assert not config.sm90_realigns(2048, 2048, 2056)  # M N K 8.6e9: measured slower restaged
+    assert not config.sm90_realigns(1024, 4096, 4104)  # M N / (M + N) = 819: measured slower restaged
+    g = dg.build(4096, 2048, 2056, dtype="bf16", arch="sm_90a")
+    assert config.sm90_off_sector_rows(g.artifact.spec) == ["a", "b"]
+    _, _, capturing = fakes
+    a, b = view(4096, 2056, 2056), view(2048, 2056, 2056)
+    d = view(4096, 2048, 2048)
+    none = launch.EpilogueOperands()
+    assert g._staged_roles(4096, a, b, d, none, None) == {"a", "b"}
+    assert g._staged_roles(64, view(64, 2056, 2056), b, view(64, 2048, 2048), none, None) is None
+    assert g._staged_roles(4096, view(4096, 2064, 2064), view(2048, 2064, 2064), d, none, None) is None  # 32 B
+    capturing["now"] = True
+    assert g._staged_roles(4096, a, b, d, none, None) is None  # buffers not sized: TMA reads them in place
+    capturing["now"] = False
+    for role, v in (("a", a), ("b", b)):
+        g._staging.aligned(v, role, None, 0, realign=True)
+    capturing["now"] = True
+    assert g._staged_roles(4096, a, b, d, none, None) == {"a", "b"}
