@@ -407,7 +407,7 @@ class Gemm:
         operands are written transposed (K-major) for the nt kernel. The copies are copies.py's kernels."""
         import cupy
 
-        steps = []
+        steps, row_copies = [], []
         with cupy.cuda.Device(dev):
             originals = {"a": va, "b": vb, "c": epi.c, "residual": epi.residual}
             staged = {}
@@ -420,13 +420,15 @@ class Gemm:
                 else:
                     staged[role] = self._staging.aligned(view, role, cu_stream, dev, realign=role in realigned)
                     if staged[role] is not view:
-                        steps.append(copies.rows_plan(staged[role], view, self.arch, dev))
+                        row_copies.append((staged[role], view))
+            if row_copies:  # one launch for all of them (each launch costs ~3 us at tiny sizes)
+                steps.append(copies.rows_plan(row_copies, self.arch, dev))
             vd2 = self._staging.aligned(vd, "d", cu_stream, dev, realign="d" in realigned)
             epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
             plan = launch.plan(launch.load(self.artifact, self.kernel_spec, dev), self.artifact, self.kernel_spec, m,
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,
                                split=self._split_operands(self.artifact, m, dev, cu_stream))
-        out = () if vd2 is vd else (copies.rows_plan(vd, vd2, self.arch, dev),)
+        out = () if vd2 is vd else (copies.rows_plan([(vd, vd2)], self.arch, dev),)
         return staging.StagedPlan(tuple(steps), plan, out)
 
     def explain(self) -> dict:

@@ -4,7 +4,8 @@ the transposing copy of TF32 GEMMs with MN-major operands.
 - ``rows``: operands TMA cannot describe (row pitch or base not a multiple of 16 bytes) are copied row by row into
   the Gemm's aligned buffers, and D out of one. cudaMemcpy2DAsync ran these copies at ~0.35 TB/s (4096 x 4096 x
   4100 BF16: 363 us staged against ~178 for the GEMM, docs/NOTES.md session 25); this kernel reads with aligned
-  16-byte loads and funnel shifts and stores as wide as the destination allows.
+  16-byte loads and funnel shifts and stores as wide as the destination allows. One launch makes up to
+  MAX_ROW_COPIES copies (a call's A, B, C, residual): at tiny sizes each launch costs ~3 us.
 - ``transpose``: Hopper's TF32 WGMMA reads K-major operands only, so a TF32 GEMM in layouts nn / tn / tt builds the
   Hopper kernel of its nt twin (``config.kernel_spec``) and every call copies its MN-major operands, (K, M) /
   (K, N), into K-major buffers with this kernel first: 32 x 32 tiles through shared memory.
@@ -12,12 +13,13 @@ the transposing copy of TF32 GEMMs with MN-major operands.
 Example::
 
     step = copies.transpose_plan(dst_view, src_view, arch, device_id)   # dst (C, R) = src (R, C) transposed
-    step = copies.rows_plan(dst_view, src_view, arch, device_id)        # dst = src, any pitches
+    step = copies.rows_plan([(dst_a, src_a), (dst_b, src_b)], arch, device_id)  # dst = src, any pitches
     step.run(stream)
 """
 from __future__ import annotations
 
 import dataclasses
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +34,12 @@ TILE = 32            # transpose: the kernel's kTile (a 32 x 32 tile per block o
 TRANSPOSE_THREADS = 256
 CHUNK = 16           # rows: bytes per thread (the kernel's kChunk)
 ROWS_THREADS = 256
-SYMBOLS = ("tile", "threads")
+MAX_ROW_COPIES = 4   # rows: copies per launch (the kernel's kMaxCopies)
+SYMBOLS = ("tile", "threads", "copies")
+# rows: the kernel's RowCopy (src, dst, src_pitch, dst_pitch: 8 bytes each; rows, row_bytes, chunks, block_end) and
+# RowCopies (MAX_ROW_COPIES of them, then the count, padded to the struct's 8-byte alignment).
+_ROW_COPY = struct.Struct("<QQqqIIII")
+_ROW_COPIES_BYTES = -(-(MAX_ROW_COPIES * _ROW_COPY.size + 4) // 8) * 8
 _TEMPLATE = "copies.cu.j2"
 _MAX_GRID = 2**31 - 1
 
@@ -64,8 +71,8 @@ class CopySpec:
     def mirror(self) -> dict[str, int]:
         """The sizes the kernel exports (check_symbols)."""
         if self.kind == "transpose":
-            return {"tile": TILE, "threads": TRANSPOSE_THREADS}
-        return {"tile": CHUNK, "threads": ROWS_THREADS}
+            return {"tile": TILE, "threads": TRANSPOSE_THREADS, "copies": 1}
+        return {"tile": CHUNK, "threads": ROWS_THREADS, "copies": MAX_ROW_COPIES}
 
 
 ROWS = CopySpec("rows", 1)
@@ -130,15 +137,33 @@ def transpose_plan(dst: MatrixView, src: MatrixView, arch: str, device_id: int) 
     return LaunchPlan(kernel, grid, (TILE, TRANSPOSE_THREADS // TILE, 1), args, device_id)
 
 
-def rows_plan(dst: MatrixView, src: MatrixView, arch: str, device_id: int) -> LaunchPlan:
-    """The launch that copies src's rows into dst (same shape and element size; any pitches and bases)."""
-    if (dst.rows, dst.cols, dst.itemsize) != (src.rows, src.cols, src.itemsize):
-        raise ValueError(f"row copy: dst {dst.rows}x{dst.cols} ({dst.itemsize} B) is not src's shape "
-                         f"{src.rows}x{src.cols} ({src.itemsize} B)")
+def rows_plan(pairs: list[tuple[MatrixView, MatrixView]], arch: str, device_id: int) -> LaunchPlan:
+    """The launch that copies each (dst, src) pair's rows, src into dst (same shape and element size; any pitches
+    and bases): 1 to MAX_ROW_COPIES pairs, one launch."""
+    if not 1 <= len(pairs) <= MAX_ROW_COPIES:
+        raise ValueError(f"a row copy launch takes 1 to {MAX_ROW_COPIES} copies, got {len(pairs)}")
+    packed, blocks = [], 0
+    for dst, src in pairs:
+        if (dst.rows, dst.cols, dst.itemsize) != (src.rows, src.cols, src.itemsize):
+            raise ValueError(f"row copy: dst {dst.rows}x{dst.cols} ({dst.itemsize} B) is not src's shape "
+                             f"{src.rows}x{src.cols} ({src.itemsize} B)")
+        row_bytes = src.cols * src.itemsize
+        chunks = max(1, -(-row_bytes // CHUNK))
+        blocks += -(-src.rows * chunks // ROWS_THREADS)
+        if blocks > _MAX_GRID:
+            raise ValueError(f"row copies up to {src.rows} x {row_bytes} bytes need {blocks} blocks, more than one "
+                             "launch takes")
+        packed.append(_ROW_COPY.pack(src.ptr, dst.ptr, src.row_stride * src.itemsize, dst.row_stride * dst.itemsize,
+                                     src.rows, row_bytes, chunks, blocks))
+    raw = b"".join(packed).ljust(MAX_ROW_COPIES * _ROW_COPY.size, b"\0") + struct.pack("<I", len(pairs))
     kernel = runtime.loaded_kernel(get_kernel(ROWS, arch), device_id, 0)
-    row_bytes = src.cols * src.itemsize
-    chunks = max(1, -(-row_bytes // CHUNK))
-    args = (np.uint64(src.ptr), np.int64(src.row_stride * src.itemsize), np.uint64(dst.ptr),
-            np.int64(dst.row_stride * dst.itemsize), np.uint32(src.rows), np.uint32(row_bytes), np.uint32(chunks))
-    grid = _grid(-(-src.rows * chunks // ROWS_THREADS), f"a {src.rows} x {row_bytes}-byte row copy")
-    return LaunchPlan(kernel, grid, (ROWS_THREADS, 1, 1), args, device_id)
+    return LaunchPlan(kernel, _grid(blocks, "row copies"), (ROWS_THREADS, 1, 1),
+                      (np.void(raw.ljust(_ROW_COPIES_BYTES, b"\0")),), device_id)
+
+
+def unpack_row_copies(arg) -> list[dict[str, int]]:
+    """The copies of a rows_plan launch's argument, decoded (tests, error messages)."""
+    raw = bytes(arg)
+    count = struct.unpack_from("<I", raw, MAX_ROW_COPIES * _ROW_COPY.size)[0]
+    names = ("src", "dst", "src_pitch", "dst_pitch", "rows", "row_bytes", "chunks", "block_end")
+    return [dict(zip(names, _ROW_COPY.unpack_from(raw, i * _ROW_COPY.size))) for i in range(count)]

@@ -14,7 +14,7 @@ Example::
 
     staging = StagingBuffers()
     va2 = staging.aligned(va, "a", stream, device_id)   # va itself when TMA can read it
-    plan = StagedPlan((copies.rows_plan(va2, va, arch, device_id),), launch.plan(... va2 ...), ())
+    plan = StagedPlan((copies.rows_plan([(va2, va)], arch, device_id),), launch.plan(... va2 ...), ())
     plan.run(stream)
 """
 from __future__ import annotations

@@ -88,15 +88,29 @@ def test_row_copy_and_transpose_launches():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(copies, "get_kernel", lambda spec, arch: spec)
         mp.setattr(copies.runtime, "loaded_kernel", lambda art, dev, smem: FakeKernel())
-        rows = copies.rows_plan(dst, src, "sm_90a", 0)
+        rows = copies.rows_plan([(dst, src)], "sm_90a", 0)
         chunks = -(-2006 // 16)
-        assert rows.grid == (-(-10 * chunks // 256), 1, 1) and rows.block == (256, 1, 1)
-        assert [int(x) for x in rows.args] == [4098, 2010, 1 << 20, 2016, 10, 2006, chunks]
+        blocks = -(-10 * chunks // 256)
+        assert rows.grid == (blocks, 1, 1) and rows.block == (256, 1, 1) and len(rows.args) == 1
+        one = {"src": 4098, "dst": 1 << 20, "src_pitch": 2010, "dst_pitch": 2016, "rows": 10, "row_bytes": 2006,
+               "chunks": chunks, "block_end": blocks}
+        assert copies.unpack_row_copies(rows.args[0]) == [one]
+        # Several copies in one launch: each takes the blocks after the previous one's.
+        b_src, b_dst = view(300, 65, 65, ptr=8194), view(300, 65, 128, ptr=1 << 21)
+        both = copies.rows_plan([(dst, src), (b_dst, b_src)], "sm_90a", 0)
+        b_blocks = -(-300 * 9 // 256)
+        assert both.grid == (blocks + b_blocks, 1, 1)
+        assert copies.unpack_row_copies(both.args[0]) == [one, {
+            "src": 8194, "dst": 1 << 21, "src_pitch": 130, "dst_pitch": 256, "rows": 300, "row_bytes": 130,
+            "chunks": 9, "block_end": blocks + b_blocks}]
+        assert len(bytes(both.args[0])) == 200  # the kernel's RowCopies: 4 x 48 + the count, 8-byte aligned
+        with pytest.raises(ValueError, match="1 to 4 copies"):
+            copies.rows_plan([(dst, src)] * 5, "sm_90a", 0)
         t = copies.transpose_plan(view(1003, 10, 16, dtype=np.float32), view(10, 1003, 1003, dtype=np.float32),
                                   "sm_90a", 0)
         assert t.grid == (1 * 32, 1, 1) and t.block == (32, 8, 1) and int(t.args[-1]) == 32
         with pytest.raises(ValueError, match="not src"):
-            copies.rows_plan(view(10, 1002, 1008), src, "sm_90a", 0)
+            copies.rows_plan([(view(10, 1002, 1008), src)], "sm_90a", 0)
         with pytest.raises(ValueError, match="transposed"):
             copies.transpose_plan(dst, src, "sm_90a", 0)
     with pytest.raises(ValueError, match="itemsize"):
@@ -152,3 +166,15 @@ def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
         g._staging.aligned(v, role, None, 0, realign=True)
     capturing["now"] = True
     assert g._staged_roles(4096, a, b, d, none, None) == {"a", "b"}
+
+
+def test_row_copy_kernel_compiles_for_sm90a_without_local_memory(cache_dir):
+    """The rows kernel (up to copies.MAX_ROW_COPIES copies per launch, one by-value parameter): real NVRTC compile
+    to sm_90a, its exported sizes equal copies.py's mirror (get_kernel checks), no local memory or stack (the copy
+    is chosen with constant indices), 16-byte global loads."""
+    from deepgemm_jit import copies, sass
+
+    art = copies.get_kernel(copies.ROWS, "sm_90a")
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0
+    assert "LDG.E.128.CONSTANT" in sass.disassemble(art.cubin) or "LDG.E.128" in sass.disassemble(art.cubin)
