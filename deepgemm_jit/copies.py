@@ -134,7 +134,7 @@ def transpose_plan(dst: MatrixView, src: MatrixView, arch: str, device_id: int) 
     args = (np.uint64(src.ptr), np.int64(src.row_stride), np.uint64(dst.ptr), np.int64(dst.row_stride),
             np.uint32(src.rows), np.uint32(src.cols), np.uint32(tiles_c))
     grid = _grid(-(-src.rows // TILE) * tiles_c, f"a {src.rows} x {src.cols} transpose")
-    return LaunchPlan(kernel, grid, (TILE, TRANSPOSE_THREADS // TILE, 1), args, device_id)
+    return LaunchPlan(kernel, grid, (TILE, TRANSPOSE_THREADS // TILE, 1), args, device_id, waits=True)
 
 
 def rows_plan(pairs: list[tuple[MatrixView, MatrixView]], arch: str, device_id: int) -> LaunchPlan:
@@ -158,7 +158,7 @@ def rows_plan(pairs: list[tuple[MatrixView, MatrixView]], arch: str, device_id: 
     raw = b"".join(packed).ljust(MAX_ROW_COPIES * _ROW_COPY.size, b"\0") + struct.pack("<I", len(pairs))
     kernel = runtime.loaded_kernel(get_kernel(ROWS, arch), device_id, 0)
     return LaunchPlan(kernel, _grid(blocks, "row copies"), (ROWS_THREADS, 1, 1),
-                      (np.void(raw.ljust(_ROW_COPIES_BYTES, b"\0")),), device_id)
+                      (np.void(raw.ljust(_ROW_COPIES_BYTES, b"\0")),), device_id, waits=True)
 
 
 def unpack_row_copies(arg) -> list[dict[str, int]]:

@@ -20,6 +20,11 @@ from .runtime import LoadedKernel
 from .spec import GemmSpec
 from .splitk import SplitOperands
 
+# Whether sm90 GEMM launches are programmatic by default (LaunchPlan.programmatic: the launch is processed while
+# the previous kernel on the stream runs, the kernel waiting for it before touching memory). Staged calls launch
+# their GEMM and D's copy out so either way (staging.StagedPlan).
+PROGRAMMATIC_GEMMS = False
+
 # Layout facts the sm90 kernel exports as `<entry>_<name>` constants (gemm_sm90.cu.j2).
 SM90_SYMBOLS = ("smem_bytes", "num_threads", "d_box_cols", "d_box_rows", "d_swizzle_bytes")
 
@@ -160,15 +165,24 @@ class LaunchPlan:
     block: tuple[int, int, int]
     args: tuple
     device_id: int
+    # The kernel runs griddep_wait (common.cuh) before touching global memory, so it may be launched
+    # programmatically: processed while the previous kernel on the stream still runs.
+    waits: bool = False
+    programmatic: bool = False  # launched so by default (PROGRAMMATIC_GEMMS); StagedPlan asks for it per launch
     packed: runtime.PackedArgs = field(init=False, repr=False, compare=False)
     bound: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "packed", runtime.PackedArgs(self.args))
         object.__setattr__(self, "bound", self.kernel.bind(self.grid, self.block))
+        if self.programmatic and not self.waits:
+            raise ValueError("only a kernel that waits for the previous grid (waits=True) is launched programmatically")
 
-    def run(self, stream) -> None:
-        self.kernel.launch(self.grid, self.block, self.packed, stream, self.bound)
+    def run(self, stream, programmatic: bool | None = None) -> None:
+        """`programmatic`: launch so that the launch is processed while the previous kernel on `stream` still runs
+        (runtime.LoadedKernel.launch), where the kernel waits for it (`waits`); None: the plan's default."""
+        use = self.programmatic if programmatic is None else programmatic and self.waits
+        self.kernel.launch(self.grid, self.block, self.packed, stream, self.bound, use)
 
 
 def _tma_pitch(view: MatrixView) -> int:
@@ -324,7 +338,9 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         if split is not None:
             args += split.mode_args()
         args += edge_maps(artifact, spec, m, va, vb, tmap_a, tmap_b)
-        return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id)
+        waits = takes(artifact, "programmatic_launch")
+        return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id, waits,
+                          waits and PROGRAMMATIC_GEMMS)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
             np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))

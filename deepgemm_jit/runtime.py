@@ -39,12 +39,41 @@ class LoadedKernel:
                 ctypes.c_uint(self.dynamic_smem_bytes))
 
     def launch(self, grid: tuple[int, ...], block: tuple[int, ...], args: "PackedArgs", stream,
-               bound: tuple | None = None) -> None:
+               bound: tuple | None = None, programmatic: bool = False) -> None:
         """Launch on `stream` (a CuPy stream); every driver error raises LaunchError before returning. `bound`:
-        `bind(grid, block)`, when the caller keeps it."""
-        code = _cu_launch_kernel()(*(bound or self.bind(grid, block)), stream.ptr, args.params, None)
+        `bind(grid, block)`, when the caller keeps it. `programmatic`: with programmatic stream serialization
+        (cuLaunchKernelEx), so the launch may be processed while the previous kernel on the stream still runs;
+        only for kernels that run griddep_wait (common.cuh) before touching global memory."""
+        if programmatic:
+            config = _LaunchConfig(self, grid, block, stream.ptr)
+            code = _cu_launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(self.function.ptr), args.params,
+                                          None)
+        else:
+            code = _cu_launch_kernel()(*(bound or self.bind(grid, block)), stream.ptr, args.params, None)
         if code != 0:
             raise LaunchError(code, grid, block)
+
+
+# CUlaunchAttributeID of programmatic stream serialization; its value (an int, 1 = allowed) starts the 64-byte
+# CUlaunchAttributeValue union.
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig with one attribute, programmatic stream serialization (built per launch: a kept one would be
+    shared by threads replaying the same plan on different streams)."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+    def __init__(self, kernel: LoadedKernel, grid, block, stream_ptr: int):
+        self._attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION, b"", 1)
+        super().__init__((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), kernel.dynamic_smem_bytes,
+                         stream_ptr, ctypes.pointer(self._attr), 1)
 
 
 class LaunchError(RuntimeError):
@@ -128,6 +157,14 @@ class FilledArgs:
 @functools.lru_cache(maxsize=None)
 def _cu_launch_kernel():
     return driver.libcuda().cuLaunchKernel  # resolved once: this is on every call's path
+
+
+@functools.lru_cache(maxsize=None)
+def _cu_launch_kernel_ex():
+    fn = driver.libcuda().cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
 
 
 _loaded: dict[tuple[str, int], LoadedKernel] = {}

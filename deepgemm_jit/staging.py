@@ -133,8 +133,11 @@ class StagedPlan:
         return self.launch.device_id
 
     def run(self, stream) -> None:
-        for copy in self.copies_in:
-            copy.run(stream)
-        self.launch.run(stream)
+        # Every launch after the first is programmatic (its kernel waits for the previous one first: griddep_wait;
+        # LaunchPlan.run): a launch on the stream cost ~3 us at tiny sizes, ~2 when programmatic (docs/NOTES.md
+        # session 26). The first keeps its plan's default.
+        for i, copy in enumerate(self.copies_in):
+            copy.run(stream, programmatic=True if i else None)
+        self.launch.run(stream, programmatic=True if self.copies_in else None)
         for copy in self.copies_out:
-            copy.run(stream)
+            copy.run(stream, programmatic=True)

@@ -438,6 +438,7 @@ def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, sh
     assert usage.get("LOCAL", 0) == 0 and usage["SHARED"] >= 32 * 33 * 4
     mix = sass.opcode_mix(art.cubin)
     assert mix.get("LDS", 0) > 0 and mix.get("STS", 0) > 0 and mix.get("BAR", 0) > 0
+    assert mix.get("ACQBULK", 0) == 1  # griddepcontrol.wait: a staged call may launch it programmatically
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -124,7 +124,8 @@ SM90_VARIANTS = [  # (dtype, out_dtype, block_m, block_n, d_ring)
 @pytest.mark.parametrize("dtype,out_dtype,block_m,block_n,d_ring", SM90_VARIANTS)
 def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_cache_dir, monkeypatch):
     """Every sm90 variant: HGMMA and TMA in the SASS, no local memory, setmaxnreg kept; D leaves by TMA stores
-    (one per 128-byte slice where D goes through a ring of slices) and no other global store."""
+    (one per 128-byte slice where D goes through a ring of slices) and no other global store; one
+    griddepcontrol.wait (ACQBULK) before the roles start."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     spec = GemmSpec.create(1024, 2048, dtype=dtype, out_dtype=out_dtype)
     esize = 4 if dtype == "tf32" else 2
@@ -144,6 +145,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     assert sass.tma_loads(art.cubin)[1] == 1, case  # B's box in its evict-first form (kStreamBMaxReaders)
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
+    assert mix.get("ACQBULK", 0) == 1, case  # griddepcontrol.wait: staged calls launch it programmatically
     # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.
     assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
@@ -156,6 +158,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     assert sym["d_box_cols"] * out_esize == slice_bytes, case
     assert sym["d_box_rows"] == (64 if block_m == 64 else block_m // 2), case
     assert sym["d_swizzle_bytes"] == (slice_bytes if slice_bytes >= 32 else 0), case
+    assert launch.takes(art, "programmatic_launch"), case  # the ACQBULK above: LaunchPlan.waits
     launch.check_layout(art, spec)
 
 

@@ -56,3 +56,20 @@ def test_arg_template_refuses_wide_or_untyped_values_and_bad_slots():
         runtime.ArgTemplate((np.uint64(1),), slots=(1,))
     with pytest.raises(ValueError, match="1 pointers for 2 pointer slots"):
         runtime.ArgTemplate((np.uint64(1), np.uint64(2)), slots=(0, 1)).fill(5)
+
+
+def test_programmatic_launch_config_has_the_driver_layout():
+    """CUlaunchConfig / CUlaunchAttribute as cuLaunchKernelEx reads them (cuda.h, CUDA 12+): 56 and 72 bytes, the
+    stream at 32, the attribute's value union at 8; programmatic stream serialization is attribute 6, value 1."""
+    import ctypes
+
+    from deepgemm_jit import runtime
+
+    kernel = type("K", (), {"dynamic_smem_bytes": 1234})()
+    config = runtime._LaunchConfig(kernel, (5, 1, 1), (256, 1, 1), 0xABCD)
+    assert ctypes.sizeof(runtime._LaunchConfig) == 56 and ctypes.sizeof(runtime._LaunchAttribute) == 72
+    assert runtime._LaunchConfig.stream.offset == 32 and runtime._LaunchConfig.attrs.offset == 40
+    assert runtime._LaunchAttribute.value.offset == 8
+    assert list(config.grid) == [5, 1, 1] and list(config.block) == [256, 1, 1] and config.shared_bytes == 1234
+    assert config.stream == 0xABCD and config.num_attrs == 1
+    assert (config.attrs[0].id, config.attrs[0].value) == (runtime._PROGRAMMATIC_STREAM_SERIALIZATION, 1) == (6, 1)

@@ -67,12 +67,22 @@ def test_buffers_grow_only_for_larger_calls_and_never_while_capturing(fakes):
 
 
 def test_staged_plan_copies_in_then_launches_then_copies_d_out():
+    """In order, every launch after the first programmatic (its kernel waits for the previous one: griddep_wait);
+    the first keeps its plan's default (None)."""
     ran = []
-    step = lambda name: type(name, (), {"device_id": 0, "run": lambda self, stream: ran.append(name)})()  # noqa: E731
+
+    def step(name):
+        return type(name, (), {"device_id": 0,
+                               "run": lambda self, stream, programmatic=None: ran.append((name, programmatic))})()
+
     plan = staging.StagedPlan((step("copy a"), step("transpose b")), step("launch"), (step("copy d out"),))
     plan.run(object())
     plan.run(object())  # replayed: the same steps again
-    assert plan.device_id == 0 and ran == ["copy a", "transpose b", "launch", "copy d out"] * 2
+    assert plan.device_id == 0
+    assert ran == [("copy a", None), ("transpose b", True), ("launch", True), ("copy d out", True)] * 2
+    ran.clear()
+    staging.StagedPlan((), step("launch"), (step("copy d out"),)).run(object())
+    assert ran == [("launch", None), ("copy d out", True)]
 
 
 def test_row_copy_and_transpose_launches():
@@ -171,10 +181,12 @@ def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
 def test_row_copy_kernel_compiles_for_sm90a_without_local_memory(cache_dir):
     """The rows kernel (up to copies.MAX_ROW_COPIES copies per launch, one by-value parameter): real NVRTC compile
     to sm_90a, its exported sizes equal copies.py's mirror (get_kernel checks), no local memory or stack (the copy
-    is chosen with constant indices), 16-byte global loads."""
+    is chosen with constant indices), 16-byte global loads, and a griddepcontrol.wait first (StagedPlan launches
+    it programmatically after another kernel)."""
     from deepgemm_jit import copies, sass
 
     art = copies.get_kernel(copies.ROWS, "sm_90a")
     usage = sass.resource_usage(art.cubin)[art.entry]
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0
     assert "LDG.E.128.CONSTANT" in sass.disassemble(art.cubin) or "LDG.E.128" in sass.disassemble(art.cubin)
+    assert sass.opcode_mix(art.cubin).get("ACQBULK", 0) == 1  # griddepcontrol.wait: launched programmatically

@@ -22,6 +22,16 @@ typedef long long int64_t;
 
 namespace dgjit {
 
+// Programmatic dependent launch: wait until the grids this launch depends on have completed and their writes are
+// visible. A launch made with programmatic stream serialization (runtime.py, staged calls' later launches) may
+// start before the previous kernel on its stream has finished; every kernel that can be launched so runs this
+// before its first global memory access. Without that attribute it returns at once.
+DGJIT_DEVICE void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" : : : "memory");
+#endif
+}
+
 // 16-bit floating-point storage. Arithmetic happens in FP32 registers; these
 // types only exist so that pointers carry the element size and the format.
 typedef float float32_t;  // FP32 storage (also what TF32 operands are stored as)

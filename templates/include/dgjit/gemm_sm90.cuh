@@ -2079,6 +2079,7 @@ struct GemmSm90 {
       fence_mbarrier_init();
       fence_proxy_async_shared();
     }
+    griddep_wait();  // everything above touched shared memory and parameters only
     // Grouped split-K: the producer's second warp counts the groups' tiles meanwhile (GroupedTileScheduler::plan);
     // after the barrier a launch whose plan splits runs the roles with the splitting walk, any other the plain one.
     if constexpr (kGrouped && kSplitK) {

@@ -1,0 +1,104 @@
+"""Experiment (GPU): sm90 GEMM launches made programmatically (programmatic dependent launch: the launch is processed
+while the previous kernel on the stream still runs; the kernel waits for it, griddep_wait, before touching memory)
+against ordinary launches and cuBLAS, two ways in one run:
+
+- "flushed": the bench protocol (timing.time_interleaved: L2 flushed before each call, events around it);
+- "chain": CHAIN calls back to back (the same operands, no flush, one event pair around them), per call: what a
+  model running GEMMs one after another sees.
+
+    python3 -m scripts.exp_pdl [--dtypes bf16,fp8_block] [--shapes 64x7168x2048,...] [--chain 20] [--out DIR]
+
+"off" / "on" are two Gemms of the same spec and kernel whose plans are made with launch.PROGRAMMATIC_GEMMS off / on
+(checked against a float64 reference first).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench import report
+
+SHAPES = ("32x2112x7168", "64x7168x2048", "128x4096x7168", "64x32768x512", "128x7168x16384", "4096x7168x2048",
+          "4096x4096x7168")
+
+
+class Flagged:
+    """A Gemm called with launch.PROGRAMMATIC_GEMMS set to `on` (its plans, made on its first call, keep it)."""
+
+    def __init__(self, gemm, on: bool):
+        self.gemm, self.on, self.spec = gemm, on, gemm.spec
+
+    def __call__(self, *args, **kwargs):
+        from deepgemm_jit import launch
+
+        saved, launch.PROGRAMMATIC_GEMMS = launch.PROGRAMMATIC_GEMMS, self.on
+        try:
+            return self.gemm(*args, **kwargs)
+        finally:
+            launch.PROGRAMMATIC_GEMMS = saved
+
+
+def chain_us(fn, calls: int, reps: int) -> float:
+    """Median over `reps` of the time of `calls` back-to-back calls, per call (us)."""
+    import cupy
+    import numpy as np
+
+    times = []
+    for _ in range(reps):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / calls)
+    return float(np.median(times))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="bf16,fp8_block")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--chain", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import cupy
+
+    import deepgemm_jit as dg
+    from bench import dtypes as bench_dtypes
+    from bench import runner
+    from deepgemm_jit import reference, timing
+    from deepgemm_jit.spec import GemmSpec
+
+    rows = []
+    for dname in args.dtypes.split(","):
+        info = bench_dtypes.get(dname)
+        for shape in args.shapes.split(","):
+            m, n, k = (int(v) for v in shape.split("x"))
+            build_kw = {"scaling": info.scaling} if info.scaling else {}
+            g_off = dg.build(m, n, k, dtype=info.lib, **build_kw)
+            g_on = dg.build(m, n, k, dtype=info.lib, config=g_off.config, **build_kw)
+            spec = GemmSpec.create(n, k, dtype=info.lib, **build_kw)
+            rng = cupy.random.default_rng(m + n + k)
+            inputs = runner.operands(info, spec, m, rng, 1.0)
+            fns, errors = runner.checked_contenders({"off": Flagged(g_off, False), "on": Flagged(g_on, True)},
+                                                    inputs, m)
+            cupy.cuda.Device().synchronize()
+            t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
+            flushed = {name: r.median_us for name, r in t.items()}
+            chain = {name: chain_us(fn, args.chain, max(5, args.reps // 3)) for name, fn in fns.items()}
+            row = {"dtype": dname, "m": m, "n": n, "k": k, "tile": g_off.config.tag, "flushed_us": flushed,
+                   "chain_us": chain, "max_err": max(errors.values()),
+                   "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}
+            rows.append(row)
+            print(f"{dname} {m}x{n}x{k} ok={row['correct']} {row['tile']} flushed off {flushed['off']:.1f} on "
+                  f"{flushed['on']:.1f} cublas {flushed.get('cublas', float('nan')):.1f} | chain off "
+                  f"{chain['off']:.1f} on {chain['on']:.1f} cublas {chain.get('cublas', float('nan')):.1f}",
+                  flush=True)
+    report.write_experiment_json(args.out, "exp-pdl.json", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
