@@ -17,6 +17,8 @@
 |                                  |      | would store them through a slice ring (sm90_d_ring)       |
 | DEEPGEMM_JIT_NO_RAW_B            | bool | experiments: fp32 (3xTF32) splits the weight too at small |
 |                                  |      | M instead of reading it raw (fp32x3.raw_b_applies)        |
+| DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH | bool | launch every kernel ordinarily (no programmatic    |
+|                                  |      | dependent launch: launch.LaunchPlan.pdl), e.g. to profile |
 """
 from __future__ import annotations
 
@@ -105,3 +107,10 @@ def no_d_ring() -> bool:
 def no_raw_b() -> bool:
     """Experiments (same-run A/B of fp32x3.raw_b_applies); read when build_fp32 chooses its TF32 GEMM."""
     return env_bool("DEEPGEMM_JIT_NO_RAW_B")
+
+
+def no_programmatic_launch() -> bool:
+    """Launch every kernel ordinarily, never with programmatic stream serialization (launch.LaunchPlan.pdl): for
+    profilers or tools that do not follow it, and A/B runs; read per launch plan, so a kept plan keeps the value
+    it was made with."""
+    return env_bool("DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH")

@@ -21,9 +21,11 @@ from .spec import GemmSpec
 from .splitk import SplitOperands
 
 # Whether sm90 GEMM launches are programmatic by default (LaunchPlan.programmatic: the launch is processed while
-# the previous kernel on the stream runs, the kernel waiting for it before touching memory). Staged calls launch
-# their GEMM and D's copy out so either way (staging.StagedPlan).
-PROGRAMMATIC_GEMMS = False
+# the previous kernel on the stream runs, the kernel waiting for it before touching memory). Chains of 20 calls
+# captured in a CUDA graph ran 0.5-0.7 us faster per GEMM on every row measured (BF16 64x7168x2048 7.67 -> 7.00 us,
+# FP8 block 64x32768x512 7.22 -> 6.53; docs/NOTES.md session 26); the flushed bench protocol sees no difference.
+# Staged calls launch their GEMM and D's copy out so either way (staging.StagedPlan).
+PROGRAMMATIC_GEMMS = True
 
 # Layout facts the sm90 kernel exports as `<entry>_<name>` constants (gemm_sm90.cu.j2).
 SM90_SYMBOLS = ("smem_bytes", "num_threads", "d_box_cols", "d_box_rows", "d_swizzle_bytes")
@@ -171,18 +173,23 @@ class LaunchPlan:
     programmatic: bool = False  # launched so by default (PROGRAMMATIC_GEMMS); StagedPlan asks for it per launch
     packed: runtime.PackedArgs = field(init=False, repr=False, compare=False)
     bound: tuple = field(init=False, repr=False, compare=False)
+    pdl: runtime.ProgrammaticLaunch | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "packed", runtime.PackedArgs(self.args))
-        object.__setattr__(self, "bound", self.kernel.bind(self.grid, self.block))
         if self.programmatic and not self.waits:
             raise ValueError("only a kernel that waits for the previous grid (waits=True) is launched programmatically")
+        object.__setattr__(self, "packed", runtime.PackedArgs(self.args))
+        object.__setattr__(self, "bound", self.kernel.bind(self.grid, self.block))
+        # The programmatic launch's configuration (None: this plan always launches ordinarily).
+        object.__setattr__(self, "pdl", runtime.ProgrammaticLaunch(self.kernel, self.grid, self.block)
+                           if self.waits and not env.no_programmatic_launch() else None)
 
     def run(self, stream, programmatic: bool | None = None) -> None:
         """`programmatic`: launch so that the launch is processed while the previous kernel on `stream` still runs
-        (runtime.LoadedKernel.launch), where the kernel waits for it (`waits`); None: the plan's default."""
-        use = self.programmatic if programmatic is None else programmatic and self.waits
-        self.kernel.launch(self.grid, self.block, self.packed, stream, self.bound, use)
+        (runtime.LoadedKernel.launch), where the kernel waits for it (`waits`; never under
+        DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH); None: the plan's default."""
+        use = self.programmatic if programmatic is None else programmatic
+        self.kernel.launch(self.grid, self.block, self.packed, stream, self.bound, self.pdl if use else None)
 
 
 def _tma_pitch(view: MatrixView) -> int:

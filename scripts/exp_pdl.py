@@ -4,7 +4,9 @@ against ordinary launches and cuBLAS, two ways in one run:
 
 - "flushed": the bench protocol (timing.time_interleaved: L2 flushed before each call, events around it);
 - "chain": CHAIN calls back to back (the same operands, no flush, one event pair around them), per call: what a
-  model running GEMMs one after another sees.
+  model running GEMMs one after another sees; contenders alternate per rep, and the host time per call is kept
+  (a chain of calls shorter on the GPU than on the host measures the host);
+- "graph": the same chain captured in one CUDA graph and replayed (ours only): no host in the way.
 
     python3 -m scripts.exp_pdl [--dtypes bf16,fp8_block] [--shapes 64x7168x2048,...] [--chain 20] [--out DIR]
 
@@ -38,21 +40,63 @@ class Flagged:
             launch.PROGRAMMATIC_GEMMS = saved
 
 
-def chain_us(fn, calls: int, reps: int) -> float:
-    """Median over `reps` of the time of `calls` back-to-back calls, per call (us)."""
+def chain_us(fns: dict, calls: int, reps: int) -> tuple[dict, dict]:
+    """Per contender: the median over `reps` of `calls` back-to-back calls' GPU time, per call, and the host time
+    per call (us). Contenders alternate per rep (order reversed every other rep) so that clock and power drift
+    fall on all alike."""
+    import time
+
     import cupy
     import numpy as np
 
-    times = []
-    for _ in range(reps):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / calls)
-    return float(np.median(times))
+    gpu, host = {n: [] for n in fns}, {n: [] for n in fns}
+    names = list(fns)
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            fn = fns[name]
+            cupy.cuda.Device().synchronize()
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            host[name].append((time.perf_counter() - t0) * 1e6 / calls)
+            end.record()
+            end.synchronize()
+            gpu[name].append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / calls)
+    return ({n: float(np.median(v)) for n, v in gpu.items()}, {n: float(np.median(v)) for n, v in host.items()})
+
+
+def graph_us(fns: dict, calls: int, reps: int) -> dict:
+    """Per contender: `calls` calls captured in one CUDA graph on a side stream, the graph's replay time per call
+    (median over `reps`, contenders alternating): chains without the host in the way."""
+    import cupy
+    import numpy as np
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    graphs = {}
+    with stream:
+        for name, fn in fns.items():
+            fn()  # the plan for this stream, made outside the capture
+            stream.synchronize()
+            stream.begin_capture()
+            for _ in range(calls):
+                fn()
+            graphs[name] = stream.end_capture()
+        for graph in graphs.values():  # uploaded and warm
+            graph.launch(stream)
+        stream.synchronize()
+        times = {n: [] for n in graphs}
+        names = list(graphs)
+        for rep in range(reps):
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record(stream)
+                graphs[name].launch(stream)
+                end.record(stream)
+                end.synchronize()
+                times[name].append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / calls)
+    return {n: float(np.median(v)) for n, v in times.items()}
 
 
 def main() -> int:
@@ -87,15 +131,17 @@ def main() -> int:
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
             flushed = {name: r.median_us for name, r in t.items()}
-            chain = {name: chain_us(fn, args.chain, max(5, args.reps // 3)) for name, fn in fns.items()}
+            chain, chain_host = chain_us(fns, args.chain, max(5, args.reps // 3))
+            graph = graph_us({n: f for n, f in fns.items() if n != "cublas"}, args.chain, max(5, args.reps // 3))
             row = {"dtype": dname, "m": m, "n": n, "k": k, "tile": g_off.config.tag, "flushed_us": flushed,
-                   "chain_us": chain, "max_err": max(errors.values()),
+                   "chain_us": chain, "chain_host_us": chain_host, "graph_us": graph, "max_err": max(errors.values()),
                    "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}
             rows.append(row)
             print(f"{dname} {m}x{n}x{k} ok={row['correct']} {row['tile']} flushed off {flushed['off']:.1f} on "
                   f"{flushed['on']:.1f} cublas {flushed.get('cublas', float('nan')):.1f} | chain off "
-                  f"{chain['off']:.1f} on {chain['on']:.1f} cublas {chain.get('cublas', float('nan')):.1f}",
-                  flush=True)
+                  f"{chain['off']:.1f} on {chain['on']:.1f} cublas {chain.get('cublas', float('nan')):.1f} (host "
+                  f"{chain_host['off']:.1f} / {chain_host['on']:.1f} / {chain_host.get('cublas', float('nan')):.1f})"
+                  f" | graph off {graph['off']:.2f} on {graph['on']:.2f}", flush=True)
     report.write_experiment_json(args.out, "exp-pdl.json", rows)
     return 0
 

@@ -60,16 +60,56 @@ def test_arg_template_refuses_wide_or_untyped_values_and_bad_slots():
 
 def test_programmatic_launch_config_has_the_driver_layout():
     """CUlaunchConfig / CUlaunchAttribute as cuLaunchKernelEx reads them (cuda.h, CUDA 12+): 56 and 72 bytes, the
-    stream at 32, the attribute's value union at 8; programmatic stream serialization is attribute 6, value 1."""
+    stream at 32, the attribute's value union at 8; programmatic stream serialization is attribute 6, value 1. Each
+    launch gets its own copy of the plan's configuration, with its stream."""
     import ctypes
 
     from deepgemm_jit import runtime
 
     kernel = type("K", (), {"dynamic_smem_bytes": 1234})()
-    config = runtime._LaunchConfig(kernel, (5, 1, 1), (256, 1, 1), 0xABCD)
+    pdl = runtime.ProgrammaticLaunch(kernel, (5, 1, 1), (256, 1, 1))
     assert ctypes.sizeof(runtime._LaunchConfig) == 56 and ctypes.sizeof(runtime._LaunchAttribute) == 72
     assert runtime._LaunchConfig.stream.offset == 32 and runtime._LaunchConfig.attrs.offset == 40
     assert runtime._LaunchAttribute.value.offset == 8
+    config, other = pdl.config_for(0xABCD), pdl.config_for(0x1234)
     assert list(config.grid) == [5, 1, 1] and list(config.block) == [256, 1, 1] and config.shared_bytes == 1234
-    assert config.stream == 0xABCD and config.num_attrs == 1
+    assert (config.stream, other.stream, pdl.template.stream) == (0xABCD, 0x1234, None) and config.num_attrs == 1
     assert (config.attrs[0].id, config.attrs[0].value) == (runtime._PROGRAMMATIC_STREAM_SERIALIZATION, 1) == (6, 1)
+
+
+def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch):
+    """LaunchPlan: `waits` kernels carry a programmatic configuration (pdl) and use it by default when made
+    programmatic, or when a caller asks (StagedPlan); other kernels and DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH launch
+    ordinarily; a plan that is programmatic but does not wait is refused."""
+    import numpy as np
+    import pytest
+
+    from deepgemm_jit import launch
+
+    launched = []
+
+    class FakeKernel:
+        dynamic_smem_bytes = 0
+
+        def bind(self, grid, block):
+            return (grid, block)
+
+        def launch(self, grid, block, args, stream, bound, programmatic):
+            launched.append(programmatic is not None)
+
+    args = (np.uint32(1),)
+    plain = launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0)
+    waits = launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, waits=True)
+    default_on = launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, waits=True, programmatic=True)
+    for plan in (plain, waits, default_on):
+        plan.run(None)
+        plan.run(None, programmatic=True)
+    assert launched == [False, False, False, True, True, True]
+    monkeypatch.setenv("DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH", "1")
+    launched.clear()
+    off = launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, waits=True, programmatic=True)
+    off.run(None)
+    off.run(None, programmatic=True)
+    assert launched == [False, False] and off.pdl is None
+    with pytest.raises(ValueError, match="waits"):
+        launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, programmatic=True)

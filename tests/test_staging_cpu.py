@@ -91,6 +91,8 @@ def test_row_copy_and_transpose_launches():
     from deepgemm_jit import copies
 
     class FakeKernel:
+        dynamic_smem_bytes = 0
+
         def bind(self, grid, block):
             return (grid, block)
 
