@@ -10,8 +10,8 @@ against ordinary launches and cuBLAS, two ways in one run:
 
     python3 -m scripts.exp_pdl [--dtypes bf16,fp8_block] [--shapes 64x7168x2048,...] [--chain 20] [--out DIR]
 
-"off" / "on" are two Gemms of the same spec and kernel whose plans are made with launch.PROGRAMMATIC_GEMMS off / on
-(checked against a float64 reference first).
+"off" / "on" are two Gemms of the same spec and kernels (the decode kernel too, gemv.py, at M <= 16) whose plans are
+made with launch.PROGRAMMATIC_GEMMS off / on (checked against a float64 reference first).
 """
 from __future__ import annotations
 
@@ -122,7 +122,8 @@ def main() -> int:
             m, n, k = (int(v) for v in shape.split("x"))
             build_kw = {"scaling": info.scaling} if info.scaling else {}
             g_off = dg.build(m, n, k, dtype=info.lib, **build_kw)
-            g_on = dg.build(m, n, k, dtype=info.lib, config=g_off.config, **build_kw)
+            g_on = dg.build(m, n, k, dtype=info.lib, config=g_off.config,
+                            weight_streaming=bool(g_off.weight_streaming_max_m), **build_kw)
             spec = GemmSpec.create(n, k, dtype=info.lib, **build_kw)
             rng = cupy.random.default_rng(m + n + k)
             inputs = runner.operands(info, spec, m, rng, 1.0)
