@@ -75,8 +75,8 @@ def _staging(gemm) -> dict | None:
         info["realign_note"] = (
             f"{' and '.join(off_sector)}: rows an odd multiple of 16 bytes, which TMA reads ~1.5x slower; calls with "
             f"M N K >= {config_mod.REALIGN_MIN_MNK:.2g} and M N / (M + N) >= "
-            f"{config_mod.REALIGN_MIN_MN_OVER_M_PLUS_N} copy them into 128-byte-pitched buffers: pad them to a "
-            "multiple of 32 bytes to skip both")
+            f"{config_mod.REALIGN_MIN_MN_OVER_M_PLUS_N} copy them into 128-byte-pitched buffers; rows padded to a "
+            "multiple of 32 bytes need neither the copies nor the slow reads")
     return info
 
 
