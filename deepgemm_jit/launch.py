@@ -181,7 +181,7 @@ class LaunchPlan:
         object.__setattr__(self, "packed", runtime.PackedArgs(self.args))
         object.__setattr__(self, "bound", self.kernel.bind(self.grid, self.block))
         # The programmatic launch's configuration (None: this plan always launches ordinarily).
-        object.__setattr__(self, "pdl", runtime.ProgrammaticLaunch(self.kernel, self.grid, self.block)
+        object.__setattr__(self, "pdl", self.kernel.programmatic_launch(self.grid, self.block)
                            if self.waits and not env.no_programmatic_launch() else None)
 
     def run(self, stream, programmatic: bool | None = None) -> None:

@@ -26,10 +26,22 @@ class LoadedKernel:
         self.module.load(artifact.cubin)
         self.function = self.module.get_function(artifact.entry)
         self.dynamic_smem_bytes = dynamic_smem_bytes
+        self._programmatic: dict[tuple, ProgrammaticLaunch] = {}  # programmatic_launch's, per (grid, block)
         if dynamic_smem_bytes > _DEFAULT_SMEM_LIMIT:
             cupy.cuda.driver.funcSetAttribute(
                 self.function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dynamic_smem_bytes)
+
+    def programmatic_launch(self, grid: tuple[int, ...], block: tuple[int, ...]) -> "ProgrammaticLaunch":
+        """This kernel's programmatic launch configuration for `grid` and `block`, made once per shape (~2 us of
+        host time that calls without out=, which make a new plan each time, would otherwise pay on every call)."""
+        key = (tuple(grid), tuple(block))
+        found = self._programmatic.get(key)
+        if found is None:
+            if len(self._programmatic) >= 256:
+                self._programmatic.clear()
+            found = self._programmatic[key] = ProgrammaticLaunch(self, grid, block)
+        return found
 
     def bind(self, grid: tuple[int, ...], block: tuple[int, ...]) -> tuple:
         """The leading cuLaunchKernel arguments of a launch of this kernel as ctypes values (function, grid, block,

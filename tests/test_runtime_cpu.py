@@ -91,6 +91,11 @@ def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch
     class FakeKernel:
         dynamic_smem_bytes = 0
 
+        def __init__(self):
+            self._programmatic = {}
+
+        programmatic_launch = runtime.LoadedKernel.programmatic_launch  # the real memo
+
         def bind(self, grid, block):
             return (grid, block)
 
@@ -113,3 +118,9 @@ def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch
     assert launched == [False, False] and off.pdl is None
     with pytest.raises(ValueError, match="waits"):
         launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, programmatic=True)
+    # Plans of one kernel and launch shape share one configuration (made once: calls without out= plan every time).
+    monkeypatch.delenv("DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH")
+    kernel = FakeKernel()
+    first, again = (launch.LaunchPlan(kernel, (2, 1, 1), (32, 1, 1), args, 0, waits=True) for _ in range(2))
+    other = launch.LaunchPlan(kernel, (3, 1, 1), (32, 1, 1), args, 0, waits=True)
+    assert first.pdl is again.pdl is not other.pdl and len(kernel._programmatic) == 2

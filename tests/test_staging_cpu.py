@@ -3,7 +3,7 @@ CUDA graph is captured (allocation and copies replaced by fakes)."""
 import numpy as np
 import pytest
 
-from deepgemm_jit import staging
+from deepgemm_jit import runtime, staging
 from deepgemm_jit.arrays import MatrixView
 
 
@@ -92,6 +92,11 @@ def test_row_copy_and_transpose_launches():
 
     class FakeKernel:
         dynamic_smem_bytes = 0
+
+        def __init__(self):
+            self._programmatic = {}
+
+        programmatic_launch = runtime.LoadedKernel.programmatic_launch  # the real memo
 
         def bind(self, grid, block):
             return (grid, block)
