@@ -28,6 +28,9 @@ def main() -> int:
     ap.add_argument("--pitch128", action="store_true",
                     help="the staged contender also copies operands whose pitch is TMA-legal but not a multiple of "
                          "128 bytes (a TMA box row then spans two 128-byte lines)")
+    ap.add_argument("--roles", default="a,b",
+                    help="with --pitch128: which of A / B the staged contender copies (e.g. 'b': only the operand "
+                         "re-read by every M block, to ask whether copying one operand pays where both do not)")
     ap.add_argument("--realign-d", action="store_true",
                     help="the staged contender also stages D (copied out after the launch) whenever TMA could store "
                          "it in place but its rows start off 32-byte sectors (staging.off_sector)")
@@ -45,13 +48,17 @@ def main() -> int:
     num_sms = device.num_sms()
     from deepgemm_jit import launch, staging
 
+    pitch_roles = set(args.roles.split(","))
+    if not pitch_roles <= {"a", "b"}:
+        ap.error(f"--roles takes a and / or b, got {args.roles!r}")
+
     def forced_roles(m, va, vb, vd, *_rest):
         """Gemm._staged_roles of the "staged" contender: every call staged; with --pitch128 also every TMA-legal A /
         B whose pitch is not a 128-byte multiple (config.sm90_realigns' rule left out), with --realign-d D."""
         roles = set()
         if args.pitch128:
-            roles |= {role for role, v in (("a", va), ("b", vb))
-                      if launch.tma_legal(v) and v.rows > 1 and v.row_stride * v.itemsize % 128}
+            roles |= {role for role, v in (("a", va), ("b", vb)) if role in pitch_roles
+                      and launch.tma_legal(v) and v.rows > 1 and v.row_stride * v.itemsize % 128}
         if args.realign_d and launch.tma_legal(vd) and staging.off_sector(vd):
             roles.add("d")
         return frozenset(roles)
