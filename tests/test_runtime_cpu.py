@@ -86,21 +86,7 @@ def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch
 
     from deepgemm_jit import launch
 
-    launched = []
-
-    class FakeKernel:
-        dynamic_smem_bytes = 0
-
-        def __init__(self):
-            self._programmatic = {}
-
-        programmatic_launch = runtime.LoadedKernel.programmatic_launch  # the real memo
-
-        def bind(self, grid, block):
-            return (grid, block)
-
-        def launch(self, grid, block, args, stream, bound, programmatic):
-            launched.append(programmatic is not None)
+    from fakes import FakeKernel
 
     args = (np.uint32(1),)
     plain = launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0)
@@ -109,13 +95,12 @@ def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch
     for plan in (plain, waits, default_on):
         plan.run(None)
         plan.run(None, programmatic=True)
-    assert launched == [False, False, False, True, True, True]
+    assert [p.kernel.launched for p in (plain, waits, default_on)] == [[False, False], [False, True], [True, True]]
     monkeypatch.setenv("DEEPGEMM_JIT_NO_PROGRAMMATIC_LAUNCH", "1")
-    launched.clear()
     off = launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, waits=True, programmatic=True)
     off.run(None)
     off.run(None, programmatic=True)
-    assert launched == [False, False] and off.pdl is None
+    assert off.kernel.launched == [False, False] and off.pdl is None
     with pytest.raises(ValueError, match="waits"):
         launch.LaunchPlan(FakeKernel(), (1, 1, 1), (32, 1, 1), args, 0, programmatic=True)
     # Plans of one kernel and launch shape share one configuration (made once: calls without out= plan every time).

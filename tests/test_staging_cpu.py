@@ -3,7 +3,7 @@ CUDA graph is captured (allocation and copies replaced by fakes)."""
 import numpy as np
 import pytest
 
-from deepgemm_jit import runtime, staging
+from deepgemm_jit import staging
 from deepgemm_jit.arrays import MatrixView
 
 
@@ -88,18 +88,9 @@ def test_staged_plan_copies_in_then_launches_then_copies_d_out():
 def test_row_copy_and_transpose_launches():
     """copies.py's launch geometry: one thread per 16-byte chunk of a row (pitches in bytes), one block per 32 x 32
     tile of a transpose; shapes checked (no GPU: the launch plans are built with a fake kernel)."""
+    from fakes import FakeKernel
+
     from deepgemm_jit import copies
-
-    class FakeKernel:
-        dynamic_smem_bytes = 0
-
-        def __init__(self):
-            self._programmatic = {}
-
-        programmatic_launch = runtime.LoadedKernel.programmatic_launch  # the real memo
-
-        def bind(self, grid, block):
-            return (grid, block)
 
     src, dst = view(10, 1003, 1005, ptr=4098), view(10, 1003, 1008, ptr=1 << 20)
     with pytest.MonkeyPatch.context() as mp:
