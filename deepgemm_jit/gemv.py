@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config, cubin, device, dtypes, jit, runtime
+from . import launch as launch_mod
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
 from .render import RenderedSource, render
@@ -275,7 +276,11 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
             np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
             ) + scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(spec.k), np.uint32(warps_k))
-    return LaunchPlan(kernel, grid, (32 * NUM_WARPS, 1, 1), args, device_id)
+    # Programmatic dependent launch needs sm_90; the kernel's wait is a no-op elsewhere.
+    waits = arch == "sm_90a" and cubin.optional_entry_symbol(artifact.cubin, artifact.entry,
+                                                             "takes_programmatic_launch") == 1
+    return LaunchPlan(kernel, grid, (32 * NUM_WARPS, 1, 1), args, device_id, waits,
+                      waits and launch_mod.PROGRAMMATIC_GEMMS)
 
 
 def predicted_us(n: int, k: int, element_bytes: int, bandwidth_tb_s: float = 4.0) -> float:

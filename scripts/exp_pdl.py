@@ -8,14 +8,18 @@ against ordinary launches and cuBLAS, two ways in one run:
   (a chain of calls shorter on the GPU than on the host measures the host);
 - "graph": the same chain captured in one CUDA graph and replayed (ours only): no host in the way.
 
-    python3 -m scripts.exp_pdl [--dtypes bf16,fp8_block] [--shapes 64x7168x2048,...] [--chain 20] [--out DIR]
+    python3 -m scripts.exp_pdl [--dtypes bf16,fp8_block] [--shapes 64x7168x2048,...] [--chain 20]
+                               [--tree NAME=DIR ...] [--out DIR]
 
 "off" / "on" are two Gemms of the same spec and kernels (the decode kernel too, gemv.py, at M <= 16) whose plans are
-made with launch.PROGRAMMATIC_GEMMS off / on (checked against a float64 reference first).
+made with launch.PROGRAMMATIC_GEMMS off / on (checked against a float64 reference first). Each --tree NAME=DIR
+(a copy of templates/, e.g. with griddepcontrol.launch_dependents placed somewhere) adds a contender NAME: the same
+spec and tile built from that tree's kernels, launched programmatically.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from bench import report
@@ -27,17 +31,22 @@ SHAPES = ("32x2112x7168", "64x7168x2048", "128x4096x7168", "64x32768x512", "128x
 class Flagged:
     """A Gemm called with launch.PROGRAMMATIC_GEMMS set to `on` (its plans, made on its first call, keep it)."""
 
-    def __init__(self, gemm, on: bool):
-        self.gemm, self.on, self.spec = gemm, on, gemm.spec
+    def __init__(self, gemm, on: bool, tdir: str | None = None):
+        self.gemm, self.on, self.spec, self.tdir = gemm, on, gemm.spec, tdir
 
     def __call__(self, *args, **kwargs):
         from deepgemm_jit import launch
 
         saved, launch.PROGRAMMATIC_GEMMS = launch.PROGRAMMATIC_GEMMS, self.on
+        if self.tdir:  # the first call (the plan, and any kernel it loads) with that tree's templates
+            os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = self.tdir
         try:
             return self.gemm(*args, **kwargs)
         finally:
             launch.PROGRAMMATIC_GEMMS = saved
+            if self.tdir:
+                os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
+                self.tdir = None
 
 
 def chain_us(fns: dict, calls: int, reps: int) -> tuple[dict, dict]:
@@ -105,8 +114,10 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--chain", type=int, default=20)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--tree", action="append", default=[], help="NAME=DIR of a templates/ copy (launched on)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    trees = [t.split("=", 1) for t in args.tree]
     import cupy
 
     import deepgemm_jit as dg
@@ -124,11 +135,19 @@ def main() -> int:
             g_off = dg.build(m, n, k, dtype=info.lib, **build_kw)
             g_on = dg.build(m, n, k, dtype=info.lib, config=g_off.config,
                             weight_streaming=bool(g_off.weight_streaming_max_m), **build_kw)
+            contenders = {"off": Flagged(g_off, False), "on": Flagged(g_on, True)}
+            for name, tdir in trees:
+                os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
+                try:
+                    contenders[name] = Flagged(dg.build(m, n, k, dtype=info.lib, config=g_off.config,
+                                                        weight_streaming=bool(g_off.weight_streaming_max_m),
+                                                        **build_kw), True, tdir)
+                finally:
+                    os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             spec = GemmSpec.create(n, k, dtype=info.lib, **build_kw)
             rng = cupy.random.default_rng(m + n + k)
             inputs = runner.operands(info, spec, m, rng, 1.0)
-            fns, errors = runner.checked_contenders({"off": Flagged(g_off, False), "on": Flagged(g_on, True)},
-                                                    inputs, m)
+            fns, errors = runner.checked_contenders(contenders, inputs, m)
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
             flushed = {name: r.median_us for name, r in t.items()}
@@ -142,7 +161,8 @@ def main() -> int:
                   f"{flushed['on']:.1f} cublas {flushed.get('cublas', float('nan')):.1f} | chain off "
                   f"{chain['off']:.1f} on {chain['on']:.1f} cublas {chain.get('cublas', float('nan')):.1f} (host "
                   f"{chain_host['off']:.1f} / {chain_host['on']:.1f} / {chain_host.get('cublas', float('nan')):.1f})"
-                  f" | graph off {graph['off']:.2f} on {graph['on']:.2f}", flush=True)
+                  f" | graph off {graph['off']:.2f} on {graph['on']:.2f}"
+                  + "".join(f" {name} {graph[name]:.2f}" for name, _ in trees), flush=True)
     report.write_experiment_json(args.out, "exp-pdl.json", rows)
     return 0
 

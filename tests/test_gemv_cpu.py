@@ -7,7 +7,7 @@ import jinja2
 import numpy as np
 import pytest
 
-from deepgemm_jit import GemmSpec, build, gemv, render, sass
+from deepgemm_jit import GemmSpec, build, cubin, gemv, render, sass
 from deepgemm_jit.arrays import MatrixView
 
 ARCH = "sm_90a"
@@ -196,6 +196,9 @@ def test_compile_sm90a_sass(spec, shared_cache_dir, monkeypatch):
     # 16-bit M <= 8: two CTAs per SM (launch bounds), so <= 128 registers.
     assert usage["REG"] <= (128 if spec.token_tiles == 1 and spec.w_dtype in ("bf16", "fp16") else 255), spec.tag
     text = sass.disassemble(art.cubin)
+    # griddepcontrol.wait first (gemv.plan launches it programmatically on sm_90a), exported for the host.
+    assert text.count("ACQBULK") == 1, spec.tag
+    assert cubin.optional_entry_symbol(art.cubin, art.entry, "takes_programmatic_launch") == 1, spec.tag
     mmas_per_step = 8 * spec.token_tiles  # 4 chunks x 2 MMAs x token tiles
     # mma.sync m16n8k16 is HMMA.16816; on sm_90a m16n8k32 with FP8 operands is also executed as HMMA.16816 on
     # FP16 values unpacked by F2FP (Hopper's native FP8 tensor-core path is wgmma / QGMMA).
