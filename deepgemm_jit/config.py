@@ -455,21 +455,28 @@ def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     return arch == "sm_90a" and sm90_layout_problem(spec) is None
 
 
-# A call copies A and B whose rows TMA could read in place but that start off 32-byte sectors (staging.off_sector)
-# into 128-byte-pitched buffers when it is large (M x N x K) and dense enough that the GEMM's time lost to those rows
-# (~1.5x at M = 4096) outweighs the copies: per K, the kernel's work grows with M x N and the copies' bytes with
-# M + N, so the bound is on M N / (M + N), alike for every dtype (rate x element size is ~constant). BF16, one call
-# each (docs/NOTES.md session 26; built in place / restaged, us): 4096 x 4096 x 4104 276 / 218, 8192 x 1024 x 4104
-# (M N / (M + N) = 910) 151 / 138, 4096 x 4096 x 1032 75.0 / 69.4 (M N K 1.7e10); lost or even below either
-# bound: 1024 x 4096 x 4104 (819) 71.9 / 74.8, 1024 x 7168 x 2056 (896) 68.5 / 67.9, 2048 x 2048 x 2056 (M N K
-# 8.6e9) 39.8 / 44.0, 4096 x 2048 x 1224 (1.0e10) 47.7 / 47.0.
-REALIGN_MIN_MN_OVER_M_PLUS_N = 900
-REALIGN_MIN_MNK = 1.5e10
+# A call copies at most one of A / B whose rows TMA could read in place but that start off 32-byte sectors
+# (staging.off_sector: such rows read ~1.5x slower) into a 128-byte-pitched buffer: the one whose copy saves most,
+# when it saves anything. Every tile load of an off-sector operand costs extra, so the loss grows with its bytes
+# times the tiles that re-read them (B: one read per M block, A: one per N block), while its copy costs its bytes
+# once, plus the copy kernel's launch. Placed from one interleaved run of 20 rows (BF16, TF32; in place / A copied /
+# B copied / both copied, docs/NOTES.md session 27): the model's pick was the fastest single copy on all 20 and
+# copying both lost to it on 19 (e.g. 8192 x 1024 x 4104 BF16: in place 147.3 us, A 161.7, B 102.3, both 132.9;
+# 1024 x 4096 x 4104: 73.2, A 61.1, B 68.0, both 71.6; 256 x 7168 x 2056: 29.4, A 22.5).
+REALIGN_LOSS_US_PER_MB_READ = 0.1  # per MB of an off-sector operand's tile loads (its bytes x the tiles re-reading)
+REALIGN_COPY_US_PER_MB = 0.67  # per MB copied (read and written once, ~3 TB/s)
+REALIGN_LAUNCH_US = 2.0  # the copy kernel's launch (programmatic, staging.StagedPlan)
 
 
-def sm90_realigns(m: int, n: int, k: int) -> bool:
-    """Whether a call of M x N x K copies A / B rows that start off 32-byte sectors (see REALIGN_MIN_MNK)."""
-    return m * n * k >= REALIGN_MIN_MNK and m * n >= REALIGN_MIN_MN_OVER_M_PLUS_N * (m + n)
+def sm90_realign_role(m: int, n: int, block_m: int, block_n: int, off_sector_bytes: dict[str, int]) -> str | None:
+    """Which one of the off-sector operands a call copies ('a' or 'b', see REALIGN_LOSS_US_PER_MB_READ), or None:
+    `off_sector_bytes` maps each off-sector role to its bytes; the tile (block_m x block_n) says how often each is
+    re-read."""
+    rereads = {"a": -(-n // block_n), "b": -(-m // block_m)}
+    saved = {role: nbytes / 1e6 * (REALIGN_LOSS_US_PER_MB_READ * rereads[role] - REALIGN_COPY_US_PER_MB)
+             - REALIGN_LAUNCH_US for role, nbytes in off_sector_bytes.items()}
+    best = max(sorted(saved), key=saved.get, default=None)
+    return best if best is not None and saved[best] > 0 else None
 
 
 def _packed_row_bytes(spec: GemmSpec) -> dict[str, int]:
@@ -492,7 +499,8 @@ def sm90_unaligned_rows(spec: GemmSpec) -> list[str]:
 
 def sm90_off_sector_rows(spec: GemmSpec) -> list[str]:
     """The packed A / B whose rows TMA reads in place but every other one of which starts 16 bytes into a 32-byte
-    sector (row bytes an odd multiple of 16): calls large enough copy them (sm90_realigns, Gemm._staged_roles)."""
+    sector (row bytes an odd multiple of 16): calls copy the one that pays most, if any (sm90_realign_role,
+    Gemm._staged_roles)."""
     return [role for role, nbytes in sorted(_packed_row_bytes(spec).items())
             if role != "d" and nbytes % 16 == 0 and nbytes % 32]
 

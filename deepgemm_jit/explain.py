@@ -53,8 +53,8 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
 
 def _staging(gemm) -> dict | None:
     """Whether packed (contiguous) operands of this spec are read in place by TMA or copied into aligned buffers on
-    every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes), and which large
-    calls copy (rows an odd multiple of 16 bytes: config.sm90_realigns); an MN-major A's rows are M long (per
+    every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes), and which ones
+    calls may copy (rows an odd multiple of 16 bytes: config.sm90_realign_role); an MN-major A's rows are M long (per
     call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
@@ -73,10 +73,10 @@ def _staging(gemm) -> dict | None:
     if off_sector:
         info["realigned"] = off_sector
         info["realign_note"] = (
-            f"{' and '.join(off_sector)}: rows an odd multiple of 16 bytes, which TMA reads ~1.5x slower; calls with "
-            f"M N K >= {config_mod.REALIGN_MIN_MNK:.2g} and M N / (M + N) >= "
-            f"{config_mod.REALIGN_MIN_MN_OVER_M_PLUS_N} copy them into 128-byte-pitched buffers; rows padded to a "
-            "multiple of 32 bytes need neither the copies nor the slow reads")
+            f"{' and '.join(off_sector)}: rows an odd multiple of 16 bytes, which TMA reads ~1.5x slower; a call "
+            "copies the one of them whose copy saves most into a 128-byte-pitched buffer, when that pays (B is re-read "
+            "by every M block, A by every N block: config.sm90_realign_role); rows padded to a multiple of 32 bytes "
+            "need neither the copies nor the slow reads")
     return info
 
 

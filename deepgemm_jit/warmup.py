@@ -164,9 +164,9 @@ def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
 
 def plan_copies(entries: list[WarmupEntry], arch: str) -> list[copies.CopySpec]:
     """The staging copies (copies.py) the entries' Hopper GEMMs run: the row copy where packed operands are
-    misaligned (config.sm90_unaligned_rows) or off 32-byte sectors (config.sm90_off_sector_rows: large calls copy
-    them; calls on misaligned views of aligned specs load it on first use), the transpose for TF32 entries with
-    MN-major operands (config.sm90_transposes)."""
+    misaligned (config.sm90_unaligned_rows) or off 32-byte sectors (config.sm90_off_sector_rows: calls copy one
+    of them where it pays; calls on misaligned views of aligned specs load it on first use), the transpose for
+    TF32 entries with MN-major operands (config.sm90_transposes)."""
     if arch != "sm_90a":
         return []
     plain = [e for e in entries if not e.spec.grouped]

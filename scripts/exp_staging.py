@@ -2,12 +2,14 @@
 copies (staging.py) and cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_staging [--dtypes bf16,tf32] [--shapes 1000x1000x1004,...] [--reps 30] [--out DIR]
+    python3 -m scripts.exp_staging --pitch128 --roles none/a/b/a,b ...   # one staged contender per role set
 
 "built" is build()'s Gemm: Gemm._staged_roles stages operands TMA cannot read in place, and at large sizes
 (config.sm90_realigns) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel of the
 same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied whenever
 their pitch is not a 128-byte multiple), to ask where those rules' lines should be. Outputs are checked
-against a float64 reference before timing (L2 flushed, medians).
+against a float64 reference before timing (L2 flushed, medians). With --pitch128, --roles may list several role sets
+separated by "/" ("none" = read in place): one contender "staged-SET" per set, in the same interleaved run.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def main() -> int:
                          "128 bytes (a TMA box row then spans two 128-byte lines)")
     ap.add_argument("--roles", default="a,b",
                     help="with --pitch128: which of A / B the staged contender copies (e.g. 'b': only the operand "
-                         "re-read by every M block, to ask whether copying one operand pays where both do not)")
+                         "re-read by every M block, to ask whether copying one operand pays where both do not); "
+                         "several sets separated by '/' (none/a/b/a,b) make one contender each")
     ap.add_argument("--realign-d", action="store_true",
                     help="the staged contender also stages D (copied out after the launch) whenever TMA could store "
                          "it in place but its rows start off 32-byte sectors (staging.off_sector)")
@@ -48,33 +51,43 @@ def main() -> int:
     num_sms = device.num_sms()
     from deepgemm_jit import launch, staging
 
-    pitch_roles = set(args.roles.split(","))
-    if not pitch_roles <= {"a", "b"}:
-        ap.error(f"--roles takes a and / or b, got {args.roles!r}")
+    role_sets = [frozenset() if r == "none" else frozenset(r.split(",")) for r in args.roles.split("/")]
+    if not all(rs <= {"a", "b"} for rs in role_sets) or (len(role_sets) > 1 and not args.pitch128):
+        ap.error(f"--roles takes a and / or b (several sets, separated by '/', with --pitch128), got {args.roles!r}")
 
-    def forced_roles(m, va, vb, vd, *_rest):
-        """Gemm._staged_roles of the "staged" contender: every call staged; with --pitch128 also every TMA-legal A /
-        B whose pitch is not a 128-byte multiple (config.sm90_realigns' rule left out), with --realign-d D."""
-        roles = set()
-        if args.pitch128:
-            roles |= {role for role, v in (("a", va), ("b", vb)) if role in pitch_roles
-                      and launch.tma_legal(v) and v.rows > 1 and v.row_stride * v.itemsize % 128}
-        if args.realign_d and launch.tma_legal(vd) and staging.off_sector(vd):
-            roles.add("d")
-        return frozenset(roles)
+    def forced_roles(pitch_roles):
+        def roles_of_call(m, va, vb, vd, *_rest):
+            """Gemm._staged_roles of a "staged" contender: every call staged; with --pitch128 also every TMA-legal
+            A / B of `pitch_roles` whose pitch is not a 128-byte multiple (config.sm90_realigns' rule left out), with
+            --realign-d D. An empty set with every operand TMA-legal reads them in place (None)."""
+            roles = set()
+            if args.pitch128:
+                roles |= {role for role, v in (("a", va), ("b", vb)) if role in pitch_roles
+                          and launch.tma_legal(v) and v.rows > 1 and v.row_stride * v.itemsize % 128}
+            if args.realign_d and launch.tma_legal(vd) and staging.off_sector(vd):
+                roles.add("d")
+            if not roles and len(role_sets) > 1 and all(map(launch.tma_legal, (va, vb, vd))):
+                return None
+            return frozenset(roles)
+        return roles_of_call
     rows = []
     for dname in args.dtypes.split(","):
         info = bench_dtypes.get(dname)
         for shape in args.shapes.split(","):
             m, n, k = (int(v) for v in shape.split("x"))
-            spec = GemmSpec.create(n, k, dtype=info.lib)
+            build_kw = {"scaling": info.scaling} if info.scaling else {}  # 8-bit types: the bench dtype's recipe
+            spec = GemmSpec.create(n, k, dtype=info.lib, **build_kw)
             rng = cupy.random.default_rng(m + n + k)
             inputs = runner.operands(info, spec, m, rng, 1.0)
-            built = dg.build(m, n, k, dtype=info.lib)
-            staged = dg.build(m, n, k, dtype=info.lib,
-                              config=config.choose_sm90_config(spec, config.tile_bucket(spec, m), num_sms))
-            staged._staged_roles = forced_roles
-            fns, errors = runner.checked_contenders({"built": built, "staged": staged}, inputs, m)
+            built = dg.build(m, n, k, dtype=info.lib, **build_kw)
+            contenders = {"built": built}
+            tile = config.choose_sm90_config(spec, config.tile_bucket(spec, m), num_sms)
+            for rs in role_sets:
+                name = "staged" if len(role_sets) == 1 else "staged-" + (",".join(sorted(rs)) or "none")
+                contenders[name] = dg.build(m, n, k, dtype=info.lib, config=tile, **build_kw)
+                contenders[name]._staged_roles = forced_roles(rs)
+            staged = contenders[name]
+            fns, errors = runner.checked_contenders(contenders, inputs, m)
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
             us = {name: r.median_us for name, r in t.items()}
@@ -82,8 +95,9 @@ def main() -> int:
                    "us": us, "max_err": max(errors.values()),
                    "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}
             rows.append(row)
-            print(f"{dname} {m}x{n}x{k} ok={row['correct']} built {us['built']:.1f} ({row['built']}) staged "
-                  f"{us['staged']:.1f} ({row['staged_tile']}) cublas {us.get('cublas', float('nan')):.1f}", flush=True)
+            staged_us = " ".join(f"{name} {us[name]:.1f}" for name in contenders if name != "built")
+            print(f"{dname} {m}x{n}x{k} ok={row['correct']} built {us['built']:.1f} ({row['built']}) {staged_us} "
+                  f"({row['staged_tile']}) cublas {us.get('cublas', float('nan')):.1f}", flush=True)
     report.write_experiment_json(args.out, "exp-staging-pitch128.json" if args.pitch128 else "exp-staging.json", rows)
     return 0
 

@@ -33,9 +33,9 @@ def test_explain_says_which_packed_operands_are_staged(cache_dir, capsys):
         assert ("pad these rows" in info["staging"]["note"]) == bool(staged)
 
 
-def test_explain_says_which_packed_operands_large_calls_realign(cache_dir, capsys):
-    """BF16 K = 4104: 8208-byte rows, TMA-legal but every other one 16 bytes into a 32-byte sector, so large calls
-    copy A and B (config.sm90_realigns); K = 4112 (a 32-byte multiple) and TF32 K = 4104 are read in place."""
+def test_explain_says_which_packed_operands_calls_may_realign(cache_dir, capsys):
+    """BF16 K = 4104: 8208-byte rows, TMA-legal but every other one 16 bytes into a 32-byte sector, so calls
+    may copy A or B (config.sm90_realign_role); K = 4112 (a 32-byte multiple) and TF32 K = 4104 are read in place."""
     for argv, dtype, realigned in ((["4096", "4096", "4104"], "bf16", ["a", "b"]),
                                    (["4096", "4096", "4112"], "bf16", []), (["4096", "4096", "4104"], "tf32", [])):
         assert cli.main(["explain", *argv, "--dtype", dtype, "--arch", "sm_90a", "--json"]) == 0

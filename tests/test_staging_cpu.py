@@ -127,7 +127,7 @@ def test_row_copy_and_transpose_launches():
 
 def test_realign_copies_legal_views_off_sectors(fakes):
     """Rows TMA can read but that start 16 bytes into a 32-byte sector (staging.off_sector) are copied only when
-    the caller asks (realign=True: large calls, config.sm90_realigns)."""
+    the caller asks (realign=True: calls where config.sm90_realign_role picks it)."""
     grown, _, _ = fakes
     bufs = staging.StagingBuffers()
     legal = view(100, 4104, 4104)  # 8208-byte rows: 16-byte multiples, every other row off a 32-byte sector
@@ -149,31 +149,46 @@ def test_transposed_copies_take_the_transposed_shape(fakes):
     assert bufs.fits(b, "b", transposed=True) and not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", True)
 
 
+def test_realign_role_copies_the_operand_whose_copy_saves_most():
+    """config.sm90_realign_role against session 27's interleaved runs (in place / A / B / both copied): the pick is
+    the fastest single copy, and nothing where no copy can pay."""
+    from deepgemm_jit import config
+
+    def pick(m, n, k, bm, bn, esize=2, roles="ab"):
+        return config.sm90_realign_role(m, n, bm, bn, {r: (m if r == "a" else n) * k * esize for r in roles})
+
+    assert pick(8192, 1024, 4104, 128, 256) == "b"  # in place 147.3 us, A 161.7, B 102.3
+    assert pick(1024, 4096, 4104, 128, 256) == "a"  # 73.2, A 61.1, B 68.0
+    assert pick(256, 7168, 2056, 128, 112) == "a"  # 29.4, A 22.5, B 39.9
+    assert pick(2048, 4096, 4104, 128, 256) == "b"  # equal re-reads: the larger operand; A 127.2, B 112.0
+    assert pick(4096, 7168, 2052, 128, 256, esize=4) == "b"  # TF32 496.8, A 425.9, B 358.3
+    assert pick(8192, 1024, 4104, 128, 256, roles="a") is None  # A alone: 161.7 against 147.3 in place
+    assert pick(64, 64, 4104, 64, 64) is None  # read once: no copy pays
+    assert pick(4096, 4096, 4104, 128, 256, roles="") is None
+
+
 def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
-    """Gemm._staged_roles: A and B off sectors are copied at large M (config.sm90_realigns) and read in place at
-    small M; inside a CUDA graph capture, realigned only when the buffers were sized before, else in place."""
+    """Gemm._staged_roles: of A and B off sectors, a large call copies the one whose copy saves most
+    (config.sm90_realign_role), a small call reads them in place; inside a CUDA graph capture, realigned only when
+    the buffer was sized before, else in place."""
     import deepgemm_jit as dg
     from deepgemm_jit import config, launch
 
-    assert config.sm90_realigns(4096, 2048, 2056) and not config.sm90_realigns(64, 2048, 2056)
-    assert not config.sm90_realigns(2048, 2048, 2056)  # M N K 8.6e9: measured slower restaged
-    assert not config.sm90_realigns(1024, 4096, 4104)  # M N / (M + N) = 819: measured slower restaged
     g = dg.build(4096, 2048, 2056, dtype="bf16", arch="sm_90a")
     assert config.sm90_off_sector_rows(g.artifact.spec) == ["a", "b"]
     _, _, capturing = fakes
     a, b = view(4096, 2056, 2056), view(2048, 2056, 2056)
     d = view(4096, 2048, 2048)
     none = launch.EpilogueOperands()
-    assert g._staged_roles(4096, a, b, d, none, None) == {"a", "b"}
-    assert g._staged_roles(64, view(64, 2056, 2056), b, view(64, 2048, 2048), none, None) is None
+    assert g._staged_roles(4096, a, b, d, none, None) == {"b"}  # re-read by every M block
+    assert g._staged_roles(256, view(256, 2056, 2056), b, view(256, 2048, 2048), none, None) is None
     assert g._staged_roles(4096, view(4096, 2064, 2064), view(2048, 2064, 2064), d, none, None) is None  # 32 B
     capturing["now"] = True
-    assert g._staged_roles(4096, a, b, d, none, None) is None  # buffers not sized: TMA reads them in place
+    assert g._staged_roles(4096, a, b, d, none, None) is None  # buffer not sized: TMA reads them in place
     capturing["now"] = False
-    for role, v in (("a", a), ("b", b)):
-        g._staging.aligned(v, role, None, 0, realign=True)
+    g._staging.aligned(b, "b", None, 0, realign=True)
     capturing["now"] = True
-    assert g._staged_roles(4096, a, b, d, none, None) == {"a", "b"}
+    assert g._staged_roles(4096, a, b, d, none, None) == {"b"}
 
 
 def test_row_copy_kernel_compiles_for_sm90a_without_local_memory(cache_dir):
