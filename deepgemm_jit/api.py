@@ -376,16 +376,16 @@ class Gemm:
                       cu_stream) -> frozenset[str] | None:
         """None when a call of the Hopper kernel reads its operands in place; else it runs on staged copies
         (_staged_plan) of MN-major TF32 operands (always transposed, config.sm90_transposes), of every operand TMA
-        cannot describe, and of the returned role: the one of A / B that TMA can read but whose rows start off
-        32-byte sectors whose copy saves most, when it pays (config.sm90_realign_role). The portable kernel is 2-4x
+        cannot describe, and of the returned roles: A / B that TMA can read but whose rows start off 32-byte sectors,
+        where their copies pay (config.sm90_realign_roles). The portable kernel is 2-4x
         slower on operands TMA cannot describe even with 2- or 4-element loads (config.sm90_supports), so it serves
         only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA
         graph before the staging buffers hold these operands (staging.py allocates outside a capture); such a
         capture reads rows off sectors in place."""
         off_sector = {role: v.rows * v.cols * v.itemsize for role, v in (("a", va), ("b", vb))
                       if role not in self.transposed_operands and launch.tma_legal(v) and staging.off_sector(v)}
-        role = config_mod.sm90_realign_role(m, self.spec.n, self.config.block_m, self.config.block_n, off_sector)
-        realigned = frozenset((role,) if role else ())
+        realigned = config_mod.sm90_realign_roles(m, self.spec.n, self.config.block_m, self.config.block_n,
+                                                  off_sector)
         must = self._transposes or not all(map(launch.tma_legal, (va, vb, vd) + epi.views()))
         if not must and not realigned:
             return None

@@ -455,28 +455,34 @@ def sm90_supports(spec: GemmSpec, arch: str) -> bool:
     return arch == "sm_90a" and sm90_layout_problem(spec) is None
 
 
-# A call copies at most one of A / B whose rows TMA could read in place but that start off 32-byte sectors
-# (staging.off_sector: such rows read ~1.5x slower) into a 128-byte-pitched buffer: the one whose copy saves most,
-# when it saves anything. Every tile load of an off-sector operand costs extra, so the loss grows with its bytes
-# times the tiles that re-read them (B: one read per M block, A: one per N block), while its copy costs its bytes
-# once, plus the copy kernel's launch. Placed from one interleaved run of 20 rows (BF16, TF32; in place / A copied /
-# B copied / both copied, docs/NOTES.md session 27): the model's pick was the fastest single copy on all 20 and
-# copying both lost to it on 19 (e.g. 8192 x 1024 x 4104 BF16: in place 147.3 us, A 161.7, B 102.3, both 132.9;
-# 1024 x 4096 x 4104: 73.2, A 61.1, B 68.0, both 71.6; 256 x 7168 x 2056: 29.4, A 22.5).
+# A call copies A / B whose rows TMA could read in place but that start off 32-byte sectors (staging.off_sector:
+# such rows read ~1.5x slower) into 128-byte-pitched buffers where the copy saves time. Every tile load of an
+# off-sector operand costs extra, so the loss grows with its bytes times the tiles that re-read them (B: one read
+# per M block, A: one per N block), while its copy costs its bytes once, plus the copy kernel's launch. Wide tiles
+# (few load bytes per MMA) lose to off-sector rows only through the operand re-read most: there copying the other
+# one as well costs more than it saves, so they copy one; narrow tiles (block_m block_n / (block_m + block_n) <=
+# REALIGN_BOTH_MAX_TILE, 128 x 160 and narrower) copy each operand that pays. Placed from interleaved runs of 37
+# rows (BF16, TF32, FP8; in place / A / B / both copied, docs/NOTES.md session 27), e.g. BF16 128 x 256 tiles:
+# 8192 x 1024 x 4104 in place 147.3 us, A 161.7, B 102.3, both 132.9; 1024 x 4096 x 4104 73.2, A 61.1, B 68.0,
+# both 71.6; FP8 128 x 128: 4096 x 4096 x 4112 190.2, A 155.4, B 146.9, both 122.0; BF16 128 x 144: 2000 x 2112 x
+# 7176 176.7, A 152.3, B 137.9, both 122.3.
 REALIGN_LOSS_US_PER_MB_READ = 0.1  # per MB of an off-sector operand's tile loads (its bytes x the tiles re-reading)
 REALIGN_COPY_US_PER_MB = 0.67  # per MB copied (read and written once, ~3 TB/s)
 REALIGN_LAUNCH_US = 2.0  # the copy kernel's launch (programmatic, staging.StagedPlan)
+REALIGN_BOTH_MAX_TILE = 72  # block_m block_n / (block_m + block_n) of the widest tile that copies both (128 x 160)
 
 
-def sm90_realign_role(m: int, n: int, block_m: int, block_n: int, off_sector_bytes: dict[str, int]) -> str | None:
-    """Which one of the off-sector operands a call copies ('a' or 'b', see REALIGN_LOSS_US_PER_MB_READ), or None:
+def sm90_realign_roles(m: int, n: int, block_m: int, block_n: int, off_sector_bytes: dict[str, int]) -> frozenset:
+    """Which of the off-sector operands a call copies ({'a', 'b'} subsets, see REALIGN_LOSS_US_PER_MB_READ):
     `off_sector_bytes` maps each off-sector role to its bytes; the tile (block_m x block_n) says how often each is
-    re-read."""
+    re-read and whether more than one copy can pay."""
     rereads = {"a": -(-n // block_n), "b": -(-m // block_m)}
     saved = {role: nbytes / 1e6 * (REALIGN_LOSS_US_PER_MB_READ * rereads[role] - REALIGN_COPY_US_PER_MB)
              - REALIGN_LAUNCH_US for role, nbytes in off_sector_bytes.items()}
-    best = max(sorted(saved), key=saved.get, default=None)
-    return best if best is not None and saved[best] > 0 else None
+    paying = sorted((role for role in saved if saved[role] > 0), key=lambda role: (saved[role], role), reverse=True)
+    if block_m * block_n > REALIGN_BOTH_MAX_TILE * (block_m + block_n):
+        paying = paying[:1]
+    return frozenset(paying)
 
 
 def _packed_row_bytes(spec: GemmSpec) -> dict[str, int]:
@@ -499,7 +505,7 @@ def sm90_unaligned_rows(spec: GemmSpec) -> list[str]:
 
 def sm90_off_sector_rows(spec: GemmSpec) -> list[str]:
     """The packed A / B whose rows TMA reads in place but every other one of which starts 16 bytes into a 32-byte
-    sector (row bytes an odd multiple of 16): calls copy the one that pays most, if any (sm90_realign_role,
+    sector (row bytes an odd multiple of 16): calls copy those whose copy pays (sm90_realign_roles,
     Gemm._staged_roles)."""
     return [role for role, nbytes in sorted(_packed_row_bytes(spec).items())
             if role != "d" and nbytes % 16 == 0 and nbytes % 32]

@@ -54,7 +54,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
 def _staging(gemm) -> dict | None:
     """Whether packed (contiguous) operands of this spec are read in place by TMA or copied into aligned buffers on
     every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes), and which ones
-    calls may copy (rows an odd multiple of 16 bytes: config.sm90_realign_role); an MN-major A's rows are M long (per
+    calls may copy (rows an odd multiple of 16 bytes: config.sm90_realign_roles); an MN-major A's rows are M long (per
     call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
@@ -74,9 +74,9 @@ def _staging(gemm) -> dict | None:
         info["realigned"] = off_sector
         info["realign_note"] = (
             f"{' and '.join(off_sector)}: rows an odd multiple of 16 bytes, which TMA reads ~1.5x slower; a call "
-            "copies the one of them whose copy saves most into a 128-byte-pitched buffer, when that pays (B is re-read "
-            "by every M block, A by every N block: config.sm90_realign_role); rows padded to a multiple of 32 bytes "
-            "need neither the copies nor the slow reads")
+            "copies those whose copy pays into 128-byte-pitched buffers (B is re-read by every M block, A by every N "
+            "block; tiles wider than 128 x 160 copy one at most: config.sm90_realign_roles); rows padded to a "
+            "multiple of 32 bytes need neither the copies nor the slow reads")
     return info
 
 

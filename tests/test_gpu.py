@@ -150,7 +150,7 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
 def test_large_calls_realign_rows_off_sectors(dtype, layout):
     """K = 2056 in 16 bits or 2052 in TF32 (rows an odd multiple of 16 bytes: TMA-legal, every other row off a
     32-byte sector): a call of 4096 rows copies B (re-read by every M block) into a 128-byte-pitched buffer
-    (config.sm90_realign_role), one of 64 rows reads A and B in place; 256 x 7168 copies A (re-read by every N
+    (config.sm90_realign_roles), one of 64 rows reads A and B in place; 256 x 7168 copies A (re-read by every N
     block). fp16 nn: B's rows are N = 2056 long."""
     n, k = (2056, 2048) if layout == "nn" else (2048, 2056 if dtype != "tf32" else 2052)
     g = dg.build(4096, n, k, dtype=dtype, layout=layout)

@@ -127,7 +127,7 @@ def test_row_copy_and_transpose_launches():
 
 def test_realign_copies_legal_views_off_sectors(fakes):
     """Rows TMA can read but that start 16 bytes into a 32-byte sector (staging.off_sector) are copied only when
-    the caller asks (realign=True: calls where config.sm90_realign_role picks it)."""
+    the caller asks (realign=True: calls where config.sm90_realign_roles picks it)."""
     grown, _, _ = fakes
     bufs = staging.StagingBuffers()
     legal = view(100, 4104, 4104)  # 8208-byte rows: 16-byte multiples, every other row off a 32-byte sector
@@ -149,27 +149,31 @@ def test_transposed_copies_take_the_transposed_shape(fakes):
     assert bufs.fits(b, "b", transposed=True) and not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", True)
 
 
-def test_realign_role_copies_the_operand_whose_copy_saves_most():
-    """config.sm90_realign_role against session 27's interleaved runs (in place / A / B / both copied): the pick is
-    the fastest single copy, and nothing where no copy can pay."""
+def test_realign_roles_copy_what_pays():
+    """config.sm90_realign_roles against session 27's interleaved runs (in place / A / B / both copied): on wide
+    tiles the best single copy, on narrow ones every copy that pays, nothing where no copy can pay."""
     from deepgemm_jit import config
 
     def pick(m, n, k, bm, bn, esize=2, roles="ab"):
-        return config.sm90_realign_role(m, n, bm, bn, {r: (m if r == "a" else n) * k * esize for r in roles})
+        return "".join(sorted(config.sm90_realign_roles(m, n, bm, bn, {r: (m if r == "a" else n) * k * esize
+                                                                          for r in roles})))
 
-    assert pick(8192, 1024, 4104, 128, 256) == "b"  # in place 147.3 us, A 161.7, B 102.3
-    assert pick(1024, 4096, 4104, 128, 256) == "a"  # 73.2, A 61.1, B 68.0
-    assert pick(256, 7168, 2056, 128, 112) == "a"  # 29.4, A 22.5, B 39.9
+    assert pick(8192, 1024, 4104, 128, 256) == "b"  # in place 147.3 us, A 161.7, B 102.3, both 132.9
+    assert pick(1024, 4096, 4104, 128, 256) == "a"  # 73.2, A 61.1, B 68.0, both 71.6
+    assert pick(256, 7168, 2056, 128, 112) == "a"  # 29.4, A 22.5, B 39.9, both 34.2
     assert pick(2048, 4096, 4104, 128, 256) == "b"  # equal re-reads: the larger operand; A 127.2, B 112.0
-    assert pick(4096, 7168, 2052, 128, 256, esize=4) == "b"  # TF32 496.8, A 425.9, B 358.3
-    assert pick(8192, 1024, 4104, 128, 256, roles="a") is None  # A alone: 161.7 against 147.3 in place
-    assert pick(64, 64, 4104, 64, 64) is None  # read once: no copy pays
-    assert pick(4096, 4096, 4104, 128, 256, roles="") is None
+    assert pick(4096, 7168, 2052, 128, 256, esize=4) == "b"  # TF32 496.8, A 425.9, B 358.3, both 368.8
+    assert pick(4096, 4096, 4112, 128, 128, esize=1) == "ab"  # FP8 190.2, A 155.4, B 146.9, both 122.0
+    assert pick(2000, 2112, 7176, 128, 144) == "ab"  # 176.7, A 152.3, B 137.9, both 122.3
+    assert pick(4096, 4096, 4104, 128, 176, roles="ab") == "b"  # wider than 128 x 160: one copy
+    assert pick(8192, 1024, 4104, 128, 256, roles="a") == ""  # A alone: 161.7 against 147.3 in place
+    assert pick(64, 64, 4104, 64, 64) == ""  # read once: no copy pays
+    assert pick(4096, 4096, 4104, 128, 256, roles="") == ""
 
 
 def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
     """Gemm._staged_roles: of A and B off sectors, a large call copies the one whose copy saves most
-    (config.sm90_realign_role), a small call reads them in place; inside a CUDA graph capture, realigned only when
+    (config.sm90_realign_roles), a small call reads them in place; inside a CUDA graph capture, realigned only when
     the buffer was sized before, else in place."""
     import deepgemm_jit as dg
     from deepgemm_jit import config, launch
