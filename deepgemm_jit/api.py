@@ -515,8 +515,9 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     m_hint = _check_m(m_hint)
     target = device.target_arch(arch)
     # The spec the kernel is compiled for: `spec`, or its nt twin where calls transpose MN-major TF32 operands
-    # (config.kernel_spec); a forced portable config keeps the caller's layout.
-    kspec = config_mod.kernel_spec(spec, target)
+    # (config.kernel_spec: TF32 nn at small M transposes B in the kernel); a forced portable config keeps the
+    # caller's layout.
+    kspec = config_mod.kernel_spec(spec, target, m_hint)
     if isinstance(config, config_mod.KernelConfig) and config.family != "sm90":
         kspec = spec
     if config is None:

@@ -103,6 +103,8 @@ def _cmd_explain(args) -> int:
         print(f"staging   {', '.join(staging['packed_staged'])}: {staging['note']}")
     if staging and staging.get("realigned"):
         print(f"realign   {staging['realign_note']}")
+    if staging and staging.get("transposed_in_kernel"):
+        print(f"transpose {staging['transpose_note']}")
     if staging and "kernel_spec" in staging:
         print(f"kernel    {staging['kernel_spec']} (the nt twin of the spec above)")
     if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM

@@ -24,8 +24,13 @@ DEFAULT_SM90_NUM_SMS = 132
 # exist for 16-bit operands only; tf32 and 8-bit operands are read K-major (layout nt).
 SM90_MN_MAJOR_DTYPES = ("bf16", "fp16")
 # An MN-major operand arrives in TMA boxes of 128 bytes of M / N (the swizzle span): 64 16-bit elements, so its tile
-# extent (block_n for B, block_m for A) is a multiple of this.
+# extent (block_n for B, block_m for A) is a multiple of this (TF32 B transposed in the kernel: 32, sm90_mn_block).
 SM90_MN_BLOCK = 64
+
+
+def sm90_mn_block(spec: GemmSpec) -> int:
+    """Elements of M / N per 128-byte TMA box of an MN-major operand of the spec's input type."""
+    return 128 // dtypes.get(spec.dtype).storage_bytes
 # Opt-in dynamic shared memory per block on sm_80 / sm_90 (bytes).
 SMEM_LIMIT_BYTES = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
 
@@ -298,11 +303,13 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
         scale_bytes = num_math_wgs * (wg_rows + block_n) * 4
     split_bytes = 16 if split_k else 0
     lane_bytes = wg_rows * block_n * 4 if sm90_wg_split_k(spec, block_m, pingpong) else 0
-    # raw_b: a stage holds A_hi and A_lo, the raw B block and its B_lo slot, and has a third barrier (lo_full).
+    # raw_b: a stage holds A_hi and A_lo, the raw B block and its B_lo slot, and has a third barrier (lo_full);
+    # trans_b: the raw (MN-major) B block and its K-major slot, and the third barrier.
     operand_tiles = 2 if spec.raw_b else 1
-    barrier_bytes = -(-(3 if spec.raw_b else 2) * num_stages * 8 // 16) * 16
-    return (d_bytes + num_stages * operand_tiles * (block_m + block_n) * 128 + barrier_bytes + scale_bytes
-            + epi_bytes + split_bytes + lane_bytes + 1024)
+    trans_b = sm90_trans_b(spec)
+    barrier_bytes = -(-(3 if spec.raw_b or trans_b else 2) * num_stages * 8 // 16) * 16
+    return (d_bytes + num_stages * (operand_tiles * (block_m + block_n) + (block_n if trans_b else 0)) * 128
+            + barrier_bytes + scale_bytes + epi_bytes + split_bytes + lane_bytes + 1024)
 
 
 def sm90_max_accumulators(spec: GemmSpec) -> int:
@@ -315,35 +322,56 @@ def sm90_max_accumulators(spec: GemmSpec) -> int:
 def sm90_block_n_legal(spec: GemmSpec, block_n: int) -> bool:
     """wgmma's N: any multiple of 8 up to 256, except that integer (s8) wgmma takes only 8, 16, 24 and the
     multiples of 16 (ptxas rejects m64n136k32.s32.s8.s8), and that an MN-major B (layouts nn, tn) is loaded in
-    64-column TMA boxes (one 128-byte swizzle row each): block_n a multiple of 64."""
+    64-column TMA boxes (one 128-byte swizzle row each): block_n a multiple of 64 (TF32 nn: 32, sm90_mn_block)."""
     if block_n % 8 or not 8 <= block_n <= 256:
         return False
-    if not spec.b_k_major and block_n % SM90_MN_BLOCK:
+    if not spec.b_k_major and block_n % sm90_mn_block(spec):
         return False
     return spec.dtype != "int8" or block_n <= 24 or block_n % 16 == 0
 
 
 def sm90_layout_problem(spec: GemmSpec) -> str | None:
     """Why the sm90 family cannot read the spec's operands in its layout, or None when it can: K-major operands
-    (layout nt) for every type, MN-major ones (nn, tn, tt) for bf16 / fp16 only (mirror of GemmSm90's
-    static_assert)."""
-    if spec.layout == "nt" or spec.dtype in SM90_MN_MAJOR_DTYPES:
+    (layout nt) for every type, MN-major ones (nn, tn, tt) for bf16 / fp16, and TF32's MN-major B (layout nn), which
+    the kernel transposes in shared memory (sm90_trans_b; mirror of GemmSm90's static_asserts)."""
+    if spec.layout == "nt" or spec.dtype in SM90_MN_MAJOR_DTYPES or sm90_trans_b(spec):
         return None
     return (f"layout {spec.layout!r} has MN-major operands, which the sm90 family (WGMMA) reads for bf16/fp16 only; "
             f"{spec.dtype} operands must be K-major (layout 'nt')")
 
 
-def sm90_transposes(spec: GemmSpec, arch: str) -> bool:
-    """Whether the Hopper kernel of `spec` is its nt twin's, fed K-major copies of the MN-major operands that every
-    call makes (copies.py, Gemm._staged_plan): TF32 in layouts nn / tn / tt, which Hopper's TF32 WGMMA cannot
-    read (sm90_layout_problem) and the portable kernel ran at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
-    return (arch == "sm_90a" and spec.dtype == "tf32" and sm90_layout_problem(spec) is not None
-            and not spec.grouped and not spec.hi_lo)
+def sm90_trans_b(spec: GemmSpec) -> bool:
+    """Whether the spec's Hopper kernel reads a TF32 B stored (K, N) (layout nn) and transposes it in shared memory
+    (GemmSm90's kTransB, converter warps beside the wgmmas): plain TF32 (not promoted, not grouped, no 3xTF32
+    operands), A K-major."""
+    return (spec.dtype == "tf32" and spec.layout == "nn" and not spec.promote and not spec.grouped
+            and not spec.hi_lo and not spec.raw_b)
 
 
-def kernel_spec(spec: GemmSpec, arch: str) -> GemmSpec:
-    """The spec whose kernel `spec`'s calls run: its nt twin where sm90_transposes, else `spec` itself."""
-    return dataclasses.replace(spec, layout="nt") if sm90_transposes(spec, arch) else spec
+# TF32 nn with M up to this bucket runs the kernel that transposes B in shared memory (sm90_trans_b); larger M the
+# nt kernel on K-major copies that each call makes (sm90_transposes), whose one pass over B is cheap against the
+# GEMM there while the in-kernel transpose costs shared-memory bandwidth the TF32 wgmmas use (96 of 128 bytes a
+# clock at full rate).
+SM90_TF32_TRANS_B_MAX_M = 256
+# Such a kernel's stage holds B twice (raw and transposed), so wide tiles fit few stages, and its converter warps add
+# a stage's latency: 64x128 at 4 stages ran 128 x 7168 x 16384 in 408.6 us where 64x64 at 8 ran 64 rows in 156.9
+# (session 27). Its tiles keep at least this many stages.
+SM90_TRANS_B_MIN_STAGES = 6
+
+
+def sm90_transposes(spec: GemmSpec, arch: str, m_hint: int | None = None) -> bool:
+    """Whether the Hopper kernel of `spec` at M = m_hint is its nt twin's, fed K-major copies of the MN-major
+    operands that every call makes (copies.py, Gemm._staged_plan): TF32 in layouts tn / tt, and nn above
+    SM90_TF32_TRANS_B_MAX_M rows (or M unknown), which Hopper's TF32 WGMMA cannot read as stored; the portable
+    kernel ran them at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
+    if arch != "sm_90a" or spec.dtype != "tf32" or spec.layout == "nt" or spec.grouped or spec.hi_lo:
+        return False
+    return not (sm90_trans_b(spec) and m_hint is not None and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M)
+
+
+def kernel_spec(spec: GemmSpec, arch: str, m_hint: int | None = None) -> GemmSpec:
+    """The spec whose kernel `spec`'s calls run at M = m_hint: its nt twin where sm90_transposes, else `spec`."""
+    return dataclasses.replace(spec, layout="nt") if sm90_transposes(spec, arch, m_hint) else spec
 
 
 def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
@@ -522,9 +550,13 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
         raise ValueError(f"sm90 block_k must span 128 bytes ({128 // esize} for {spec.dtype}), got {cfg.block_k}")
     if cfg.block_m not in (64, 128, 256):
         raise ValueError(f"sm90 block_m must be 64, 128 or 256, got {cfg.block_m}")
-    if not spec.b_k_major and cfg.block_n % SM90_MN_BLOCK:
-        raise ValueError(f"layout {spec.layout!r} has an MN-major B, loaded in boxes of {SM90_MN_BLOCK} columns "
-                         f"(128 bytes, the swizzle span): sm90 block_n must be a multiple of {SM90_MN_BLOCK}, got "
+    if sm90_trans_b(spec) and cfg.pingpong:
+        raise ValueError("a TF32 B stored (K, N) is transposed by the kernel's converter warps beside cooperative "
+                         "consumers: no ping-pong tiles")
+    if not spec.b_k_major and cfg.block_n % sm90_mn_block(spec):
+        mn_block = sm90_mn_block(spec)
+        raise ValueError(f"layout {spec.layout!r} has an MN-major B, loaded in boxes of {mn_block} columns "
+                         f"(128 bytes, the swizzle span): sm90 block_n must be a multiple of {mn_block}, got "
                          f"{cfg.block_n}")
     if not sm90_block_n_legal(spec, cfg.block_n):
         raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256] (int8: 8, 16, 24 or a multiple of 16), "
@@ -863,6 +895,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     esize = dtypes.get(spec.dtype).storage_bytes
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
+    trans_b = sm90_trans_b(spec)
     tiles = []
     for block_m in (128, 64):
         if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
@@ -875,7 +908,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
                 continue
             stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
-            if stages < 3:
+            if stages < (SM90_TRANS_B_MIN_STAGES if trans_b else 3):
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
                                   stages, block_n // 2 if spec.epi.is_gated else None, groups)
@@ -921,7 +954,7 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
     per element, a short K, and no more waves (counted in cooperative-tile areas) than the cooperative tile;
     2112 columns at 128x128 need 5 waves where 128x176 needs 3 (measured 21% slower)."""
     epi = spec.epi
-    if spec.grouped:
+    if spec.grouped or sm90_trans_b(spec):  # the transposing converter runs with cooperative consumers only
         return False
     if spec.k > _PINGPONG_MAX_K or (epi.activation == "none" and not epi.residual) or m_hint < 256:
         return False
@@ -948,7 +981,7 @@ def _sm90_tf32_short_k_pingpong(spec: GemmSpec, m_hint: int) -> KernelConfig | N
     """The ping-pong tile of TF32_SHORT_K_PINGPONG_* where that measured rule applies (plain unpromoted TF32 with
     FP32 D, K <= 512, M >= 1024, N at least one tile), else None."""
     block_m, block_n = TF32_SHORT_K_PINGPONG_TILE
-    if (spec.dtype != "tf32" or spec.promoted or spec.epilogue != "none" or spec.grouped
+    if (spec.dtype != "tf32" or spec.promoted or spec.epilogue != "none" or spec.grouped or sm90_trans_b(spec)
             or spec.k > TF32_SHORT_K_PINGPONG_MAX_K or m_hint < TF32_SHORT_K_PINGPONG_MIN_M or spec.n < block_n):
         return None
     d_ring = sm90_d_ring(spec, block_m, block_n, True, m_hint)

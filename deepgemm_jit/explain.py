@@ -69,6 +69,11 @@ def _staging(gemm) -> dict | None:
     info = {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows to "
                                             "a multiple of 32 bytes to skip the copies")
             if rows else "read in place"}
+    if config_mod.sm90_trans_b(gemm.artifact.spec):  # TF32 nn at small M (config.SM90_TF32_TRANS_B_MAX_M)
+        info["transposed_in_kernel"] = ["b"]
+        info["transpose_note"] = ("b (TF32, stored (K, N)) read as stored and transposed in shared memory by the "
+                                  "kernel's converter warps, one stage each in turn; builds for more than "
+                                  f"{config_mod.SM90_TF32_TRANS_B_MAX_M} rows run the nt kernel on per-call copies")
     off_sector = config_mod.sm90_off_sector_rows(gemm.artifact.spec)
     if off_sector:
         info["realigned"] = off_sector

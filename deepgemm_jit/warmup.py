@@ -172,7 +172,8 @@ def plan_copies(entries: list[WarmupEntry], arch: str) -> list[copies.CopySpec]:
     plain = [e for e in entries if not e.spec.grouped]
     specs = [e.spec_at(e.m_buckets[0] if e.m_buckets else 64, arch) for e in plain]
     rows = any(config_mod.sm90_unaligned_rows(s) or config_mod.sm90_off_sector_rows(s) for s in specs)
-    transposes = any(e.fp32 is None and config_mod.sm90_transposes(e.spec, arch) for e in plain)
+    transposes = any(e.fp32 is None and config_mod.sm90_transposes(e.spec, arch, bucket)
+                     for e in plain for bucket in (e.m_buckets or (None,)))
     return [copies.ROWS] * rows + [copies.CopySpec("transpose", 4)] * transposes
 
 

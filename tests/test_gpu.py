@@ -121,9 +121,13 @@ def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
 
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
-    """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (copies.py): odd sizes, sliced
-    views, a fused epilogue, and a CUDA graph captured after a first call, replayed on fresh inputs."""
-    g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, weight_streaming=False)
+    """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (copies.py; nn built for more than
+    config.SM90_TF32_TRANS_B_MAX_M rows): odd sizes, sliced views, a fused epilogue, and a CUDA graph captured
+    after a first call, replayed on fresh inputs."""
+    from deepgemm_jit import config
+
+    big = 2 * config.SM90_TF32_TRANS_B_MAX_M
+    g = dg.build(big, 1001, 1003, dtype="tf32", layout=layout, weight_streaming=False)
     assert g.family == "sm90" and g.kernel_spec.layout == "nt"
     for m in (1000, 1, 17, 129, 2049):
         check(g, m)
@@ -136,7 +140,7 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
     out = reference.poisoned((77, 1001), "tf32")
     graph, stream = capture_call(g, a, b, out)
     replay_with_fresh_a(graph, stream, g.spec, a, b, out, times=2, dtype="tf32")
-    e = dg.build(300, 256, 512, dtype="tf32", layout=layout, epilogue="bias+gelu")
+    e = dg.build(big, 256, 512, dtype="tf32", layout=layout, epilogue="bias+gelu")
     assert e.family == "sm90" and e.kernel_spec.layout == "nt"
     a, b = reference.random_operands(e.spec, 300)
     bias = reference.random_matrix((256,), "tf32")
@@ -144,6 +148,44 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
     e(a, b, bias=bias, out=out)
     ref = reference.unfused_epilogue(reference.reference(e.spec, a, b), e.spec.epi, bias)
     assert reference.within_bound(reference.relative_error(out, ref), "tf32")
+
+
+@pytest.mark.parametrize("m_build,n,k,epilogue", [(64, 4096, 7168, None), (17, 32, 65, None), (200, 1001, 1003, None),
+                                                   (256, 7168, 2048, "bias+gelu"), (1, 2112, 7168, None),
+                                                   (128, 4096, 7168, None)])
+def test_tf32_nn_b_transposed_in_the_kernel(m_build, n, k, epilogue):
+    """TF32 nn at small M: the Hopper kernel reads B as stored (K, N) and its converter warps transpose every stage
+    in shared memory (config.sm90_trans_b): awkward sizes (N and K tails, N = 1001 whose rows are copied to 16-byte
+    pitches, split-K at M = 1 / 128: 128x96 x 3 converter warps over 4 stages, where a converter that skipped stages
+    once waited a phase behind and hung), every M from 1 to past the build's, a fused epilogue, sliced views, and a
+    CUDA graph captured after a first call, replayed on fresh inputs."""
+    g = dg.build(m_build, n, k, dtype="tf32", layout="nn", epilogue=epilogue)
+    assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.config.block_n % 32 == 0, g.config.tag
+    bias = reference.random_matrix((n,), "tf32") if epilogue else None
+    kwargs = {"bias": bias} if epilogue else {}
+
+    def run(m, a=None, b=None):
+        if a is None:
+            a, b = reference.random_operands(g.spec, m)
+        out = reference.poisoned((m, n), "tf32")
+        assert g(a, b, out=out, **kwargs) is out
+        ref = reference.reference(g.spec, a, b)
+        if epilogue:
+            ref = reference.unfused_epilogue(ref, g.spec.epi, bias)
+        err = reference.relative_error(out, ref)
+        assert reference.within_bound(err, "tf32"), (m, n, k, epilogue, g.config.tag, err)
+
+    for m in sorted({1, 17, 64, 129, m_build, 2 * m_build + 3}):
+        run(m)
+    (ar, ac), (br, bc) = g.spec.a_shape(77), g.spec.b_shape()
+    run(77, reference.random_matrix((ar, ac + 3), "tf32")[:, 1:1 + ac],
+        reference.random_matrix((br, bc + 5), "tf32")[:, :bc])
+    assert not g._variants  # the portable kernel never ran
+    if epilogue is None:
+        a, b = reference.random_operands(g.spec, 77)
+        out = reference.poisoned((77, n), "tf32")
+        graph, stream = capture_call(g, a, b, out)
+        replay_with_fresh_a(graph, stream, g.spec, a, b, out, times=2, dtype="tf32")
 
 
 @pytest.mark.parametrize("dtype,layout", [("bf16", "nt"), ("fp16", "nn"), ("tf32", "nt")])

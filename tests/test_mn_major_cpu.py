@@ -419,13 +419,15 @@ def test_build_chooses_sm90(layout, dtype, shared_cache_dir, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, shared_cache_dir, monkeypatch):
-    """TF32 with MN-major operands: the Hopper kernel of the nt twin (config.kernel_spec) and the transpose kernel
-    its calls run first (copies.py), neither with local memory; explain says which operands are transposed."""
+    """TF32 with MN-major operands (nn: above SM90_TF32_TRANS_B_MAX_M rows): the Hopper kernel of the nt twin
+    (config.kernel_spec) and the transpose kernel its calls run first (copies.py), neither with local memory; explain
+    says which operands are transposed."""
     from deepgemm_jit import copies
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    g = dg.build(1000, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
-    assert g.family == "sm90" and g.spec.layout == layout and g.kernel_spec == config.kernel_spec(g.spec, ARCH)
+    g = dg.build(2 * config.SM90_TF32_TRANS_B_MAX_M, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
+    assert g.family == "sm90" and g.spec.layout == layout
+    assert g.kernel_spec == config.kernel_spec(g.spec, ARCH, g.m_hint)
     assert g.kernel_spec.layout == "nt" and g._transposes
     assert g.transposed_operands == tuple(r for r, k_major in zip("ab", (g.spec.a_k_major, g.spec.b_k_major))
                                           if not k_major)
@@ -462,6 +464,29 @@ def test_heuristic_picks_sm90_for_tma_legal_shapes(layout):
                 cfg.check_for(spec, ARCH)
 
 
+@pytest.mark.parametrize("m,n,k,epilogue", [(1, 2112, 7168, None), (64, 4096, 7168, None), (100, 1000, 1003, None),
+                                             (256, 7168, 2048, "bias+gelu"), (200, 4096, 4096, None)])
+def test_build_tf32_nn_transposes_b_in_the_kernel(m, n, k, epilogue, shared_cache_dir, monkeypatch):
+    """TF32 nn up to SM90_TF32_TRANS_B_MAX_M rows: the Hopper kernel of the nn spec itself (config.sm90_trans_b),
+    whose converter warps transpose each B stage in shared memory (LDS + 16-byte STS beside the HGMMAs), no local
+    memory, its shared-memory layout as config.sm90_smem_bytes mirrors it, no copies of B per call."""
+    from deepgemm_jit import launch
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    g = dg.build(m, n, k, dtype="tf32", layout="nn", arch=ARCH, epilogue=epilogue)
+    case = f"{m}x{n}x{k} {epilogue} {g.config.tag}"
+    assert g.family == "sm90" and g.kernel_spec == g.spec and not g._transposes and g.transposed_operands == (), case
+    assert g.config.block_n % 32 == 0 and not g.config.pingpong, case
+    info = g.explain()
+    assert info["local_bytes"] == 0 and info["spill_bytes"] == 0, case
+    mix = sass.opcode_mix(g.artifact.cubin)
+    assert mix.get("HGMMA", 0) > 0 and mix.get("LDS", 0) > 0 and mix.get("STS", 0) > 0, (case, mix)
+    unaligned = [role for role, row in (("a", k), ("b", n), ("d", n)) if row % 4]  # FP32 rows of 16-byte multiples
+    assert info["staging"]["packed_staged"] == unaligned, case
+    assert info["staging"]["transposed_in_kernel"] == ["b"] and "transposed" not in info["staging"], case
+    launch.check_layout(g.artifact, g.spec)
+
+
 def test_heuristic_rules_per_layout():
     fam = lambda n, k, layout, dtype="bf16", out=None: config.choose_config(  # noqa: E731
         GemmSpec.create(n, k, dtype=dtype, out_dtype=out, layout=layout), 4096, ARCH).family
@@ -469,8 +494,11 @@ def test_heuristic_rules_per_layout():
     # (Gemm._stages): nn's A (M, K) and tt's B (N, K) rows of K = 4100, nn's B (K, N) rows of N = 4100.
     for layout in ("nn", "tn", "tt"):
         assert fam(4096, 4100, layout) == fam(4100, 4096, layout, out="fp32") == "sm90", layout
-    assert fam(4096, 4096, "nn", dtype="tf32") == "sm80"  # TF32 has no MN-major WGMMA: portable
+    # TF32 has no MN-major WGMMA: an MN-major A only in the portable kernel; a B stored (K, N) transposed in the
+    # Hopper kernel's shared memory (config.sm90_trans_b)
+    assert fam(4096, 4096, "nn", dtype="tf32") == "sm90"
     assert fam(4096, 4096, "tn", dtype="tf32") == "sm80"
+    assert config.sm90_block_n_legal(GemmSpec.create(4096, 4096, dtype="tf32", layout="nn"), 96)  # 3 boxes of 32
     assert not config.sm90_block_n_legal(GemmSpec.create(4096, 4096, layout="nn"), 96)
     assert config.sm90_block_n_legal(GemmSpec.create(4096, 4096, layout="tt"), 96)  # B K-major in tt
 
@@ -500,9 +528,13 @@ def test_config_errors():
     tn = GemmSpec.create(1024, 2048, dtype="fp16", layout="tn")
     for block_m in (64, 128, 256):
         config.sm90_config(tn, block_m, 64, 2).check_for(tn, ARCH)
-    tf32 = GemmSpec.create(1024, 2048, dtype="tf32", layout="nn")
+    tf32 = GemmSpec.create(1024, 2048, dtype="tf32", layout="tn")
     with pytest.raises(ValueError, match="bf16/fp16 only.*K-major"):
         config.sm90_config(tf32, 128, 128, 3).check_for(tf32, ARCH)
+    tf32_nn = GemmSpec.create(1024, 2048, dtype="tf32", layout="nn")  # B transposed in the kernel: 32-column boxes
+    config.sm90_config(tf32_nn, 128, 96, 3).check_for(tf32_nn, ARCH)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        config.sm90_config(tf32_nn, 128, 80, 3).check_for(tf32_nn, ARCH)
     # build() with a Hopper config for a TF32 MN-major spec compiles it for the nt twin (config.kernel_spec)
     g = dg.build(64, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
     assert g.family == "sm90" and g.kernel_spec.layout == "nt" and g.spec.layout == "tn"

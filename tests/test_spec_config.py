@@ -97,7 +97,10 @@ def test_family_selection():
     assert fam(4096, 4096) == "sm90"
     assert fam(4096, 4096, dtype="tf32") == "sm90"
     assert fam(4096, 4096, layout="nn") == "sm90"       # MN-major 16-bit operands (WGMMA's trans immediates)
-    assert fam(4096, 4096, layout="nn", dtype="tf32") == "sm80"  # tf32 WGMMA reads K-major operands only
+    # TF32 WGMMA reads K-major operands only: an MN-major B (nn) is transposed in the kernel (config.sm90_trans_b),
+    # an MN-major A (tn) is not read by any Hopper kernel as stored (build runs the nt twin on copies)
+    assert fam(4096, 4096, layout="nn", dtype="tf32") == "sm90"
+    assert fam(4096, 4096, layout="tn", dtype="tf32") == "sm80"
     # Rows TMA cannot describe (K * 2 bytes or D's N * 2 not multiples of 16, odd N of an MN-major B) still build
     # the Hopper kernel: calls copy those operands into aligned buffers (Gemm._staged_roles)
     assert fam(4096, 4100) == fam(4100, 4096) == fam(1001, 1003) == fam(1001, 1024, layout="nn") == "sm90"
@@ -106,17 +109,41 @@ def test_family_selection():
 
 def test_tf32_mn_major_layouts_run_the_nt_kernel_on_transposed_copies():
     """Hopper's TF32 WGMMA reads K-major operands only: a TF32 spec with MN-major operands compiles its nt twin's
-    kernel (config.kernel_spec) and calls transpose those operands first; 16-bit types and other archs keep their
-    layout, and so do grouped and 3xTF32 (hi_lo) specs."""
+    kernel (config.kernel_spec) and calls transpose those operands first, except nn up to
+    SM90_TF32_TRANS_B_MAX_M rows, whose kernel transposes B in shared memory (config.sm90_trans_b); 16-bit types and
+    other archs keep their layout, and so do grouped and 3xTF32 (hi_lo) specs."""
+    big = 2 * config.SM90_TF32_TRANS_B_MAX_M
     for layout in ("nn", "tn", "tt"):
         spec = GemmSpec.create(1001, 1003, dtype="tf32", layout=layout)
-        assert config.sm90_transposes(spec, "sm_90a") and config.kernel_spec(spec, "sm_90a") == GemmSpec.create(
-            1001, 1003, dtype="tf32", layout="nt")
-        assert config.kernel_spec(spec, "sm_80") is spec and config.choose_config(spec, 1000, "sm_90a").family == "sm80"
+        twin = GemmSpec.create(1001, 1003, dtype="tf32", layout="nt")
+        for m in (None, big):
+            assert config.sm90_transposes(spec, "sm_90a", m) and config.kernel_spec(spec, "sm_90a", m) == twin
+        small = config.kernel_spec(spec, "sm_90a", 64)
+        assert (small is spec) if layout == "nn" else (small == twin), layout
+        assert config.sm90_trans_b(spec) == (layout == "nn")
+        assert config.kernel_spec(spec, "sm_80") is spec
+        assert config.choose_config(spec, 1000, "sm_90a").family == ("sm90" if layout == "nn" else "sm80")
         half = GemmSpec.create(1001, 1003, dtype="bf16", layout=layout)
-        assert not config.sm90_transposes(half, "sm_90a") and config.kernel_spec(half, "sm_90a") is half
+        assert not config.sm90_transposes(half, "sm_90a", 64) and config.kernel_spec(half, "sm_90a", 64) is half
     nt = GemmSpec.create(1001, 1003, dtype="tf32")
-    assert config.kernel_spec(nt, "sm_90a") is nt
+    assert config.kernel_spec(nt, "sm_90a", 64) is nt and not config.sm90_trans_b(nt)
+    assert not config.sm90_trans_b(GemmSpec.create(1001, 1003, dtype="tf32", layout="nn", promoted=True))
+
+
+def test_tf32_trans_b_tiles_are_whole_boxes_and_cooperative():
+    """A TF32 B stored (K, N) arrives in TMA boxes of 32 columns (128 bytes): block_n a multiple of 32; its
+    converter warps serve cooperative consumers only (no ping-pong), and its stages hold the raw and the
+    transposed B (config.sm90_smem_bytes)."""
+    nn = GemmSpec.create(4096, 7168, dtype="tf32", layout="nn")
+    nt = GemmSpec.create(4096, 7168, dtype="tf32")
+    assert config.sm90_block_n_legal(nn, 32) and not config.sm90_block_n_legal(nn, 48)
+    # + the transposed B per stage, + a third barrier per stage (8 x 8 bytes)
+    assert config.sm90_smem_bytes(nn, 64, 32, 8) == config.sm90_smem_bytes(nt, 64, 32, 8) + 8 * 32 * 128 + 64
+    for m in (1, 64, 256, 1024):
+        cfg = config.choose_sm90_config(nn, config.tile_bucket(nn, m), 132)
+        assert cfg.block_n % 32 == 0 and not cfg.pingpong, (m, cfg.tag)
+    with pytest.raises(ValueError, match="ping-pong"):
+        config.sm90_config(nn, 128, 128, pingpong=True).check_for(nn, "sm_90a")
 
 
 def test_sm90_heuristic_follows_waves():

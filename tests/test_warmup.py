@@ -360,18 +360,21 @@ def test_plan_gemv_kernels_for_small_m_entries():
 
 def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
     """fp32 entries need their layout's split kernel and TF32 entries with MN-major operands the transpose kernel
-    (their GEMM is the nt twin's, config.kernel_spec); the command compiles both (before session 25 it left the
-    split kernels out: an offline fp32 build then found none cached)."""
+    (their GEMM is the nt twin's, config.kernel_spec; nn at small M transposes B in the kernel instead); the command
+    compiles both (before session 25 it left the split kernels out: an offline fp32 build then found none cached)."""
     from deepgemm_jit import copies
 
-    entries = [warmup.parse_shape(x) for x in ("64:4096:4096:tf32:nn", "64:4096:4096:fp32:tn", "64:4096:4096:tf32")]
+    entries = [warmup.parse_shape(x) for x in ("64:4096:4096:tf32:tn", "64:4096:4096:fp32:tn", "64:4096:4096:tf32")]
+    small_nn = [warmup.parse_shape("64:4096:4096:tf32:nn")]
+    assert warmup.plan_copies(small_nn, "sm_90a") == []
+    assert [spec.layout for spec, _ in warmup.plan_buckets(small_nn, "sm_90a")] == ["nn"]
     assert [s.tag for s in warmup.plan_split(entries)] == ["split_tf32_tn"]
     assert [s.tag for s in warmup.plan_copies(entries, "sm_90a")] == ["transpose_b32"]
     assert warmup.plan_copies(entries, "sm_80") == [] and warmup.plan_copies(entries[2:], "sm_90a") == []
     odd = [warmup.parse_shape(x) for x in ("64:4096:4100:bf16", "64:4098:4096:fp32")]  # K rows, fp32 D rows
     assert warmup.plan_copies(odd[:1], "sm_90a") == warmup.plan_copies(odd[1:], "sm_90a") == [copies.ROWS]
     assert [spec.layout for spec, _ in warmup.plan_buckets(entries[:1], "sm_90a")] == ["nt"]
-    assert warmup.main(_args("--arch", "sm_90a", "--shape", "64:4096:4096:tf32:nn", "--shape",
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "64:4096:4096:tf32:tn", "--shape",
                              "64:4096:4096:fp32:tn", "--dry-run")) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[:-1] if " for " in line] == ["split_tf32_tn", "transpose_b32"]
@@ -524,7 +527,7 @@ def test_run_in_two_processes_then_nothing_to_compile(cache_dir):
 
 def test_run_reports_a_failing_kernel_and_keeps_going(cache_dir, capsys):
     good = warmup.plan([warmup.parse_shape("64:64:64:bf16")], "sm_90a")[:1]  # the GEMM (not the decode kernels)
-    bad_spec = GemmSpec.create(64, 64, "tf32", layout="nn")  # the sm90 family reads tf32 K-major only
+    bad_spec = GemmSpec.create(64, 64, "tf32", layout="tn")  # the sm90 family reads a tf32 A K-major only
     work = [(bad_spec, good[0][1]), *good]
     summary = warmup.run(work, "sm_90a", jobs=2, progress=True)
     assert summary.compiled == 1 and len(summary.failed) == 1

@@ -9,7 +9,9 @@
 //   MN-major: rows / 64 TMA boxes (64 MN x kBlockK K) one after the other, kMnBlockBytes = kBlockK * 128 apart;
 //             inside a box, K row k is 128 bytes of 64 MN elements at k * 128. Same size as K-major.
 // The wgmma descriptors describe either (make_smem_desc_k_major / make_smem_desc_mn_major) and the instruction's
-// trans immediates say which; everything after the main loop is the same for every layout.
+// trans immediates say which; everything after the main loop is the same for every layout. TF32 B stored (K, N)
+// (layout "nn") arrives MN-major (boxes of 32 FP32 columns) and is transposed into a K-major slot in shared memory
+// for the wgmmas (kTransB, transpose_b).
 // docs/experiments/sm90-mn-major.md has the sources of the MN-major facts; tests/test_mn_major_cpu.py a NumPy model of
 // the address math (TMA writes vs the descriptors' reads), tied to this file by static_asserts.
 //
@@ -241,10 +243,17 @@ struct GemmSm90 {
                 "kBlockK must span 128 bytes (128 for 8-bit operands, 64 for 16-bit, 32 for TF32): TMA box "
                 "rows and wgmma descriptors assume the 128-byte swizzle");
   static_assert(kScaling == Scaling::kNone || sizeof(TA) == 1, "scale factors belong to 8-bit operands");
-  static_assert((kAKMajor && kBKMajor) || kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16,
-                "MN-major operands exist for bf16 / fp16 only: wgmma reads tf32 and 8-bit operands K-major");
+  // kTransB (TF32 with B stored (K, N), layout nn): TF32 wgmma reads K-major operands only, so B arrives MN-major
+  // by TMA into the stage's raw slot and the converter warps (those of kRawB) transpose it into the stage's second
+  // B slot, laid out as a K-major TMA box would be (transpose_b); the consumers read that slot. For small M, where
+  // the kernel streams the weight and shared memory has bandwidth to spare (config.sm90_transposes_b_in_kernel).
+  static constexpr bool kTransB = !kBKMajor && kKind == MmaKind::kTF32;
+  static constexpr bool kBMmaKMajor = kBKMajor || kTransB;  // how the wgmmas read B
+  static_assert((kAKMajor && kBMmaKMajor) || kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16,
+                "MN-major operands exist for bf16 / fp16 only (and a TF32 B, transposed in shared memory): wgmma "
+                "reads tf32 and 8-bit operands K-major");
   static_assert(kBKMajor || kBlockN % kMnBlockElems == 0,
-                "an MN-major B stage is whole 64-column TMA boxes: kBlockN must be a multiple of 64");
+                "an MN-major B stage is whole 128-byte TMA boxes: kBlockN a multiple of 64 (16-bit) or 32 (TF32)");
   static_assert(kAKMajor || kBlockM % kMnBlockElems == 0,
                 "an MN-major A stage is whole 64-row TMA boxes: kBlockM must be a multiple of 64");
   static_assert(!kGrouped || (kAKMajor && kBKMajor), "grouped GEMMs take layout nt");
@@ -292,10 +301,10 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemABoxBytes = kBlockM * kSmemRowBytes;
   static constexpr uint32_t kSmemBBoxBytes = kBlockN * kSmemRowBytes;
   static constexpr uint32_t kSmemABytesPerStage = kAOperandsPerStage * kSmemABoxBytes;
-  static constexpr uint32_t kSmemBBytesPerStage = (kRawB ? 2 : 1) * kSmemBBoxBytes;
+  static constexpr uint32_t kSmemBBytesPerStage = (kRawB || kTransB ? 2 : 1) * kSmemBBoxBytes;
   static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBoxBytes;
   static_assert((kAKMajor || kSmemABytesPerStage == kBlockM / kMnBlockElems * kMnBlockBytes) &&
-                    (kBKMajor || kSmemBBytesPerStage == kBlockN / kMnBlockElems * kMnBlockBytes),
+                    (kBKMajor || kSmemBBytesPerStage == (kTransB ? 2 : 1) * kBlockN / kMnBlockElems * kMnBlockBytes),
                 "an MN-major stage occupies what the K-major one does (config.sm90_smem_bytes mirrors one formula)");
   // Epilogue operands of a whole tile are loaded by TMA while the tile's main loop runs, into the buffer
   // the epilogue then overwrites with D in place (each thread reads exactly the addresses it writes): C
@@ -333,7 +342,7 @@ struct GemmSm90 {
       128 % kBlockN == 0 ? 1 : (kBlockN % 128 == 0 ? kBlockN / 128 : kBlockN / 128 + 2);
   static constexpr uint32_t kStageScaleFloats = (kBlockM + kMaxScaleBBlocks + 3) / 4 * 4;
   // One epilogue-operand barrier per consumer (16 bytes keep what follows 16-byte aligned).
-  static constexpr uint32_t kBarriersPerStage = kRawB ? 3 : 2;
+  static constexpr uint32_t kBarriersPerStage = kRawB || kTransB ? 3 : 2;
   static constexpr uint32_t kSmemEpiBarrierOffset = kSmemBarrierOffset + (kBarriersPerStage * kNumStages * 8 + 15) / 16 * 16;
   static constexpr uint32_t kSmemEpiBarrierBytes = kPrefetch ? 16 : 0;
   static constexpr uint32_t kSmemStageScaleOffset = kSmemEpiBarrierOffset + kSmemEpiBarrierBytes;
@@ -390,7 +399,7 @@ struct GemmSm90 {
     }
     DGJIT_DEVICE uint8_t* a(uint32_t stage) const { return base + kSmemAOffset + stage * kSmemABytesPerStage; }
     DGJIT_DEVICE uint8_t* b(uint32_t stage) const { return base + kSmemBOffset + stage * kSmemBBytesPerStage; }
-    // kRawB: the stage's A_lo tile and B_lo slot.
+    // kRawB: the stage's A_lo tile and B_lo slot (kTransB: the transposed, K-major B).
     DGJIT_DEVICE uint8_t* a_lo(uint32_t stage) const { return a(stage) + kSmemABoxBytes; }
     DGJIT_DEVICE uint8_t* b_lo(uint32_t stage) const { return b(stage) + kSmemBBoxBytes; }
     DGJIT_DEVICE uint64_t* full(uint32_t stage) const {
@@ -399,7 +408,7 @@ struct GemmSm90 {
     DGJIT_DEVICE uint64_t* empty(uint32_t stage) const {
       return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + kNumStages + stage;
     }
-    // kRawB: the stage's B_lo slot is written (the converter warps' arrivals).
+    // kRawB: the stage's B_lo slot is written (kTransB: the K-major B; the converter warps' arrivals).
     DGJIT_DEVICE uint64_t* lo_full(uint32_t stage) const {
       return reinterpret_cast<uint64_t*>(base + kSmemBarrierOffset) + 2 * kNumStages + stage;
     }
@@ -481,6 +490,10 @@ struct GemmSm90 {
   // sits only in the 13 dropped bits reads as inf (the split pass would keep it a NaN).
   static_assert(!kRawB || (kHiLo && !kPingPong && kKStep == 1 && kScaling == Scaling::kNone),
                 "raw B: the hi_lo GEMM with cooperative consumers");
+  static_assert(!kTransB || (!kHiLo && !kPromote && !kPingPong && !kGrouped && kAKMajor),
+                "a transposed TF32 B: the plain main loop with cooperative consumers, A K-major");
+  // Kernels with converter warps (kRawB, kTransB): a third barrier per stage, and the stage's empty count.
+  static constexpr bool kConverts = kRawB || kTransB;
   // The converter warps: producer warps 1-3, and the idle warpgroup of a 64-row tile (one consumer).
   static constexpr bool kIdleWGConverts = kNumMathWGs == 1;
   static constexpr uint32_t kConverterWarps = 3 + (kIdleWGConverts ? 4 : 0);
@@ -638,9 +651,9 @@ struct GemmSm90 {
   static DGJIT_DEVICE constexpr uint64_t desc_a_at(uint64_t base, uint32_t mi, uint32_t k) {
     return smem_desc_advance(base, operand_offset<kAKMajor>(mi * 64, k));
   }
-  static DGJIT_DEVICE constexpr uint64_t desc_b_base(uint32_t stage_b) { return operand_desc<kBKMajor>(stage_b); }
+  static DGJIT_DEVICE constexpr uint64_t desc_b_base(uint32_t stage_b) { return operand_desc<kBMmaKMajor>(stage_b); }
   static DGJIT_DEVICE constexpr uint64_t desc_b_at(uint64_t base, uint32_t k) {
-    return smem_desc_advance(base, operand_offset<kBKMajor>(0, k));
+    return smem_desc_advance(base, operand_offset<kBMmaKMajor>(0, k));
   }
 
   // The wgmmas of one K block from the operands at desc_a / desc_b (their bases, desc_a_base / desc_b_base) into
@@ -654,18 +667,20 @@ struct GemmSm90 {
 #pragma unroll
       for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
         // The trans immediates: 1 = the operand is MN-major in shared memory.
-        Mma::template mma<kKind, !kAKMajor, !kBKMajor>(acc[mi], desc_a_at(desc_a, mi, k), desc_b_at(desc_b, k),
+        Mma::template mma<kKind, !kAKMajor, !kBMmaKMajor>(acc[mi], desc_a_at(desc_a, mi, k), desc_b_at(desc_b, k),
                                                        scale_d);
       }
     }
   }
 
-  // The wgmmas of one K block (stage) into `acc`; the first K step overwrites when `accumulate` is false.
+  // The wgmmas of one K block (stage) into `acc`; the first K step overwrites when `accumulate` is false. kTransB:
+  // from the stage's transposed B, once the converter warps announced it (lo_full, at the stage's `phase`).
   template <class T>
   static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
-                                         T (&acc)[kNumM64PerWG][kNumAccum]) {
+                                         T (&acc)[kNumM64PerWG][kNumAccum], uint32_t phase = 0) {
     const uint64_t desc_a = desc_a_base(shared_addr(smem.a(stage)), math_wg);
-    const uint64_t desc_b = desc_b_base(shared_addr(smem.b(stage)));
+    const uint64_t desc_b = desc_b_base(shared_addr(kTransB ? smem.b_lo(stage) : smem.b(stage)));
+    if constexpr (kTransB) mbarrier_wait(smem.lo_full(stage), phase);
     fence_accumulators(acc);
     wgmma_fence();
     issue_k_steps(acc, desc_a, desc_b, accumulate);
@@ -683,7 +698,7 @@ struct GemmSm90 {
     for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; k_block += kKStep) {
       mbarrier_wait(smem.full(state.stage), state.phase);
       // The tile's first K block overwrites stale accumulators from the previous tile.
-      issue_k_block(smem, state.stage, math_wg, k_block != tile.k_begin, acc);
+      issue_k_block(smem, state.stage, math_wg, k_block != tile.k_begin, acc, state.phase);
       if (k_block == tile.k_begin) after_first_issue();
       if (k_block > tile.k_begin) {
         wgmma_wait_group<1>();
@@ -1082,6 +1097,75 @@ struct GemmSm90 {
           mbarrier_arrive(smem.lo_full(state.stage));
           mbarrier_arrive(smem.empty(state.stage));
         }
+        state.advance();
+      }
+    }
+  }
+
+  // ---- kTransB: B transposed beside the wgmmas ----------------------------------------------------------
+  // The converter warps take the ring's stages in turn (warp w converts the K blocks w, w + kConverterWarps, ... of
+  // the walk, each stage whole, so that kConverterWarps stages are in conversion at once: one warp's pass over a
+  // stage, wait and fence included, was longer than a stage's TMA time at small M; all warps converting every
+  // stage together ran 1x4096x7168 at 64.0 us, one warp per stage in turn at 45.9): once TMA has filled the stage,
+  // the warp reads its raw B block (kBlockN / 32 boxes of 32 K rows x 32 FP32 columns, 128-byte swizzle: element
+  // (k, n) of box n / 32 at k * 128 + (((n % 32) / 4) ^ (k % 8)) * 16 + (n % 4) * 4) and writes it K-major into the
+  // stage's second B slot (row n at n * 128, its K elements 4c..4c+3 in chunk c ^ (n % 8): what a K-major TMA box
+  // with the 128-byte swizzle holds), fences the writes for the wgmmas and arrives once on lo_full and once on empty
+  // (counts 1 and kStageReaders + 1). One 16-byte chunk (n, c) per lane and step, the 32 lanes on 32 consecutive n
+  // of one c: each 4-byte read spans one 128-byte row of a box and the 16-byte writes eight rows' distinct chunks,
+  // both free of bank conflicts; two steps' eight reads go out before their two writes.
+  static constexpr uint32_t kTransBArrivals = 1;
+  template <bool kWalkSplits>
+  static DGJIT_DEVICE void transpose_b(const Smem& smem, uint32_t m, const GroupArgs& ga, const SplitArgs& sk) {
+    constexpr uint32_t kSteps = kBlockN * 8 / 32;  // per lane: kBlockN rows x 8 chunks of the K-major slot
+    static_assert(kSteps % 2 == 0, "two steps per batch");
+    const uint32_t warp = converter_thread() / 32;
+    const uint32_t lane = lane_idx();
+    Walk<kWalkSplits> scheduler(m, ga, sk);
+    State state;
+    Tile tile;
+    uint32_t turn = 0;
+    while (scheduler.next(tile)) {
+#pragma unroll 1
+      for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
+        // Every warp waits for every stage in ring order, converted by it or not: a warp that skipped a stage could
+        // otherwise wait on a full barrier a whole phase behind, whose parity the wait cannot tell apart (the
+        // stage's previous use not yet landed). The waits of stages already filled return at once.
+        mbarrier_wait(smem.full(state.stage), state.phase);
+        if (turn == warp) {
+          const uint32_t raw = shared_addr(smem.b(state.stage));
+          const uint32_t dst = shared_addr(smem.b_lo(state.stage));
+#pragma unroll 1
+          for (uint32_t step = 0; step < kSteps; step += 2) {
+            uint32_t v[2][4];
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+              const uint32_t i = (step + h) * 32 + lane;
+              const uint32_t n = (i / 256) * 32 + i % 32;  // 256 chunks per 32 columns: lanes along n, then c
+              const uint32_t c = (i / 32) % 8;
+              const uint32_t box = raw + (n / 32) * kMnBlockBytes + ((n % 32) / 4) * 16 + (n % 4) * 4;
+#pragma unroll
+              for (uint32_t j = 0; j < 4; ++j) {
+                const uint32_t k = 4 * c + j;
+                v[h][j] = __float_as_uint(ld_shared_f32((box ^ ((k % 8) * 16)) + k * 128));
+              }
+            }
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+              const uint32_t i = (step + h) * 32 + lane;
+              const uint32_t n = (i / 256) * 32 + i % 32;
+              const uint32_t c = (i / 32) % 8;
+              st_shared_v4_b32(dst + n * 128 + ((c ^ (n % 8)) * 16), v[h][0], v[h][1], v[h][2], v[h][3]);
+            }
+          }
+          fence_proxy_async_shared();
+          __syncwarp();
+          if (lane == 0) {
+            mbarrier_arrive(smem.lo_full(state.stage));
+            mbarrier_arrive(smem.empty(state.stage));
+          }
+        }
+        turn = turn + 1 == kConverterWarps ? 0 : turn + 1;
         state.advance();
       }
     }
@@ -2073,8 +2157,10 @@ struct GemmSm90 {
       for (uint32_t s = 0; s < kNumStages; ++s) {
         // kBlock: the scale warp's 32 deferred arrivals complete a stage together with the TMA producer's.
         mbarrier_init(smem.full(s), kScaling == Scaling::kBlock ? 1 + kScaleWarpArrivals : 1);
-        mbarrier_init(smem.empty(s), kStageReaders + (kRawB ? kConverterWarps : 0));
-        if constexpr (kRawB) mbarrier_init(smem.lo_full(s), kConverterWarps);
+        // Converter arrivals per stage: every converter warp's (kRawB), one warp's (kTransB, transpose_b).
+        constexpr uint32_t kConverterArrivals = kRawB ? kConverterWarps : (kTransB ? kTransBArrivals : 0);
+        mbarrier_init(smem.empty(s), kStageReaders + kConverterArrivals);
+        if constexpr (kConverts) mbarrier_init(smem.lo_full(s), kConverterArrivals);
       }
       fence_mbarrier_init();
       fence_proxy_async_shared();
@@ -2115,6 +2201,9 @@ struct GemmSm90 {
       if constexpr (kRawB) {
         if (warp_idx_in_warpgroup() >= 1) convert_lo<kWalkSplits>(smem, m, ga, sk);
       }
+      if constexpr (kTransB) {
+        if (warp_idx_in_warpgroup() >= 1) transpose_b<kWalkSplits>(smem, m, ga, sk);
+      }
     } else if (wg < kNumMathWGs) {
       setmaxnreg_inc<kMathRegs>();
       consume<kWalkSplits>(smem, tmap_d, tmap_c, tmap_r, wg, 0, m, scales, ea, ga, sk);
@@ -2124,6 +2213,7 @@ struct GemmSm90 {
     } else {
       setmaxnreg_dec<kProducerRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
       if constexpr (kRawB && kIdleWGConverts) convert_lo<kWalkSplits>(smem, m, ga, sk);
+      if constexpr (kTransB && kIdleWGConverts) transpose_b<kWalkSplits>(smem, m, ga, sk);
     }
   }
 };
