@@ -246,7 +246,8 @@ struct GemmSm90 {
   // kTransB (TF32 with B stored (K, N), layout nn): TF32 wgmma reads K-major operands only, so B arrives MN-major
   // by TMA into the stage's raw slot and the converter warps (those of kRawB) transpose it into the stage's second
   // B slot, laid out as a K-major TMA box would be (transpose_b); the consumers read that slot. For small M, where
-  // the kernel streams the weight and shared memory has bandwidth to spare (config.sm90_transposes_b_in_kernel).
+  // the kernel streams the weight and shared memory has bandwidth to spare (config.sm90_trans_b,
+  // SM90_TF32_TRANS_B_MAX_M).
   static constexpr bool kTransB = !kBKMajor && kKind == MmaKind::kTF32;
   static constexpr bool kBMmaKMajor = kBKMajor || kTransB;  // how the wgmmas read B
   static_assert((kAKMajor && kBMmaKMajor) || kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16,
@@ -668,7 +669,7 @@ struct GemmSm90 {
       for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
         // The trans immediates: 1 = the operand is MN-major in shared memory.
         Mma::template mma<kKind, !kAKMajor, !kBMmaKMajor>(acc[mi], desc_a_at(desc_a, mi, k), desc_b_at(desc_b, k),
-                                                       scale_d);
+                                                          scale_d);
       }
     }
   }
