@@ -169,6 +169,35 @@ def checked_contenders(gemms: dict, inputs: Operands, m: int,
     return fns, errors
 
 
+def time_checked(contenders: dict, info: bench_dtypes.BenchDtype, spec, m: int, reps: int
+                 ) -> tuple[dict, dict, dict]:
+    """For experiment scripts: fresh operands for one problem (seeded by its size), each named Gemm checked against
+    the float64 reference (checked_contenders, which adds "cublas"), then all timed interleaved by the bench protocol
+    (L2 flushed, events); returns (name -> call, name -> error, name -> median us)."""
+    n, k = spec.n, spec.k
+    inputs = operands(info, spec, m, cupy.random.default_rng(m + n + k), 1.0)
+    fns, errors = checked_contenders(contenders, inputs, m)
+    cupy.cuda.Device().synchronize()
+    timed = timing.time_interleaved(fns, reps=reps, warmup=3)
+    return fns, errors, {name: r.median_us for name, r in timed.items()}
+
+
+@contextlib.contextmanager
+def templates_tree(tdir: str | None):
+    """For experiment scripts: kernels built (and launch plans made) inside the block render from another copy of
+    templates/ (DEEPGEMM_JIT_TEMPLATES_DIR); None leaves the checkout's."""
+    import os
+
+    if tdir is None:
+        yield
+        return
+    os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
+    try:
+        yield
+    finally:
+        os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
+
+
 def epilogue_operands(epi, m: int, n: int, out_dtype: str, rng) -> baseline.EpilogueOperands:
     """Fresh N(0, 1) bias / C / residual in the output dtype, as the Epilogue `epi` needs them (gated units: the
     residual has D's N / 2 columns)."""

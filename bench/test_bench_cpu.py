@@ -1317,3 +1317,32 @@ def test_write_experiment_json(tmp_path):
     assert json.loads((tmp_path / "a" / "b" / "x.json").read_text()) == [{"us": 1.5}]
     report.write_experiment_json(None, "y.json", [1])
     assert not list(tmp_path.glob("**/y.json"))
+
+
+def test_experiment_helpers_time_checked_and_templates_tree(monkeypatch, tmp_path):
+    """runner.time_checked: operands seeded by the problem's size, every contender checked, then timed interleaved,
+    medians returned by name; runner.templates_tree points DEEPGEMM_JIT_TEMPLATES_DIR at a copy inside the block only
+    (None: untouched). GPU parts replaced by recorders."""
+    import os
+    from types import SimpleNamespace
+
+    from bench import runner
+
+    seen = {}
+    monkeypatch.setattr(runner.cupy.random, "default_rng", lambda seed: ("rng", seed))
+    monkeypatch.setattr(runner, "operands", lambda info, spec, m, rng, b_scale: seen.update(rng=rng) or "inputs")
+    monkeypatch.setattr(runner, "checked_contenders",
+                        lambda gemms, inputs, m: ({**gemms, "cublas": "base"}, {name: 0.0 for name in gemms}))
+    monkeypatch.setattr(runner.cupy.cuda, "Device", lambda: SimpleNamespace(synchronize=lambda: None))
+    monkeypatch.setattr(runner.timing, "time_interleaved", lambda fns, reps, warmup: {
+        name: SimpleNamespace(median_us=float(i + reps)) for i, name in enumerate(fns)})
+    spec = SimpleNamespace(n=20, k=30)
+    fns, errors, us = runner.time_checked({"a": "ga", "b": "gb"}, None, spec, 10, reps=5)
+    assert seen["rng"] == ("rng", 60) and set(fns) == {"a", "b", "cublas"} and errors == {"a": 0.0, "b": 0.0}
+    assert us == {"a": 5.0, "b": 6.0, "cublas": 7.0}
+    monkeypatch.delenv("DEEPGEMM_JIT_TEMPLATES_DIR", raising=False)
+    with runner.templates_tree(str(tmp_path)):
+        assert os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] == str(tmp_path)
+    assert "DEEPGEMM_JIT_TEMPLATES_DIR" not in os.environ
+    with runner.templates_tree(None):
+        assert "DEEPGEMM_JIT_TEMPLATES_DIR" not in os.environ

@@ -19,10 +19,9 @@ spec and tile built from that tree's kernels, launched programmatically.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from bench import report
+from bench import report, runner
 
 SHAPES = ("32x2112x7168", "64x7168x2048", "128x4096x7168", "64x32768x512", "128x7168x16384", "4096x7168x2048",
           "4096x4096x7168")
@@ -38,15 +37,14 @@ class Flagged:
         from deepgemm_jit import launch
 
         saved, launch.PROGRAMMATIC_GEMMS = launch.PROGRAMMATIC_GEMMS, self.on
-        if self.tdir:  # the first call (the plan, and any kernel it loads) with that tree's templates
-            os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = self.tdir
+        tdir, self.tdir = self.tdir, None
         try:
+            if tdir:  # the first call (the plan, and any kernel it loads) with that tree's templates
+                with runner.templates_tree(tdir):
+                    return self.gemm(*args, **kwargs)
             return self.gemm(*args, **kwargs)
         finally:
             launch.PROGRAMMATIC_GEMMS = saved
-            if self.tdir:
-                os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
-                self.tdir = None
 
 
 def chain_us(fns: dict, calls: int, reps: int) -> tuple[dict, dict]:
@@ -118,12 +116,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     trees = [t.split("=", 1) for t in args.tree]
-    import cupy
-
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
-    from bench import runner
-    from deepgemm_jit import reference, timing
+    from deepgemm_jit import reference
     from deepgemm_jit.spec import GemmSpec
 
     rows = []
@@ -137,20 +132,12 @@ def main() -> int:
                             weight_streaming=bool(g_off.weight_streaming_max_m), **build_kw)
             contenders = {"off": Flagged(g_off, False), "on": Flagged(g_on, True)}
             for name, tdir in trees:
-                os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
-                try:
+                with runner.templates_tree(tdir):
                     contenders[name] = Flagged(dg.build(m, n, k, dtype=info.lib, config=g_off.config,
                                                         weight_streaming=bool(g_off.weight_streaming_max_m),
                                                         **build_kw), True, tdir)
-                finally:
-                    os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
             spec = GemmSpec.create(n, k, dtype=info.lib, **build_kw)
-            rng = cupy.random.default_rng(m + n + k)
-            inputs = runner.operands(info, spec, m, rng, 1.0)
-            fns, errors = runner.checked_contenders(contenders, inputs, m)
-            cupy.cuda.Device().synchronize()
-            t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
-            flushed = {name: r.median_us for name, r in t.items()}
+            fns, errors, flushed = runner.time_checked(contenders, info, spec, m, args.reps)
             chain, chain_host = chain_us(fns, args.chain, max(5, args.reps // 3))
             graph = graph_us({n: f for n, f in fns.items() if n != "cublas"}, args.chain, max(5, args.reps // 3))
             row = {"dtype": dname, "m": m, "n": n, "k": k, "tile": g_off.config.tag, "flushed_us": flushed,

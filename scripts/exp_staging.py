@@ -40,12 +40,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import cupy
-
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import config, device, reference, timing
+    from deepgemm_jit import config, device, reference
     from deepgemm_jit.spec import GemmSpec
 
     num_sms = device.num_sms()
@@ -77,8 +75,6 @@ def main() -> int:
             m, n, k = (int(v) for v in shape.split("x"))
             build_kw = {"scaling": info.scaling} if info.scaling else {}  # 8-bit types: the bench dtype's recipe
             spec = GemmSpec.create(n, k, dtype=info.lib, **build_kw)
-            rng = cupy.random.default_rng(m + n + k)
-            inputs = runner.operands(info, spec, m, rng, 1.0)
             built = dg.build(m, n, k, dtype=info.lib, **build_kw)
             contenders = {"built": built}
             tile = config.choose_sm90_config(spec, config.tile_bucket(spec, m), num_sms)
@@ -87,10 +83,7 @@ def main() -> int:
                 contenders[name] = dg.build(m, n, k, dtype=info.lib, config=tile, **build_kw)
                 contenders[name]._staged_roles = forced_roles(rs)
             staged = contenders[name]
-            fns, errors = runner.checked_contenders(contenders, inputs, m)
-            cupy.cuda.Device().synchronize()
-            t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
-            us = {name: r.median_us for name, r in t.items()}
+            _, errors, us = runner.time_checked(contenders, info, spec, m, args.reps)
             row = {"dtype": dname, "m": m, "n": n, "k": k, "built": built.config.tag, "staged_tile": staged.config.tag,
                    "us": us, "max_err": max(errors.values()),
                    "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values())}

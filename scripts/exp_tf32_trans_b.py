@@ -14,7 +14,6 @@ NAME: "kernel" built from that tree's kernels.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from bench import report
@@ -32,12 +31,10 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     trees = [t.split("=", 1) for t in args.tree]
-    import cupy
-
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import reference, timing
+    from deepgemm_jit import reference
     from deepgemm_jit.spec import GemmSpec
 
     info = bench_dtypes.get("tf32")
@@ -49,19 +46,9 @@ def main() -> int:
             contenders = {"built": dg.build(m, n, k, dtype="tf32", layout="nn")}
             for name, bound, tdir in [("kernel", 1 << 30, None), ("copies", 0, None)] + [
                     (name, 1 << 30, tdir) for name, tdir in trees]:
-                if tdir:
-                    os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
-                try:
-                    with runner.config_constants({"SM90_TF32_TRANS_B_MAX_M": bound}):
-                        contenders[name] = dg.build(m, n, k, dtype="tf32", layout="nn")
-                finally:
-                    os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
-            rng = cupy.random.default_rng(m + n + k)
-            inputs = runner.operands(info, spec, m, rng, 1.0)
-            fns, errors = runner.checked_contenders(contenders, inputs, m)
-            cupy.cuda.Device().synchronize()
-            t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
-            us = {name: r.median_us for name, r in t.items()}
+                with runner.templates_tree(tdir), runner.config_constants({"SM90_TF32_TRANS_B_MAX_M": bound}):
+                    contenders[name] = dg.build(m, n, k, dtype="tf32", layout="nn")
+            _, errors, us = runner.time_checked(contenders, info, spec, m, args.reps)
             tiles = {name: g.config.tag + ("" if g.kernel_spec.layout == "nn" else " (nt twin)")
                      for name, g in contenders.items()}
             row = {"m": m, "n": n, "k": k, "us": us, "tiles": tiles, "max_err": max(errors.values()),
