@@ -504,6 +504,8 @@ def sm90_realign_roles(m: int, n: int, block_m: int, block_n: int, off_sector_by
     """Which of the off-sector operands a call copies ({'a', 'b'} subsets, see REALIGN_LOSS_US_PER_MB_READ):
     `off_sector_bytes` maps each off-sector role to its bytes; the tile (block_m x block_n) says how often each is
     re-read and whether more than one copy can pay."""
+    if not off_sector_bytes:  # every call of the Hopper kernel asks (Gemm._staged_roles): the common case first
+        return frozenset()
     rereads = {"a": -(-n // block_n), "b": -(-m // block_m)}
     saved = {role: nbytes / 1e6 * (REALIGN_LOSS_US_PER_MB_READ * rereads[role] - REALIGN_COPY_US_PER_MB)
              - REALIGN_LAUNCH_US for role, nbytes in off_sector_bytes.items()}

@@ -250,6 +250,8 @@ struct GemmSm90 {
   // SM90_TF32_TRANS_B_MAX_M).
   static constexpr bool kTransB = !kBKMajor && kKind == MmaKind::kTF32;
   static constexpr bool kBMmaKMajor = kBKMajor || kTransB;  // how the wgmmas read B
+  // Kernels with converter warps (kRawB, kTransB): a second B slot and a third barrier per stage.
+  static constexpr bool kConverts = kRawB || kTransB;
   static_assert((kAKMajor && kBMmaKMajor) || kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16,
                 "MN-major operands exist for bf16 / fp16 only (and a TF32 B, transposed in shared memory): wgmma "
                 "reads tf32 and 8-bit operands K-major");
@@ -302,7 +304,7 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemABoxBytes = kBlockM * kSmemRowBytes;
   static constexpr uint32_t kSmemBBoxBytes = kBlockN * kSmemRowBytes;
   static constexpr uint32_t kSmemABytesPerStage = kAOperandsPerStage * kSmemABoxBytes;
-  static constexpr uint32_t kSmemBBytesPerStage = (kRawB || kTransB ? 2 : 1) * kSmemBBoxBytes;
+  static constexpr uint32_t kSmemBBytesPerStage = (kConverts ? 2 : 1) * kSmemBBoxBytes;
   static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBoxBytes;
   static_assert((kAKMajor || kSmemABytesPerStage == kBlockM / kMnBlockElems * kMnBlockBytes) &&
                     (kBKMajor || kSmemBBytesPerStage == (kTransB ? 2 : 1) * kBlockN / kMnBlockElems * kMnBlockBytes),
@@ -343,7 +345,7 @@ struct GemmSm90 {
       128 % kBlockN == 0 ? 1 : (kBlockN % 128 == 0 ? kBlockN / 128 : kBlockN / 128 + 2);
   static constexpr uint32_t kStageScaleFloats = (kBlockM + kMaxScaleBBlocks + 3) / 4 * 4;
   // One epilogue-operand barrier per consumer (16 bytes keep what follows 16-byte aligned).
-  static constexpr uint32_t kBarriersPerStage = kRawB || kTransB ? 3 : 2;
+  static constexpr uint32_t kBarriersPerStage = kConverts ? 3 : 2;
   static constexpr uint32_t kSmemEpiBarrierOffset = kSmemBarrierOffset + (kBarriersPerStage * kNumStages * 8 + 15) / 16 * 16;
   static constexpr uint32_t kSmemEpiBarrierBytes = kPrefetch ? 16 : 0;
   static constexpr uint32_t kSmemStageScaleOffset = kSmemEpiBarrierOffset + kSmemEpiBarrierBytes;
@@ -493,8 +495,6 @@ struct GemmSm90 {
                 "raw B: the hi_lo GEMM with cooperative consumers");
   static_assert(!kTransB || (!kHiLo && !kPromote && !kPingPong && !kGrouped && kAKMajor),
                 "a transposed TF32 B: the plain main loop with cooperative consumers, A K-major");
-  // Kernels with converter warps (kRawB, kTransB): a third barrier per stage, and the stage's empty count.
-  static constexpr bool kConverts = kRawB || kTransB;
   // The converter warps: producer warps 1-3, and the idle warpgroup of a 64-row tile (one consumer).
   static constexpr bool kIdleWGConverts = kNumMathWGs == 1;
   static constexpr uint32_t kConverterWarps = 3 + (kIdleWGConverts ? 4 : 0);
