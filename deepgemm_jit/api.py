@@ -69,13 +69,14 @@ class Gemm:
         self.m_hint = m_hint
         self.config = artifact.config
         self.artifact = artifact
-        # The spec the kernel was compiled for: `spec`, or its nt twin, whose calls transpose MN-major TF32 operands
-        # into K-major staging buffers first (config.kernel_spec, copies.py).
+        # The spec the kernel was compiled for: `spec`, or its nt (tn at small M: nn) twin, whose calls transpose
+        # MN-major TF32 operands into K-major staging buffers first (config.kernel_spec, copies.py).
         self.kernel_spec = artifact.spec
         self._transposes = artifact.spec.layout != spec.layout
-        # The operands those calls transpose: the MN-major ones ("a", "b"); empty for every other Gemm.
-        self.transposed_operands = tuple(role for role, k_major in (("a", spec.a_k_major), ("b", spec.b_k_major))
-                                         if self._transposes and not k_major)
+        # The operands those calls transpose: MN-major in `spec`, K-major in the kernel's; empty for every other Gemm.
+        self.transposed_operands = tuple(role for role, k_major, kernel_k_major in (
+            ("a", spec.a_k_major, artifact.spec.a_k_major), ("b", spec.b_k_major, artifact.spec.b_k_major))
+            if kernel_k_major and not k_major)
         # Resolved once here rather than on every call.
         self._a_dtypes = _accepted_dtypes(spec.dtype)
         self._b_dtypes = _accepted_dtypes(spec.b_type)
@@ -514,9 +515,9 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     spell): the same choice of config, tuning and kernel for `m_hint` (M, checked as build checks it)."""
     m_hint = _check_m(m_hint)
     target = device.target_arch(arch)
-    # The spec the kernel is compiled for: `spec`, or its nt twin where calls transpose MN-major TF32 operands
-    # (config.kernel_spec: TF32 nn at small M transposes B in the kernel); a forced portable config keeps the
-    # caller's layout.
+    # The spec the kernel is compiled for: `spec`, or its twin where calls transpose MN-major TF32 operands
+    # (config.kernel_spec: nt, or for tn at small M nn, whose kernel transposes B); a forced portable config keeps
+    # the caller's layout.
     kspec = config_mod.kernel_spec(spec, target, m_hint)
     if isinstance(config, config_mod.KernelConfig) and config.family != "sm90":
         kspec = spec

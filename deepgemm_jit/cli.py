@@ -106,7 +106,7 @@ def _cmd_explain(args) -> int:
     if staging and staging.get("transposed_in_kernel"):
         print(f"transpose {staging['transpose_note']}")
     if staging and "kernel_spec" in staging:
-        print(f"kernel    {staging['kernel_spec']} (the nt twin of the spec above)")
+        print(f"kernel    {staging['kernel_spec']} (the {staging['kernel_layout']} twin of the spec above)")
     if "split" in info:  # fp32 (3xTF32): the split kernel before the TF32 GEMM
         operands = (f"A as [hi | lo] of {info.get('k_operand')} columns and the raw weight (its lo made in shared "
                     f"memory, one stage per K block of 32)" if info.get("raw_b")

@@ -360,18 +360,26 @@ SM90_TRANS_B_MIN_STAGES = 6
 
 
 def sm90_transposes(spec: GemmSpec, arch: str, m_hint: int | None = None) -> bool:
-    """Whether the Hopper kernel of `spec` at M = m_hint is its nt twin's, fed K-major copies of the MN-major
-    operands that every call makes (copies.py, Gemm._staged_plan): TF32 in layouts tn / tt, and nn above
-    SM90_TF32_TRANS_B_MAX_M rows (or M unknown), which Hopper's TF32 WGMMA cannot read as stored; the portable
-    kernel ran them at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
+    """Whether the Hopper kernel of `spec` at M = m_hint is a twin's (kernel_spec: nt, or nn for tn at small M),
+    fed K-major copies of MN-major operands that every call makes (copies.py, Gemm._staged_plan): TF32 in layouts
+    tn / tt, and nn above SM90_TF32_TRANS_B_MAX_M rows (or M unknown), which Hopper's TF32 WGMMA cannot read as
+    stored; the portable kernel ran them at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
     if arch != "sm_90a" or spec.dtype != "tf32" or spec.layout == "nt" or spec.grouped or spec.hi_lo:
         return False
     return not (sm90_trans_b(spec) and m_hint is not None and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M)
 
 
 def kernel_spec(spec: GemmSpec, arch: str, m_hint: int | None = None) -> GemmSpec:
-    """The spec whose kernel `spec`'s calls run at M = m_hint: its nt twin where sm90_transposes, else `spec`."""
-    return dataclasses.replace(spec, layout="nt") if sm90_transposes(spec, arch, m_hint) else spec
+    """The spec whose kernel `spec`'s calls run at M = m_hint: where sm90_transposes, its nt twin, or for tn up to
+    SM90_TF32_TRANS_B_MAX_M rows its nn twin (calls copy only A, which is small there, transposed; the kernel
+    transposes B, sm90_trans_b); else `spec`."""
+    if not sm90_transposes(spec, arch, m_hint):
+        return spec
+    nn = dataclasses.replace(spec, layout="nn")
+    if (spec.layout == "tn" and sm90_trans_b(nn) and m_hint is not None
+            and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M):
+        return nn
+    return dataclasses.replace(spec, layout="nt")
 
 
 def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:

@@ -58,23 +58,28 @@ def _staging(gemm) -> dict | None:
     call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
-    if gemm.artifact.spec.layout != gemm.spec.layout:  # config.sm90_transposes
+    kspec = gemm.artifact.spec
+    if kspec.layout != gemm.spec.layout:  # config.kernel_spec: the nt twin, or tn's nn twin at small M
         moved = list(gemm.transposed_operands)
-        rows = [role for role in config_mod.sm90_unaligned_rows(gemm.artifact.spec) if role not in moved]
-        return {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_spec": gemm.artifact.spec.tag,
+        rows = [role for role in config_mod.sm90_unaligned_rows(kspec) if role not in moved]
+        info = {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_spec": kspec.tag,
+                "kernel_layout": kspec.layout,
                 "note": f"{' and '.join(moved)} (MN-major TF32) transposed into K-major buffers on every call "
                         "(copies.py): Hopper's TF32 WGMMA reads K-major operands only"
                         + (f"; {', '.join(rows)} copied into 128-byte-pitched buffers" if rows else "")}
-    rows = config_mod.sm90_unaligned_rows(gemm.artifact.spec)
-    info = {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows to "
-                                            "a multiple of 32 bytes to skip the copies")
-            if rows else "read in place"}
-    if config_mod.sm90_trans_b(gemm.artifact.spec):  # TF32 nn at small M (config.SM90_TF32_TRANS_B_MAX_M)
+    else:
+        rows = config_mod.sm90_unaligned_rows(kspec)
+        info = {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows "
+                                                "to a multiple of 32 bytes to skip the copies")
+                if rows else "read in place"}
+    if config_mod.sm90_trans_b(kspec):  # TF32 nn (or tn's nn twin) at small M (config.SM90_TF32_TRANS_B_MAX_M)
         info["transposed_in_kernel"] = ["b"]
         info["transpose_note"] = ("b (TF32, stored (K, N)) read as stored and transposed in shared memory by the "
                                   "kernel's converter warps, one stage each in turn; builds for more than "
                                   f"{config_mod.SM90_TF32_TRANS_B_MAX_M} rows run the nt kernel on per-call copies")
-    off_sector = config_mod.sm90_off_sector_rows(gemm.artifact.spec)
+    if "kernel_spec" in info:  # the twin's calls copy its MN-major operands: no off-sector reads to speak of
+        return info
+    off_sector = config_mod.sm90_off_sector_rows(kspec)
     if off_sector:
         info["realigned"] = off_sector
         info["realign_note"] = (

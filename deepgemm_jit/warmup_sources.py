@@ -95,7 +95,8 @@ class WarmupEntry:
 
     def spec_at(self, bucket: int, arch: str) -> GemmSpec:
         """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch` (config.kernel_spec: the nt twin
-        of a TF32 spec with MN-major operands on Hopper, except nn at small M, whose kernel transposes B)."""
+        of a TF32 spec with MN-major operands on Hopper, except at small M nn itself and tn's nn twin, whose kernels
+        transpose B)."""
         from . import config
 
         return config.kernel_spec(self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch), arch, bucket)

@@ -108,8 +108,8 @@ def test_explicit_config(cache_dir):
         dg.build(100, 64, 64, dtype="tf32", layout="nn", arch="sm_90a", config=sm90)
     # MN-major TF32 with a Hopper config: the nt twin's kernel, calls transpose the operands (config.kernel_spec;
     # nn at small M: its own kernel, which transposes B in shared memory)
-    g = dg.build(100, 64, 64, dtype="tf32", layout="tn", arch="sm_90a", config=dataclasses.replace(sm90, block_k=32))
-    assert g.family == "sm90" and g.kernel_spec.layout == "nt" and g.spec.layout == "tn"
+    g = dg.build(100, 64, 64, dtype="tf32", layout="tt", arch="sm_90a", config=dataclasses.replace(sm90, block_k=32))
+    assert g.family == "sm90" and g.kernel_spec.layout == "nt" and g.spec.layout == "tt"
     g = dg.build(100, 64, 64, dtype="tf32", layout="nn", arch="sm_90a", config=dataclasses.replace(sm90, block_k=32))
     assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.spec.layout == "nn"
     with pytest.raises(ValueError, match="multiple of 64"):  # an MN-major B comes in 64-column boxes

@@ -206,6 +206,23 @@ def test_large_calls_realign_rows_off_sectors(dtype, layout):
         assert {role for _, role in g._staging._buffers} == {"a"}
 
 
+def test_tf32_tn_small_m_copies_a_and_transposes_b_in_the_kernel():
+    """TF32 tn at small M runs the nn twin's kernel (config.kernel_spec): each call copies only A (M x K, small)
+    transposed, the kernel transposes B as stored (K, N) in shared memory; awkward M, a sliced A, a graph replay."""
+    g = dg.build(64, 4096, 7168, dtype="tf32", layout="tn")
+    assert g.kernel_spec.layout == "nn" and g.transposed_operands == ("a",)
+    for m in (1, 17, 64, 129, 300):
+        check(g, m)
+    (ar, ac), (br, bc) = g.spec.a_shape(77), g.spec.b_shape()
+    a = reference.random_matrix((ar, ac + 3), "tf32")[:, 1:1 + ac]
+    check(g, 77, a=a, b=reference.random_matrix((br, bc), "tf32"))
+    assert not g._variants
+    a, b = reference.random_operands(g.spec, 33)
+    out = reference.poisoned((33, 4096), "tf32")
+    graph, stream = capture_call(g, a, b, out)
+    replay_with_fresh_a(graph, stream, g.spec, a, b, out, times=2, dtype="tf32")
+
+
 def test_sliced_a_off_sectors_is_realigned():
     """A sliced at column 8 of a BF16 matrix: a base 16 bytes into a 32-byte sector on every row (aligned pitch)."""
     g = dg.build(4096, 2048, 2048, dtype="bf16")

@@ -435,6 +435,7 @@ def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, sh
     assert info["local_bytes"] == 0 and info["sass"].get("HGMMA", 0) > 0 and info["spec"]["layout"] == layout
     assert info["staging"]["transposed"] == list(g.transposed_operands) != []
     assert info["staging"]["kernel_spec"] == g.kernel_spec.tag and "_nt_" in g.kernel_spec.tag
+    assert info["staging"]["kernel_layout"] == "nt" and "transposed_in_kernel" not in info["staging"]
     art = copies.get_kernel(copies.CopySpec("transpose", 4), ARCH)
     usage = sass.resource_usage(art.cubin)[art.entry]
     assert usage.get("LOCAL", 0) == 0 and usage["SHARED"] >= 32 * 33 * 4
@@ -487,6 +488,18 @@ def test_build_tf32_nn_transposes_b_in_the_kernel(m, n, k, epilogue, shared_cach
     launch.check_layout(g.artifact, g.spec)
 
 
+def test_build_tf32_tn_small_m_copies_a_and_runs_the_nn_kernel(shared_cache_dir, monkeypatch):
+    """TF32 tn up to SM90_TF32_TRANS_B_MAX_M rows: the kernel of the nn twin (config.kernel_spec), so calls copy
+    only A (M x K, small there) transposed and the kernel transposes B; explain names both and the twin's layout."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    g = dg.build(32, 1000, 1003, dtype="tf32", layout="tn", arch=ARCH)
+    assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.transposed_operands == ("a",)
+    assert config.sm90_trans_b(g.kernel_spec) and g.config.block_n % 32 == 0 and not g.config.pingpong
+    staging = g.explain()["staging"]
+    assert staging["transposed"] == ["a"] and staging["transposed_in_kernel"] == ["b"], staging
+    assert staging["kernel_layout"] == "nn" and staging["kernel_spec"] == g.kernel_spec.tag, staging
+
+
 def test_heuristic_rules_per_layout():
     fam = lambda n, k, layout, dtype="bf16", out=None: config.choose_config(  # noqa: E731
         GemmSpec.create(n, k, dtype=dtype, out_dtype=out, layout=layout), 4096, ARCH).family
@@ -535,9 +548,13 @@ def test_config_errors():
     config.sm90_config(tf32_nn, 128, 96, 3).check_for(tf32_nn, ARCH)
     with pytest.raises(ValueError, match="multiple of 32"):
         config.sm90_config(tf32_nn, 128, 80, 3).check_for(tf32_nn, ARCH)
-    # build() with a Hopper config for a TF32 MN-major spec compiles it for the nt twin (config.kernel_spec)
+    # build() with a Hopper config for a TF32 MN-major spec compiles it for its twin (config.kernel_spec): at 64 rows
+    # tn's nn twin (A copied transposed, B transposed in the kernel), at 2048 its nt twin
     g = dg.build(64, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
-    assert g.family == "sm90" and g.kernel_spec.layout == "nt" and g.spec.layout == "tn"
+    assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.spec.layout == "tn"
+    assert g.transposed_operands == ("a",)
+    g = dg.build(2048, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
+    assert g.kernel_spec.layout == "nt" and g.transposed_operands == ("a", "b")
 
 
 def test_epilogue_rules():

@@ -72,11 +72,14 @@ def test_compile_sm90a_no_local_memory(dt, layout, shared_cache_dir, monkeypatch
         if (m, n, k) == (4096, 4096, 4096) and g.family == "sm80":
             assert info["sass"].get("LDGSTS", 0) > 0, case  # cp.async pipeline
         # Hopper takes every problem on sm_90a (misaligned rows copied per call, Gemm._stages; TF32 MN-major
-        # operands transposed for the nt kernel, config.kernel_spec, except an nn B at small M, which the kernel
-        # transposes); the portable kernel only when forced here.
+        # operands transposed for the nt kernel, config.kernel_spec, except at small M an nn B, which the kernel
+        # transposes, and tn, which runs that nn kernel on a transposed copy of A); the portable kernel only when
+        # forced here.
         assert g.family == ("sm90" if cfg is None else "sm80"), case
-        twin = dt == "tf32" and cfg is None and not (layout == "nn" and m <= config.SM90_TF32_TRANS_B_MAX_M)
-        assert g.kernel_spec.layout == ("nt" if twin else layout), case
+        expected = layout
+        if dt == "tf32" and cfg is None and layout != "nt":
+            expected = "nn" if layout in ("nn", "tn") and m <= config.SM90_TF32_TRANS_B_MAX_M else "nt"
+        assert g.kernel_spec.layout == expected, case
         assert g.artifact.cubin[:4] == b"\x7fELF"
 
 
