@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import copies, device, dtypes, env, gemv, jit, launch, runtime, splitk, staging
+from . import copies, device, dtypes, env, gemv, gemv_kn, jit, launch, runtime, splitk, staging
 from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, new_mn_major_scales, out_view,
                      overlaps, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
@@ -84,8 +84,10 @@ class Gemm:
         self._sm90_only = dtypes.is_quantized(spec.dtype) or spec.epilogue != "none" or spec.raw_b
         self._epi = spec.epi  # parsed once: the call path reads it
         self._returns_scales = self._epi.has_group_scales  # quant_fp8_g128: calls return (q, scales)
-        # Calls with M <= this (and 16-byte aligned rows) run the weight-streaming kernel (gemv.py; 0: never).
-        self.weight_streaming_max_m = gemv.max_m(spec, arch) if weight_streaming else 0
+        # Calls with M <= this (and 16-byte aligned rows) run a weight-streaming kernel (0: never): gemv.py's for
+        # weights stored (N, K), gemv_kn.py's for weights stored (K, N).
+        self.weight_streaming_kernel = gemv if spec.b_k_major else gemv_kn
+        self.weight_streaming_max_m = self.weight_streaming_kernel.max_m(spec, arch) if weight_streaming else 0
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._out_dtypes = _accepted_dtypes(spec.out_dtype)  # FP8 outputs (quantize-on-store) also as uint8
         self._esize = dtypes.get(spec.dtype).storage_bytes
@@ -335,9 +337,10 @@ class Gemm:
             result = out
         if m == 0:
             return result
-        if m <= self.weight_streaming_max_m and gemv.operands_fit(va, vb):  # decode: see gemv.py
+        decode = self.weight_streaming_kernel
+        if m <= self.weight_streaming_max_m and decode.operands_fit(va, vb):  # decode: see gemv.py, gemv_kn.py
             try:
-                plan = gemv.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
+                plan = decode.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
             except KernelNotCachedError:  # DEEPGEMM_JIT_OFFLINE and not warmed: the Gemm's own kernel serves
                 plan = None
             if plan is not None:
@@ -472,9 +475,9 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     without one (the Gemm can then be cached and explained, and run where a GPU is).
     ``config`` overrides the heuristic's :class:`KernelConfig` (tuning, experiments); it is
     checked against the problem and the arch first (ValueError if it cannot compute it).
-    ``weight_streaming`` (default: on unless ``config`` is given) lets calls with M <= 8 run the decode kernel of
-    ``deepgemm_jit/gemv.py`` (nt, no epilogue, Hopper; not for weights the Hopper tiles stream faster, see
-    ``gemv.max_m``) instead of ``config``'s kernel.
+    ``weight_streaming`` (default: on unless ``config`` is given) lets calls with M <= 8 run a decode kernel
+    instead of ``config``'s: ``deepgemm_jit/gemv.py``'s for nt (not for weights the Hopper tiles stream faster, see
+    ``gemv.max_m``), ``deepgemm_jit/gemv_kn.py``'s for nn / tn in TF32; no epilogue, Hopper.
     ``split_k`` (Hopper family): None (default) lets the heuristic compile a split-K kernel for small M and each
     call choose how many CTAs share a tile's K (see ``deepgemm_jit/splitk.py``); an int S > 1 forces S shares on
     every call (at most the number of 128-byte K blocks); 1 never splits. ``deterministic`` (default True): split-K

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import cubin, gemv, launch, sass, splitk
+from . import cubin, gemv, gemv_kn, launch, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -96,6 +96,8 @@ def _weight_streaming(gemm) -> dict:
     max_m = getattr(gemm, "weight_streaming_max_m", 0)
     if not max_m:
         return {"max_m": 0}
+    if gemm.weight_streaming_kernel is gemv_kn:  # weights stored (K, N)
+        return dict(gemv_kn.describe(gemm.spec, gemm.arch, _num_sms()), condition="16-byte aligned rows of b")
     spec = gemm.artifact.spec
     warps_k = gemv.launch_warps_k(spec, gemv.GemvSpec.for_gemm(spec, 1), _num_sms())  # the M = 1 kernel's grid
     return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),

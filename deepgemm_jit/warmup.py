@@ -32,10 +32,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import config as config_mod
-from . import copies, device, fp32x3, gemv, quantization
+from . import copies, device, fp32x3, gemv, gemv_kn, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
+from .gemv_kn import GemvKnSpec
 from .grouped import DEFAULT_NUM_GROUPS
 from .quantization import QuantKernelSpec
 from .spec import GemmSpec
@@ -145,20 +146,24 @@ def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
     return {kernel: tuple(whys) for kernel, whys in needs.items()}
 
 
-def plan_gemv(entries: list[WarmupEntry], arch: str) -> list[GemvSpec]:
+def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None) -> list[GemvSpec | GemvKnSpec]:
     """The weight-streaming kernels of entries that run at small M (their first bucket, 64, holds M = 1..64) and
-    that the decode rule takes (``gemv.max_m``: not grouped ones, nor fused epilogues, which stay in the sm90
-    kernel at every M, nor weights the Hopper tiles stream faster): the token-tile variant the rule uses (M <= 8),
-    whose code does not depend on N or K, so a model needs only a few."""
-    found: list[GemvSpec] = []
+    that the decode rules take (``gemv.max_m``, ``gemv_kn.max_m``: not grouped ones, nor fused epilogues, which stay
+    in the sm90 kernel at every M, nor weights the Hopper tiles stream faster): gemv's token-tile variant the rule
+    uses (M <= 8), whose code does not depend on N or K, and gemv_kn's cluster size for N, K on `num_sms` SMs (None:
+    the arch's usual count), so a model needs only a few."""
+    found: list[GemvSpec | GemvKnSpec] = []
     for entry in entries:
-        if entry.spec.grouped:  # build_grouped runs its own kernel at every M
+        if entry.spec.grouped or not entry.m_buckets or entry.m_buckets[0] != 64:  # grouped: its own kernel always
             continue
-        if entry.m_buckets and entry.m_buckets[0] == 64 and gemv.max_m(entry.spec, arch) > 0:
-            for m in (1, gemv.max_m(entry.spec, arch)):
-                kernel = GemvSpec.for_gemm(entry.spec, m)
-                if kernel not in found:
-                    found.append(kernel)
+        kernels = []
+        if gemv.max_m(entry.spec, arch) > 0:
+            kernels = [GemvSpec.for_gemm(entry.spec, m) for m in (1, gemv.max_m(entry.spec, arch))]
+        elif gemv_kn.max_m(entry.spec, arch) > 0:
+            kernels = [GemvKnSpec.for_gemm(entry.spec, num_sms or config_mod.DEFAULT_SM90_NUM_SMS)]
+        for kernel in kernels:
+            if kernel not in found:
+                found.append(kernel)
     return found
 
 
@@ -196,7 +201,7 @@ def plan(entries: list[WarmupEntry], arch: str, num_sms: int | None = None, quan
     (3xTF32) entries (``plan_split``), then the staging copies (``plan_copies``)."""
     return (list(plan_buckets(entries, arch, num_sms)) + list(plan_grouped(entries, arch, num_sms))
             + [(q, None) for q in plan_quantize(entries, quantize)]
-            + [(g, None) for g in plan_gemv(entries, arch)] + [(s, None) for s in plan_segments(entries)]
+            + [(g, None) for g in plan_gemv(entries, arch, num_sms)] + [(s, None) for s in plan_segments(entries)]
             + [(s, None) for s in plan_split(entries)] + [(t, None) for t in plan_copies(entries, arch)])
 
 
@@ -210,7 +215,7 @@ def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) ->
         return text if spec.epilogue == "none" else f"{text} {spec.epilogue}"
     if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec, copies.CopySpec)):
         return spec.tag
-    return "gemv" if isinstance(spec, GemvSpec) else "quantize"
+    return "gemv" if isinstance(spec, (GemvSpec, GemvKnSpec)) else "quantize"
 
 
 def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, cfg: KernelConfig | None, arch: str
@@ -227,6 +232,8 @@ def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, c
             return copies.get_kernel(spec, arch).compiled_now, None
         if isinstance(spec, GemvSpec):
             return gemv.get_kernel(spec, arch).compiled_now, None
+        if isinstance(spec, GemvKnSpec):
+            return gemv_kn.get_kernel(spec, arch).compiled_now, None
         if cfg is None:
             return quantization.get_kernel(spec, arch).compiled_now, None
         return jit.get_kernel(spec, cfg, arch).compiled_now, None
@@ -395,7 +402,7 @@ def main(args: argparse.Namespace) -> int:
     served = plan_buckets(entries, arch, num_sms)
     grouped = plan_grouped(entries, arch, num_sms)
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
-    decode = plan_gemv(entries, arch)
+    decode = plan_gemv(entries, arch, num_sms)
     segments = plan_segments(entries)
     # fp32 entries' split kernels and the staging copies (plan() lists the same; before session 25 the command left
     # the split kernels out, so an offline fp32 build found none cached)

@@ -358,6 +358,18 @@ def test_plan_gemv_kernels_for_small_m_entries():
     assert warmup.plan_gemv(fused + entries, "sm_90a") == decode
 
 
+def test_plan_gemv_kn_for_tf32_weights_stored_k_n():
+    """TF32 nn / tn entries reaching M <= 64 get gemv_kn's kernel at the cluster size of their N, K (on the SM
+    count given, else the arch's); 16-bit nn entries and TF32 nt ones get none of it."""
+    entries = [warmup.parse_shape(text) for text in (
+        "1-4096:4096:4096:tf32:nn", "64:28672:4096:tf32:tn", "1-64:4096:4096:bf16:nn", "64:4096:4096:tf32")]
+    decode = warmup.plan_gemv(entries, "sm_90a")
+    assert [g.tag for g in decode] == ["gemv_kn_tf32_fp32_c2", "gemv_kn_tf32_fp32_c1"]
+    assert [g.tag for g in warmup.plan_gemv(entries[:1], "sm_90a", num_sms=66)] == ["gemv_kn_tf32_fp32_c1"]
+    assert warmup.kernel_type(decode[0]) == "gemv"
+    assert [g.tag for g in warmup.plan_gemv(entries[1:2], "sm_80")] == []
+
+
 def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
     """fp32 entries need their layout's split kernel and TF32 entries with MN-major operands the transpose kernel
     (their GEMM is the nt twin's, config.kernel_spec; nn at small M transposes B in the kernel instead); the command
@@ -377,8 +389,9 @@ def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
     assert warmup.main(_args("--arch", "sm_90a", "--shape", "64:4096:4096:tf32:tn", "--shape",
                              "64:4096:4096:fp32:tn", "--dry-run")) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out[:-1] if " for " in line] == ["split_tf32_tn", "transpose_b32"]
-    assert out[-1].startswith("warmup plan: 4 kernels for sm_90a")
+    assert [line.split()[0] for line in out[:-1] if " for " in line] == ["gemv_kn_tf32_fp32_c2", "split_tf32_tn",
+                                                                         "transpose_b32"]  # tn TF32 decode streams
+    assert out[-1].startswith("warmup plan: 5 kernels for sm_90a")
 
 
 def test_dry_run_with_quantize_only(capsys):
