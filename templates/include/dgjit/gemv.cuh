@@ -46,13 +46,7 @@ static_assert(kStepBytes % kScaleGroup == 0, "a step holds whole FP8 scale group
 
 // -- PTX wrappers -------------------------------------------------------------------------------------
 
-// 16 bytes of the weight: read once, so kept out of L1 (no_allocate), with a 256-byte L2 prefetch (a
-// row's step is 256 contiguous bytes).
-DGJIT_DEVICE void ld_stream_v4(uint32_t (&r)[4], const uint8_t* p) {
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "l"(p));
-}
+// 16 bytes of the weight: dgjit::ld_stream_v4 (ptx_sm80.cuh; a row's step is 256 contiguous bytes).
 
 // 16 bytes of the activations: every warp of an SM that works on the same K range reads them: keep in L1.
 DGJIT_DEVICE void ld_cached_v4(uint32_t (&r)[4], const uint8_t* p) {

@@ -47,12 +47,7 @@ template <> struct Shape<float32_t> {
 };
 template <class T> constexpr int block_cols() { return kChunkCols * 8 * Shape<T>::kChunkElems; }
 
-// 16 bytes of the weight: read once, so kept out of L1, with a 256-byte L2 prefetch (a CTA's 256 bytes of the row).
-DGJIT_DEVICE void ld_stream_v4(uint32_t (&r)[4], const uint8_t* p) {
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "l"(p));
-}
+// 16 bytes of the weight: dgjit::ld_stream_v4 (ptx_sm80.cuh; a CTA reads 256 contiguous bytes of each row).
 
 DGJIT_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t r;

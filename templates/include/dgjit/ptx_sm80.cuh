@@ -1,9 +1,16 @@
-// One small wrapper per sm_80-class PTX instruction used by the portable family:
-// asynchronous global->shared copies and warp-level tensor-core MMAs.
+// One small wrapper per sm_80-class PTX instruction used by the portable family and the decode kernels:
+// streaming loads, asynchronous global->shared copies and warp-level tensor-core MMAs.
 #pragma once
 #include "dgjit/common.cuh"
 
 namespace dgjit {
+
+// 16 bytes read once (the decode kernels' weights): kept out of L1 (no_allocate), with a 256-byte L2 prefetch.
+DGJIT_DEVICE void ld_stream_v4(uint32_t (&r)[4], const uint8_t* p) {
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "l"(p));
+}
 
 DGJIT_DEVICE uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
