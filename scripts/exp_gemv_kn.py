@@ -5,8 +5,10 @@ same Gemm runs without it, and cuBLAS, in one interleaved run per row.
                                    [--reps 20] [--out DIR]
 
 "stream" is build()'s Gemm (calls with M <= 8 run gemv_kn), "tiles" the same with weight_streaming=False; with
---clusters C,... also "cC": gemv_kn at cluster size C (instead of gemv_kn.choose_cluster's). Outputs are checked
-against a float64 reference before timing (L2 flushed, medians). Default shapes: the models suite's.
+--clusters C,... also "cC": gemv_kn at cluster size C (instead of gemv_kn.choose_cluster's); each --tree NAME=DIR
+(a copy of templates/) a contender NAME: "stream" with that copy's kernels; --all-dtypes streams 16-bit calls too.
+Outputs are checked against a float64 reference before timing (L2 flushed, medians). Default shapes: the models
+suite's.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ def main() -> int:
     ap.add_argument("--layouts", default="nn")
     ap.add_argument("--nk", default=",".join(f"{n}x{k}" for n, k in suites._MODELS_NK))
     ap.add_argument("--clusters", default="")
+    ap.add_argument("--tree", action="append", default=[], help="NAME=DIR of a templates/ copy")
+    ap.add_argument("--all-dtypes", action="store_true", help="16-bit calls stream too (gemv_kn.STREAM_DTYPES)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -34,6 +38,8 @@ def main() -> int:
     from deepgemm_jit import gemv_kn, reference
     from deepgemm_jit.spec import GemmSpec
 
+    if args.all_dtypes:
+        gemv_kn.STREAM_DTYPES = gemv_kn.WEIGHT_DTYPES
     rows = []
     for name in args.dtypes.split(","):
         info = bench_dtypes.get(name)
@@ -46,6 +52,9 @@ def main() -> int:
                                   "tiles": dg.build(m, n, k, dtype=info.lib, layout=layout, weight_streaming=False)}
                     for c in (int(v) for v in args.clusters.split(",") if v):
                         contenders[f"c{c}"] = ForcedCluster(dg.build(m, n, k, dtype=info.lib, layout=layout), c)
+                    for name_dir in args.tree:
+                        tree, tdir = name_dir.split("=", 1)
+                        contenders[tree] = TreeGemm(dg.build(m, n, k, dtype=info.lib, layout=layout), tdir)
                     _, errors, us = runner.time_checked(contenders, info, spec, m, args.reps)
                     kernel = gemv_kn.GemvKnSpec.for_gemm(spec, 132).tag
                     row = {"dtype": name, "layout": layout, "m": m, "n": n, "k": k, "us": us, "kernel": kernel,
@@ -56,7 +65,8 @@ def main() -> int:
                     print(f"{name} {layout} {m}x{n}x{k} ok={row['correct']} stream {us['stream']:.1f} ({kernel}, "
                           f"{row['tb_s']:.2f} TB/s) tiles {us['tiles']:.1f} ({row['tiles']}) cublas "
                           f"{us.get('cublas', float('nan')):.1f}"
-                          + "".join(f" {key} {v:.1f}" for key, v in us.items() if key[0] == "c" and key[1:].isdigit()),
+                          + "".join(f" {key} {v:.1f}" for key, v in us.items()
+                                    if key not in ("stream", "tiles", "cublas")),
                           flush=True)
     report.write_experiment_json(args.out, "exp-gemv-kn.json", rows)
     return 0
@@ -77,6 +87,19 @@ class ForcedCluster:
             return self.gemm(*args, **kwargs)
         finally:
             gemv_kn.choose_cluster = saved
+
+
+class TreeGemm:
+    """A Gemm whose calls build and run kernels from another templates/ copy (runner.templates_tree)."""
+
+    def __init__(self, gemm, tdir: str):
+        self.gemm, self.spec, self.tdir = gemm, gemm.spec, tdir
+
+    def __call__(self, *args, **kwargs):
+        from bench import runner
+
+        with runner.templates_tree(self.tdir):
+            return self.gemm(*args, **kwargs)
 
 
 def spec_bytes(dtype: str) -> int:

@@ -36,6 +36,8 @@ constexpr int kChunkCols = 2;   // 16-byte chunks per lane of each weight row it
 constexpr int kMaxTokens = 8;   // the MMA's N side
 
 template <class T> struct Shape;
+// kUnroll steps per batch: 8 KB of weights per warp, all loaded before any is multiplied. (Two batches of half that,
+// the next one's loads issued before this one's MMAs, ran 1.3-1.7x slower: docs/experiments/gemv-kn-pipelined-loads.)
 template <> struct Shape<bfloat16_t> {
   static constexpr int kStepK = 16, kRowsPerLane = 4, kChunkElems = 8, kUnroll = 2;
 };
@@ -96,6 +98,79 @@ DGJIT_DEVICE float ld_cluster_f32(const float* local, uint32_t rank) {
   return v;
 }
 
+// One batch of kUnroll steps of a lane's weight chunks: loaded (zeros where `ok` is false: past the warp's steps,
+// past K or past N), then multiplied.
+template <class T> struct Batch {
+  using S = Shape<T>;
+  uint32_t wr[S::kUnroll][S::kRowsPerLane][kChunkCols][4];
+  bool ok[S::kUnroll][S::kRowsPerLane][kChunkCols];
+};
+
+template <class T>
+DGJIT_DEVICE void load_batch(Batch<T>& bt, const uint8_t* __restrict__ w, long long ldw_bytes, uint32_t s,
+                             uint32_t s_end, uint32_t col0, uint32_t g, uint32_t t, uint32_t n, uint32_t k) {
+  using S = Shape<T>;
+#pragma unroll
+  for (int u = 0; u < S::kUnroll; ++u)
+#pragma unroll
+    for (int q = 0; q < S::kRowsPerLane; ++q)
+#pragma unroll
+      for (int c = 0; c < kChunkCols; ++c) {
+        const uint32_t row = (s + u) * S::kStepK + lane_row<T>(t, q);
+        const uint32_t col = col0 + c * 8 * S::kChunkElems + g * S::kChunkElems;
+        bt.ok[u][q][c] = s + u < s_end && row < k && col < n;
+        const uint8_t* p = bt.ok[u][q][c] ? w + row * ldw_bytes + col * sizeof(T) : w;
+        ld_stream_v4(bt.wr[u][q][c], p);
+      }
+}
+
+template <class T>
+DGJIT_DEVICE void mma_batch(float (&acc)[kChunkCols][Shape<T>::kChunkElems / 2][4], const Batch<T>& bt,
+                            const T* __restrict__ x, long long x_sm, long long x_sk, uint32_t s, uint32_t g,
+                            uint32_t t, uint32_t m, uint32_t k) {
+  using S = Shape<T>;
+  constexpr int kMmas = S::kChunkElems / 2;
+#pragma unroll
+  for (int u = 0; u < S::kUnroll; ++u) {
+    const uint32_t base = (s + u) * S::kStepK;
+    uint32_t b[2];
+    if constexpr (sizeof(T) == 2) {
+      b[0] = activation(x, x_sm, x_sk, g, base + 2 * t, m, k) |
+             (activation(x, x_sm, x_sk, g, base + 2 * t + 1, m, k) << 16);
+      b[1] = activation(x, x_sm, x_sk, g, base + 2 * t + 8, m, k) |
+             (activation(x, x_sm, x_sk, g, base + 2 * t + 9, m, k) << 16);
+    } else {
+      b[0] = activation(x, x_sm, x_sk, g, base + t, m, k);
+      b[1] = activation(x, x_sm, x_sk, g, base + t + 4, m, k);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunkCols; ++c) {
+      uint32_t r[S::kRowsPerLane][4];
+#pragma unroll
+      for (int q = 0; q < S::kRowsPerLane; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r[q][i] = bt.ok[u][q][c] ? bt.wr[u][q][c][i] : 0u;
+#pragma unroll
+      for (int j = 0; j < kMmas; ++j) {
+        uint32_t a[4];
+        if constexpr (sizeof(T) == 2) {
+          a[0] = prmt(r[0][j], r[1][j], 0x5410);  // column 2j, rows 2t, 2t+1
+          a[1] = prmt(r[0][j], r[1][j], 0x7632);  // column 2j+1
+          a[2] = prmt(r[2][j], r[3][j], 0x5410);  // column 2j, rows 2t+8, 2t+9
+          a[3] = prmt(r[2][j], r[3][j], 0x7632);
+          mma_16816<T>(acc[c][j], a, b);
+        } else {
+          a[0] = to_tf32(__uint_as_float(r[0][2 * j]));
+          a[1] = to_tf32(__uint_as_float(r[0][2 * j + 1]));
+          a[2] = to_tf32(__uint_as_float(r[1][2 * j]));
+          a[3] = to_tf32(__uint_as_float(r[1][2 * j + 1]));
+          mma_1688_tf32(acc[c][j], a, b);
+        }
+      }
+    }
+  }
+}
+
 template <class T, class TOut, int kCluster>
 DGJIT_DEVICE void run(const uint8_t* __restrict__ w, long long ldw_bytes, const T* __restrict__ x, long long x_sm,
                       long long x_sk, TOut* __restrict__ d, long long ldd, uint32_t m, uint32_t n, uint32_t k) {
@@ -121,59 +196,9 @@ DGJIT_DEVICE void run(const uint8_t* __restrict__ w, long long ldw_bytes, const 
 
 #pragma unroll 1
   for (uint32_t s = s_begin; s < s_end; s += S::kUnroll) {
-    uint32_t wr[S::kUnroll][S::kRowsPerLane][kChunkCols][4];
-    bool ok[S::kUnroll][S::kRowsPerLane][kChunkCols];
-#pragma unroll
-    for (int u = 0; u < S::kUnroll; ++u)
-#pragma unroll
-      for (int q = 0; q < S::kRowsPerLane; ++q)
-#pragma unroll
-        for (int c = 0; c < kChunkCols; ++c) {
-          const uint32_t row = (s + u) * S::kStepK + lane_row<T>(t, q);
-          const uint32_t col = col0 + c * 8 * S::kChunkElems + g * S::kChunkElems;
-          ok[u][q][c] = s + u < s_end && row < k && col < n;
-          const uint8_t* p = ok[u][q][c] ? w + row * ldw_bytes + col * sizeof(T) : w;
-          ld_stream_v4(wr[u][q][c], p);
-        }
-#pragma unroll
-    for (int u = 0; u < S::kUnroll; ++u) {
-      const uint32_t base = (s + u) * S::kStepK;
-      uint32_t b[2];
-      if constexpr (sizeof(T) == 2) {
-        b[0] = activation(x, x_sm, x_sk, g, base + 2 * t, m, k) |
-               (activation(x, x_sm, x_sk, g, base + 2 * t + 1, m, k) << 16);
-        b[1] = activation(x, x_sm, x_sk, g, base + 2 * t + 8, m, k) |
-               (activation(x, x_sm, x_sk, g, base + 2 * t + 9, m, k) << 16);
-      } else {
-        b[0] = activation(x, x_sm, x_sk, g, base + t, m, k);
-        b[1] = activation(x, x_sm, x_sk, g, base + t + 4, m, k);
-      }
-#pragma unroll
-      for (int c = 0; c < kChunkCols; ++c) {
-        uint32_t r[S::kRowsPerLane][4];
-#pragma unroll
-        for (int q = 0; q < S::kRowsPerLane; ++q)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) r[q][i] = ok[u][q][c] ? wr[u][q][c][i] : 0u;
-#pragma unroll
-        for (int j = 0; j < kMmas; ++j) {
-          uint32_t a[4];
-          if constexpr (sizeof(T) == 2) {
-            a[0] = prmt(r[0][j], r[1][j], 0x5410);  // column 2j, rows 2t, 2t+1
-            a[1] = prmt(r[0][j], r[1][j], 0x7632);  // column 2j+1
-            a[2] = prmt(r[2][j], r[3][j], 0x5410);  // column 2j, rows 2t+8, 2t+9
-            a[3] = prmt(r[2][j], r[3][j], 0x7632);
-            mma_16816<T>(acc[c][j], a, b);
-          } else {
-            a[0] = to_tf32(__uint_as_float(r[0][2 * j]));
-            a[1] = to_tf32(__uint_as_float(r[0][2 * j + 1]));
-            a[2] = to_tf32(__uint_as_float(r[1][2 * j]));
-            a[3] = to_tf32(__uint_as_float(r[1][2 * j + 1]));
-            mma_1688_tf32(acc[c][j], a, b);
-          }
-        }
-      }
-    }
+    Batch<T> bt;
+    load_batch(bt, w, ldw_bytes, s, s_end, col0, g, t, n, k);
+    mma_batch(acc, bt, x, x_sm, x_sk, s, g, t, m, k);
   }
 
   // Warps, in order: red[w][col * 8 + token].
