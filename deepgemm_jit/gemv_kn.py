@@ -52,7 +52,9 @@ MIN_STEPS_PER_WARP = 4    # below this, a larger cluster only adds reduction wor
 # The grid should give (nearly) every SM a CTA; more CTAs were slower. H200, M = 1, every cluster size timed
 # (bench/results/*exp-gemv-kn-clusters-s28*), the best: TF32 4096x4096 (64 column blocks) c2 28.3 us (c4 35.3),
 # 4096x14336 c2 78.4 (c4 98.2, c8 89.7), 7168x8192 (112) c2 69.1 (c1 81.4), 4608x3584 (72) c2 29.8 (c1 37.0),
-# 1280x8192 (20) c8 21.3 (c4 25.4), 28672x4096 (448) c1 131.7; BF16 alike (4096x4096: c4, 3584x18944: c8).
+# 1280x8192 (20) c8 21.3 (c4 25.4), 28672x4096 (448) c1 131.7; BF16 alike (4096x4096: c4, 3584x18944: c8). Where one
+# CTA per column block would do (125-132 blocks), two ran faster (*exp-gemv-kn-c1-c2-s28*: 8192x3584 (128) c2 39.7 vs
+# c1 42.7, 8192x1024 17.2 vs 17.6): cluster 1 only past one CTA per SM.
 MIN_FILL = 0.95
 WEIGHT_DTYPES = ("bf16", "fp16", "tf32")
 # What calls stream: TF32 only. The 16-bit kernels are correct (GPU-tested by widening this) but ran 1.1-1.4x slower
@@ -109,8 +111,9 @@ class GemvKnSpec:
 
 
 def choose_cluster(n: int, k: int, element_bytes: int, num_sms: int) -> int:
-    """CTAs per cluster (K split across them): the smallest whose grid gives MIN_FILL of the SMs a CTA, at most the
-    largest that leaves each warp MIN_STEPS_PER_WARP steps of K."""
+    """CTAs per cluster (K split across them): the smallest whose grid gives MIN_FILL of the SMs a CTA (1 only where
+    the column blocks alone outnumber the SMs), at most the largest that leaves each warp MIN_STEPS_PER_WARP steps
+    of K."""
     col_blocks = -(-n * element_bytes // BLOCK_BYTES)
     steps = -(-k // STEP_K[element_bytes])
     cluster = 1
@@ -118,7 +121,7 @@ def choose_cluster(n: int, k: int, element_bytes: int, num_sms: int) -> int:
         if steps < MIN_STEPS_PER_WARP * NUM_WARPS * c:
             break
         cluster = c
-        if col_blocks * c >= MIN_FILL * num_sms:
+        if col_blocks * c >= MIN_FILL * num_sms and (c > 1 or col_blocks > num_sms):
             break
     return cluster
 

@@ -24,8 +24,8 @@ def test_spec_validation():
 @pytest.mark.parametrize("n,k,esize", [(4096, 4096, 2), (7168, 16384, 2), (28672, 4096, 2), (1280, 8192, 4),
                                        (37888, 3584, 4), (8192, 1024, 2), (8, 16, 2), (4096, 4096, 4)])
 def test_cluster_rule(n, k, esize):
-    """The smallest cluster whose grid gives 95% of the SMs a CTA, within the largest that leaves every warp 4
-    steps of K."""
+    """The smallest cluster whose grid gives 95% of the SMs a CTA (1 only past one column block per SM), within the
+    largest that leaves every warp 4 steps of K."""
     sms = 132
     c = gemv_kn.choose_cluster(n, k, esize, sms)
     col_blocks = -(-n * esize // gemv_kn.BLOCK_BYTES)
@@ -33,7 +33,9 @@ def test_cluster_rule(n, k, esize):
     assert c in gemv_kn.CLUSTERS
     assert c == 1 or steps >= gemv_kn.MIN_STEPS_PER_WARP * 8 * c
     smaller = [x for x in gemv_kn.CLUSTERS if x < c]
-    assert not smaller or col_blocks * smaller[-1] < gemv_kn.MIN_FILL * sms  # the next smaller did not fill
+    assert c > 1 or col_blocks > sms or steps < gemv_kn.MIN_STEPS_PER_WARP * 8 * 2
+    if c > 2:  # the next smaller did not fill
+        assert col_blocks * c // 2 < gemv_kn.MIN_FILL * sms
     bigger = [x for x in gemv_kn.CLUSTERS if x > c]
     if bigger and col_blocks * c < gemv_kn.MIN_FILL * sms:  # not filled: K ran out of steps
         assert steps < gemv_kn.MIN_STEPS_PER_WARP * 8 * bigger[0]
@@ -41,7 +43,8 @@ def test_cluster_rule(n, k, esize):
 
 def test_cluster_rule_measured_picks():
     """The best of the four sizes timed on the H200 (TF32, M = 1; see gemv_kn.MIN_FILL)."""
-    picks = {(4096, 4096): 2, (4096, 14336): 2, (7168, 8192): 2, (4608, 3584): 2, (1280, 8192): 8, (28672, 4096): 1}
+    picks = {(4096, 4096): 2, (4096, 14336): 2, (7168, 8192): 2, (4608, 3584): 2, (1280, 8192): 8, (28672, 4096): 1,
+             (8192, 3584): 2, (8192, 1024): 2}
     assert {nk: gemv_kn.choose_cluster(*nk, 4, 132) for nk in picks} == picks
 
 

@@ -365,7 +365,7 @@ def test_plan_gemv_kn_for_tf32_weights_stored_k_n():
         "1-4096:4096:4096:tf32:nn", "64:28672:4096:tf32:tn", "1-64:4096:4096:bf16:nn", "64:4096:4096:tf32")]
     decode = warmup.plan_gemv(entries, "sm_90a")
     assert [g.tag for g in decode] == ["gemv_kn_tf32_fp32_c2", "gemv_kn_tf32_fp32_c1"]
-    assert [g.tag for g in warmup.plan_gemv(entries[:1], "sm_90a", num_sms=66)] == ["gemv_kn_tf32_fp32_c1"]
+    assert [g.tag for g in warmup.plan_gemv(entries[:1], "sm_90a", num_sms=40)] == ["gemv_kn_tf32_fp32_c1"]
     assert warmup.kernel_type(decode[0]) == "gemv"
     assert [g.tag for g in warmup.plan_gemv(entries[1:2], "sm_80")] == []
 
