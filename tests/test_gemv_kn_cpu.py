@@ -32,7 +32,6 @@ def test_cluster_rule(n, k, esize):
     steps = -(-k // gemv_kn.STEP_K[esize])
     assert c in gemv_kn.CLUSTERS
     assert c == 1 or steps >= gemv_kn.MIN_STEPS_PER_WARP * 8 * c
-    smaller = [x for x in gemv_kn.CLUSTERS if x < c]
     assert c > 1 or col_blocks > sms or steps < gemv_kn.MIN_STEPS_PER_WARP * 8 * 2
     if c > 2:  # the next smaller did not fill
         assert col_blocks * c // 2 < gemv_kn.MIN_FILL * sms
