@@ -94,6 +94,11 @@ def _cmd_explain(args) -> int:
     mix = ", ".join(f"{op} {n}" for op, n in list(info["sass"].items())[:16])
     print(f"MMA       {tensor_ops}")
     print(f"SASS      {mix}")
+    decode = info.get("weight_streaming", {})
+    if decode.get("max_m"):
+        launch = (f"cluster {decode['cluster']}" if "cluster" in decode else f"warps_k {decode.get('warps_k')}")
+        print(f"decode    M <= {decode['max_m']}: {', '.join(decode['kernels'])} ({launch}, grid {decode['grid']}; "
+              f"needs {decode['condition']})")
     split = info.get("split_k", {})
     if split.get("kernel"):
         shares = ", ".join(f"M={m}: {s}" for m, s in split["splits_by_m"].items())

@@ -45,6 +45,16 @@ def test_explain_says_which_packed_operands_calls_may_realign(cache_dir, capsys)
     assert "realign   a and b: rows an odd multiple of 16 bytes" in capsys.readouterr().out
 
 
+def test_explain_names_the_decode_kernel(cache_dir, capsys):
+    """Calls with M <= 8 run a weight-streaming kernel: gemv.py's for nt, gemv_kn.py's for TF32 nn / tn."""
+    assert cli.main(["explain", "1", "2112", "7168", "--arch", "sm_90a"]) == 0
+    assert "decode    M <= 8: gemv_bf16_bf16_t1 (warps_k" in capsys.readouterr().out
+    assert cli.main(["explain", "1", "4096", "4096", "--dtype", "tf32", "--layout", "nn", "--arch", "sm_90a"]) == 0
+    assert "decode    M <= 8: gemv_kn_tf32_fp32_c2 (cluster 2, grid 128;" in capsys.readouterr().out
+    assert cli.main(["explain", "1", "4096", "4096", "--layout", "nn", "--arch", "sm_90a"]) == 0
+    assert "\ndecode " not in capsys.readouterr().out  # 16-bit nn: the Hopper tiles stream faster
+
+
 def test_explain_fp8_with_epilogue_json(cache_dir, capsys):
     """Issue 4's check from the command line: QGMMA in the SASS and no local memory."""
     assert cli.main(["explain", "4096", "7168", "2048", "--dtype", "fp8_e4m3", "--scaling", "row", "--epilogue",
