@@ -359,6 +359,12 @@ SM90_TF32_TRANS_B_MAX_M = 256
 SM90_TRANS_B_MIN_STAGES = 6
 
 
+def _trans_b_rows(m_hint: int | None) -> bool:
+    """Whether M = m_hint is few enough rows for the kernel that transposes B in shared memory (known, and in a
+    bucket up to SM90_TF32_TRANS_B_MAX_M)."""
+    return m_hint is not None and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M
+
+
 def sm90_transposes(spec: GemmSpec, arch: str, m_hint: int | None = None) -> bool:
     """Whether the Hopper kernel of `spec` at M = m_hint is a twin's (kernel_spec: nt, or nn for tn at small M),
     fed K-major copies of MN-major operands that every call makes (copies.py, Gemm._staged_plan): TF32 in layouts
@@ -366,7 +372,7 @@ def sm90_transposes(spec: GemmSpec, arch: str, m_hint: int | None = None) -> boo
     stored; the portable kernel ran them at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
     if arch != "sm_90a" or spec.dtype != "tf32" or spec.layout == "nt" or spec.grouped or spec.hi_lo:
         return False
-    return not (sm90_trans_b(spec) and m_hint is not None and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M)
+    return not (sm90_trans_b(spec) and _trans_b_rows(m_hint))
 
 
 def kernel_spec(spec: GemmSpec, arch: str, m_hint: int | None = None) -> GemmSpec:
@@ -376,8 +382,7 @@ def kernel_spec(spec: GemmSpec, arch: str, m_hint: int | None = None) -> GemmSpe
     if not sm90_transposes(spec, arch, m_hint):
         return spec
     nn = dataclasses.replace(spec, layout="nn")
-    if (spec.layout == "tn" and sm90_trans_b(nn) and m_hint is not None
-            and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M):
+    if spec.layout == "tn" and sm90_trans_b(nn) and _trans_b_rows(m_hint):
         return nn
     return dataclasses.replace(spec, layout="nt")
 

@@ -68,6 +68,12 @@ def target_arch(arch: object | None) -> str:
     return normalize_arch(arch) if arch is not None else current_arch()
 
 
+def arch_number(arch: str) -> int:
+    """'sm_90a' -> 90, 'sm_80' -> 80 (0 for anything that is not a target name)."""
+    match = _ARCH.match(arch)
+    return 10 * int(match.group(1)) + int(match.group(2)) if match else 0
+
+
 def runs_on(arch: str, major: int, minor: int) -> bool:
     """Whether a cubin for `arch` loads on a device of compute capability major.minor."""
     match = _ARCH.match(arch)

@@ -91,8 +91,8 @@ def _staging(gemm) -> dict | None:
 
 
 def _weight_streaming(gemm) -> dict:
-    """Which calls run the decode kernel (gemv.py) instead of the one above, and how it launches (not compiled
-    here: it is built on the first such call, or by gemv.get_kernel)."""
+    """Which calls run a decode kernel (gemv.py; gemv_kn.py for weights stored (K, N)) instead of the one above, and
+    how it launches (not compiled here: it is built on the first such call, or by get_kernel / warmup)."""
     max_m = getattr(gemm, "weight_streaming_max_m", 0)
     if not max_m:
         return {"max_m": 0}

@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +73,6 @@ SYMBOLS = ("num_threads", "num_warps", "block_rows", "step_bytes")
 _TEMPLATE = "gemv.cu.j2"
 _ENTRY = "dgjit_gemv"
 _SCALING_CPP = {"none": "kNone", "tensor": "kTensor", "row": "kRow", "block": "kBlock"}
-_ARCH = re.compile(r"sm_(\d+)")
 
 
 @dataclass(frozen=True)
@@ -140,15 +138,10 @@ class GemvSpec:
                    token_tiles=1 if m <= 8 else 2)
 
 
-def _arch_number(arch: str) -> int:
-    match = _ARCH.match(arch)
-    return int(match.group(1)) if match else 0
-
-
 def max_m(spec: GemmSpec, arch: str) -> int:
     """The largest M for which a Gemm of `spec` compiled for `arch` runs this kernel (0: never). The rule is
     the module docstring's."""
-    if spec.layout != "nt" or spec.epilogue != "none" or _arch_number(arch) < 90:
+    if spec.layout != "nt" or spec.epilogue != "none" or device.arch_number(arch) < 90:
         return 0
     if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
         return 0
@@ -236,7 +229,7 @@ def clear_memo() -> None:
 
 
 def _build(spec: GemvSpec, arch: str) -> GemvArtifact:
-    if spec.w_dtype in dtypes.FP8_DTYPES and _arch_number(arch) < 89:
+    if spec.w_dtype in dtypes.FP8_DTYPES and device.arch_number(arch) < 89:
         raise ValueError(f"{spec.tag}: FP8 mma.sync needs sm_89 or newer, not {arch}")
     built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
                                meta={"gemv_spec": dataclasses.asdict(spec)})

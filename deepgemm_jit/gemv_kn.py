@@ -131,7 +131,7 @@ def max_m(spec: GemmSpec, arch: str) -> int:
     docstring's rule."""
     if spec.layout not in ("nn", "tn") or spec.epilogue != "none" or spec.grouped or spec.hi_lo or spec.raw_b:
         return 0
-    if not arch.startswith("sm_") or int(arch[3:5]) < 90:
+    if device.arch_number(arch) < 90:
         return 0
     if spec.dtype not in STREAM_DTYPES or spec.b_dtype != spec.dtype or spec.out_dtype not in OUT_DTYPES:
         return 0
@@ -219,13 +219,12 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
 
 
 def describe(spec: GemmSpec, arch: str, num_sms: int) -> dict:
-    """What a call with M <= max_m runs (for ``explain``): the kernel, its launch shape on a GPU of `num_sms` SMs
-    and resources. Compiles the kernel if needed (no GPU required)."""
-    art = get_kernel(GemvKnSpec.for_gemm(spec, num_sms), arch)
-    return {"max_m": max_m(spec, arch), "kernels": [art.spec.tag], "cache_key": art.key, "entry": art.entry,
-            "cluster": art.spec.cluster, "grid": grid(spec, art.spec)[0] * art.spec.cluster,
-            "num_threads": 32 * NUM_WARPS, "registers": art.meta.get("registers"),
-            "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)}
+    """What a call with M <= max_m runs (for ``explain``): the kernel and its launch shape on a GPU of `num_sms`
+    SMs. Not compiled here (as for gemv's, explain stays cheap and works offline): the first such call builds it,
+    or get_kernel / warmup."""
+    kernel = GemvKnSpec.for_gemm(spec, num_sms)
+    return {"max_m": max_m(spec, arch), "kernels": [kernel.tag], "cluster": kernel.cluster,
+            "grid": grid(spec, kernel)[0] * kernel.cluster, "num_threads": 32 * NUM_WARPS}
 
 
 __all__ = ["MAX_M", "GemvKnSpec", "max_m", "operands_fit", "choose_cluster", "plan", "get_kernel", "describe"]
