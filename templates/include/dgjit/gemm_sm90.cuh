@@ -1120,6 +1120,8 @@ struct GemmSm90 {
   static DGJIT_DEVICE void transpose_b(const Smem& smem, uint32_t m, const GroupArgs& ga, const SplitArgs& sk) {
     constexpr uint32_t kSteps = kBlockN * 8 / 32;  // per lane: kBlockN rows x 8 chunks of the K-major slot
     static_assert(kSteps % 2 == 0, "two steps per batch");
+    static_assert(kSmemBBoxBytes % 1024 == 0 && kMnBlockBytes % 1024 == 0,
+                  "raw and K-major slots on the swizzle repeat");
     const uint32_t warp = converter_thread() / 32;
     const uint32_t lane = lane_idx();
     Walk<kWalkSplits> scheduler(m, ga, sk);
@@ -1134,29 +1136,32 @@ struct GemmSm90 {
         // stage's previous use not yet landed). The waits of stages already filled return at once.
         mbarrier_wait(smem.full(state.stage), state.phase);
         if (turn == warp) {
-          const uint32_t raw = shared_addr(smem.b(state.stage));
-          const uint32_t dst = shared_addr(smem.b_lo(state.stage));
-#pragma unroll 1
+          // Step s of a lane: column n = (s / 8) * 32 + lane (box s / 8, row lane of its 32), chunk c = s % 8 (K rows
+          // 4c..4c+3). Both slots are 1024-byte aligned, so each swizzle XOR touches only address bits 4-6 of a
+          // per-lane base, and every other term is a compile-time offset: per stage, 8 XORs serve all the reads
+          // (one per k % 8) and one per write; before, the address arithmetic of each element took ~60 ALU
+          // instructions per two steps and left the converter warps the slowest stage of the ring (ncu, session 29).
+          const uint32_t src = shared_addr(smem.b(state.stage)) + lane * 4;  // row k = 0 of column lane
+          const uint32_t dst = shared_addr(smem.b_lo(state.stage)) + lane * 128 + (lane % 8) * 16;
+          uint32_t src_q[8];  // element (k, lane) of box 0, less k * 128, for k % 8 = q
+#pragma unroll
+          for (uint32_t q = 0; q < 8; ++q) src_q[q] = src ^ (q * 16);
+#pragma unroll
           for (uint32_t step = 0; step < kSteps; step += 2) {
             uint32_t v[2][4];
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
-              const uint32_t i = (step + h) * 32 + lane;
-              const uint32_t n = (i / 256) * 32 + i % 32;  // 256 chunks per 32 columns: lanes along n, then c
-              const uint32_t c = (i / 32) % 8;
-              const uint32_t box = raw + (n / 32) * kMnBlockBytes + ((n % 32) / 4) * 16 + (n % 4) * 4;
+              const uint32_t box = (step + h) / 8, c = (step + h) % 8;
 #pragma unroll
               for (uint32_t j = 0; j < 4; ++j) {
                 const uint32_t k = 4 * c + j;
-                v[h][j] = __float_as_uint(ld_shared_f32((box ^ ((k % 8) * 16)) + k * 128));
+                v[h][j] = __float_as_uint(ld_shared_f32(src_q[k % 8] + box * kMnBlockBytes + k * 128));
               }
             }
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
-              const uint32_t i = (step + h) * 32 + lane;
-              const uint32_t n = (i / 256) * 32 + i % 32;
-              const uint32_t c = (i / 32) % 8;
-              st_shared_v4_b32(dst + n * 128 + ((c ^ (n % 8)) * 16), v[h][0], v[h][1], v[h][2], v[h][3]);
+              const uint32_t box = (step + h) / 8, c = (step + h) % 8;
+              st_shared_v4_b32((dst ^ (c * 16)) + box * 32 * 128, v[h][0], v[h][1], v[h][2], v[h][3]);
             }
           }
           fence_proxy_async_shared();
