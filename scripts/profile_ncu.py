@@ -26,7 +26,11 @@ residual are not supported here). Ping-pong tiles: @BMxBNpp.
 tf32-promoted is the TF32 GEMM of dtype fp32 (3xTF32, K three times the fp32 K). cublas-bf16 / cublas-tf32 profile
 cuBLAS's kernel for the same shape (torch.mm, nt, TF32 allowed for cublas-tf32) to set beside ours.
 
-Usage: python3 -m scripts.profile_ncu --variant NAME[:EPILOGUE][@BMxBN[pp]] [--shape MxNxK] [--launches N]
+--layout nn (or tn, tt) stores the operands that way (default nt); with a gemv- variant and nn / tn, that is the
+(K, N) weight-streaming kernel (gemv_kn.py), 16-bit weights included (gemv_kn.STREAM_DTYPES is widened here).
+
+Usage: python3 -m scripts.profile_ncu --variant NAME[:EPILOGUE][@BMxBN[pp]] [--shape MxNxK] [--layout nt]
+       [--launches N]
 """
 from __future__ import annotations
 
@@ -37,12 +41,13 @@ import sys
 VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32", "tf32-promoted")
 
 
-def build_call(variant: str, m: int, n: int, k: int):
-    """Return (zero-argument launch, Gemm) for `variant`; inputs are random, quantized once."""
+def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt"):
+    """Return (zero-argument launch, Gemm) for `variant`; inputs are random, quantized once, stored as `layout`
+    says (16-bit and TF32 variants; 8-bit ones take nt only)."""
     import cupy
 
     import deepgemm_jit as dg
-    from deepgemm_jit import config, reference
+    from deepgemm_jit import config, gemv_kn, reference
     from deepgemm_jit.quantization import recipe_granularities
     from deepgemm_jit.spec import GemmSpec
 
@@ -54,14 +59,20 @@ def build_call(variant: str, m: int, n: int, k: int):
     streaming = name.startswith("gemv-")
     name = name.removeprefix("gemv-")
     if name.startswith("cublas-"):
+        if layout != "nt":
+            raise SystemExit("--layout: cublas- variants profile nt only")
         return _cublas_call(name.removeprefix("cublas-"), x, w), None
     if name not in VARIANTS:
         raise SystemExit(f"--variant: {name!r} is not one of {VARIANTS}")
+    if layout != "nt" and name not in ("bf16", "tf32"):
+        raise SystemExit(f"--layout {layout}: only the bf16 and tf32 variants take another layout")
+    if streaming:  # profile the kernel a 16-bit (K, N) weight would stream through, though build() does not pick it
+        gemv_kn.STREAM_DTYPES = gemv_kn.WEIGHT_DTYPES
     if name == "fp8-block-warp":  # read when the first call makes its launch plan
         os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "1"
         name = "fp8-block"
     if name in ("bf16", "tf32"):
-        kwargs = {"dtype": name}
+        kwargs = {"dtype": name, "layout": layout}
     elif name == "tf32-promoted":  # the TF32 GEMM inside dtype fp32 (3xTF32): pass K as 3 x the fp32 K
         kwargs = {"dtype": "tf32", "promoted": True}
     else:
@@ -70,7 +81,7 @@ def build_call(variant: str, m: int, n: int, k: int):
     if epilogue:
         kwargs["epilogue"] = epilogue
     if tile:
-        spec_kwargs = {key: kwargs[key] for key in ("dtype", "scaling", "fast_accum", "epilogue", "promoted")
+        spec_kwargs = {key: kwargs[key] for key in ("dtype", "layout", "scaling", "fast_accum", "epilogue", "promoted")
                        if key in kwargs}
         spec = GemmSpec.create(n, k, **spec_kwargs)
         if tile.endswith("pp"):
@@ -88,6 +99,9 @@ def build_call(variant: str, m: int, n: int, k: int):
     if name in ("bf16", "tf32", "tf32-promoted"):
         a = x.astype(dg.dtypes.numpy_dtype(g.spec.dtype))
         b = w.astype(dg.dtypes.numpy_dtype(g.spec.dtype))
+        # Stored as the layout says: the first letter A's (t: a is (K, M)), the second B's (n: b is (K, N)).
+        a = cupy.ascontiguousarray(a.T) if layout[0] == "t" else a
+        b = cupy.ascontiguousarray(b.T) if layout[1] == "n" else b
         return (lambda: g(a, b, out=out, **epi_ops)), g
     granularity = recipe_granularities(kwargs["scaling"])
     qa, sa = dg.quantize(x, "fp8", granularity[0])
@@ -117,12 +131,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", required=True)
     ap.add_argument("--shape", default="4096x7168x16384")
+    ap.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))
     ap.add_argument("--launches", type=int, default=3)
     args = ap.parse_args()
     import cupy
 
     m, n, k = (int(v) for v in args.shape.split("x"))
-    call, g = build_call(args.variant, m, n, k)
+    call, g = build_call(args.variant, m, n, k, args.layout)
     for _ in range(args.launches):
         call()
     cupy.cuda.get_current_stream().synchronize()
