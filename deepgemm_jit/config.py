@@ -357,6 +357,12 @@ SM90_TF32_TRANS_B_MAX_M = 256
 # a stage's latency: 64x128 at 4 stages ran 128 x 7168 x 16384 in 408.6 us where 64x64 at 8 ran 64 rows in 156.9
 # (session 27). Its tiles keep at least this many stages.
 SM90_TRANS_B_MIN_STAGES = 6
+# Such a kernel converts each B block once per M block, so above 64 rows a 64-row tile converts B twice as often per
+# flop as a 128-row one, with one consumer warpgroup beside the converters; the cost model does not see that, so
+# those tiles' costs are scaled by this. Measured at 128 rows (*exp-m-buckets-tf32-nn-trans-b-tiles-s29*): the model's
+# 64x96 s6 ran 28672 x 4096 in 221.9 us and 37888 x 3584 in 235.7 where 128x64 s6 ran 181.8 / 200.7; at
+# N = 3584-4096, where 128-row tiles leave SMs idle, 64x64 s8 stays ahead (4096 x 14336: 108.5 vs 147.2).
+SM90_TRANS_B_ROWS64_COST = 1.1
 
 
 def _trans_b_rows(m_hint: int | None) -> bool:
@@ -888,6 +894,11 @@ SM90_ROWS64_MAX_M = 128
 SM90_ROWS64_BUCKETS = (320,)
 
 
+def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
+    """The cost factor of a tile that converts B once per 64 rows (SM90_TRANS_B_ROWS64_COST), else 1."""
+    return SM90_TRANS_B_ROWS64_COST if block_m == 64 and m_hint > 64 and sm90_trans_b(spec) else 1.0
+
+
 def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
     """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, and at
     SM90_ROWS64_BUCKETS for 8-bit inputs."""
@@ -927,7 +938,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
                                   stages, block_n // 2 if spec.epi.is_gated else None, groups)
-            tiles.append((cost, block_m, block_n, stages, 1))
+            tiles.append((cost * _trans_b_rows64_cost(spec, m_hint, block_m), block_m, block_n, stages, 1))
     if not tiles and preferred_only:
         return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
     filler = _sm90_decode_filler(spec, m_hint, num_sms, tiles)
@@ -938,6 +949,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS:
                 continue
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
+            split_cost *= _trans_b_rows64_cost(spec, m_hint, block_m)
             split_stages = _sm90_stages(spec, block_m, block_n, split_k=True, m_hint=stage_hint)
             if best > 1 and split_cost < SPLIT_MIN_GAIN * unsplit_best and split_stages >= 3:
                 tiles[i] = (split_cost, block_m, block_n, split_stages, best)

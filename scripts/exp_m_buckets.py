@@ -3,7 +3,7 @@ cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_m_buckets [--dtypes bf16,fp8_block] [--ms 300,479,586,...] [--nk 4096x7168,...]
                                      [--against rows|RULE] [--tiles 128x128s6,256x128,...] [--epilogue EPI]
-                                     [--out DIR]
+                                     [--layout nt] [--out DIR]
 
 `build(M)` picks its kernel for config.m_bucket(M). "bucket" = that kernel; the other contender (--against):
 - rows: config.choose_sm90_config at M rounded up to 128 rows (what 128-row buckets give; session 21's first sweeps,
@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--nk", default=None, help="comma list of NxK for every dtype (default: NK per dtype)")
     ap.add_argument("--against", default="rows", choices=("rows", *RULES))
     ap.add_argument("--epilogue", default=None, help="fused epilogue of every contender, e.g. bias+gelu")
+    ap.add_argument("--layout", default="nt", help="operand layout of every row (16-bit and TF32 dtypes)")
     ap.add_argument("--tiles", default="", help="comma list of forced tiles timed beside the rows (BMxBN[sS][p][rR])")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
@@ -81,7 +82,7 @@ def main() -> int:
         info = bench_dtypes.get(dname)
         shapes = NK[dname] if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
         for n, k in shapes:
-            kw = {"dtype": info.lib, "scaling": info.scaling, "epilogue": args.epilogue}
+            kw = {"dtype": info.lib, "scaling": info.scaling, "epilogue": args.epilogue, "layout": args.layout}
             spec = GemmSpec.create(n, k, **kw)
             for m in (int(x) for x in args.ms.split(",")):
                 rng = cupy.random.default_rng(m * 7 + n + k)
@@ -103,7 +104,7 @@ def main() -> int:
                 t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
                 us = {name: r.median_us for name, r in t.items()}
                 us.setdefault(other, us["bucket"])
-                row = {"dtype": dname, "epilogue": spec.epilogue, "m": m, "n": n, "k": k,
+                row = {"dtype": dname, "layout": args.layout, "epilogue": spec.epilogue, "m": m, "n": n, "k": k,
                        "bucket_tile": bucket.config.tag, f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
                        "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values()),
                        "tiles": {t: gemms[t].config.tag for t in gemms if t not in ("bucket", other)},

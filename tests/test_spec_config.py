@@ -148,6 +148,25 @@ def test_tf32_trans_b_tiles_are_whole_boxes_and_cooperative():
         config.sm90_config(nn, 128, 128, pingpong=True).check_for(nn, "sm_90a")
 
 
+def test_tf32_trans_b_128_row_tiles_above_64_rows():
+    """Above 64 rows a 64-row kTransB tile converts each B block twice as often per flop (SM90_TRANS_B_ROWS64_COST):
+    the picks measured on the H200 at 96 and 128 rows (*exp-m-buckets-tf32-nn-trans-b-rows64-cost-s29*) take 128-row
+    tiles (split-K where N leaves SMs idle); at 64 rows and below the 64-row tiles stay."""
+    def pick(m, n, k):
+        spec = GemmSpec.create(n, k, dtype="tf32", layout="nn")
+        cfg = config.choose_sm90_config(spec, config.tile_bucket(spec, m), 132)
+        return cfg.block_m, cfg.block_n, cfg.split_k
+    for m in (96, 128):
+        assert pick(m, 28672, 4096) == (128, 64, False)   # 182.9 us at 128 rows; 64x96 s6 221.6
+        assert pick(m, 37888, 3584) == (128, 64, False)   # 202.1; 64x96 s6 235.8
+        assert pick(m, 4096, 14336) == (128, 64, True)    # 90.2; 64x64 s8 109.6
+        assert pick(m, 4096, 7168) == (128, 64, True)     # 49.8; 64x64 s8 57.2
+    assert pick(64, 28672, 4096)[0] == pick(64, 4096, 7168)[0] == 64
+    # Off the Hopper kTransB kernel (nt, 16-bit nn) nothing changes.
+    nt = GemmSpec.create(4096, 7168, dtype="tf32")
+    assert config._trans_b_rows64_cost(nt, 128, 64) == 1.0
+
+
 def test_sm90_heuristic_follows_waves():
     """Shapes measured on the H200 (docs/NOTES.md): the waves model picks the measured winner."""
     pick = lambda m, n, k: config.choose_config(GemmSpec.create(n, k, dtype="bf16"), m, "sm_90a", 132)
