@@ -87,7 +87,12 @@ class Gemm:
         # Calls with M <= this (and 16-byte aligned rows) run a weight-streaming kernel (0: never): gemv.py's for
         # weights stored (N, K), gemv_kn.py's for weights stored (K, N).
         self.weight_streaming_kernel = gemv if spec.b_k_major else gemv_kn
-        self.weight_streaming_max_m = self.weight_streaming_kernel.max_m(spec, arch) if weight_streaming else 0
+        self.weight_streaming_max_m = 0
+        if weight_streaming and spec.b_k_major:
+            self.weight_streaming_max_m = gemv.max_m(spec, arch)
+        elif weight_streaming:  # gemv_kn's rule counts waves of CTAs: this GPU's SMs (an H200's where none is here)
+            num_sms = device.num_sms_or(config_mod.DEFAULT_SM90_NUM_SMS)
+            self.weight_streaming_max_m = gemv_kn.max_m(spec, arch, num_sms)
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._out_dtypes = _accepted_dtypes(spec.out_dtype)  # FP8 outputs (quantize-on-store) also as uint8
         self._esize = dtypes.get(spec.dtype).storage_bytes

@@ -93,6 +93,11 @@ def num_sms(device_id: int | None = None) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(dev_id)["multiProcessorCount"])
 
 
+def num_sms_or(default: int) -> int:
+    """The current GPU's SM count, or `default` where there is no GPU (offline builds, explain, warmup)."""
+    return num_sms() if gpu_count() > 0 else default
+
+
 def l2_bytes(device_id: int | None = None) -> int:
     import cupy
 

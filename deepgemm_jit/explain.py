@@ -145,7 +145,7 @@ def _num_sms() -> int:
     """The current GPU's SM count, or 132 (the H200's) without a GPU: launch shapes depend on it."""
     from . import device
 
-    return device.num_sms() if device.gpu_count() > 0 else config_mod.DEFAULT_SM90_NUM_SMS
+    return device.num_sms_or(config_mod.DEFAULT_SM90_NUM_SMS)
 
 
 # The M values explain() shows the split-K rule at (grouped: tile counts of a launch).

@@ -17,6 +17,8 @@ Dispatch (:func:`max_m`): ``Gemm.__call__`` launches this kernel instead of its 
 - tf32 (operands rounded to nearest, FP32 accumulation; the kernel also takes bf16 / fp16, which the Hopper tiles
   stream faster: see STREAM_DTYPES), output bf16 / fp16 / fp32;
 - N a whole number of 16-byte chunks, compiled for sm_90 or newer (thread-block clusters);
+- a grid that fits in one wave of CTAs or fills its last wave (:func:`fills_its_last_wave`, MIN_LAST_WAVE: past
+  one wave, a mostly empty last one left the tiles faster);
 
 and the call's B has 16-byte aligned rows (:func:`operands_fit`); otherwise the Gemm's own kernel runs, exactly as
 before. ``build(..., weight_streaming=False)`` turns it off.
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cubin, device, dtypes, jit, runtime
+from . import config, cubin, device, dtypes, jit, runtime
 from . import launch as launch_mod
 from .arrays import MatrixView
 from .launch import LaunchPlan
@@ -62,6 +64,13 @@ WEIGHT_DTYPES = ("bf16", "fp16", "tf32")
 # at its best cluster, 37888x3584 94.4 vs 76.5, 4096x4096 20.5 vs 17.6); TF32 beat them on all six (4096x14336 78.4
 # vs 88.0, 28672x4096 131.7 vs 153.8): the tiles' TF32 main loop needs twice the stages per byte.
 STREAM_DTYPES = ("tf32",)
+# Past one wave (more column blocks than CTAS_PER_SM x SMs, cluster 1), a grid whose last wave is this full or less
+# leaves the Hopper tiles ahead (TF32 M = 1, same run, *exp-gemv-kn-waves-s29*: 18944x4096, last wave 56% full,
+# 119.8 vs tiles 101.5 us; 22528x4096 67%, 122.7 vs 106.4; 24576x4096 73%, 123.5 vs 112.3; 37888x3584 75%, 167.8 vs
+# 148.7), while fuller ones stream faster (28672x4096 85%, 130.7 vs 137.9; 32768x4096 97%, 145.4 vs 148.3;
+# 49152x4096 97%, 212.0 vs 222.4). A larger cluster only narrowed the first group (18944x4096 c4 98.8, 22528x4096 c2
+# 110.3, 24576x4096 c2 116.4, 37888x3584 c2 160.1), so those rows do not stream.
+MIN_LAST_WAVE = 0.8
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 SYMBOLS = ("num_threads", "block_cols", "cluster", "ctas_per_sm")
 
@@ -126,16 +135,29 @@ def choose_cluster(n: int, k: int, element_bytes: int, num_sms: int) -> int:
     return cluster
 
 
-def max_m(spec: GemmSpec, arch: str) -> int:
-    """The largest M for which a Gemm of `spec` compiled for `arch` runs this kernel (0: never): the module
-    docstring's rule."""
+def fills_its_last_wave(n: int, k: int, element_bytes: int, num_sms: int) -> bool:
+    """Whether the grid's last wave is at least MIN_LAST_WAVE full, where it takes more than one (cluster 1 past
+    CTAS_PER_SM CTAs per SM); grids of one wave, and clusters that split K to fill the SMs, do."""
+    col_blocks = -(-n * element_bytes // BLOCK_BYTES)
+    slots = CTAS_PER_SM * num_sms
+    if choose_cluster(n, k, element_bytes, num_sms) > 1 or col_blocks <= slots:
+        return True
+    return col_blocks / (slots * -(-col_blocks // slots)) >= MIN_LAST_WAVE
+
+
+def max_m(spec: GemmSpec, arch: str, num_sms: int = config.DEFAULT_SM90_NUM_SMS) -> int:
+    """The largest M for which a Gemm of `spec` compiled for `arch` runs this kernel on a GPU of `num_sms` SMs
+    (0: never): the module docstring's rule."""
     if spec.layout not in ("nn", "tn") or spec.epilogue != "none" or spec.grouped or spec.hi_lo or spec.raw_b:
         return 0
     if device.arch_number(arch) < 90:
         return 0
     if spec.dtype not in STREAM_DTYPES or spec.b_dtype != spec.dtype or spec.out_dtype not in OUT_DTYPES:
         return 0
-    if (spec.n * dtypes.get(spec.b_dtype).storage_bytes) % CHUNK_BYTES:
+    element_bytes = dtypes.get(spec.b_dtype).storage_bytes
+    if (spec.n * element_bytes) % CHUNK_BYTES:
+        return 0
+    if not fills_its_last_wave(spec.n, spec.k, element_bytes, num_sms):
         return 0
     return DISPATCH_MAX_M
 
@@ -223,8 +245,9 @@ def describe(spec: GemmSpec, arch: str, num_sms: int) -> dict:
     SMs. Not compiled here (as for gemv's, explain stays cheap and works offline): the first such call builds it,
     or get_kernel / warmup."""
     kernel = GemvKnSpec.for_gemm(spec, num_sms)
-    return {"max_m": max_m(spec, arch), "kernels": [kernel.tag], "cluster": kernel.cluster,
+    return {"max_m": max_m(spec, arch, num_sms), "kernels": [kernel.tag], "cluster": kernel.cluster,
             "grid": grid(spec, kernel)[0] * kernel.cluster, "num_threads": 32 * NUM_WARPS}
 
 
-__all__ = ["MAX_M", "GemvKnSpec", "max_m", "operands_fit", "choose_cluster", "plan", "get_kernel", "describe"]
+__all__ = ["MAX_M", "GemvKnSpec", "max_m", "operands_fit", "choose_cluster", "fills_its_last_wave", "plan",
+           "get_kernel", "describe"]

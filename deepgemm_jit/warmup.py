@@ -159,7 +159,7 @@ def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None)
         kernels = []
         if gemv.max_m(entry.spec, arch) > 0:
             kernels = [GemvSpec.for_gemm(entry.spec, m) for m in (1, gemv.max_m(entry.spec, arch))]
-        elif gemv_kn.max_m(entry.spec, arch) > 0:
+        elif gemv_kn.max_m(entry.spec, arch, num_sms or config_mod.DEFAULT_SM90_NUM_SMS) > 0:
             kernels = [GemvKnSpec.for_gemm(entry.spec, num_sms or config_mod.DEFAULT_SM90_NUM_SMS)]
         for kernel in kernels:
             if kernel not in found:

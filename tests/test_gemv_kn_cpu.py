@@ -59,6 +59,23 @@ def test_dispatch_rule():
     assert mm(n=4100, dtype="tf32") == 8 and mm(n=4097, dtype="tf32") == 0  # 16400 bytes: whole chunks; 16388: not
 
 
+def test_dispatch_needs_a_full_last_wave():
+    """Past one wave of CTAs (2 per SM, cluster 1), the last wave must be MIN_LAST_WAVE full; the rows timed on the
+    H200 (*exp-gemv-kn-waves-s29*) and the SM count the rule is given."""
+    def mm(n, k, num_sms=132):
+        return gemv_kn.max_m(GemmSpec.create(n, k, dtype="tf32", layout="nn"), ARCH, num_sms)
+
+    # Streamed faster than the tiles: one wave, or a last wave 85-97% full.
+    assert mm(16384, 4096) == mm(28672, 4096) == mm(32768, 4096) == mm(49152, 4096) == 8
+    # Slower: last waves 56-75% full.
+    assert mm(18944, 4096) == mm(22528, 4096) == mm(24576, 4096) == mm(37888, 3584) == 0
+    # Clusters that split K fill the SMs in one wave; the wave is the GPU's: 18944 columns are 296 CTAs, 4% past
+    # 2 x 142 SMs (a last wave 4% full) but one wave on 148.
+    assert mm(4096, 4096) == mm(8192, 3584) == 8
+    assert mm(18944, 4096, num_sms=142) == 0 and mm(18944, 4096, num_sms=148) == 8
+    assert gemv_kn.fills_its_last_wave(18944, 4096, 4, 148) and not gemv_kn.fills_its_last_wave(18944, 4096, 4, 132)
+
+
 @pytest.mark.parametrize("w,out,cluster", [("bf16", "bf16", 1), ("fp16", "fp16", 2), ("bf16", "fp32", 4),
                                             ("tf32", "fp32", 8), ("tf32", "fp32", 1), ("fp16", "fp32", 8)])
 def test_compiles_without_local_memory(w, out, cluster, shared_cache_dir, monkeypatch):
