@@ -17,8 +17,8 @@ Dispatch (:func:`max_m`): ``Gemm.__call__`` launches this kernel instead of its 
 - tf32 (operands rounded to nearest, FP32 accumulation; the kernel also takes bf16 / fp16, which the Hopper tiles
   stream faster: see STREAM_DTYPES), output bf16 / fp16 / fp32;
 - N a whole number of 16-byte chunks, compiled for sm_90 or newer (thread-block clusters);
-- a grid that fits in one wave of CTAs or fills its last wave (:func:`fills_its_last_wave`, MIN_LAST_WAVE: past
-  one wave, a mostly empty last one left the tiles faster);
+- a grid whose last (or only) wave of CTAs is nearly full (:func:`fills_its_last_wave`, MIN_LAST_WAVE: a
+  partly empty one left the tiles faster);
 
 and the call's B has 16-byte aligned rows (:func:`operands_fit`); otherwise the Gemm's own kernel runs, exactly as
 before. ``build(..., weight_streaming=False)`` turns it off.
@@ -64,12 +64,14 @@ WEIGHT_DTYPES = ("bf16", "fp16", "tf32")
 # at its best cluster, 37888x3584 94.4 vs 76.5, 4096x4096 20.5 vs 17.6); TF32 beat them on all six (4096x14336 78.4
 # vs 88.0, 28672x4096 131.7 vs 153.8): the tiles' TF32 main loop needs twice the stages per byte.
 STREAM_DTYPES = ("tf32",)
-# Past one wave (more column blocks than CTAS_PER_SM x SMs, cluster 1), a grid whose last wave is this full or less
-# leaves the Hopper tiles ahead (TF32 M = 1, same run, *exp-gemv-kn-waves-s29*: 18944x4096, last wave 56% full,
-# 119.8 vs tiles 101.5 us; 22528x4096 67%, 122.7 vs 106.4; 24576x4096 73%, 123.5 vs 112.3; 37888x3584 75%, 167.8 vs
-# 148.7), while fuller ones stream faster (28672x4096 85%, 130.7 vs 137.9; 32768x4096 97%, 145.4 vs 148.3;
-# 49152x4096 97%, 212.0 vs 222.4). A larger cluster only narrowed the first group (18944x4096 c4 98.8, 22528x4096 c2
-# 110.3, 24576x4096 c2 116.4, 37888x3584 c2 160.1), so those rows do not stream.
+# At cluster 1 (more column blocks than SMs), a grid whose last (or only) wave fills less than this share of the
+# CTA slots (CTAS_PER_SM per SM) left the Hopper tiles ahead (TF32 M = 1, same run): past one wave
+# (*exp-gemv-kn-waves-s29*) 18944x4096, last wave 56% full, 119.8 vs tiles 101.5 us; 22528x4096 67%, 122.7 vs
+# 106.4; 24576x4096 73%, 123.5 vs 112.3; 37888x3584 75%, 167.8 vs 148.7; within one (*exp-gemv-kn-one-wave-band-s29*)
+# 10240x4096 61%, 56.9 vs 53.8; 11008x4096 65%, 57.9 vs 55.0; 12288x4096 73%, 62.0 vs 58.5. Fuller grids stream
+# faster: 13824x5120 82%, 80.7 vs 86.7; 14336x4096 85%, 67.8 vs 70.9; 28672x4096 85%, 130.7 vs 137.9; 32768x4096
+# and 49152x4096 97%. A larger cluster only narrowed the first group (18944x4096 c4 98.8, 22528x4096 c2 110.3,
+# 24576x4096 c2 116.4, 37888x3584 c2 160.1; within one wave c2 was slower than c1), so those rows do not stream.
 MIN_LAST_WAVE = 0.8
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 SYMBOLS = ("num_threads", "block_cols", "cluster", "ctas_per_sm")
@@ -136,12 +138,12 @@ def choose_cluster(n: int, k: int, element_bytes: int, num_sms: int) -> int:
 
 
 def fills_its_last_wave(n: int, k: int, element_bytes: int, num_sms: int) -> bool:
-    """Whether the grid's last wave is at least MIN_LAST_WAVE full, where it takes more than one (cluster 1 past
-    CTAS_PER_SM CTAs per SM); grids of one wave, and clusters that split K to fill the SMs, do."""
+    """Whether the grid's last (or only) wave fills at least MIN_LAST_WAVE of the CTA slots (CTAS_PER_SM per SM)
+    at cluster 1; grids whose cluster splits K to fill the SMs (choose_cluster) always do."""
+    if choose_cluster(n, k, element_bytes, num_sms) > 1:
+        return True
     col_blocks = -(-n * element_bytes // BLOCK_BYTES)
     slots = CTAS_PER_SM * num_sms
-    if choose_cluster(n, k, element_bytes, num_sms) > 1 or col_blocks <= slots:
-        return True
     return col_blocks / (slots * -(-col_blocks // slots)) >= MIN_LAST_WAVE
 
 

@@ -60,18 +60,20 @@ def test_dispatch_rule():
 
 
 def test_dispatch_needs_a_full_last_wave():
-    """Past one wave of CTAs (2 per SM, cluster 1), the last wave must be MIN_LAST_WAVE full; the rows timed on the
-    H200 (*exp-gemv-kn-waves-s29*) and the SM count the rule is given."""
+    """At cluster 1 the last (or only) wave of CTAs (2 per SM) must be MIN_LAST_WAVE full: the rows timed on the
+    H200 (*exp-gemv-kn-waves-s29*, *exp-gemv-kn-one-wave-band-s29*) and the SM count the rule is given."""
     def mm(n, k, num_sms=132):
         return gemv_kn.max_m(GemmSpec.create(n, k, dtype="tf32", layout="nn"), ARCH, num_sms)
 
-    # Streamed faster than the tiles: one wave, or a last wave 85-97% full.
+    # Streamed faster than the tiles: waves 82-97% full.
     assert mm(16384, 4096) == mm(28672, 4096) == mm(32768, 4096) == mm(49152, 4096) == 8
-    # Slower: last waves 56-75% full.
+    assert mm(14336, 4096) == mm(13824, 5120) == 8
+    # Slower: 56-75% full, past one wave or within it.
     assert mm(18944, 4096) == mm(22528, 4096) == mm(24576, 4096) == mm(37888, 3584) == 0
-    # Clusters that split K fill the SMs in one wave; the wave is the GPU's: 18944 columns are 296 CTAs, 4% past
-    # 2 x 142 SMs (a last wave 4% full) but one wave on 148.
-    assert mm(4096, 4096) == mm(8192, 3584) == 8
+    assert mm(10240, 4096) == mm(11008, 4096) == mm(12288, 4096) == 0
+    # Clusters that split K fill the SMs; the wave is the GPU's: 18944 columns are 296 CTAs, 4% past 2 x 142 SMs
+    # but exactly one wave on 148.
+    assert mm(4096, 4096) == mm(8192, 3584) == mm(1280, 8192) == 8
     assert mm(18944, 4096, num_sms=142) == 0 and mm(18944, 4096, num_sms=148) == 8
     assert gemv_kn.fills_its_last_wave(18944, 4096, 4, 148) and not gemv_kn.fills_its_last_wave(18944, 4096, 4, 132)
 
