@@ -139,10 +139,11 @@ def choose_cluster(n: int, k: int, element_bytes: int, num_sms: int) -> int:
 
 def fills_its_last_wave(n: int, k: int, element_bytes: int, num_sms: int) -> bool:
     """Whether the grid's last (or only) wave fills at least MIN_LAST_WAVE of the CTA slots (CTAS_PER_SM per SM)
-    at cluster 1; grids whose cluster splits K to fill the SMs (choose_cluster) always do."""
-    if choose_cluster(n, k, element_bytes, num_sms) > 1:
-        return True
+    where its column blocks alone outnumber the SMs (cluster 1); grids whose cluster splits K to fill the SMs, and
+    small ones that K leaves at cluster 1 (choose_cluster), are not held to it."""
     col_blocks = -(-n * element_bytes // BLOCK_BYTES)
+    if choose_cluster(n, k, element_bytes, num_sms) > 1 or col_blocks <= num_sms:
+        return True
     slots = CTAS_PER_SM * num_sms
     return col_blocks / (slots * -(-col_blocks // slots)) >= MIN_LAST_WAVE
 

@@ -74,6 +74,8 @@ def test_dispatch_needs_a_full_last_wave():
     # Clusters that split K fill the SMs; the wave is the GPU's: 18944 columns are 296 CTAs, 4% past 2 x 142 SMs
     # but exactly one wave on 148.
     assert mm(4096, 4096) == mm(8192, 3584) == mm(1280, 8192) == 8
+    # Grids that K leaves at cluster 1 with fewer column blocks than SMs are not held to it.
+    assert mm(68, 40) == mm(7168, 24) == 8 and gemv_kn.choose_cluster(7168, 24, 4, 132) == 1
     assert mm(18944, 4096, num_sms=142) == 0 and mm(18944, 4096, num_sms=148) == 8
     assert gemv_kn.fills_its_last_wave(18944, 4096, 4, 148) and not gemv_kn.fills_its_last_wave(18944, 4096, 4, 132)
 
