@@ -19,7 +19,6 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
 import struct
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ import numpy as np
 from . import cubin, jit, runtime
 from .arrays import MatrixView
 from .launch import LaunchPlan
-from .render import RenderedSource, render
+from .render import RenderedSource
 
 KINDS = ("transpose", "rows")
 TILE = 32            # transpose: the kernel's kTile (a 32 x 32 tile per block of (TILE, 8) threads)
@@ -87,28 +86,22 @@ class CopyArtifact(jit.BuiltKernel):
     arch: str
 
 
-_memo: jit.Memo[CopyArtifact] = jit.Memo()
+# Each new copy kernel is checked against this module's mirror of its sizes (check_symbols, defined below).
+_family: jit.KernelFamily[CopyArtifact] = jit.KernelFamily(_TEMPLATE, CopyArtifact, "copy_spec",
+                                                            check=lambda artifact: check_symbols(artifact))
 
 
 def render_kernel(spec: CopySpec) -> RenderedSource:
-    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+    return _family.render(spec)
 
 
 def get_kernel(spec: CopySpec, arch: str) -> CopyArtifact:
     """The copy kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
-    return _memo.get((spec, arch), lambda: _build(spec, arch))
+    return _family.get(spec, arch)
 
 
 def clear_memo() -> None:
-    _memo.clear()
-
-
-def _build(spec: CopySpec, arch: str) -> CopyArtifact:
-    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
-                               meta={"copy_spec": dataclasses.asdict(spec)})
-    artifact = CopyArtifact(**vars(built), spec=spec, arch=arch)
-    check_symbols(artifact)
-    return artifact
+    _family.clear()
 
 
 def check_symbols(artifact: CopyArtifact) -> None:

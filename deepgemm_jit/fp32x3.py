@@ -35,7 +35,7 @@ from . import epilogue as epilogue_mod
 from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view, signature
 from .errors import KernelNotCachedError
 from .quantization import _empty as _stream_array  # a new array of the caller's library, for the call's stream
-from .render import RenderedSource, render
+from .render import RenderedSource
 from .spec import LAYOUTS, MAX_DIM, GemmSpec, OperandLayout, _check_dim
 
 # Mirrors of dgjit/split_tf32.cuh (each cubin exports them as `<entry>_<name>` symbols; checked before launch).
@@ -218,26 +218,21 @@ class SplitArtifact(jit.BuiltKernel):
     arch: str
 
 
-_memo: jit.Memo[SplitArtifact] = jit.Memo()
+_family: jit.KernelFamily[SplitArtifact] = jit.KernelFamily(_TEMPLATE, SplitArtifact, "split_spec",
+                                                             extra_meta={"num_threads": NUM_THREADS})
 
 
 def render_kernel(spec: SplitKernelSpec) -> RenderedSource:
-    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+    return _family.render(spec)
 
 
 def get_kernel(spec: SplitKernelSpec, arch: str) -> SplitArtifact:
     """The split kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
-    return _memo.get((spec, arch), lambda: _build(spec, arch))
+    return _family.get(spec, arch)
 
 
 def clear_memo() -> None:
-    _memo.clear()
-
-
-def _build(spec: SplitKernelSpec, arch: str) -> SplitArtifact:
-    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
-                               meta={"split_spec": dataclasses.asdict(spec), "num_threads": NUM_THREADS})
-    return SplitArtifact(**vars(built), spec=spec, arch=arch)
+    _family.clear()
 
 
 def kernel_symbols(artifact: SplitArtifact) -> dict[str, int]:

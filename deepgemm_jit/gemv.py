@@ -29,7 +29,6 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +37,7 @@ from . import config, cubin, device, dtypes, jit, runtime
 from . import launch as launch_mod
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
-from .render import RenderedSource, render
+from .render import RenderedSource
 from .spec import GemmSpec
 
 MAX_M = 16                # what the kernel takes: two n8 token tiles of mma.sync
@@ -212,28 +211,22 @@ class GemvArtifact(jit.BuiltKernel):
     arch: str
 
 
-_memo: jit.Memo[GemvArtifact] = jit.Memo()
+_family: jit.KernelFamily[GemvArtifact] = jit.KernelFamily(_TEMPLATE, GemvArtifact, "gemv_spec")
 
 
 def render_kernel(spec: GemvSpec) -> RenderedSource:
-    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+    return _family.render(spec)
 
 
 def get_kernel(spec: GemvSpec, arch: str) -> GemvArtifact:
     """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
-    return _memo.get((spec, arch), lambda: _build(spec, arch))
+    if spec.w_dtype in dtypes.FP8_DTYPES and device.arch_number(arch) < 89:
+        raise ValueError(f"{spec.tag}: FP8 mma.sync needs sm_89 or newer, not {arch}")
+    return _family.get(spec, arch)
 
 
 def clear_memo() -> None:
-    _memo.clear()
-
-
-def _build(spec: GemvSpec, arch: str) -> GemvArtifact:
-    if spec.w_dtype in dtypes.FP8_DTYPES and device.arch_number(arch) < 89:
-        raise ValueError(f"{spec.tag}: FP8 mma.sync needs sm_89 or newer, not {arch}")
-    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
-                               meta={"gemv_spec": dataclasses.asdict(spec)})
-    return GemvArtifact(**vars(built), spec=spec, arch=arch)
+    _family.clear()
 
 
 def kernel_symbols(artifact: GemvArtifact) -> dict[str, int]:

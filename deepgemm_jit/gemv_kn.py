@@ -30,7 +30,6 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +38,7 @@ from . import config, cubin, device, dtypes, jit, runtime
 from . import launch as launch_mod
 from .arrays import MatrixView
 from .launch import LaunchPlan
-from .render import RenderedSource, render
+from .render import RenderedSource
 from .spec import GemmSpec
 
 MAX_M = 8                 # the MMA's N side
@@ -121,11 +120,16 @@ class GemvKnSpec:
                    cluster=choose_cluster(spec.n, spec.k, dtypes.get(spec.b_dtype).storage_bytes, num_sms))
 
 
+def column_blocks(n: int, element_bytes: int) -> int:
+    """CTAs along N: BLOCK_BYTES of each weight row per CTA."""
+    return -(-n * element_bytes // BLOCK_BYTES)
+
+
 def choose_cluster(n: int, k: int, element_bytes: int, num_sms: int) -> int:
     """CTAs per cluster (K split across them): the smallest whose grid gives MIN_FILL of the SMs a CTA (1 only where
     the column blocks alone outnumber the SMs), at most the largest that leaves each warp MIN_STEPS_PER_WARP steps
     of K."""
-    col_blocks = -(-n * element_bytes // BLOCK_BYTES)
+    col_blocks = column_blocks(n, element_bytes)
     steps = -(-k // STEP_K[element_bytes])
     cluster = 1
     for c in CLUSTERS:
@@ -141,7 +145,7 @@ def fills_its_last_wave(n: int, k: int, element_bytes: int, num_sms: int) -> boo
     """Whether the grid's last (or only) wave fills at least MIN_LAST_WAVE of the CTA slots (CTAS_PER_SM per SM)
     where its column blocks alone outnumber the SMs (cluster 1); grids whose cluster splits K to fill the SMs, and
     small ones that K leaves at cluster 1 (choose_cluster), are not held to it."""
-    col_blocks = -(-n * element_bytes // BLOCK_BYTES)
+    col_blocks = column_blocks(n, element_bytes)
     if choose_cluster(n, k, element_bytes, num_sms) > 1 or col_blocks <= num_sms:
         return True
     slots = CTAS_PER_SM * num_sms
@@ -181,26 +185,20 @@ class GemvKnArtifact(jit.BuiltKernel):
     arch: str
 
 
-_memo: jit.Memo[GemvKnArtifact] = jit.Memo()
+_family: jit.KernelFamily[GemvKnArtifact] = jit.KernelFamily(_TEMPLATE, GemvKnArtifact, "gemv_kn_spec")
 
 
 def render_kernel(spec: GemvKnSpec) -> RenderedSource:
-    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+    return _family.render(spec)
 
 
 def get_kernel(spec: GemvKnSpec, arch: str) -> GemvKnArtifact:
     """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
-    return _memo.get((spec, arch), lambda: _build(spec, arch))
+    return _family.get(spec, arch)
 
 
 def clear_memo() -> None:
-    _memo.clear()
-
-
-def _build(spec: GemvKnSpec, arch: str) -> GemvKnArtifact:
-    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
-                               meta={"gemv_kn_spec": dataclasses.asdict(spec)})
-    return GemvKnArtifact(**vars(built), spec=spec, arch=arch)
+    _family.clear()
 
 
 def check_symbols(artifact: GemvKnArtifact) -> None:

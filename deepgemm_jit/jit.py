@@ -3,7 +3,8 @@
 Order of look-ups: the in-process memo, then the disk cache, then NVRTC (under
 the cache's cross-process lock). ``build_artifact`` is the disk-cache-then-NVRTC step for any rendered
 source (the GEMMs here, the quantization kernels in ``quantization.py``) and ``Memo`` the memo in front of
-it, so that every kernel family follows the same cache rules.
+it, so that every kernel family follows the same cache rules; ``KernelFamily`` puts the two together for the
+families with a template of their own (gemv, gemv_kn, copies, quantization, fp32x3).
 """
 from __future__ import annotations
 
@@ -81,6 +82,42 @@ class Memo(Generic[Artifact]):
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+
+class KernelFamily(Generic[Artifact]):
+    """A kernel family with a template of its own (decode, copies, quantization, the 3xTF32 split): a spec (frozen
+    dataclass with ``entry`` and ``tag``) renders `template`, builds through ``build_artifact`` and is memoized per
+    process and templates directory. `artifact` is the family's BuiltKernel subclass, made with the spec and arch;
+    its metadata records the spec under `meta_key` (and `extra_meta`); `check` runs on each newly built artifact
+    (e.g. the module's mirror of the kernel's exported sizes)."""
+
+    def __init__(self, template: str, artifact: type, meta_key: str, extra_meta: dict | None = None,
+                 check: Callable[[Artifact], None] | None = None) -> None:
+        self.template, self.artifact, self.meta_key = template, artifact, meta_key
+        self.extra_meta, self.check = extra_meta or {}, check
+        self._memo: Memo[Artifact] = Memo()
+
+    def render(self, spec) -> RenderedSource:
+        return render(self.template, spec.entry, spec=spec, tag=spec.tag)
+
+    def get(self, spec, arch: str) -> Artifact:
+        """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
+        return self._memo.get((spec, arch), lambda: self._build(spec, arch))
+
+    def clear(self) -> None:
+        self._memo.clear()
+
+    def memoized(self) -> int:
+        """Kernels in the in-process memo (tests: what a call built)."""
+        return len(self._memo._items)
+
+    def _build(self, spec, arch: str) -> Artifact:
+        built = build_artifact(self.render(spec), arch, spec_tag=spec.tag,
+                               meta={self.meta_key: dataclasses.asdict(spec), **self.extra_meta})
+        artifact = self.artifact(**vars(built), spec=spec, arch=arch)
+        if self.check is not None:
+            self.check(artifact)
+        return artifact
 
 
 _memo: Memo[KernelArtifact] = Memo()

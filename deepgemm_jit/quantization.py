@@ -37,7 +37,7 @@ from . import config, cubin, device, dtypes, jit, runtime
 from .arrays import (ScaleView, array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape,
                      mn_major_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
-from .render import RenderedSource, render
+from .render import RenderedSource
 
 GRANULARITIES = ("tensor", "row", "group128", "block128")
 INT8_GRANULARITIES = ("tensor", "row")
@@ -173,28 +173,22 @@ class QuantArtifact(jit.BuiltKernel):
     arch: str
 
 
-_memo: jit.Memo[QuantArtifact] = jit.Memo()
+_family: jit.KernelFamily[QuantArtifact] = jit.KernelFamily(_TEMPLATE, QuantArtifact, "quant_spec")
 
 
 def render_kernel(spec: QuantKernelSpec) -> RenderedSource:
-    return render(_TEMPLATE, spec.entry, spec=spec, tag=spec.tag)
+    return _family.render(spec)
 
 
 def get_kernel(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
     """The kernel of `spec` for `arch`: from the in-process memo, the disk cache, or NVRTC (once)."""
-    return _memo.get((spec, arch), lambda: _build(spec, arch))
+    return _family.get(spec, arch)
 
 
 def clear_memo() -> None:
-    _memo.clear()
+    _family.clear()
     _plans.clear()
     _new_output_plans.clear()
-
-
-def _build(spec: QuantKernelSpec, arch: str) -> QuantArtifact:
-    built = jit.build_artifact(render_kernel(spec), arch, spec_tag=spec.tag,
-                               meta={"quant_spec": dataclasses.asdict(spec)})
-    return QuantArtifact(**vars(built), spec=spec, arch=arch)
 
 
 def _quantize_kernels(spec: QuantKernelSpec, arch: str) -> tuple[QuantArtifact, QuantArtifact | None]:

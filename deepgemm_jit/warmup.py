@@ -153,14 +153,15 @@ def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None)
     uses (M <= 8), whose code does not depend on N or K, and gemv_kn's cluster size for N, K on `num_sms` SMs (None:
     the arch's usual count), so a model needs only a few."""
     found: list[GemvSpec | GemvKnSpec] = []
+    num_sms = num_sms or config_mod.DEFAULT_SM90_NUM_SMS
     for entry in entries:
         if entry.spec.grouped or not entry.m_buckets or entry.m_buckets[0] != 64:  # grouped: its own kernel always
             continue
         kernels = []
         if gemv.max_m(entry.spec, arch) > 0:
             kernels = [GemvSpec.for_gemm(entry.spec, m) for m in (1, gemv.max_m(entry.spec, arch))]
-        elif gemv_kn.max_m(entry.spec, arch, num_sms or config_mod.DEFAULT_SM90_NUM_SMS) > 0:
-            kernels = [GemvKnSpec.for_gemm(entry.spec, num_sms or config_mod.DEFAULT_SM90_NUM_SMS)]
+        elif gemv_kn.max_m(entry.spec, arch, num_sms) > 0:
+            kernels = [GemvKnSpec.for_gemm(entry.spec, num_sms)]
         for kernel in kernels:
             if kernel not in found:
                 found.append(kernel)
