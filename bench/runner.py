@@ -333,10 +333,12 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
 
     g, row["build_s"] = _build(case, ctx)
     row["family"], row["config"], row["config_fields"] = _config_strings(g)
-    if m <= getattr(g, "weight_streaming_max_m", 0):  # the call runs the decode kernel, not g.config's
-        from deepgemm_jit import gemv
+    if m <= getattr(g, "weight_streaming_max_m", 0):  # the call runs a decode kernel, not g.config's
+        from deepgemm_jit import config, device, gemv, gemv_kn
 
-        row["family"], row["config"] = "gemv", gemv.GemvSpec.for_gemm(g.spec, m).tag
+        kernel = (gemv.kernel_for(g.spec, m, g.arch) if g.weight_streaming_kernel is gemv else
+                  gemv_kn.GemvKnSpec.for_gemm(g.spec, device.num_sms_or(config.DEFAULT_SM90_NUM_SMS)))
+        row["family"], row["config"] = "gemv", kernel.tag
     # An epilogue row also builds the same GEMM without the epilogue: the time the epilogue is measured against.
     g_plain = _build(dataclasses.replace(case, epilogue=None), ctx)[0] if case.epilogue else None
     if g_plain is not None:

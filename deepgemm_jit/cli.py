@@ -96,8 +96,15 @@ def _cmd_explain(args) -> int:
     print(f"SASS      {mix}")
     decode = info.get("weight_streaming", {})
     if decode.get("max_m"):
-        launch = (f"cluster {decode['cluster']}" if "cluster" in decode else f"warps_k {decode.get('warps_k')}")
-        print(f"decode    M <= {decode['max_m']}: {', '.join(decode['kernels'])} ({launch}, grid {decode['grid']}; "
+        launches = []
+        if "row_sweep" in decode:
+            rows = decode["row_sweep"]
+            launches.append(f"M <= {rows['max_m']}: {rows['num_threads']} threads x {rows['chunks']} words a row, "
+                            f"grid {rows['grid']}")
+        if "cluster" in decode or "warps_k" in decode:
+            launch = f"cluster {decode['cluster']}" if "cluster" in decode else f"warps_k {decode['warps_k']}"
+            launches.append(f"{launch}, grid {decode['grid']}")
+        print(f"decode    M <= {decode['max_m']}: {', '.join(decode['kernels'])} ({'; '.join(launches)}; "
               f"needs {decode['condition']})")
     split = info.get("split_k", {})
     if split.get("kernel"):

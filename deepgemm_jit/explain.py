@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import cubin, gemv, gemv_kn, launch, sass, splitk
+from . import cubin, gemv, gemv_kn, gemv_rows, launch, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -98,11 +98,17 @@ def _weight_streaming(gemm) -> dict:
         return {"max_m": 0}
     if gemm.weight_streaming_kernel is gemv_kn:  # weights stored (K, N)
         return dict(gemv_kn.describe(gemm.spec, gemm.arch, _num_sms()), condition="16-byte aligned rows of b")
-    spec = gemm.artifact.spec
-    warps_k = gemv.launch_warps_k(spec, gemv.GemvSpec.for_gemm(spec, 1), _num_sms())  # the M = 1 kernel's grid
-    return {"max_m": max_m, "kernels": sorted({gemv.GemvSpec.for_gemm(spec, m).tag for m in (1, max_m)}),
-            "warps_k": warps_k, "grid": gemv.grid_size(spec.n, warps_k), "num_threads": 32 * gemv.NUM_WARPS,
+    spec, arch = gemm.artifact.spec, gemm.arch
+    info = {"max_m": max_m, "kernels": sorted({gemv.kernel_for(spec, m, arch).tag for m in range(1, max_m + 1)}),
             "condition": "16-byte aligned rows of a and b"}
+    rows_max_m = gemv_rows.max_m(spec, arch)
+    if rows_max_m:  # the smallest M: the row sweep (gemv_rows.py), its M = 1 launch
+        info["row_sweep"] = {"max_m": rows_max_m, **gemv_rows.describe(spec, 1, _num_sms())}
+    if gemv.mma_max_m(spec, arch):  # the mma.sync kernel's launch at its smallest M
+        m = rows_max_m + 1
+        warps_k = gemv.launch_warps_k(spec, gemv.GemvSpec.for_gemm(spec, m), _num_sms())
+        info.update(warps_k=warps_k, grid=gemv.grid_size(spec.n, warps_k), num_threads=32 * gemv.NUM_WARPS)
+    return info
 
 
 def _partial_sets(gemm) -> int:

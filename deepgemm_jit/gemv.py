@@ -8,8 +8,10 @@ MMA's M side, the tokens on its N side), splits K across the warps of a CTA and 
 in a fixed order (the same bits on every run; nothing is allocated and nothing synchronises, so it is
 graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
 
-Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches this kernel instead of its own when the
-call's M is at most :data:`DISPATCH_MAX_M`, the weight is not one the Hopper tiles stream faster (N at least
+Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches a decode kernel of this module's instead of its
+own: at the M where gemv_rows.py's rule takes the call (M <= 2 with 16-bit weights of rows >= 2 KB), that
+row-sweep kernel (:func:`kernel_for`, :func:`plan`); otherwise this one, when the call's M is at most
+:data:`DISPATCH_MAX_M`, the weight is not one the Hopper tiles stream faster (N at least
 :data:`TILES_MIN_N` and K at least :data:`TILES_MIN_K_16BIT` / :data:`TILES_MIN_K_FP8`, or for FP8 at most
 :data:`TILES_MAX_SHORT_K_FP8`), and the Gemm is
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config, cubin, device, dtypes, jit, runtime
+from . import config, cubin, device, dtypes, gemv_rows, jit, runtime
 from . import launch as launch_mod
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
@@ -138,8 +140,14 @@ class GemvSpec:
 
 
 def max_m(spec: GemmSpec, arch: str) -> int:
-    """The largest M for which a Gemm of `spec` compiled for `arch` runs this kernel (0: never). The rule is
-    the module docstring's."""
+    """The largest M for which a Gemm of `spec` compiled for `arch` runs a decode kernel of this module (0: never):
+    the row sweep's (gemv_rows.max_m) or the mma.sync kernel's (:func:`mma_max_m`), whichever reaches further."""
+    return max(mma_max_m(spec, arch), gemv_rows.max_m(spec, arch))
+
+
+def mma_max_m(spec: GemmSpec, arch: str) -> int:
+    """The largest M for which a Gemm of `spec` compiled for `arch` runs this module's mma.sync kernel (0: never;
+    the row sweep may still take the smallest M). The rule is the module docstring's."""
     if spec.layout != "nt" or spec.epilogue != "none" or device.arch_number(arch) < 90:
         return 0
     if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
@@ -157,10 +165,22 @@ def use_weight_streaming(spec: GemmSpec, m: int, arch: str = "sm_90a") -> bool:
 
     >>> use_weight_streaming(GemmSpec.create(2112, 7168, "bf16"), 1)
     True
-    >>> use_weight_streaming(GemmSpec.create(7168, 16384, "bf16"), 1)
+    >>> use_weight_streaming(GemmSpec.create(7168, 16384, "bf16"), 3)
     False
     """
     return 1 <= m <= max_m(spec, arch)
+
+
+def kernel_for(spec: GemmSpec, m: int, arch: str = "sm_90a") -> "GemvSpec | gemv_rows.GemvRowsSpec":
+    """The decode kernel a call of `spec` with M = `m` runs, given :func:`use_weight_streaming`: the row sweep's
+    where its rule takes M, else this module's mma.sync kernel.
+
+    >>> [kernel_for(GemmSpec.create(2112, 7168, "bf16"), m).tag for m in (1, 2, 8)]
+    ['gemv_rows_bf16_bf16_m1_224x4', 'gemv_rows_bf16_bf16_m2_224x4', 'gemv_bf16_bf16_t1']
+    """
+    if m <= gemv_rows.max_m(spec, arch):
+        return gemv_rows.GemvRowsSpec.for_gemm(spec, m)
+    return GemvSpec.for_gemm(spec, m)
 
 
 def operands_fit(va: MatrixView, vb: MatrixView) -> bool:
@@ -248,8 +268,11 @@ def check_symbols(artifact: GemvArtifact) -> None:
 
 def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, device_id: int,
          sa: ScaleView | None = None, sb: ScaleView | None = None) -> LaunchPlan:
-    """A ``launch.LaunchPlan`` of the weight-streaming kernel for validated operands (1 <= m <= MAX_M,
-    :func:`operands_fit` true, scales as ``Gemm`` validated them). Compiles or loads the kernel on first use."""
+    """A ``launch.LaunchPlan`` of the decode kernel :func:`kernel_for` names, for validated operands (1 <= m <=
+    MAX_M, :func:`operands_fit` true, scales as ``Gemm`` validated them). Compiles or loads the kernel on first
+    use."""
+    if m <= gemv_rows.max_m(spec, arch) and operands_fit(va, vb):
+        return gemv_rows.plan(spec, arch, m, va, vb, vd, device_id)
     if not 1 <= m <= MAX_M:
         raise ValueError(f"M={m}: the weight-streaming kernel takes 1 <= M <= {MAX_M}")
     if not operands_fit(va, vb):
@@ -284,13 +307,18 @@ def describe(spec: GemmSpec, arch: str, m: int, num_sms: int = config.DEFAULT_SM
     its launch shape (on a GPU of `num_sms` SMs) and resources. Compiles the kernel if needed (no GPU required)."""
     if not use_weight_streaming(spec, m, arch):
         return {"used": False, "max_m": max_m(spec, arch)}
-    art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
-    warps_k = launch_warps_k(spec, art.spec, num_sms)
-    return {"used": True, "max_m": max_m(spec, arch), "tag": art.spec.tag, "cache_key": art.key, "entry": art.entry,
-            "warps_k": warps_k, "grid": grid_size(spec.n, warps_k), "num_threads": 32 * NUM_WARPS,
-            "registers": art.meta.get("registers"),
-            "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)}
+    if m <= gemv_rows.max_m(spec, arch):
+        art = gemv_rows.get_kernel(gemv_rows.GemvRowsSpec.for_gemm(spec, m), arch)
+        launch = gemv_rows.describe(spec, m, num_sms)
+    else:
+        art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
+        warps_k = launch_warps_k(spec, art.spec, num_sms)
+        launch = {"tag": art.spec.tag, "warps_k": warps_k, "grid": grid_size(spec.n, warps_k),
+                  "num_threads": 32 * NUM_WARPS}
+    spill = (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)
+    return {"used": True, "max_m": max_m(spec, arch), "cache_key": art.key, "entry": art.entry, **launch,
+            "registers": art.meta.get("registers"), "spill_bytes": spill}
 
 
-__all__ = ["MAX_M", "GemvSpec", "use_weight_streaming", "max_m", "operands_fit", "choose_warps_k", "launch_warps_k",
-           "plan", "get_kernel", "describe"]
+__all__ = ["MAX_M", "GemvSpec", "use_weight_streaming", "max_m", "mma_max_m", "kernel_for", "operands_fit",
+           "choose_warps_k", "launch_warps_k", "plan", "get_kernel", "describe"]

@@ -32,11 +32,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import config as config_mod
-from . import copies, device, fp32x3, gemv, gemv_kn, quantization
+from . import copies, device, fp32x3, gemv, gemv_kn, gemv_rows, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
 from .gemv_kn import GemvKnSpec
+from .gemv_rows import GemvRowsSpec
 from .grouped import DEFAULT_NUM_GROUPS
 from .quantization import QuantKernelSpec
 from .spec import GemmSpec
@@ -146,20 +147,22 @@ def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
     return {kernel: tuple(whys) for kernel, whys in needs.items()}
 
 
-def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None) -> list[GemvSpec | GemvKnSpec]:
+def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
+              ) -> list[GemvSpec | GemvRowsSpec | GemvKnSpec]:
     """The weight-streaming kernels of entries that run at small M (their first bucket, 64, holds M = 1..64) and
     that the decode rules take (``gemv.max_m``, ``gemv_kn.max_m``: not grouped ones, nor fused epilogues, which stay
     in the sm90 kernel at every M, nor weights the Hopper tiles stream faster): gemv's token-tile variant the rule
-    uses (M <= 8), whose code does not depend on N or K, and gemv_kn's cluster size for N, K on `num_sms` SMs (None:
-    the arch's usual count), so a model needs only a few."""
-    found: list[GemvSpec | GemvKnSpec] = []
+    uses (M <= 8), whose code does not depend on N or K, the row sweep's at M = 1 and 2 (gemv.kernel_for; its
+    threads follow K), and gemv_kn's cluster size for N, K on `num_sms` SMs (None: the arch's usual count), so a model needs
+    only a few."""
+    found: list[GemvSpec | GemvRowsSpec | GemvKnSpec] = []
     num_sms = num_sms or config_mod.DEFAULT_SM90_NUM_SMS
     for entry in entries:
         if entry.spec.grouped or not entry.m_buckets or entry.m_buckets[0] != 64:  # grouped: its own kernel always
             continue
         kernels = []
         if gemv.max_m(entry.spec, arch) > 0:
-            kernels = [GemvSpec.for_gemm(entry.spec, m) for m in (1, gemv.max_m(entry.spec, arch))]
+            kernels = [gemv.kernel_for(entry.spec, m, arch) for m in range(1, gemv.max_m(entry.spec, arch) + 1)]
         elif gemv_kn.max_m(entry.spec, arch, num_sms) > 0:
             kernels = [GemvKnSpec.for_gemm(entry.spec, num_sms)]
         for kernel in kernels:
@@ -216,7 +219,7 @@ def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) ->
         return text if spec.epilogue == "none" else f"{text} {spec.epilogue}"
     if isinstance(spec, (SegmentsKernel, fp32x3.SplitKernelSpec, copies.CopySpec)):
         return spec.tag
-    return "gemv" if isinstance(spec, (GemvSpec, GemvKnSpec)) else "quantize"
+    return "gemv" if isinstance(spec, (GemvSpec, GemvRowsSpec, GemvKnSpec)) else "quantize"
 
 
 def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, cfg: KernelConfig | None, arch: str
@@ -235,6 +238,8 @@ def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, c
             return gemv.get_kernel(spec, arch).compiled_now, None
         if isinstance(spec, GemvKnSpec):
             return gemv_kn.get_kernel(spec, arch).compiled_now, None
+        if isinstance(spec, GemvRowsSpec):
+            return gemv_rows.get_kernel(spec, arch).compiled_now, None
         if cfg is None:
             return quantization.get_kernel(spec, arch).compiled_now, None
         return jit.get_kernel(spec, cfg, arch).compiled_now, None

@@ -30,6 +30,24 @@ def shared_cache_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def plan_calls(monkeypatch):
+    """record(module) -> a list that receives the M of each later call of module.plan (how the GPU tests see which
+    decode kernel a Gemm call dispatched to)."""
+    def record(module):
+        seen = []
+        original = module.plan
+
+        def recording(spec, arch, m, *args, **kwargs):
+            seen.append(m)
+            return original(spec, arch, m, *args, **kwargs)
+
+        monkeypatch.setattr(module, "plan", recording)
+        return seen
+
+    return record
+
+
+@pytest.fixture
 def fake_gpu_memory(monkeypatch):
     """Every pointer counts as device memory on GPU 0 (for fakes.FakeDeviceArray; nothing is dereferenced)."""
     monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)

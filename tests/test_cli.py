@@ -46,9 +46,14 @@ def test_explain_says_which_packed_operands_calls_may_realign(cache_dir, capsys)
 
 
 def test_explain_names_the_decode_kernel(cache_dir, capsys):
-    """Calls with M <= 8 run a weight-streaming kernel: gemv.py's for nt, gemv_kn.py's for TF32 nn / tn."""
+    """Calls with M <= 8 run a weight-streaming kernel: gemv.py's for nt (gemv_rows.py's row sweep at M = 1 with
+    16-bit weights), gemv_kn.py's for TF32 nn / tn."""
     assert cli.main(["explain", "1", "2112", "7168", "--arch", "sm_90a"]) == 0
-    assert "decode    M <= 8: gemv_bf16_bf16_t1 (warps_k" in capsys.readouterr().out
+    assert ("decode    M <= 8: gemv_bf16_bf16_t1, gemv_rows_bf16_bf16_m1_224x4, gemv_rows_bf16_bf16_m2_224x4 (M <= 2: "
+            "224 threads x 4 words a row, grid 528; warps_k 8, grid 132;") in capsys.readouterr().out
+    assert cli.main(["explain", "1", "7168", "16384", "--arch", "sm_90a"]) == 0
+    assert ("decode    M <= 2: gemv_rows_bf16_bf16_m1_512x4, gemv_rows_bf16_bf16_m2_512x4 (M <= 2: 512 threads x 4 "
+            "words a row, grid 264; needs" in capsys.readouterr().out)
     assert cli.main(["explain", "1", "4096", "4096", "--dtype", "tf32", "--layout", "nn", "--arch", "sm_90a"]) == 0
     assert "decode    M <= 8: gemv_kn_tf32_fp32_c2 (cluster 2, grid 128;" in capsys.readouterr().out
     assert cli.main(["explain", "1", "4096", "4096", "--layout", "nn", "--arch", "sm_90a"]) == 0

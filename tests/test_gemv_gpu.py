@@ -17,17 +17,10 @@ NK = [(1, 8), (7, 520), (129, 7168), (2112, 520), (129, 8), (7, 7168)]
 
 
 @pytest.fixture
-def launches(monkeypatch):
-    """The M values gemv.plan was asked for (each call that dispatched to the weight-streaming kernel)."""
-    seen = []
-    original = gemv.plan
-
-    def recording(spec, arch, m, *args, **kwargs):
-        seen.append(m)
-        return original(spec, arch, m, *args, **kwargs)
-
-    monkeypatch.setattr(gemv, "plan", recording)
-    return seen
+def launches(plan_calls):
+    """The M values gemv.plan was asked for (each call that dispatched to a decode kernel of gemv.py's: the
+    weight-streaming kernel, or at M <= 2 the row sweep it defers to)."""
+    return plan_calls(gemv)
 
 
 @pytest.mark.parametrize("dtype,out_dtype", [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp32")])
