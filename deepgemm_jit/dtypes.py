@@ -60,6 +60,27 @@ FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 QUANT_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
 
 
+# What the decode kernels (gemv.py, gemv_rows.py) multiply: weights and activations of one 16-bit type, or FP8 of
+# either format with tensor / row / block scales; and what they write.
+DECODE_WEIGHT_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+DECODE_OUT_DTYPES = ("bf16", "fp16", "fp32")
+DECODE_SCALINGS = ("none", "tensor", "row", "block")
+
+
+def check_decode_types(w_dtype: str, x_dtype: str, out_dtype: str, scaling: str) -> None:
+    """ValueError naming the argument unless a decode kernel takes these types (see DECODE_WEIGHT_DTYPES)."""
+    for arg, value in (("w_dtype", w_dtype), ("x_dtype", x_dtype)):
+        if value not in DECODE_WEIGHT_DTYPES:
+            raise ValueError(f"{arg}={value!r} is not one of {', '.join(DECODE_WEIGHT_DTYPES)}")
+    fp8 = w_dtype in FP8_DTYPES
+    if fp8 != (x_dtype in FP8_DTYPES) or (not fp8 and w_dtype != x_dtype):
+        raise ValueError(f"w_dtype={w_dtype!r} and x_dtype={x_dtype!r}: both 16-bit of one type, or both FP8")
+    if out_dtype not in DECODE_OUT_DTYPES:
+        raise ValueError(f"out_dtype={out_dtype!r} is not one of {', '.join(DECODE_OUT_DTYPES)}")
+    if scaling not in DECODE_SCALINGS or fp8 == (scaling == "none"):
+        raise ValueError(f"scaling={scaling!r}: FP8 takes tensor, row or block scales, 16-bit none")
+
+
 def is_quantized(name: str) -> bool:
     """8-bit operand types, which carry scales (FP8) or integer accumulation (INT8)."""
     return name in FP8_DTYPES or name == "int8"

@@ -9,7 +9,7 @@ in a fixed order (the same bits on every run; nothing is allocated and nothing s
 graph-capturable). Device logic and the design notes: ``templates/include/dgjit/gemv.cuh``.
 
 Dispatch (:func:`use_weight_streaming`): ``Gemm.__call__`` launches a decode kernel of this module's instead of its
-own: at the M where gemv_rows.py's rule takes the call (M <= 2 with 16-bit weights of rows >= 2 KB), that
+own: at the M where gemv_rows.py's rule takes the call (M <= 2 with weight rows of >= 2 KB), that
 row-sweep kernel (:func:`kernel_for`, :func:`plan`); otherwise this one, when the call's M is at most
 :data:`DISPATCH_MAX_M`, the weight is not one the Hopper tiles stream faster (N at least
 :data:`TILES_MIN_N` and K at least :data:`TILES_MIN_K_16BIT` / :data:`TILES_MIN_K_FP8`, or for FP8 at most
@@ -66,9 +66,8 @@ BLOCK_ROWS = 16           # weight rows per row block (gemv::kBlockRows)
 STEP_BYTES = 256          # bytes of each row a warp reads per step (gemv::kStepBytes)
 NUM_WARPS = 8             # warps per CTA (gemv::kNumWarps)
 MIN_STEPS_PER_WARP = 2    # below this, splitting K across more warps only adds reduction work
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
-OUT_DTYPES = ("bf16", "fp16", "fp32")
-SCALINGS = ("none", "tensor", "row", "block")
+WEIGHT_DTYPES = dtypes.DECODE_WEIGHT_DTYPES
+OUT_DTYPES = dtypes.DECODE_OUT_DTYPES
 SYMBOLS = ("num_threads", "num_warps", "block_rows", "step_bytes")
 
 _TEMPLATE = "gemv.cu.j2"
@@ -91,19 +90,7 @@ class GemvSpec:
     token_tiles: int = 1
 
     def __post_init__(self):
-        for arg in ("w_dtype", "x_dtype"):
-            if getattr(self, arg) not in WEIGHT_DTYPES:
-                raise ValueError(f"{arg}={getattr(self, arg)!r} is not one of {', '.join(WEIGHT_DTYPES)}")
-        fp8 = self.w_dtype in dtypes.FP8_DTYPES
-        if fp8 != (self.x_dtype in dtypes.FP8_DTYPES) or (not fp8 and self.w_dtype != self.x_dtype):
-            raise ValueError(f"w_dtype={self.w_dtype!r} and x_dtype={self.x_dtype!r}: both 16-bit of one type, "
-                             "or both FP8")
-        if self.out_dtype not in OUT_DTYPES:
-            raise ValueError(f"out_dtype={self.out_dtype!r} is not one of {', '.join(OUT_DTYPES)}")
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"scaling={self.scaling!r} is not one of {', '.join(SCALINGS)}")
-        if fp8 == (self.scaling == "none"):
-            raise ValueError(f"scaling={self.scaling!r}: FP8 takes tensor, row or block scales, 16-bit none")
+        dtypes.check_decode_types(self.w_dtype, self.x_dtype, self.out_dtype, self.scaling)
         if self.token_tiles not in (1, 2) or isinstance(self.token_tiles, bool):
             raise ValueError(f"token_tiles={self.token_tiles!r} must be 1 or 2")
 
@@ -272,7 +259,7 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     MAX_M, :func:`operands_fit` true, scales as ``Gemm`` validated them). Compiles or loads the kernel on first
     use."""
     if m <= gemv_rows.max_m(spec, arch) and operands_fit(va, vb):
-        return gemv_rows.plan(spec, arch, m, va, vb, vd, device_id)
+        return gemv_rows.plan(spec, arch, m, va, vb, vd, device_id, sa, sb)
     if not 1 <= m <= MAX_M:
         raise ValueError(f"M={m}: the weight-streaming kernel takes 1 <= M <= {MAX_M}")
     if not operands_fit(va, vb):

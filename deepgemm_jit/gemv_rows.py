@@ -1,5 +1,5 @@
-"""Row sweep for decode (M <= 2 tokens, 16-bit weights stored (N, K)): D (M, N) = A (M, K) @ B (N, K).T on CUDA
-cores, reading B front to back like a streaming read.
+"""Row sweep for decode (M <= 2 tokens, weights stored (N, K)): D (M, N) = A (M, K) @ B (N, K).T on CUDA cores,
+reading B front to back like a streaming read; bf16 / fp16, and FP8 with tensor, row or block scales.
 
 Why a second decode kernel beside gemv.py's: at M = 1 the speed is how fast the DRAM delivers the weight, and that
 depends on how many weight rows are read at once. The Hopper tiles and the mma.sync weight-streaming kernel read
@@ -11,15 +11,22 @@ evict-first read of the same bytes, same call (bench/results/*exp-row-sweep-bf16
     4096x7168   20.7 (read 20.5; mma.sync 22.5)                 7168x2048   13.0 (read 13.4; tiles 14.3)
     24576x1536  24.7 (read 24.7; mma.sync 27.0)                 32768x512   15.9 (read 14.8; mma.sync 15.7)
 
-so it runs where a weight row has at least MIN_ROW_BYTES (K = 512 did not gain). Against what the same calls ran
+so it runs where a weight row has at least MIN_ROW_BYTES (K = 512 did not gain; FP8 K = 1536 and 512 lost
+up to 60%, *exp-row-sweep-fp8-m1-s30*). FP8 (E4M3) M = 1 in the library, activations widened to FP32 once, against
+what the same calls ran before (bench/results/*exp-gemv-rows-fp8-m1-widened-s30*, us, per-tensor / block):
+7168x16384 35.6 / 36.5 (37.0 / 37.7), 2112x7168 9.8 / 10.3 (11.3 / 11.2), 4096x7168 13.5 / 13.9 (14.8 / 15.0),
+7168x2048 9.8 / 10.3 (10.4 / 10.7); faster on every one of the 16 weights per-tensor, block but two (see
+FP8_BLOCK_MAX_N). Against what the same calls ran
 before it, on the decode and models weights (bench/results/*exp-gemv-rows-m1-m2-s30*, 17 (N, K)): faster on every
 one at M = 1 (0-11%) and M = 2 (0.4-11%, the two-token form), so the rule takes both. Device logic and the work
 decomposition: ``templates/include/dgjit/gemv_rows.cuh``. Deterministic (fixed reduction order), allocates and
 synchronises nothing: graph-capturable.
 
 Dispatch (:func:`max_m`): gemv.py's rule and plan call this module first; a call of an ``nt`` Gemm without a fused
-epilogue, bf16 or fp16 in and bf16 / fp16 / fp32 out, compiled for sm_90+, with K x 2 bytes a multiple of 16, runs
-this kernel when M <= :data:`DISPATCH_MAX_M` and a and b have 16-byte aligned rows (gemv.operands_fit).
+epilogue, bf16 / fp16 (one type) or FP8 (E4M3 / E5M2, mixes included; tensor, row or block scales, fast_accum or
+not: the sums are FP32 throughout) in and bf16 / fp16 / fp32 out, compiled for sm_90+, with weight rows of K x
+element size a multiple of 16 bytes and at least MIN_ROW_BYTES, runs this kernel when M <= :data:`DISPATCH_MAX_M`
+and a and b have 16-byte aligned rows (gemv.operands_fit).
 """
 from __future__ import annotations
 
@@ -29,59 +36,76 @@ import numpy as np
 
 from . import cubin, device, dtypes, jit, runtime
 from . import launch as launch_mod
-from .arrays import MatrixView
-from .launch import LaunchPlan
+from .arrays import MatrixView, ScaleView
+from .launch import LaunchPlan, scale_args
 from .render import RenderedSource
 from .spec import GemmSpec
 
 MAX_TOKENS = 2            # what the kernel takes: its activation words are registers (4 tokens spilled 456 B)
 DISPATCH_MAX_M = 2        # what the rule gives it: both, faster at M = 1 and 2 on every row measured (above)
-DTYPES = ("bf16", "fp16")
-OUT_DTYPES = ("bf16", "fp16", "fp32")
+# FP8 at M = 1 only: the second token's products made the kernel issue-bound (M = 2, bench/results/
+# *exp-gemv-rows-fp8-m1-m2-s30*: 7168x16384 block 54.4 vs 38.0 us, 28672x4096 54.8 vs 38.8).
+FP8_MAX_M = 1
+# FP8 block scaling (an FMA and a scale load more per word than per-tensor) lost on the two largest models weights
+# measured, 37888x3584 (44.2 vs 42.3 us) and 3584x18944 (28.1 vs 26.5), and won up to these (*exp-gemv-rows-fp8-m1-
+# widened-s30*: 28672x4096 37.3 vs 37.8, 7168x16384 36.5 vs 37.7); per-tensor and row scaling won on all 16.
+FP8_BLOCK_MAX_N = 28672
+FP8_BLOCK_MAX_K = 16384
+WEIGHT_DTYPES = dtypes.DECODE_WEIGHT_DTYPES
+OUT_DTYPES = dtypes.DECODE_OUT_DTYPES
 WORD_BYTES = 16           # one 16-byte load per thread and chunk
-MIN_ROW_BYTES = 2048      # K >= 1024 (16-bit): at K = 512 the mma.sync kernel was as fast (above)
+MIN_ROW_BYTES = 2048      # BF16 K >= 1024, FP8 K >= 2048: shorter rows did not gain (above)
 # The launch bounds' budget by tokens: threads per SM (1024: <= 64 registers a thread; 512: <= 128, which the
 # activation words of 2 tokens need, tokens x chunks x 4 registers, beside two rows of weight words).
 THREADS_PER_SM = {1: 1024, 2: 512}
 MAX_CTAS_PER_SM = 32      # sm_90's resident CTA limit
-# 16-byte words of a row per thread: H200, M = 1, 512 threads x 4 words at K = 16384 64.8 us, 1024 x 2 65.4; 64 x 4
-# at K = 2048 13.0, 128 x 2 13.2, 256 x 1 14.4. A fifth word spilled at one token (64 registers), so rows longer than
-# the budget's threads x CHUNKS words (M = 1: K = 32768 16-bit values) are left to the other kernels.
-CHUNKS = 4
+# 16-byte words of a row per thread, by element bytes. 16-bit: H200, M = 1, 512 threads x 4 words at K = 16384
+# 64.8 us, 1024 x 2 65.4; 64 x 4 at K = 2048 13.0, 128 x 2 13.2, 256 x 1 14.4 (a fifth word spilled at 64
+# registers). FP8 (16 values a word, ~2.5x the instructions per byte): 2 words beat 4 on every row
+# (bench/results/*exp-row-sweep-fp8-m1-s30*: 7168x16384 per-tensor 35.2 vs 35.8 us, 2112x7168 9.7 vs 10.1).
+# Rows longer than the budget's threads x CHUNKS words are left to the other kernels.
+CHUNKS = {2: 4, 1: 2}
 SYMBOLS = ("num_threads", "chunks", "tokens")
 
 _TEMPLATE = "gemv_rows.cu.j2"
 _ENTRY = "dgjit_gemv_rows"
+_SCALING_CPP = {"none": "kNone", "tensor": "kTensor", "row": "kRow", "block": "kBlock"}
 
 
 @dataclass(frozen=True)
 class GemvRowsSpec:
-    """What one row-sweep kernel is compiled for; M, N, K (as 16-byte words per row), pointers and strides are
-    run-time arguments. threads x chunks must cover a row's words (``for_gemm`` picks them from K)."""
+    """What one row-sweep kernel is compiled for; M, N, K (as 16-byte words per row), pointers, strides and
+    scales are run-time arguments. w_dtype: the weight B; x_dtype: the activations A (16-bit: the same type; FP8:
+    either FP8 type, with scaling tensor / row / block). threads x chunks must cover a row's words (``for_gemm``
+    picks them from K)."""
 
-    dtype: str
+    w_dtype: str
+    x_dtype: str
     out_dtype: str
+    scaling: str = "none"
     tokens: int = 1
     threads: int = 512
     chunks: int = 4
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.out_dtype not in OUT_DTYPES:
-            raise ValueError(f"out_dtype={self.out_dtype!r} is not one of {', '.join(OUT_DTYPES)}")
+        dtypes.check_decode_types(self.w_dtype, self.x_dtype, self.out_dtype, self.scaling)
         if self.tokens not in THREADS_PER_SM or isinstance(self.tokens, bool):
             raise ValueError(f"tokens={self.tokens!r} must be 1 or 2")
         budget = THREADS_PER_SM[self.tokens]
         if not (isinstance(self.threads, int) and 32 <= self.threads <= budget and self.threads % 32 == 0):
             raise ValueError(f"threads={self.threads!r} must be a multiple of 32 in [32, {budget}] at "
                              f"tokens={self.tokens}")
-        if not (isinstance(self.chunks, int) and 1 <= self.chunks <= CHUNKS):
-            raise ValueError(f"chunks={self.chunks!r} must be in [1, {CHUNKS}]")
+        most = CHUNKS[dtypes.get(self.w_dtype).storage_bytes]
+        if not (isinstance(self.chunks, int) and 1 <= self.chunks <= most):
+            raise ValueError(f"chunks={self.chunks!r} must be in [1, {most}] for {self.w_dtype}")
 
     @property
     def entry(self) -> str:
         return _ENTRY
+
+    @property
+    def scaling_cpp(self) -> str:
+        return _SCALING_CPP[self.scaling]
 
     @property
     def ctas_per_sm(self) -> int:
@@ -94,18 +118,21 @@ class GemvRowsSpec:
 
     @property
     def tag(self) -> str:
-        return f"gemv_rows_{self.dtype}_{self.out_dtype}_m{self.tokens}_{self.threads}x{self.chunks}"
+        types = self.x_dtype if self.x_dtype == self.w_dtype else f"{self.x_dtype}x{self.w_dtype}"
+        scaled = "" if self.scaling == "none" else f"_{self.scaling}"
+        return f"gemv_rows_{types}{scaled}_{self.out_dtype}_m{self.tokens}_{self.threads}x{self.chunks}"
 
     @classmethod
     def for_gemm(cls, spec: GemmSpec, m: int) -> "GemvRowsSpec":
         """The kernel a call of `spec` with M = `m` (1..MAX_TOKENS) runs."""
         if not 1 <= m <= MAX_TOKENS:
             raise ValueError(f"M={m}: the row-sweep kernel takes 1 <= M <= {MAX_TOKENS}")
-        words = row_words(spec)
-        if words > max_row_words(m):
-            raise ValueError(f"K={spec.k}: rows of {words} 16-byte words exceed the {max_row_words(m)} that "
-                             f"{THREADS_PER_SM[m]} threads x {CHUNKS} take at M={m}")
-        return cls(dtype=spec.dtype, out_dtype=spec.out_dtype, tokens=m, threads=threads_for(words), chunks=CHUNKS)
+        esize, words = dtypes.get(spec.b_dtype).storage_bytes, row_words(spec)
+        if words > max_row_words(m, esize):
+            raise ValueError(f"K={spec.k}: rows of {words} 16-byte words exceed the {max_row_words(m, esize)} "
+                             f"that {THREADS_PER_SM[m]} threads x {CHUNKS[esize]} take at M={m}")
+        return cls(w_dtype=spec.b_dtype, x_dtype=spec.dtype, out_dtype=spec.out_dtype, scaling=spec.scaling,
+                   tokens=m, threads=threads_for(words, esize), chunks=CHUNKS[esize])
 
 
 def row_words(spec: GemmSpec) -> int:
@@ -113,18 +140,18 @@ def row_words(spec: GemmSpec) -> int:
     return spec.k * dtypes.get(spec.b_dtype).storage_bytes // WORD_BYTES
 
 
-def threads_for(words: int) -> int:
-    """Threads of a CTA that reads a row of `words` 16-byte words, CHUNKS each: whole warps.
+def threads_for(words: int, element_bytes: int) -> int:
+    """Threads of a CTA that reads a row of `words` 16-byte words, CHUNKS[element_bytes] each: whole warps.
 
-    >>> threads_for(2048), threads_for(896), threads_for(256), threads_for(128), threads_for(4096)
-    (512, 224, 64, 32, 1024)
+    >>> threads_for(2048, 2), threads_for(896, 2), threads_for(256, 2), threads_for(128, 2), threads_for(1024, 1)
+    (512, 224, 64, 32, 512)
     """
-    return -(-words // (32 * CHUNKS)) * 32
+    return -(-words // (32 * CHUNKS[element_bytes])) * 32
 
 
-def max_row_words(tokens: int) -> int:
+def max_row_words(tokens: int, element_bytes: int) -> int:
     """The longest row (16-byte words) the kernel takes at `tokens` tokens: its thread budget x CHUNKS."""
-    return THREADS_PER_SM[tokens] * CHUNKS
+    return THREADS_PER_SM[tokens] * CHUNKS[element_bytes]
 
 
 def max_m(spec: GemmSpec, arch: str) -> int:
@@ -132,12 +159,16 @@ def max_m(spec: GemmSpec, arch: str) -> int:
     docstring's rule."""
     if spec.layout != "nt" or spec.epilogue != "none" or spec.grouped or device.arch_number(arch) < 90:
         return 0
-    if spec.dtype not in DTYPES or spec.b_dtype != spec.dtype or spec.out_dtype not in OUT_DTYPES:
+    if spec.dtype not in WEIGHT_DTYPES or spec.b_dtype not in WEIGHT_DTYPES or spec.out_dtype not in OUT_DTYPES:
         return 0
-    row_bytes = spec.k * dtypes.get(spec.b_dtype).storage_bytes
+    esize = dtypes.get(spec.b_dtype).storage_bytes
+    row_bytes = spec.k * esize
     if row_bytes % WORD_BYTES or row_bytes < MIN_ROW_BYTES:
         return 0
-    return max((m for m in range(1, DISPATCH_MAX_M + 1) if row_words(spec) <= max_row_words(m)), default=0)
+    if spec.scaling == "block" and (spec.n > FP8_BLOCK_MAX_N or spec.k > FP8_BLOCK_MAX_K):
+        return 0
+    most = DISPATCH_MAX_M if esize == 2 else min(DISPATCH_MAX_M, FP8_MAX_M)
+    return max((m for m in range(1, most + 1) if row_words(spec) <= max_row_words(m, esize)), default=0)
 
 
 # -- compile ----------------------------------------------------------------------------------------------
@@ -183,10 +214,12 @@ def grid_size(n: int, kernel: GemvRowsSpec, num_sms: int) -> int:
 
 
 def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, device_id: int,
-         kernel: GemvRowsSpec | None = None) -> LaunchPlan:
+         sa: ScaleView | None = None, sb: ScaleView | None = None, kernel: GemvRowsSpec | None = None
+         ) -> LaunchPlan:
     """A ``launch.LaunchPlan`` of the row-sweep kernel for validated operands (1 <= m <= MAX_TOKENS, 16-byte
-    aligned rows: gemv.operands_fit). `kernel`: another spec than ``GemvRowsSpec.for_gemm`` (experiments; it must
-    cover the row and M). Compiles or loads the kernel on first use."""
+    aligned rows: gemv.operands_fit; FP8 scales as ``Gemm`` validated them). `kernel`: another spec than
+    ``GemvRowsSpec.for_gemm`` (experiments; it must cover the row and M). Compiles or loads the kernel on first
+    use."""
     kernel = kernel or GemvRowsSpec.for_gemm(spec, m)
     words = row_words(spec)
     if spec.k * dtypes.get(spec.b_dtype).storage_bytes % WORD_BYTES or words > kernel.max_row_words:
@@ -197,8 +230,8 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     loaded = runtime.loaded_kernel(artifact, device_id, 0)
     grid = (grid_size(spec.n, kernel, device.num_sms(device_id)), 1, 1)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
-            np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride), np.uint32(m),
-            np.uint32(spec.n), np.uint32(words))
+            np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
+            ) + scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(words))
     # Programmatic dependent launch needs sm_90; the kernel's wait is a no-op elsewhere.
     waits = arch == "sm_90a" and cubin.optional_entry_symbol(artifact.cubin, artifact.entry,
                                                              "takes_programmatic_launch") == 1

@@ -1,12 +1,13 @@
 """Experiment (GPU): the row-sweep decode kernel (gemv_rows.py) against what the same call ran before it (the
 mma.sync weight-streaming kernel or the Hopper tiles) and cuBLAS, in one interleaved run per row.
 
-    python3 -m scripts.exp_gemv_rows [--ms 1,2] [--dtypes bf16] [--nk 7168x16384,...] [--splits 256x4,512x2]
+    python3 -m scripts.exp_gemv_rows [--ms 1,2] [--dtypes bf16,fp8_block] [--nk 7168x16384,...] [--splits 256x4,512x2]
                                      [--reps 30] [--out DIR]
 
 "auto" is build()'s Gemm; "before" the same with the row sweep's rule off (gemv_rows.DISPATCH_MAX_M = 0); at M = 2
-"rows" with the rule raised to 2 (the kernel's two-token form); each --splits TxC a contender "rTxC": the row
-sweep with T threads x C words per thread instead of the rule's (the row must fit: T x C >= K x 2 / 16).
+"rows" with the rule raised to 2 (the kernel's two-token form, FP8 too: FP8_MAX_M); each --splits TxC a contender
+"rTxC": the row sweep with T threads x C words per thread instead of the rule's (the row must fit: T x C 16-byte
+words >= one row).
 Outputs are checked against a float64 reference before timing (bench protocol: L2 flushed, medians).
 Default shapes: the decode suite's and the models suite's.
 """
@@ -62,7 +63,7 @@ def main() -> int:
     import deepgemm_jit as dg
     from bench import dtypes as bench_dtypes
     from bench import runner
-    from deepgemm_jit import gemv, gemv_rows, reference
+    from deepgemm_jit import dtypes, gemv, gemv_rows, reference
     from deepgemm_jit.spec import GemmSpec
 
     rows = []
@@ -70,26 +71,27 @@ def main() -> int:
         info = bench_dtypes.get(name)
         for nk in args.nk.split(","):
             n, k = (int(v) for v in nk.split("x"))
-            spec = GemmSpec.create(n, k, dtype=info.lib)
+            spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling)
+            esize = dtypes.get(spec.b_dtype).storage_bytes
             for m in (int(v) for v in args.ms.split(",")):
                 def build(m=m, n=n, k=k):
-                    return dg.build(m, n, k, dtype=info.lib)
+                    return dg.build(m, n, k, dtype=info.lib, scaling=info.scaling)
                 contenders = {"auto": build(), "before": Patched(build, DISPATCH_MAX_M=0)}
                 if m == 2:
-                    contenders["rows"] = Patched(build, DISPATCH_MAX_M=2)
+                    contenders["rows"] = Patched(build, DISPATCH_MAX_M=2, FP8_MAX_M=2)
                 for split in (s for s in args.splits.split(",") if s):
                     threads, chunks = (int(v) for v in split.split("x"))
-                    fits = threads <= gemv_rows.THREADS_PER_SM[m] and chunks <= gemv_rows.CHUNKS
+                    fits = threads <= gemv_rows.THREADS_PER_SM[m] and chunks <= gemv_rows.CHUNKS[esize]
                     if fits and threads * chunks >= gemv_rows.row_words(spec):
-                        contenders[f"r{split}"] = Patched(build, DISPATCH_MAX_M=max(m, 1), CHUNKS=chunks,
-                                                          threads_for=lambda _words, t=threads: t)
+                        contenders[f"r{split}"] = Patched(build, DISPATCH_MAX_M=m, FP8_MAX_M=m, CHUNKS={esize: chunks},
+                                                          threads_for=lambda _words, _e, t=threads: t)
                 _, errors, us = runner.time_checked(contenders, info, spec, m, args.reps)
                 kernel = (gemv.kernel_for(spec, m).tag if m <= gemv.max_m(spec, "sm_90a")
                           else contenders["auto"].config.tag)
                 row = {"dtype": name, "m": m, "n": n, "k": k, "us": us, "kernel": kernel,
                        "max_err": max(errors.values()),
                        "correct": all(reference.within_bound(e, info.lib) for e in errors.values()),
-                       "tb_s": n * k * 2 / us["auto"] / 1e6}
+                       "tb_s": n * k * esize / us["auto"] / 1e6}
                 rows.append(row)
                 print(f"{name} {m}x{n}x{k} ok={row['correct']} auto {us['auto']:.2f} ({kernel}, {row['tb_s']:.2f} "
                       f"TB/s)" + "".join(f" {key} {v:.2f}" for key, v in us.items() if key != "auto"), flush=True)

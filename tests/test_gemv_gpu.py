@@ -6,9 +6,9 @@ tested by raising gemv.DISPATCH_MAX_M."""
 import pytest
 
 from deepgemm_jit import build, gemv, reference
-from deepgemm_jit.quantization import recipe_granularities
 from deepgemm_jit.spec import GemmSpec
 from graphs import capture_call, replay_with_fresh_a
+from problems import fp8_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -39,20 +39,6 @@ def test_16bit(m, n, k, dtype, out_dtype, launches):
     assert reference.num_nonfinite(out) == 0
 
 
-def _fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
-    import cupy
-
-    rng = cupy.random.default_rng(seed)
-    x = rng.standard_normal((m, k), dtype=cupy.float32)
-    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
-    ga, gb = recipe_granularities(scaling)
-    qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
-    qb, sb = reference.quantize_reference(w, b_dtype, gb)
-    ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
-           @ reference.dequantize_reference(qb, sb, b_dtype, gb).T)
-    return qa, sa, qb, sb, ref
-
-
 @pytest.fixture
 def two_token_tiles(monkeypatch):
     """These tests check the kernel at every M it takes: calls stream weights up to M = 16, through the second
@@ -65,7 +51,7 @@ def two_token_tiles(monkeypatch):
 @pytest.mark.parametrize("n,k", [(1, 16), (7, 528), (129, 7168), (2112, 1040), (300, 1000)])
 @pytest.mark.parametrize("m", MS)
 def test_fp8_recipes(m, n, k, scaling, launches, two_token_tiles):
-    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=m * 31 + n + k)
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, scaling, seed=m * 31 + n + k)
     g = build(m, n, k, dtype="fp8", scaling=scaling)
     out = reference.poisoned((m, n), "bf16")
     if k % 16:  # FP8 rows of K % 16 != 0 bytes are not 16-byte aligned: the Gemm's own (staged) path runs
@@ -82,7 +68,7 @@ def test_fp8_recipes(m, n, k, scaling, launches, two_token_tiles):
 @pytest.mark.parametrize("out_dtype", ["fp32", "fp16"])
 def test_fp8_block_outputs_and_mixed_types(out_dtype, launches, two_token_tiles):
     m, n, k = 13, 392, 2000 - 2000 % 16
-    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=3, b_dtype="fp8_e5m2")
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, "block", seed=3, b_dtype="fp8_e5m2")
     g = build(m, n, k, dtype="fp8", b_dtype="fp8_e5m2", scaling="block", out_dtype=out_dtype)
     out = reference.poisoned((m, n), out_dtype)
     g(qa, qb, scale_a=sa, scale_b=sb, out=out)
@@ -96,7 +82,7 @@ def test_fp8_block_outputs_and_mixed_types(out_dtype, launches, two_token_tiles)
 def test_dispatch_to_tiles(m, n, k, streams, launches):
     """FP8 streams weights up to M = 8, and not where N >= 7168 and K >= 1536 (gemv.TILES_MIN_N): there the Hopper
     tiles run, with B loaded evict-first, and are correct."""
-    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "tensor", seed=m + k)
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, "tensor", seed=m + k)
     g = build(m, n, k, dtype="fp8", scaling="tensor")
     out = reference.poisoned((m, n), "bf16")
     g(qa, qb, scale_a=sa, scale_b=sb, out=out)
@@ -110,7 +96,7 @@ def test_fp8_block_scale_a_layouts(layout, launches, two_token_tiles):
     import cupy
 
     m, n, k = 11, 520, 3072
-    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, "block", seed=5)
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, "block", seed=5)
     if layout == "row_major":
         sa_in = cupy.ascontiguousarray(sa)
     else:
@@ -171,7 +157,7 @@ def test_deterministic_bits(dtype, launches, two_token_tiles):
         a, b = reference.random_operands(spec, m)
         g, kwargs = build(m, n, k, dtype="bf16"), {}
     else:
-        qa, sa, qb, sb, _ = _fp8_problem(m, n, k, "block", seed=11)
+        qa, sa, qb, sb, _ = fp8_problem(m, n, k, "block", seed=11)
         a, b, kwargs = qa, qb, {"scale_a": sa, "scale_b": sb}
         g = build(m, n, k, dtype="fp8", scaling="block")
     first = g(a, b, **kwargs)

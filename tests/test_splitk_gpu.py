@@ -7,9 +7,9 @@ import math
 import pytest
 
 from deepgemm_jit import build, launch, reference, splitk
-from deepgemm_jit.quantization import recipe_granularities
 from deepgemm_jit.spec import GemmSpec
 from graphs import capture_call, replay_with_fresh_a
+from problems import fp8_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -84,25 +84,11 @@ def test_heuristic_splits_decode_shapes(m, n, k):
     assert _arrivals_zero(g)
 
 
-def _fp8_problem(m, n, k, scaling, seed):
-    import cupy
-
-    rng = cupy.random.default_rng(seed)
-    x = rng.standard_normal((m, k), dtype=cupy.float32)
-    w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
-    ga, gb = recipe_granularities(scaling)
-    qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
-    qb, sb = reference.quantize_reference(w, "fp8_e4m3", gb)
-    ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
-           @ reference.dequantize_reference(qb, sb, "fp8_e4m3", gb).T)
-    return qa, sa, qb, sb, ref
-
-
 @pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
 @pytest.mark.parametrize("m,n,k,splits", [(64, 2112, 7168, 5), (19, 1000, 1040, 3), (200, 392, 1000, 2)])
 def test_fp8_recipes(m, n, k, scaling, splits):
     """K = 1000: FP8 rows that are not 16-byte aligned take the staged path, with the split kernel."""
-    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=m + n + k)
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, scaling, seed=m + n + k)
     g = build(m, n, k, dtype="fp8", scaling=scaling, split_k=splits, weight_streaming=False)
     out = reference.poisoned((m, n), "bf16")
     g(qa, qb, scale_a=sa, scale_b=sb, out=out)
@@ -314,7 +300,7 @@ def test_atomic_mode_fp8_and_int8_exact(scaling):
     import cupy
 
     m, n, k = 50, 2112, 7168
-    qa, sa, qb, sb, ref = _fp8_problem(m, n, k, scaling, seed=7)
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, scaling, seed=7)
     g = build(m, n, k, dtype="fp8", scaling=scaling, split_k=5, weight_streaming=False, deterministic=False)
     out = reference.poisoned((m, n), "bf16")
     g(qa, qb, scale_a=sa, scale_b=sb, out=out)

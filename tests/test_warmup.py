@@ -341,16 +341,16 @@ def test_plan_quantize_kernels_once_each():
 def test_plan_gemv_kernels_for_small_m_entries():
     """Entries reaching M <= 64 get the decode kernel of their type (N and K are run-time arguments there; it
     streams up to M = 8) unless their weight is one the Hopper tiles stream faster (N >= 7168 with K >= 2048, or
-    >= 1536 for FP8: gemv.TILES_MIN_N); 16-bit ones with rows of >= 2 KB also the row sweep of M <= 2 (gemv_rows,
+    >= 1536 for FP8: gemv.TILES_MIN_N); ones with rows of >= 2 KB also the row sweep of M <= 2 (FP8: 1; gemv_rows,
     threads by K); entries starting above 64 rows, int8 and fused epilogues (which the decode rule leaves to sm90)
     get none."""
     entries = [warmup.parse_shape(text) for text in (
         "1-16384:7168:2048:fp8/block", "64:4096:7168:fp8/block", "64:4096:512:bf16", "64:7168:2048:bf16",
         "4096:4096:512:fp16", "64:64:64:int8", "1-64:7168:1024:fp8/tensor")]
     decode = warmup.plan_gemv(entries, "sm_90a")
-    assert [g.tag for g in decode] == ["gemv_fp8_e4m3_block_bf16_t1", "gemv_bf16_bf16_t1",
-                                       "gemv_rows_bf16_bf16_m1_64x4", "gemv_rows_bf16_bf16_m2_64x4",
-                                       "gemv_fp8_e4m3_tensor_bf16_t1"]
+    assert [g.tag for g in decode] == [
+        "gemv_rows_fp8_e4m3_block_bf16_m1_64x2", "gemv_rows_fp8_e4m3_block_bf16_m1_224x2", "gemv_fp8_e4m3_block_bf16_t1",
+        "gemv_bf16_bf16_t1", "gemv_rows_bf16_bf16_m1_64x4", "gemv_rows_bf16_bf16_m2_64x4", "gemv_fp8_e4m3_tensor_bf16_t1"]
     assert warmup.plan_gemv(entries, "sm_80") == []
     assert warmup.kernel_type(decode[0]) == "gemv"
     fused = [warmup.parse_shape(text) for text in (

@@ -43,6 +43,10 @@ struct float_e4m3_t { uint8_t bits; };
 struct float_e5m2_t { uint8_t bits; };
 static_assert(sizeof(float_e4m3_t) == 1 && sizeof(float_e5m2_t) == 1, "8-bit storage");
 
+// How an 8-bit GEMM's scale factors apply (build(..., scaling=...)): one per operand (tensor), per row of A and of
+// B (row), or per 1x128 group of A and 128x128 block of B (block). The sm90, gemv and gemv_rows families share it.
+enum class Scaling : uint32_t { kNone = 0, kTensor = 1, kRow = 2, kBlock = 3 };
+
 template <class A, class B> struct is_same { static constexpr bool value = false; };
 template <class A> struct is_same<A, A> { static constexpr bool value = true; };
 template <bool kCond, class A, class B> struct conditional { using type = A; };

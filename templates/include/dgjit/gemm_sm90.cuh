@@ -76,8 +76,7 @@ template <> struct OperandTraits<float_e5m2_t, float_e4m3_t> { static constexpr 
 template <> struct OperandTraits<float_e5m2_t, float_e5m2_t> { static constexpr MmaKind kKind = MmaKind::kE5M2E5M2; };
 template <> struct OperandTraits<int8_t, int8_t> { static constexpr MmaKind kKind = MmaKind::kS8S8; };
 
-// How scale factors are applied (see the top of this file).
-enum class Scaling : uint32_t { kNone = 0, kTensor = 1, kRow = 2, kBlock = 3 };
+// How scale factors are applied (see the top of this file): dgjit::Scaling (common.cuh).
 
 // Where the scale factors live: element (i, j) of scale_a is a[i * a_stride_m + j * a_stride_k]
 // (i: row of A, j: 128-group of K for kBlock, 0 otherwise), element (i, j) of scale_b is

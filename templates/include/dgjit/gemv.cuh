@@ -33,8 +33,6 @@
 namespace dgjit {
 namespace gemv {
 
-enum class Scaling { kNone, kTensor, kRow, kBlock };
-
 constexpr int kNumWarps = 8;
 constexpr int kNumThreads = kNumWarps * 32;
 constexpr int kBlockRows = 16;                      // MMA M: weight rows per row block
