@@ -21,10 +21,10 @@ output). Nothing here is used by the library.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from bench import report
 from scripts.exp_decode_floor import _SOURCE as READ_SOURCE
 
 SHAPES = ((7168, 16384), (2112, 7168), (4096, 7168), (7168, 2048), (24576, 1536), (32768, 512))
@@ -263,67 +263,141 @@ def sources(shapes) -> tuple[str, list[dict]]:
     return "\n".join(parts), variants
 
 
-def fp8_main(shapes, reps: int, out_dir: str) -> int:
-    """--fp8: E4M3 at M = 1, per-tensor and block scaling, against our call of each recipe and the read."""
+class _Bench:
+    """What both modes share: the compiled module, the evict-first read of a weight, correctness against a float64
+    reference, the bench protocol's timing, and the rows written to JSON."""
+
+    def __init__(self, code: str):
+        import cupy
+
+        from deepgemm_jit import device, timing
+
+        self.module = cupy.RawModule(code=code, options=("-std=c++17",))
+        self.num_sms = device.num_sms()
+        self._read = self.module.get_function("read_stream_x4_ef")
+        self._sink = cupy.zeros(self.num_sms * 4, dtype=cupy.uint32)
+        self._flush = timing.L2Flusher()
+        self.rows: list[dict] = []
+
+    def read(self, buf, nbytes: int):
+        """The evict-first grid-stride read of `buf`'s first `nbytes` bytes (4 CTAs of 512 threads per SM)."""
+        import cupy
+
+        n16 = cupy.uint64(nbytes // 16)
+        return lambda: self._read((self.num_sms * 4,), (512,), (buf, n16, self._sink))
+
+    @staticmethod
+    def poisoned(n: int):
+        """A BF16 output of n values (uint16 bits) holding a NaN pattern."""
+        import cupy
+
+        return cupy.full(n, 0x7FC1, dtype=cupy.uint16)
+
+    @staticmethod
+    def error(out_bits, ref) -> float:
+        """max |out - ref| / max |ref|: BF16 bits (CuPy uint16) against a float64 CuPy reference."""
+        import cupy
+
+        got = (out_bits.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)
+        return float(cupy.abs(got - ref).max() / cupy.abs(ref).max())
+
+    def time(self, fns: dict, reps: int, row: dict, label: str) -> None:
+        import cupy
+
+        from deepgemm_jit import timing
+
+        cupy.cuda.Device().synchronize()
+        t = timing.time_interleaved(fns, reps=reps, flush=self._flush)
+        row["us"] = {name: tm.median_us for name, tm in t.items()}
+        self.rows.append(row)
+        print(f"{label}: " + "  ".join(f"{name} {us:.2f} ({row['weight_bytes'] / us / 1e6:.2f} TB/s)"
+                                       for name, us in row["us"].items()), flush=True)
+
+    def write(self, out_dir: str, name: str) -> None:
+        import torch
+
+        report.write_experiment_json(out_dir, name, {"gpu": torch.cuda.get_device_name(), "rows": self.rows})
+        print("json:", Path(out_dir) / name)
+
+
+def bf16_main(shapes, reps: int, out_dir: str) -> None:
+    """BF16 at M = 1: cta_rows and warp_rows against our call, cuBLAS and the read."""
     import cupy
     import torch
 
     import deepgemm_jit as dg
-    from deepgemm_jit import device, reference, timing
+
+    code, variants = sources(shapes)
+    bench = _Bench(code)
+    for n, k in shapes:
+        gen = torch.Generator(device="cuda").manual_seed(n * 131 + k)
+        wb = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+        xb = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = cupy.asarray((xb.double() @ wb.double().t()).reshape(-1))
+        wc, xc = cupy.asarray(wb.view(torch.int16)), cupy.asarray(xb.view(torch.int16))
+        fns = {"read_ef": bench.read(wc, n * k * 2)}
+        g = dg.build(1, n, k, dtype="bf16")
+        d_ours = torch.empty((1, n), device="cuda", dtype=torch.bfloat16)
+        fns["ours"] = lambda: g(xb, wb, out=d_ours)
+        fns["cublas"] = lambda: torch.matmul(xb, wb.t())
+        errors = {}
+        for v in (v for v in variants if (v["n"], v["k"]) == (n, k)):
+            outv = bench.poisoned(n)
+            grid = min(n, bench.num_sms * v["per_sm"]) if v["kind"] == "cta_rows" else bench.num_sms * 2
+            call = (lambda fn=bench.module.get_function(v["kernel"]), grid=grid, v=v, outv=outv:
+                    fn((grid,), (v["block"],), (wc, xc, outv, cupy.int32(n)), shared_mem=v.get("smem", 0)))
+            call()
+            errors[v["label"]] = bench.error(outv, ref)
+            if not errors[v["label"]] <= 1e-2:
+                print(f"{n}x{k} {v['label']}: relative error {errors[v['label']]:.3g} > 1e-2: not timed", flush=True)
+                continue
+            fns[v["label"]] = call
+        g(xb, wb, out=d_ours)
+        errors["ours"] = bench.error(cupy.asarray(d_ours.view(torch.int16)).reshape(-1).view(cupy.uint16), ref)
+        bench.time(fns, reps, {"n": n, "k": k, "weight_bytes": n * k * 2, "errors": errors}, f"{n}x{k}")
+    bench.write(out_dir, "exp-row-sweep.json")
+
+
+def fp8_main(shapes, reps: int, out_dir: str) -> None:
+    """--fp8: E4M3 at M = 1, per-tensor and block scaling, against our call of each recipe and the read."""
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import reference
 
     code, variants = fp8_sources(shapes)
-    module = cupy.RawModule(code=code, options=("-std=c++17",))
-    num_sms = device.num_sms()
-    read_x4_ef = module.get_function("read_stream_x4_ef")
-    read_grid, read_block = num_sms * 4, 512
-    sink = cupy.zeros(read_grid, dtype=cupy.uint32)
-    flush = timing.L2Flusher()
-    rows = []
+    bench = _Bench(code)
     for n, k in shapes:
         rng = cupy.random.default_rng(n * 7 + k)
         x = rng.standard_normal((1, k), dtype=cupy.float32)
         w = rng.standard_normal((n, k), dtype=cupy.float32) * cupy.float32(0.05)
-        fns = {"read_ef": lambda w=w: read_x4_ef((read_grid,), (read_block,),
-                                                 (w, cupy.uint64(n * k // 16), sink))}
+        fns = {"read_ef": bench.read(w, n * k)}
         errors = {}
         for recipe, (ga, gb) in (("tensor", ("tensor", "tensor")), ("block", ("group128", "block128"))):
             qa, sa = reference.quantize_reference(x, "fp8_e4m3", ga)
             qb, sb = reference.quantize_reference(w, "fp8_e4m3", gb)
             ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
                    @ reference.dequantize_reference(qb, sb, "fp8_e4m3", gb).T).reshape(-1)
-            scale = float(cupy.abs(ref).max())
             g = dg.build(1, n, k, dtype="fp8", scaling=recipe)
             d = reference.poisoned((1, n), "bf16")
             fns[f"ours_{recipe}"] = (lambda g=g, qa=qa, qb=qb, sa=sa, sb=sb, d=d:
                                      g(qa, qb, scale_a=sa, scale_b=sb, out=d))
             sa_c, sb_c = cupy.ascontiguousarray(sa, dtype=cupy.float32), cupy.ascontiguousarray(sb, dtype=cupy.float32)
             for v in (v for v in variants if (v["n"], v["k"]) == (n, k) and v["block"] == (recipe == "block")):
-                fn = module.get_function(v["kernel"])
-                outv = cupy.full(n, 0x7fc1, dtype=cupy.uint16)
-                grid = min(n, num_sms * v["per_sm"])
-                call = (lambda fn=fn, grid=grid, v=v, outv=outv, qa=qa, qb=qb, sa_c=sa_c, sb_c=sb_c:
+                outv = bench.poisoned(n)
+                grid = min(n, bench.num_sms * v["per_sm"])
+                call = (lambda fn=bench.module.get_function(v["kernel"]), grid=grid, v=v, outv=outv, qa=qa, qb=qb,
+                        sa_c=sa_c, sb_c=sb_c:
                         fn((grid,), (v["threads"],), (qb, qa, sa_c, sb_c, cupy.int32(k // 128), outv, cupy.int32(n))))
                 call()
-                got = torch.as_tensor(outv.view(cupy.int16), device="cuda").view(torch.bfloat16).double()
-                err = float((cupy.asarray(got) - ref).__abs__().max()) / scale
-                errors[v["label"]] = err
-                if not err <= 3e-2:
-                    print(f"fp8 {n}x{k} {v['label']}: relative error {err:.3g}: not timed", flush=True)
+                errors[v["label"]] = bench.error(outv, ref)
+                if not errors[v["label"]] <= 3e-2:
+                    print(f"fp8 {n}x{k} {v['label']}: relative error {errors[v['label']]:.3g}: not timed", flush=True)
                     continue
                 fns[v["label"]] = call
-        cupy.cuda.Device().synchronize()
-        t = timing.time_interleaved(fns, reps=reps, flush=flush)
-        row = {"dtype": "fp8_e4m3", "n": n, "k": k, "weight_bytes": n * k, "errors": errors,
-               "us": {name: tm.median_us for name, tm in t.items()}}
-        rows.append(row)
-        print(f"fp8 {n}x{k}: " + "  ".join(f"{name} {us:.2f} ({n * k / us / 1e6:.2f} TB/s)"
-                                          for name, us in row["us"].items()), flush=True)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "exp-row-sweep-fp8.json"
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print("json:", path)
-    return 0
+        bench.time(fns, reps, {"dtype": "fp8_e4m3", "n": n, "k": k, "weight_bytes": n * k, "errors": errors},
+                   f"fp8 {n}x{k}")
+    bench.write(out_dir, "exp-row-sweep-fp8.json")
 
 
 def main() -> int:
@@ -334,66 +408,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    if args.fp8:
-        return fp8_main(shapes, args.reps, args.out)
-
-    import cupy
-    import torch
-
-    import deepgemm_jit as dg
-    from deepgemm_jit import device, timing
-
-    code, variants = sources(shapes)
-    module = cupy.RawModule(code=code, options=("-std=c++17",))
-    num_sms = device.num_sms()
-    read_x4_ef = module.get_function("read_stream_x4_ef")
-    read_grid, read_block = num_sms * 4, 512
-    sink = cupy.zeros(read_grid, dtype=cupy.uint32)
-    flush = timing.L2Flusher()
-    rows = []
-    for n, k in shapes:
-        gen = torch.Generator(device="cuda").manual_seed(n * 131 + k)
-        wb = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
-        xb = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
-        ref = (xb.double() @ wb.double().t()).reshape(-1)
-        scale = float(ref.abs().max())
-        wc, xc = cupy.asarray(wb.view(torch.int16)), cupy.asarray(xb.view(torch.int16))
-        n16 = cupy.uint64(wb.numel() * 2 // 16)
-        fns = {"read_ef": lambda: read_x4_ef((read_grid,), (read_block,), (wc, n16, sink))}
-        g = dg.build(1, n, k, dtype="bf16")
-        d_ours = torch.empty((1, n), device="cuda", dtype=torch.bfloat16)
-        fns["ours"] = lambda: g(xb, wb, out=d_ours)
-        fns["cublas"] = lambda: torch.matmul(xb, wb.t())
-        errors = {}
-        for v in (v for v in variants if (v["n"], v["k"]) == (n, k)):
-            fn = module.get_function(v["kernel"])
-            outv = cupy.full(n, 0x7fc1, dtype=cupy.uint16)  # poisoned (a NaN pattern) before the check
-            grid = min(n, num_sms * v["per_sm"]) if v["kind"] == "cta_rows" else num_sms * 2
-            smem = v.get("smem", 0)
-            call = (lambda fn=fn, grid=grid, v=v, outv=outv, smem=smem:
-                    fn((grid,), (v["block"],), (wc, xc, outv, cupy.int32(n)), shared_mem=smem))
-            call()
-            got = torch.as_tensor(outv.view(cupy.int16), device="cuda").view(torch.bfloat16).double()
-            err = float((got - ref).abs().max()) / scale
-            errors[v["label"]] = err
-            if not err <= 1e-2:
-                print(f"{n}x{k} {v['label']}: relative error {err:.3g} > 1e-2: not timed", flush=True)
-                continue
-            fns[v["label"]] = call
-        g(xb, wb, out=d_ours)
-        errors["ours"] = float((d_ours.double().reshape(-1) - ref).abs().max()) / scale
-        torch.cuda.synchronize()
-        t = timing.time_interleaved(fns, reps=args.reps, flush=flush)
-        row = {"n": n, "k": k, "weight_bytes": n * k * 2, "errors": errors,
-               "us": {name: tm.median_us for name, tm in t.items()}}
-        rows.append(row)
-        print(f"{n}x{k}: " + "  ".join(f"{name} {us:.2f} ({row['weight_bytes'] / us / 1e6:.2f} TB/s)"
-                                      for name, us in row["us"].items()), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "exp-row-sweep.json"
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print("json:", path)
+    (fp8_main if args.fp8 else bf16_main)(shapes, args.reps, args.out)
     return 0
 
 
