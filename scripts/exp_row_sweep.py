@@ -1,12 +1,11 @@
-"""Experiment (GPU): does a decode GEMV that reads the weight like the streaming read reach the read's speed?
+"""Experiment (GPU): does a decode GEMV shaped like the streaming read reach the read's speed?
 
-    python3 -m scripts.exp_row_sweep [--shapes 7168x16384,...] [--reps 50] [--out DIR]
+    python3 -m scripts.exp_row_sweep [--fp8 | --visits] [--shapes 7168x16384,...] [--reps 50] [--out DIR]
 
 Question it answers (issue 6's 3.6 TB/s at BF16 M = 1 x 7168 x 16384): the evict-first grid-stride read of
 scripts.exp_decode_floor moves that weight in ~63 us, while our M = 1 call (Hopper tiles, 56-96 weight rows per
-CTA, 128 bytes of each row per TMA box) takes 66-68 us. The read sweeps the weight front to back: at any time the
-GPU reads one window of a few MB. The tiles read 128 bytes of each of ~7000 rows at once. Two M = 1 BF16 kernels
-that keep the read's access pattern, timed beside it, our call and cuBLAS (interleaved, write flush, medians):
+CTA, 128 bytes of each row per TMA box) took 66-68 us. Two M = 1 BF16 kernels shaped like the read (every SM
+busy, loads in flight, no pipeline), timed beside it, our call and cuBLAS (interleaved, write flush, medians):
 
   cta_rows   one CTA per weight row at a time (rows blockIdx.x, + gridDim.x, ...): its threads read the row's
              16-byte words t, t + T, ... (a CTA reads T x 16 contiguous bytes per instruction, the grid a window
@@ -14,6 +13,9 @@ that keep the read's access pattern, timed beside it, our call and cuBLAS (inter
              loads the next row before it reduces this one; one barrier per row (two partial slots).
   warp_rows  one warp per row (32 x 16 contiguous bytes per instruction, U loads in flight per lane), the
              activations in shared memory; no barrier after the prologue.
+
+--fp8 times E4M3 forms of cta_rows; --visits times plain reads in the tiles' request order (below) to tell the
+request order from the grid's shape (the answer: the order did not matter, docs/NOTES.md session 30).
 
 Every variant's output is checked against a float64 product first (relative error <= 1e-2 of the largest
 output). Nothing here is used by the library.
@@ -232,6 +234,67 @@ def fp8_sources(shapes) -> tuple[str, list[dict]]:
     return "\n".join(parts), variants
 
 
+# --visits: reads (no arithmetic) that request the weight in the order the tiles do, with a visit length V: CTA c
+# owns rows [R c, R c + R) and asks for V bytes of each of its R rows, then the next V bytes of each, ... (R = 64:
+# about the decode tiles' BN of 56-64; V = 128 bytes: a TMA box's row). Four 16-byte loads in flight per thread,
+# 512 threads, one CTA per row block. If the row sweep gains by opening each DRAM page once, longer visits approach
+# the read.
+_ORDERED_READ = r"""
+extern "C" __global__ void __launch_bounds__(512)
+ordered_read(const uint4* __restrict__ w, unsigned log2_rows, unsigned row_words, unsigned log2_visit, unsigned n,
+             unsigned* sink) {
+  // Powers of two (rows per CTA, words per visit): the order is shifts and masks, not divisions.
+  const unsigned long long policy = evict_first_policy();
+  const unsigned row0 = blockIdx.x << log2_rows;
+  const unsigned total = row_words << log2_rows, log2_per_visit = log2_rows + log2_visit;
+  const unsigned visit_mask = (1u << log2_visit) - 1, per_visit_mask = (1u << log2_per_visit) - 1;
+  unsigned acc = 0;
+  for (unsigned f = threadIdx.x; f < total; f += 4 * blockDim.x) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const unsigned g = f + u * blockDim.x;
+      const unsigned row = row0 + ((g & per_visit_mask) >> log2_visit);
+      if (g < total && row < n) {
+        const unsigned col = ((g >> log2_per_visit) << log2_visit) + (g & visit_mask);
+        v[u] = ld_ef(w + (unsigned long long)row * row_words + col, policy);
+      } else {
+        v[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+"""
+
+
+def visits_main(shapes, reps: int, out_dir: str) -> None:
+    """--visits: the ordered reads at visit lengths from 128 bytes to a whole row, beside the grid-stride read."""
+    import cupy
+
+    bench = _Bench("\n".join([READ_SOURCE, _COMMON, _ORDERED_READ]))
+    fn = bench.module.get_function("ordered_read")
+    sink = cupy.zeros(4096, dtype=cupy.uint32)
+    for n, k in shapes:
+        w = cupy.random.default_rng(n + k).integers(0, 255, n * k * 2, dtype=cupy.uint8)
+        row_words = k * 2 // 16
+        fns = {"read_ef": bench.read(w, n * k * 2)}
+        for rows, visit_bytes in ((64, 128), (64, 512), (64, 2048), (64, 8192), (64, k * 2), (8, 128), (8, 2048)):
+            vw = min(visit_bytes // 16, row_words)
+            if row_words % vw or vw & (vw - 1):
+                continue
+            grid = -(-n // rows)
+            fns[f"r{rows}v{vw * 16}"] = (lambda grid=grid, rows=rows, vw=vw:
+                                        fn((grid,), (512,), (w, cupy.uint32(rows.bit_length() - 1),
+                                                             cupy.uint32(row_words), cupy.uint32(vw.bit_length() - 1),
+                                                             cupy.uint32(n), sink)))
+        bench.time(fns, reps, {"n": n, "k": k, "weight_bytes": n * k * 2}, f"{n}x{k}")
+    bench.write(out_dir, "exp-row-sweep-visits.json")
+
+
 def cta_variants(k: int) -> list[tuple[int, int, int]]:
     """(threads, words per thread, CTAs per SM) for a row of k BF16 values (k / 8 16-byte words)."""
     kw = k // 8
@@ -405,10 +468,11 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--fp8", action="store_true", help="FP8 E4M3 kernels (per-tensor and block scales)")
+    ap.add_argument("--visits", action="store_true", help="reads in the tiles' order at several visit lengths")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    (fp8_main if args.fp8 else bf16_main)(shapes, args.reps, args.out)
+    (visits_main if args.visits else fp8_main if args.fp8 else bf16_main)(shapes, args.reps, args.out)
     return 0
 
 

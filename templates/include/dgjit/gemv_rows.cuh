@@ -1,13 +1,12 @@
 // Row sweep for decode at 1 or 2 tokens: D (M x N) = A (M x K) * B (N x K)^T on CUDA cores (16-bit, or FP8 with
-// tensor / row / block scales), reading the weight B
-// front to back the way a streaming read does. The host side is deepgemm_jit/gemv_rows.py (rule, grid, launch).
+// tensor / row / block scales), reading the weight B the way a streaming read does. The host side is
+// deepgemm_jit/gemv_rows.py (rule, grid, launch).
 //
-// Why this shape of work (NOTES "session 30"): a GEMV at M = 1 is bound by reading B once, and how fast the
-// DRAM delivers it depends on how many weight rows are open at a time. The Hopper tiles and the mma.sync
-// weight-streaming kernel (gemv.cuh) read 128-256 bytes of thousands of rows at once; here one CTA reads one
-// whole row at a time (its threads' 16-byte words are consecutive), so the grid reads a window of ~2 x grid
-// rows, as a grid-stride copy does. On the H200 that reached the evict-first read's speed (BF16 7168x16384:
-// 64.8 us vs the read's 64.0, the tiles 66.9).
+// Why this shape of work (NOTES "session 30"): a GEMV at M = 1 is bound by reading B once, and a read reaches the
+// DRAM's speed when every SM keeps enough bytes in flight and the work ends evenly. Here every SM holds 1024
+// threads with two rows of 16-byte loads in flight, and a CTA takes one whole row at a time (~27 rows per CTA at
+// N = 7168: an even end). On the H200 that reached the evict-first read's speed (BF16 7168x16384: 64.8 us vs the
+// read's 64.0, the tiles 66.9).
 //
 // Work decomposition: CTA b owns rows b, b + gridDim.x, ... (one wave: gridDim.x <= resident CTAs). Thread t
 // owns the row's 16-byte words t, t + kThreads, ..., t + (kChunks - 1) kThreads, the same positions in every
