@@ -1,15 +1,14 @@
 """Row sweep for decode (M <= 2 tokens, weights stored (N, K)): D (M, N) = A (M, K) @ B (N, K).T on CUDA cores,
 reading B like a streaming read; bf16 / fp16, and FP8 with tensor, row or block scales.
 
-Why a second decode kernel beside gemv.py's: at M = 1 the time is reading the weight, and a read reaches the DRAM's
-speed when every SM keeps enough bytes in flight (~64-128 KB) and the work ends evenly. This kernel is shaped like
-the streaming read: each CTA takes one whole row at a time (rows b, b + grid, ...: ~27 per CTA at N = 7168, so the
-end is even), every SM holds 1024 threads with two rows of 16-byte loads in flight, and nothing waits on shared
-memory or barriers but one per row. The Hopper tiles (112-128 CTAs of 56-64 rows) and the mma.sync kernel run
-fewer bytes in flight or fewer busy SMs. (The order in which rows are visited does not matter: reads in the tiles'
-order, 64 rows a CTA and 128 bytes of each per visit, ran as fast with 8 rows a CTA and all SMs busy,
-bench/results/*exp-row-sweep-visits-s30*.) H200, M = 1 BF16, against the evict-first read of the same bytes, same
-call (bench/results/*exp-row-sweep-bf16-m1-s30*, us):
+Why a second decode kernel beside gemv.py's: at M = 1 the time is reading the weight, and an SM alone pulls at most
+~31 GB/s, so a read reaches the DRAM's 3.7 TB/s only with nearly every SM pulling until an even end. This kernel is
+shaped like the streaming read: each CTA takes one whole row at a time (rows b, b + grid, ...: ~27 per CTA at N =
+7168, so the end is even), every SM holds 1024 threads with two rows of 16-byte loads in flight, and nothing waits
+but one barrier per row. The Hopper tiles (112-132 CTAs) pull ~27 GB/s per SM. (The order in which rows are visited
+does not matter: reads in the tiles' order, 64 rows a CTA and 128 bytes of each per visit, ran at the read's speed
+with 8 rows a CTA and all SMs busy, bench/results/*exp-row-sweep-visits-s30*.) H200, M = 1 BF16, against the
+evict-first read of the same bytes, same call (bench/results/*exp-row-sweep-bf16-m1-s30*, us):
 
     7168x16384  64.8 (read 64.0; tiles 66.9; cuBLAS 72.5)      2112x7168   13.6 (read 13.3; mma.sync 15.0)
     4096x7168   20.7 (read 20.5; mma.sync 22.5)                 7168x2048   13.0 (read 13.4; tiles 14.3)

@@ -236,23 +236,23 @@ def fp8_sources(shapes) -> tuple[str, list[dict]]:
 
 # --visits: reads (no arithmetic) that request the weight in the order the tiles do, with a visit length V: CTA c
 # owns rows [R c, R c + R) and asks for V bytes of each of its R rows, then the next V bytes of each, ... (R = 64:
-# about the decode tiles' BN of 56-64; V = 128 bytes: a TMA box's row). Four 16-byte loads in flight per thread,
-# 512 threads, one CTA per row block. If the row sweep gains by opening each DRAM page once, longer visits approach
-# the read.
+# about the decode tiles' BN of 56-64; V = 128 bytes: a TMA box's row). Four (or, "x8", eight) 16-byte loads in
+# flight per thread, 512 threads, one CTA per row block. Asks whether the request order (DRAM pages per visit) or
+# the grid (busy SMs, bytes in flight per SM) sets the speed.
 _ORDERED_READ = r"""
-extern "C" __global__ void __launch_bounds__(512)
-ordered_read(const uint4* __restrict__ w, unsigned log2_rows, unsigned row_words, unsigned log2_visit, unsigned n,
-             unsigned* sink) {
+template <int U>  // 16-byte loads in flight per thread
+__device__ __forceinline__ void ordered_read(const uint4* __restrict__ w, unsigned log2_rows, unsigned row_words,
+                                             unsigned log2_visit, unsigned n, unsigned* sink) {
   // Powers of two (rows per CTA, words per visit): the order is shifts and masks, not divisions.
   const unsigned long long policy = evict_first_policy();
   const unsigned row0 = blockIdx.x << log2_rows;
   const unsigned total = row_words << log2_rows, log2_per_visit = log2_rows + log2_visit;
   const unsigned visit_mask = (1u << log2_visit) - 1, per_visit_mask = (1u << log2_per_visit) - 1;
   unsigned acc = 0;
-  for (unsigned f = threadIdx.x; f < total; f += 4 * blockDim.x) {
-    uint4 v[4];
+  for (unsigned f = threadIdx.x; f < total; f += U * blockDim.x) {
+    uint4 v[U];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const unsigned g = f + u * blockDim.x;
       const unsigned row = row0 + ((g & per_visit_mask) >> log2_visit);
       if (g < total && row < n) {
@@ -263,10 +263,18 @@ ordered_read(const uint4* __restrict__ w, unsigned log2_rows, unsigned row_words
       }
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   acc = __reduce_xor_sync(0xffffffffu, acc);
   if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+extern "C" __global__ void __launch_bounds__(512) ordered_read4(const uint4* __restrict__ w, unsigned log2_rows,
+    unsigned row_words, unsigned log2_visit, unsigned n, unsigned* sink) {
+  ordered_read<4>(w, log2_rows, row_words, log2_visit, n, sink);
+}
+extern "C" __global__ void __launch_bounds__(512) ordered_read8(const uint4* __restrict__ w, unsigned log2_rows,
+    unsigned row_words, unsigned log2_visit, unsigned n, unsigned* sink) {
+  ordered_read<8>(w, log2_rows, row_words, log2_visit, n, sink);
 }
 """
 
@@ -276,21 +284,23 @@ def visits_main(shapes, reps: int, out_dir: str) -> None:
     import cupy
 
     bench = _Bench("\n".join([READ_SOURCE, _COMMON, _ORDERED_READ]))
-    fn = bench.module.get_function("ordered_read")
+    fns_by_flight = {4: bench.module.get_function("ordered_read4"), 8: bench.module.get_function("ordered_read8")}
     sink = cupy.zeros(4096, dtype=cupy.uint32)
     for n, k in shapes:
         w = cupy.random.default_rng(n + k).integers(0, 255, n * k * 2, dtype=cupy.uint8)
         row_words = k * 2 // 16
         fns = {"read_ef": bench.read(w, n * k * 2)}
-        for rows, visit_bytes in ((64, 128), (64, 512), (64, 2048), (64, 8192), (64, k * 2), (8, 128), (8, 2048)):
+        for rows, visit_bytes, flight in ((64, 128, 4), (64, 512, 4), (64, 2048, 4), (64, 8192, 4), (64, k * 2, 4),
+                                          (8, 128, 4), (8, 2048, 4), (64, 128, 8), (64, 2048, 8)):
             vw = min(visit_bytes // 16, row_words)
             if row_words % vw or vw & (vw - 1):
                 continue
             grid = -(-n // rows)
-            fns[f"r{rows}v{vw * 16}"] = (lambda grid=grid, rows=rows, vw=vw:
-                                        fn((grid,), (512,), (w, cupy.uint32(rows.bit_length() - 1),
-                                                             cupy.uint32(row_words), cupy.uint32(vw.bit_length() - 1),
-                                                             cupy.uint32(n), sink)))
+            suffix = "" if flight == 4 else f"x{flight}"
+            fns[f"r{rows}v{vw * 16}{suffix}"] = (
+                lambda fn=fns_by_flight[flight], grid=grid, rows=rows, vw=vw:
+                fn((grid,), (512,), (w, cupy.uint32(rows.bit_length() - 1), cupy.uint32(row_words),
+                                     cupy.uint32(vw.bit_length() - 1), cupy.uint32(n), sink)))
         bench.time(fns, reps, {"n": n, "k": k, "weight_bytes": n * k * 2}, f"{n}x{k}")
     bench.write(out_dir, "exp-row-sweep-visits.json")
 

@@ -2,11 +2,11 @@
 // tensor / row / block scales), reading the weight B the way a streaming read does. The host side is
 // deepgemm_jit/gemv_rows.py (rule, grid, launch).
 //
-// Why this shape of work (NOTES "session 30"): a GEMV at M = 1 is bound by reading B once, and a read reaches the
-// DRAM's speed when every SM keeps enough bytes in flight and the work ends evenly. Here every SM holds 1024
-// threads with two rows of 16-byte loads in flight, and a CTA takes one whole row at a time (~27 rows per CTA at
-// N = 7168: an even end). On the H200 that reached the evict-first read's speed (BF16 7168x16384: 64.8 us vs the
-// read's 64.0, the tiles 66.9).
+// Why this shape of work (NOTES "session 30"): a GEMV at M = 1 is bound by reading B once, and as an SM alone
+// pulls at most ~31 GB/s, a read reaches the DRAM's speed only with nearly every SM pulling until an even end.
+// Here every SM holds 1024 threads with two rows of 16-byte loads in flight, and a CTA takes one whole row at a
+// time (~27 rows per CTA at N = 7168: an even end). On the H200 that reached the evict-first read's speed (BF16
+// 7168x16384: 64.8 us vs the read's 64.0, the tiles 66.9).
 //
 // Work decomposition: CTA b owns rows b, b + gridDim.x, ... (one wave: gridDim.x <= resident CTAs). Thread t
 // owns the row's 16-byte words t, t + kThreads, ..., t + (kChunks - 1) kThreads, the same positions in every
