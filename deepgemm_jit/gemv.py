@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config, cubin, device, dtypes, gemv_rows, jit, runtime
+from . import config, cubin, device, dtypes, gemv_rows, jit
 from . import launch as launch_mod
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
@@ -266,17 +266,12 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
         raise ValueError("a and b need 16-byte aligned rows for the weight-streaming kernel")
     artifact = get_kernel(GemvSpec.for_gemm(spec, m), arch)
     check_symbols(artifact)
-    kernel = runtime.loaded_kernel(artifact, device_id, 0)
     warps_k = launch_warps_k(spec, artifact.spec, device.num_sms(device_id))
     grid = (grid_size(spec.n, warps_k), 1, 1)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
             np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
             ) + scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(spec.k), np.uint32(warps_k))
-    # Programmatic dependent launch needs sm_90; the kernel's wait is a no-op elsewhere.
-    waits = arch == "sm_90a" and cubin.optional_entry_symbol(artifact.cubin, artifact.entry,
-                                                             "takes_programmatic_launch") == 1
-    return LaunchPlan(kernel, grid, (32 * NUM_WARPS, 1, 1), args, device_id, waits,
-                      waits and launch_mod.PROGRAMMATIC_GEMMS)
+    return launch_mod.decode_plan(artifact, arch, grid, (32 * NUM_WARPS, 1, 1), args, device_id)
 
 
 def predicted_us(n: int, k: int, element_bytes: int, bandwidth_tb_s: float = 4.0) -> float:

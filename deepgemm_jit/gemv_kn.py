@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config, cubin, device, dtypes, jit, runtime
+from . import config, cubin, device, dtypes, jit
 from . import launch as launch_mod
 from .arrays import MatrixView
 from .launch import LaunchPlan
@@ -229,16 +229,13 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
         raise ValueError("the (K, N) weight-streaming kernel takes no scales")
     artifact = get_kernel(GemvKnSpec.for_gemm(spec, device.num_sms(device_id)), arch)
     check_symbols(artifact)
-    kernel = runtime.loaded_kernel(artifact, device_id, 0)
     # A's element (token, k): A stored (M, K) (nn) or (K, M) (tn), rows of row_stride elements.
     x_sm, x_sk = (va.row_stride, 1) if spec.a_k_major else (1, va.row_stride)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr), np.int64(x_sm),
             np.int64(x_sk), np.uint64(vd.ptr), np.int64(vd.row_stride), np.uint32(m), np.uint32(spec.n),
             np.uint32(spec.k))
-    waits = arch == "sm_90a" and cubin.optional_entry_symbol(artifact.cubin, artifact.entry,
-                                                             "takes_programmatic_launch") == 1
-    return LaunchPlan(kernel, grid(spec, artifact.spec), (32 * NUM_WARPS, 1, 1), args, device_id, waits,
-                      waits and launch_mod.PROGRAMMATIC_GEMMS)
+    return launch_mod.decode_plan(artifact, arch, grid(spec, artifact.spec), (32 * NUM_WARPS, 1, 1), args,
+                                  device_id)
 
 
 def describe(spec: GemmSpec, arch: str, num_sms: int) -> dict:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cubin, device, dtypes, jit, runtime
+from . import cubin, device, dtypes, jit
 from . import launch as launch_mod
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
@@ -230,16 +230,11 @@ def plan(spec: GemmSpec, arch: str, m: int, va: MatrixView, vb: MatrixView, vd: 
     if not 1 <= m <= kernel.tokens:
         raise ValueError(f"M={m}: {kernel.tag} takes 1 <= M <= {kernel.tokens}")
     artifact = get_kernel(kernel, arch)
-    loaded = runtime.loaded_kernel(artifact, device_id, 0)
     grid = (grid_size(spec.n, kernel, device.num_sms(device_id)), 1, 1)
     args = (np.uint64(vb.ptr), np.int64(vb.row_stride * vb.itemsize), np.uint64(va.ptr),
             np.int64(va.row_stride * va.itemsize), np.uint64(vd.ptr), np.int64(vd.row_stride)
             ) + scale_args(sa, sb) + (np.uint32(m), np.uint32(spec.n), np.uint32(words))
-    # Programmatic dependent launch needs sm_90; the kernel's wait is a no-op elsewhere.
-    waits = arch == "sm_90a" and cubin.optional_entry_symbol(artifact.cubin, artifact.entry,
-                                                             "takes_programmatic_launch") == 1
-    return LaunchPlan(loaded, grid, (kernel.threads, 1, 1), args, device_id, waits,
-                      waits and launch_mod.PROGRAMMATIC_GEMMS)
+    return launch_mod.decode_plan(artifact, arch, grid, (kernel.threads, 1, 1), args, device_id)
 
 
 def describe(spec: GemmSpec, m: int, num_sms: int) -> dict:

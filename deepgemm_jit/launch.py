@@ -62,6 +62,16 @@ def takes(artifact: KernelArtifact, argument: str) -> bool:
     return cubin_mod.optional_entry_symbol(artifact.cubin, artifact.entry, f"takes_{argument}") == 1
 
 
+def decode_plan(artifact, arch: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple,
+                device_id: int) -> LaunchPlan:
+    """A LaunchPlan of a decode kernel (gemv.py, gemv_rows.py, gemv_kn.py: families compiled for sm_80 too), loaded
+    on `device_id`. It launches programmatically (PROGRAMMATIC_GEMMS) where it waits for the previous grid before
+    touching memory (`takes` programmatic_launch) and runs on sm_90a, whose griddepcontrol.wait that needs."""
+    waits = arch == "sm_90a" and takes(artifact, "programmatic_launch")
+    return LaunchPlan(runtime.loaded_kernel(artifact, device_id, 0), grid, block, args, device_id, waits,
+                      waits and PROGRAMMATIC_GEMMS)
+
+
 def a_box_rows(artifact: KernelArtifact, spec: GemmSpec, m: int) -> int:
     """Rows of an sm90 kernel's A box: the tile's block_m, or M for a dense K-major A of fewer rows than one tile.
     TMA zero-fills the rows of a box past the tensor on every K block, at a few cycles per row: with small B tiles
