@@ -20,8 +20,8 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
 A "gemv-" prefix (e.g. gemv-fp8-tensor with --shape 1x24576x1536) profiles the weight-streaming kernel that build()
 dispatches calls of M <= 8 (16) to, instead of the tile kernel. A variant takes the heuristic's tile, or a forced
 one as NAME@BMxBN (e.g. fp8-block@128x128, or any bench --tiles spelling: tf32@128x256s4r2), and a fused
-epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128; a bias is a random vector; epilogues that need C or a
-residual are not supported here). Ping-pong tiles: @BMxBNpp.
+epilogue as NAME:EPILOGUE (e.g. bf16:bias+gelu@128x128; a bias is a random vector, a residual a random (M, N)
+tensor; epilogues that need C are not supported here). Ping-pong tiles: @BMxBNpp.
 
 tf32-promoted is the TF32 GEMM of dtype fp32 (3xTF32, K three times the fp32 K). cublas-bf16 / cublas-tf32 profile
 cuBLAS's kernel for the same shape (torch.mm, nt, TF32 allowed for cublas-tf32) to set beside ours.
@@ -96,6 +96,8 @@ def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt"):
     if g.spec.epi.bias != "none":
         vec = rng.standard_normal((n if g.spec.epi.bias == "col" else m,), dtype=cupy.float32)
         epi_ops["bias"] = reference._to_storage(vec, g.spec.out_dtype)
+    if g.spec.epi.residual:  # an (M, N) tensor of D's dtype
+        epi_ops["residual"] = reference._to_storage(rng.standard_normal((m, n), dtype=cupy.float32), g.spec.out_dtype)
     if name in ("bf16", "tf32", "tf32-promoted"):
         a = x.astype(dg.dtypes.numpy_dtype(g.spec.dtype))
         b = w.astype(dg.dtypes.numpy_dtype(g.spec.dtype))
