@@ -62,6 +62,36 @@ def test_activation_accuracy_fp32(activation):
     assert float(err.max()) <= 1e-6, (activation, float(err.max()), fused.config.tag)
 
 
+@pytest.mark.parametrize("out_dtype, rel_bound, abs_bound", [
+    # half-ulp of the output + the polynomial's bound (gelu_erf: degree 3 for bf16, 5 for fp16), with 10% slack;
+    # fp16's absolute term covers its subnormal step (GELU's negative tail underflows there).
+    ("bf16", 1.1 * (2.0 ** -9 + 3.1e-4), 1e-37),
+    ("fp16", 1.1 * (2.0 ** -11 + 2.7e-5), 2.0 ** -25),
+])
+def test_gelu_accuracy_narrow_outputs(out_dtype, rel_bound, abs_bound):
+    """GELU into a 16-bit D takes a shorter polynomial (degree 3 for bf16, 5 for fp16): element by element, the
+    fused output is within half an ulp of D plus the polynomial's own bound of float64 GELU of the same kernel's
+    FP32 accumulators (the plain GEMM with the same tile, bitwise the same sums). A wrong coefficient gives ~1e-2."""
+    import cupy
+
+    m, n, k = 256, 264, 128
+    fused = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue="gelu")
+    plain = build(m, n, k, dtype="bf16", out_dtype="fp32", config=fused.config)
+    rng = cupy.random.default_rng(12)
+    a = reference.random_matrix((m, k), "bf16", rng, scale=3.0)  # |acc| up to ~15: both tails
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    out, acc = reference.poisoned((m, n), out_dtype), reference.poisoned((m, n), "fp32")
+    fused(a, b, out=out)
+    plain(a, b, out=acc)
+    from cupyx.scipy.special import erfc
+
+    x = reference.to_float64(acc)
+    ref = 0.5 * x * erfc(-x / math.sqrt(2.0))  # the erfc form: 1 + erf(x / sqrt(2)) cancels in the negative tail
+    excess = cupy.abs(reference.to_float64(out) - ref) - (rel_bound * cupy.abs(ref) + abs_bound)
+    assert not bool(cupy.isnan(excess).any()) and float(excess.max()) <= 0.0, (out_dtype, float(excess.max()),
+                                                                              fused.config.tag)
+
+
 def test_gelu_at_infinities():
     """GELU(+inf) = +inf and GELU(-inf) = 0 (its limit), large finite values pass through or vanish, no NaN:
     the kernel forms x Phi(x) as max(x, 0) - |x| h with |x| capped where h = 0."""

@@ -77,15 +77,29 @@ DGJIT_DEVICE float times_sigmoid(float v, float u) {
 // on ln(erfc(z) / t) + z^2 over z in [0, 10.5]); the coefficients below are P's times log2(e), the constant term
 // minus 1 (the factor 1/2 of h), so h = t * exp2(P2(t) - z^2 log2(e)). |x| is capped at FLT_MAX in the product so
 // that x = +inf (h = 0) gives inf, not inf * 0; x = -inf gives 0, the limit.
-// kNarrowD (D stored in 16 or 8 bits): P of degree 5, relative error of the result below 2.5e-5 in float32 (a
-// fp16 half-ulp is 2.4e-4, bf16's 2e-3), 12 FP32 instructions and 2 MUFU per element. Otherwise (FP32 D): degree 9,
-// absolute error below 2.4e-7, 16 FP32 instructions. The 4 FFMA matter where the epilogue bounds the tile (ping-pong
-// at K = 512, docs/NOTES.md session 12).
-template <bool kNarrowD>
+// P's degree follows D's precision (GeluDegree): BF16 D: degree 3, relative error of the result below 3.1e-4 in
+// float32 (bf16's half-ulp is 2e-3; ~2% of outputs then round to the neighbour of the correctly rounded value, as
+// unfused bf16 GEMM + GELU's double rounding does), 10 FP32 instructions and 2 MUFU per element. FP16 and 8-bit D:
+// degree 5, below 2.7e-5 (a fp16 half-ulp is 2.4e-4; quantize-on-store's scales are checked to 1e-4), 12 FP32
+// instructions. FP32 D: degree 9, absolute error below 2.4e-7, 16 FP32 instructions. Each FFMA matters where the
+// epilogue bounds the tile: the ping-pong GELU epilogue at K = 512 issues at the SM's full rate, ~4.5 us per
+// instruction per element at 4096 x 32768 (docs/NOTES.md sessions 12 and 31).
+enum class GeluDegree : uint32_t { k3 = 3, k5 = 5, k9 = 9 };
+template <class TD>
+constexpr GeluDegree gelu_degree_for() {
+  return sizeof(TD) == 4 ? GeluDegree::k9 : (is_same<TD, bfloat16_t>::value ? GeluDegree::k3 : GeluDegree::k5);
+}
+
+template <GeluDegree kDegree>
 DGJIT_DEVICE float gelu_erf(float x) {
   const float t = rcp_approx(fmaf(fabsf(x), 0.35355339059327376f, 1.0f));  // 1 / (1 + z / 2)
   float p;
-  if constexpr (kNarrowD) {
+  if constexpr (kDegree == GeluDegree::k3) {
+    p = -0.4968442916870117f;
+    p = fmaf(p, t, 0.9914038181304932f);
+    p = fmaf(p, t, 1.3207887411117554f);
+    p = fmaf(p, t, -2.814920425415039f);
+  } else if constexpr (kDegree == GeluDegree::k5) {
     p = 0.3301486074924469f;
     p = fmaf(p, t, -1.0233557224273682f);
     p = fmaf(p, t, 0.6847704648971558f);
@@ -93,6 +107,7 @@ DGJIT_DEVICE float gelu_erf(float x) {
     p = fmaf(p, t, 1.4687057733535767f);
     p = fmaf(p, t, -2.827234983444214f);
   } else {
+    static_assert(kDegree == GeluDegree::k9, "GELU polynomial degrees: 3, 5, 9");
     p = 0.21358460187911987f;
     p = fmaf(p, t, -1.0068010091781616f);
     p = fmaf(p, t, 1.7269014120101929f);
@@ -112,13 +127,13 @@ DGJIT_DEVICE float gelu_erf(float x) {
 }
 
 // The gate's activation of a gated unit (the up projection multiplies it).
-template <GateKind kGate, bool kNarrowD>
+template <GateKind kGate, GeluDegree kDegree>
 DGJIT_DEVICE float gate_activate(float g) {
   if constexpr (kGate == GateKind::kSwiGlu) {
     return times_sigmoid(g, g);
   } else {
     static_assert(kGate == GateKind::kGeGlu, "gated units: swiglu or geglu");
-    return gelu_erf<kNarrowD>(g);
+    return gelu_erf<kDegree>(g);
   }
 }
 
@@ -138,13 +153,13 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
   }
 }
 
-// kNarrowD: D is stored in 16 or 8 bits, so GELU may take its shorter polynomial (gelu_erf).
-template <Activation kAct, bool kNarrowD>
+// kDegree: GELU's polynomial for D's precision (gelu_erf).
+template <Activation kAct, GeluDegree kDegree>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
     return fmaxf(v, 0.0f);
   } else if constexpr (kAct == Activation::kGelu) {
-    return gelu_erf<kNarrowD>(v);
+    return gelu_erf<kDegree>(v);
   } else if constexpr (kAct == Activation::kGeluTanh) {
     // 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3).
     return times_sigmoid(v, 1.5957691216057308f * fmaf(0.044715f * v, v * v, v));
