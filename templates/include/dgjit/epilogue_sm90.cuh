@@ -78,12 +78,13 @@ DGJIT_DEVICE float times_sigmoid(float v, float u) {
 // minus 1 (the factor 1/2 of h), so h = t * exp2(P2(t) - z^2 log2(e)). |x| is capped at FLT_MAX in the product so
 // that x = +inf (h = 0) gives inf, not inf * 0; x = -inf gives 0, the limit.
 // P's degree follows D's precision (GeluDegree): BF16 D: degree 3, relative error of the result below 3.1e-4 in
-// float32 (bf16's half-ulp is 2e-3; ~2% of outputs then round to the neighbour of the correctly rounded value, as
-// unfused bf16 GEMM + GELU's double rounding does), 10 FP32 instructions and 2 MUFU per element. FP16 and 8-bit D:
-// degree 5, below 2.7e-5 (a fp16 half-ulp is 2.4e-4; quantize-on-store's scales are checked to 1e-4), 12 FP32
-// instructions. FP32 D: degree 9, absolute error below 2.4e-7, 16 FP32 instructions. Each FFMA matters where the
-// epilogue bounds the tile: the ping-pong GELU epilogue at K = 512 issues at the SM's full rate, ~4.5 us per
-// instruction per element at 4096 x 32768 (docs/NOTES.md sessions 12 and 31).
+// float32 (bf16's half-ulp is 2e-3..3.9e-3 of the value; ~2% of outputs then round to the neighbour of the
+// correctly rounded value, as unfused bf16 GEMM + GELU's double rounding does), 10 FP32 instructions and 2 MUFU per
+// element. FP16 and 8-bit D: degree 5, below 2.7e-5 (a fp16 half-ulp is at most 4.9e-4; quantize-on-store's scales
+// are checked to 1e-4), 12 FP32 instructions. FP32 D: degree 9, absolute error below 2.4e-7, 16 FP32 instructions.
+// Each FFMA matters where the epilogue bounds the tile: at 4096 x 32768 x 512 (ping-pong) bias+gelu ran ~40 us
+// longer than bias+silu for ~9 more instructions per element, and degree 3 instead of 5 took it from 260.6 to
+// 247.7 us (docs/NOTES.md sessions 12 and 31).
 enum class GeluDegree : uint32_t { k3 = 3, k5 = 5, k9 = 9 };
 template <class TD>
 constexpr GeluDegree gelu_degree_for() {
