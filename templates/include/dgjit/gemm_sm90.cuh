@@ -689,34 +689,18 @@ struct GemmSm90 {
   }
 
   // Straight accumulation through K (16-bit, TF32, INT8, FP8 with fast_accum). `after_first_issue` runs
-  // once the tile's first wgmmas are queued (the epilogue-operand prefetch, off the tensor cores' path). Kernels that
-  // prefetch C / the residual (kPrefetch) issue the first K block before the loop, so the hook's code (thread 0's TMA
-  // loads) is not a branch region in every K block: inside the loop it cost ~7 instructions per K block and warp
-  // (BSSY / BSYNC, parameter reloads; ncu of the +residual ping-pong kernel, session 31). Kernels whose hook is empty
-  // keep the one loop: peeled, fp16 gelu_tanh with FP32 D (128x128 ping-pong) got an 80-byte stack frame. The host
-  // never launches a tile without K blocks.
+  // once the tile's first wgmmas are queued (the epilogue-operand prefetch, off the tensor cores' path).
   template <class Hook>
   static DGJIT_DEVICE void mainloop(const Smem& smem, State& state, uint32_t math_wg, const Tile& tile,
                                     TAcc (&acc)[kNumM64PerWG][kNumAccum], const Hook& after_first_issue) {
     uint32_t previous_stage = 0;
-    uint32_t k_block = tile.k_begin;
-    if constexpr (kPrefetch) {
-      mbarrier_wait(smem.full(state.stage), state.phase);
-      issue_k_block(smem, state.stage, math_wg, false, acc, state.phase);  // overwrites the previous tile's sums
-      after_first_issue();
-      previous_stage = state.stage;
-      advance_k(state);
-      k_block += kKStep;
-    }
 #pragma unroll 1
-    for (; k_block < tile.k_end; k_block += kKStep) {
+    for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; k_block += kKStep) {
       mbarrier_wait(smem.full(state.stage), state.phase);
       // The tile's first K block overwrites stale accumulators from the previous tile.
-      issue_k_block(smem, state.stage, math_wg, kPrefetch || k_block != tile.k_begin, acc, state.phase);
-      if constexpr (!kPrefetch) {
-        if (k_block == tile.k_begin) after_first_issue();
-      }
-      if (kPrefetch || k_block > tile.k_begin) {
+      issue_k_block(smem, state.stage, math_wg, k_block != tile.k_begin, acc, state.phase);
+      if (k_block == tile.k_begin) after_first_issue();
+      if (k_block > tile.k_begin) {
         wgmma_wait_group<1>();
         release_stage(smem, previous_stage);
       }
