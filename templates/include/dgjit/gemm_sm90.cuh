@@ -1439,11 +1439,8 @@ struct GemmSm90 {
   static constexpr bool kStMatrix = k16BitD && !kQuantGroup &&
                                     !kQuantTensor;
   static constexpr bool kPlainMath = Epi::kAct == Activation::kNone && !kGated;
-  // GELU (ungated, 16-bit D) batches 4 groups: 16 elements' chains of dependent FP32 / MUFU steps per thread, not 8
-  // (session 31: 4096x32768x512 bias+gelu 248.8 -> 243.5 us; bias+silu lost 3.5% with 4, so the others keep 2).
-  static constexpr bool kGeluChunk4 = kBatchMath && kStMatrix && Epi::kAct == Activation::kGelu && !kGated;
   static constexpr uint32_t kChunk = kPrefetch ? (sizeof(TD) == 4 ? 2 : 4)
-                                               : (kGeluChunk4 ? 4 : (kBatchMath || (kStMatrix && kPlainMath) ? 2 : 1));
+                                               : (kBatchMath || (kStMatrix && kPlainMath) ? 2 : 1);
   // Column biases per output column group: gated units have a gate and an up bias.
   static constexpr uint32_t kBiasPerGroup = kGated ? 2 : 1;
   // kBiasAhead: a chunk's column biases are read while the previous chunk computes, before its stores. Read next to
