@@ -118,6 +118,26 @@ def test_fp8_block_wide_tiles_with_epilogues_compile(epilogue, shared_cache_dir,
     assert (cfg.block_m, cfg.block_n) == (128, 176), case
 
 
+@pytest.mark.parametrize("tile", ["128x240s4r2", "128x176s5r2", "128x112r3"])
+def test_16bit_ring_tiles_with_activations_compile(tile, shared_cache_dir, monkeypatch):
+    """16-bit D through rings of 32-byte slices (two column groups each) with a batched activation epilogue: the
+    epilogue's chunks of column groups must lie inside one slice. Session 31's chunks of 4 GELU groups failed that
+    static_assert on the GPU only (test_d_ring_gpu forces these tiles); compiled here, with the layout mirror."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    from bench.suites import forced_tile_config
+    from deepgemm_jit import launch
+
+    for epilogue in ("bias+gelu", "bias_row+silu"):
+        spec = GemmSpec.create(1000, 520, "bf16", epilogue=epilogue)
+        cfg = forced_tile_config(spec, tile)
+        cfg.check_for(spec, "sm_90a")
+        assert cfg.d_ring >= 2, cfg.tag
+        art = jit.get_kernel(spec, cfg, "sm_90a")
+        usage = sass.resource_usage(art.cubin)[art.entry]
+        assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, cfg.tag
+        launch.check_layout(art, spec)
+
+
 def test_pingpong_rule_on_deepseek_rows():
     """The heuristic takes the 128x128 ping-pong tile for activation/residual epilogues at K <= 4096 unless it
     needs more waves (N = 2112); plain GEMMs and long K keep the cooperative tiles (H200 bench, NOTES)."""
