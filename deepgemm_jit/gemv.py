@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config, cubin, device, dtypes, gemv_rows, jit
+from . import cubin, device, dtypes, gemv_rows, jit
 from . import launch as launch_mod
 from .arrays import MatrixView, ScaleView
 from .launch import LaunchPlan, scale_args
@@ -284,23 +284,5 @@ def launch_warps_k(spec: GemmSpec, gemv_spec: GemvSpec, num_sms: int) -> int:
     return choose_warps_k(spec.k, dtypes.get(spec.b_dtype).storage_bytes, spec.n, num_sms * gemv_spec.ctas_per_sm)
 
 
-def describe(spec: GemmSpec, arch: str, m: int, num_sms: int = config.DEFAULT_SM90_NUM_SMS) -> dict:
-    """What a call with M = `m` runs (for ``explain``): the rule's answer and, when it applies, the kernel,
-    its launch shape (on a GPU of `num_sms` SMs) and resources. Compiles the kernel if needed (no GPU required)."""
-    if not use_weight_streaming(spec, m, arch):
-        return {"used": False, "max_m": max_m(spec, arch)}
-    if m <= gemv_rows.max_m(spec, arch):
-        art = gemv_rows.get_kernel(gemv_rows.GemvRowsSpec.for_gemm(spec, m), arch)
-        launch = gemv_rows.describe(spec, m, num_sms)
-    else:
-        art = get_kernel(GemvSpec.for_gemm(spec, m), arch)
-        warps_k = launch_warps_k(spec, art.spec, num_sms)
-        launch = {"tag": art.spec.tag, "warps_k": warps_k, "grid": grid_size(spec.n, warps_k),
-                  "num_threads": 32 * NUM_WARPS}
-    spill = (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0)
-    return {"used": True, "max_m": max_m(spec, arch), "cache_key": art.key, "entry": art.entry, **launch,
-            "registers": art.meta.get("registers"), "spill_bytes": spill}
-
-
 __all__ = ["MAX_M", "GemvSpec", "use_weight_streaming", "max_m", "mma_max_m", "kernel_for", "operands_fit",
-           "choose_warps_k", "launch_warps_k", "plan", "get_kernel", "describe"]
+           "choose_warps_k", "launch_warps_k", "plan", "get_kernel"]
