@@ -1,7 +1,7 @@
 """Experiment (GPU): SM clock and board power while one decode call runs back to back, per variant.
 
-    python3 scripts/exp_decode_clock.py --problems bf16:16x7168x16384,... [--tree NAME=DIR[@nows]] [--seconds S]
-                                        [--out DIR]
+    python3 scripts/exp_decode_clock.py --problems DTYPE[+EPILOGUE]:MxNxK,... [--tree NAME=DIR[@nows]]
+                                        [--seconds S] [--out DIR]
 
 Session 30's ncu run saw the decode tile (64x56 s10, M = 1) at 1.80 GHz and the row sweep at 1.97 GHz on the same
 call. This times each variant alone, back to back (no flush: the weights here are larger than L2), for S seconds
@@ -9,7 +9,8 @@ while `nvidia-smi` samples the SM clock and power every 100 ms, and reports per 
 over the window), the mean SM clock and power of the samples inside the window (the first 0.3 s dropped), and GB/s.
 Variants: "new" (the checkout's templates, build's dispatch), "new@nows" (the tile kernels where build would stream
 weights), and each --tree NAME=DIR[@nows] (a templates/ copy, as scripts/exp_ab_templates.py). Every variant's
-result is checked against the float64 reference first.
+result is checked against the float64 reference first. A problem may fuse an epilogue (bf16+bias+gelu:4096x32768x512,
+with the bench's operands) to see where large GEMMs sit against the board's power cap.
 """
 from __future__ import annotations
 
@@ -84,18 +85,26 @@ def _run(problem: str, tdir, nows: bool, seconds: float):
     from deepgemm_jit.spec import GemmSpec
 
     kind, _, dims = problem.partition(":")
+    dtype_name, _, epilogue = kind.partition("+")  # "bf16+bias+gelu": a fused epilogue after the dtype
     m, n, k = (int(v) for v in dims.split("x"))
-    info = bench_dtypes.get(kind)
-    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling)
-    ops = runner.operands(info, spec, m, cupy.random.default_rng(m + n + k), 1.0)
+    info = bench_dtypes.get(dtype_name)
+    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None)
+    rng = cupy.random.default_rng(m + n + k)
+    # As the bench's epilogue rows: B scaled by 1/sqrt(K) so that activations see O(1) values.
+    ops = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
+    kwargs = ops.call_kwargs()
+    if epilogue:
+        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng)
+        ops.ref = runner.apply_epilogue(ops.ref, spec.epi, epi_ops)
+        kwargs.update(epi_ops.call_kwargs(spec.epi))
     if tdir is None:
         os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
     else:
         os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
     try:
-        g = dg.build(m, n, k, dtype=info.lib, scaling=info.scaling, **({"weight_streaming": False} if nows else {}))
+        g = dg.build(m, n, k, dtype=info.lib, scaling=info.scaling, **({"epilogue": epilogue} if epilogue else {}),
+                     **({"weight_streaming": False} if nows else {}))
         out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
-        kwargs = ops.call_kwargs()
         g(ops.a, ops.b, out=out, **kwargs)
     finally:
         os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
@@ -128,7 +137,7 @@ def _run(problem: str, tdir, nows: bool, seconds: float):
     end.synchronize()
     t1 = time.time()
     us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / calls
-    nbytes = ops.a.nbytes + ops.b.nbytes + out.nbytes
+    nbytes = ops.a.nbytes + ops.b.nbytes + out.nbytes  # (an epilogue's operands not counted)
     return tag, t0, t1, us, nbytes / us / 1e3, err
 
 
