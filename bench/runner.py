@@ -169,6 +169,46 @@ def checked_contenders(gemms: dict, inputs: Operands, m: int,
     return fns, errors
 
 
+@dataclasses.dataclass
+class ProblemInputs:
+    """For experiment scripts: one dense nt problem "DTYPE[+EPILOGUE]:MxNxK" (problem_inputs)."""
+
+    m: int
+    n: int
+    k: int
+    info: bench_dtypes.BenchDtype
+    spec: object
+    epilogue: str    # "" without one
+    inputs: Operands  # its ref includes the epilogue
+    kwargs: dict     # the call's keyword arguments besides out=: scales, the epilogue's operands
+
+    def build_kwargs(self) -> dict:
+        """deepgemm_jit.build's dtype, scaling and epilogue for the problem."""
+        return dict(dtype=self.info.lib, scaling=self.info.scaling,
+                    **({"epilogue": self.epilogue} if self.epilogue else {}))
+
+
+def problem_inputs(problem: str) -> ProblemInputs:
+    """Fresh operands (seeded by the size) of "DTYPE[+EPILOGUE]:MxNxK": DTYPE a bench dtype (bf16, fp8_block, ...),
+    EPILOGUE a fused one (bias+gelu, ...) with the bench's epilogue operands; B scaled by 1/sqrt(K) with an epilogue,
+    as the bench's epilogue rows, so that activations see O(1) values."""
+    from deepgemm_jit.spec import GemmSpec
+
+    kind, _, dims = problem.partition(":")
+    dtype_name, _, epilogue = kind.partition("+")
+    m, n, k = (int(v) for v in dims.split("x"))
+    info = bench_dtypes.get(dtype_name)
+    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None)
+    rng = cupy.random.default_rng(m + n + k)
+    inputs = operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
+    kwargs = inputs.call_kwargs()
+    if epilogue:
+        epi_ops = epilogue_operands(spec.epi, m, n, spec.out_dtype, rng)
+        inputs.ref = apply_epilogue(inputs.ref, spec.epi, epi_ops)
+        kwargs.update(epi_ops.call_kwargs(spec.epi))
+    return ProblemInputs(m, n, k, info, spec, epilogue, inputs, kwargs)
+
+
 def time_checked(contenders: dict, info: bench_dtypes.BenchDtype, spec, m: int, reps: int
                  ) -> tuple[dict, dict, dict]:
     """For experiment scripts: fresh operands for one problem (seeded by its size), each named Gemm checked against

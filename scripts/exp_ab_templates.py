@@ -136,26 +136,13 @@ def _time_problem(problem: str, trees, reps: int, time_wrong: bool = False) -> d
     import cupy
 
     import deepgemm_jit as dg
-    from bench import dtypes as bench_dtypes
     from bench import runner
     from bench.suites import forced_tile_config
     from deepgemm_jit import gemv, launch, reference, timing
-    from deepgemm_jit.spec import GemmSpec
 
-    kind, _, dims = problem.partition(":")
-    dtype_name, _, epilogue = kind.partition("+")  # "bf16+bias+gelu": a fused epilogue after the dtype
-    m, n, k = (int(v) for v in dims.split("x"))
-    info = bench_dtypes.get(dtype_name)
-    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None)
-    rng = cupy.random.default_rng(m + n + k)
-    # As the bench's epilogue rows: B scaled by 1/sqrt(K) so that activations see O(1) values.
-    ops = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
-    a, b, kwargs = ops.a, ops.b, ops.call_kwargs()
-    if epilogue:
-        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng)
-        ops.ref = runner.apply_epilogue(ops.ref, spec.epi, epi_ops)
-        kwargs.update(epi_ops.call_kwargs(spec.epi))
-    build = dict(dtype=info.lib, scaling=info.scaling, **({"epilogue": epilogue} if epilogue else {}))
+    p = runner.problem_inputs(problem)
+    m, n, k, info, spec, ops, kwargs = p.m, p.n, p.k, p.info, p.spec, p.inputs, p.kwargs
+    a, b, build = ops.a, ops.b, p.build_kwargs()
     outs, fns = {}, {}
     choose_warps_k, ctas_per_sm = gemv.choose_warps_k, gemv.GemvSpec.ctas_per_sm
     for name, tdir, tile, _bulk in trees:

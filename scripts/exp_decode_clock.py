@@ -15,7 +15,6 @@ with the bench's operands) to see where large GEMMs sit against the board's powe
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -79,40 +78,19 @@ def _run(problem: str, tdir, nows: bool, seconds: float):
     import cupy
 
     import deepgemm_jit as dg
-    from bench import dtypes as bench_dtypes
     from bench import runner
     from deepgemm_jit import reference
-    from deepgemm_jit.spec import GemmSpec
 
-    kind, _, dims = problem.partition(":")
-    dtype_name, _, epilogue = kind.partition("+")  # "bf16+bias+gelu": a fused epilogue after the dtype
-    m, n, k = (int(v) for v in dims.split("x"))
-    info = bench_dtypes.get(dtype_name)
-    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None)
-    rng = cupy.random.default_rng(m + n + k)
-    # As the bench's epilogue rows: B scaled by 1/sqrt(K) so that activations see O(1) values.
-    ops = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
-    kwargs = ops.call_kwargs()
-    if epilogue:
-        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng)
-        ops.ref = runner.apply_epilogue(ops.ref, spec.epi, epi_ops)
-        kwargs.update(epi_ops.call_kwargs(spec.epi))
-    if tdir is None:
-        os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
-    else:
-        os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
-    try:
-        g = dg.build(m, n, k, dtype=info.lib, scaling=info.scaling, **({"epilogue": epilogue} if epilogue else {}),
-                     **({"weight_streaming": False} if nows else {}))
-        out = reference.poisoned(spec.out_shape(m), spec.out_dtype)
+    p = runner.problem_inputs(problem)
+    m, ops, kwargs = p.m, p.inputs, p.kwargs
+    with runner.templates_tree(tdir):
+        g = dg.build(m, p.n, p.k, **p.build_kwargs(), **({"weight_streaming": False} if nows else {}))
+        out = reference.poisoned(p.spec.out_shape(m), p.spec.out_dtype)
         g(ops.a, ops.b, out=out, **kwargs)
-    finally:
-        os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
     cupy.cuda.Device().synchronize()
-    ref = cupy.asarray(ops.ref)
-    err = float(cupy.linalg.norm(out.astype(cupy.float64) - ref) / cupy.linalg.norm(ref))
-    if not err < 0.03:
-        raise RuntimeError(f"{problem}: relative error {err:.3e}")
+    err = reference.error(reference.to_float64(out), ops.ref)
+    if not reference.within_bound(err, p.info.lib):
+        raise RuntimeError(f"{problem}: error {err:.3e} against the float64 reference, beyond the {p.info.lib} bound")
     tag = str(getattr(g.config, "tag", g.config))
     if m <= getattr(g, "weight_streaming_max_m", 0):
         tag = "weight streaming"
