@@ -1,0 +1,410 @@
+"""Random GEMM problems across the public API, one per seed (tests/test_fuzz_cpu.py, tests/test_fuzz_gpu.py).
+
+The grid tests pin each feature on a few shapes; a user combines them. A seed draws one whole call: the input recipe
+(every dtype and scaling, E4M3 x E5M2, scaled INT8), layout, awkward M / N / K (1-row decode to a few thousand,
+aligned or not), output dtype, a composed fused epilogue (bias per column or row, an activation or a gated unit,
+residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
+views of wider buffers, block scales row-major or M-major. `draw` keeps only calls the library accepts at build
+time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
+right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
+output and a looser one on every element, and padding the call does not own left as it was.
+
+Reproduce a failure by its seed: `pytest tests/test_fuzz_gpu.py -k "seed_123"`, or
+`python -c "import fuzz; print(fuzz.draw(123).describe())"` from tests/. More seeds: DEEPGEMM_JIT_FUZZ_CASES (count)
+and DEEPGEMM_JIT_FUZZ_FIRST (first seed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from deepgemm_jit import config as config_mod
+from deepgemm_jit import dtypes
+from deepgemm_jit import reference
+from deepgemm_jit.epilogue import Epilogue
+from deepgemm_jit.fp32x3 import Fp32Spec
+from deepgemm_jit.spec import LAYOUTS, GemmSpec
+
+DEFAULT_CASES = 96
+ARCH = "sm_90a"
+MAX_FLOPS = 2e10  # keeps the float64 reference (cuBLAS DGEMM) well under a second per case
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a case's operands are made and what build() is told."""
+
+    dtype: str                         # build(dtype=...)
+    scaling: str | None = None         # build(scaling=...)
+    b_dtype: str | None = None         # build(b_dtype=...): E4M3 x E5M2
+    quant: tuple[str, str] | None = None  # quantize_reference granularities of A and B (8-bit inputs)
+    layouts: tuple[str, ...] = LAYOUTS
+    weight: float = 1.0                # relative frequency in the draw
+
+    @property
+    def a_type(self) -> str:
+        return "fp8_e4m3" if self.dtype.startswith("fp8") else self.dtype
+
+    @property
+    def b_type(self) -> str:
+        return self.b_dtype or self.a_type
+
+    @property
+    def exact(self) -> bool:
+        """INT8 x INT8 -> INT32: every element equals the reference."""
+        return self.dtype == "int8" and self.scaling is None
+
+
+_NT = ("nt",)
+RECIPES: dict[str, Recipe] = {
+    "bf16": Recipe("bf16", weight=3.0),
+    "fp16": Recipe("fp16", weight=1.5),
+    "tf32": Recipe("tf32", weight=2.0),
+    "fp32": Recipe("fp32", weight=1.0),
+    "fp8_tensor": Recipe("fp8_e4m3", "tensor", quant=("tensor", "tensor"), layouts=_NT, weight=1.0),
+    "fp8_row": Recipe("fp8_e4m3", "row", quant=("row", "row"), layouts=_NT, weight=1.0),
+    "fp8_block": Recipe("fp8_e4m3", "block", quant=("group128", "block128"), layouts=_NT, weight=2.0),
+    "fp8_block_e5m2": Recipe("fp8_e4m3", "block", "fp8_e5m2", ("group128", "block128"), _NT, weight=0.5),
+    "fp8_row_e5m2": Recipe("fp8_e4m3", "row", "fp8_e5m2", ("row", "row"), _NT, weight=0.5),
+    "int8": Recipe("int8", quant=("row", "row"), layouts=_NT, weight=1.0),
+    "int8_row": Recipe("int8", "row", quant=("row", "row"), layouts=_NT, weight=0.5),
+    "int8_tensor": Recipe("int8", "tensor", quant=("tensor", "tensor"), layouts=_NT, weight=0.5),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FuzzCase:
+    seed: int
+    recipe: str
+    layout: str
+    m: int
+    n: int
+    k: int
+    out_dtype: str | None       # None: build's default
+    epilogue: str | None        # None: no fused epilogue
+    split_k: int | None         # forced shares (None: build decides)
+    deterministic: bool
+    a_pad: int                  # a is a view of rows this many elements longer (0: contiguous)
+    b_pad: int
+    out_pad: int                # -1: no out=, the call allocates; else out is a view as a
+    block_scales_row_major: bool  # block scaling: scale_a row-major (as a user has it) instead of M-major
+
+    @property
+    def info(self) -> Recipe:
+        return RECIPES[self.recipe]
+
+    @property
+    def epi(self) -> Epilogue:
+        return Epilogue.parse(self.epilogue or "")
+
+    def build_kwargs(self) -> dict:
+        r = self.info
+        kw: dict = {"dtype": r.dtype, "layout": self.layout}
+        if self.out_dtype is not None:
+            kw["out_dtype"] = self.out_dtype
+        if self.epilogue is not None:
+            kw["epilogue"] = self.epilogue
+        if r.dtype != "fp32":
+            if r.scaling is not None:
+                kw["scaling"] = r.scaling
+            if r.b_dtype is not None:
+                kw["b_dtype"] = r.b_dtype
+            if self.split_k is not None:
+                kw["split_k"] = self.split_k
+                kw["deterministic"] = self.deterministic
+        return kw
+
+    def spec(self) -> GemmSpec | Fp32Spec:
+        """The spec build() makes of this call (raises ValueError where build would)."""
+        kw = self.build_kwargs()
+        if self.info.dtype == "fp32":
+            return Fp32Spec.create(self.n, self.k, out_dtype=kw.get("out_dtype"), layout=self.layout,
+                                   epilogue=self.epilogue)
+        return GemmSpec.create(self.n, self.k, dtype=kw["dtype"], out_dtype=kw.get("out_dtype"), layout=self.layout,
+                               b_dtype=kw.get("b_dtype"), scaling=kw.get("scaling"), epilogue=self.epilogue)
+
+    def describe(self) -> str:
+        kw = ", ".join(f"{k}={v!r}" for k, v in self.build_kwargs().items())
+        return (f"seed {self.seed}: {self.recipe} M={self.m} build({self.m}, {self.n}, {self.k}, {kw}); "
+                f"a_pad={self.a_pad} b_pad={self.b_pad} out_pad={self.out_pad} "
+                f"block_scales_row_major={self.block_scales_row_major}")
+
+
+def seeds() -> list[int]:
+    """The seeds the GPU test runs: DEEPGEMM_JIT_FUZZ_CASES of them from DEEPGEMM_JIT_FUZZ_FIRST."""
+    count = int(os.environ.get("DEEPGEMM_JIT_FUZZ_CASES", DEFAULT_CASES))
+    first = int(os.environ.get("DEEPGEMM_JIT_FUZZ_FIRST", 0))
+    return list(range(first, first + count))
+
+
+# ------------------------------------------------------------------------------------------------------- draw
+def _dim(rng, small: int, large: int, p_small: float) -> int:
+    return int(rng.integers(1, small + 1) if rng.random() < p_small else rng.integers(small + 1, large + 1))
+
+
+def _draw_m(rng) -> int:
+    u = rng.random()
+    if u < 0.25:
+        return int(rng.integers(1, 9))       # decode: the weight-streaming kernels
+    if u < 0.6:
+        return int(rng.integers(9, 161))     # small M: split-K, 64-row tiles
+    return int(rng.integers(161, 2101))
+
+
+def _draw_epilogue(rng, n: int) -> str | None:
+    if rng.random() < 0.4:
+        return None
+    words = []
+    u = rng.random()
+    if u < 0.35:
+        words.append("bias")
+    elif u < 0.5:
+        words.append("bias_row")
+    gated = n % 2 == 0 and rng.random() < 0.15
+    if gated:
+        words.append(str(rng.choice(["swiglu", "geglu"])))
+    elif rng.random() < 0.6:
+        words.append(str(rng.choice(["relu", "gelu", "gelu_tanh", "silu", "sigmoid"])))
+    u = rng.random()
+    if u < 0.15:
+        words.append(str(rng.choice(["quant_fp8_g128", "quant_fp8_tensor", "quant_int8_tensor"])))
+    else:
+        if rng.random() < 0.25:
+            words.append("residual")
+        if not gated and rng.random() < 0.2:
+            words.append("beta")
+    return "+".join(words) if words else None
+
+
+def _candidate(seed: int, attempt: int) -> FuzzCase:
+    rng = np.random.default_rng([seed, attempt])
+    names = list(RECIPES)
+    weights = np.array([RECIPES[n].weight for n in names])
+    recipe = str(rng.choice(names, p=weights / weights.sum()))
+    info = RECIPES[recipe]
+    layout = str(rng.choice(info.layouts))
+    m = _draw_m(rng)
+    n = _dim(rng, 300, 4500, 0.3)
+    k = _dim(rng, 300, 6000, 0.3)
+    if rng.random() < 0.6:  # most real problems have 16-element multiples: the TMA paths
+        n, k = max(16, n // 16 * 16), max(16, k // 16 * 16)
+    while 2.0 * m * n * k > MAX_FLOPS:
+        m = max(1, m // 2)
+    epilogue = _draw_epilogue(rng, n)
+    out_dtype = None
+    if rng.random() < 0.3:
+        out_dtype = str(rng.choice(["bf16", "fp16", "fp32"]))
+    split_k = None
+    if rng.random() < 0.2:
+        split_k = int(rng.integers(2, 9))
+    pad = lambda: int(rng.choice([0, 0, 0, 1, 8, 64]))  # noqa: E731
+    return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
+                    split_k=split_k, deterministic=bool(rng.random() < 0.6), a_pad=pad(), b_pad=pad(),
+                    out_pad=-1 if rng.random() < 0.3 else pad(), block_scales_row_major=bool(rng.random() < 0.4))
+
+
+def _accepted(case: FuzzCase) -> bool:
+    """Whether build() takes the call: its spec validates and forced split-K meets a Hopper kernel."""
+    try:
+        spec = case.spec()
+    except ValueError:
+        return False
+    if case.split_k is not None:
+        if isinstance(spec, Fp32Spec):
+            return False
+        cfg = config_mod.choose_config(config_mod.kernel_spec(spec, ARCH, case.m), case.m, ARCH)
+        k_blocks = math.ceil(spec.k * dtypes.get(spec.dtype).storage_bytes / 128)
+        if cfg.family != "sm90" or case.split_k > k_blocks:
+            return False
+    return True
+
+
+def draw(seed: int) -> FuzzCase:
+    """The case of `seed`: the first accepted candidate of a seeded sequence (deterministic)."""
+    for attempt in range(200):
+        case = _candidate(seed, attempt)
+        if _accepted(case):
+            return case
+    raise RuntimeError(f"seed {seed}: no accepted candidate in 200 draws")
+
+
+# -------------------------------------------------------------------------------------------------------- run
+# What rounding to D's type adds to a whole-output relative error (rel_fro; half an ulp, rms over values) and to one
+# element (a whole ulp of the value: bound from above).
+_OUT_ROUNDING = {"bf16": (2.0 ** -9, 2.0 ** -8), "fp16": (2.0 ** -12, 2.0 ** -11)}
+# Quantize-on-store: an E4M3 value is within 2^-4 of itself after rounding (3 mantissa bits, half an ulp).
+_FP8_REL = 2.0 ** -4
+ELEMENT_FACTOR = 10.0  # an element may miss by this many times the dtype's relative bound times the output's rms
+ALPHA_BETA = (0.75, 0.5)
+
+
+def _padded(values, pad: int, rng):
+    """`values` (2-D CuPy) as the leading columns of a buffer `pad` elements wider, its padding random bits."""
+    import cupy
+
+    if pad == 0:
+        return values
+    rows, cols = values.shape
+    buf = cupy.empty((rows, cols + pad), dtype=values.dtype)
+    raw = buf.view(cupy.uint8)
+    raw[...] = rng.integers(0, 256, raw.shape, dtype=cupy.uint8)
+    buf[:, :cols] = values
+    return buf[:, :cols]
+
+
+def _operands(case: FuzzCase, spec, rng, b_scale: float):
+    """(a, b, float64 product, scale kwargs) for the case's recipe and layout."""
+    import cupy
+
+    info, m = case.info, case.m
+    if info.quant is None:
+        storage = "fp32" if info.dtype in ("fp32", "tf32") else info.dtype
+        a = reference.random_matrix(spec.a_shape(m), storage, rng)
+        b = reference.random_matrix(spec.b_shape(), storage, rng, scale=b_scale)
+        product = reference.reference(spec, a, b)
+        return _padded(a, case.a_pad, rng), _padded(b, case.b_pad, rng), product, {}
+    ga, gb = info.quant
+    x_a = rng.standard_normal(spec.a_shape(m), dtype=cupy.float32)
+    x_b = rng.standard_normal(spec.b_shape(), dtype=cupy.float32) * cupy.float32(b_scale)
+    qa, sa = reference.quantize_reference(x_a, info.a_type, ga)
+    qb, sb = reference.quantize_reference(x_b, info.b_type, gb)
+    if info.scaling is None:  # INT8 -> INT32: the integers' product, exactly
+        product = reference.reference(spec, qa, qb)
+        kwargs = {}
+    else:
+        product = reference.reference(spec, reference.dequantize_reference(qa, sa, info.a_type, ga),
+                                      reference.dequantize_reference(qb, sb, info.b_type, gb))
+        if ga == "group128" and case.block_scales_row_major:
+            sa = cupy.ascontiguousarray(sa)
+        kwargs = {"scale_a": sa, "scale_b": sb}
+    return _padded(qa, case.a_pad, rng), _padded(qb, case.b_pad, rng), product, kwargs
+
+
+def _epilogue_operands(case: FuzzCase, spec, rng) -> dict:
+    """The call's bias / c / residual (N(0, 1) in the epilogue's operand type) and alpha / beta."""
+    epi, m = spec.epi, case.m
+    kind = spec.epilogue_operand_dtype
+    ops: dict = {}
+    if epi.bias != "none":
+        ops["bias"] = reference.random_matrix((spec.n,) if epi.bias == "col" else (m,), kind, rng)
+    if epi.beta:
+        ops["c"] = reference.random_matrix((m, spec.n), kind, rng)
+        ops["alpha"], ops["beta"] = ALPHA_BETA
+    if epi.residual:
+        ops["residual"] = reference.random_matrix((m, spec.n_out), kind, rng)
+    return ops
+
+
+def _rms(x) -> float:
+    import cupy
+
+    return float(cupy.sqrt(cupy.mean(x * x))) if x.size else 0.0
+
+
+def _check_close(case: FuzzCase, got, ref, bound: float, eps_elem: float, what: str) -> None:
+    """rel_fro(got, ref) <= bound; every element within ELEMENT_FACTOR * bound * rms(ref) + eps_elem * |ref|."""
+    import cupy
+
+    g = reference.to_float64(got)
+    assert not bool(cupy.isnan(g).any()), f"{what}: NaN in the output (unwritten?) -- {case.describe()}"
+    err = reference.error(got, ref)
+    assert err <= bound, f"{what}: rel error {err:.3e} > {bound:.3e} -- {case.describe()}"
+    excess = cupy.abs(g - ref) - (ELEMENT_FACTOR * bound * _rms(ref) + eps_elem * cupy.abs(ref))
+    worst = int(cupy.argmax(excess)) if excess.size else 0
+    if excess.size and float(excess.ravel()[worst]) > 0:
+        i, j = divmod(worst, ref.shape[1])
+        raise AssertionError(f"{what}: element ({i}, {j}) = {float(g[i, j])!r}, reference {float(ref[i, j])!r} "
+                             f"(rel_fro {err:.2e}) -- {case.describe()}")
+
+
+def _snapshot(x):
+    """A copy of the whole buffer behind view `x` (its padding included)."""
+    base = x if x.base is None else x.base
+    return base, base.copy()
+
+
+def run(case: FuzzCase) -> dict:
+    """Build and call `case` on the GPU; assert it is right; return what was measured (for logs)."""
+    import cupy
+
+    import deepgemm_jit as dg
+
+    g = dg.build(case.m, case.n, case.k, **case.build_kwargs())
+    spec, epi, m = g.spec, case.epi, case.m
+    rng = cupy.random.default_rng(case.seed)
+    b_scale = 1.0 / math.sqrt(case.k) if case.epilogue else 1.0  # activations then see O(1) values
+    a, b, product, kwargs = _operands(case, spec, rng, b_scale)
+    ops = _epilogue_operands(case, spec, rng)
+    value = reference.unfused_epilogue(product, epi, ops.get("bias"), ops.get("c"), ops.get("residual"),
+                                       ops.get("alpha", 1.0), ops.get("beta", 1.0))
+    if epi.has_static_scale:
+        q_max = dtypes.QUANT_MAX[epi.quant_dtype]
+        scale = float(cupy.abs(value).max()) * 1.25 / q_max or 1.0
+        kwargs["quant_scale"] = cupy.asarray([scale], dtype=cupy.float32)
+        if rng.random() < 0.5:
+            kwargs["amax_out"] = cupy.zeros(1, dtype=cupy.float32)
+    out = None
+    if case.out_pad >= 0:
+        shape = spec.out_shape(m)
+        buf = reference.poisoned((shape[0], shape[1] + case.out_pad), spec.out_dtype)
+        if case.out_pad:
+            raw = buf.view(cupy.uint8)[:, shape[1] * buf.itemsize:]
+            raw[...] = rng.integers(0, 256, raw.shape, dtype=cupy.uint8)
+        out = buf[:, :shape[1]]
+        if epi.beta and rng.random() < 0.3:  # C is out itself (D = alpha acc + beta D)
+            out[...] = ops["c"]
+            ops["c"] = out
+    watched = [_snapshot(x) for x in (a, b, *kwargs.values(), *ops.values()) if isinstance(x, cupy.ndarray)
+               and x is not out and (x.base is None or x.base is not getattr(out, "base", None))]
+    out_base = None if out is None or out.base is None else out.base
+    if case.out_pad > 0:
+        pad_before = out_base[:, spec.out_shape(m)[1]:].copy()
+    result = g(a, b, out=out, **kwargs, **ops)
+    cupy.cuda.get_current_stream().synchronize()
+
+    bound = reference.ERROR_BOUND[spec.dtype]
+    if epi.quant == "fp8_g128":
+        q, scales = result
+        assert q.shape == spec.out_shape(m) and tuple(scales.shape) == spec.scales_out_shape(m), case.describe()
+        got = reference.dequantize_reference(q, scales, "fp8_e4m3", "group128")
+        _check_close(case, got, value, bound + _FP8_REL, _FP8_REL, "quant_fp8_g128 dequantized")
+        _, ref_scales = reference.quantize_reference(value.astype(cupy.float32), "fp8_e4m3", "group128")
+        s, s_ref = scales.astype(cupy.float64), ref_scales.astype(cupy.float64)
+        worst = float(cupy.abs(s - s_ref).max() / s_ref.max())
+        assert worst <= ELEMENT_FACTOR * bound, f"group scales off by {worst:.2e} -- {case.describe()}"
+        d = q
+    elif epi.has_static_scale:
+        d = result
+        scale = float(kwargs["quant_scale"][0])
+        if epi.quant_dtype == "int8":
+            got = d.astype(cupy.float64) * scale
+            rel = 0.5 * scale / max(_rms(value), 1e-30)
+        else:
+            got = reference.decode_fp8(d, "fp8_e4m3") * scale
+            rel = _FP8_REL
+        _check_close(case, got, value, bound + rel, _FP8_REL, f"quant_{epi.quant} dequantized")
+        if "amax_out" in kwargs:
+            amax, amax_ref = float(kwargs["amax_out"][0]), float(cupy.abs(value).max())
+            assert abs(amax - amax_ref) <= ELEMENT_FACTOR * bound * amax_ref, \
+                f"amax_out {amax!r} vs {amax_ref!r} -- {case.describe()}"
+    else:
+        d = result
+        assert tuple(d.shape) == spec.out_shape(m), case.describe()
+        if case.info.exact and spec.out_dtype == "int32":
+            bad = int(cupy.count_nonzero(d.astype(cupy.float64) != value))
+            assert bad == 0, f"{bad} INT32 elements differ from the exact product -- {case.describe()}"
+        else:
+            rms_round, elem_round = _OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
+            _check_close(case, d, value, bound + rms_round, elem_round, "D")
+    if out is not None:
+        assert d is out, f"the call did not return out= -- {case.describe()}"
+    if case.out_pad > 0:
+        assert bool((out_base[:, spec.out_shape(m)[1]:] == pad_before).all()), \
+            f"the call wrote into out's row padding -- {case.describe()}"
+    for base, before in watched:
+        assert bool((base.view(cupy.uint8) == before.view(cupy.uint8)).all()), \
+            f"an input buffer changed -- {case.describe()}"
+    return {"seed": case.seed, "config": getattr(g, "config", None) and g.config.tag, "family": g.family}

@@ -1,0 +1,55 @@
+"""The fuzz draw (tests/fuzz.py) on the CPU: deterministic, accepted by build's validation, and wide enough that
+the GPU run covers every recipe, layout and epilogue word; the default seeds' kernels compile offline."""
+import collections
+
+import pytest
+
+import deepgemm_jit as dg
+import fuzz
+from deepgemm_jit.epilogue import ACTIVATIONS, GATES, QUANTS
+from deepgemm_jit.spec import LAYOUTS
+
+
+def test_draw_is_deterministic():
+    assert [fuzz.draw(s) for s in range(20)] == [fuzz.draw(s) for s in range(20)]
+    assert len({fuzz.draw(s) for s in range(20)}) == 20
+
+
+def test_draws_cover_the_api():
+    cases = [fuzz.draw(s) for s in range(600)]
+    for case in cases:
+        case.spec()  # accepted: validation passes
+        assert case.m >= 1 and 2.0 * case.m * case.n * case.k <= fuzz.MAX_FLOPS
+    assert set(c.recipe for c in cases) == set(fuzz.RECIPES)
+    assert set(c.layout for c in cases) == set(LAYOUTS)
+    for recipe in ("bf16", "tf32", "fp32"):
+        assert {c.layout for c in cases if c.recipe == recipe} == set(LAYOUTS), recipe
+    epis = [c.epi for c in cases if c.epilogue]
+    assert {e.activation for e in epis} == set(ACTIVATIONS)
+    assert {e.gate for e in epis} == set(GATES)
+    assert {e.quant for e in epis} == set(QUANTS)
+    assert {e.bias for e in epis} == {"none", "col", "row"}
+    assert any(e.residual for e in epis) and any(e.beta for e in epis)
+    by_m = collections.Counter("decode" if c.m <= 8 else "small" if c.m <= 160 else "large" for c in cases)
+    assert min(by_m.values()) >= 60, by_m
+    assert any(c.k % 8 for c in cases) and any(c.n % 8 for c in cases)  # rows TMA cannot address as they are
+    assert {(c.split_k is not None, c.deterministic) for c in cases} == {(a, b) for a in (0, 1) for b in (0, 1)}
+    assert {c.a_pad for c in cases} >= {0, 1, 8, 64} and {c.out_pad for c in cases} >= {-1, 0, 1, 64}
+    assert any(c.block_scales_row_major and c.info.scaling == "block" for c in cases)
+
+
+def test_default_seeds_cover_every_recipe():
+    cases = [fuzz.draw(s) for s in range(fuzz.DEFAULT_CASES)]
+    assert set(c.recipe for c in cases) == set(fuzz.RECIPES)
+    assert sum(1 for c in cases if c.epilogue) >= fuzz.DEFAULT_CASES // 3
+
+
+@pytest.mark.parametrize("first", range(0, fuzz.DEFAULT_CASES, 24))
+def test_default_seeds_compile_offline(first, shared_cache_dir, monkeypatch):
+    """build() of each default seed for sm_90a with no GPU (what the GPU run first does), no local memory."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    for seed in range(first, first + 24):
+        case = fuzz.draw(seed)
+        g = dg.build(case.m, case.n, case.k, arch=fuzz.ARCH, **case.build_kwargs())
+        info = g.explain()
+        assert info["local_bytes"] == 0, (info["local_bytes"], case.describe())

@@ -1,0 +1,12 @@
+"""Random whole calls across the public API on the GPU (tests/fuzz.py): DEEPGEMM_JIT_FUZZ_CASES seeds (default
+fuzz.DEFAULT_CASES) from DEEPGEMM_JIT_FUZZ_FIRST, each one build + call checked against float64."""
+import pytest
+
+import fuzz
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("seed", fuzz.seeds(), ids=lambda s: f"seed_{s}")
+def test_fuzz_case(seed):
+    fuzz.run(fuzz.draw(seed))
