@@ -590,9 +590,9 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if cfg.d_ring and sm90_d_ring_problem(spec, cfg.block_n, cfg.d_ring) is not None:
         raise ValueError(f"config {cfg.tag} stores D through a ring of {cfg.d_ring} slices, which this spec cannot: "
                          f"{sm90_d_ring_problem(spec, cfg.block_n, cfg.d_ring)}")
-    if cfg.split_k and sm90_accumulators(cfg.block_m, cfg.block_n, False) > SPLIT_MAX_ACCUMULATORS:
-        raise ValueError(f"split-K tiles hold at most {SPLIT_MAX_ACCUMULATORS} accumulators per thread (the partials' "
-                         f"reduction needs registers too); {cfg.block_m}x{cfg.block_n} holds "
+    if cfg.split_k and sm90_accumulators(cfg.block_m, cfg.block_n, False) > split_max_accumulators(spec):
+        raise ValueError(f"split-K tiles hold at most {split_max_accumulators(spec)} accumulators per thread (the "
+                         f"partials' reduction needs registers too, and a bias); {cfg.block_m}x{cfg.block_n} holds "
                          f"{sm90_accumulators(cfg.block_m, cfg.block_n, False)}")
     if cfg.pingpong and cfg.block_m not in (64, 128):
         raise ValueError(f"ping-pong consumers each hold a whole tile: block_m must be 64 or 128, got {cfg.block_m}")
@@ -677,8 +677,15 @@ _MIN_K_BLOCKS_PER_SPLIT = 4
 # tile choices (bench/results, docs/NOTES.md) until split-K is measured there.
 SPLIT_MAX_M = 1024
 # The last share holds its accumulators while it loads and adds the partials: 128 per thread (128x256) spilled
-# (ptxas, 168 registers at entry), 112 (128x224) did not.
+# (ptxas, 168 registers at entry), 112 (128x224) did not. A bias keeps its registers live through the tile: with one,
+# 128x216 / 128x224 spilled 40-72 bytes (any epilogue with a bias), 128x200 did not (tests/fuzz.py found it).
 SPLIT_MAX_ACCUMULATORS = 112
+SPLIT_MAX_ACCUMULATORS_BIAS = 100
+
+
+def split_max_accumulators(spec: GemmSpec) -> int:
+    """Accumulators per thread a split-K tile of `spec` may hold (SPLIT_MAX_ACCUMULATORS[_BIAS])."""
+    return SPLIT_MAX_ACCUMULATORS if spec.epi.bias == "none" else SPLIT_MAX_ACCUMULATORS_BIAS
 # A split-K tile replaces the unsplit choice only when the model expects it this much faster. Decode shapes on the
 # H200 (bench/results/*exp-splitk-sweep-bf16*): model ratios 0.70-0.87 were measured gains of 5-56% (2112x7168,
 # 4096x7168, 7168x16384 at M <= 64); 0.90 a 10% loss (7168x16384 at M = 128, where 128 unsplit 64x112 tiles already
@@ -914,7 +921,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
     _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first; at short K and small M,
     _sm90_decode_short_k's tile comes first). Where no preferred
-    tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts.
+    tile suits the epilogue (FP8 row scaling prefers 176, which quant_fp8_g128 cannot use), every legal one counts,
+    and kTransB tiles down to 3 stages (quant_fp8_g128's 128 columns leave TF32 nn 5 at most).
     Raw-B GEMMs: _raw_b_tiles_by_cost."""
     if spec.raw_b:
         return _raw_b_tiles_by_cost(spec, m_hint, num_sms)
@@ -934,7 +942,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
                 continue
             stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
-            if stages < (SM90_TRANS_B_MIN_STAGES if trans_b else 3):
+            if stages < (SM90_TRANS_B_MIN_STAGES if trans_b and preferred_only else 3):
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
                                   stages, block_n // 2 if spec.epi.is_gated else None, groups)
@@ -946,7 +954,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
         # Split-K versions of the tiles, where one beats every unsplit tile by SPLIT_MIN_GAIN.
         unsplit_best = min(t[0] for t in tiles)
         for i, (cost, block_m, block_n, stages, _) in enumerate(tiles):
-            if sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS:
+            if sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec):
                 continue
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
             split_cost *= _trans_b_rows64_cost(spec, m_hint, block_m)
@@ -1060,7 +1068,7 @@ def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, b
     else:
         return None
     tiles = groups * -(-m_hint // tile[0]) * -(-spec.n // tile[1])
-    if tiles > max_waves * num_sms or sm90_accumulators(*tile, False) > SPLIT_MAX_ACCUMULATORS:
+    if tiles > max_waves * num_sms or sm90_accumulators(*tile, False) > split_max_accumulators(spec):
         return None
     return tile
 
@@ -1075,7 +1083,10 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
         short_k = _sm90_tf32_short_k_pingpong(spec, m_hint)
         if short_k is not None:
             return short_k
-    _, block_m, block_n, stages, splits = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)[0]
+    ranked = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)
+    if not ranked:  # a bug of the rules (a spec the family accepts must have a tile), not of the call
+        raise ValueError(f"no sm90 tile serves {spec.tag} (M = {m_hint}); please report it")
+    _, block_m, block_n, stages, splits = ranked[0]
     split_tile = grouped_split_tile(spec, m_hint, num_sms, groups, block_m, block_n) if spec.grouped else None
     if split_tile is not None:
         if split_tile == (block_m, block_n):
@@ -1138,7 +1149,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
         for block_n in SM90_BLOCK_N:
             if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
                     or not sm90_block_n_preferred(spec, block_n, m_hint)
-                    or sm90_accumulators(block_m, block_n, False) > SPLIT_MAX_ACCUMULATORS
+                    or sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)
                     or sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)):
                 continue
             stages = _sm90_stages(spec, block_m, block_n, split_k=True, m_hint=m_hint)

@@ -71,11 +71,11 @@ FAMILIES = [  # (dtype, scaling, out_dtype)
 EPILOGUES = ["bias+relu", "bias_row+gelu", "gelu_tanh", "silu+residual", "beta+sigmoid", "beta+bias+gelu+residual"]
 
 
-def _compile_and_check(spec):
-    """Compile the heuristic's kernel for `spec` (sm_90a) and check what every epilogue variant must satisfy: no local
-    memory or stack, no wgmma serialisation warning, tensor-core MMAs of the input type. Returns (cfg, artifact,
-    opcode mix, case label)."""
-    cfg = config.choose_config(spec, 4096, "sm_90a")
+def _compile_and_check(spec, m_hint=4096):
+    """Compile the heuristic's kernel for `spec` at M = `m_hint` (sm_90a) and check what every epilogue variant must
+    satisfy: no local memory or stack, no wgmma serialisation warning, tensor-core MMAs of the input type. Returns
+    (cfg, artifact, opcode mix, case label)."""
+    cfg = config.choose_config(spec, m_hint, "sm_90a")
     art = jit.get_kernel(spec, cfg, "sm_90a")
     usage = sass.resource_usage(art.cubin)[art.entry]
     mix = sass.opcode_mix(art.cubin)
@@ -116,6 +116,19 @@ def test_fp8_block_wide_tiles_with_epilogues_compile(epilogue, shared_cache_dir,
     spec = GemmSpec.create(2112, 7168, "fp8", scaling="block", epilogue=epilogue)
     cfg, _, _, case = _compile_and_check(spec)
     assert (cfg.block_m, cfg.block_n) == (128, 176), case
+
+
+@pytest.mark.parametrize("epilogue", ["none", "residual", "swiglu", "quant_fp8_tensor", "bias_row+quant_fp8_g128"])
+def test_tf32_nn_split_tiles_with_epilogues_compile(epilogue, shared_cache_dir, monkeypatch):
+    """TF32 nn at small M runs the kernel that transposes B in shared memory (kTransB), split-K on 64-row tiles: its
+    producer and transposing warps kept a value on the stack at 40 registers (64x96, and 64x64 / 64x128 with
+    quantize-on-store), and quant_fp8_g128 found no tile at all (IndexError in the heuristic). tests/fuzz.py found
+    both."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    for m in (1, 64):
+        spec = config.kernel_spec(GemmSpec.create(4272, 5221, "tf32", layout="nn", epilogue=epilogue), "sm_90a", m)
+        cfg, _, _, case = _compile_and_check(spec, m)
+        assert spec.layout == "nn" and config.sm90_trans_b(spec) and cfg.split_k and cfg.block_m == 64, case
 
 
 @pytest.mark.parametrize("tile", ["128x240s4r2", "128x176s5r2", "128x112r3"])

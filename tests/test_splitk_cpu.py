@@ -129,6 +129,10 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
     g = build(4096, 4096, 4096, dtype="bf16", arch="sm_90a", split_k=2)
     assert g.config.split_k and g.split_k == 2
     assert config.sm90_accumulators(g.config.block_m, g.config.block_n, False) <= config.SPLIT_MAX_ACCUMULATORS
+    with_bias = build(4096, 4096, 4096, dtype="bf16", epilogue="bias", arch="sm_90a", split_k=2)
+    assert config.sm90_accumulators(with_bias.config.block_m, with_bias.config.block_n, False) <= 100
+    with pytest.raises(ValueError, match="accumulators"):
+        config.sm90_config(with_bias.spec, 128, 224, 3, split_k=True).check_for(with_bias.spec, "sm_90a")
     plain = build(64, 7168, 16384, dtype="bf16", arch="sm_90a", split_k=1)
     assert not plain.config.split_k
     explicit = config.sm90_config(plain.spec, 128, 256, 3)
@@ -179,6 +183,12 @@ SPLIT_VARIANTS = [  # (dtype, scaling, out_dtype, epilogue, block_m, block_n)
     ("int8", "row", "bf16", "none", 128, 64),
     ("bf16", "none", "bf16", "swiglu", 64, 128),
     ("bf16", "none", "fp8_e4m3", "bias+gelu+quant_fp8_g128", 64, 128),
+    # A bias with a residual or C (tests/fuzz.py): the last share's partials batch spilled 8-112 bytes at 64x128 and
+    # 128x128, and 128x216+ with any bias (split_max_accumulators).
+    ("bf16", "none", "bf16", "bias+residual+beta", 64, 128),
+    ("fp16", "none", "fp16", "bias+gelu+residual", 128, 128),
+    ("bf16", "none", "bf16", "bias_row+relu+residual+beta", 128, 112),
+    ("bf16", "none", "bf16", "bias", 128, 200),
 ]
 
 
