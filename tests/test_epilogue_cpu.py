@@ -118,17 +118,19 @@ def test_fp8_block_wide_tiles_with_epilogues_compile(epilogue, shared_cache_dir,
     assert (cfg.block_m, cfg.block_n) == (128, 176), case
 
 
-@pytest.mark.parametrize("epilogue", ["none", "residual", "swiglu", "quant_fp8_tensor", "bias_row+quant_fp8_g128"])
+@pytest.mark.parametrize("epilogue", ["none", "residual", "swiglu", "quant_fp8_tensor", "bias_row+quant_fp8_g128",
+                                      "bias+quant_fp8_tensor"])
 def test_tf32_nn_split_tiles_with_epilogues_compile(epilogue, shared_cache_dir, monkeypatch):
-    """TF32 nn at small M runs the kernel that transposes B in shared memory (kTransB), split-K on 64-row tiles: its
-    producer and transposing warps kept a value on the stack at 40 registers (64x96, and 64x64 / 64x128 with
-    quantize-on-store), and quant_fp8_g128 found no tile at all (IndexError in the heuristic). tests/fuzz.py found
-    both."""
+    """TF32 nn (and tn, whose calls copy A) at small M run the kernel that transposes B in shared memory (kTransB),
+    split-K: its producer and transposing warps kept a value on the stack at 40 registers (64x96; 64x64 / 64x128 /
+    128x64 / 128x96 with quantize-on-store), and quant_fp8_g128 found no tile at all (IndexError in the heuristic).
+    tests/fuzz.py found them."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    for m in (1, 64):
-        spec = config.kernel_spec(GemmSpec.create(4272, 5221, "tf32", layout="nn", epilogue=epilogue), "sm_90a", m)
+    for layout, m, n, k, block_m in (("nn", 1, 4272, 5221, 64), ("nn", 64, 4272, 5221, 64), ("tn", 141, 1392, 2128, 128)):
+        spec = config.kernel_spec(GemmSpec.create(n, k, "tf32", layout=layout, epilogue=epilogue), "sm_90a", m)
         cfg, _, _, case = _compile_and_check(spec, m)
-        assert spec.layout == "nn" and config.sm90_trans_b(spec) and cfg.split_k and cfg.block_m == 64, case
+        assert spec.layout == "nn" and config.sm90_trans_b(spec) and cfg.block_m == block_m, case
+        assert cfg.split_k or block_m == 128, case
 
 
 @pytest.mark.parametrize("tile", ["128x240s4r2", "128x176s5r2", "128x112r3"])

@@ -497,13 +497,15 @@ struct GemmSm90 {
   // The converter warps: producer warps 1-3, and the idle warpgroup of a 64-row tile (one consumer).
   static constexpr bool kIdleWGConverts = kNumMathWGs == 1;
   static constexpr uint32_t kConverterWarps = 3 + (kIdleWGConverts ? 4 : 0);
-  // Registers of the producer warpgroup and of the idle one, which run the converters here. kProducerRegs (40)
-  // leaves the consumers their 232 in every configuration (40 + 2 * 232 = 504); with one consumer warpgroup
-  // (64-row tiles) 160 of the 504 are free, and kTransB's producer and transposing warps walking split-K shares
-  // need more than 40: TF32 nn 64x96 split-K kept a value on the stack (8 bytes) there, as did 64x64 / 64x128 with
-  // quantize-on-store (tests/fuzz.py found them). kRawB's converters showed no stack at 40.
-  static constexpr uint32_t kSideRegs = kTransB && kIdleWGConverts ? 56 : kProducerRegs;
-  static_assert(kSideRegs * (kIdleWGConverts ? 2 : 1) + kMathRegs * kNumMathWGs <= 3 * 168,
+  // Registers of the producer warpgroup and of the idle one (kSideRegs), which run the converters here, and of each
+  // consumer (kConsumerRegs). kProducerRegs + 2 * kMathRegs = 40 + 2 * 232 = 504 = 3 * 168 in general. kTransB's
+  // producer and transposing warps walking split-K shares need more than 40 (tests/fuzz.py: TF32 nn 64x96 and
+  // 128x64 / 128x96 with quantize-on-store kept a value on the stack): they take 56, from the consumers' 232
+  // where there are two consumers (224 each; their accumulators are at most 64 a thread there), from the 160 spare
+  // registers with one. kRawB's converters showed no stack at 40.
+  static constexpr uint32_t kSideRegs = kTransB ? 56 : kProducerRegs;
+  static constexpr uint32_t kConsumerRegs = kTransB && !kIdleWGConverts ? 224 : kMathRegs;
+  static_assert(kSideRegs * (kIdleWGConverts ? 2 : 1) + kConsumerRegs * kNumMathWGs <= 3 * 168,
                 "setmaxnreg: the warpgroups' registers must fit the 168 per thread of the CTA's 384 threads");
   // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B). kRawB loads by its own rule
   // (produce): A_hi at column block j, A_lo at kSegmentBlocks + j, B at j.
@@ -1941,10 +1943,12 @@ struct GemmSm90 {
     // the sum would depend on which share came last). kSumBatch partials' loads are in flight at once: with small
     // tiles and many shares, one round trip per share would put S round trips on the last tile's path. Up to 128
     // registers of them; 32 with promotion, whose second accumulator set is live too (128x128 FP8 block spilled),
-    // and 64 before a quantize-on-store epilogue (64x128 BF16 spilled) or with a bias, whose registers are live
-    // through the tile (bias with a residual or C spilled 8-112 bytes at 64x128, 128x128 and 128x224: tests/fuzz.py).
-    constexpr uint32_t kSumBudgetWords =
-        kPromote ? 8 : (Epi::kQuant != QuantKind::kNone || Epi::kBias != BiasKind::kNone ? 16 : 32);
+    // and 64 before a quantize-on-store epilogue (64x128 BF16 spilled) or with a bias on tiles over 96 columns a
+    // consumer, whose bias registers are live through the tile (bias with a residual or C spilled 8-112 bytes at
+    // 128x112, 64x128 and 128x128: tests/fuzz.py); narrower ones keep 4 partials in flight (128x64 with the 64-register
+    // batch: 20.7 -> 21.4 us at fp16 128x2112x7168, bias+gelu+residual).
+    constexpr bool kBiasTight = Epi::kBias != BiasKind::kNone && kAccumWords > 12;
+    constexpr uint32_t kSumBudgetWords = kPromote ? 8 : (Epi::kQuant != QuantKind::kNone || kBiasTight ? 16 : 32);
     constexpr uint32_t kSumBatch = kAccumWords >= kSumBudgetWords ? 1
                                    : (kSumBudgetWords / kAccumWords > 8 ? 8 : kSumBudgetWords / kAccumWords);
 #pragma unroll 1
@@ -2220,10 +2224,10 @@ struct GemmSm90 {
         if (warp_idx_in_warpgroup() >= 1) transpose_b<kWalkSplits>(smem, m, ga, sk);
       }
     } else if (wg < kNumMathWGs) {
-      setmaxnreg_inc<kMathRegs>();
+      setmaxnreg_inc<kConsumerRegs>();
       consume<kWalkSplits>(smem, tmap_d, tmap_c, tmap_r, wg, 0, m, scales, ea, ga, sk);
     } else if constexpr (kWGSplitK) {
-      setmaxnreg_inc<kMathRegs>();
+      setmaxnreg_inc<kConsumerRegs>();
       consume<kWalkSplits>(smem, tmap_d, tmap_c, tmap_r, 0, 1, m, scales, ea, ga, sk);  // K lane 1 of the 64-row tile
     } else {
       setmaxnreg_dec<kSideRegs>();  // idle warpgroup (kBlockM = 64): give the registers back
