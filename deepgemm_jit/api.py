@@ -273,7 +273,7 @@ class Gemm:
         if self._sm90_only:
             return self.artifact
         if (base.family == "sm90" and not self._transposes and launch.tma_legal(va) and launch.tma_legal(vb)
-                and launch.tma_legal(vd)):
+                and launch.tma_store_legal(vd)):
             return self.artifact
         vec_a = config_mod.max_vector(self._esize, va.ptr, va.row_stride, va.rows)
         vec_b = config_mod.max_vector(self._esize, vb.ptr, vb.row_stride, vb.rows)
@@ -385,7 +385,8 @@ class Gemm:
                       cu_stream) -> frozenset[str] | None:
         """None when a call of the Hopper kernel reads its operands in place; else it runs on staged copies
         (_staged_plan) of MN-major TF32 operands (always transposed, config.sm90_transposes), of every operand TMA
-        cannot describe, and of the returned roles: A / B that TMA can read but whose rows start off 32-byte sectors,
+        cannot describe, of a D whose rows end inside a 16-byte chunk (launch.tma_store_legal: a TMA store would
+        overwrite the chunk's rest, which is not ours), and of the returned roles: A / B that TMA can read but whose rows start off 32-byte sectors,
         where their copies pay (config.sm90_realign_roles). The portable kernel is 2-4x
         slower on operands TMA cannot describe even with 2- or 4-element loads (config.sm90_supports), so it serves
         only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA
@@ -395,16 +396,24 @@ class Gemm:
                       if role not in self.transposed_operands and launch.tma_legal(v) and staging.off_sector(v)}
         realigned = config_mod.sm90_realign_roles(m, self.spec.n, self.config.block_m, self.config.block_n,
                                                   off_sector)
-        must = self._transposes or not all(map(launch.tma_legal, (va, vb, vd) + epi.views()))
+        must = (self._transposes or not all(map(launch.tma_legal, (va, vb) + epi.views()))
+                or not launch.tma_store_legal(vd))
         if not must and not realigned:
             return None
         if not runtime.is_capturing(cu_stream):
             return realigned
         roles = tuple(zip((va, vb, vd), ("a", "b", "d")))
         for keep in (realigned, frozenset()):  # buffers sized outside the capture: realigned if they can be
-            if all(self._staging.fits(v, role, role in self.transposed_operands, role in keep) for v, role in roles):
+            if all(self._staging.fits(v, role, role in self.transposed_operands,
+                                      role in keep or self._d_staged(v, role)) for v, role in roles):
                 return keep if must or keep else None
         return frozenset() if must and self._sm90_only else None
+
+    @staticmethod
+    def _d_staged(view: MatrixView, role: str) -> bool:
+        """Whether D goes through its staging buffer although TMA can address it: its rows end inside a 16-byte
+        chunk, which a TMA store would overwrite to its end (launch.tma_store_legal)."""
+        return role == "d" and launch.tma_legal(view) and not launch.tma_store_legal(view)
 
     def _staged_plan(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
                      epi: launch.EpilogueOperands, dev: int, cu_stream,
@@ -432,7 +441,7 @@ class Gemm:
                         row_copies.append((staged[role], view))
             if row_copies:  # one launch for all of them (each launch costs ~3 us at tiny sizes)
                 steps.append(copies.rows_plan(row_copies, self.arch, dev))
-            vd2 = self._staging.aligned(vd, "d", cu_stream, dev, realign="d" in realigned)
+            vd2 = self._staging.aligned(vd, "d", cu_stream, dev, realign="d" in realigned or self._d_staged(vd, "d"))
             epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
             plan = launch.plan(launch.load(self.artifact, self.kernel_spec, dev), self.artifact, self.kernel_spec, m,
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,

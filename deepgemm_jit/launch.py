@@ -37,6 +37,14 @@ def tma_legal(view: MatrixView) -> bool:
     return view.ptr % 16 == 0 and (view.rows <= 1 or (view.row_stride * view.itemsize) % 16 == 0)
 
 
+def tma_store_legal(view: MatrixView) -> bool:
+    """Whether a kernel may store into `view` in place through TMA: tma_legal, and rows of whole 16-byte chunks.
+    TMA stores write whole 16-byte chunks: a row that ends inside one gets the rest of the chunk overwritten (the
+    next columns of a row-padded view, or what follows a single row), bytes the caller owns and did not give us
+    (tests/fuzz.py saw every row's next element change; triton-lang/triton#11583 documents the same)."""
+    return tma_legal(view) and (view.cols * view.itemsize) % 16 == 0
+
+
 @functools.lru_cache(maxsize=4096)
 def _tensor_map(ptr: int, dtype: str, rows: int, cols: int, stride_bytes: int, box_rows: int, box_cols: int,
                 swizzle: int):

@@ -207,3 +207,23 @@ def test_row_copy_kernel_compiles_for_sm90a_without_local_memory(cache_dir):
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0
     assert "LDG.E.128.CONSTANT" in sass.disassemble(art.cubin) or "LDG.E.128" in sass.disassemble(art.cubin)
     assert sass.opcode_mix(art.cubin).get("ACQBULK", 0) == 1  # griddepcontrol.wait: launched programmatically
+
+
+def test_d_rows_ending_inside_a_16_byte_chunk_are_staged(fakes, cache_dir):
+    """TMA stores whole 16-byte chunks, so a D whose rows end inside one (odd N in 16 bits, a row-padded out= of
+    N + 1 columns or a single row) goes through the staging buffer and is copied out row by row
+    (launch.tma_store_legal); tests/fuzz.py caught the kernels writing every row's element N of such an out=."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import launch
+
+    assert launch.tma_store_legal(view(8, 1480, 1480)) and launch.tma_legal(view(8, 1479, 1480))
+    assert not launch.tma_store_legal(view(8, 1479, 1480)) and not launch.tma_store_legal(view(1, 135, 135))
+    assert launch.tma_store_legal(view(8, 111, 112, dtype=np.uint8)) is False
+    g = dg.build(64, 1479, 1024, dtype="bf16", arch="sm_90a")
+    a, b = view(64, 1024, 1024), view(1479, 1024, 1024)
+    none = launch.EpilogueOperands()
+    assert g._staged_roles(64, a, b, view(64, 1479, 1480), none, None) == frozenset()  # must stage: D
+    assert g._d_staged(view(64, 1479, 1480), "d") and not g._d_staged(view(64, 1480, 1488), "d")
+    assert g._staged_roles(64, a, view(1480, 1024, 1024), view(64, 1480, 1488), none, None) is None
+    d2 = g._staging.aligned(view(64, 1479, 1480), "d", None, 0, realign=g._d_staged(view(64, 1479, 1480), "d"))
+    assert d2.ptr != 4096 and d2.row_stride * d2.itemsize % 128 == 0
