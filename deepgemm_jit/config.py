@@ -768,7 +768,8 @@ def _raw_b_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tupl
     tiles = []
     for block_m in (64, 128) if m_hint > 64 else (64,):
         for block_n in RAW_B_BLOCK_N:
-            if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
+            if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)
+                    or sm90_epilogue_block_n_problem(spec, block_n) is not None):  # e.g. 56 INT8 columns of D
                 continue
             cost, splits = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms)
             stages = _sm90_stages(spec, block_m, block_n, split_k=splits > 1, m_hint=m_hint)
@@ -1160,7 +1161,9 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
             if best is None or cost < best[0]:
                 best = (cost, block_m, block_n, stages)
     if best is None:
-        raise ValueError(f"no split-K tile fits {spec.tag}")
+        raise ValueError(f"split_k={splits}: no split-K tile serves {spec.tag} (none that its epilogue and shared "
+                         f"memory allow holds at most {split_max_accumulators(spec)} accumulators a thread); leave "
+                         "split_k unset or 1")
     return sm90_config(spec, best[1], best[2], best[3], split_k=True, m_hint=m_hint)
 
 

@@ -129,6 +129,9 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
     g = build(4096, 4096, 4096, dtype="bf16", arch="sm_90a", split_k=2)
     assert g.config.split_k and g.split_k == 2
     assert config.sm90_accumulators(g.config.block_m, g.config.block_n, False) <= config.SPLIT_MAX_ACCUMULATORS
+    # Gated quant_fp8_g128 needs 256-column tiles (128 accumulators): forced shares cannot have one.
+    with pytest.raises(ValueError, match="split_k=5: no split-K tile"):
+        build(64, 2000, 4592, dtype="fp16", epilogue="geglu+quant_fp8_g128", arch="sm_90a", split_k=5)
     with_bias = build(4096, 4096, 4096, dtype="bf16", epilogue="bias", arch="sm_90a", split_k=2)
     assert config.sm90_accumulators(with_bias.config.block_m, with_bias.config.block_n, False) <= 100
     with pytest.raises(ValueError, match="accumulators"):
