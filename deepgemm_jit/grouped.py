@@ -289,9 +289,6 @@ class GroupedGemm:
             if not launch.tma_legal(view):
                 raise ValueError(f"{name} must start on a 16-byte boundary with a row pitch of a multiple of 16 "
                                  "bytes (the grouped kernel reads and writes through TMA)")
-        if vd is not None and not launch.tma_store_legal(vd):  # TMA stores whole 16-byte chunks
-            raise ValueError(f"out rows of {vd.cols} x {vd.itemsize} bytes must be a multiple of 16 bytes: the grouped "
-                             "kernel stores through TMA, which would overwrite the rest of each row's last 16 bytes")
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "GroupedGemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:

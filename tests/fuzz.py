@@ -247,6 +247,7 @@ _OUT_ROUNDING = {"bf16": (2.0 ** -9, 2.0 ** -8), "fp16": (2.0 ** -12, 2.0 ** -11
 _FP8_REL = 2.0 ** -4
 ELEMENT_FACTOR = 10.0  # an element may miss by this many times the dtype's relative bound times the output's rms
 ALPHA_BETA = (0.75, 0.5)
+INT8_POISON = -128  # 0xFF (the NaN poison) is -1 in INT8, a value the quantizer writes
 
 
 def _padded(values, pad: int, rng):
@@ -372,6 +373,8 @@ def run(case: FuzzCase) -> dict:
     if case.out_pad >= 0:
         shape = spec.out_shape(m)
         buf = reference.poison(cupy.empty((shape[0], shape[1] + case.out_pad), dtype=_storage(spec.out_dtype)))
+        if spec.out_dtype == "int8":  # quant_int8_tensor saturates to [-127, 127]: -128 marks unwritten elements
+            buf.fill(INT8_POISON)
         if case.out_pad:
             raw = buf.view(cupy.uint8)[:, shape[1] * buf.itemsize:]
             raw[...] = rng.integers(0, 256, raw.shape, dtype=cupy.uint8)
@@ -403,6 +406,8 @@ def run(case: FuzzCase) -> dict:
         d = result
         scale = float(kwargs["quant_scale"][0])
         if epi.quant_dtype == "int8":
+            unwritten = int(cupy.count_nonzero(d == INT8_POISON))
+            assert unwritten == 0, f"{unwritten} INT8 elements unwritten (-128) -- {case.describe()}"
             got = d.astype(cupy.float64) * scale
             rel = 0.5 * scale / max(_rms(value), 1e-30)
         else:

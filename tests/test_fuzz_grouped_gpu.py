@@ -1,0 +1,12 @@
+"""Random grouped calls on the GPU (tests/fuzz_grouped.py): DEEPGEMM_JIT_FUZZ_GROUPED_CASES seeds from
+DEEPGEMM_JIT_FUZZ_GROUPED_FIRST (default none until a GPU run has shown the harness right; see docs/NOTES.md)."""
+import pytest
+
+import fuzz_grouped
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("seed", fuzz_grouped.seeds(), ids=lambda s: f"seed_{s}")
+def test_fuzz_grouped_case(seed):
+    fuzz_grouped.run(fuzz_grouped.draw(seed))
