@@ -230,13 +230,18 @@ def _accepted(case: FuzzCase) -> bool:
     return True
 
 
-def draw(seed: int) -> FuzzCase:
-    """The case of `seed`: the first accepted candidate of a seeded sequence (deterministic)."""
+def first_accepted(seed: int, candidate, accepted):
+    """The first of the seeded candidates candidate(seed, 0), candidate(seed, 1), ... that accepted() takes."""
     for attempt in range(200):
-        case = _candidate(seed, attempt)
-        if _accepted(case):
+        case = candidate(seed, attempt)
+        if accepted(case):
             return case
     raise RuntimeError(f"seed {seed}: no accepted candidate in 200 draws")
+
+
+def draw(seed: int) -> FuzzCase:
+    """The case of `seed` (deterministic)."""
+    return first_accepted(seed, _candidate, _accepted)
 
 
 # -------------------------------------------------------------------------------------------------------- run

@@ -119,11 +119,8 @@ def _accepted(case: GroupedCase) -> bool:
 
 
 def draw(seed: int) -> GroupedCase:
-    for attempt in range(200):
-        case = _candidate(seed, attempt)
-        if _accepted(case):
-            return case
-    raise RuntimeError(f"seed {seed}: no accepted candidate in 200 draws")
+    """The case of `seed` (deterministic)."""
+    return fuzz.first_accepted(seed, _candidate, _accepted)
 
 
 # -------------------------------------------------------------------------------------------------------- run
