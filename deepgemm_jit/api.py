@@ -386,9 +386,9 @@ class Gemm:
         """None when a call of the Hopper kernel reads its operands in place; else it runs on staged copies
         (_staged_plan) of MN-major TF32 operands (always transposed, config.sm90_transposes), of every operand TMA
         cannot describe, of a D whose rows end inside a 16-byte chunk (launch.tma_store_legal: a TMA store would
-        overwrite the chunk's rest, which is not ours), and of the returned roles: A / B that TMA can read but whose rows start off 32-byte sectors,
-        where their copies pay (config.sm90_realign_roles). The portable kernel is 2-4x
-        slower on operands TMA cannot describe even with 2- or 4-element loads (config.sm90_supports), so it serves
+        overwrite the chunk's rest, which is not ours), and of the returned roles: A / B that TMA can read but whose
+        rows start off 32-byte sectors, where their copies pay (config.sm90_realign_roles). The portable kernel is
+        2-4x slower on operands TMA cannot describe even with 2- or 4-element loads (config.sm90_supports), so it serves
         only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA
         graph before the staging buffers hold these operands (staging.py allocates outside a capture); such a
         capture reads rows off sectors in place."""

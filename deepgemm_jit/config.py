@@ -686,6 +686,8 @@ SPLIT_MAX_ACCUMULATORS_BIAS = 100
 def split_max_accumulators(spec: GemmSpec) -> int:
     """Accumulators per thread a split-K tile of `spec` may hold (SPLIT_MAX_ACCUMULATORS[_BIAS])."""
     return SPLIT_MAX_ACCUMULATORS if spec.epi.bias == "none" else SPLIT_MAX_ACCUMULATORS_BIAS
+
+
 # A split-K tile replaces the unsplit choice only when the model expects it this much faster. Decode shapes on the
 # H200 (bench/results/*exp-splitk-sweep-bf16*): model ratios 0.70-0.87 were measured gains of 5-56% (2112x7168,
 # 4096x7168, 7168x16384 at M <= 64); 0.90 a 10% loss (7168x16384 at M = 128, where 128 unsplit 64x112 tiles already

@@ -32,7 +32,8 @@ def probe(seed):
     staged = sorted(r for _, r in g._staging._buffers) if hasattr(g, "_staging") else "-"
     print(f"seed {seed}: {case.describe()}", flush=True)
     print(f"  family {g.family} config {getattr(g.config, 'tag', None)} staged {staged} out ptr%16 "
-          f"{out.data.ptr % 16} pitch {buf.strides[0]} changed bytes {int(changed.shape[0])} of {tail.size}", flush=True)
+          f"{out.data.ptr % 16} pitch {buf.strides[0]} changed bytes {int(changed.shape[0])} of {tail.size}",
+          flush=True)
     if changed.shape[0]:
         rows = cupy.unique(changed[:, 0])
         cols = cupy.unique(changed[:, 1])

@@ -126,7 +126,8 @@ def test_tf32_nn_split_tiles_with_epilogues_compile(epilogue, shared_cache_dir, 
     128x64 / 128x96 with quantize-on-store), and quant_fp8_g128 found no tile at all (IndexError in the heuristic).
     tests/fuzz.py found them."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    for layout, m, n, k, block_m in (("nn", 1, 4272, 5221, 64), ("nn", 64, 4272, 5221, 64), ("tn", 141, 1392, 2128, 128)):
+    for layout, m, n, k, block_m in (("nn", 1, 4272, 5221, 64), ("nn", 64, 4272, 5221, 64),
+                                     ("tn", 141, 1392, 2128, 128)):
         spec = config.kernel_spec(GemmSpec.create(n, k, "tf32", layout=layout, epilogue=epilogue), "sm_90a", m)
         cfg, _, _, case = _compile_and_check(spec, m)
         assert spec.layout == "nn" and config.sm90_trans_b(spec) and cfg.block_m == block_m, case
