@@ -404,16 +404,9 @@ class Gemm:
             return realigned
         roles = tuple(zip((va, vb, vd), ("a", "b", "d")))
         for keep in (realigned, frozenset()):  # buffers sized outside the capture: realigned if they can be
-            if all(self._staging.fits(v, role, role in self.transposed_operands,
-                                      role in keep or self._d_staged(v, role)) for v, role in roles):
+            if all(self._staging.fits(v, role, role in self.transposed_operands, role in keep) for v, role in roles):
                 return keep if must or keep else None
         return frozenset() if must and self._sm90_only else None
-
-    @staticmethod
-    def _d_staged(view: MatrixView, role: str) -> bool:
-        """Whether D goes through its staging buffer although TMA can address it: its rows end inside a 16-byte
-        chunk, which a TMA store would overwrite to its end (launch.tma_store_legal)."""
-        return role == "d" and launch.tma_legal(view) and not launch.tma_store_legal(view)
 
     def _staged_plan(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, sa, sb,
                      epi: launch.EpilogueOperands, dev: int, cu_stream,
@@ -441,7 +434,7 @@ class Gemm:
                         row_copies.append((staged[role], view))
             if row_copies:  # one launch for all of them (each launch costs ~3 us at tiny sizes)
                 steps.append(copies.rows_plan(row_copies, self.arch, dev))
-            vd2 = self._staging.aligned(vd, "d", cu_stream, dev, realign="d" in realigned or self._d_staged(vd, "d"))
+            vd2 = self._staging.aligned(vd, "d", cu_stream, dev, realign="d" in realigned)
             epi2 = dataclasses.replace(epi, **{role: staged[role] for role in ("c", "residual") if role in staged})
             plan = launch.plan(launch.load(self.artifact, self.kernel_spec, dev), self.artifact, self.kernel_spec, m,
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,

@@ -64,10 +64,13 @@ def random_matrix(shape, name: str, rng=None, scale: float = 1.0):
 
 
 def poisoned(shape, name: str):
-    """A contiguous output buffer of storage dtype `name` filled with NaN, so that unwritten elements fail checks."""
+    """A contiguous output buffer of storage dtype `name` (FP8: uint8 bits, as the library allocates them) filled
+    with NaN, so that unwritten elements fail checks."""
     import cupy
 
-    return poison(cupy.empty(shape, dtype=dtypes.numpy_dtype(name)))
+    from .arrays import new_array
+
+    return poison(new_array("cupy", tuple(shape), name, cupy.cuda.Device().id))
 
 
 def m_major_scales(scales, fill: float = float("nan")):

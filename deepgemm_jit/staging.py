@@ -24,7 +24,7 @@ import threading
 
 from . import runtime
 from .arrays import MatrixView
-from .launch import LaunchPlan, tma_legal
+from .launch import LaunchPlan, tma_legal, tma_store_legal
 
 # Bytes a staged row pitch is rounded up to. TMA needs 16 (launch.tma_legal), but rows that start 16 bytes into a
 # 32-byte sector (off_sector) read slowly: with 16-byte pitches 4096 x 4096 x 4100 BF16 ran 314 us staged against
@@ -48,10 +48,12 @@ def off_sector(view: MatrixView) -> bool:
     return view.ptr % SECTOR_BYTES != 0 or (view.rows > 1 and view.row_stride * view.itemsize % SECTOR_BYTES != 0)
 
 
-def _in_place(view: MatrixView, transposed: bool, realign: bool) -> bool:
-    """Whether the kernel reads `view` itself: TMA can describe it, and the call neither transposes it nor asks
-    for a copy of it anyway (`realign`: rows that start off sectors, off_sector)."""
-    return tma_legal(view) and not transposed and not realign
+def _in_place(view: MatrixView, role: str, transposed: bool, realign: bool) -> bool:
+    """Whether the kernel reads (or, for D, writes) `view` itself: TMA can describe it (D: store into it,
+    launch.tma_store_legal, rows of whole 16-byte chunks), and the call neither transposes it nor asks for a copy of
+    it anyway (`realign`: rows that start off sectors, off_sector)."""
+    legal = tma_store_legal(view) if role == "d" else tma_legal(view)
+    return legal and not transposed and not realign
 
 
 def _staged_shape(view: MatrixView, transposed: bool) -> tuple[int, MatrixView]:
@@ -72,7 +74,7 @@ class StagingBuffers:
     def fits(self, view: MatrixView, role: str, transposed: bool = False, realign: bool = False) -> bool:
         """Whether the buffer of `role` on `view`'s device already holds `view`'s aligned copy (or it needs none),
         or with `transposed` its transposed copy; `realign` as for aligned()."""
-        if _in_place(view, transposed, realign):
+        if _in_place(view, role, transposed, realign):
             return True
         rows, shaped = _staged_shape(view, transposed)
         have = self._buffers.get((view.device, role))
@@ -80,12 +82,13 @@ class StagingBuffers:
 
     def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False,
                 realign: bool = False) -> MatrixView:
-        """`view` when TMA can use it in place and `realign` is off (with it a TMA-legal view is copied too: rows
-        off sectors, off_sector); else a view of the same shape in the buffer of `role`, with a PITCH_ALIGN-byte
-        pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the transposed
-        shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a buffer allocates
-        (for `stream`, and synchronises it): `stream` must not be capturing a CUDA graph then (RuntimeError)."""
-        if _in_place(view, transposed, realign):
+        """`view` when TMA can use it in place (D: store into it) and `realign` is off (with it a TMA-legal view is
+        copied too: rows off sectors, off_sector); else a view of the same shape in the buffer of `role`, with a
+        PITCH_ALIGN-byte pitch (the caller copies into or out of it: StagedPlan). `transposed`: always a view of the
+        transposed shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a buffer
+        allocates (for `stream`, and synchronises it): `stream` must not be capturing a CUDA graph then
+        (RuntimeError)."""
+        if _in_place(view, role, transposed, realign):
             return view
         if role not in ROLES:
             raise ValueError(f"staging role {role!r} not in {ROLES}")

@@ -8,6 +8,8 @@ import cupy
 sys.path.insert(0, "tests")
 import fuzz
 import deepgemm_jit as dg
+from bench import runner
+from deepgemm_jit import reference
 
 def probe(seed):
     case = fuzz.draw(seed)
@@ -15,14 +17,15 @@ def probe(seed):
     spec = g.spec
     shape = spec.out_shape(case.m)
     pad = max(case.out_pad, 1)
-    buf = cupy.empty((shape[0], shape[1] + pad), dtype=fuzz._storage(spec.out_dtype))
+    buf = reference.poisoned((shape[0], shape[1] + pad), spec.out_dtype)
     raw = buf.view(cupy.uint8)
     raw[...] = 0x5A
     out = buf[:, :shape[1]]
     rng = cupy.random.default_rng(seed)
     b_scale = 1.0
     a, b, _, kwargs = fuzz._operands(case, spec, rng, b_scale)
-    ops = fuzz._epilogue_operands(case, spec, rng)
+    epi_ops = runner.epilogue_operands(spec.epi, case.m, spec.n, spec.epilogue_operand_dtype, rng)
+    ops = epi_ops.call_kwargs(spec.epi)
     if spec.epi.has_static_scale:
         kwargs["quant_scale"] = cupy.asarray([1.0], dtype=cupy.float32)
     g(a, b, out=out, **kwargs, **ops)

@@ -247,11 +247,10 @@ def draw(seed: int) -> FuzzCase:
 # -------------------------------------------------------------------------------------------------------- run
 # What rounding to D's type adds to a whole-output relative error (rel_fro; half an ulp, rms over values) and to one
 # element (a whole ulp of the value: bound from above).
-_OUT_ROUNDING = {"bf16": (2.0 ** -9, 2.0 ** -8), "fp16": (2.0 ** -12, 2.0 ** -11)}
+OUT_ROUNDING = {"bf16": (2.0 ** -9, 2.0 ** -8), "fp16": (2.0 ** -12, 2.0 ** -11)}
 # Quantize-on-store: an E4M3 value is within 2^-4 of itself after rounding (3 mantissa bits, half an ulp).
-_FP8_REL = 2.0 ** -4
+FP8_REL = 2.0 ** -4
 ELEMENT_FACTOR = 10.0  # an element may miss by this many times the dtype's relative bound times the output's rms
-ALPHA_BETA = (0.75, 0.5)
 INT8_POISON = -128  # 0xFF (the NaN poison) is -1 in INT8, a value the quantizer writes
 
 
@@ -297,28 +296,13 @@ def _operands(case: FuzzCase, spec, rng, b_scale: float):
     return _padded(qa, case.a_pad, rng), _padded(qb, case.b_pad, rng), product, kwargs
 
 
-def _epilogue_operands(case: FuzzCase, spec, rng) -> dict:
-    """The call's bias / c / residual (N(0, 1) in the epilogue's operand type) and alpha / beta."""
-    epi, m = spec.epi, case.m
-    kind = spec.epilogue_operand_dtype
-    ops: dict = {}
-    if epi.bias != "none":
-        ops["bias"] = reference.random_matrix((spec.n,) if epi.bias == "col" else (m,), kind, rng)
-    if epi.beta:
-        ops["c"] = reference.random_matrix((m, spec.n), kind, rng)
-        ops["alpha"], ops["beta"] = ALPHA_BETA
-    if epi.residual:
-        ops["residual"] = reference.random_matrix((m, spec.n_out), kind, rng)
-    return ops
-
-
 def _rms(x) -> float:
     import cupy
 
     return float(cupy.sqrt(cupy.mean(x * x))) if x.size else 0.0
 
 
-def _check_close(case: FuzzCase, got, ref, bound: float, eps_elem: float, what: str) -> None:
+def check_close(case: FuzzCase, got, ref, bound: float, eps_elem: float, what: str) -> None:
     """rel_fro(got, ref) <= bound; every element within ELEMENT_FACTOR * bound * rms(ref) + eps_elem * |ref|."""
     import cupy
 
@@ -334,40 +318,36 @@ def _check_close(case: FuzzCase, got, ref, bound: float, eps_elem: float, what: 
                              f"(rel_fro {err:.2e}) -- {case.describe()}")
 
 
-def _storage(name: str):
-    """The CuPy dtype an output of type `name` is passed in (FP8 as uint8 bit patterns)."""
-    import cupy
-
-    return cupy.uint8 if name in dtypes.FP8_DTYPES else dtypes.numpy_dtype(name)
-
-
-def _bytes(x):
+def as_bytes(x):
     """A contiguous array's bytes, (rows, row bytes) for 2-D (NaN-free comparisons)."""
     import cupy
 
     return x.view(cupy.uint8)
 
 
-def _snapshot(x):
+def snapshot(x):
     """A copy of the whole buffer behind view `x` (its padding included)."""
     base = x if x.base is None else x.base
     return base, base.copy()
 
 
-def run(case: FuzzCase) -> dict:
-    """Build and call `case` on the GPU; assert it is right; return what was measured (for logs)."""
+def run(case: FuzzCase) -> None:
+    """Build and call `case` on the GPU; assert it is right."""
     import cupy
 
     import deepgemm_jit as dg
+    from bench import runner
 
     g = dg.build(case.m, case.n, case.k, **case.build_kwargs())
     spec, epi, m = g.spec, case.epi, case.m
     rng = cupy.random.default_rng(case.seed)
     b_scale = 1.0 / math.sqrt(case.k) if case.epilogue else 1.0  # activations then see O(1) values
     a, b, product, kwargs = _operands(case, spec, rng, b_scale)
-    ops = _epilogue_operands(case, spec, rng)
-    value = reference.unfused_epilogue(product, epi, ops.get("bias"), ops.get("c"), ops.get("residual"),
-                                       ops.get("alpha", 1.0), ops.get("beta", 1.0))
+    # The bench's epilogue operands (N(0, 1) bias / C / residual, alpha / beta), in the epilogue's operand type
+    # (float32 beside a quantized D).
+    epi_ops = runner.epilogue_operands(epi, m, spec.n, spec.epilogue_operand_dtype, rng)
+    ops = epi_ops.call_kwargs(epi)
+    value = runner.apply_epilogue(product, epi, epi_ops)
     if epi.has_static_scale:
         q_max = dtypes.QUANT_MAX[epi.quant_dtype]
         scale = float(cupy.abs(value).max()) * 1.25 / q_max or 1.0
@@ -377,7 +357,7 @@ def run(case: FuzzCase) -> dict:
     out = None
     if case.out_pad >= 0:
         shape = spec.out_shape(m)
-        buf = reference.poison(cupy.empty((shape[0], shape[1] + case.out_pad), dtype=_storage(spec.out_dtype)))
+        buf = reference.poisoned((shape[0], shape[1] + case.out_pad), spec.out_dtype)
         if spec.out_dtype == "int8":  # quant_int8_tensor saturates to [-127, 127]: -128 marks unwritten elements
             buf.fill(INT8_POISON)
         if case.out_pad:
@@ -388,11 +368,11 @@ def run(case: FuzzCase) -> dict:
             out[...] = ops["c"]
             ops["c"] = out
     read_only = [x for name, x in (*kwargs.items(), *ops.items()) if name != "amax_out"]  # amax_out is written
-    watched = [_snapshot(x) for x in (a, b, *read_only) if isinstance(x, cupy.ndarray)
+    watched = [snapshot(x) for x in (a, b, *read_only) if isinstance(x, cupy.ndarray)
                and x is not out and (x.base is None or x.base is not getattr(out, "base", None))]
     out_base = None if out is None or out.base is None else out.base
     if case.out_pad > 0:  # compared as bytes: the padding's random bits include NaNs
-        pad_before = _bytes(out_base)[:, spec.out_shape(m)[1] * out_base.itemsize:].copy()
+        pad_before = as_bytes(out_base)[:, spec.out_shape(m)[1] * out_base.itemsize:].copy()
     result = g(a, b, out=out, **kwargs, **ops)
     cupy.cuda.get_current_stream().synchronize()
 
@@ -401,7 +381,7 @@ def run(case: FuzzCase) -> dict:
         q, scales = result
         assert q.shape == spec.out_shape(m) and tuple(scales.shape) == spec.scales_out_shape(m), case.describe()
         got = reference.dequantize_reference(q, scales, "fp8_e4m3", "group128")
-        _check_close(case, got, value, bound + _FP8_REL, _FP8_REL, "quant_fp8_g128 dequantized")
+        check_close(case, got, value, bound + FP8_REL, FP8_REL, "quant_fp8_g128 dequantized")
         _, ref_scales = reference.quantize_reference(value.astype(cupy.float32), "fp8_e4m3", "group128")
         s, s_ref = scales.astype(cupy.float64), ref_scales.astype(cupy.float64)
         worst = float(cupy.abs(s - s_ref).max() / s_ref.max())
@@ -417,8 +397,8 @@ def run(case: FuzzCase) -> dict:
             rel = 0.5 * scale / max(_rms(value), 1e-30)
         else:
             got = reference.decode_fp8(d, "fp8_e4m3") * scale
-            rel = _FP8_REL
-        _check_close(case, got, value, bound + rel, _FP8_REL, f"quant_{epi.quant} dequantized")
+            rel = FP8_REL
+        check_close(case, got, value, bound + rel, FP8_REL, f"quant_{epi.quant} dequantized")
         if "amax_out" in kwargs:
             amax, amax_ref = float(kwargs["amax_out"][0]), float(cupy.abs(value).max())
             assert abs(amax - amax_ref) <= ELEMENT_FACTOR * bound * amax_ref, \
@@ -430,14 +410,13 @@ def run(case: FuzzCase) -> dict:
             bad = int(cupy.count_nonzero(d.astype(cupy.float64) != value))
             assert bad == 0, f"{bad} INT32 elements differ from the exact product -- {case.describe()}"
         else:
-            rms_round, elem_round = _OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
-            _check_close(case, d, value, bound + rms_round, elem_round, "D")
+            rms_round, elem_round = OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
+            check_close(case, d, value, bound + rms_round, elem_round, "D")
     if out is not None:
         assert d is out, f"the call did not return out= -- {case.describe()}"
     if case.out_pad > 0:
-        assert bool((_bytes(out_base)[:, spec.out_shape(m)[1] * out_base.itemsize:] == pad_before).all()), \
+        assert bool((as_bytes(out_base)[:, spec.out_shape(m)[1] * out_base.itemsize:] == pad_before).all()), \
             f"the call wrote into out's row padding -- {case.describe()}"
     for base, before in watched:
-        assert bool((_bytes(base) == _bytes(before)).all()), \
+        assert bool((as_bytes(base) == as_bytes(before)).all()), \
             f"an input buffer changed -- {case.describe()}"
-    return {"seed": case.seed, "config": getattr(g, "config", None) and g.config.tag, "family": g.family}

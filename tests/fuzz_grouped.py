@@ -182,8 +182,8 @@ def run(case: GroupedCase) -> None:
         bias = reference.random_matrix((groups, case.n), spec.epilogue_operand_dtype, rng)
         kwargs["bias"] = bias
     shape = (groups, case.max_m, spec.n_out) if case.grouping == "masked" else (rows, spec.n_out)
-    out = reference.poison(cupy.empty(shape, dtype=fuzz._storage(spec.out_dtype)))
-    watched = [fuzz._snapshot(v) for v in (a, b, *kwargs.values()) if isinstance(v, cupy.ndarray)]
+    out = reference.poisoned(shape, spec.out_dtype)
+    watched = [fuzz.snapshot(v) for v in (a, b, *kwargs.values()) if isinstance(v, cupy.ndarray)]
     result = g(a, b, out=out, **kwargs)
     cupy.cuda.get_current_stream().synchronize()
     d2 = out.reshape(-1, spec.n_out)
@@ -199,13 +199,14 @@ def run(case: GroupedCase) -> None:
         what = f"group {i} rows [{s}, {e})"
         if epi.has_group_scales:
             got = reference.dequantize_reference(d2[s:e], scales[s:e], "fp8_e4m3", "group128")
-            fuzz._check_close(case, got, value, bound + fuzz._FP8_REL, fuzz._FP8_REL, what)
+            fuzz.check_close(case, got, value, bound + fuzz.FP8_REL, fuzz.FP8_REL, what)
         else:
-            rms_round, elem_round = fuzz._OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
-            fuzz._check_close(case, d2[s:e], value, bound + rms_round, elem_round, what)
+            rms_round, elem_round = fuzz.OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
+            fuzz.check_close(case, d2[s:e], value, bound + rms_round, elem_round, what)
     free = cupy.asarray(np.nonzero(~owned)[0])
     if free.size:
-        assert bool((fuzz._bytes(d2[free]) == reference.POISON_BYTE).all()), \
+        assert bool((fuzz.as_bytes(d2[free]) == reference.POISON_BYTE).all()), \
             f"rows of no group were written -- {case.describe()}"
     for base, before in watched:
-        assert bool((fuzz._bytes(base) == fuzz._bytes(before)).all()), f"an input buffer changed -- {case.describe()}"
+        assert bool((fuzz.as_bytes(base) == fuzz.as_bytes(before)).all()), \
+            f"an input buffer changed -- {case.describe()}"

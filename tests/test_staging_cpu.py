@@ -223,7 +223,10 @@ def test_d_rows_ending_inside_a_16_byte_chunk_are_staged(fakes, cache_dir):
     a, b = view(64, 1024, 1024), view(1479, 1024, 1024)
     none = launch.EpilogueOperands()
     assert g._staged_roles(64, a, b, view(64, 1479, 1480), none, None) == frozenset()  # must stage: D
-    assert g._d_staged(view(64, 1479, 1480), "d") and not g._d_staged(view(64, 1480, 1488), "d")
     assert g._staged_roles(64, a, view(1480, 1024, 1024), view(64, 1480, 1488), none, None) is None
-    d2 = g._staging.aligned(view(64, 1479, 1480), "d", None, 0, realign=g._d_staged(view(64, 1479, 1480), "d"))
+    # The staging buffers apply the same rule to D (and only to D: an input is read, never written past).
+    d2 = g._staging.aligned(view(64, 1479, 1480), "d", None, 0)
     assert d2.ptr != 4096 and d2.row_stride * d2.itemsize % 128 == 0
+    assert g._staging.aligned(view(64, 1480, 1488), "d", None, 0).ptr == 4096
+    assert g._staging.aligned(view(64, 1479, 1480), "c", None, 0).ptr == 4096
+    assert not g._staging.fits(view(4096, 1479, 1480), "d") and g._staging.fits(view(4096, 1479, 1480), "residual")
