@@ -365,9 +365,13 @@ SM90_TRANS_B_MIN_STAGES = 6
 SM90_TRANS_B_ROWS64_COST = 1.1
 
 
-def _trans_b_rows(m_hint: int | None) -> bool:
-    """Whether M = m_hint is few enough rows for the kernel that transposes B in shared memory (known, and in a
-    bucket up to SM90_TF32_TRANS_B_MAX_M)."""
+def _trans_b_serves(spec: GemmSpec, m_hint: int | None) -> bool:
+    """Whether the kernel that transposes B in shared memory runs `spec` (layout nn) at M = m_hint: few enough rows
+    (known, and in a bucket up to SM90_TF32_TRANS_B_MAX_M), and an epilogue it has a tile for. A gated unit with
+    quant_fp8_g128 needs 256-column tiles (128 columns of D), and a stage of them holds B twice: 128x256 fits 2
+    stages, 64x256 3 only without a bias (tests/fuzz.py found it); those calls run the nt twin on a copy of B."""
+    if spec.epi.is_gated and spec.epi.has_group_scales:
+        return False
     return m_hint is not None and m_bucket(m_hint) <= SM90_TF32_TRANS_B_MAX_M
 
 
@@ -378,7 +382,7 @@ def sm90_transposes(spec: GemmSpec, arch: str, m_hint: int | None = None) -> boo
     stored; the portable kernel ran them at 0.28-0.44x cuBLAS (bench/results/*oddk*s25*)."""
     if arch != "sm_90a" or spec.dtype != "tf32" or spec.layout == "nt" or spec.grouped or spec.hi_lo:
         return False
-    return not (sm90_trans_b(spec) and _trans_b_rows(m_hint))
+    return not (sm90_trans_b(spec) and _trans_b_serves(spec, m_hint))
 
 
 def kernel_spec(spec: GemmSpec, arch: str, m_hint: int | None = None) -> GemmSpec:
@@ -388,7 +392,7 @@ def kernel_spec(spec: GemmSpec, arch: str, m_hint: int | None = None) -> GemmSpe
     if not sm90_transposes(spec, arch, m_hint):
         return spec
     nn = dataclasses.replace(spec, layout="nn")
-    if spec.layout == "tn" and sm90_trans_b(nn) and _trans_b_rows(m_hint):
+    if spec.layout == "tn" and sm90_trans_b(nn) and _trans_b_serves(nn, m_hint):
         return nn
     return dataclasses.replace(spec, layout="nt")
 
@@ -1055,8 +1059,9 @@ def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, b
     """The tile of the device-split kernel build_grouped compiles instead of the cost model's (block_m, block_n),
     or None for the plain kernel of that tile: K has at least GROUPED_SPLIT_MIN_K_BLOCKS blocks, and
     - FP8: the same tile, when `groups` groups of m_hint rows make at most GROUPED_SPLIT_MAX_WAVES waves of it;
-    - 16-bit: GROUPED_SPLIT_TILE_16BIT, when the pick is at least as wide and its tiles make at most
-      splitk.GROUPED_SCAN_WAVES waves (beyond them the kernel never splits);
+    - 16-bit: GROUPED_SPLIT_TILE_16BIT, when the pick is at least as wide, the epilogue can use its width (a gated
+      unit with quant_fp8_g128 needs 256 columns) and its tiles make at most splitk.GROUPED_SCAN_WAVES waves
+      (beyond them the kernel never splits);
     and the tile's accumulators leave the reduction its registers. Epilogues with a bias keep the plain kernel: the
     bias read pushed the split kernels (168 registers a thread) into a stack frame (8-24 bytes)."""
     from .splitk import GROUPED_SCAN_WAVES  # splitk imports this module
@@ -1066,7 +1071,8 @@ def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, b
         return None
     if spec.dtype in dtypes.FP8_DTYPES:
         tile, max_waves = (block_m, block_n), GROUPED_SPLIT_MAX_WAVES
-    elif dtypes.get(spec.dtype).storage_bytes == 2 and block_n >= GROUPED_SPLIT_TILE_16BIT[1]:
+    elif (dtypes.get(spec.dtype).storage_bytes == 2 and block_n >= GROUPED_SPLIT_TILE_16BIT[1]
+          and sm90_epilogue_block_n_problem(spec, GROUPED_SPLIT_TILE_16BIT[1]) is None):
         tile, max_waves = GROUPED_SPLIT_TILE_16BIT, GROUPED_SCAN_WAVES
     else:
         return None

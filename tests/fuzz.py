@@ -207,7 +207,7 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
                     out_pad=-1 if rng.random() < 0.3 else pad(), block_scales_row_major=bool(rng.random() < 0.4))
 
 
-def _accepted(case: FuzzCase) -> bool:
+def accepted(case: FuzzCase) -> bool:
     """Whether build() takes the call: its spec validates and forced split-K has a tile (build refuses the others
     with a ValueError naming split_k). The heuristic runs for every case: a rule that finds no tile raises here,
     on the CPU (it once raised IndexError inside build)."""
@@ -230,18 +230,18 @@ def _accepted(case: FuzzCase) -> bool:
     return True
 
 
-def first_accepted(seed: int, candidate, accepted):
-    """The first of the seeded candidates candidate(seed, 0), candidate(seed, 1), ... that accepted() takes."""
+def first_accepted(seed: int, candidate, takes):
+    """The first of the seeded candidates candidate(seed, 0), candidate(seed, 1), ... that takes()."""
     for attempt in range(200):
         case = candidate(seed, attempt)
-        if accepted(case):
+        if takes(case):
             return case
     raise RuntimeError(f"seed {seed}: no accepted candidate in 200 draws")
 
 
 def draw(seed: int) -> FuzzCase:
     """The case of `seed` (deterministic)."""
-    return first_accepted(seed, _candidate, _accepted)
+    return first_accepted(seed, _candidate, accepted)
 
 
 # -------------------------------------------------------------------------------------------------------- run
