@@ -4,7 +4,8 @@ The grid tests pin each feature on a few shapes; a user combines them. A seed dr
 (every dtype and scaling, E4M3 x E5M2, scaled INT8), layout, awkward M / N / K (1-row decode to a few thousand,
 aligned or not), output dtype, a composed fused epilogue (bias per column or row, an activation or a gated unit,
 residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
-views of wider buffers, block scales row-major or M-major. `draw` keeps only calls the library accepts at build
+views of wider buffers, block scales row-major or M-major, and for a third of the seeds later calls of the same Gemm
+at other M followed by the first call again. `draw` keeps only calls the library accepts at build
 time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
 right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
 output and a looser one on every element, and padding the call does not own left as it was.
@@ -92,6 +93,7 @@ class FuzzCase:
     b_pad: int
     out_pad: int                # -1: no out=, the call allocates; else out is a view as a
     block_scales_row_major: bool  # block scaling: scale_a row-major (as a user has it) instead of M-major
+    later_ms: tuple[int, ...] = ()  # the Gemm is then called at these M, and at case.m again (run)
 
     @property
     def info(self) -> Recipe:
@@ -131,7 +133,8 @@ class FuzzCase:
         kw = ", ".join(f"{k}={v!r}" for k, v in self.build_kwargs().items())
         return (f"seed {self.seed}: {self.recipe} M={self.m} build({self.m}, {self.n}, {self.k}, {kw}); "
                 f"a_pad={self.a_pad} b_pad={self.b_pad} out_pad={self.out_pad} "
-                f"block_scales_row_major={self.block_scales_row_major}")
+                f"block_scales_row_major={self.block_scales_row_major}"
+                + (f" later_ms={list(self.later_ms)}" if self.later_ms else ""))
 
 
 def seeds() -> list[int]:
@@ -153,6 +156,22 @@ def _draw_m(rng) -> int:
     if u < 0.6:
         return int(rng.integers(9, 161))     # small M: split-K, 64-row tiles
     return int(rng.integers(161, 2101))
+
+
+def _capped_m(m: int, n: int, k: int) -> int:
+    """m halved until the call's flops are within MAX_FLOPS."""
+    while 2.0 * m * n * k > MAX_FLOPS:
+        m = max(1, m // 2)
+    return m
+
+
+def _draw_later_ms(seed: int, attempt: int, n: int, k: int) -> tuple[int, ...]:
+    """M of later calls on the same Gemm (a third of the cases), from a stream of their own: the rest of a seed's
+    draw is what it was before they existed."""
+    rng = np.random.default_rng([seed, attempt, 5])
+    if rng.random() >= 0.35:
+        return ()
+    return tuple(_capped_m(_draw_m(rng), n, k) for _ in range(int(rng.integers(1, 3))))
 
 
 def _draw_epilogue(rng, n: int) -> str | None:
@@ -192,8 +211,7 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     k = _dim(rng, 300, 6000, 0.3)
     if rng.random() < 0.6:  # most real problems have 16-element multiples: the TMA paths
         n, k = max(16, n // 16 * 16), max(16, k // 16 * 16)
-    while 2.0 * m * n * k > MAX_FLOPS:
-        m = max(1, m // 2)
+    m = _capped_m(m, n, k)
     epilogue = _draw_epilogue(rng, n)
     out_dtype = None
     if rng.random() < 0.3:
@@ -204,7 +222,8 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     pad = lambda: int(rng.choice([0, 0, 0, 1, 8, 64]))  # noqa: E731
     return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
                     split_k=split_k, deterministic=bool(rng.random() < 0.6), a_pad=pad(), b_pad=pad(),
-                    out_pad=-1 if rng.random() < 0.3 else pad(), block_scales_row_major=bool(rng.random() < 0.4))
+                    out_pad=-1 if rng.random() < 0.3 else pad(), block_scales_row_major=bool(rng.random() < 0.4),
+                    later_ms=_draw_later_ms(seed, attempt, n, k))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -268,11 +287,11 @@ def _padded(values, pad: int, rng):
     return buf[:, :cols]
 
 
-def _operands(case: FuzzCase, spec, rng, b_scale: float):
-    """(a, b, float64 product, scale kwargs) for the case's recipe and layout."""
+def _operands(case: FuzzCase, spec, m: int, rng, b_scale: float):
+    """(a, b, float64 product, scale kwargs) of a call at M = m for the case's recipe and layout."""
     import cupy
 
-    info, m = case.info, case.m
+    info = case.info
     if info.quant is None:
         storage = "fp32" if info.dtype in ("fp32", "tf32") else info.dtype
         a = reference.random_matrix(spec.a_shape(m), storage, rng)
@@ -332,17 +351,65 @@ def snapshot(x):
 
 
 def run(case: FuzzCase) -> None:
-    """Build and call `case` on the GPU; assert it is right."""
+    """Build `case`'s Gemm and call it on the GPU; assert every call is right. With later_ms, the Gemm is then called
+    at those M (fresh operands) and the first call is made again on its own buffers (a kept launch plan replayed
+    after calls that may have grown the Gemm's staging buffers and split-K workspace)."""
     import cupy
 
     import deepgemm_jit as dg
-    from bench import runner
 
     g = dg.build(case.m, case.n, case.k, **case.build_kwargs())
-    spec, epi, m = g.spec, case.epi, case.m
     rng = cupy.random.default_rng(case.seed)
+    first = _prepare(case, g.spec, case.m, rng)
+    _call_and_check(case, g, first, f"call at M = {case.m}")
+    for m in case.later_ms:
+        _call_and_check(case, g, _prepare(case, g.spec, m, rng), f"later call at M = {m}")
+    if case.later_ms:
+        _fill_out(first, g.spec)
+        if "amax_out" in first.kwargs:
+            first.kwargs["amax_out"].fill(0)
+        _call_and_check(case, g, first, f"the call at M = {case.m} again")
+
+
+@dataclasses.dataclass
+class _Call:
+    """One call of a case's Gemm: its arguments, the float64 value it must produce, and what it must leave as it
+    found it (snapshots of the inputs' whole buffers, out's row padding)."""
+
+    m: int
+    a: object
+    b: object
+    kwargs: dict                # scales, quant_scale, amax_out
+    ops: dict                   # the epilogue's operands (c may be out itself)
+    value: object               # float64, what D must hold before any quantize-on-store
+    out: object | None          # None: the call allocates
+    c_init: object | None       # C's values where C is out itself (written into out before each call)
+    watched: list
+    pad_before: object | None   # out's row padding bytes
+
+
+def _fill_out(call: _Call, spec) -> None:
+    """out's elements poisoned (INT8: INT8_POISON) or, where C is out itself, set to C; its padding untouched."""
+    if call.out is None:
+        return
+    base = call.out.base
+    cols = spec.out_shape(call.m)[1]
+    base.view(np.uint8)[:, :cols * base.itemsize] = reference.POISON_BYTE
+    if spec.out_dtype == "int8":  # quant_int8_tensor saturates to [-127, 127]: -128 marks unwritten elements
+        call.out[...] = INT8_POISON
+    if call.c_init is not None:
+        call.out[...] = call.c_init
+
+
+def _prepare(case: FuzzCase, spec, m: int, rng) -> _Call:
+    """Fresh operands for a call at M = m, its expected value, and out= (poisoned) as the case asks."""
+    import cupy
+
+    from bench import runner
+
+    epi = case.epi
     b_scale = 1.0 / math.sqrt(case.k) if case.epilogue else 1.0  # activations then see O(1) values
-    a, b, product, kwargs = _operands(case, spec, rng, b_scale)
+    a, b, product, kwargs = _operands(case, spec, m, rng, b_scale)
     # The bench's epilogue operands (N(0, 1) bias / C / residual, alpha / beta), in the epilogue's operand type
     # (float32 beside a quantized D).
     epi_ops = runner.epilogue_operands(epi, m, spec.n, spec.epilogue_operand_dtype, rng)
@@ -354,69 +421,76 @@ def run(case: FuzzCase) -> None:
         kwargs["quant_scale"] = cupy.asarray([scale], dtype=cupy.float32)
         if rng.random() < 0.5:
             kwargs["amax_out"] = cupy.zeros(1, dtype=cupy.float32)
-    out = None
+    out = c_init = pad_before = None
     if case.out_pad >= 0:
-        shape = spec.out_shape(m)
-        buf = reference.poisoned((shape[0], shape[1] + case.out_pad), spec.out_dtype)
-        if spec.out_dtype == "int8":  # quant_int8_tensor saturates to [-127, 127]: -128 marks unwritten elements
-            buf.fill(INT8_POISON)
+        rows, cols = spec.out_shape(m)
+        buf = reference.poisoned((rows, cols + case.out_pad), spec.out_dtype)
         if case.out_pad:
-            raw = buf.view(cupy.uint8)[:, shape[1] * buf.itemsize:]
+            raw = buf.view(cupy.uint8)[:, cols * buf.itemsize:]
             raw[...] = rng.integers(0, 256, raw.shape, dtype=cupy.uint8)
-        out = buf[:, :shape[1]]
+            pad_before = raw.copy()  # compared as bytes: the padding's random bits include NaNs
+        out = buf[:, :cols]
         if epi.beta and rng.random() < 0.3:  # C is out itself (D = alpha acc + beta D)
-            out[...] = ops["c"]
+            c_init = ops["c"]
             ops["c"] = out
+    call = _Call(m, a, b, kwargs, ops, value, out, c_init, [], pad_before)
+    _fill_out(call, spec)
     read_only = [x for name, x in (*kwargs.items(), *ops.items()) if name != "amax_out"]  # amax_out is written
-    watched = [snapshot(x) for x in (a, b, *read_only) if isinstance(x, cupy.ndarray)
-               and x is not out and (x.base is None or x.base is not getattr(out, "base", None))]
-    out_base = None if out is None or out.base is None else out.base
-    if case.out_pad > 0:  # compared as bytes: the padding's random bits include NaNs
-        pad_before = as_bytes(out_base)[:, spec.out_shape(m)[1] * out_base.itemsize:].copy()
-    result = g(a, b, out=out, **kwargs, **ops)
-    cupy.cuda.get_current_stream().synchronize()
+    call.watched = [snapshot(x) for x in (a, b, *read_only) if isinstance(x, cupy.ndarray)
+                    and x is not out and (x.base is None or x.base is not getattr(out, "base", None))]
+    return call
 
+
+def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
+    """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
+    import cupy
+
+    spec, epi, m, value = g.spec, case.epi, call.m, call.value
+    result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
+    cupy.cuda.get_current_stream().synchronize()
+    what = f"{what}: " + "{}"
     bound = reference.ERROR_BOUND[spec.dtype]
     if epi.quant == "fp8_g128":
         q, scales = result
         assert q.shape == spec.out_shape(m) and tuple(scales.shape) == spec.scales_out_shape(m), case.describe()
         got = reference.dequantize_reference(q, scales, "fp8_e4m3", "group128")
-        check_close(case, got, value, bound + FP8_REL, FP8_REL, "quant_fp8_g128 dequantized")
+        check_close(case, got, value, bound + FP8_REL, FP8_REL, what.format("quant_fp8_g128 dequantized"))
         _, ref_scales = reference.quantize_reference(value.astype(cupy.float32), "fp8_e4m3", "group128")
         s, s_ref = scales.astype(cupy.float64), ref_scales.astype(cupy.float64)
         worst = float(cupy.abs(s - s_ref).max() / s_ref.max())
-        assert worst <= ELEMENT_FACTOR * bound, f"group scales off by {worst:.2e} -- {case.describe()}"
+        assert worst <= ELEMENT_FACTOR * bound, what.format(f"group scales off by {worst:.2e} -- {case.describe()}")
         d = q
     elif epi.has_static_scale:
         d = result
-        scale = float(kwargs["quant_scale"][0])
+        scale = float(call.kwargs["quant_scale"][0])
         if epi.quant_dtype == "int8":
             unwritten = int(cupy.count_nonzero(d == INT8_POISON))
-            assert unwritten == 0, f"{unwritten} INT8 elements unwritten (-128) -- {case.describe()}"
+            assert unwritten == 0, what.format(f"{unwritten} INT8 elements unwritten (-128) -- {case.describe()}")
             got = d.astype(cupy.float64) * scale
             rel = 0.5 * scale / max(_rms(value), 1e-30)
         else:
             got = reference.decode_fp8(d, "fp8_e4m3") * scale
             rel = FP8_REL
-        check_close(case, got, value, bound + rel, FP8_REL, f"quant_{epi.quant} dequantized")
-        if "amax_out" in kwargs:
-            amax, amax_ref = float(kwargs["amax_out"][0]), float(cupy.abs(value).max())
+        check_close(case, got, value, bound + rel, FP8_REL, what.format(f"quant_{epi.quant} dequantized"))
+        if "amax_out" in call.kwargs:
+            amax, amax_ref = float(call.kwargs["amax_out"][0]), float(cupy.abs(value).max())
             assert abs(amax - amax_ref) <= ELEMENT_FACTOR * bound * amax_ref, \
-                f"amax_out {amax!r} vs {amax_ref!r} -- {case.describe()}"
+                what.format(f"amax_out {amax!r} vs {amax_ref!r} -- {case.describe()}")
     else:
         d = result
         assert tuple(d.shape) == spec.out_shape(m), case.describe()
         if case.info.exact and spec.out_dtype == "int32":
             bad = int(cupy.count_nonzero(d.astype(cupy.float64) != value))
-            assert bad == 0, f"{bad} INT32 elements differ from the exact product -- {case.describe()}"
+            assert bad == 0, what.format(f"{bad} INT32 elements differ from the exact product -- {case.describe()}")
         else:
             rms_round, elem_round = OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
-            check_close(case, d, value, bound + rms_round, elem_round, "D")
-    if out is not None:
-        assert d is out, f"the call did not return out= -- {case.describe()}"
-    if case.out_pad > 0:
-        assert bool((as_bytes(out_base)[:, spec.out_shape(m)[1] * out_base.itemsize:] == pad_before).all()), \
-            f"the call wrote into out's row padding -- {case.describe()}"
-    for base, before in watched:
+            check_close(case, d, value, bound + rms_round, elem_round, what.format("D"))
+    if call.out is not None:
+        assert d is call.out, what.format(f"the call did not return out= -- {case.describe()}")
+    if call.pad_before is not None:
+        cols = spec.out_shape(m)[1]
+        assert bool((as_bytes(call.out.base)[:, cols * call.out.base.itemsize:] == call.pad_before).all()), \
+            what.format(f"the call wrote into out's row padding -- {case.describe()}")
+    for base, before in call.watched:
         assert bool((as_bytes(base) == as_bytes(before)).all()), \
-            f"an input buffer changed -- {case.describe()}"
+            what.format(f"an input buffer changed -- {case.describe()}")
