@@ -23,7 +23,7 @@ def probe(seed):
     out = buf[:, :shape[1]]
     rng = cupy.random.default_rng(seed)
     b_scale = 1.0
-    a, b, _, kwargs = fuzz._operands(case, spec, rng, b_scale)
+    a, b, _, kwargs = fuzz._operands(case, spec, case.m, rng, b_scale)
     epi_ops = runner.epilogue_operands(spec.epi, case.m, spec.n, spec.epilogue_operand_dtype, rng)
     ops = epi_ops.call_kwargs(spec.epi)
     if spec.epi.has_static_scale:
