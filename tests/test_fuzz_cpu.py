@@ -70,6 +70,15 @@ def test_default_seeds_cover_every_recipe():
     assert sum(1 for c in cases if c.epilogue) >= fuzz.DEFAULT_CASES // 3
 
 
+def test_found_cases_compile_offline(shared_cache_dir, monkeypatch):
+    """The pinned cases (fuzz.FOUND): accepted, and their kernels compile with no local memory."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    for name, case in fuzz.FOUND.items():
+        assert fuzz.accepted(case), name
+        g = dg.build(case.m, case.n, case.k, arch=fuzz.ARCH, **case.build_kwargs())
+        assert g.explain()["local_bytes"] == 0, name
+
+
 @pytest.mark.parametrize("first", range(0, fuzz.DEFAULT_CASES, 24))
 def test_default_seeds_compile_offline(first, shared_cache_dir, monkeypatch):
     """build() of each default seed for sm_90a with no GPU (what the GPU run first does), no local memory."""

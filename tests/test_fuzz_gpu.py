@@ -10,3 +10,9 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("seed", fuzz.seeds(), ids=lambda s: f"seed_{s}")
 def test_fuzz_case(seed):
     fuzz.run(fuzz.draw(seed))
+
+
+@pytest.mark.parametrize("name", fuzz.FOUND)
+def test_fuzz_found(name):
+    """The calls the fuzz found wrong (fuzz.FOUND), pinned."""
+    fuzz.run(fuzz.FOUND[name])

@@ -2101,6 +2101,11 @@ struct GemmSm90 {
         } else {
           mainloop(smem, ring, math_wg, mine, acc, after_first_issue);
         }
+      } else {
+        // kWGSplitK, a lane without K blocks: a one-block tile whose block is the other lane's (every other such
+        // tile of a CTA). The owner still loads the epilogue's operands, which its epilogue waits for (without
+        // this a 64-row FP8 tile with beta or a residual at K <= 128 hung on its second tile: tests/fuzz.py).
+        after_first_issue();
       }
       if constexpr (kWGSplitK) {
         // No wgmma is in flight (the main loop waited for all); the wait tells ptxas so (C7517, as below).
