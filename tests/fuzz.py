@@ -456,13 +456,37 @@ def _prepare(case: FuzzCase, spec, m: int, rng) -> _Call:
     return call
 
 
+# A call that has not finished after this many seconds hangs (the slowest fuzz call takes well under one).
+HANG_SECONDS = float(os.environ.get("DEEPGEMM_JIT_FUZZ_HANG_SECONDS", 60))
+
+
+def wait_for_call(what: str) -> None:
+    """Wait for the current stream's work like synchronize(), but end the process when it takes HANG_SECONDS: a hung
+    kernel never returns and would stall the run; pytest-xdist then reports the crashed worker with the test it ran
+    (and starts another), and `what` (the case) is on stderr."""
+    import sys
+    import time
+
+    import cupy
+
+    done = cupy.cuda.Event(disable_timing=True)
+    done.record()
+    deadline = time.monotonic() + HANG_SECONDS
+    while not done.done:
+        if time.monotonic() > deadline:
+            sys.stderr.write(f"\nHUNG: not finished after {HANG_SECONDS:.0f} s: {what}\n")
+            sys.stderr.flush()
+            os._exit(3)
+        time.sleep(0.0005)
+
+
 def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
     import cupy
 
     spec, epi, m, value = g.spec, case.epi, call.m, call.value
     result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
-    cupy.cuda.get_current_stream().synchronize()
+    wait_for_call(f"{what} -- {case.describe()}")
     what = f"{what}: " + "{}"
     bound = reference.ERROR_BOUND[spec.dtype]
     if epi.quant == "fp8_g128":
