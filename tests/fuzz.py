@@ -159,6 +159,34 @@ def seeds() -> list[int]:
     return list(range(first, first + count))
 
 
+# A grid the draw reaches rarely (seed 2844's hang needed all of it): K of one K block or just past one for every
+# type's block_k (16-bit 64, TF32 32, 8-bit 128), a Gemm built at decode M and then called with more tiles than CTAs,
+# with C and a residual, a bias and an activation, or nothing.
+EDGE_KS = (16, 100, 129, 264)
+EDGE_EPILOGUES = (None, "residual+beta", "bias+silu")
+
+
+def edge_cases() -> list[FuzzCase]:
+    """Every recipe and layout x EDGE_KS x EDGE_EPILOGUES that build() accepts: built at M = 3 (the decode kernel
+    serves that call), then called at 71 and 300 rows (140 / 350 64x32 tiles) and at 3 again, out= given."""
+    cases = []
+    for recipe, info in RECIPES.items():
+        for layout in info.layouts:
+            for k in EDGE_KS:
+                for epilogue in EDGE_EPILOGUES:
+                    case = FuzzCase(len(cases), recipe, layout, 3, 2240, k, None, epilogue, None, True, 0, 0, 0,
+                                    False, (71, 300))
+                    if accepted(case):
+                        cases.append(case)
+    return cases
+
+
+def edge_count() -> int:
+    """How many edge_cases the GPU test runs: all of them with DEEPGEMM_JIT_FUZZ_EDGES=1, else none (not yet run
+    on a GPU)."""
+    return len(edge_cases()) if os.environ.get("DEEPGEMM_JIT_FUZZ_EDGES") == "1" else 0
+
+
 # ------------------------------------------------------------------------------------------------------- draw
 def _dim(rng, small: int, large: int, p_small: float) -> int:
     return int(rng.integers(1, small + 1) if rng.random() < p_small else rng.integers(small + 1, large + 1))

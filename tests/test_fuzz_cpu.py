@@ -70,6 +70,15 @@ def test_default_seeds_cover_every_recipe():
     assert sum(1 for c in cases if c.epilogue) >= fuzz.DEFAULT_CASES // 3
 
 
+def test_edge_cases_cover_every_recipe_and_layout():
+    cases = fuzz.edge_cases()
+    assert cases == fuzz.edge_cases()  # the GPU test indexes them
+    every = {(recipe, layout) for recipe, info in fuzz.RECIPES.items() for layout in info.layouts}
+    assert {(c.recipe, c.layout) for c in cases} == every
+    assert {c.k for c in cases} == set(fuzz.EDGE_KS) and {c.epilogue for c in cases} == set(fuzz.EDGE_EPILOGUES)
+    assert len(cases) > 200
+
+
 def test_found_cases_compile_offline(shared_cache_dir, monkeypatch):
     """The pinned cases (fuzz.FOUND): accepted, and their kernels compile with no local memory."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
