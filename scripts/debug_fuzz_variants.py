@@ -1,7 +1,8 @@
-"""Debug (GPU): a fuzz seed's case with some fields changed, run as the fuzz runs it (build, call, later calls, the
-first call again), to bisect a failure or a hang by feature. One variant per process, under `timeout`:
+"""Debug (GPU): a fuzz seed's case, as drawn or with some fields changed, run alone as the fuzz runs it (build, call,
+later calls, the first call again), to bisect a failure or a hang by feature (a hung call ends the process after
+fuzz.HANG_SECONDS, naming itself). One variant per process:
 
-    DEEPGEMM_JIT_FUZZ_CASES=3000 timeout 30 python3 scripts/debug_fuzz_variants.py 2844 epilogue=beta k=128 later_ms=64
+    python3 scripts/debug_fuzz_variants.py 2844 epilogue=beta k=128 later_ms=64   # from the repo root
     (values: ints, None, or text; later_ms: M values joined by '+', or none)
 """
 import ast
