@@ -17,8 +17,11 @@ and DEEPGEMM_JIT_FUZZ_FIRST (first seed).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
+import sys
+import time
 
 import numpy as np
 
@@ -26,7 +29,7 @@ from deepgemm_jit import api
 from deepgemm_jit import config as config_mod
 from deepgemm_jit import dtypes
 from deepgemm_jit import reference
-from deepgemm_jit.epilogue import Epilogue
+from deepgemm_jit.epilogue import ACTIVATIONS, GATES, QUANTS, Epilogue
 from deepgemm_jit.fp32x3 import Fp32Spec
 from deepgemm_jit.spec import LAYOUTS, GemmSpec
 
@@ -157,6 +160,15 @@ def seeds() -> list[int]:
     count = int(os.environ.get("DEEPGEMM_JIT_FUZZ_CASES", DEFAULT_CASES))
     first = int(os.environ.get("DEEPGEMM_JIT_FUZZ_FIRST", 0))
     return list(range(first, first + count))
+
+
+def epilogue_compositions() -> list[str | None]:
+    """Every composed epilogue string: a bias (per column, per row, none) x an activation, a gated unit or none x a
+    quantize-on-store, residual, beta, both or none (the spec refuses some combinations; walks skip those)."""
+    units = [a for a in ACTIVATIONS if a != "none"] + [g for g in GATES if g != "none"] + [None]
+    tails = [f"quant_{q}" for q in QUANTS if q != "none"] + ["residual", "beta", "residual+beta", None]
+    return ["+".join(w for w in words if w) or None
+            for words in itertools.product(("bias", "bias_row", None), units, tails)]
 
 
 # A grid the draw reaches rarely (seed 2844's hang needed all of it): K of one K block or just past one for every
@@ -492,9 +504,6 @@ def wait_for_call(what: str) -> None:
     """Wait for the current stream's work like synchronize(), but end the process when it takes HANG_SECONDS: a hung
     kernel never returns and would stall the run; pytest-xdist then reports the crashed worker with the test it ran
     (and starts another), and `what` (the case) is on stderr."""
-    import sys
-    import time
-
     import cupy
 
     done = cupy.cuda.Event(disable_timing=True)
