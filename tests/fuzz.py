@@ -194,9 +194,9 @@ def edge_cases() -> list[FuzzCase]:
 
 
 def edge_count() -> int:
-    """How many edge_cases the GPU test runs: all of them with DEEPGEMM_JIT_FUZZ_EDGES=1, else none (not yet run
-    on a GPU)."""
-    return len(edge_cases()) if os.environ.get("DEEPGEMM_JIT_FUZZ_EDGES") == "1" else 0
+    """How many edge_cases the GPU test runs: all of them (280 in ~15 s on the H200), none with
+    DEEPGEMM_JIT_FUZZ_EDGES=0."""
+    return 0 if os.environ.get("DEEPGEMM_JIT_FUZZ_EDGES") == "0" else len(edge_cases())
 
 
 # ------------------------------------------------------------------------------------------------------- draw

@@ -20,5 +20,5 @@ def test_fuzz_found(name):
 
 @pytest.mark.parametrize("index", range(fuzz.edge_count()), ids=lambda i: f"edge_{i}")
 def test_fuzz_edge(index):
-    """fuzz.edge_cases (DEEPGEMM_JIT_FUZZ_EDGES=1): small K, built at decode M, called past a wave of tiles."""
+    """fuzz.edge_cases: small K, built at decode M, called past a wave of tiles."""
     fuzz.run(fuzz.edge_cases()[index])
