@@ -22,16 +22,19 @@ def probe(seed: int) -> None:
     g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
     cupy.cuda.get_current_stream().synchronize()
     base = call.out.base
-    tail = fuzz.as_bytes(base)[:, g.spec.out_shape(case.m)[1] * base.itemsize:]
-    changed = cupy.argwhere(tail != call.pad_before)
+    lo, hi = fuzz._out_bytes(call, g.spec)
+    outside = cupy.ones(call.pad_before.shape, dtype=bool)
+    outside[:, lo:hi] = False
+    changed = cupy.argwhere((fuzz.as_bytes(base) != call.pad_before) & outside)
     staged = sorted(r for _, r in g._staging._buffers) if hasattr(g, "_staging") else "-"
     print(f"seed {seed}: {case.describe()}", flush=True)
     print(f"  family {g.family} config {getattr(g.config, 'tag', None)} staged {staged} out ptr%16 "
-          f"{call.out.data.ptr % 16} pitch {base.strides[0]} changed bytes {int(changed.shape[0])} of {tail.size}",
+          f"{call.out.data.ptr % 16} pitch {base.strides[0]} changed bytes {int(changed.shape[0])} of {int(outside.sum())}",
           flush=True)
     if changed.shape[0]:
         rows, cols = cupy.unique(changed[:, 0]), cupy.unique(changed[:, 1])
-        print(f"  rows {rows[:10].tolist()}... ({rows.size}) byte offsets in pad {cols.tolist()[:16]}", flush=True)
+        print(f"  rows {rows[:10].tolist()}... ({rows.size}) byte columns {cols.tolist()[:16]} (out: {lo}..{hi})",
+              flush=True)
 
 
 if __name__ == "__main__":

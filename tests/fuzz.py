@@ -4,7 +4,7 @@ The grid tests pin each feature on a few shapes; a user combines them. A seed dr
 (every dtype and scaling, E4M3 x E5M2, scaled INT8), layout, awkward M / N / K (1-row decode to a few thousand,
 aligned or not), output dtype, a composed fused epilogue (bias per column or row, an activation or a gated unit,
 residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
-views of wider buffers, block scales row-major or M-major, and for a third of the seeds later calls of the same Gemm
+views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, and for a third of the seeds later calls of the same Gemm
 at other M followed by the first call again. `draw` keeps only calls the library accepts at build
 time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
 right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
@@ -97,6 +97,7 @@ class FuzzCase:
     out_pad: int                # -1: no out=, the call allocates; else out is a view as a
     block_scales_row_major: bool  # block scaling: scale_a row-major (as a user has it) instead of M-major
     later_ms: tuple[int, ...] = ()  # the Gemm is then called at these M, and at case.m again (run)
+    lead: int = 0               # a, b, out= and bias / C / residual start this many elements into their buffers
 
     @property
     def info(self) -> Recipe:
@@ -137,7 +138,8 @@ class FuzzCase:
         return (f"seed {self.seed}: {self.recipe} M={self.m} build({self.m}, {self.n}, {self.k}, {kw}); "
                 f"a_pad={self.a_pad} b_pad={self.b_pad} out_pad={self.out_pad} "
                 f"block_scales_row_major={self.block_scales_row_major}"
-                + (f" later_ms={list(self.later_ms)}" if self.later_ms else ""))
+                + (f" later_ms={list(self.later_ms)}" if self.later_ms else "")
+                + (f" lead={self.lead}" if self.lead else ""))
 
 
 # Calls the fuzz found wrong, pinned (tests/test_fuzz_gpu.py runs them, the CPU tests compile them): a seed's draw
@@ -229,6 +231,13 @@ def _draw_later_ms(seed: int, attempt: int, n: int, k: int) -> tuple[int, ...]:
     return tuple(_capped_m(_draw_m(rng), n, k) for _ in range(int(rng.integers(1, 3))))
 
 
+def _draw_lead(seed: int, attempt: int) -> int:
+    """Elements before each operand's first in its buffer (a quarter of the cases), from a stream of their own like
+    later_ms: 1-5 put the base off 16-byte alignment for every element size, 8 keeps it for 2- and 4-byte types."""
+    rng = np.random.default_rng([seed, attempt, 6])
+    return int(rng.choice([1, 2, 3, 5, 8])) if rng.random() < 0.25 else 0
+
+
 def _draw_epilogue(rng, n: int) -> str | None:
     if rng.random() < 0.4:
         return None
@@ -278,7 +287,7 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
                     split_k=split_k, deterministic=bool(rng.random() < 0.6), a_pad=pad(), b_pad=pad(),
                     out_pad=-1 if rng.random() < 0.3 else pad(), block_scales_row_major=bool(rng.random() < 0.4),
-                    later_ms=_draw_later_ms(seed, attempt, n, k))
+                    later_ms=_draw_later_ms(seed, attempt, n, k), lead=_draw_lead(seed, attempt))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -328,18 +337,20 @@ ELEMENT_FACTOR = 10.0  # an element may miss by this many times the dtype's rela
 INT8_POISON = -128  # 0xFF (the NaN poison) is -1 in INT8, a value the quantizer writes
 
 
-def _padded(values, pad: int, rng):
-    """`values` (2-D CuPy) as the leading columns of a buffer `pad` elements wider, its padding random bits."""
+def _padded(values, pad: int, rng, lead: int = 0):
+    """`values` (1-D or 2-D CuPy) as columns lead .. lead + cols of a buffer lead + pad elements wider, the rest of
+    it random bits."""
     import cupy
 
-    if pad == 0:
+    if pad == 0 and lead == 0:
         return values
-    rows, cols = values.shape
-    buf = cupy.empty((rows, cols + pad), dtype=values.dtype)
+    cols = values.shape[-1]
+    buf = cupy.empty((*values.shape[:-1], lead + cols + pad), dtype=values.dtype)
     raw = buf.view(cupy.uint8)
     raw[...] = rng.integers(0, 256, raw.shape, dtype=cupy.uint8)
-    buf[:, :cols] = values
-    return buf[:, :cols]
+    view = buf[..., lead:lead + cols]
+    view[...] = values
+    return view
 
 
 def _operands(case: FuzzCase, spec, m: int, rng, b_scale: float):
@@ -352,7 +363,7 @@ def _operands(case: FuzzCase, spec, m: int, rng, b_scale: float):
         a = reference.random_matrix(spec.a_shape(m), storage, rng)
         b = reference.random_matrix(spec.b_shape(), storage, rng, scale=b_scale)
         product = reference.reference(spec, a, b)
-        return _padded(a, case.a_pad, rng), _padded(b, case.b_pad, rng), product, {}
+        return _padded(a, case.a_pad, rng, case.lead), _padded(b, case.b_pad, rng, case.lead), product, {}
     ga, gb = info.quant
     x_a = rng.standard_normal(spec.a_shape(m), dtype=cupy.float32)
     x_b = rng.standard_normal(spec.b_shape(), dtype=cupy.float32) * cupy.float32(b_scale)
@@ -367,7 +378,7 @@ def _operands(case: FuzzCase, spec, m: int, rng, b_scale: float):
         if ga == "group128" and case.block_scales_row_major:
             sa = cupy.ascontiguousarray(sa)
         kwargs = {"scale_a": sa, "scale_b": sb}
-    return _padded(qa, case.a_pad, rng), _padded(qb, case.b_pad, rng), product, kwargs
+    return _padded(qa, case.a_pad, rng, case.lead), _padded(qb, case.b_pad, rng, case.lead), product, kwargs
 
 
 def _rms(x) -> float:
@@ -440,16 +451,23 @@ class _Call:
     out: object | None          # None: the call allocates
     c_init: object | None       # C's values where C is out itself (written into out before each call)
     watched: list
-    pad_before: object | None   # out's row padding bytes
+    pad_before: object | None   # out's whole buffer as bytes, compared outside out's columns
+
+
+def _out_bytes(call: _Call, spec) -> tuple[int, int]:
+    """The byte columns of out's buffer that out covers."""
+    base = call.out.base
+    lo = call.out.data.ptr - base.data.ptr
+    return lo, lo + spec.out_shape(call.m)[1] * base.itemsize
 
 
 def _fill_out(call: _Call, spec) -> None:
-    """out's elements poisoned (INT8: INT8_POISON) or, where C is out itself, set to C; its padding untouched."""
+    """out's elements poisoned (INT8: INT8_POISON) or, where C is out itself, set to C; the rest of its buffer
+    untouched."""
     if call.out is None:
         return
-    base = call.out.base
-    cols = spec.out_shape(call.m)[1]
-    base.view(np.uint8)[:, :cols * base.itemsize] = reference.POISON_BYTE
+    lo, hi = _out_bytes(call, spec)
+    call.out.base.view(np.uint8)[:, lo:hi] = reference.POISON_BYTE
     if spec.out_dtype == "int8":  # quant_int8_tensor saturates to [-127, 127]: -128 marks unwritten elements
         call.out[...] = INT8_POISON
     if call.c_init is not None:
@@ -468,8 +486,9 @@ def _prepare(case: FuzzCase, spec, m: int, rng) -> _Call:
     # The bench's epilogue operands (N(0, 1) bias / C / residual, alpha / beta), in the epilogue's operand type
     # (float32 beside a quantized D).
     epi_ops = runner.epilogue_operands(epi, m, spec.n, spec.epilogue_operand_dtype, rng)
-    ops = epi_ops.call_kwargs(epi)
     value = runner.apply_epilogue(product, epi, epi_ops)
+    ops = {name: _padded(x, 0, rng, case.lead) if isinstance(x, cupy.ndarray) else x
+           for name, x in epi_ops.call_kwargs(epi).items()}
     if epi.has_static_scale:
         q_max = dtypes.QUANT_MAX[epi.quant_dtype]
         scale = float(cupy.abs(value).max()) * 1.25 / q_max or 1.0
@@ -479,12 +498,12 @@ def _prepare(case: FuzzCase, spec, m: int, rng) -> _Call:
     out = c_init = pad_before = None
     if case.out_pad >= 0:
         rows, cols = spec.out_shape(m)
-        buf = reference.poisoned((rows, cols + case.out_pad), spec.out_dtype)
-        if case.out_pad:
-            raw = buf.view(cupy.uint8)[:, cols * buf.itemsize:]
+        buf = reference.poisoned((rows, case.lead + cols + case.out_pad), spec.out_dtype)
+        if case.out_pad or case.lead:
+            raw = buf.view(cupy.uint8)
             raw[...] = rng.integers(0, 256, raw.shape, dtype=cupy.uint8)
             pad_before = raw.copy()  # compared as bytes: the padding's random bits include NaNs
-        out = buf[:, :cols]
+        out = buf[:, case.lead:case.lead + cols]
         if epi.beta and rng.random() < 0.3:  # C is out itself (D = alpha acc + beta D)
             c_init = ops["c"]
             ops["c"] = out
@@ -564,9 +583,11 @@ def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     if call.out is not None:
         assert d is call.out, what.format(f"the call did not return out= -- {case.describe()}")
     if call.pad_before is not None:
-        cols = spec.out_shape(m)[1]
-        assert bool((as_bytes(call.out.base)[:, cols * call.out.base.itemsize:] == call.pad_before).all()), \
-            what.format(f"the call wrote into out's row padding -- {case.describe()}")
+        lo, hi = _out_bytes(call, spec)
+        raw = as_bytes(call.out.base)
+        for cols in (slice(0, lo), slice(hi, None)):
+            assert bool((raw[:, cols] == call.pad_before[:, cols]).all()), \
+                what.format(f"the call wrote into out's buffer outside out -- {case.describe()}")
     for base, before in call.watched:
         assert bool((as_bytes(base) == as_bytes(before)).all()), \
             what.format(f"an input buffer changed -- {case.describe()}")

@@ -37,6 +37,7 @@ def test_draws_cover_the_api():
     assert {(c.split_k is not None, c.deterministic) for c in cases} == {(a, b) for a in (0, 1) for b in (0, 1)}
     assert {c.a_pad for c in cases} >= {0, 1, 8, 64} and {c.out_pad for c in cases} >= {-1, 0, 1, 64}
     assert any(c.block_scales_row_major and c.info.scaling == "block" for c in cases)
+    assert {c.lead for c in cases} == {0, 1, 2, 3, 5, 8} and any(c.lead and c.out_pad >= 0 for c in cases)
     later = [c for c in cases if c.later_ms]
     assert len(later) > 120 and {len(c.later_ms) for c in later} == {1, 2}
     assert any(c.out_pad >= 0 for c in later) and any(min(c.later_ms) > c.m for c in later)
