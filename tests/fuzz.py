@@ -4,8 +4,9 @@ The grid tests pin each feature on a few shapes; a user combines them. A seed dr
 (every dtype and scaling, E4M3 x E5M2, scaled INT8), layout, awkward M / N / K (1-row decode to a few thousand,
 aligned or not), output dtype, a composed fused epilogue (bias per column or row, an activation or a gated unit,
 residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
-views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, and for a third of the seeds later calls of the same Gemm
-at other M followed by the first call again. `draw` keeps only calls the library accepts at build
+views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
+seeds later calls of the same Gemm at other M followed by the first call again, and for some the first call captured in
+a CUDA graph and replayed. `draw` keeps only calls the library accepts at build
 time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
 right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
 output and a looser one on every element, and padding the call does not own left as it was.
@@ -98,6 +99,7 @@ class FuzzCase:
     block_scales_row_major: bool  # block scaling: scale_a row-major (as a user has it) instead of M-major
     later_ms: tuple[int, ...] = ()  # the Gemm is then called at these M, and at case.m again (run)
     lead: int = 0               # a, b, out= and bias / C / residual start this many elements into their buffers
+    graph: bool = False         # the first call is then captured in a CUDA graph (after a warm-up call) and replayed
 
     @property
     def info(self) -> Recipe:
@@ -139,7 +141,7 @@ class FuzzCase:
                 f"a_pad={self.a_pad} b_pad={self.b_pad} out_pad={self.out_pad} "
                 f"block_scales_row_major={self.block_scales_row_major}"
                 + (f" later_ms={list(self.later_ms)}" if self.later_ms else "")
-                + (f" lead={self.lead}" if self.lead else ""))
+                + (f" lead={self.lead}" if self.lead else "") + (" graph" if self.graph else ""))
 
 
 # Calls the fuzz found wrong, pinned (tests/test_fuzz_gpu.py runs them, the CPU tests compile them): a seed's draw
@@ -238,6 +240,12 @@ def _draw_lead(seed: int, attempt: int) -> int:
     return int(rng.choice([1, 2, 3, 5, 8])) if rng.random() < 0.25 else 0
 
 
+def _draw_graph(seed: int, attempt: int, out_pad: int) -> bool:
+    """Whether the case replays its first call from a CUDA graph: a fifth of those with out= (a call that allocates
+    its output cannot be captured), from a stream of their own."""
+    return out_pad >= 0 and bool(np.random.default_rng([seed, attempt, 7]).random() < 0.2)
+
+
 def _draw_epilogue(rng, n: int) -> str | None:
     if rng.random() < 0.4:
         return None
@@ -284,10 +292,12 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     if rng.random() < 0.2:
         split_k = int(rng.integers(2, 9))
     pad = lambda: int(rng.choice([0, 0, 0, 1, 8, 64]))  # noqa: E731
+    deterministic, a_pad, b_pad = bool(rng.random() < 0.6), pad(), pad()
+    out_pad = -1 if rng.random() < 0.3 else pad()
     return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
-                    split_k=split_k, deterministic=bool(rng.random() < 0.6), a_pad=pad(), b_pad=pad(),
-                    out_pad=-1 if rng.random() < 0.3 else pad(), block_scales_row_major=bool(rng.random() < 0.4),
-                    later_ms=_draw_later_ms(seed, attempt, n, k), lead=_draw_lead(seed, attempt))
+                    split_k=split_k, deterministic=deterministic, a_pad=a_pad, b_pad=b_pad, out_pad=out_pad,
+                    block_scales_row_major=bool(rng.random() < 0.4), later_ms=_draw_later_ms(seed, attempt, n, k),
+                    lead=_draw_lead(seed, attempt), graph=_draw_graph(seed, attempt, out_pad))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -419,7 +429,8 @@ def snapshot(x):
 def run(case: FuzzCase) -> None:
     """Build `case`'s Gemm and call it on the GPU; assert every call is right. With later_ms, the Gemm is then called
     at those M (fresh operands) and the first call is made again on its own buffers (a kept launch plan replayed
-    after calls that may have grown the Gemm's staging buffers and split-K workspace)."""
+    after calls that may have grown the Gemm's staging buffers and split-K workspace). With graph, the first call is
+    last captured in a CUDA graph and replayed."""
     import cupy
 
     import deepgemm_jit as dg
@@ -435,6 +446,8 @@ def run(case: FuzzCase) -> None:
         if "amax_out" in first.kwargs:
             first.kwargs["amax_out"].fill(0)
         _call_and_check(case, g, first, f"the call at M = {case.m} again")
+    if case.graph:
+        _replay_and_check(case, g, first, f"the call at M = {case.m} replayed from a CUDA graph")
 
 
 @dataclasses.dataclass
@@ -538,11 +551,45 @@ def wait_for_call(what: str) -> None:
 
 def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
-    import cupy
-
-    spec, epi, m, value = g.spec, case.epi, call.m, call.value
     result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
     wait_for_call(f"{what} -- {case.describe()}")
+    _check(case, g.spec, call, result, what)
+
+
+def _replay_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
+    """As a serving loop does: on a side stream, one warm-up call, the same call captured in a CUDA graph, then out
+    poisoned (amax_out zeroed) and the graph replayed; assert the replay's result as _call_and_check does.
+    quant_fp8_g128 is given scales_out (the call would allocate it, which a capture cannot)."""
+    import cupy
+
+    kwargs = dict(call.kwargs)
+    if case.epi.quant == "fp8_g128":
+        kwargs["scales_out"] = cupy.empty(g.spec.scales_out_shape(call.m), dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    with stream:
+        g(call.a, call.b, out=call.out, **kwargs, **call.ops)
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            result = g(call.a, call.b, out=call.out, **kwargs, **call.ops)
+        finally:
+            graph = stream.end_capture()
+        _fill_out(call, g.spec)
+        if "amax_out" in kwargs:
+            kwargs["amax_out"].fill(0)
+        if "scales_out" in kwargs:
+            kwargs["scales_out"].fill(cupy.nan)
+        graph.launch(stream)
+        wait_for_call(f"{what} -- {case.describe()}")
+    _check(case, g.spec, call, result, what)
+
+
+def _check(case: FuzzCase, spec, call: _Call, result, what: str) -> None:
+    """Assert what a call of `call` returned and left: within the bounds, out= returned, nothing else written."""
+    import cupy
+
+    epi, m, value = case.epi, call.m, call.value
     what = f"{what}: " + "{}"
     bound = reference.ERROR_BOUND[spec.dtype]
     if epi.quant == "fp8_g128":
