@@ -3,9 +3,11 @@
 A seed draws the recipe (bf16, fp16, FP8 block E4M3 or E4M3 x E5M2), how rows are grouped (offs, m_indices with
 padding rows, or masked with counts past max_m), 1-12 groups of 0 to ~1100 rows (empty and 1-row groups often),
 N and K (multiples of 16: grouped GEMMs read and store through TMA), a grouped epilogue (bias per group,
-activations, swiglu / geglu, quant_fp8_g128), the tile hints (expected_m, num_groups), deterministic or not, and FP8
-A scales row-major or M-major. `draw` keeps what build_grouped accepts and runs the tile rules on it; `run` (GPU)
-checks every group against float64, the rows that belong to no group still poisoned, the inputs unchanged.
+activations, swiglu / geglu, quant_fp8_g128), the tile hints (expected_m, num_groups), deterministic or not, FP8
+A scales row-major or M-major, and for a quarter of the seeds other group sizes, which a CUDA graph captured from the
+call is then replayed with (written into the device's offs / m_indices / masked_m, as a serving loop does). `draw`
+keeps what build_grouped accepts and runs the tile rules on it; `run` (GPU) checks every group against float64, the
+rows that belong to no group still poisoned, the inputs unchanged.
 
 Reproduce: `pytest tests/test_fuzz_grouped_gpu.py -k seed_12` with DEEPGEMM_JIT_FUZZ_GROUPED_CASES covering it.
 """
@@ -49,6 +51,7 @@ class GroupedCase:
     num_groups_hint: int
     deterministic: bool
     scale_row_major: bool         # FP8: scale_a row-major instead of quantize's M-major
+    replay_sizes: tuple[int, ...] = ()  # the sizes a CUDA graph of the call is replayed with (none: no graph)
 
     @property
     def epi(self) -> Epilogue:
@@ -71,7 +74,8 @@ class GroupedCase:
     def describe(self) -> str:
         kw = ", ".join(f"{k}={v!r}" for k, v in self.build_kwargs().items())
         return (f"seed {self.seed}: {self.recipe} build_grouped({self.n}, {self.k}, {kw}); {self.grouping} "
-                f"sizes={list(self.sizes)} max_m={self.max_m} scale_row_major={self.scale_row_major}")
+                f"sizes={list(self.sizes)} max_m={self.max_m} scale_row_major={self.scale_row_major}"
+                + (f" replay_sizes={list(self.replay_sizes)}" if self.replay_sizes else ""))
 
 
 def seeds() -> list[int]:
@@ -104,7 +108,21 @@ def _candidate(seed: int, attempt: int) -> GroupedCase:
     return GroupedCase(seed=seed, recipe=recipe, grouping=grouping, sizes=tuple(sizes), max_m=max_m, n=n, k=k,
                        epilogue=epilogue, out_dtype=out_dtype, expected_m=int(rng.integers(1, 2049)),
                        num_groups_hint=int(rng.integers(1, 17)), deterministic=bool(rng.random() < 0.6),
-                       scale_row_major=bool(rng.random() < 0.5))
+                       scale_row_major=bool(rng.random() < 0.5),
+                       replay_sizes=_draw_replay_sizes(seed, attempt, grouping, sizes, max_m))
+
+
+def _draw_replay_sizes(seed: int, attempt: int, grouping: str, sizes: list[int], max_m: int) -> tuple[int, ...]:
+    """Group sizes for a replay (a quarter of the cases), from a stream of their own: masked counts anywhere in [0,
+    max_m + 50) (0 often); contiguous sizes cut at random from the first call's rows, so later rows may belong to no
+    group."""
+    rng = np.random.default_rng([seed, attempt, 8])
+    if rng.random() >= 0.25:
+        return ()
+    if grouping == "masked":
+        return tuple(0 if rng.random() < 0.15 else int(rng.integers(1, max_m + 50)) for _ in sizes)
+    ends = np.sort(rng.integers(0, sum(sizes) + 1, len(sizes)))
+    return tuple(int(x) for x in np.diff(ends, prepend=0))
 
 
 def accepted(case: GroupedCase) -> bool:
@@ -124,24 +142,39 @@ def draw(seed: int) -> GroupedCase:
 
 
 # -------------------------------------------------------------------------------------------------------- run
-def _row_spans(case: GroupedCase, rng) -> tuple[list[tuple[int, int]], np.ndarray | None, int]:
-    """(each group's (start, end) rows in a / out, the m_indices array or None, total rows). masked: group g's
-    rows are g * max_m + [0, min(count, max_m))."""
+def _row_spans(case: GroupedCase, sizes, rng, rows: int | None = None
+               ) -> tuple[list[tuple[int, int]], np.ndarray, int]:
+    """(each group's (start, end) rows in a / out, the grouping's device metadata (masked_m, offs or m_indices),
+    total rows) for groups of `sizes`. masked: group g's rows are g * max_m + [0, min(count, max_m)). `rows`: the
+    total the call's a already has (a replay), which contiguous sizes may leave rows of no group in."""
     if case.grouping == "masked":
-        return ([(g * case.max_m, g * case.max_m + min(s, case.max_m)) for g, s in enumerate(case.sizes)], None,
-                len(case.sizes) * case.max_m)
+        return ([(g * case.max_m, g * case.max_m + min(s, case.max_m)) for g, s in enumerate(sizes)],
+                np.asarray(sizes, dtype=np.int32), len(sizes) * case.max_m)
     if case.grouping == "offs":
-        ends = np.cumsum(case.sizes)
-        return [(int(e - s), int(e)) for s, e in zip(case.sizes, ends)], None, int(ends[-1])
-    ids, spans = [], [(0, 0)] * len(case.sizes)
-    for g in rng.permutation(len(case.sizes)):  # groups in any order, padding rows (-1) between runs
-        ids += [-1] * int(rng.integers(0, 5) if rng.random() < 0.5 else 0)
-        spans[g] = (len(ids), len(ids) + case.sizes[g])
-        ids += [int(g)] * case.sizes[g]
+        ends = np.cumsum(sizes)
+        return ([(int(e - s), int(e)) for s, e in zip(sizes, ends)], ends.astype(np.int32),
+                int(ends[-1]) if rows is None else rows)
+    room = None if rows is None else rows - sum(sizes)  # padding rows a replay's layout may still place
+    ids, spans = [], [(0, 0)] * len(sizes)
+    for g in rng.permutation(len(sizes)):  # groups in any order, padding rows (-1) between runs
+        gap = int(rng.integers(0, 5) if rng.random() < 0.5 else 0)
+        if room is not None:
+            gap = min(gap, room)
+            room -= gap
+        ids += [-1] * gap
+        spans[g] = (len(ids), len(ids) + sizes[g])
+        ids += [int(g)] * sizes[g]
+    if rows is not None:
+        ids += [-1] * (rows - len(ids))
     return spans, np.asarray(ids, dtype=np.int32), len(ids)
 
 
+_METADATA = {"masked": "masked_m", "offs": "offs", "m_indices": "m_indices"}
+
+
 def run(case: GroupedCase) -> None:
+    """Build the case's grouped Gemm, call it on the GPU and check every group; with replay_sizes, then capture the
+    call in a CUDA graph, write the new sizes' metadata into the same device array and check the replay."""
     import cupy
 
     import deepgemm_jit as dg
@@ -150,7 +183,7 @@ def run(case: GroupedCase) -> None:
     spec, epi = g.spec, case.epi
     rng = cupy.random.default_rng(case.seed)
     nrng = np.random.default_rng(case.seed)
-    spans, ids, rows = _row_spans(case, nrng)
+    spans, meta, rows = _row_spans(case, case.sizes, nrng)
     groups = len(case.sizes)
     b_scale = 1.0 / math.sqrt(case.k) if case.epilogue else 1.0
     x = rng.standard_normal((max(rows, 1), case.k), dtype=cupy.float32)[:rows]
@@ -172,11 +205,7 @@ def run(case: GroupedCase) -> None:
         a64, b64 = reference.to_float64(a), reference.to_float64(b)
     if case.grouping == "masked":
         a = a.reshape(groups, case.max_m, case.k)
-        kwargs["masked_m"] = cupy.asarray(case.sizes, dtype=cupy.int32)
-    elif case.grouping == "offs":
-        kwargs["offs"] = cupy.asarray(np.cumsum(case.sizes), dtype=cupy.int32)
-    else:
-        kwargs["m_indices"] = cupy.asarray(ids)
+    kwargs[_METADATA[case.grouping]] = cupy.asarray(meta)
     bias = None
     if epi.bias != "none":
         bias = reference.random_matrix((groups, case.n), spec.epilogue_operand_dtype, rng)
@@ -186,27 +215,75 @@ def run(case: GroupedCase) -> None:
     watched = [fuzz.snapshot(v) for v in (a, b, *kwargs.values()) if isinstance(v, cupy.ndarray)]
     result = g(a, b, out=out, **kwargs)
     fuzz.wait_for_call(case.describe())
-    d2 = out.reshape(-1, spec.n_out)
-    scales = result[1].reshape(-1, result[1].shape[-1]) if epi.has_group_scales else None
-    bound = reference.ERROR_BOUND[spec.dtype]
-    owned = np.zeros(d2.shape[0], dtype=bool)
-    for i, (s, e) in enumerate(spans):
-        owned[s:e] = True
-        if e == s:
-            continue
-        value = reference.unfused_epilogue(a64.reshape(-1, case.k)[s:e] @ b64[i].T, epi,
-                                           None if bias is None else bias[i])
-        what = f"group {i} rows [{s}, {e})"
-        if epi.has_group_scales:
-            got = reference.dequantize_reference(d2[s:e], scales[s:e], "fp8_e4m3", "group128")
-            fuzz.check_close(case, got, value, bound + fuzz.FP8_REL, fuzz.FP8_REL, what)
-        else:
-            rms_round, elem_round = fuzz.OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
-            fuzz.check_close(case, d2[s:e], value, bound + rms_round, elem_round, what)
-    free = cupy.asarray(np.nonzero(~owned)[0])
-    if free.size:
-        assert bool((fuzz.as_bytes(d2[free]) == reference.POISON_BYTE).all()), \
-            f"rows of no group were written -- {case.describe()}"
+    reference_of = _Reference(case, spec, a64, b64, bias)
+    reference_of.check(out, result, spans, "")
+    _check_unchanged(case, watched)
+    if case.replay_sizes:
+        if epi.has_group_scales:  # the call allocated them; a capture cannot
+            kwargs["scales_out"] = result[1]
+        watched = [fuzz.snapshot(v) for name, v in kwargs.items()
+                   if isinstance(v, cupy.ndarray) and name not in ("scales_out", _METADATA[case.grouping])]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        cupy.cuda.Device().synchronize()
+        with stream:
+            g(a, b, out=out, **kwargs)  # the warm-up a serving loop makes before capturing
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                result = g(a, b, out=out, **kwargs)
+            finally:
+                graph = stream.end_capture()
+            spans, meta, _ = _row_spans(case, case.replay_sizes, nrng, rows)
+            kwargs[_METADATA[case.grouping]][...] = cupy.asarray(meta)
+            reference.poison(out, stream)
+            if epi.has_group_scales:
+                kwargs["scales_out"].fill(cupy.nan)
+            graph.launch(stream)
+            fuzz.wait_for_call(f"replay -- {case.describe()}")
+        reference_of.check(out, result, spans, "replayed from a CUDA graph with replay_sizes: ")
+        _check_unchanged(case, watched)
+
+
+def _check_unchanged(case: GroupedCase, watched) -> None:
     for base, before in watched:
         assert bool((fuzz.as_bytes(base) == fuzz.as_bytes(before)).all()), \
             f"an input buffer changed -- {case.describe()}"
+
+
+@dataclasses.dataclass
+class _Reference:
+    """What a call's groups must hold: float64 products of the dequantized operands, then the unfused epilogue."""
+
+    case: GroupedCase
+    spec: object
+    a64: object
+    b64: object
+    bias: object
+
+    def check(self, out, result, spans, what: str) -> None:
+        """Every group of `spans` against float64 (quant_fp8_g128: dequantized by the returned scales), and every
+        row of no group still poisoned."""
+        import cupy
+
+        case, spec, epi = self.case, self.spec, self.case.epi
+        d2 = out.reshape(-1, spec.n_out)
+        scales = result[1].reshape(-1, result[1].shape[-1]) if epi.has_group_scales else None
+        bound = reference.ERROR_BOUND[spec.dtype]
+        owned = np.zeros(d2.shape[0], dtype=bool)
+        for i, (s, e) in enumerate(spans):
+            owned[s:e] = True
+            if e == s:
+                continue
+            value = reference.unfused_epilogue(self.a64.reshape(-1, case.k)[s:e] @ self.b64[i].T, epi,
+                                               None if self.bias is None else self.bias[i])
+            where = f"{what}group {i} rows [{s}, {e})"
+            if epi.has_group_scales:
+                got = reference.dequantize_reference(d2[s:e], scales[s:e], "fp8_e4m3", "group128")
+                fuzz.check_close(case, got, value, bound + fuzz.FP8_REL, fuzz.FP8_REL, where)
+            else:
+                rms_round, elem_round = fuzz.OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
+                fuzz.check_close(case, d2[s:e], value, bound + rms_round, elem_round, where)
+        free = cupy.asarray(np.nonzero(~owned)[0])
+        if free.size:
+            assert bool((fuzz.as_bytes(d2[free]) == reference.POISON_BYTE).all()), \
+                f"{what}rows of no group were written -- {case.describe()}"

@@ -20,6 +20,40 @@ def test_grouped_draws_cover_the_api():
     assert any(c.grouping == "masked" and max(c.sizes) > c.max_m for c in cases)  # counts past max_m
     assert {c.deterministic for c in cases} == {True, False}
     assert all(c.max_m or sum(c.sizes) > 0 for c in cases)
+    replays = [c for c in cases if c.replay_sizes]
+    assert len(replays) > 60 and {c.grouping for c in replays} == set(fuzz_grouped.GROUPINGS)
+    assert all(len(c.replay_sizes) == len(c.sizes) for c in replays)
+    assert any(c.grouping == "masked" and max(c.replay_sizes) > c.max_m for c in replays)
+
+
+def test_grouped_replay_layouts_fit_the_first_calls_rows():
+    """A replay's groups are rewritten into the first call's device metadata: each group's rows lie inside a's rows,
+    groups do not overlap, and m_indices names exactly those rows (-1 elsewhere)."""
+    import numpy as np
+
+    checked = 0
+    for seed in range(400):
+        case = fuzz_grouped.draw(seed)
+        if not case.replay_sizes:
+            continue
+        rng = np.random.default_rng(seed)
+        _, first, rows = fuzz_grouped._row_spans(case, case.sizes, rng)
+        spans, meta, total = fuzz_grouped._row_spans(case, case.replay_sizes, rng, rows)
+        assert total == rows and meta.shape == first.shape, case.describe()
+        owner = np.full(rows, -1)
+        for g, (s, e) in enumerate(spans):
+            assert 0 <= s <= e <= rows and (owner[s:e] == -1).all(), case.describe()
+            owner[s:e] = g
+            if case.grouping == "masked":
+                assert e - s == min(case.replay_sizes[g], case.max_m) and s == g * case.max_m
+            else:
+                assert e - s == case.replay_sizes[g]
+        if case.grouping == "m_indices":
+            assert (meta == owner).all(), case.describe()
+        elif case.grouping == "offs":
+            assert list(meta) == [e for _, e in spans], case.describe()
+        checked += 1
+    assert checked > 60
 
 
 def test_grouped_rules_serve_every_epilogue_composition():
