@@ -5,8 +5,8 @@ The grid tests pin each feature on a few shapes; a user combines them. A seed dr
 aligned or not), output dtype, a composed fused epilogue (bias per column or row, an activation or a gated unit,
 residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
 views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
-seeds later calls of the same Gemm at other M followed by the first call again, and for some the first call captured in
-a CUDA graph and replayed. `draw` keeps only calls the library accepts at build
+seeds later calls of the same Gemm at other M followed by the first call again, for some the first call captured in
+a CUDA graph and replayed, and for some every call made with torch tensors (on the same memory) instead of CuPy. `draw` keeps only calls the library accepts at build
 time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
 right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
 output and a looser one on every element, and padding the call does not own left as it was.
@@ -30,6 +30,7 @@ from deepgemm_jit import api
 from deepgemm_jit import config as config_mod
 from deepgemm_jit import dtypes
 from deepgemm_jit import reference
+from deepgemm_jit.arrays import numpy_dtype_of_torch
 from deepgemm_jit.epilogue import ACTIVATIONS, GATES, QUANTS, Epilogue
 from deepgemm_jit.fp32x3 import Fp32Spec
 from deepgemm_jit.spec import LAYOUTS, GemmSpec
@@ -100,6 +101,7 @@ class FuzzCase:
     later_ms: tuple[int, ...] = ()  # the Gemm is then called at these M, and at case.m again (run)
     lead: int = 0               # a, b, out= and bias / C / residual start this many elements into their buffers
     graph: bool = False         # the first call is then captured in a CUDA graph (after a warm-up call) and replayed
+    torch_io: bool = False      # the calls take torch tensors (zero-copy views of the CuPy arrays) and return torch
 
     @property
     def info(self) -> Recipe:
@@ -141,7 +143,8 @@ class FuzzCase:
                 f"a_pad={self.a_pad} b_pad={self.b_pad} out_pad={self.out_pad} "
                 f"block_scales_row_major={self.block_scales_row_major}"
                 + (f" later_ms={list(self.later_ms)}" if self.later_ms else "")
-                + (f" lead={self.lead}" if self.lead else "") + (" graph" if self.graph else ""))
+                + (f" lead={self.lead}" if self.lead else "") + (" graph" if self.graph else "")
+                + (" torch_io" if self.torch_io else ""))
 
 
 # Calls the fuzz found wrong, pinned (tests/test_fuzz_gpu.py runs them, the CPU tests compile them): a seed's draw
@@ -246,6 +249,11 @@ def _draw_graph(seed: int, attempt: int, out_pad: int) -> bool:
     return out_pad >= 0 and bool(np.random.default_rng([seed, attempt, 7]).random() < 0.2)
 
 
+def _draw_torch_io(seed: int, attempt: int) -> bool:
+    """Whether the case's calls take torch tensors (a sixth of the cases), from a stream of their own."""
+    return bool(np.random.default_rng([seed, attempt, 9]).random() < 1 / 6)
+
+
 def _draw_epilogue(rng, n: int) -> str | None:
     if rng.random() < 0.4:
         return None
@@ -297,7 +305,8 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
                     split_k=split_k, deterministic=deterministic, a_pad=a_pad, b_pad=b_pad, out_pad=out_pad,
                     block_scales_row_major=bool(rng.random() < 0.4), later_ms=_draw_later_ms(seed, attempt, n, k),
-                    lead=_draw_lead(seed, attempt), graph=_draw_graph(seed, attempt, out_pad))
+                    lead=_draw_lead(seed, attempt), graph=_draw_graph(seed, attempt, out_pad),
+                    torch_io=_draw_torch_io(seed, attempt))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -551,9 +560,61 @@ def wait_for_call(what: str) -> None:
 
 def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
-    result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
+    if case.torch_io:
+        result = _torch_call(case, g, call, what)
+    else:
+        result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
     wait_for_call(f"{what} -- {case.describe()}")
     _check(case, g.spec, call, result, what)
+
+
+# Integer types of each element size: CuPy has no FP8 type, and bfloat16 does not cross DLPack everywhere, so
+# arrays cross between CuPy and torch as these and are then viewed as their real type.
+_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _torch_view(x, fp8_name: str | None = None):
+    """CuPy array `x` as a torch tensor on the same memory (shape, strides, offset), of x's type; uint8 arrays hold
+    FP8 bits and become `fp8_name` tensors where it is given. Anything else is returned as it is."""
+    import cupy
+    import torch
+
+    if not isinstance(x, cupy.ndarray):
+        return x
+    t = torch.from_dlpack(x.view(_BITS[x.itemsize]))
+    if x.dtype == np.uint8 and fp8_name is not None:
+        return t.view(getattr(torch, dtypes.get(fp8_name).numpy_name))
+    return t.view(getattr(torch, x.dtype.name))  # float16, bfloat16, float32, int8, int32, uint8: torch's names too
+
+
+def _cupy_view(t):
+    """torch tensor `t` as a CuPy array on the same memory, FP8 as uint8 bits (the library's CuPy convention)."""
+    import cupy
+    import torch
+
+    x = cupy.from_dlpack(t.view(getattr(torch, _BITS[t.element_size()])))
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return x.view(cupy.uint8)
+    return x.view(numpy_dtype_of_torch(t.dtype))
+
+
+def _torch_call(case: FuzzCase, g, call: _Call, what: str):
+    """The call with every array as a torch tensor on the same memory; asserts torch in, torch out (out= itself
+    where given), and returns the result as CuPy views for _check."""
+    import torch
+
+    spec, info = g.spec, case.info
+    out = None if call.out is None else _torch_view(call.out, spec.out_dtype)
+    args = {name: _torch_view(x) for name, x in (*call.kwargs.items(), *call.ops.items())}
+    if "c" in call.ops and call.ops["c"] is call.out:
+        args["c"] = out  # C is out itself
+    result = g(_torch_view(call.a, info.a_type), _torch_view(call.b, info.b_type), out=out, **args)
+    parts = result if isinstance(result, tuple) else (result,)
+    assert all(isinstance(p, torch.Tensor) for p in parts), f"{what}: torch in, not torch out -- {case.describe()}"
+    if out is not None:
+        assert parts[0] is out, f"{what}: the call did not return out= -- {case.describe()}"
+    d = call.out if out is not None else _cupy_view(parts[0])
+    return (d, _cupy_view(parts[1])) if isinstance(result, tuple) else d
 
 
 def _replay_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
