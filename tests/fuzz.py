@@ -6,7 +6,8 @@ aligned or not), output dtype, a composed fused epilogue (bias per column or row
 residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
 views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
 seeds later calls of the same Gemm at other M followed by the first call again, for some the first call captured in
-a CUDA graph and replayed, and for some every call made with torch tensors (on the same memory) instead of CuPy. `draw` keeps only calls the library accepts at build
+a CUDA graph and replayed, for some every call made with torch tensors (on the same memory) instead of CuPy, and for
+some every call given stream= a side stream on which A's values land late. `draw` keeps only calls the library accepts at build
 time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
 right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
 output and a looser one on every element, and padding the call does not own left as it was.
@@ -102,6 +103,7 @@ class FuzzCase:
     lead: int = 0               # a, b, out= and bias / C / residual start this many elements into their buffers
     graph: bool = False         # the first call is then captured in a CUDA graph (after a warm-up call) and replayed
     torch_io: bool = False      # the calls take torch tensors (zero-copy views of the CuPy arrays) and return torch
+    side_stream: bool = False   # the calls (CuPy) get stream= a busy side stream, where A's values land late
 
     @property
     def info(self) -> Recipe:
@@ -144,7 +146,7 @@ class FuzzCase:
                 f"block_scales_row_major={self.block_scales_row_major}"
                 + (f" later_ms={list(self.later_ms)}" if self.later_ms else "")
                 + (f" lead={self.lead}" if self.lead else "") + (" graph" if self.graph else "")
-                + (" torch_io" if self.torch_io else ""))
+                + (" torch_io" if self.torch_io else "") + (" side_stream" if self.side_stream else ""))
 
 
 # Calls the fuzz found wrong, pinned (tests/test_fuzz_gpu.py runs them, the CPU tests compile them): a seed's draw
@@ -254,6 +256,12 @@ def _draw_torch_io(seed: int, attempt: int) -> bool:
     return bool(np.random.default_rng([seed, attempt, 9]).random() < 1 / 6)
 
 
+def _draw_side_stream(seed: int, attempt: int, torch_io: bool) -> bool:
+    """Whether the case's (CuPy) calls run on a side stream given as stream= (a sixth of the others), from a stream
+    of their own."""
+    return not torch_io and bool(np.random.default_rng([seed, attempt, 10]).random() < 1 / 6)
+
+
 def _draw_epilogue(rng, n: int) -> str | None:
     if rng.random() < 0.4:
         return None
@@ -300,13 +308,14 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     if rng.random() < 0.2:
         split_k = int(rng.integers(2, 9))
     pad = lambda: int(rng.choice([0, 0, 0, 1, 8, 64]))  # noqa: E731
+    torch_io = _draw_torch_io(seed, attempt)
     deterministic, a_pad, b_pad = bool(rng.random() < 0.6), pad(), pad()
     out_pad = -1 if rng.random() < 0.3 else pad()
     return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
                     split_k=split_k, deterministic=deterministic, a_pad=a_pad, b_pad=b_pad, out_pad=out_pad,
                     block_scales_row_major=bool(rng.random() < 0.4), later_ms=_draw_later_ms(seed, attempt, n, k),
                     lead=_draw_lead(seed, attempt), graph=_draw_graph(seed, attempt, out_pad),
-                    torch_io=_draw_torch_io(seed, attempt))
+                    torch_io=torch_io, side_stream=_draw_side_stream(seed, attempt, torch_io))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -562,10 +571,39 @@ def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
     if case.torch_io:
         result = _torch_call(case, g, call, what)
+    elif case.side_stream:
+        result = _side_stream_call(case, g, call, what)
     else:
         result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
     wait_for_call(f"{what} -- {case.describe()}")
     _check(case, g.spec, call, result, what)
+
+
+# How long the side stream is kept busy before A's values land on it: far longer than a fuzz call takes to launch.
+SIDE_STREAM_SPIN_SECONDS = 0.002
+
+
+def _side_stream_call(case: FuzzCase, g, call: _Call, what: str):
+    """The call with stream= a non-blocking side stream that is busy (a spin kernel) and then writes A's values
+    over NaN bytes: a call that launched anything on another stream would read NaN (or -1 for INT8). Waits for the
+    side stream; A's buffer ends as it began."""
+    import cupy
+
+    from streams import spin
+
+    base = call.a if call.a.base is None else call.a.base
+    assert base.flags.c_contiguous, what
+    held = base.copy()
+    base.view(cupy.uint8)[...] = reference.POISON_BYTE
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    spin(stream, SIDE_STREAM_SPIN_SECONDS)
+    cupy.cuda.runtime.memcpyAsync(base.data.ptr, held.data.ptr, held.nbytes,
+                                  cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    result = g(call.a, call.b, out=call.out, stream=stream, **call.kwargs, **call.ops)
+    with stream:
+        wait_for_call(f"{what} -- {case.describe()}")
+    return result
 
 
 # Integer types of each element size: CuPy has no FP8 type, and bfloat16 does not cross DLPack everywhere, so

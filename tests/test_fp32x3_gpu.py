@@ -17,6 +17,7 @@ import pytest
 
 import deepgemm_jit as dg
 from deepgemm_jit import fp32x3, reference
+from streams import spin
 
 cupy = pytest.importorskip("cupy")
 
@@ -270,21 +271,6 @@ def test_out_aliasing_is_refused_before_anything_runs():
     assert bool((a == a_before).all()) and bool((b == b_before).all())
 
 
-_SPIN = r'''
-extern "C" __global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {}
-}
-'''
-
-
-def spin(stream, cycles=20_000_000):
-    """Keep `stream` busy for ~10 ms, so that work queued after it on that stream runs late."""
-    kernel = cupy.RawKernel(_SPIN, "spin")
-    with stream:
-        kernel((1,), (1,), (np.int64(cycles),))
-
-
 def test_stream_ordering_cupy():
     """Inputs written late on a side stream: a call on that stream (current, explicit object, raw handle) sees them;
     two calls in flight on two streams at once keep their workspaces apart."""
@@ -298,7 +284,7 @@ def test_stream_ordering_cupy():
         a2 = cupy.full((m, k), cupy.nan, dtype=cupy.float32)
         out = reference.poisoned((m, n), "fp32")
         cupy.cuda.Device().synchronize()
-        spin(side)
+        spin(side, 0.01)
         with side:
             a2[...] = a                                   # lands after the spin
         if how == "current":
@@ -314,7 +300,7 @@ def test_stream_ordering_cupy():
     a_other = stored((m, k), rng)
     out1, out2 = reference.poisoned((m, n), "fp32"), reference.poisoned((m, n), "fp32")
     cupy.cuda.Device().synchronize()
-    spin(s1)
+    spin(s1, 0.01)
     g(a, b, out=out1, stream=s1)
     g(a_other, b, out=out2, stream=s2)
     cupy.cuda.Device().synchronize()

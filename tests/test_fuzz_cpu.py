@@ -38,7 +38,8 @@ def test_draws_cover_the_api():
     assert {c.a_pad for c in cases} >= {0, 1, 8, 64} and {c.out_pad for c in cases} >= {-1, 0, 1, 64}
     assert any(c.block_scales_row_major and c.info.scaling == "block" for c in cases)
     assert {c.lead for c in cases} == {0, 1, 2, 3, 5, 8} and any(c.lead and c.out_pad >= 0 for c in cases)
-    assert 60 < sum(c.torch_io for c in cases) < 150
+    assert 60 < sum(c.torch_io for c in cases) < 150 and 50 < sum(c.side_stream for c in cases) < 130
+    assert not any(c.torch_io and c.side_stream for c in cases)
     graphs = [c for c in cases if c.graph]
     assert len(graphs) > 40 and all(c.out_pad >= 0 for c in graphs) and any(c.later_ms for c in graphs)
     later = [c for c in cases if c.later_ms]

@@ -15,6 +15,7 @@ import pytest
 
 import deepgemm_jit.quantization as quant
 from deepgemm_jit import dtypes, reference
+from streams import spin
 
 cupy = pytest.importorskip("cupy")
 
@@ -400,25 +401,6 @@ def test_extremes_saturate_and_keep_signs(q_name):
 
 
 # -- streams and synchronisation ---------------------------------------------------------------------------------
-
-_SPIN = r"""
-extern "C" __global__ void dgjit_test_spin(long long ns) {
-  long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(10000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-"""
-
-
-def spin(stream, seconds):
-    """Keep `stream` busy for `seconds` on the GPU (the host does not wait)."""
-    kernel = cupy.RawKernel(_SPIN, "dgjit_test_spin")
-    with stream:
-        kernel((1,), (1,), (np.int64(seconds * 1e9),))
-
 
 @pytest.mark.parametrize("explicit", [True, False])
 @pytest.mark.parametrize("gran", quant.GRANULARITIES)
