@@ -1,7 +1,8 @@
 """Negative control of the fuzz's side_stream check (GPU): side_stream cases run with the check's setup (A's values
 landing late on a busy side stream) but with the call made on the null stream, stream= dropped. A check that can fail
-catches (nearly) every one; session 34's first version (a 2 ms spin) caught 0 of 40, because the first call's host
-work outlasted the spin.
+catches every one. Session 34's first version (a 2 ms spin, no warm-up call) caught 0 of 40: a first call loads its
+kernels (which may synchronize the context) and sizes its buffers before launching, so A had landed. Not yet run on
+the version with the warm-up call.
 
     DEEPGEMM_JIT_FUZZ_SIDE_STREAM=1 python3 scripts/check_fuzz_side_stream.py 40   # from the repo root
 """

@@ -579,10 +579,11 @@ def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     _check(case, g.spec, call, result, what)
 
 
-# How long the side stream is kept busy before A's values land on it: longer than a call's host work before its
-# launches, the first call's module load and buffer growth included. At 2 ms a negative control (the call made on
-# the null stream instead) was caught 0 times in 40: the launches came after A had landed.
-SIDE_STREAM_SPIN_SECONDS = 0.05
+# How long the side stream is kept busy before A's values land on it: far longer than a warm call's host work (tens
+# of us). A negative control on the H200 (2 ms, no warm-up call, the call made on the null stream instead) was caught
+# 0 times in 40: a first call loads its kernels, which may synchronize the context (CUDA's lazy loading), and sizes
+# buffers with a synchronize, so A had landed before its launches.
+SIDE_STREAM_SPIN_SECONDS = 0.02
 
 
 def side_stream_enabled() -> bool:
@@ -593,12 +594,18 @@ def side_stream_enabled() -> bool:
 
 def _side_stream_call(case: FuzzCase, g, call: _Call, what: str):
     """The call with stream= a non-blocking side stream that is busy (a spin kernel) and then writes A's values
-    over NaN bytes: a call that launched anything on another stream would read NaN (or -1 for INT8). Waits for the
-    side stream; A's buffer ends as it began."""
+    over NaN bytes: a call that launched anything on another stream would read NaN (or -1 for INT8). A warm-up call
+    first (current stream) loads the kernels and sizes the buffers, whose synchronizations would otherwise let A land
+    before any launch. Waits for the side stream; A's buffer ends as it began."""
     import cupy
 
     from streams import spin
 
+    g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
+    cupy.cuda.Device().synchronize()
+    _fill_out(call, g.spec)
+    if "amax_out" in call.kwargs:
+        call.kwargs["amax_out"].fill(0)
     base = call.a if call.a.base is None else call.a.base
     assert base.flags.c_contiguous, what
     held = base.copy()
