@@ -32,7 +32,7 @@ from typing import Callable
 
 import cupy
 
-from deepgemm_jit import baseline, reference, timing
+from deepgemm_jit import baseline, reference, timing, trial
 
 from . import dtypes as bench_dtypes
 from . import metrics
@@ -124,7 +124,7 @@ def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 
     return plain_operands(spec, m, rng, b_scale)
 
 
-EPILOGUE_ALPHA_BETA = (0.75, 0.5)   # with the 'beta' word: neither 1 nor 0, so that a dropped factor shows
+EPILOGUE_ALPHA_BETA = (trial.ALPHA, trial.BETA)   # with the 'beta' word (the tuner's trial calls use the same)
 
 
 @contextlib.contextmanager

@@ -496,7 +496,8 @@ def build(M: int, N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     with K (``dtype="fp32"``, 3xTF32, uses it).
     Without ``config``, a stored tuning result for this GPU, problem and M bucket is used when there is one;
     ``tune=True`` (default: ``DEEPGEMM_JIT_TUNE``) times candidate configs on the GPU when there is
-    none and stores the winner (see ``tuning.py``); otherwise the heuristic decides.
+    none, each on a whole call checked against float64 (``trial.py``), and stores the winner (see ``tuning.py``);
+    otherwise the heuristic decides. ``dtype="fp32"`` refuses ``tune=True``.
 
     Example::
 

@@ -608,9 +608,10 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
 
     M is a tuning hint (any M works at call time). ``layout`` as in :func:`deepgemm_jit.build` (nt, nn, tn, tt:
     all of them run the same TF32 kernel, the split reads either majorness). ``out_dtype`` (default fp32),
-    ``epilogue``, ``config`` (a :class:`KernelConfig` for the TF32 GEMM over K' = 3 * ceil(K/32) * 32), ``tune``
-    and ``arch`` (None: the current GPU; ``"sm_90a"`` compiles without one) go to the TF32 GEMM's
-    :func:`deepgemm_jit.build`. Accuracy: ||D - D64|| / ||D64|| <= 1e-5 against the float64 product of the
+    ``epilogue``, ``config`` (a :class:`KernelConfig` for the TF32 GEMM over K' = 3 * ceil(K/32) * 32) and ``arch``
+    (None: the current GPU; ``"sm_90a"`` compiles without one) go to the TF32 GEMM's :func:`deepgemm_jit.build`.
+    ``tune=True`` is refused: the tuner judges candidates against a float64 product of their operands, which the
+    TF32 GEMM's hi / lo splits are not (DEEPGEMM_JIT_TUNE=1 leaves these builds untuned). Accuracy: ||D - D64|| / ||D64|| <= 1e-5 against the float64 product of the
     float32 inputs (``reference.ERROR_BOUND["fp32"]``).
 
     Example::
@@ -620,10 +621,13 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
     """
     from . import api
 
+    if tune:
+        raise ValueError("tune=True is not available for dtype='fp32' (3xTF32): its TF32 GEMM multiplies hi / lo "
+                         "splits, which the tuner has no float64 value for; build without tune= (or pass config=)")
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
         target = device.target_arch(arch)
-        gemm = api.build_spec(spec.inner_at(M, target), M, arch=arch, config=config, tune=tune,
+        gemm = api.build_spec(spec.inner_at(M, target), M, arch=arch, config=config, tune=False,
                               weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:

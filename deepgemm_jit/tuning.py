@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, cache, compiler, env, reference, timing
+from . import __version__, cache, compiler, env, timing
 from .config import KernelConfig
 from .spec import GemmSpec
+from .trial import trial_call
 
 FORMAT = 1
 TUNE_REPS = 30   # the measuring protocol's minimum (DESIGN.md)
@@ -80,14 +81,13 @@ class TuneResult:
 
 def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: list[KernelConfig],
          make: Callable[[KernelConfig], Callable], *, reps: int = TUNE_REPS) -> TuneResult:
-    """Time every candidate on fresh random operands of M = m_bucket (protocol of DESIGN.md:
-    warm-up, L2 flushed, interleaved, medians), reject any whose result misses the float64 reference
-    bound, and store and return the fastest. The first candidate is the heuristic's choice: a faster
-    challenger must then beat it again head to head, by at least 1%, to replace it."""
+    """Time every candidate on a fresh random call of M = m_bucket (trial.py: the spec's scales and epilogue
+    operands too; protocol of DESIGN.md: warm-up, L2 flushed, interleaved, medians), reject any whose result
+    misses the float64 value's bound, and store and return the fastest. The first candidate is the heuristic's
+    choice: a faster challenger must then beat it again head to head, by at least 1%, to replace it."""
     if not candidates:
         raise ValueError("no candidate configs to tune")
-    a, b = reference.random_operands(spec, m_bucket)
-    ref = reference.reference(spec, a, b)
+    trial = trial_call(spec, m_bucket)
     table: list[dict] = []
     runnable: dict[str, Callable[[], object]] = {}
     by_tag: dict[str, KernelConfig] = {}
@@ -96,18 +96,17 @@ def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: li
         table.append(row)
         try:
             gemm = make(cfg)
-            out = reference.poisoned(spec.out_shape(m_bucket), spec.out_dtype)
-            gemm(a, b, out=out)
-            err = reference.relative_error(out, ref)
+            outputs = trial.poisoned_outputs()
+            err = trial.error(trial.run(gemm, outputs))
         except Exception as exc:  # a candidate that cannot build or run is skipped, with the reason
             row["why"] = f"{type(exc).__name__}: {exc}"[:300]
             continue
         row["err"] = err
-        if not reference.within_bound(err, spec.dtype):
-            row["why"] = f"error {err:.2e} over the bound"
+        if not trial.within_bound(err):
+            row["why"] = f"error {err:.2e} over the bound {trial.bound:.2e}"
             continue
         row["ok"] = True
-        runnable[cfg.tag] = (lambda g=gemm, o=out: g(a, b, out=o))
+        runnable[cfg.tag] = (lambda g=gemm, o=outputs: trial.run(g, o))
         by_tag[cfg.tag] = cfg
     if not runnable:
         raise RuntimeError(f"no candidate config ran correctly for {spec.tag} (M={m_bucket}): {table}")

@@ -47,3 +47,22 @@ def test_tune_without_gpu_is_refused(cache_dir):
     from deepgemm_jit.errors import NoGPUError
     with pytest.raises(NoGPUError, match="tune=True"):
         dg.build(64, 64, 64, arch="sm_90a", tune=True)
+
+
+def test_fp32_refuses_tuning_before_anything(cache_dir):
+    """3xTF32's TF32 GEMM multiplies hi / lo splits, which the tuner has no float64 value for (trial.py)."""
+    import deepgemm_jit as dg
+    with pytest.raises(ValueError, match="tune=True is not available for dtype='fp32'"):
+        dg.build(64, 64, 64, dtype="fp32", tune=True)
+    with pytest.raises(ValueError, match="tune=True"):
+        dg.build_fp32(64, 64, 64, arch="sm_90a", tune=True)
+    dg.build_fp32(64, 64, 64, arch="sm_90a", tune=None)  # DEEPGEMM_JIT_TUNE's default: untuned, no error
+
+
+def test_trial_refuses_hi_lo_specs():
+    from deepgemm_jit import trial
+    from deepgemm_jit.fp32x3 import Fp32Spec
+    inner = Fp32Spec.create(64, 96).inner_at(64, "sm_90a")
+    assert inner.hi_lo
+    with pytest.raises(ValueError, match="hi_lo"):
+        trial.trial_call(inner, 64)

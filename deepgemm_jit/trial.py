@@ -1,0 +1,147 @@
+"""A random call of any GemmSpec and the float64 value it must produce: what the autotuner (tuning.py) runs on every
+candidate config, keeping only candidates whose result is within the dtype's bound.
+
+A spec's call needs more than A and B: FP8 / INT8 take their scales, a fused epilogue its bias / C / residual /
+alpha / beta, quantize-on-store a static scale, and its result (8-bit codes, with group scales for quant_fp8_g128)
+is judged after dequantization. The operands are N(0, 1) (B N(0, 1/K) under an epilogue, so that activations see
+values of order one), quantized with the recipe's granularities for 8-bit inputs; the value is the float64 product
+of what the kernel multiplies (the dequantized inputs) followed by the unfused epilogue (reference.py).
+
+    trial = trial_call(spec, m)
+    outputs = trial.poisoned_outputs()
+    err = trial.error(trial.run(gemm, outputs))     # NaN when anything is unwritten
+    trial.within_bound(err)
+
+3xTF32's inner GEMMs (hi_lo) multiply [hi | lo] operands block by block and have no such value here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dtypes, reference
+from .spec import GemmSpec
+
+# (scale_a, scale_b) granularities of each scaling (quantize_reference's names); unscaled INT8 multiplies the codes
+# of a per-row quantization and ignores its scales.
+_GRANULARITIES = {"none": ("row", "row"), "tensor": ("tensor", "tensor"), "row": ("row", "row"),
+                  "block": ("group128", "block128")}
+# With the 'beta' word: neither 1 nor 0, so that a dropped factor shows.
+ALPHA, BETA = 0.75, 0.5
+# Rounding of a quantize-on-store output: half an E4M3 ulp is 2^-4 of the value.
+_FP8_STORE_REL = 2.0 ** -4
+# Rounding of D to 16 bits (half an ulp, relative).
+_OUT_ROUNDING = {"bf16": 2.0 ** -9, "fp16": 2.0 ** -12}
+
+
+@dataclass
+class TrialCall:
+    """One call's arguments (CuPy arrays) and the float64 (M, N_out) value its output must hold."""
+
+    spec: GemmSpec
+    m: int
+    a: object
+    b: object
+    kwargs: dict        # scales, epilogue operands, quant_scale
+    value: object       # float64, before any quantize-on-store
+
+    def poisoned_outputs(self) -> dict:
+        """out= (and scales_out= for quant_fp8_g128) filled with NaN bytes, so that unwritten elements show."""
+        import cupy
+
+        outputs = {"out": reference.poisoned(self.spec.out_shape(self.m), self.spec.out_dtype)}
+        if self.spec.epi.has_group_scales:
+            outputs["scales_out"] = cupy.full(self.spec.scales_out_shape(self.m), cupy.nan, dtype=cupy.float32)
+        return outputs
+
+    def run(self, gemm, outputs: dict):
+        """gemm's result on these operands, written into `outputs` (poisoned_outputs)."""
+        return gemm(self.a, self.b, **outputs, **self.kwargs)
+
+    def error(self, result) -> float:
+        """rel_fro of `result` (dequantized where D is quantized) against the value; NaN if anything is not
+        finite."""
+        epi = self.spec.epi
+        if epi.has_group_scales:
+            q, scales = result
+            got = reference.dequantize_reference(q, scales, "fp8_e4m3", "group128")
+        elif epi.has_static_scale:
+            scale = float(self.kwargs["quant_scale"][0])
+            got = (result.astype(np.float64) if epi.quant_dtype == "int8"
+                   else reference.decode_fp8(result, "fp8_e4m3")) * scale
+        else:
+            got = result
+        return reference.error(got, self.value)
+
+    @property
+    def bound(self) -> float:
+        """The dtype's DESIGN.md bound plus what storing D adds (16-bit rounding, or quantization)."""
+        epi, bound = self.spec.epi, reference.ERROR_BOUND[self.spec.dtype]
+        if epi.quant_dtype == "int8":
+            scale = float(self.kwargs["quant_scale"][0])
+            return bound + 0.5 * scale / max(_rms(self.value), 1e-30)
+        if epi.quant != "none":
+            return bound + _FP8_STORE_REL
+        return bound + _OUT_ROUNDING.get(self.spec.out_dtype, 0.0)
+
+    def within_bound(self, err: float) -> bool:
+        return not math.isnan(err) and err <= self.bound
+
+
+def _rms(x) -> float:
+    import cupy
+
+    return float(cupy.sqrt(cupy.mean(x * x))) if x.size else 0.0
+
+
+def trial_call(spec: GemmSpec, m: int, rng=None) -> TrialCall:
+    """Fresh operands for a call of `spec` at M = m and the value it must produce (see the module)."""
+    import cupy
+
+    if spec.hi_lo:
+        raise ValueError("3xTF32's inner GEMM (hi_lo) has no trial call: its operands are [hi | lo] splits")
+    rng = rng or cupy.random.default_rng()
+    epi = spec.epi
+    b_scale = 1.0 / math.sqrt(spec.k) if spec.epilogue != "none" else 1.0
+    kwargs: dict = {}
+    if dtypes.is_quantized(spec.dtype):
+        ga, gb = _GRANULARITIES[spec.scaling]
+        x_a = rng.standard_normal(spec.a_shape(m), dtype=cupy.float32)
+        x_b = rng.standard_normal(spec.b_shape(), dtype=cupy.float32) * cupy.float32(b_scale)
+        a, sa = reference.quantize_reference(x_a, spec.dtype, ga)
+        b, sb = reference.quantize_reference(x_b, spec.b_type, gb)
+        if spec.scaling == "none":  # INT8 -> INT32: the codes' product
+            product = reference.reference(spec, a, b)
+        else:
+            product = reference.reference(spec, reference.dequantize_reference(a, sa, spec.dtype, ga),
+                                          reference.dequantize_reference(b, sb, spec.b_type, gb))
+            kwargs.update(scale_a=sa, scale_b=sb)
+    else:
+        a = reference.random_matrix(spec.a_shape(m), spec.dtype, rng)
+        b = reference.random_matrix(spec.b_shape(), spec.dtype, rng, scale=b_scale)
+        product = reference.reference(spec, a, b)
+    ops = _epilogue_operands(spec, m, rng)
+    kwargs.update(ops)
+    value = reference.unfused_epilogue(product, epi, ops.get("bias"), ops.get("c"), ops.get("residual"),
+                                       ops.get("alpha", 1.0), ops.get("beta", 1.0))
+    if epi.has_static_scale:  # a scale that keeps the largest value inside the 8-bit range
+        q_max = dtypes.QUANT_MAX[epi.quant_dtype]
+        kwargs["quant_scale"] = cupy.asarray([float(cupy.abs(value).max()) * 1.25 / q_max or 1.0],
+                                             dtype=cupy.float32)
+    return TrialCall(spec, m, a, b, kwargs, value)
+
+
+def _epilogue_operands(spec: GemmSpec, m: int, rng) -> dict:
+    """N(0, 1) bias / C / residual in the epilogue's operand type, and alpha / beta, as `spec`'s epilogue takes them
+    (gated units: the bias has the weight's N entries, the residual D's N / 2 columns)."""
+    epi, name = spec.epi, spec.epilogue_operand_dtype
+    ops: dict = {}
+    if epi.bias != "none":
+        ops["bias"] = reference.random_matrix((spec.n,) if epi.bias == "col" else (m,), name, rng)
+    if epi.beta:
+        ops.update(c=reference.random_matrix(spec.out_shape(m), name, rng), alpha=ALPHA, beta=BETA)
+    if epi.residual:
+        ops["residual"] = reference.random_matrix(spec.out_shape(m), name, rng)
+    return ops
