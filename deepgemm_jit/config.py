@@ -920,6 +920,16 @@ def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
                                            and dtypes.get(spec.dtype).storage_bytes == 1)
 
 
+def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
+    """Whether ptxas keeps 8 bytes on the stack for this tile's epilogue: a 64-row tile at least 240 columns wide
+    that adds a column bias, activates and quantizes to a static scale (bf16 / fp16 / tf32, relu / gelu / silu /
+    sigmoid, FP8 and INT8 alike, offline compiles of 2026-12-01; 224 columns, 128-row tiles, a row bias, gated units
+    and 16-bit D did not). The cost model never ranked such a tile first; the tuner offered it as a candidate."""
+    epi = spec.epi
+    return (block_m == 64 and block_n >= 240 and epi.bias == "col" and epi.activation != "none"
+            and epi.has_static_scale)
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
@@ -946,7 +956,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue
-            if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec):
+            if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)
+                    or sm90_epilogue_spills(spec, block_m, block_n)):
                 continue
             stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
             if stages < (SM90_TRANS_B_MIN_STAGES if trans_b and preferred_only else 3):
@@ -1122,10 +1133,12 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         epi = spec.epi
-        if (not spec.grouped and (epi.activation != "none" or epi.residual) and _sm90_stages(spec, 128, 128, True) >= 3
+        if (not spec.grouped and not sm90_trans_b(spec) and (epi.activation != "none" or epi.residual)
+                and _sm90_stages(spec, 128, 128, True) >= 3
                 and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)
                 and sm90_epilogue_block_n_problem(spec, 128) is None):
-            pingpong = sm90_config(spec, 128, 128, pingpong=True)  # the ping-pong tile hides such epilogues
+            # The ping-pong tile hides such epilogues; the kernel that transposes B in shared memory has none.
+            pingpong = sm90_config(spec, 128, 128, pingpong=True)
             if pingpong not in found:
                 found.append(pingpong)
         for cfg in staples + ranked:
