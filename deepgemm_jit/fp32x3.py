@@ -611,8 +611,8 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
     ``epilogue``, ``config`` (a :class:`KernelConfig` for the TF32 GEMM over K' = 3 * ceil(K/32) * 32) and ``arch``
     (None: the current GPU; ``"sm_90a"`` compiles without one) go to the TF32 GEMM's :func:`deepgemm_jit.build`.
     ``tune=True`` is refused: the tuner judges candidates against a float64 product of their operands, which the
-    TF32 GEMM's hi / lo splits are not (DEEPGEMM_JIT_TUNE=1 leaves these builds untuned). Accuracy: ||D - D64|| / ||D64|| <= 1e-5 against the float64 product of the
-    float32 inputs (``reference.ERROR_BOUND["fp32"]``).
+    TF32 GEMM's hi / lo splits are not (DEEPGEMM_JIT_TUNE=1 leaves these builds untuned). Accuracy:
+    ||D - D64|| / ||D64|| <= 1e-5 against the float64 product of the float32 inputs (``reference.ERROR_BOUND["fp32"]``).
 
     Example::
 

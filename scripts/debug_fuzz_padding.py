@@ -29,7 +29,8 @@ def probe(seed: int) -> None:
     staged = sorted(r for _, r in g._staging._buffers) if hasattr(g, "_staging") else "-"
     print(f"seed {seed}: {case.describe()}", flush=True)
     print(f"  family {g.family} config {getattr(g.config, 'tag', None)} staged {staged} out ptr%16 "
-          f"{call.out.data.ptr % 16} pitch {base.strides[0]} changed bytes {int(changed.shape[0])} of {int(outside.sum())}",
+          f"{call.out.data.ptr % 16} pitch {base.strides[0]} changed bytes {int(changed.shape[0])} of "
+          f"{int(outside.sum())}",
           flush=True)
     if changed.shape[0]:
         rows, cols = cupy.unique(changed[:, 0]), cupy.unique(changed[:, 1])

@@ -7,10 +7,11 @@ residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not),
 views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
 seeds later calls of the same Gemm at other M followed by the first call again, for some the first call captured in
 a CUDA graph and replayed, for some every call made with torch tensors (on the same memory) instead of CuPy, and for
-some every call given stream= a side stream on which A's values land late (DEEPGEMM_JIT_FUZZ_SIDE_STREAM=1). `draw` keeps only calls the library accepts at build
-time (GemmSpec / Fp32Spec validation, the heuristic's family for split-K), so that every GPU case must run and be
-right; `run` checks one on the GPU: float64 reference, poisoned output, the dtype's DESIGN.md bound on the whole
-output and a looser one on every element, and padding the call does not own left as it was.
+some every call given stream= a side stream on which A's values land late (DEEPGEMM_JIT_FUZZ_SIDE_STREAM=1).
+`draw` keeps only calls the library accepts at build time (GemmSpec / Fp32Spec validation, the heuristic's family
+for split-K), so that every GPU case must run and be right; `run` checks one on the GPU: float64 reference, poisoned
+output, the dtype's DESIGN.md bound on the whole output and a looser one on every element, and padding the call does
+not own left as it was.
 
 Reproduce a failure by its seed: `pytest tests/test_fuzz_gpu.py -k "seed_123"`, or
 `python -c "import fuzz; print(fuzz.draw(123).describe())"` from tests/. More seeds: DEEPGEMM_JIT_FUZZ_CASES (count)
