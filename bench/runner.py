@@ -124,9 +124,6 @@ def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 
     return plain_operands(spec, m, rng, b_scale)
 
 
-EPILOGUE_ALPHA_BETA = (trial.ALPHA, trial.BETA)   # with the 'beta' word (the tuner's trial calls use the same)
-
-
 @contextlib.contextmanager
 def config_constants(values: dict):
     """For experiment scripts: deepgemm_jit.config's module constants set to `values` (name -> value) inside the
@@ -238,18 +235,8 @@ def templates_tree(tdir: str | None):
         os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
 
 
-def epilogue_operands(epi, m: int, n: int, out_dtype: str, rng) -> baseline.EpilogueOperands:
-    """Fresh N(0, 1) bias / C / residual in the output dtype, as the Epilogue `epi` needs them (gated units: the
-    residual has D's N / 2 columns)."""
-    def draw(shape):
-        return reference.random_matrix(shape, out_dtype, rng)
-
-    alpha, beta = EPILOGUE_ALPHA_BETA if epi.beta else (1.0, 1.0)
-    return baseline.EpilogueOperands(
-        bias=None if epi.bias == "none" else draw((n,) if epi.bias == "col" else (m,)),
-        c=draw((m, n)) if epi.beta else None,
-        residual=draw((m, n // 2 if epi.is_gated else n)) if epi.residual else None,
-        alpha=alpha, beta=beta)
+# Fresh N(0, 1) bias / C / residual (and alpha / beta) for an Epilogue: the tuner's trial calls draw theirs there too.
+epilogue_operands = trial.epilogue_operands
 
 
 def apply_epilogue(product, epi, ops: baseline.EpilogueOperands):

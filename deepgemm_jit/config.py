@@ -1002,19 +1002,23 @@ def sm90_ranked(spec: GemmSpec, m_hint: int, num_sms: int) -> list[KernelConfig]
 _PINGPONG_MAX_K = 4096
 
 
+def _sm90_pingpong_fits(spec: GemmSpec) -> bool:
+    """Whether the 128x128 ping-pong tile can serve `spec` and has an epilogue to hide: dense, not the kernel that
+    transposes B in shared memory (its converter runs with cooperative consumers only), an activation or a residual,
+    and 128 columns the accumulators and the epilogue can take."""
+    epi = spec.epi
+    return (not spec.grouped and not sm90_trans_b(spec) and (epi.activation != "none" or epi.residual)
+            and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)
+            and sm90_epilogue_block_n_problem(spec, 128) is None)
+
+
 def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int, block_n: int) -> bool:
     """Whether the 128x128 ping-pong tile replaces the cost model's cooperative pick: an epilogue with real work
     per element, a short K, and no more waves (counted in cooperative-tile areas) than the cooperative tile;
     2112 columns at 128x128 need 5 waves where 128x176 needs 3 (measured 21% slower)."""
-    epi = spec.epi
-    if spec.grouped or sm90_trans_b(spec):  # the transposing converter runs with cooperative consumers only
+    if not _sm90_pingpong_fits(spec) or spec.k > _PINGPONG_MAX_K or m_hint < 256:
         return False
-    if spec.k > _PINGPONG_MAX_K or (epi.activation == "none" and not epi.residual) or m_hint < 256:
-        return False
-    if epi.has_group_scales:  # a ping-pong consumer's 128 rows of parked values + the division's calls spilled
-        return False
-    if (sm90_accumulators(128, 128, spec.promote, True) > sm90_max_accumulators(spec)
-            or sm90_epilogue_block_n_problem(spec, 128) is not None):
+    if spec.epi.has_group_scales:  # a ping-pong consumer's 128 rows of parked values + the division's calls spilled
         return False
     waves = -(-(-(-m_hint // block_m) * -(-spec.n // block_n)) // num_sms)
     pp_waves = -(-(-(-m_hint // 128) * -(-spec.n // 128)) // num_sms)
@@ -1132,13 +1136,8 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         ranked = sm90_ranked(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
-        epi = spec.epi
-        if (not spec.grouped and not sm90_trans_b(spec) and (epi.activation != "none" or epi.residual)
-                and _sm90_stages(spec, 128, 128, True) >= 3
-                and sm90_accumulators(128, 128, spec.promote, True) <= sm90_max_accumulators(spec)
-                and sm90_epilogue_block_n_problem(spec, 128) is None):
-            # The ping-pong tile hides such epilogues; the kernel that transposes B in shared memory has none.
-            pingpong = sm90_config(spec, 128, 128, pingpong=True)
+        if _sm90_pingpong_fits(spec) and _sm90_stages(spec, 128, 128, True) >= 3:
+            pingpong = sm90_config(spec, 128, 128, pingpong=True)  # the ping-pong tile hides such epilogues
             if pingpong not in found:
                 found.append(pingpong)
         for cfg in staples + ranked:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes, reference
+from . import baseline, dtypes, reference
 from .spec import GemmSpec
 
 # (scale_a, scale_b) granularities of each scaling (quantize_reference's names); unscaled INT8 multiplies the codes
@@ -31,9 +31,10 @@ _GRANULARITIES = {"none": ("row", "row"), "tensor": ("tensor", "tensor"), "row":
 # With the 'beta' word: neither 1 nor 0, so that a dropped factor shows.
 ALPHA, BETA = 0.75, 0.5
 # Rounding of a quantize-on-store output: half an E4M3 ulp is 2^-4 of the value.
-_FP8_STORE_REL = 2.0 ** -4
-# Rounding of D to 16 bits (half an ulp, relative).
-_OUT_ROUNDING = {"bf16": 2.0 ** -9, "fp16": 2.0 ** -12}
+FP8_STORE_REL = 2.0 ** -4
+# What rounding D to 16 bits adds to a whole-output relative error (half an ulp, rms over values) and to one element
+# (a whole ulp of the value: bound from above).
+OUT_ROUNDING = {"bf16": (2.0 ** -9, 2.0 ** -8), "fp16": (2.0 ** -12, 2.0 ** -11)}
 
 
 @dataclass
@@ -83,8 +84,8 @@ class TrialCall:
             scale = float(self.kwargs["quant_scale"][0])
             return bound + 0.5 * scale / max(_rms(self.value), 1e-30)
         if epi.quant != "none":
-            return bound + _FP8_STORE_REL
-        return bound + _OUT_ROUNDING.get(self.spec.out_dtype, 0.0)
+            return bound + FP8_STORE_REL
+        return bound + OUT_ROUNDING.get(self.spec.out_dtype, (0.0, 0.0))[0]
 
     def within_bound(self, err: float) -> bool:
         return not math.isnan(err) and err <= self.bound
@@ -122,10 +123,9 @@ def trial_call(spec: GemmSpec, m: int, rng=None) -> TrialCall:
         a = reference.random_matrix(spec.a_shape(m), spec.dtype, rng)
         b = reference.random_matrix(spec.b_shape(), spec.dtype, rng, scale=b_scale)
         product = reference.reference(spec, a, b)
-    ops = _epilogue_operands(spec, m, rng)
-    kwargs.update(ops)
-    value = reference.unfused_epilogue(product, epi, ops.get("bias"), ops.get("c"), ops.get("residual"),
-                                       ops.get("alpha", 1.0), ops.get("beta", 1.0))
+    ops = epilogue_operands(epi, m, spec.n, spec.epilogue_operand_dtype, rng)
+    kwargs.update(ops.call_kwargs(epi))
+    value = reference.unfused_epilogue(product, epi, ops.bias, ops.c, ops.residual, ops.alpha, ops.beta)
     if epi.has_static_scale:  # a scale that keeps the largest value inside the 8-bit range
         q_max = dtypes.QUANT_MAX[epi.quant_dtype]
         kwargs["quant_scale"] = cupy.asarray([float(cupy.abs(value).max()) * 1.25 / q_max or 1.0],
@@ -133,15 +133,15 @@ def trial_call(spec: GemmSpec, m: int, rng=None) -> TrialCall:
     return TrialCall(spec, m, a, b, kwargs, value)
 
 
-def _epilogue_operands(spec: GemmSpec, m: int, rng) -> dict:
-    """N(0, 1) bias / C / residual in the epilogue's operand type, and alpha / beta, as `spec`'s epilogue takes them
-    (gated units: the bias has the weight's N entries, the residual D's N / 2 columns)."""
-    epi, name = spec.epi, spec.epilogue_operand_dtype
-    ops: dict = {}
-    if epi.bias != "none":
-        ops["bias"] = reference.random_matrix((spec.n,) if epi.bias == "col" else (m,), name, rng)
-    if epi.beta:
-        ops.update(c=reference.random_matrix(spec.out_shape(m), name, rng), alpha=ALPHA, beta=BETA)
-    if epi.residual:
-        ops["residual"] = reference.random_matrix(spec.out_shape(m), name, rng)
-    return ops
+def epilogue_operands(epi, m: int, n: int, dtype: str, rng) -> baseline.EpilogueOperands:
+    """Fresh N(0, 1) bias / C / residual in `dtype` (the spec's epilogue_operand_dtype), and ALPHA / BETA, as the
+    Epilogue `epi` of an (M, N) GEMM takes them (gated units: the bias has the weight's N entries, the residual D's
+    N / 2 columns). The benchmarks and the fuzz draw theirs here too."""
+    def draw(shape):
+        return reference.random_matrix(shape, dtype, rng)
+
+    return baseline.EpilogueOperands(
+        bias=None if epi.bias == "none" else draw((n,) if epi.bias == "col" else (m,)),
+        c=draw((m, n)) if epi.beta else None,
+        residual=draw((m, n // 2 if epi.is_gated else n)) if epi.residual else None,
+        alpha=ALPHA if epi.beta else 1.0, beta=BETA if epi.beta else 1.0)
