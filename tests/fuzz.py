@@ -7,7 +7,7 @@ residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not),
 views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
 seeds later calls of the same Gemm at other M followed by the first call again, for some the first call captured in
 a CUDA graph and replayed, for some every call made with torch tensors (on the same memory) instead of CuPy, and for
-some every call given stream= a side stream on which A's values land late (DEEPGEMM_JIT_FUZZ_SIDE_STREAM=1).
+some every call given stream= a side stream on which A's values land late.
 `draw` keeps only calls the library accepts at build time (GemmSpec / Fp32Spec validation, the heuristic's family
 for split-K), so that every GPU case must run and be right; `run` checks one on the GPU: float64 reference, poisoned
 output, the dtype's DESIGN.md bound on the whole output and a looser one on every element, and padding the call does
@@ -571,7 +571,7 @@ def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
     if case.torch_io:
         result = _torch_call(case, g, call, what)
-    elif case.side_stream and side_stream_enabled():
+    elif case.side_stream:
         result = _side_stream_call(case, g, call, what)
     else:
         result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
@@ -582,14 +582,9 @@ def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
 # How long the side stream is kept busy before A's values land on it: far longer than a warm call's host work (tens
 # of us). A negative control on the H200 (2 ms, no warm-up call, the call made on the null stream instead) was caught
 # 0 times in 40: a first call loads its kernels, which may synchronize the context (CUDA's lazy loading), and sizes
-# buffers with a synchronize, so A had landed before its launches.
+# buffers with a synchronize, so A had landed before its launches. With the warm-up call and 20 ms, the same control
+# (scripts/check_fuzz_side_stream.py) caught 40 of 40 (session 35).
 SIDE_STREAM_SPIN_SECONDS = 0.02
-
-
-def side_stream_enabled() -> bool:
-    """Whether run() makes side_stream cases' calls on the busy side stream (DEEPGEMM_JIT_FUZZ_SIDE_STREAM=1): opt-in
-    until scripts/check_fuzz_side_stream.py has shown on a GPU that the check catches a call on the wrong stream."""
-    return os.environ.get("DEEPGEMM_JIT_FUZZ_SIDE_STREAM") == "1"
 
 
 def _side_stream_call(case: FuzzCase, g, call: _Call, what: str):
