@@ -6,8 +6,9 @@ aligned or not), output dtype, a composed fused epilogue (bias per column or row
 residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not), operands and output as row-padded
 views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
 seeds later calls of the same Gemm at other M followed by the first call again, for some the first call captured in
-a CUDA graph and replayed, for some every call made with torch tensors (on the same memory) instead of CuPy, and for
-some every call given stream= a side stream on which A's values land late.
+a CUDA graph and replayed, for some every call made with torch tensors (on the same memory) instead of CuPy, for
+some every call given stream= a side stream on which A's values land late, and for some build(config=) one of the
+tuner's other candidates (config.candidate_configs) instead of the heuristic's pick.
 `draw` keeps only calls the library accepts at build time (GemmSpec / Fp32Spec validation, the heuristic's family
 for split-K), so that every GPU case must run and be right; `run` checks one on the GPU: float64 reference, poisoned
 output, the dtype's DESIGN.md bound on the whole output and a looser one on every element, and padding the call does
@@ -105,6 +106,7 @@ class FuzzCase:
     graph: bool = False         # the first call is then captured in a CUDA graph (after a warm-up call) and replayed
     torch_io: bool = False      # the calls take torch tensors (zero-copy views of the CuPy arrays) and return torch
     side_stream: bool = False   # the calls (CuPy) get stream= a busy side stream, where A's values land late
+    candidate: int = 0          # > 0: build(config=) the tuner's candidate of this rank (capped at the last one)
 
     @property
     def info(self) -> Recipe:
@@ -115,6 +117,13 @@ class FuzzCase:
         return Epilogue.parse(self.epilogue or "")
 
     def build_kwargs(self) -> dict:
+        kw = self._spec_kwargs()
+        cfg = self.forced_config()
+        if cfg is not None:
+            kw["config"] = cfg
+        return kw
+
+    def _spec_kwargs(self) -> dict:
         r = self.info
         kw: dict = {"dtype": r.dtype, "layout": self.layout}
         if self.out_dtype is not None:
@@ -131,9 +140,18 @@ class FuzzCase:
                 kw["deterministic"] = self.deterministic
         return kw
 
+    def forced_config(self) -> config_mod.KernelConfig | None:
+        """The config build(config=) gets: the tuner's candidate of rank `candidate` for this call (what tune=True
+        times and a user may pick), None for the heuristic's."""
+        if not self.candidate:
+            return None
+        kspec = config_mod.kernel_spec(self.spec(), ARCH, self.m)
+        found = config_mod.candidate_configs(kspec, self.m, ARCH, config_mod.DEFAULT_SM90_NUM_SMS)
+        return found[min(self.candidate, len(found) - 1)]
+
     def spec(self) -> GemmSpec | Fp32Spec:
         """The spec build() makes of this call (raises ValueError where build would)."""
-        kw = self.build_kwargs()
+        kw = self._spec_kwargs()
         if self.info.dtype == "fp32":
             return Fp32Spec.create(self.n, self.k, out_dtype=kw.get("out_dtype"), layout=self.layout,
                                    epilogue=self.epilogue)
@@ -141,7 +159,7 @@ class FuzzCase:
                                b_dtype=kw.get("b_dtype"), scaling=kw.get("scaling"), epilogue=self.epilogue)
 
     def describe(self) -> str:
-        kw = ", ".join(f"{k}={v!r}" for k, v in self.build_kwargs().items())
+        kw = ", ".join(f"{k}={v.tag if k == 'config' else v!r}" for k, v in self.build_kwargs().items())
         return (f"seed {self.seed}: {self.recipe} M={self.m} build({self.m}, {self.n}, {self.k}, {kw}); "
                 f"a_pad={self.a_pad} b_pad={self.b_pad} out_pad={self.out_pad} "
                 f"block_scales_row_major={self.block_scales_row_major}"
@@ -263,6 +281,15 @@ def _draw_side_stream(seed: int, attempt: int, torch_io: bool) -> bool:
     return not torch_io and bool(np.random.default_rng([seed, attempt, 10]).random() < 1 / 6)
 
 
+def _draw_candidate(seed: int, attempt: int, recipe: str, split_k: int | None) -> int:
+    """The rank of the tuner's candidate the case forces with config= (a fifth of the 16-bit / 8-bit cases without
+    a forced split_k; 0: the heuristic's pick), from a stream of its own."""
+    rng = np.random.default_rng([seed, attempt, 11])
+    if recipe == "fp32" or split_k is not None or rng.random() >= 0.2:
+        return 0
+    return int(rng.integers(1, 8))
+
+
 def _draw_epilogue(rng, n: int) -> str | None:
     if rng.random() < 0.4:
         return None
@@ -316,7 +343,8 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
                     split_k=split_k, deterministic=deterministic, a_pad=a_pad, b_pad=b_pad, out_pad=out_pad,
                     block_scales_row_major=bool(rng.random() < 0.4), later_ms=_draw_later_ms(seed, attempt, n, k),
                     lead=_draw_lead(seed, attempt), graph=_draw_graph(seed, attempt, out_pad),
-                    torch_io=torch_io, side_stream=_draw_side_stream(seed, attempt, torch_io))
+                    torch_io=torch_io, side_stream=_draw_side_stream(seed, attempt, torch_io),
+                    candidate=_draw_candidate(seed, attempt, recipe, split_k))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -331,6 +359,9 @@ def accepted(case: FuzzCase) -> bool:
     kspec = config_mod.kernel_spec(inner, ARCH, case.m)
     cfg = config_mod.choose_config(kspec, case.m, ARCH)
     cfg.check_for(kspec, ARCH)
+    forced = case.forced_config()
+    if forced is not None:  # build checks a forced config as it compiles it: a portable one for the caller's layout
+        forced.check_for(kspec if forced.family == "sm90" else spec, ARCH)
     if case.split_k is not None:
         k_blocks = math.ceil(spec.k * dtypes.get(spec.dtype).storage_bytes / 128)
         if isinstance(spec, Fp32Spec) or cfg.family != "sm90" or case.split_k > k_blocks:

@@ -40,6 +40,9 @@ def test_draws_cover_the_api():
     assert {c.lead for c in cases} == {0, 1, 2, 3, 5, 8} and any(c.lead and c.out_pad >= 0 for c in cases)
     assert 60 < sum(c.torch_io for c in cases) < 150 and 50 < sum(c.side_stream for c in cases) < 130
     assert not any(c.torch_io and c.side_stream for c in cases)
+    forced = [c for c in cases if c.candidate]
+    assert 50 < len(forced) < 140 and not any(c.recipe == "fp32" or c.split_k for c in forced)
+    assert all(c.build_kwargs()["config"] == c.forced_config() for c in forced)
     graphs = [c for c in cases if c.graph]
     assert len(graphs) > 40 and all(c.out_pad >= 0 for c in graphs) and any(c.later_ms for c in graphs)
     later = [c for c in cases if c.later_ms]
