@@ -388,9 +388,8 @@ def draw(seed: int) -> FuzzCase:
 
 
 # -------------------------------------------------------------------------------------------------------- run
-# What rounding D to 16 bits adds to a whole-output and to one element's relative error, and what quantize-on-store
-# to E4M3 adds (half an ulp: 2^-4): the tuner's trial calls judge with the same.
-OUT_ROUNDING = trial.OUT_ROUNDING
+# What rounding D adds to a whole output's and to one element's relative error (trial.out_rounding), and what
+# quantize-on-store to E4M3 adds (half an ulp: 2^-4): the tuner's trial calls judge with the same.
 FP8_REL = trial.FP8_STORE_REL
 ELEMENT_FACTOR = 10.0  # an element may miss by this many times the dtype's relative bound times the output's rms
 INT8_POISON = -128  # 0xFF (the NaN poison) is -1 in INT8, a value the quantizer writes
@@ -765,7 +764,7 @@ def _check(case: FuzzCase, spec, call: _Call, result, what: str) -> None:
             bad = int(cupy.count_nonzero(d.astype(cupy.float64) != value))
             assert bad == 0, what.format(f"{bad} INT32 elements differ from the exact product -- {case.describe()}")
         else:
-            rms_round, elem_round = OUT_ROUNDING.get(spec.out_dtype, (0.0, 2.0 ** -23))
+            rms_round, elem_round = trial.out_rounding(spec.out_dtype, d.size)
             check_close(case, d, value, bound + rms_round, elem_round, what.format("D"))
     if call.out is not None:
         assert d is call.out, what.format(f"the call did not return out= -- {case.describe()}")
