@@ -7,8 +7,9 @@ residual, alpha/beta, quantize-on-store), forced split-K (deterministic or not),
 views of wider buffers, base pointers off 16-byte alignment, block scales row-major or M-major, for a third of the
 seeds later calls of the same Gemm at other M followed by the first call again, for some the first call captured in
 a CUDA graph and replayed, for some every call made with torch tensors (on the same memory) instead of CuPy, for
-some every call given stream= a side stream on which A's values land late, and for some build(config=) one of the
-tuner's other candidates (config.candidate_configs) instead of the heuristic's pick.
+some every call given stream= a side stream on which A's values land late, for some build(config=) one of the
+tuner's other candidates (config.candidate_configs) instead of the heuristic's pick, and for some the calls made
+through the torch custom ops (deepgemm_jit.torch.gemm / gemm_fp8) instead of the Gemm.
 `draw` keeps only calls the library accepts at build time (GemmSpec / Fp32Spec validation, the heuristic's family
 for split-K), so that every GPU case must run and be right; `run` checks one on the GPU: float64 reference, poisoned
 output, the dtype's DESIGN.md bound on the whole output and a looser one on every element, and padding the call does
@@ -107,6 +108,7 @@ class FuzzCase:
     torch_io: bool = False      # the calls take torch tensors (zero-copy views of the CuPy arrays) and return torch
     side_stream: bool = False   # the calls (CuPy) get stream= a busy side stream, where A's values land late
     candidate: int = 0          # > 0: build(config=) the tuner's candidate of this rank (capped at the last one)
+    torch_op: bool = False      # the calls go through deepgemm_jit.torch.gemm / gemm_fp8 (torch tensors) instead
 
     @property
     def info(self) -> Recipe:
@@ -165,7 +167,8 @@ class FuzzCase:
                 f"block_scales_row_major={self.block_scales_row_major}"
                 + (f" later_ms={list(self.later_ms)}" if self.later_ms else "")
                 + (f" lead={self.lead}" if self.lead else "") + (" graph" if self.graph else "")
-                + (" torch_io" if self.torch_io else "") + (" side_stream" if self.side_stream else ""))
+                + (" torch_io" if self.torch_io else "") + (" torch_op" if self.torch_op else "")
+                + (" side_stream" if self.side_stream else ""))
 
 
 # Calls the fuzz found wrong, pinned (tests/test_fuzz_gpu.py runs them, the CPU tests compile them): a seed's draw
@@ -290,6 +293,18 @@ def _draw_candidate(seed: int, attempt: int, recipe: str, split_k: int | None) -
     return int(rng.integers(1, 8))
 
 
+def _draw_torch_op(seed: int, attempt: int, recipe: str, epilogue: str | None, split_k: int | None, candidate: int,
+                   out_pad: int, side_stream: bool) -> bool:
+    """Whether the case's calls go through the torch custom ops (deepgemm_jit.torch.gemm, .gemm_fp8) rather than
+    its Gemm: 40% of those the ops serve (16-bit / TF32 or scaled FP8, no epilogue, split_k or config, a new output,
+    torch's current stream), from a stream of their own."""
+    info = RECIPES[recipe]
+    served = info.dtype in ("bf16", "fp16", "tf32") or (info.dtype.startswith("fp8") and info.scaling is not None)
+    if not served or epilogue is not None or split_k is not None or candidate or out_pad >= 0 or side_stream:
+        return False
+    return bool(np.random.default_rng([seed, attempt, 12]).random() < 0.4)
+
+
 def _draw_epilogue(rng, n: int) -> str | None:
     if rng.random() < 0.4:
         return None
@@ -339,12 +354,14 @@ def _candidate(seed: int, attempt: int) -> FuzzCase:
     torch_io = _draw_torch_io(seed, attempt)
     deterministic, a_pad, b_pad = bool(rng.random() < 0.6), pad(), pad()
     out_pad = -1 if rng.random() < 0.3 else pad()
+    candidate = _draw_candidate(seed, attempt, recipe, split_k)
+    side_stream = _draw_side_stream(seed, attempt, torch_io)
     return FuzzCase(seed=seed, recipe=recipe, layout=layout, m=m, n=n, k=k, out_dtype=out_dtype, epilogue=epilogue,
                     split_k=split_k, deterministic=deterministic, a_pad=a_pad, b_pad=b_pad, out_pad=out_pad,
                     block_scales_row_major=bool(rng.random() < 0.4), later_ms=_draw_later_ms(seed, attempt, n, k),
                     lead=_draw_lead(seed, attempt), graph=_draw_graph(seed, attempt, out_pad),
-                    torch_io=torch_io, side_stream=_draw_side_stream(seed, attempt, torch_io),
-                    candidate=_draw_candidate(seed, attempt, recipe, split_k))
+                    torch_io=torch_io, side_stream=side_stream, candidate=candidate,
+                    torch_op=_draw_torch_op(seed, attempt, recipe, epilogue, split_k, candidate, out_pad, side_stream))
 
 
 def accepted(case: FuzzCase) -> bool:
@@ -599,7 +616,9 @@ def wait_for_call(what: str) -> None:
 
 def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
     """Make `call` and assert its result: within the bounds, out= returned, nothing else written."""
-    if case.torch_io:
+    if case.torch_op:
+        result = _torch_op_call(case, g.spec, call, what)
+    elif case.torch_io:
         result = _torch_call(case, g, call, what)
     elif case.side_stream:
         result = _side_stream_call(case, g, call, what)
@@ -693,6 +712,25 @@ def _torch_call(case: FuzzCase, g, call: _Call, what: str):
         assert parts[0] is out, f"{what}: the call did not return out= -- {case.describe()}"
     d = call.out if out is not None else _cupy_view(parts[0])
     return (d, _cupy_view(parts[1])) if isinstance(result, tuple) else d
+
+
+def _torch_op_call(case: FuzzCase, spec, call: _Call, what: str):
+    """The call through the torch custom op a torch user calls instead of build (it builds and keeps its own Gemm
+    per M bucket): torch tensors on the call's memory in, a new tensor of spec's out dtype out, as CuPy."""
+    import torch
+
+    import deepgemm_jit.torch as dgt
+
+    info = case.info
+    a, b = _torch_view(call.a, info.a_type), _torch_view(call.b, info.b_type)
+    if info.scaling is None:
+        d = dgt.gemm(a, b, case.layout, case.out_dtype)
+    else:
+        scale_a, scale_b = (_torch_view(call.kwargs[name]) for name in ("scale_a", "scale_b"))
+        d = dgt.gemm_fp8(a, b, scale_a, scale_b, info.scaling, case.out_dtype)
+    want = getattr(torch, dtypes.get(spec.out_dtype).numpy_name)
+    assert isinstance(d, torch.Tensor) and d.dtype == want, f"{what}: {type(d)} {d.dtype} -- {case.describe()}"
+    return _cupy_view(d)
 
 
 def _replay_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:

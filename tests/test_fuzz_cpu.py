@@ -43,6 +43,9 @@ def test_draws_cover_the_api():
     forced = [c for c in cases if c.candidate]
     assert 50 < len(forced) < 140 and not any(c.recipe == "fp32" or c.split_k for c in forced)
     assert all(c.build_kwargs()["config"] == c.forced_config() for c in forced)
+    ops = [c for c in cases if c.torch_op]
+    assert 8 <= len(ops) and all(c.epilogue is None and c.out_pad < 0 and not c.side_stream for c in ops)
+    assert {c.info.dtype for c in ops} >= {"bf16", "tf32", "fp8_e4m3"}
     graphs = [c for c in cases if c.graph]
     assert len(graphs) > 40 and all(c.out_pad >= 0 for c in graphs) and any(c.later_ms for c in graphs)
     later = [c for c in cases if c.later_ms]
