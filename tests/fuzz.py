@@ -670,7 +670,7 @@ def _side_stream_call(case: FuzzCase, g, call: _Call, what: str):
 _BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-def _torch_view(x, fp8_name: str | None = None):
+def torch_view(x, fp8_name: str | None = None):
     """CuPy array `x` as a torch tensor on the same memory (shape, strides, offset), of x's type; uint8 arrays hold
     FP8 bits and become `fp8_name` tensors where it is given. Anything else is returned as it is."""
     import cupy
@@ -684,7 +684,7 @@ def _torch_view(x, fp8_name: str | None = None):
     return t.view(getattr(torch, x.dtype.name))  # float16, bfloat16, float32, int8, int32, uint8: torch's names too
 
 
-def _cupy_view(t):
+def cupy_view(t):
     """torch tensor `t` as a CuPy array on the same memory, FP8 as uint8 bits (the library's CuPy convention)."""
     import cupy
     import torch
@@ -701,17 +701,17 @@ def _torch_call(case: FuzzCase, g, call: _Call, what: str):
     import torch
 
     spec, info = g.spec, case.info
-    out = None if call.out is None else _torch_view(call.out, spec.out_dtype)
-    args = {name: _torch_view(x) for name, x in (*call.kwargs.items(), *call.ops.items())}
+    out = None if call.out is None else torch_view(call.out, spec.out_dtype)
+    args = {name: torch_view(x) for name, x in (*call.kwargs.items(), *call.ops.items())}
     if "c" in call.ops and call.ops["c"] is call.out:
         args["c"] = out  # C is out itself
-    result = g(_torch_view(call.a, info.a_type), _torch_view(call.b, info.b_type), out=out, **args)
+    result = g(torch_view(call.a, info.a_type), torch_view(call.b, info.b_type), out=out, **args)
     parts = result if isinstance(result, tuple) else (result,)
     assert all(isinstance(p, torch.Tensor) for p in parts), f"{what}: torch in, not torch out -- {case.describe()}"
     if out is not None:
         assert parts[0] is out, f"{what}: the call did not return out= -- {case.describe()}"
-    d = call.out if out is not None else _cupy_view(parts[0])
-    return (d, _cupy_view(parts[1])) if isinstance(result, tuple) else d
+    d = call.out if out is not None else cupy_view(parts[0])
+    return (d, cupy_view(parts[1])) if isinstance(result, tuple) else d
 
 
 def _torch_op_call(case: FuzzCase, spec, call: _Call, what: str):
@@ -722,15 +722,15 @@ def _torch_op_call(case: FuzzCase, spec, call: _Call, what: str):
     import deepgemm_jit.torch as dgt
 
     info = case.info
-    a, b = _torch_view(call.a, info.a_type), _torch_view(call.b, info.b_type)
+    a, b = torch_view(call.a, info.a_type), torch_view(call.b, info.b_type)
     if info.scaling is None:
         d = dgt.gemm(a, b, case.layout, case.out_dtype)
     else:
-        scale_a, scale_b = (_torch_view(call.kwargs[name]) for name in ("scale_a", "scale_b"))
+        scale_a, scale_b = (torch_view(call.kwargs[name]) for name in ("scale_a", "scale_b"))
         d = dgt.gemm_fp8(a, b, scale_a, scale_b, info.scaling, case.out_dtype)
     want = getattr(torch, dtypes.get(spec.out_dtype).numpy_name)
     assert isinstance(d, torch.Tensor) and d.dtype == want, f"{what}: {type(d)} {d.dtype} -- {case.describe()}"
-    return _cupy_view(d)
+    return cupy_view(d)
 
 
 def _replay_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:

@@ -5,7 +5,8 @@ padding rows, or masked with counts past max_m), 1-12 groups of 0 to ~1100 rows 
 N and K (multiples of 16: grouped GEMMs read and store through TMA), a grouped epilogue (bias per group,
 activations, swiglu / geglu, quant_fp8_g128), the tile hints (expected_m, num_groups), deterministic or not, FP8
 A scales row-major or M-major, and for a quarter of the seeds other group sizes, which a CUDA graph captured from the
-call is then replayed with (written into the device's offs / m_indices / masked_m, as a serving loop does). `draw`
+call is then replayed with (written into the device's offs / m_indices / masked_m, as a serving loop does), and for
+some the call made through the torch custom ops (deepgemm_jit.torch.grouped_mm / grouped_mm_fp8) instead. `draw`
 keeps what build_grouped accepts and runs the tile rules on it; `run` (GPU) checks every group against float64, the
 rows that belong to no group still poisoned, the inputs unchanged.
 
@@ -20,7 +21,7 @@ import os
 import numpy as np
 
 from deepgemm_jit import config as config_mod
-from deepgemm_jit import reference, trial
+from deepgemm_jit import dtypes, reference, trial
 from deepgemm_jit.epilogue import Epilogue
 from deepgemm_jit.grouped import grouped_spec
 
@@ -52,6 +53,7 @@ class GroupedCase:
     deterministic: bool
     scale_row_major: bool         # FP8: scale_a row-major instead of quantize's M-major
     replay_sizes: tuple[int, ...] = ()  # the sizes a CUDA graph of the call is replayed with (none: no graph)
+    torch_op: bool = False        # the call goes through deepgemm_jit.torch.grouped_mm / grouped_mm_fp8 instead
 
     @property
     def epi(self) -> Epilogue:
@@ -75,7 +77,8 @@ class GroupedCase:
         kw = ", ".join(f"{k}={v!r}" for k, v in self.build_kwargs().items())
         return (f"seed {self.seed}: {self.recipe} build_grouped({self.n}, {self.k}, {kw}); {self.grouping} "
                 f"sizes={list(self.sizes)} max_m={self.max_m} scale_row_major={self.scale_row_major}"
-                + (f" replay_sizes={list(self.replay_sizes)}" if self.replay_sizes else ""))
+                + (f" replay_sizes={list(self.replay_sizes)}" if self.replay_sizes else "")
+                + (" torch_op" if self.torch_op else ""))
 
 
 def seeds() -> list[int]:
@@ -105,11 +108,13 @@ def _candidate(seed: int, attempt: int) -> GroupedCase:
         max_m = max(1, max_m // 2) if max_m else 0
     epilogue = None if rng.random() < 0.45 else str(rng.choice(EPILOGUES))
     out_dtype = None if rng.random() < 0.8 else str(rng.choice(["bf16", "fp16", "fp32"]))
+    replay_sizes = _draw_replay_sizes(seed, attempt, grouping, sizes, max_m)
     return GroupedCase(seed=seed, recipe=recipe, grouping=grouping, sizes=tuple(sizes), max_m=max_m, n=n, k=k,
                        epilogue=epilogue, out_dtype=out_dtype, expected_m=int(rng.integers(1, 2049)),
                        num_groups_hint=int(rng.integers(1, 17)), deterministic=bool(rng.random() < 0.6),
                        scale_row_major=bool(rng.random() < 0.5),
-                       replay_sizes=_draw_replay_sizes(seed, attempt, grouping, sizes, max_m))
+                       replay_sizes=replay_sizes,
+                       torch_op=_draw_torch_op(seed, attempt, recipe, grouping, epilogue, replay_sizes))
 
 
 def _draw_replay_sizes(seed: int, attempt: int, grouping: str, sizes: list[int], max_m: int) -> tuple[int, ...]:
@@ -123,6 +128,15 @@ def _draw_replay_sizes(seed: int, attempt: int, grouping: str, sizes: list[int],
         return tuple(0 if rng.random() < 0.15 else int(rng.integers(1, max_m + 50)) for _ in sizes)
     ends = np.sort(rng.integers(0, sum(sizes) + 1, len(sizes)))
     return tuple(int(x) for x in np.diff(ends, prepend=0))
+
+
+def _draw_torch_op(seed: int, attempt: int, recipe: str, grouping: str, epilogue: str | None,
+                   replay_sizes: tuple[int, ...]) -> bool:
+    """Whether the call goes through the torch custom op (40% of those the ops serve: offs or masked_m, no epilogue,
+    one dtype for a and b, no replay), from a stream of its own."""
+    if recipe == "fp8_block_e5m2" or grouping == "m_indices" or epilogue is not None or replay_sizes:
+        return False
+    return bool(np.random.default_rng([seed, attempt, 9]).random() < 0.4)
 
 
 def accepted(case: GroupedCase) -> bool:
@@ -213,9 +227,15 @@ def run(case: GroupedCase) -> None:
     shape = (groups, case.max_m, spec.n_out) if case.grouping == "masked" else (rows, spec.n_out)
     out = reference.poisoned(shape, spec.out_dtype)
     watched = [fuzz.snapshot(v) for v in (a, b, *kwargs.values()) if isinstance(v, cupy.ndarray)]
+    reference_of = _Reference(case, spec, a64, b64, bias)
+    if case.torch_op:
+        d = _torch_op_call(case, spec, a, b, kwargs, shape)
+        fuzz.wait_for_call(case.describe())
+        reference_of.check(d, d, spans, "through the torch op: ", rows_of_no_group=False)
+        _check_unchanged(case, watched)
+        return
     result = g(a, b, out=out, **kwargs)
     fuzz.wait_for_call(case.describe())
-    reference_of = _Reference(case, spec, a64, b64, bias)
     reference_of.check(out, result, spans, "")
     _check_unchanged(case, watched)
     if case.replay_sizes:
@@ -244,6 +264,25 @@ def run(case: GroupedCase) -> None:
         _check_unchanged(case, watched)
 
 
+def _torch_op_call(case: GroupedCase, spec, a, b, kwargs: dict, shape: tuple):
+    """The call through the torch custom op (it builds its own grouped Gemm from the shapes): torch tensors on the
+    arrays' memory in, a new tensor of the spec's output shape and dtype out, returned as CuPy."""
+    import torch
+
+    import deepgemm_jit.torch as dgt
+
+    at, bt = fuzz.torch_view(a, spec.dtype), fuzz.torch_view(b, spec.b_type)
+    meta = {name: fuzz.torch_view(kwargs[name]) for name in ("offs", "masked_m") if name in kwargs}
+    if spec.dtype.startswith("fp8"):
+        d = dgt.grouped_mm_fp8(at, bt, fuzz.torch_view(kwargs["scale_a"]), fuzz.torch_view(kwargs["scale_b"]),
+                               out_dtype=case.out_dtype, **meta)
+    else:
+        d = dgt.grouped_mm(at, bt, out_dtype=case.out_dtype, **meta)
+    want = getattr(torch, dtypes.get(spec.out_dtype).numpy_name)
+    assert tuple(d.shape) == shape and d.dtype == want, f"{tuple(d.shape)} {d.dtype} -- {case.describe()}"
+    return fuzz.cupy_view(d)
+
+
 def _check_unchanged(case: GroupedCase, watched) -> None:
     for base, before in watched:
         assert bool((fuzz.as_bytes(base) == fuzz.as_bytes(before)).all()), \
@@ -260,9 +299,9 @@ class _Reference:
     b64: object
     bias: object
 
-    def check(self, out, result, spans, what: str) -> None:
+    def check(self, out, result, spans, what: str, rows_of_no_group: bool = True) -> None:
         """Every group of `spans` against float64 (quant_fp8_g128: dequantized by the returned scales), and every
-        row of no group still poisoned."""
+        row of no group still poisoned (rows_of_no_group: out was poisoned before the call)."""
         import cupy
 
         case, spec, epi = self.case, self.spec, self.case.epi
@@ -284,6 +323,6 @@ class _Reference:
                 rms_round, elem_round = trial.out_rounding(spec.out_dtype, (e - s) * d2.shape[1])
                 fuzz.check_close(case, d2[s:e], value, bound + rms_round, elem_round, where)
         free = cupy.asarray(np.nonzero(~owned)[0])
-        if free.size:
+        if free.size and rows_of_no_group:
             assert bool((fuzz.as_bytes(d2[free]) == reference.POISON_BYTE).all()), \
                 f"{what}rows of no group were written -- {case.describe()}"

@@ -24,6 +24,9 @@ def test_grouped_draws_cover_the_api():
     assert len(replays) > 60 and {c.grouping for c in replays} == set(fuzz_grouped.GROUPINGS)
     assert all(len(c.replay_sizes) == len(c.sizes) for c in replays)
     assert any(c.grouping == "masked" and max(c.replay_sizes) > c.max_m for c in replays)
+    ops = [c for c in cases if c.torch_op]
+    assert len(ops) > 10 and {c.grouping for c in ops} == {"offs", "masked"}
+    assert all(c.epilogue is None and not c.replay_sizes and c.recipe != "fp8_block_e5m2" for c in ops)
 
 
 def test_grouped_replay_layouts_fit_the_first_calls_rows():
