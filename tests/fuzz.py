@@ -501,6 +501,8 @@ def run(case: FuzzCase) -> None:
     import deepgemm_jit as dg
 
     g = dg.build(case.m, case.n, case.k, **case.build_kwargs())
+    if case.candidate:
+        assert g.config == case.forced_config(), (g.config.tag, case.describe())
     rng = cupy.random.default_rng(case.seed)
     first = _prepare(case, g.spec, case.m, rng)
     _call_and_check(case, g, first, f"call at M = {case.m}")
@@ -530,6 +532,7 @@ class _Call:
     c_init: object | None       # C's values where C is out itself (written into out before each call)
     watched: list
     pad_before: object | None   # out's whole buffer as bytes, compared outside out's columns
+    kept: object = None         # the last result, alive until the call is made again (see _call_and_check)
 
 
 def _out_bytes(call: _Call, spec) -> tuple[int, int]:
@@ -626,6 +629,9 @@ def _call_and_check(case: FuzzCase, g, call: _Call, what: str) -> None:
         result = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
     wait_for_call(f"{what} -- {case.describe()}")
     _check(case, g.spec, call, result, what)
+    # A call without out= gets a new output from CuPy's or torch's pool, which is not poisoned: the result stays
+    # alive until the call is made again, so that its block (holding the right values) cannot be that call's output.
+    call.kept = result
 
 
 # How long the side stream is kept busy before A's values land on it: far longer than a warm call's host work (tens
@@ -645,7 +651,7 @@ def _side_stream_call(case: FuzzCase, g, call: _Call, what: str):
 
     from streams import spin
 
-    g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)
+    call.kept = g(call.a, call.b, out=call.out, **call.kwargs, **call.ops)  # alive: see _call_and_check
     cupy.cuda.Device().synchronize()
     _fill_out(call, g.spec)
     if "amax_out" in call.kwargs:

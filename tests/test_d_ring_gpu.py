@@ -21,12 +21,20 @@ TILES = ["128x256r2", "64x96r2", "128x160r3", "64x128pr2", "128x176r4", "128x112
 def _forced(m, n, k, tile, **kwargs):
     """The tile in bench --tiles spelling, 'BMxBN[p]rR' (rR: the ring; r0: the whole tile staged), or a skip where
     it is not legal."""
+    g = _forced_or_none(m, n, k, tile, **kwargs)
+    if isinstance(g, str):
+        pytest.skip(g)
+    return g
+
+
+def _forced_or_none(m, n, k, tile, **kwargs):
+    """_forced's Gemm, or why the tile is not legal for the spec (a string)."""
     spec = GemmSpec.create(n, k, **kwargs)
     try:
         cfg = forced_tile_config(spec, tile)
         cfg.check_for(spec, "sm_90a")
     except ValueError as exc:
-        pytest.skip(f"tile not legal for this spec: {exc}")
+        return f"tile not legal for this spec: {exc}"
     return build(m, n, k, config=cfg, weight_streaming=False, **kwargs)
 
 
@@ -46,14 +54,18 @@ def _run(g, m, n, k, dtype, seed):
 
 def _check_ring_against_whole_tile(m, n, k, tile, dtype, epilogue, seed):
     """The forced ring tile ('BMxBN[sS][p]rR') within the dtype's bound of float64, and bit for bit equal to the same
-    tile with D staged whole (r0, as many stages as fit: the ring's stage count may not)."""
+    tile with D staged whole (r0, as many stages as fit: the ring's stage count may not). Where the whole tile leaves
+    no room for a stage (TF32 128x256 with a bias: what the ring is for), the ring is checked against float64 only."""
     ring = _forced(m, n, k, tile, dtype=dtype, epilogue=epilogue)
-    whole = _forced(m, n, k, re.sub(r"s\d+", "", tile.split("r")[0]) + "r0", dtype=dtype, epilogue=epilogue)
-    assert ring.config.d_ring >= 2 and whole.config.d_ring == 0, (ring.config.tag, whole.config.tag)
+    whole = _forced_or_none(m, n, k, re.sub(r"s\d+", "", tile.split("r")[0]) + "r0", dtype=dtype, epilogue=epilogue)
+    assert ring.config.d_ring >= 2, ring.config.tag
     out_ring, ref = _run(ring, m, n, k, dtype, seed=seed)
-    out_whole, _ = _run(whole, m, n, k, dtype, seed=seed)
     err = reference.error(out_ring, ref)
     assert reference.within_bound(err, dtype), (m, n, k, ring.config.tag, err)
+    if isinstance(whole, str):
+        return
+    assert whole.config.d_ring == 0, whole.config.tag
+    out_whole, _ = _run(whole, m, n, k, dtype, seed=seed)
     assert bool((out_ring == out_whole).all()), (m, n, k, tile, "ring and whole-tile D differ")
 
 
