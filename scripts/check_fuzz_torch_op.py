@@ -2,7 +2,10 @@
 that return an unwritten tensor of the right shape and dtype (torch.empty_like of the real result). Two faults:
 `every` (every call) and `repeat` (only a call whose operands were seen before: the dense cases' first call made
 again after later calls, whose output torch's allocator could take from a freed block holding the right values).
-A check that can fail catches every `every` case and every `repeat` case that makes a call again.
+A check that can fail catches every `every` case and every `repeat` case that makes a call again. Grouped cases
+whose groups own no row (masked counts all 0) have nothing to check and are left out: session 35's first run missed
+only such a case (seed 211), caught the other 23 grouped and 30 of 30 dense `every` cases, and ran out of its 100 s
+before `repeat` (the grouped cases compile a kernel each: allow ~300 s).
 
     python3 scripts/check_fuzz_torch_op.py 30   # from the repo root; PYTHONPATH as scripts/device_run.sh sets it
 """
@@ -51,7 +54,8 @@ def _control(name: str, cases, run, fault: str) -> tuple[int, int]:
 
 def main(count: int) -> int:
     dense = [c for c in map(fuzz.draw, range(40 * count)) if c.torch_op][:count]
-    grouped = [c for c in map(fuzz_grouped.draw, range(20 * count)) if c.torch_op][:count]
+    grouped = [c for c in map(fuzz_grouped.draw, range(20 * count))
+               if c.torch_op and sum(min(s, c.max_m) if c.max_m else s for s in c.sizes)][:count]
     results = {
         "dense every": _control("dense", dense, fuzz.run, "every"),
         "grouped every": _control("grouped", grouped, fuzz_grouped.run, "every"),
