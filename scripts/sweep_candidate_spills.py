@@ -7,7 +7,8 @@ tune=True or config=. Two draws:
                                                                    # epilogue x M / N / K, for 1100 s
 
 Session 34: seeds 0..799 are clean after 53de48e; compositions found 38 spilling kernels (8-24 bytes), 5 of them
-heuristic picks (docs/NOTES.md). Set DEEPGEMM_JIT_CACHE_DIR to a scratch cache.
+heuristic picks (docs/NOTES.md); session 35 timed those five against their candidates (scripts/exp_spilling_picks.py):
+the 8-byte stacks cost no measurable time. Set DEEPGEMM_JIT_CACHE_DIR to a scratch cache.
 """
 import collections
 import random
