@@ -7,7 +7,7 @@ candidate, a ranking rule against those tiles buys nothing.
     python3 scripts/exp_spilling_picks.py > log   # from the repo root; PYTHONPATH as scripts/device_run.sh sets it
 
 Session 35 (`*gpu-spilling-picks-vs-candidates-e9504c1-s35*`): no. In three of the five the spilling tiles were the
-fastest candidates (the pick first, its one-stage-fewer twin within 1.2%), ahead of every non-spilling one by 3.5-11%;
+fastest candidates (the pick first, its one-stage-fewer twin within 1.2%), ahead of every non-spilling one by 3.9-11%;
 in the other two the tuner's duel kept a non-spilling 128x256 over the ping-pong pick (3.0% and 1.2%), whose
 one-stage-fewer twin spills too and ran as fast as the pick. No ranking rule was made.
 """
