@@ -212,8 +212,10 @@ class DiskCache:
             _replace_file(path, json.dumps(memo, separators=(",", ":")).encode(), durable=False)
 
     def remove(self, key: str) -> None:
+        """Delete an entry's files where possible: a read-only cache keeps them (a corrupt entry is then a miss
+        every time, never an error)."""
         for path in (self.meta_path(key), self.cubin_path(key)):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
 
     def keys(self) -> list[str]:
@@ -223,13 +225,16 @@ class DiskCache:
         return sorted(p.stem for p in base.glob("*/*.json"))
 
     def entries(self) -> list[dict]:
-        """Metadata of every readable entry, with its on-disk size."""
+        """Metadata of every readable entry, with its on-disk size (files that are not an entry's metadata, valid
+        JSON or not, are left out as unreadable ones are)."""
         out = []
         for key in self.keys():
             try:
                 meta = json.loads(self.meta_path(key).read_bytes())
                 size = self.cubin_path(key).stat().st_size + self.meta_path(key).stat().st_size
             except (OSError, ValueError):
+                continue
+            if not isinstance(meta, dict) or meta.get("key") != key:
                 continue
             meta["disk_bytes"] = size
             out.append(meta)

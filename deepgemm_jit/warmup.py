@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import config as config_mod
-from . import copies, device, fp32x3, gemv, gemv_kn, gemv_rows, quantization
+from . import copies, device, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -353,10 +353,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="types for --from-hf-config, comma separated TYPEs as in --shape (bf16,fp8/block); default: "
                         "the model's own, fp8_e4m3/block for the quantized layers of an FP8 block-quantized "
                         "checkpoint (bf16 for the rest), bf16 for other models")
-    w.add_argument("--m", default=f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}",
+    w.add_argument("--m", default=None,
                    help="M range lo-hi for --from-hf-config (default 1-16384); also the expected_m range of its "
                         "grouped expert GEMMs")
-    w.add_argument("--num-groups", default="auto", metavar="G[,G...]|auto|none",
+    w.add_argument("--num-groups", default=None, metavar="G[,G...]|auto|none",
                    help="num_groups hints of the grouped expert GEMMs of --from-hf-config MoE models (comma "
                         "separated); auto (default): the expert count, its shares under expert parallelism "
                         f"{'/'.join(map(str, EP_DEGREES))}, {DEFAULT_NUM_GROUPS} and 1; none: no grouped kernels")
@@ -373,11 +373,15 @@ def _entries(args) -> list[WarmupEntry]:
     entries = parse_shapes_file(args.shapes_file) if args.shapes_file else []
     entries += [parse_shape(text) for text in args.shape]
     entries += [parse_grouped(text) for text in args.grouped]
+    given = [f"--{name.replace('_', '-')}" for name in ("dtype", "m", "num_groups") if getattr(args, name) is not None]
+    if given and not args.from_hf_config:  # they shape a model's entries; --shape / --grouped spell their own
+        raise ValueError(f"{', '.join(given)} apply to --from-hf-config, which is not given; --shape and --grouped "
+                         "carry their own M and TYPE")
     type_names = None if args.dtype is None else [d.strip() for d in args.dtype.split(",") if d.strip()]
     if type_names == []:
         raise ValueError(f"--dtype {args.dtype!r} names no type")
-    m_range = parse_m(args.m)
-    choice = args.num_groups.strip().lower()
+    m_range = parse_m(args.m if args.m is not None else f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}")
+    choice = (args.num_groups or "auto").strip().lower()
     try:
         num_groups = None if choice == "auto" else () if choice == "none" else parse_num_groups(choice)
     except ValueError as exc:
@@ -397,6 +401,22 @@ def _target(arch: str | None) -> tuple[str, int | None]:
     if device.gpu_count() == 0:
         raise ValueError("no CUDA GPU found: pass --arch (e.g. --arch sm_90a) to pre-generate kernels for it")
     return device.current_arch(), device.num_sms()
+
+
+def _check_cache_writable() -> None:
+    """Refuse to compile what the disk cache would not keep: without it, the library falls back to compiling in
+    memory (build's right behaviour, warmup's whole point lost) and every kernel would read as compiled."""
+    if env.disk_cache_disabled():
+        raise ValueError("DEEPGEMM_JIT_DISABLE_DISK_CACHE is set: warmup fills the disk cache; unset it")
+    root = env.cache_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".warmup-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"the cache directory {root} is not writable ({exc}); set DEEPGEMM_JIT_CACHE_DIR to a "
+                         "writable directory") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -422,8 +442,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"{spec.tag:44s} {cfg.tag:32s} {_hints_text(hints)}")
         for spec, whys in quantize.items():
             print(f"{spec.tag:77s} for {', '.join(whys)}")
-        for spec in decode:
-            print(f"{spec.tag:77s} for M <= {spec.max_m} (decode)")
+        for spec in decode:  # the row sweep is compiled per M; the others serve every M up to theirs
+            rows = f"M = {spec.tokens}" if isinstance(spec, GemvRowsSpec) else f"M <= {spec.max_m}"
+            print(f"{spec.tag:77s} for {rows} (decode)")
         for spec in segments:
             print(f"{spec.tag:77s} for grouped GEMMs called with m_indices=")
         for spec in helpers:
@@ -432,6 +453,7 @@ def main(args: argparse.Namespace) -> int:
         types = Counter(kernel_type(spec) for spec, _ in work)
         print(f"warmup plan: {len(work)} kernels for {arch}{_types_note(types)}; dry run, nothing compiled")
         return 0
+    _check_cache_writable()
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     summary = run(work, arch, jobs=args.jobs, progress=progress)
     for spec, cfg, error in summary.failed:

@@ -149,6 +149,47 @@ def test_corrupt_entry_is_detected_and_rebuilt(cache_dir, damage):
     assert store.load(art.key) is not None  # rebuilt entry is whole
 
 
+@pytest.mark.parametrize("offline", [False, True])
+def test_corrupt_entry_in_a_read_only_cache_is_a_miss(cache_dir, monkeypatch, offline):
+    """A corrupt entry the cache cannot delete (read-only directory) is a miss, not an OSError: a build compiles
+    in memory, an offline build raises KernelNotCachedError with its warmup line (it raised the unlink's OSError)."""
+    import pathlib
+
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    art = _build_small().artifact
+    store = cache.DiskCache(cache_dir)
+    store.meta_path(art.key).write_text("{not json")
+    real_unlink = pathlib.Path.unlink
+
+    def read_only_unlink(self, *args, **kwargs):
+        if str(self).startswith(str(cache_dir)):
+            raise OSError(30, "Read-only file system", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only_unlink)
+    jit.clear_memo()
+    if offline:
+        monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+        with pytest.warns(CacheCorruptionWarning), pytest.raises(KernelNotCachedError, match="warmup"):
+            _build_small()
+    else:
+        with pytest.warns(CacheCorruptionWarning):
+            g = _build_small()
+        assert g.artifact.compiled_now and g.artifact.cubin == art.cubin
+    jit.clear_memo()
+
+
+def test_entries_skip_metadata_that_is_not_an_entrys(cache_dir):
+    """`cache list` reads entries(): valid JSON that is not an entry's metadata is left out (it raised KeyError)."""
+    art = _build_small().artifact
+    store = cache.DiskCache(cache_dir)
+    assert [e["key"] for e in store.entries()] == [art.key]
+    for junk in ('{"a": 1}', "null", "[1, 2]"):
+        store.meta_path(art.key).write_text(junk)
+        assert store.entries() == []
+
+
 def test_entry_without_metadata_is_invisible(cache_dir):
     """A kill between the cubin and the JSON rename leaves nothing loadable."""
     art = _build_small().artifact

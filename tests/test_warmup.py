@@ -552,6 +552,37 @@ def test_run_reports_a_failing_kernel_and_keeps_going(cache_dir, capsys):
     assert progress.startswith("\r[0/2] compiled 0 cached 0 failed 0") and "[2/2] compiled 1 cached 0 failed 1" in progress
 
 
+def test_dry_run_lists_the_decode_kernels(cache_dir, capsys):
+    """A shape reaching decode M lists its weight-streaming kernels: the row sweep per M (it crashed the dry run:
+    GemvRowsSpec has no max_m), the token-tile kernel up to its M."""
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "1-64:7168:2048:bf16", "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert "gemv_rows_bf16" in out and "for M = 1 (decode)" in out and "for M = 2 (decode)" in out
+    assert "dry run" in out and not cache_dir.exists()
+
+
+def test_model_options_without_a_model_are_refused(cache_dir):
+    for extra in (("--m", "1-64"), ("--dtype", "int8"), ("--num-groups", "3")):
+        with pytest.raises(ValueError, match=f"{extra[0]} apply to --from-hf-config"):
+            warmup.main(_args("--arch", "sm_90a", "--shape", "4096:7168:2048:bf16", *extra, "--dry-run"))
+
+
+def test_warmup_refuses_a_cache_it_cannot_fill(tmp_path, monkeypatch):
+    """Without a writable disk cache, every kernel would compile into memory and be lost while the summary said
+    'compiled' with exit code 0."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", "1")
+    with pytest.raises(ValueError, match="DEEPGEMM_JIT_DISABLE_DISK_CACHE"):
+        warmup.main(_args("--arch", "sm_90a", "--shape", "100:64:64:bf16", "--no-progress"))
+    monkeypatch.delenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE")
+    blocker = tmp_path / "a-file"  # a path under a regular file: unwritable even for root
+    blocker.write_text("x")
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(ValueError, match="not writable"):
+        warmup.main(_args("--arch", "sm_90a", "--shape", "100:64:64:bf16", "--no-progress"))
+    assert warmup.main(_args("--arch", "sm_90a", "--shape", "100:64:64:bf16", "--dry-run")) == 0  # plans only
+
+
 def test_main_exit_codes_and_dry_run(cache_dir, capsys, monkeypatch):
     assert warmup.main(_args("--arch", "sm_90a", "--shape", "1-256:64:64:bf16", "--dry-run")) == 0
     out = capsys.readouterr().out
