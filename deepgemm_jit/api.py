@@ -9,8 +9,8 @@ import numpy as np
 
 from . import config as config_mod
 from . import copies, device, dtypes, env, gemv, gemv_kn, jit, launch, runtime, splitk, staging
-from .arrays import (MatrixView, ScaleView, array_kind, matrix_view, new_array, new_mn_major_scales, out_view,
-                     overlaps, scale_view, signature)
+from .arrays import (MatrixView, ScaleView, array_kind, has_distinct_elements, matrix_view, new_array,
+                     new_mn_major_scales, out_view, overlaps, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -200,10 +200,11 @@ class Gemm:
         return launch.EpilogueOperands(**ops)
 
     def _quant_operands(self, m: int, va: MatrixView, vd: MatrixView | None, ops: launch.EpilogueOperands,
-                        quant_scale, amax_out, scales_out) -> launch.EpilogueOperands:
+                        quant_scale, amax_out, scales_out, reads: dict | None = None) -> launch.EpilogueOperands:
         """Validate the quantize-on-store operands (before anything is launched): the static scale and amax output
         of the per-tensor kinds, the group scales output of quant_fp8_g128 (when not given, the call allocates
-        it). Returns `ops` with their pointers."""
+        it); the written ones must not overlap `reads` (name -> view the kernel reads). Returns `ops` with their
+        pointers."""
         epi = self._epi
         given = {"quant_scale": quant_scale, "amax_out": amax_out, "scales_out": scales_out}
         takes = {"quant_scale": epi.has_static_scale, "amax_out": epi.has_static_scale,
@@ -226,11 +227,14 @@ class Gemm:
             view = scale_view(given[arg], arg, shape, what)
             if view.device != va.device:
                 raise ValueError(f"{arg} is on device {view.device} but a is on device {va.device}")
-            if arg == "scales_out" and m > 0 and any(
-                    n > 1 and st == 0 for n, st in zip(view.shape, (view.stride_i, view.stride_j))):
-                raise ValueError("scales_out has a zero stride: its elements must be distinct")
+            if arg == "scales_out" and m > 0 and not has_distinct_elements(view.shape, (view.stride_i, view.stride_j)):
+                raise ValueError("scales_out has zero or interleaving strides: its elements must be distinct")
             if vd is not None and m > 0 and overlaps(vd, view):
                 raise ValueError(f"out overlaps {arg}; the kernel writes both")
+            if arg != "quant_scale" and m > 0:  # what the kernel writes must not be what it reads
+                for name, read in (reads or {}).items():
+                    if read is not None and overlaps(read, view):
+                        raise ValueError(f"{arg} overlaps {name}; the kernel would read what it overwrites")
             views[arg] = view
         if "amax_out" in views and "quant_scale" in views and overlaps(views["amax_out"], views["quant_scale"]):
             raise ValueError("amax_out overlaps quant_scale; the kernel reads one while it writes the other")
@@ -323,7 +327,8 @@ class Gemm:
         sa, sb = self._scales(m, va, vd, scale_a, scale_b)
         epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
         if self._epi.quant != "none" or quant_scale is not None or amax_out is not None or scales_out is not None:
-            epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out)
+            reads = {"a": va, "b": vb, "scale_a": sa, "scale_b": sb, "c": epi.c, "residual": epi.residual}
+            epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out, reads)
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:

@@ -42,7 +42,8 @@ from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime, splitk
 from .api import _MAX_M as _MAX_ROWS
 from .api import _accepted_dtypes, _check_m, _common_kind
-from .arrays import MatrixView, ScaleView, array_fields, new_array, new_mn_major_scales, overlaps, signature
+from .arrays import (MatrixView, ScaleView, array_fields, has_distinct_elements, new_array, new_mn_major_scales,
+                     overlaps, signature)
 from .errors import KernelNotCachedError
 from .render import render
 from .spec import GemmSpec
@@ -193,6 +194,7 @@ class GroupedGemm:
         self._out_dtypes = _accepted_dtypes(spec.out_dtype)
         self._ready_devices: set[int] = set()
         self._workspaces: dict[tuple[int, int, int], object] = {}  # group_segments outputs (see _segments)
+        self._retired_workspaces: list = []  # outgrown ones, still addressed by kept plans and graphs
         # Validated launches by the signatures of every operand (out= given: nothing allocated per call), as in
         # Gemm: a repeat call with the same buffers (the inference loop) only launches. m_indices calls also
         # record their stream, whose workspace their segments plan writes.
@@ -283,6 +285,10 @@ class GroupedGemm:
                 raise ValueError(f"{name} is on device {view.device} but a is on device {va.device}")
             if vd is not None and m and overlaps(vd, view):
                 raise ValueError(f"out overlaps {name}; the kernel would read what it overwrites")
+            if sv is not None and name != "scales_out" and m and overlaps(sv, view):
+                raise ValueError(f"scales_out overlaps {name}; the kernel would read what it overwrites")
+        if sv is not None and m and overlaps(sv, va):
+            raise ValueError("scales_out overlaps a; the kernel would read what it overwrites")
         if vd is not None and m and overlaps(vd, va):
             raise ValueError("out overlaps a; the kernel would read what it overwrites")
         for view, name in ((va, "a"), (vb, "b")) + (((vd, "out"),) if vd is not None else ()):
@@ -358,6 +364,9 @@ class GroupedGemm:
             workspace = self._workspaces.get(key)
             if workspace is None:
                 if len(self._workspaces) >= 16:
+                    # Kept launch plans and captured graphs still hold the old addresses: retire the workspaces
+                    # (2 G int32 each), never free them.
+                    self._retired_workspaces.extend(self._workspaces.values())
                     self._workspaces.clear()
                 workspace = self._workspaces[key] = new_array(kind, (2 * num_groups,), "int32", dev)
         seg_ptr = array_fields(workspace, "segments")[3]
@@ -394,8 +403,8 @@ class GroupedGemm:
         groups = -(-self.spec.n_out // 128)
         shape = (num_groups, max_m, groups) if masked else (m, groups)
         view = _scale_rows(scales_out, "scales_out", shape, "one per 1x128 group of each output row")
-        if view.shape[0] > 1 and view.stride_i == 0 or view.shape[1] > 1 and view.stride_j == 0:
-            raise ValueError("scales_out has a zero stride: its elements must be distinct")
+        if not has_distinct_elements(view.shape, (view.stride_i, view.stride_j)):
+            raise ValueError("scales_out has zero or interleaving strides: its elements must be distinct")
         return view
 
 

@@ -179,3 +179,34 @@ def test_dlpack_only_producer_is_tried():
 
     with pytest.raises(TypeError, match="b .*DLPack"):
         arrays.matrix_view(HostDLPack(), "b")
+
+
+def test_written_scales_must_be_distinct_and_apart_from_inputs(shared_cache_dir, fake_gpu_memory, monkeypatch):
+    """quant_fp8_g128's scales_out (and the per-tensor kinds' amax_out) are written while the kernel reads its
+    inputs: over a, b, scale_a or scale_b they would be overwritten mid-launch, and interleaving strides would make
+    two groups' scales one word. Both were accepted (only zero strides and overlap with out were refused)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    g = dg.build(256, 512, 512, dtype="fp8", epilogue="quant_fp8_g128", arch="sm_90a")
+    m, u1 = 256, np.uint8
+    a, b = FakeDeviceArray((m, 512), u1, ptr=BASE), FakeDeviceArray((512, 512), u1, ptr=BASE + (1 << 20))
+    out = FakeDeviceArray((m, 512), u1, ptr=BASE + (2 << 20))
+    sa = FakeDeviceArray((m, 4), np.float32, ptr=BASE + (3 << 20))
+    sb = FakeDeviceArray((4, 4), np.float32, ptr=BASE + (4 << 20))
+    apart = BASE + (5 << 20)
+    for ptr, strides, word in ((sa.__cuda_array_interface__["data"][0], None, "scales_out overlaps scale_a"),
+                               (BASE, None, "scales_out overlaps a"), (BASE + (1 << 20) + 64, None, "overlaps b"),
+                               (apart, (1, 1), "interleaving strides"), (apart, (0, 1), "interleaving strides")):
+        scales_out = FakeDeviceArray((m, 4), np.float32, ptr=ptr, strides=strides)
+        with pytest.raises(ValueError, match=word):
+            g(a, b, scale_a=sa, scale_b=sb, out=out, scales_out=scales_out)
+    from deepgemm_jit import device
+    if not device.gpu_count():  # apart, row- or M-major: validation passes, the launch needs a GPU
+        for strides in (None, (1, m)):
+            with pytest.raises(NoGPUError):
+                g(a, b, scale_a=sa, scale_b=sb, out=out, scales_out=FakeDeviceArray((m, 4), np.float32, ptr=apart,
+                                                                                     strides=strides))
+    q = dg.build(256, 512, 512, dtype="fp8", epilogue="quant_fp8_tensor", arch="sm_90a", scaling="tensor")
+    st, sbt = FakeDeviceArray((1,), np.float32, ptr=BASE + (6 << 20)), FakeDeviceArray((1,), np.float32, ptr=apart)
+    with pytest.raises(ValueError, match="amax_out overlaps scale_a"):
+        q(a, b, scale_a=st, scale_b=sbt, out=out, quant_scale=FakeDeviceArray((1,), np.float32, ptr=apart + 64),
+          amax_out=FakeDeviceArray((1,), np.float32, ptr=BASE + (6 << 20)))

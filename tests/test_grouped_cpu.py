@@ -293,3 +293,24 @@ def test_grouped_split_kernel_epilogues(cache, dtype, epilogue, split):
     assert g.config.split_k == split, g
     usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
     assert usage["LOCAL"] == 0 and usage["STACK"] == 0, (g, usage)
+
+
+def test_scales_out_must_be_distinct_and_apart_from_inputs(cache, fake_gpu_memory):
+    """quant_fp8_g128's scales_out is written while the kernel reads its inputs: over a, b, the group bounds or the
+    scales it would be overwritten mid-launch; interleaving strides would make two groups' scales one word. Only
+    zero strides and overlap with out were refused."""
+    gq = dg.build_grouped(N, K, dtype="fp8", arch="sm_90a", num_groups=G, epilogue="quant_fp8_g128")
+    rows, u1 = 300, np.uint8
+    kw = dict(offs=_arr((G,), np.int32, ptr=BASE + 2 * 10**7),
+              scale_a=_arr((rows, 1), np.float32, ptr=BASE + 3 * 10**7),
+              scale_b=_arr((G, 2, 1), np.float32, ptr=BASE + 4 * 10**7),
+              out=_arr((rows, N), u1, ptr=BASE + 5 * 10**7))
+    a, b = _arr((rows, K), u1), _arr((G, N, K), u1, ptr=BASE + 10**7)
+    groups = N // 128
+    for ptr, strides, word in ((BASE + 64, None, "scales_out overlaps a"), (BASE + 10**7, None, "overlaps b"),
+                               (BASE + 2 * 10**7, None, "overlaps offs"), (BASE + 3 * 10**7, None, "overlaps scale_a"),
+                               (BASE + 6 * 10**7, (1, 1), "interleaving strides")):
+        with pytest.raises(ValueError, match=word):
+            gq(a, b, **kw, scales_out=_arr((rows, groups), np.float32, ptr=ptr, strides=strides))
+    with pytest.raises(NoGPUError):  # apart and distinct: validation passes
+        gq(a, b, **kw, scales_out=_arr((rows, groups), np.float32, ptr=BASE + 6 * 10**7))
