@@ -17,10 +17,15 @@ each with a fake (meta)
 implementation, so they trace under ``torch.compile(fullgraph=True)`` and ``torch.export`` without a graph
 break. They synchronise nothing with the host and allocate only their outputs from torch's allocator
 (``quantize`` with ``granularity="tensor"`` also a one-word amax), so they can be captured in a CUDA
-graph once a call outside the capture has compiled and loaded the kernels. One exception: an FP8
-operand whose rows are not a multiple of 16 bytes (K % 16 != 0), or an output whose rows are not
-(N % 8 != 0 for bf16/fp16 output), is staged through aligned copies and the stream is synchronised:
-correct but slow, and not capturable. No autograd formulas: inference only.
+graph once a call outside the capture has compiled and loaded the kernels. An FP8 operand whose rows
+are not a multiple of 16 bytes (K % 16 != 0), or an output whose rows are not (N % 8 != 0 for bf16/fp16
+output), goes through aligned staging copies (staging.py): the first call of a size allocates them and
+synchronises the stream; later calls at that size or smaller only enqueue the copies, and can be captured.
+No autograd formulas: inference only.
+
+Each op keeps one Gemm per (device, problem, M bucket) and every caller of that problem shares it. Its split-K
+workspace and staging buffers serve one call at a time (splitk.py, staging.py): do not run the same problem on two
+streams at once (threads, or CUDA graphs replayed concurrently); one stream, as a model's forward runs, is safe.
 """
 from __future__ import annotations
 
@@ -95,7 +100,7 @@ def _problem(a: torch.Tensor, b: torch.Tensor, layout: str, out_dtype: Optional[
     if b.dtype != a.dtype:
         raise TypeError(f"b has dtype {b.dtype} but a has {a.dtype}; both operands take one dtype")
     out_name = (dtypes.DEFAULT_OUT[name] if out_dtype is None
-                else dtypes.canonical(out_dtype, arg="out_dtype", allowed=dtypes.OUTPUT_DTYPES))
+                else dtypes.canonical(out_dtype, arg="out_dtype", allowed=tuple(_OUTPUT_DTYPES)))
     if b.dim() != 2:
         raise ValueError(f"b must be 2-D, got shape {tuple(b.shape)}")
     if layout == "nt":
@@ -354,7 +359,7 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     (M, ceil(K/128)) (group128 of a), scale_b (ceil(N/128), ceil(K/128)) (block128 of b); ``"row"`` (M,)
     and (N,); ``"tensor"`` (1,) and (1,). ``out_dtype`` ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``.
     FP32 accumulation, promoted every 128 K. Any K works; K % 16 != 0 (or an output row that is not a
-    multiple of 16 bytes) takes a slow staged path that synchronises the stream. Example::
+    multiple of 16 bytes) goes through aligned staging copies (the first call of a size synchronises). Example::
 
         qx, sx = quantize(x, "fp8", "group128"); qw, sw = quantize(w, "fp8", "block128")
         y = gemm_fp8(qx, qw, sx, sw, "block")    # (M, N) bf16 ~= x @ w.T
@@ -386,10 +391,11 @@ def _grouped_out(a: torch.Tensor, b: torch.Tensor, offs, masked_m, out_dtype: Op
     inputs = _FP8_INPUT_DTYPES if fp8 else {torch.float16: "fp16", torch.bfloat16: "bf16"}
     if a.dtype not in inputs or b.dtype != a.dtype:
         raise TypeError(f"a and b must share one dtype of {', '.join(map(str, inputs))}; got {a.dtype} and {b.dtype}")
+    if masked_m is not None and a.shape[0] != b.shape[0]:  # the fake must refuse what the real op refuses
+        raise ValueError(f"a has {a.shape[0]} groups (G, max_m, K) but b has {b.shape[0]} (G, N, K)")
     name = inputs[a.dtype]
-    out_name = out_dtype or ("bf16" if fp8 else name)
-    if out_name not in _OUTPUT_DTYPES:
-        raise ValueError(f"out_dtype={out_dtype!r} is not supported; choose one of {', '.join(_OUTPUT_DTYPES)}")
+    out_name = (("bf16" if fp8 else name) if out_dtype is None
+                else dtypes.canonical(out_dtype, arg="out_dtype", allowed=tuple(_OUTPUT_DTYPES)))
     shape = (a.shape[0], a.shape[1], b.shape[1]) if masked_m is not None else (a.shape[0], b.shape[1])
     return shape, _OUTPUT_DTYPES[out_name], name, out_name
 
@@ -482,7 +488,7 @@ class Linear(torch.nn.Module):
       only the bias, never the quantized buffers. DeepSeek-V3's ``weight_scale_inv`` tensors are
       ``weight_scale`` of ``"fp8_block"`` (same values, same layout). Any in_features works; one that is
       not a multiple of 16 (or an out_features that is not a multiple of 8 for 16-bit output) is staged
-      through aligned copies with a stream synchronisation: correct, slow, not capturable in a CUDA graph.
+      through aligned copies: slower, and the first call of a size synchronises (capture a graph after it).
 
     Built here, an FP8 Linear holds a zero weight to be filled by ``load_state_dict`` (``dtype`` is then
     the bias and output dtype); :meth:`from_linear` quantizes a trained ``nn.Linear`` and
@@ -757,4 +763,5 @@ def swap_linears(module: torch.nn.Module,
     return len(chosen)
 
 
-__all__ = ["gemm", "gemm_fp8", "quantize", "Linear", "swap_linears", "WEIGHT_FORMATS"]
+__all__ = ["gemm", "gemm_fp8", "quantize", "grouped_mm", "grouped_mm_fp8", "Linear", "swap_linears",
+           "WEIGHT_FORMATS"]

@@ -83,6 +83,7 @@ def test_flag_off_for_other_kernels_and_the_switch(fake_gpu_memory, monkeypatch)
         launch.bulk_a_scales(BLOCK, sa, 300)
 
 
+@pytest.mark.torch
 def test_flag_for_grouped_layouts(fake_gpu_memory):
     """Grouped scale rows are the global rows (grouped._scale_rows): contiguous (M, KB), masked (G, max_m, KB) whose
     groups lie one after another along the rows, i.e. (KB, G * max_m) storage for the M-major form."""
@@ -156,6 +157,7 @@ def test_default_layout_is_bulk_for_dense(m, fake_gpu_memory):
 
 
 @pytest.mark.parametrize("g,max_m", [(4, 77), (8, 128), (3, 1), (2, 2), (5, 300)])
+@pytest.mark.torch
 def test_default_layout_reshaped_to_masked_groups_is_bulk(g, max_m, fake_gpu_memory):
     """A masked A quantized as one (G * max_m, K) matrix: its M-major scales reshaped to (G, max_m, kb) stay a view
     (NumPy, torch and CuPy), grouped._scale_rows flattens them back to rows g * max_m + i with stride 1 and the

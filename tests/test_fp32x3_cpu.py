@@ -337,12 +337,14 @@ def test_epilogue_operand_errors(cache, nothing_runs):
         ge(a, b, bias=FakeDeviceArray((48,), ptr=BASE + 65536 + 8), residual=res, out=out)
 
 
+@pytest.mark.torch
 def test_mixed_array_libraries_are_refused(g, nothing_runs):
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="same array library"):
         g(torch.zeros(5, 40), FakeDeviceArray(**B_OK))
 
 
+@pytest.mark.torch
 def test_torch_cpu_tensors_are_refused(g, nothing_runs):
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="a is a torch tensor on cpu"):

@@ -112,6 +112,7 @@ def test_dequantize_argument_errors():
         quant.dequantize(FakeDeviceArray((2, 2), np.uint8), FakeDeviceArray((1,), F32), granularity="tensor")
 
 
+@pytest.mark.torch
 def test_dequantize_argument_errors_torch():
     """torch CPU tensors reach every check that precedes the GPU ones (dtype, shapes, scales layout)."""
     torch = pytest.importorskip("torch")
@@ -139,6 +140,7 @@ def test_dequantize_argument_errors_torch():
             call()
 
 
+@pytest.mark.torch
 def test_quantize_torch_cpu_tensor_is_refused():
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="x is a torch tensor on cpu"):

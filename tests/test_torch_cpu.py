@@ -9,6 +9,7 @@ import pytest
 from deepgemm_jit import reference
 from deepgemm_jit.spec import GemmSpec
 
+pytestmark = pytest.mark.torch  # skipped in CI (no torch); the GPU machine's runs select it (-m "gpu or torch")
 torch = pytest.importorskip("torch")
 dgt = pytest.importorskip("deepgemm_jit.torch")
 
@@ -56,6 +57,7 @@ def test_schema():
     (meta((M, K)), meta((1, N, K)), {}, ValueError, "b must be 2-D"),
     (meta((M, K)), meta((N, K)), {"layout": "xt"}, ValueError, "layout='xt' is not supported"),
     (meta((M, K)), meta((N, K)), {"out_dtype": "fp8"}, ValueError, "out_dtype='fp8' is not supported"),
+    (meta((M, K)), meta((N, K)), {"out_dtype": "int32"}, ValueError, "out_dtype='int32' is not supported"),
     (meta((M, K)), meta((N, K), torch.float16), {}, TypeError, "b has dtype torch.float16 but a has"),
     (meta((M, K), torch.float64), meta((N, K), torch.float64), {}, TypeError, "a has dtype torch.float64"),
 ])
@@ -559,6 +561,8 @@ def test_grouped_fakes_shapes_and_dtypes():
     assert d.shape == (300, N) and d.dtype == torch.bfloat16 and d.device.type == "meta"
     d = dgt.grouped_mm(meta((4, 64, K), torch.float16), meta((4, N, K), torch.float16), masked_m=cnt, out_dtype="fp32")
     assert d.shape == (4, 64, N) and d.dtype == torch.float32
+    d = dgt.grouped_mm(meta((300, K)), meta((4, N, K)), offs=offs, out_dtype="FP16")  # spelled as gemm takes it
+    assert d.dtype == torch.float16
     f8 = torch.float8_e4m3fn
     d = dgt.grouped_mm_fp8(meta((300, K), f8), meta((4, N, K), f8), meta((300, 1), torch.float32),
                            meta((4, 1, 1), torch.float32), offs=offs)
@@ -575,6 +579,9 @@ def test_grouped_fakes_shapes_and_dtypes():
      "must share one dtype"),
     (meta((300, K)), meta((4, N, K)), {"offs": meta((4,), torch.int32), "out_dtype": "fp8"}, ValueError,
      "out_dtype='fp8'"),
+    (meta((300, K)), meta((4, N, K)), {"offs": meta((4,), torch.int32), "out_dtype": ""}, ValueError,
+     "out_dtype=''"),
+    (meta((3, 64, K)), meta((4, N, K)), {"masked_m": meta((4,), torch.int32)}, ValueError, "a has 3 groups"),
 ])
 def test_grouped_fake_errors_name_the_argument(a, b, kwargs, error, match):
     with pytest.raises(error, match=match):
