@@ -256,12 +256,15 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Op
     p = _problem(a, b, layout, out_dtype)
     _require_cuda("gemm", a, "a")
     with torch.cuda.device(a.device):
-        out = torch.empty((p.m, p.n), dtype=p.torch_out_dtype, device=a.device)
+        # Allocated in the returned shape (a base tensor, not a view: callers such as Linear may add to it in place).
+        out = torch.empty(p.out_shape, dtype=p.torch_out_dtype, device=a.device)
         if p.m and p.n:
             a2 = a.reshape(p.m, p.k) if p.layout == "nt" else a  # a view when a's leading dims allow one
             g = _gemm_for(a.device.index, p.m, p.n, p.k, dtype=p.dtype, out_dtype=p.out_dtype, layout=p.layout)
-            g(a2, b, out=out)   # on torch's current stream: Gemm's default for torch
-    return out.view(p.out_shape)
+            # on torch's current stream (Gemm's default for torch); operands strided along their last dimension
+            # (x.t(), x[..., ::2]) are copied, as gemm_fp8 and nn.Linear take them
+            g(_k_contiguous(a2), _k_contiguous(b), out=out.view(p.m, p.n))
+    return out
 
 
 @_gemm_op.register_fake
@@ -278,9 +281,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Option
     - ``nn``: a (M, K), b (K, N) -> (M, N);  ``tn``: a (K, M), b (K, N);  ``tt``: a (K, M), b (N, K)
 
     a and b share one dtype: float16, bfloat16, or float32 (TF32 tensor cores, FP32 accumulation).
-    ``out_dtype`` (``"fp16"``, ``"bf16"``, ``"fp32"``) defaults to a's dtype (float32 for TF32). Both need
-    unit stride along their last dimension. Runs on torch's current stream; one kernel per problem and M
-    bucket is compiled on first use (do that first call outside CUDA-graph capture). Example::
+    ``out_dtype`` (``"fp16"``, ``"bf16"``, ``"fp32"``) defaults to a's dtype (float32 for TF32). An operand
+    without unit stride along its last dimension is copied first. Runs on torch's current stream; one kernel per
+    problem and M bucket is compiled on first use (do that first call outside CUDA-graph capture). Example::
 
         y = deepgemm_jit.torch.gemm(x, linear.weight)   # x (2, 37, 256) bf16 -> (2, 37, out_features)
     """
@@ -620,6 +623,10 @@ class Linear(torch.nn.Module):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_format == "bf16" and self.weight.dtype not in _LINEAR_DTYPES:
+            # .float() / .double() made the weight one this Linear does not serve (float32 would run TF32, a
+            # different accuracy contract than nn.Linear's): torch's own linear, as swap_linears leaves such layers
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         if self.weight_format == "bf16":
             y = gemm(x, self.weight, "nt")
         else:

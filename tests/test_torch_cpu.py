@@ -596,3 +596,18 @@ def test_grouped_ops_trace_under_export():
     ep = torch.export.export(MoE(), (meta((300, K)), meta((4, N, K)), meta((4,), torch.int32)))
     nodes = [n for n in ep.graph.nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
     assert len(nodes) == 1 and tuple(nodes[0].meta["val"].shape) == (300, N)
+
+
+def test_linear_after_float_is_torchs_linear(monkeypatch):
+    """.float() on a 16-bit Linear: the fp32 weight would run the TF32 op (a looser contract than nn.Linear's
+    FP32); forward is torch's own linear then, as swap_linears leaves fp32 Linears alone."""
+    lin = dgt.Linear(K, N, device="meta", dtype=torch.float16)
+    assert lin(meta((M, K), torch.float16)).shape == (M, N)  # the op's fake
+    lin.float()
+
+    def no_op(*args, **kwargs):
+        raise AssertionError("the deepgemm op ran for an fp32 weight")
+
+    monkeypatch.setattr(dgt, "gemm", no_op)
+    y = lin(meta((2, M, K), torch.float32))
+    assert y.shape == (2, M, N) and y.dtype == torch.float32

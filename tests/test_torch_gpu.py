@@ -178,6 +178,41 @@ def test_nt_leading_dims_match_flat_cupy(a_shape, slicer):
     assert_same_bits(d.reshape(-1, 520), bits_cupy(want), case)
 
 
+@pytest.mark.parametrize("which", ["a.t()", "a[:, ::2]", "w.t()"])
+def test_operands_strided_along_k_are_copied(which):
+    """Operands without unit stride along their last dimension are copied by the op (nn.Linear takes them; the
+    op raised the Gemm's unit-stride error, with CuPy's advice). Same bits as the contiguous call."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    a, w = rand((37, 256), torch.bfloat16), rand((520, 256), torch.bfloat16)
+    if which == "a.t()":
+        a = rand((256, 37), torch.bfloat16).t()
+    elif which == "a[:, ::2]":
+        a = rand((37, 512), torch.bfloat16)[:, ::2]
+    else:
+        w = rand((256, 520), torch.bfloat16).t()
+    d = dgt.gemm(a, w)
+    assert_same_bits(d, bits_torch(dgt.gemm(a.contiguous(), w.contiguous())), which)
+
+
+def test_linear_in_grad_mode_and_after_float():
+    """A swapped Linear with a bias runs in grad mode (the op returns a base tensor, which the bias is added to in
+    place), and after .float() it is torch's linear (fp32 weights would otherwise run TF32)."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    ref = torch.nn.Linear(256, 520, dtype=torch.bfloat16, device="cuda")
+    lin = dgt.Linear.from_linear(ref)
+    x = rand((3, 37, 256), torch.bfloat16)
+    y = lin(x)
+    assert y.requires_grad and tuple(y.shape) == (3, 37, 520)
+    with torch.no_grad():
+        want = lin(x)
+    assert_same_bits(y.detach(), bits_torch(want), "grad mode")
+    lin.float()
+    y32 = lin(x.float())
+    assert y32.dtype == torch.float32
+    want32 = torch.nn.functional.linear(x.float(), lin.weight, lin.bias).detach()
+    assert_same_bits(y32.detach(), bits_torch(want32), ".float()")
+
+
 def test_op_passes_opcheck():
     """torch's own checks of a custom op: schema (no aliasing, no mutation), fake vs real, AOT dispatch."""
     pytest.importorskip("deepgemm_jit.torch")
