@@ -563,7 +563,8 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     except KernelNotCachedError as exc:
         from .warmup_sources import warmup_command_for
 
-        raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target)) from None
+        local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
+        raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target, local_sms)) from None
 
 
 def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_streaming=None, split_k=None,

@@ -632,5 +632,6 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:
         target = device.normalize_arch(arch) if arch is not None else exc.arch
-        raise exc.with_warmup_command(warmup_command_for(spec, M, target)) from None
+        local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
+        raise exc.with_warmup_command(warmup_command_for(spec, M, target, local_sms)) from None
     return Fp32Gemm(spec, gemm.arch, gemm.m_hint, gemm, split)

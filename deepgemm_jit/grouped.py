@@ -460,5 +460,6 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     except KernelNotCachedError as exc:  # DEEPGEMM_JIT_OFFLINE=1: name the warmup line that would compile it
         from .warmup_sources import grouped_warmup_command_for
 
-        raise exc.with_warmup_command(grouped_warmup_command_for(spec, expected, groups, target)) from None
+        local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
+        raise exc.with_warmup_command(grouped_warmup_command_for(spec, expected, groups, target, local_sms)) from None
     return GroupedGemm(spec, target, expected, artifact, deterministic)

@@ -361,6 +361,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "separated); auto (default): the expert count, its shares under expert parallelism "
                         f"{'/'.join(map(str, EP_DEGREES))}, {DEFAULT_NUM_GROUPS} and 1; none: no grouped kernels")
     w.add_argument("--arch", default=None, help="target, e.g. sm_90a (default: the GPU's; required without one)")
+    w.add_argument("--num-sms", type=int, default=None, metavar="N",
+                   help="plan the tiles for a GPU of N SMs (default: the GPU's own, or the arch's usual count with "
+                        "--arch: 132 for sm_90a); offline misses on GPUs of other counts print it")
     w.add_argument("--jobs", type=int, default=1, help="compile in N processes (default 1)")
     w.add_argument("--dry-run", action="store_true", help="print the plan, compile nothing")
     w.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -394,13 +397,16 @@ def _entries(args) -> list[WarmupEntry]:
     return entries
 
 
-def _target(arch: str | None) -> tuple[str, int | None]:
-    """(arch, num_sms for the heuristic): the given arch with the arch's usual SM count, or the GPU's own."""
+def _target(arch: str | None, num_sms: int | None = None) -> tuple[str, int | None]:
+    """(arch, num_sms for the heuristic): the given arch with `num_sms` (None: the arch's usual count), or the GPU's
+    own arch with `num_sms` or its own count."""
+    if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+        raise ValueError(f"--num-sms must be a positive integer, got {num_sms!r}")
     if arch is not None:
-        return device.normalize_arch(arch), None
+        return device.normalize_arch(arch), num_sms
     if device.gpu_count() == 0:
         raise ValueError("no CUDA GPU found: pass --arch (e.g. --arch sm_90a) to pre-generate kernels for it")
-    return device.current_arch(), device.num_sms()
+    return device.current_arch(), num_sms or device.num_sms()
 
 
 def _check_cache_writable() -> None:
@@ -421,7 +427,7 @@ def _check_cache_writable() -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``warmup`` for parsed arguments: 0 when every kernel is in the cache, 1 when any failed."""
-    arch, num_sms = _target(args.arch)
+    arch, num_sms = _target(args.arch, args.num_sms)
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     entries = _entries(args)

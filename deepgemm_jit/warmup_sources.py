@@ -246,9 +246,19 @@ def parse_shape(text: str) -> WarmupEntry:
     return WarmupEntry(spec=spec, m_buckets=buckets, source=where)
 
 
-def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
-    """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch):
-    its ``--shape`` gives back exactly `spec` (types, scaling, fast_accum, layout, out_dtype, fused epilogue).
+def _target_flags(arch: str, num_sms: int | None) -> str:
+    """``--arch`` and, where the build chose its tile for a GPU of another SM count than the arch's usual one (an
+    H100 PCIe's 114), ``--num-sms``: warmup then plans the same tile."""
+    flags = f"--arch {arch}"
+    if num_sms is not None and num_sms != config_mod.DEFAULT_SM90_NUM_SMS:
+        flags += f" --num-sms {num_sms}"
+    return flags
+
+
+def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None) -> str:
+    """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch) on a GPU
+    of `num_sms` SMs (None: the arch's usual count): its ``--shape`` gives back exactly `spec` (types, scaling,
+    fast_accum, layout, out_dtype, fused epilogue).
 
     Example: ``warmup_command_for(GemmSpec.create(7168, 2048, "fp8"), 4096, "sm_90a")`` ->
     ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:fp8_e4m3/block"``;
@@ -263,7 +273,7 @@ def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str) -> str:
     elif spec.layout != "nt":
         fields.append(spec.layout)
     fields += _epilogue_field(spec)
-    return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
+    return f"deepgemm-jit warmup {_target_flags(arch, num_sms)} --shape {':'.join(fields)}"
 
 
 def expert_group_counts(num_experts: int) -> tuple[int, ...]:
@@ -322,7 +332,8 @@ def parse_grouped(text: str) -> WarmupEntry:
     return WarmupEntry(spec=spec, m_buckets=buckets, source=where, num_groups=groups)
 
 
-def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int, arch: str) -> str:
+def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int, arch: str,
+                               num_sms: int | None = None) -> str:
     """The ``deepgemm-jit warmup`` line that compiles the kernel ``build_grouped`` picks for (spec, expected_m,
     num_groups, arch) (and the segments kernel and, for FP8, the activations' quantize kernel a call needs); its
     ``--grouped`` gives back exactly `spec`, fused epilogue included.
@@ -339,7 +350,7 @@ def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int,
     if spec.out_dtype != default_out:
         fields.append(spec.out_dtype)
     fields += _epilogue_field(spec)
-    return f"deepgemm-jit warmup --arch {arch} --grouped {':'.join(fields)}"
+    return f"deepgemm-jit warmup {_target_flags(arch, num_sms)} --grouped {':'.join(fields)}"
 
 
 def parse_quantize(text: str) -> QuantKernelSpec:

@@ -245,6 +245,30 @@ def test_warmup_command_round_trip(spec):
         assert (":epilogue=" in line) == (spec.epilogue != "none")
 
 
+def test_warmup_line_plans_the_tile_of_a_gpu_with_other_sm_counts(capsys):
+    """An offline miss on a GPU of 114 SMs (H100 PCIe) printed a line that planned for sm_90a's usual 132, another
+    tile, so running it left the miss: the line now carries --num-sms, and warmup plans with it."""
+    spec = GemmSpec.create(7168, 2048, "bf16")
+    on_114 = config.choose_config(spec, 512, "sm_90a", 114)
+    assert on_114 != config.choose_config(spec, 512, "sm_90a", 132)  # the case is real
+    assert "--num-sms" not in warmup.warmup_command_for(spec, 512, "sm_90a", 132)
+    assert "--num-sms" not in warmup.warmup_command_for(spec, 512, "sm_90a")
+    line = warmup.warmup_command_for(spec, 512, "sm_90a", 114)
+    assert line.startswith("deepgemm-jit warmup --arch sm_90a --num-sms 114 --shape 512:7168:2048:")
+    args = _args(*line.split()[2:])
+    arch, num_sms = warmup._target(args.arch, args.num_sms)
+    entries = [warmup.parse_shape(text) for text in args.shape]
+    assert list(warmup.plan_buckets(entries, arch, num_sms)) == [(spec, on_114)]
+    grouped = warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32,
+                                                "sm_90a", 114)
+    assert grouped.startswith("deepgemm-jit warmup --arch sm_90a --num-sms 114 --grouped ")
+    with pytest.raises(ValueError, match="--num-sms must be a positive integer"):
+        warmup.main(_args("--arch", "sm_90a", "--num-sms", "0", "--shape", "512:7168:2048:bf16", "--dry-run"))
+    assert warmup.main(_args("--arch", "sm_90a", "--num-sms", "114", "--shape", "512:7168:2048:bf16",
+                             "--dry-run")) == 0
+    assert on_114.tag in capsys.readouterr().out
+
+
 def test_warmup_command_lines():
     line = lambda *a, **kw: warmup.warmup_command_for(GemmSpec.create(7168, 2048, *a, **kw), 4096, "sm_90a")  # noqa
     prefix = "deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:"
