@@ -589,9 +589,12 @@ def _common_kind(a, b, out) -> str:
     return kinds["a"]
 
 
-def warmup_command_for(spec: Fp32Spec, m_hint: int, arch: str) -> str:
+def warmup_command_for(spec: Fp32Spec, m_hint: int, arch: str, num_sms: int | None = None) -> str:
     """The ``deepgemm-jit warmup`` line that compiles both kernels of ``build_fp32(m_hint, spec...)`` for `arch`
-    into the cache (what an offline miss prints): ``--shape M:N:K:fp32[:layout[:out_dtype]][:epilogue=EPI]``."""
+    (and a GPU of `num_sms` SMs) into the cache (what an offline miss prints):
+    ``--shape M:N:K:fp32[:layout[:out_dtype]][:epilogue=EPI]``."""
+    from .warmup_sources import target_flags  # (warmup_sources imports this module)
+
     fields = [str(m_hint), str(spec.n), str(spec.k), "fp32"]
     if spec.out_dtype != Fp32Spec.create(spec.n, spec.k, epilogue=spec.epilogue).out_dtype:
         fields += [spec.layout, spec.out_dtype]
@@ -599,7 +602,7 @@ def warmup_command_for(spec: Fp32Spec, m_hint: int, arch: str) -> str:
         fields.append(spec.layout)
     if spec.epilogue != "none":
         fields.append(f"epilogue={spec.epilogue}")
-    return f"deepgemm-jit warmup --arch {arch} --shape {':'.join(fields)}"
+    return f"deepgemm-jit warmup {target_flags(arch, num_sms)} --shape {':'.join(fields)}"
 
 
 def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: str = "nt", arch: str | None = None,

@@ -246,7 +246,7 @@ def parse_shape(text: str) -> WarmupEntry:
     return WarmupEntry(spec=spec, m_buckets=buckets, source=where)
 
 
-def _target_flags(arch: str, num_sms: int | None) -> str:
+def target_flags(arch: str, num_sms: int | None) -> str:
     """``--arch`` and, where the build chose its tile for a GPU of another SM count than the arch's usual one (an
     H100 PCIe's 114), ``--num-sms``: warmup then plans the same tile."""
     flags = f"--arch {arch}"
@@ -273,7 +273,7 @@ def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | No
     elif spec.layout != "nt":
         fields.append(spec.layout)
     fields += _epilogue_field(spec)
-    return f"deepgemm-jit warmup {_target_flags(arch, num_sms)} --shape {':'.join(fields)}"
+    return f"deepgemm-jit warmup {target_flags(arch, num_sms)} --shape {':'.join(fields)}"
 
 
 def expert_group_counts(num_experts: int) -> tuple[int, ...]:
@@ -350,7 +350,7 @@ def grouped_warmup_command_for(spec: GemmSpec, expected_m: int, num_groups: int,
     if spec.out_dtype != default_out:
         fields.append(spec.out_dtype)
     fields += _epilogue_field(spec)
-    return f"deepgemm-jit warmup {_target_flags(arch, num_sms)} --grouped {':'.join(fields)}"
+    return f"deepgemm-jit warmup {target_flags(arch, num_sms)} --grouped {':'.join(fields)}"
 
 
 def parse_quantize(text: str) -> QuantKernelSpec:
