@@ -10,7 +10,7 @@ import numpy as np
 from . import config as config_mod
 from . import copies, device, dtypes, env, gemv, gemv_kn, jit, launch, runtime, splitk, staging
 from .arrays import (MatrixView, ScaleView, array_kind, has_distinct_elements, matrix_view, new_array,
-                     new_mn_major_scales, out_view, overlaps, scale_view, signature)
+                     new_mn_major_scales, out_view, overlaps, scalar_signature, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
@@ -315,8 +315,8 @@ class Gemm:
         key = None
         if out is not None:
             key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b),
-                   signature(bias), signature(c), signature(residual), alpha, beta, signature(quant_scale),
-                   signature(amax_out), signature(scales_out))
+                   signature(bias), signature(c), signature(residual), scalar_signature(alpha), scalar_signature(beta),
+                   signature(quant_scale), signature(amax_out), signature(scales_out))
             hit = self._launch_plans.get(key) if None not in key else None
             if hit is not None and hit[0].device_id == device.current_device_id():
                 plan, kind = hit

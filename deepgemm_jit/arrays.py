@@ -208,6 +208,14 @@ def overlaps(x, y) -> bool:
     return x0 < y1 and y0 < x1
 
 
+def scalar_signature(value) -> float | None:
+    """alpha / beta as a launch plan's key holds them: a float, or None (no plan) for anything validation would
+    refuse: a bool equals 1.0 and would find the plan of alpha=1.0, an unhashable value broke the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        return None
+    return float(value)
+
+
 def signature(x: object):
     """A hashable key that determines everything `matrix_view` checks and returns, for CuPy arrays
     and torch tensors (None for other kinds): equal signatures validate and launch identically."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import cubin, device, dtypes, env, jit, runtime, sass
 from . import epilogue as epilogue_mod
-from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view, signature
+from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view, scalar_signature, signature
 from .errors import KernelNotCachedError
 from .quantization import _empty as _stream_array  # a new array of the caller's library, for the call's stream
 from .render import RenderedSource
@@ -484,7 +484,8 @@ class Fp32Gemm:
         key = None
         if out is not None:
             key = (signature(a), signature(b), signature(out), signature(bias), signature(c), signature(residual),
-                   alpha, beta, signature(quant_scale), signature(amax_out), signature(scales_out))
+                   scalar_signature(alpha), scalar_signature(beta), signature(quant_scale), signature(amax_out),
+                   signature(scales_out))
             plan = self._plans.get(key) if None not in key else None
             if plan is not None and plan.device_id == device.current_device_id():
                 cu_stream = runtime.stream_for(plan.kind, stream, plan.device_id)

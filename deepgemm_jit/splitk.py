@@ -173,7 +173,14 @@ class Workspace:
                         "the first call that needs it: call it once outside the capture (with this size or a "
                         "larger one) before capturing a CUDA graph")
                 if have is not None:
+                    # At least doubled where it grows (as staging.py's buffers): kept plans may point at the
+                    # outgrown buffers, so they are retired, not freed, and a serving loop whose M creeps up must
+                    # not retire (and synchronise for) one per size. The retired ones stay smaller than the live.
                     self._retired.append(have)
+                    if have[0].nbytes < partial_bytes:
+                        partial_bytes = max(partial_bytes, 2 * have[0].nbytes)
+                    if have[1].nbytes < arrival_bytes:
+                        arrival_bytes = max(arrival_bytes, 2 * have[1].nbytes)
                 have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)
         return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr, atomic)
 

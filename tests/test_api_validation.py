@@ -210,3 +210,16 @@ def test_written_scales_must_be_distinct_and_apart_from_inputs(shared_cache_dir,
     with pytest.raises(ValueError, match="amax_out overlaps scale_a"):
         q(a, b, scale_a=st, scale_b=sbt, out=out, quant_scale=FakeDeviceArray((1,), np.float32, ptr=apart + 64),
           amax_out=FakeDeviceArray((1,), np.float32, ptr=BASE + (6 << 20)))
+
+
+def test_plan_keys_leave_validation_to_refuse_odd_scalars(g, fake_gpu_memory):
+    """alpha / beta enter the launch-plan key as floats: alpha=True (== 1.0) could find alpha=1.0's plan and skip
+    the type check, and an unhashable alpha raised 'unhashable type' instead of naming the argument."""
+    assert arrays.scalar_signature(True) is None and arrays.scalar_signature([1.0]) is None
+    assert arrays.scalar_signature(np.float32(0.5)) == 0.5 and arrays.scalar_signature(2) == 2.0
+    a = FakeDeviceArray((5, 40), F16, ptr=BASE)
+    b = FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
+    out = FakeDeviceArray((5, 48), F16, ptr=BASE + 65536)
+    for alpha in ([1.0], True):
+        with pytest.raises(TypeError, match="alpha must be a number"):
+            g(a, b, out=out, alpha=alpha)
