@@ -538,7 +538,10 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     if isinstance(config, config_mod.KernelConfig) and config.family != "sm90":
         kspec = spec
     if config is None:
-        cfg = _tuned_or_heuristic(kspec, m_hint, target, arch is None, env.tune() if tune is None else tune)
+        # DEEPGEMM_JIT_TUNE is a default for builds on the GPU: an offline build (arch=) stays untuned under it
+        # (tune=True with arch= is still refused)
+        tune_now = (env.tune() and arch is None) if tune is None else tune
+        cfg = _tuned_or_heuristic(kspec, m_hint, target, arch is None, tune_now)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config
         cfg.check_for(kspec, target)

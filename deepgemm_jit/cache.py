@@ -51,7 +51,7 @@ except ImportError:  # not POSIX: no cross-process lock, the double check still 
 
 FORMAT = 1
 _KEY = re.compile(r"[0-9a-f]{64}")
-_TOUCH_INTERVAL_S = 24 * 3600
+TOUCH_INTERVAL_S = 24 * 3600
 
 
 def _sha256(data: bytes) -> str:
@@ -146,7 +146,7 @@ class DiskCache:
     def _touch(meta_path: Path) -> None:
         """Record use (the metadata's mtime) for `prune`, at most once a day per entry."""
         try:
-            if time.time() - meta_path.stat().st_mtime > _TOUCH_INTERVAL_S:
+            if time.time() - meta_path.stat().st_mtime > TOUCH_INTERVAL_S:
                 os.utime(meta_path)
         except OSError:  # a read-only cache still serves
             pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import json
+import math
 import sys
 import time
 
@@ -153,8 +154,10 @@ def _cmd_cache(args) -> int:
         print(json.dumps(meta, indent=1, sort_keys=True))
         return 0
     if args.action == "prune":
-        if args.older_than is None or args.older_than < 0:
-            print("prune needs --older-than DAYS (>= 0)", file=sys.stderr)
+        least = cache.TOUCH_INTERVAL_S / 86400.0  # use is recorded at most this often: younger ages are not known
+        if args.older_than is None or not math.isfinite(args.older_than) or args.older_than < least:
+            print(f"prune needs --older-than DAYS (>= {least:g}: a kernel's use is recorded at most once a day, so "
+                  "one used today may look older; `cache clear --yes` removes everything)", file=sys.stderr)
             return 2
         removed = store.prune(args.older_than * 86400.0)
         print(f"removed {removed} kernels unused for {args.older_than:g} days from {store.root}")

@@ -8,7 +8,8 @@
 | DEEPGEMM_JIT_OFFLINE             | bool | never compile: a kernel missing from the cache is an error|
 |                                  |      | naming the `deepgemm-jit warmup` line that would make it  |
 | DEEPGEMM_JIT_TUNE                | bool | `build()` tunes (times candidates on the GPU) when no     |
-|                                  |      | tuning result is stored for the problem (as tune=True)    |
+|                                  |      | tuning result is stored for the problem (as tune=True);   |
+|                                  |      | offline builds (arch=, explain, warmup) stay untuned      |
 | DEEPGEMM_JIT_TEMPLATES_DIR       | path | render kernels from another copy of `templates/` (kernel  |
 |                                  |      | experiments; the cache key hashes what is rendered)       |
 | DEEPGEMM_JIT_NO_BULK_SCALES      | bool | experiments: FP8 block kernels copy A scales with the     |

@@ -304,18 +304,19 @@ def _as_bytes(q, q_name: str, kind: str, arg: str):
     return q
 
 
-def _check_array(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, dtype_words: str) -> None:
-    """Checks that `a` is an array of library `kind`, of dtype (dtype_ok), exactly `shape`."""
-    if array_kind(a) != kind:
+def _check_array(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok, dtype_words: str) -> None:
+    """Checks that `a` is an array of library `kind`, of a dtype dtype_ok(a) accepts (asked only once `a` is an
+    array: None or a list got an AttributeError), exactly `shape`."""
+    if array_kind(a) != kind or not (hasattr(a, "shape") and hasattr(a, "dtype")):
         raise TypeError(f"{arg} must be a {'torch tensor' if kind == 'torch' else 'CuPy array'} here, got "
                         f"{type(a).__module__}.{type(a).__name__}")
-    if not dtype_ok:
+    if not dtype_ok(a):
         raise TypeError(f"{arg} has dtype {a.dtype}; {dtype_words}")
     if tuple(a.shape) != shape:
         raise ValueError(f"{arg} has shape {tuple(a.shape)}, expected {shape}")
 
 
-def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok: bool, dtype_words: str) -> None:
+def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok, dtype_words: str) -> None:
     """_check_array, and `a` contiguous (row-major)."""
     _check_array(a, arg, kind, shape, dtype_ok, dtype_words)
     if not (a.is_contiguous() if kind == "torch" else a.flags.c_contiguous):
@@ -339,7 +340,8 @@ def _scales_layout(a, arg: str, kind: str, shape: tuple[int, ...], is_output: bo
     kernel writes each once. Returns where the kernels find them (arrays.ScaleView: element (i, j), j the 128-column
     group, at ptr + 4 (i stride_i + j stride_j)). Host-side checks only: :func:`_placed` sets ptr (0 until then)
     and device (-1)."""
-    _check_array(a, arg, kind, shape, str(a.dtype).removeprefix("torch.") == "float32", "scales are float32")
+    _check_array(a, arg, kind, shape, lambda x: str(x.dtype).removeprefix("torch.") == "float32",
+                 "scales are float32")
     if kind == "torch":
         strides = tuple(int(st) for st in a.stride())
     else:
@@ -522,7 +524,7 @@ def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tupl
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(f"out must be a (q, scales) tuple, got {type(out).__name__}")
         q, scales = out
-        _contiguous(q, "out[0]", kind, shape, True, "")
+        _contiguous(q, "out[0]", kind, shape, lambda x: True, "")
         _as_bytes(q, q_name, kind, "out[0]")
         layout = _scales_layout(scales, "out[1]", kind, scale_shape(granularity, m, k), is_output=True)
         layout = _placed(layout, scales, "out[1]", kind, device_id)
@@ -668,7 +670,7 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
     scales_layout = _scales_layout(scales, "scales", kind, shape, is_output=False)
     if out is not None:
         want = _torch_dtype(out_name) if kind == "torch" else _cupy_dtype(out_name)
-        _contiguous(out, "out", kind, (m, k), out.dtype == want, f"out_dtype={out_name!r} writes {want}")
+        _contiguous(out, "out", kind, (m, k), lambda x: x.dtype == want, f"out_dtype={out_name!r} writes {want}")
     view = matrix_view(q_bytes, "q")
     dev = _device_of(view.device, "q")
     scales_layout = _placed(scales_layout, scales, "scales", kind, dev)

@@ -162,3 +162,14 @@ def test_loading_marks_use_for_prune(cache_dir):
     jit.clear_memo()
     dg.build(64, 120, 64, dtype="bf16", arch="sm_90a")     # a load is a use
     assert store.prune(7 * 86400) == 0
+
+
+def test_prune_command_refuses_ages_it_cannot_know(cache_dir, capsys):
+    """A load records use at most once a day (cache.TOUCH_INTERVAL_S): `prune --older-than 0.5` removed a kernel
+    used an hour ago whose last record was 20 h old, and nan removed nothing while saying it pruned."""
+    from deepgemm_jit import cli
+
+    for days in ("0.5", "nan", "-1"):
+        assert cli.main(["cache", "prune", "--older-than", days]) == 2
+        assert "prune needs --older-than DAYS (>= 1" in capsys.readouterr().err
+    assert cli.main(["cache", "prune", "--older-than", "7"]) == 0

@@ -696,6 +696,7 @@ def test_quantize_out_errors_name_the_argument(fake_cupy):
          ValueError, r"out\[0\] must be contiguous"),
         ((q, FakeCupy((5, 3), np.float32, BASE + 64)), ValueError, "out\\[1\\] overlaps x|x overlaps out\\[1\\]"),
         ([q, FakeCupy((5, 3), np.float32, SCALES_AT)], TypeError, "out must be a \\(q, scales\\) tuple"),
+        ((q, None), TypeError, r"out\[1\] must be a CuPy array"),  # was an AttributeError on None.dtype
     ]
     for out, exc, words in cases:
         with pytest.raises(exc, match=words):
@@ -736,6 +737,10 @@ def test_dequantize_scales_errors(fake_cupy):
     with pytest.raises(ValueError, match="out overlaps scales|scales overlaps out"):
         quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT, (1, 8)),
                          out=FakeCupy((5, 300), np.float32, SCALES_AT + 64))
+    with pytest.raises(TypeError, match="scales must be a CuPy array"):  # these were AttributeErrors
+        quant.dequantize(q, None)
+    with pytest.raises(TypeError, match="out must be a CuPy array"):
+        quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT), out=[1, 2])
     assert not [c for c in fake_cupy if c[0] == "launch"]
 
 

@@ -85,6 +85,20 @@ def test_fp32_refuses_tuning_before_anything(cache_dir):
     dg.build_fp32(64, 64, 64, arch="sm_90a", tune=None)  # DEEPGEMM_JIT_TUNE's default: untuned, no error
 
 
+def test_tune_environment_default_leaves_offline_builds_alone(cache_dir, monkeypatch, capsys):
+    """DEEPGEMM_JIT_TUNE=1 made every offline build (arch=, `explain --arch`, `demo` without a GPU) fail with
+    'tune=True needs the GPU'; it is a default for builds on the GPU. An explicit tune=True with arch= still fails."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import cli
+    from deepgemm_jit.errors import NoGPUError
+
+    monkeypatch.setenv("DEEPGEMM_JIT_TUNE", "1")
+    assert dg.build(64, 64, 64, arch="sm_90a").config.family == "sm90"
+    assert cli.main(["explain", "64", "64", "64", "--arch", "sm_90a"]) == 0
+    with pytest.raises(NoGPUError, match="tune=True needs the GPU"):
+        dg.build(64, 64, 64, arch="sm_90a", tune=True)
+
+
 def test_trial_refuses_hi_lo_specs():
     from deepgemm_jit import trial
     from deepgemm_jit.fp32x3 import Fp32Spec
