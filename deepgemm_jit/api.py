@@ -530,6 +530,9 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
     """``build`` for a spec made elsewhere (build_fp32's inner TF32 GEMM, whose spec build's arguments cannot
     spell): the same choice of config, tuning and kernel for `m_hint` (M, checked as build checks it)."""
     m_hint = _check_m(m_hint)
+    for arg, value in (("tune", tune), ("weight_streaming", weight_streaming)):
+        if value is not None and not isinstance(value, (bool, np.bool_)):  # "no" or 0 would read as a choice
+            raise TypeError(f"{arg} must be True, False or None, got {type(value).__name__} {value!r}")
     target = device.target_arch(arch)
     # The spec the kernel is compiled for: `spec`, or its twin where calls transpose MN-major TF32 operands
     # (config.kernel_spec: nt, or for tn at small M nn, whose kernel transposes B); a forced portable config keeps

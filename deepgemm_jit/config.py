@@ -128,6 +128,8 @@ class KernelConfig:
         if self.family == "sm90":
             _check_sm90(self, spec, arch)
             return
+        if spec.grouped:  # the portable kernel has no group walk: it would multiply every row by group 0's weight
+            raise ValueError("grouped GEMMs run on the sm90 family only")
         if dtypes.is_quantized(spec.dtype):
             raise ValueError(f"{spec.dtype} GEMMs run on the sm90 family only (Hopper's 8-bit WGMMA)")
         if spec.epilogue != "none":

@@ -628,6 +628,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
     if tune:
         raise ValueError("tune=True is not available for dtype='fp32' (3xTF32): its TF32 GEMM multiplies hi / lo "
                          "splits, which the tuner has no float64 value for; build without tune= (or pass config=)")
+    M = api._check_m(M)  # inner_at reads it before build_spec would check it
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
         target = device.target_arch(arch)

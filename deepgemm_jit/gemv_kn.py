@@ -157,6 +157,8 @@ def max_m(spec: GemmSpec, arch: str, num_sms: int = config.DEFAULT_SM90_NUM_SMS)
     (0: never): the module docstring's rule."""
     if spec.layout not in ("nn", "tn") or spec.epilogue != "none" or spec.grouped or spec.hi_lo or spec.raw_b:
         return 0
+    if spec.promoted:  # the kernel accumulates through all of K in the tensor cores: promoted=True's contract is
+        return 0       # FP32 partial sums every K block, which the tile kernels keep
     if device.arch_number(arch) < 90:
         return 0
     if spec.dtype not in STREAM_DTYPES or spec.b_dtype != spec.dtype or spec.out_dtype not in OUT_DTYPES:
@@ -166,6 +168,9 @@ def max_m(spec: GemmSpec, arch: str, num_sms: int = config.DEFAULT_SM90_NUM_SMS)
         return 0
     if not fills_its_last_wave(spec.n, spec.k, element_bytes, num_sms):
         return 0
+    steps = -(-spec.k // STEP_K[element_bytes])
+    if steps * NUM_WARPS * choose_cluster(spec.n, spec.k, element_bytes, num_sms) >= 1 << 32:
+        return 0  # the kernel splits K as steps * part / parts in 32 bits (K of ~5e8 and more): the tiles serve
     return DISPATCH_MAX_M
 
 

@@ -183,9 +183,10 @@ class GemmSpec(OperandLayout):
             raise ValueError(f"grouped FP8 GEMMs take scaling='block' (per-group 128x128 scales of B), got "
                              f"{self.scaling!r}")
         epi = self.epi
-        if epi.beta or epi.residual or epi.has_static_scale:
-            raise ValueError(f"epilogue={self.epilogue!r}: grouped GEMMs take bias, activations, swiglu/geglu and "
-                             "quant_fp8_g128, not beta (C), a residual or per-tensor quantization")
+        if epi.beta or epi.residual or epi.has_static_scale or epi.bias == "row":
+            raise ValueError(f"epilogue={self.epilogue!r}: grouped GEMMs take bias (per group and column), "
+                             "activations, swiglu/geglu and quant_fp8_g128, not beta (C), a residual, per-tensor "
+                             "quantization or bias_row")
 
     def _check_fused(self) -> None:
         """Gated units and quantize-on-store: the shapes and type pairs their tiles can compute."""

@@ -82,6 +82,25 @@ def test_build_argument_errors(cache_dir):
         dg.build(8, 8, 8, layout="NTT", arch="sm_90a")
     with pytest.raises(ValueError, match="arch"):
         dg.build(8, 8, 8, arch="sm_70")
+    # switches that took any truthy value as on ("false" streamed weights, "no" tuned)
+    with pytest.raises(TypeError, match="weight_streaming must be True, False or None"):
+        dg.build(8, 8, 8, arch="sm_90a", weight_streaming="false")
+    with pytest.raises(TypeError, match="tune must be True, False or None"):
+        dg.build(8, 8, 8, arch="sm_90a", tune="no")
+    with pytest.raises(TypeError, match="M must be an integer"):  # was a TypeError from a comparison inside
+        dg.build_fp32(None, 256, 256, arch="sm_90a")
+
+
+def test_grouped_builds_refuse_what_they_cannot_run(cache_dir):
+    """A portable (sm80) config for a grouped GEMM compiled a plain kernel that multiplied every row by group 0's
+    weight, with no error; epilogue='bias_row' compiled and then failed on every call."""
+    from deepgemm_jit import config
+
+    portable = config.KernelConfig("sm80", 64, 64, 32, 3, 2, 2, 8, 8)
+    with pytest.raises(ValueError, match="grouped GEMMs run on the sm90 family only"):
+        dg.build_grouped(256, 256, arch="sm_90a", config=portable)
+    with pytest.raises(ValueError, match="or bias_row"):
+        dg.build_grouped(256, 256, arch="sm_90a", epilogue="bias_row")
 
 
 def test_build_without_gpu_needs_arch(cache_dir):

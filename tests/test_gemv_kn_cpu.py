@@ -57,6 +57,11 @@ def test_dispatch_rule():
     assert mm(arch="sm_80", dtype="tf32") == mm(arch="sm_89", dtype="tf32") == 0  # thread-block clusters
     assert mm(epilogue="bias", dtype="tf32") == 0
     assert mm(n=4100, dtype="tf32") == 8 and mm(n=4097, dtype="tf32") == 0  # 16400 bytes: whole chunks; 16388: not
+    # promoted=True promises FP32 partial sums every K block; this kernel accumulates through K in the tensor cores
+    assert mm(dtype="tf32", promoted=True) == mm(dtype="tf32", layout="tn", promoted=True) == 0
+    # K split across warps as steps * part / parts in 32 bits: past 2^32 the ranges wrapped (N = 4, K = 6e8 at
+    # cluster 8 covered 73.8 M of 75 M steps); such K run the tiles
+    assert mm(n=4, k=60_000_000, dtype="tf32") == 8 and mm(n=4, k=600_000_000, dtype="tf32") == 0
 
 
 def test_dispatch_needs_a_full_last_wave():

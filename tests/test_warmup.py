@@ -165,7 +165,7 @@ def test_shapes_file(tmp_path):
     ({"n": 64, "k": 64, "dtype": "fp8", "epilogue": "bias", "layout": "tn"},
      "gemms\\[0\\]: .*layout"),
     ({"n": 64, "k": 64, "epilogue": "quant_fp8_g128", "out_dtype": "bf16"}, "epilogue='quant_fp8_g128' writes fp8"),
-    ({"n": 64, "k": 64, "epilogue": "residual", "grouped": True}, "grouped GEMMs take bias, activations"),
+    ({"n": 64, "k": 64, "epilogue": "residual", "grouped": True}, "grouped GEMMs take bias \\(per group"),
     ({"n": 64, "k": 64, "dtype": "int8", "epilogue": "bias"}, "needs a floating output"),
     ({"n": 8, "k": 8, "scaling": "block"}, "gemms\\[0\\]: scaling='block' applies to fp8/int8 operands, not bf16"),
     ({"n": 8, "k": 8, "dtype": "int8", "scaling": "block"}, "gemms\\[0\\]: .*not available for int8"),
@@ -830,7 +830,7 @@ def test_grouped_option_and_command_round_trip():
                           ("8:64:x:7168:bf16", "N and K must be integers"),
                           ("8:64:4096:7168:bf16:epilogue=residual", "--grouped 8:64:4096:7168:bf16:epilogue=residual: "
                                                                     "epilogue='residual': grouped GEMMs take bias"),
-                          ("8:64:4096:7168:bf16:epilogue=quant_fp8_tensor", "not beta \\(C\\), a residual or "
+                          ("8:64:4096:7168:bf16:epilogue=quant_fp8_tensor", "not beta \\(C\\), a residual, "
                                                                            "per-tensor quantization"),
                           ("8:64:4104:7168:bf16:epilogue=swiglu", "N=4104: .*multiple of 16"),
                           ("8:64:4096:7168:bf16:epilogue=bias+gleu", "unknown word 'gleu'"),
