@@ -60,7 +60,9 @@ def git_info(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     carry = root / ".carry" / "commit"
     if passed is None and carry.is_file():
         fields = carry.read_text().split()
-        if fields:
+        # "commit dirty source_sha256": trusted only while the code is what it was written for (a stale file
+        # left in a local tree labelled later runs with an old commit)
+        if fields and (len(fields) < 3 or fields[2] == source_sha256(root)):
             passed, dirty_flag = fields[0], (fields[1] if len(fields) > 1 else None)
     if passed is not None:
         return passed, (None if dirty_flag is None else dirty_flag == "1")
@@ -221,13 +223,19 @@ def _shape(r: dict) -> tuple:
 def geomean_vs_faster_fp8(rows: list[dict]) -> dict[str, dict]:
     """{FP8 dtype: {"ratio": geomean of (fastest torch FP8 baseline of the same shape in this run) / us, "min",
     "n_below_1", "n"}} for FP8 dtypes whose shapes ran with another FP8 recipe too; {} otherwise."""
-    ok = [r for r in rows if r["dtype"] in FP8_RECIPES and r["status"] == "ok" and not r.get("epilogue")
-          and r.get("us") and r.get("baseline_us")]
+    plain = [r for r in rows if r["dtype"] in FP8_RECIPES and not r.get("epilogue")]
+    ok = [r for r in plain if r["status"] == "ok" and r.get("us") and r.get("baseline_us")]
+    # A shape counts only where every FP8 recipe that ran there has a timed baseline: a failed row's baseline is
+    # not timed, and "the faster torch recipe" without it would raise the other recipes' ratios silently.
+    attempted: dict[tuple, set] = {}
+    for r in plain:
+        attempted.setdefault(_shape(r), set()).add(r["dtype"])
     fastest: dict[tuple, float] = {}
     recipes: dict[tuple, set] = {}
     for r in ok:
         fastest[_shape(r)] = min(fastest.get(_shape(r), math.inf), r["baseline_us"])
         recipes.setdefault(_shape(r), set()).add(r["dtype"])
+    ok = [r for r in ok if recipes[_shape(r)] == attempted[_shape(r)]]
     out: dict[str, dict] = {}
     for dtype in dict.fromkeys(r["dtype"] for r in ok):
         ratios = [fastest[_shape(r)] / r["us"] for r in ok if r["dtype"] == dtype and len(recipes[_shape(r)]) > 1]

@@ -118,6 +118,13 @@ def test_fp8_rows_against_the_faster_torch_fp8_recipe():
     assert "fp8_block vs the faster torch FP8 recipe of the same shape: ratio 1.100 over 1 rows" in \
         report.render_short_table(rows)
     assert report.geomean_vs_faster_fp8([_row()]) == {}
+    # A recipe whose row failed has no timed baseline: its shape leaves the geomean (it raised the others' ratios:
+    # with tensor's 8 us baseline gone, block's 10 us against row's 12 read 1.2 instead of 0.8)
+    three = [_row(dtype="fp8_tensor", m=32, us=10.0, base_us=8.0), _row(dtype="fp8_row", m=32, us=10.0, base_us=12.0),
+             _row(dtype="fp8_block", m=32, us=10.0, base_us=13.0)]
+    assert report.geomean_vs_faster_fp8(three)["fp8_block"]["ratio"] == pytest.approx(0.8)
+    three[0].update(status="fail", us=None, baseline_us=None)
+    assert report.geomean_vs_faster_fp8(three) == {}
 
 
 def test_json_record_schema_round_trip(tmp_path):
@@ -652,6 +659,22 @@ def test_git_info_prefers_the_commit_passed_to_the_gpu_machine(tmp_path, monkeyp
     monkeypatch.setenv("DEEPGEMM_JIT_GIT_COMMIT", "feedbeef")
     monkeypatch.setenv("DEEPGEMM_JIT_GIT_DIRTY", "0")
     assert report.git_info(tmp_path) == ("feedbeef", False)
+
+
+def test_git_info_ignores_a_carried_commit_of_other_code(tmp_path, monkeypatch):
+    """prepare_device.sh also writes the source hash: a `.carry/commit` left behind in a tree whose code changed
+    since (a local checkout 19 commits later) no longer names the run's commit."""
+    from bench import report
+
+    monkeypatch.delenv("DEEPGEMM_JIT_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("DEEPGEMM_JIT_GIT_DIRTY", raising=False)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "x.py").write_text("x = 1\n")
+    (tmp_path / ".carry").mkdir()
+    (tmp_path / ".carry" / "commit").write_text(f"0123abcd 0 {report.source_sha256(tmp_path)}\n")
+    assert report.git_info(tmp_path) == ("0123abcd", False)
+    (tmp_path / "bench" / "x.py").write_text("x = 2\n")
+    assert report.git_info(tmp_path) == (None, None)  # no git here either
 
 
 # ------------------------------------------------------------------------------------------ fused epilogues

@@ -8,5 +8,7 @@ mkdir -p .whl .carry
   --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   -d .whl platformdirs
 dirty=0; [ -z "$(git status --porcelain --untracked-files=no)" ] || dirty=1
-echo "$(git rev-parse HEAD) $dirty" > .carry/commit
+# the source hash lets bench.report.git_info tell a stale file from the code it was written for
+echo "$(git rev-parse HEAD) $dirty $(python3 -c 'from bench.report import source_sha256; print(source_sha256())')" \
+  > .carry/commit
 echo "prepared: $(ls .whl) commit $(cat .carry/commit)"
