@@ -292,6 +292,7 @@ def _dequant_product(np, a, b, recipe, sa, sb):
     return A @ B.T
 
 
+@pytest.mark.torch
 def test_torch_scale_layouts_hold_our_values():
     torch = pytest.importorskip("torch")
     bl = baseline_mod()
@@ -315,6 +316,7 @@ def test_torch_scale_layouts_hold_our_values():
     assert r_a.shape == (m, 1) and r_b.shape == (1, n) and r_a.is_contiguous() and r_b.is_contiguous()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("m,n,k", [(64, 256, 512), (1, 128, 384), (130, 2048, 7168)])
 def test_block_scale_layout_passes_torchs_own_checks(m, n, k):
     """torch's meta kernel of scaled_mm (the checks torch.compile relies on) accepts our conversion.
@@ -349,6 +351,7 @@ def test_block_scale_layout_passes_torchs_own_checks(m, n, k):
                     torch.ones(nb, kb, device="meta"), F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("m", [1, 47, 64])
 def test_block_calls_pad_m_to_what_cublas_takes(m):
     """cuBLASLt refuses block-wise FP8 for M % 4 != 0: those M also get candidates on A padded to a multiple of 4
@@ -370,6 +373,7 @@ def test_block_calls_pad_m_to_what_cublas_takes(m):
         assert call().shape == (m, n)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("recipe", ["tensor", "row", "block"])
 def test_torch_scaled_calls_compute_our_dequantized_product_on_cpu(recipe):
     """The very calls the baseline times, on CPU tensors: torch multiplies by our scales the way we mean them."""
@@ -741,6 +745,7 @@ def test_unfused_reference_on_numpy():
 @pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+gelu+residual", "bias+gelu_tanh", "bias_row+silu",
                                       "relu+residual", "beta+bias+sigmoid", "beta", "bias+relu", "bias+swiglu",
                                       "geglu+residual"])
+@pytest.mark.torch
 def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
@@ -1010,6 +1015,7 @@ def test_moe_file_names_summary_and_markdown(tmp_path):
     assert "fp8_contig_offs_even_g4x8192_n4096k7168" in moe.short_table(rows)
 
 
+@pytest.mark.torch
 def test_moe_torch_apis_of_the_local_torch():
     torch = pytest.importorskip("torch")
     from bench import moe
@@ -1140,6 +1146,7 @@ def moe_cpu(monkeypatch):
     return run
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("index,sizes", [("offs", "even"), ("offs", "uneven"), ("m_indices", "uneven")])
 def test_moe_row_contiguous_bf16_on_cpu(moe_cpu, index, sizes):
     from bench import moe
@@ -1161,6 +1168,7 @@ def test_moe_row_contiguous_bf16_on_cpu(moe_cpu, index, sizes):
         assert row["m_total"] == 120 and row["pad_rows"] == 0
 
 
+@pytest.mark.torch
 def test_moe_row_masked_bf16_and_damage_on_cpu(moe_cpu):
     from bench import moe
     case = moe.MoeCase("masked", "masked_m", "random", "bf16", 3, 64, 64, 256)
@@ -1177,6 +1185,7 @@ def test_moe_row_masked_bf16_and_damage_on_cpu(moe_cpu):
     assert row["status"] == "fail" and row["us"] is None and "not timed" in row["note"]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("layout,index,sizes", [("masked", "masked_m", "random"), ("contiguous", "offs", "uneven")])
 def test_moe_row_fp8_on_cpu(moe_cpu, layout, index, sizes):
     from bench import moe
@@ -1200,6 +1209,7 @@ def test_moe_row_fp8_on_cpu(moe_cpu, layout, index, sizes):
     assert row["status"] == "ok" and row["ratio"] is None and "no baseline" in row["note"]
 
 
+@pytest.mark.torch
 def test_moe_row_tiles_on_cpu(moe_cpu):
     """--tiles: every forced tile built from the row's grouped spec, checked like ours, timed in the same call as
     ours and the baselines; one the spec cannot take is skipped with the reason; the row itself keeps its format."""

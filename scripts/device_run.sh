@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   cmd=$1; shift
   take_args "$@"; shift ${#ARGS[@]}; [ "${1:-}" = "--" ] && shift
   case "$cmd" in
-    tests) python3 -m pytest -q -m "gpu or torch" tests -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25; rc=$((rc | $?));;
+    tests) python3 -m pytest -q -m "gpu or torch" tests bench -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25; rc=$((rc | $?));;
     alltests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/all_tests.log" | tail -25; rc=$((rc | $?));;
     demo) python3 -m deepgemm_jit demo 2>&1 | tee "$OUT/demo.log"; rc=$((rc | $?));;
     gpu) python3 -m pytest -q -m "gpu or torch" -p no:cacheprovider "${ARGS[@]}" 2>&1 | tee "$OUT/gpu_subset.log" | tail -40; rc=$((rc | $?));;

@@ -83,7 +83,6 @@ def test_flag_off_for_other_kernels_and_the_switch(fake_gpu_memory, monkeypatch)
         launch.bulk_a_scales(BLOCK, sa, 300)
 
 
-@pytest.mark.torch
 def test_flag_for_grouped_layouts(fake_gpu_memory):
     """Grouped scale rows are the global rows (grouped._scale_rows): contiguous (M, KB), masked (G, max_m, KB) whose
     groups lie one after another along the rows, i.e. (KB, G * max_m) storage for the M-major form."""
@@ -142,6 +141,7 @@ def _m_major_views(m, kb):
     return pairs
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 77, 300, 301, 4096])
 def test_default_layout_is_bulk_for_dense(m, fake_gpu_memory):
     """Storage (kb, round_up(M, 4)) seen as its transpose cut to M rows: strides (1, round_up(M, 4)), the storage's
@@ -185,6 +185,7 @@ def host_arrays(monkeypatch):
     monkeypatch.setattr(arrays, "new_array", new_array)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("kind", ["cupy", "torch"])
 @pytest.mark.parametrize("m", [1, 5, 77, 256])
 def test_quant_g128_default_scales_out_feed_the_bulk_path(kind, m, host_arrays, fake_gpu_memory):
