@@ -1,7 +1,8 @@
 """Run by tests/test_trial_cpu.py in a subprocess: deepgemm_jit.trial's code paths on the CPU, with NumPy standing
 in for CuPy (the module is replaced in this process only) and a NumPy float64 product standing in for
-reference.reference (cuBLAS DGEMM on the GPU). For every recipe and quantize-on-store kind: the exact answer (as the
-kernel would store it) is within the trial's bound, and another draw's answer is not."""
+reference.reference (cuBLAS DGEMM on the GPU). For every recipe and quantize-on-store kind: the trial's value is the
+one its own operands give (computed here from them: the dequantized float64 product, then the unfused epilogue),
+the exact answer (as the kernel would store it) is within the trial's bound, and another draw's answer is not."""
 import sys
 import types
 
@@ -48,11 +49,30 @@ def stored(t, value):
     return value.astype(np.float32)
 
 
+GRANULARITIES = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("group128", "block128")}
+
+
+def expected_value(t):
+    """The value t's own operands give, computed without trial's composition (a review replaced trial's value by
+    -2 x itself and this script still passed: it took its right answer from trial_call)."""
+    spec, kw = t.spec, t.kwargs
+    a, b = t.a, t.b
+    if spec.scaling not in ("none", None) and "scale_a" in kw:
+        ga, gb = GRANULARITIES[spec.scaling]
+        a = reference.dequantize_reference(a, kw["scale_a"], spec.dtype, ga)
+        b = reference.dequantize_reference(b, kw["scale_b"], spec.b_type, gb)
+    acc = _product(spec, a, b)
+    return reference.unfused_epilogue(acc, spec.epi, kw.get("bias"), kw.get("c"), kw.get("residual"),
+                                      kw.get("alpha", 1.0), kw.get("beta", 1.0))
+
+
 for kw in CASES:
     spec = GemmSpec.create(256, 384, **kw)
     t = trial.trial_call(spec, 37, rng=np.random.default_rng(0))
     other = trial.trial_call(spec, 37, rng=np.random.default_rng(1))
     assert t.value.shape == spec.out_shape(37), kw
+    want = expected_value(t)
+    assert np.allclose(t.value, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max())), kw
     right, wrong = t.error(stored(t, t.value)), t.error(stored(t, other.value))
     assert t.within_bound(right), (kw, right, t.bound)
     assert not t.within_bound(wrong), (kw, wrong, t.bound)
