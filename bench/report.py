@@ -51,7 +51,8 @@ def git_info(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the code that runs.
 
     The commit passed along for a GPU run wins (DEEPGEMM_JIT_GIT_COMMIT, or `.carry/commit`, which
-    scripts/prepare_device.sh writes right before each run): the GPU machine's copy may carry a stale `.git`
+    scripts/prepare_device.sh writes right before each run, while the code still hashes as it did then): the GPU
+    machine's copy may carry a stale `.git`
     (a run of 000fe47 was labelled a1c2507 by `git rev-parse` there; `source_sha256` told the truth). Else git;
     (None, None) where neither is available.
     """

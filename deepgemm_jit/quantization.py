@@ -304,19 +304,19 @@ def _as_bytes(q, q_name: str, kind: str, arg: str):
     return q
 
 
-def _check_array(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok, dtype_words: str) -> None:
-    """Checks that `a` is an array of library `kind`, of a dtype dtype_ok(a) accepts (asked only once `a` is an
-    array: None or a list got an AttributeError), exactly `shape`."""
+def _check_array(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok=None, dtype_words: str = "") -> None:
+    """Checks that `a` is an array of library `kind`, of a dtype dtype_ok(a) accepts (None: any; asked only once
+    `a` is an array: None or a list got an AttributeError), exactly `shape`."""
     if array_kind(a) != kind or not (hasattr(a, "shape") and hasattr(a, "dtype")):
         raise TypeError(f"{arg} must be a {'torch tensor' if kind == 'torch' else 'CuPy array'} here, got "
                         f"{type(a).__module__}.{type(a).__name__}")
-    if not dtype_ok(a):
+    if dtype_ok is not None and not dtype_ok(a):
         raise TypeError(f"{arg} has dtype {a.dtype}; {dtype_words}")
     if tuple(a.shape) != shape:
         raise ValueError(f"{arg} has shape {tuple(a.shape)}, expected {shape}")
 
 
-def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok, dtype_words: str) -> None:
+def _contiguous(a, arg: str, kind: str, shape: tuple[int, ...], dtype_ok=None, dtype_words: str = "") -> None:
     """_check_array, and `a` contiguous (row-major)."""
     _check_array(a, arg, kind, shape, dtype_ok, dtype_words)
     if not (a.is_contiguous() if kind == "torch" else a.flags.c_contiguous):
@@ -524,7 +524,7 @@ def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tupl
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(f"out must be a (q, scales) tuple, got {type(out).__name__}")
         q, scales = out
-        _contiguous(q, "out[0]", kind, shape, lambda x: True, "")
+        _contiguous(q, "out[0]", kind, shape)  # its dtype: _as_bytes below
         _as_bytes(q, q_name, kind, "out[0]")
         layout = _scales_layout(scales, "out[1]", kind, scale_shape(granularity, m, k), is_output=True)
         layout = _placed(layout, scales, "out[1]", kind, device_id)

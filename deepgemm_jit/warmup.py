@@ -400,7 +400,7 @@ def _entries(args) -> list[WarmupEntry]:
 def _target(arch: str | None, num_sms: int | None = None) -> tuple[str, int | None]:
     """(arch, num_sms for the heuristic): the given arch with `num_sms` (None: the arch's usual count), or the GPU's
     own arch with `num_sms` or its own count."""
-    if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+    if num_sms is not None and num_sms < 1:  # argparse made it an int
         raise ValueError(f"--num-sms must be a positive integer, got {num_sms!r}")
     if arch is not None:
         return device.normalize_arch(arch), num_sms
