@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import report
 from .suites import SUITES
 
 _BUILD_ALL = """
@@ -104,7 +105,10 @@ def main(argv=None) -> int:
     if not all(r["compiled"] for r in cold) or any(r["compiled"] for _, rows in warm_runs for r in rows):
         print("latency: unexpected cache behaviour (cold must compile, warm must not)", file=sys.stderr)
         return 1
-    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": os.cpu_count(), "arch": args.arch,
+    # The run's header without the GPU (versions, commit, source hash): the first two parts need none.
+    header = report.collect_host_env(list(argv if argv is not None else sys.argv[1:]), module="bench.latency")
+    result = {"header": header, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": os.cpu_count(),
+              "arch": args.arch,
               "cold_compile": _summary([r["seconds"] for r in cold]),
               # the first warm process, every kernel (as reported before the first load was reported apart)
               "warm_load": _summary([r["seconds"] for r in warm]),

@@ -12,13 +12,16 @@ For each DeepSeek (N, K) of ``suites._DEEPSEEK_NK``, each M and each epilogue en
 - unfused: the same GEMM with the epilogue minus the quantization, writing BF16 D, then
   ``deepgemm_jit.quantize(D, "fp8", "group128")`` (what a user runs without the fused epilogue).
 
-Both start from the same fresh random operands (never zeros). The fused result is checked first: its scales
-against the scales the unfused pair computes (relative 1e-2: D is rounded to BF16 before the standalone
-quantization, the fused epilogue quantizes FP32 values) and its dequantized values against the dequantized
-unfused result (relative Frobenius error within the FP8 bound). Only a checked row is timed, with
-``timing.time_interleaved`` (L2 flushed, interleaved, medians). ratio = unfused µs / fused µs (> 1: fusing
-pays); the bar is ratio >= 1.3 at M <= 128 and >= 1.1 at M = 4096. The GEMM and the quantize of the pair are
-also timed alone: ceiling = unfused / GEMM is the ratio a fused kernel as fast as the plain GEMM would reach.
+Both start from the same fresh random operands (never zeros). Both results are checked first against float64:
+the reference is the float64 product of the (dequantized) operands through the epilogue's float64 unfused
+operations, quantized as the kernel quantizes its FP32 values (``reference.quantized_epilogue_reference``). The
+fused scales must match the reference's to relative 1e-4 and its q within one FP8 ulp (as the GPU tests); the
+pair's dequantized result (its D rounded to BF16 before the standalone quantization) within the FP8 bound. Only
+a checked row is timed, with ``timing.time_interleaved`` (L2 flushed, interleaved, medians), into outputs poisoned
+before timing and compared bit for bit with the checked results afterwards. ratio = unfused µs / fused µs (> 1:
+fusing pays); the bar is ratio >= 1.3 at M <= 128 and >= 1.1 at M = 4096. The GEMM and the quantize of the pair
+are also timed alone: ceiling = unfused / GEMM is the ratio a fused kernel as fast as the plain GEMM would reach.
+The JSON carries the run's header (``report.collect_env``: GPU, versions, commit).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import report
 from .suites import _DEEPSEEK_NK
 
 DEFAULT_M = (64, 128, 4096)
@@ -72,12 +76,16 @@ def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int, gemm_d
         a = reference.random_matrix((m, k), "bf16", rng)
         b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
         operands = {}
+        a64, b64 = reference.to_float64(a), reference.to_float64(b)
         if "scaling" in build_kw:  # FP8: the operands as an FP8 model holds them, quantized by our quantize
             gran_a, gran_b = recipe_granularities(build_kw["scaling"])
             a, sa = dg.quantize(a, "fp8", gran_a)
             b, sb = dg.quantize(b, "fp8", gran_b)
             operands = {"scale_a": sa, "scale_b": sb}
+            a64 = reference.dequantize_reference(a, sa, "fp8_e4m3", gran_a)
+            b64 = reference.dequantize_reference(b, sb, "fp8_e4m3", gran_b)
         kwargs = {}
+        bias32 = None
         if "bias" in epilogue.split("+"):
             # Quantized outputs take a float32 bias; the unfused GEMM takes one in its output dtype (bf16).
             bias32 = reference.random_matrix((n,), "fp32", rng)
@@ -85,31 +93,49 @@ def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int, gemm_d
             kwargs = {"bias": reference._to_storage(bias32, "bf16"), **operands}
         else:
             kwargs_fused, kwargs = dict(operands), dict(operands)
+        value = reference.unfused_epilogue(a64 @ b64.T, fused.spec.epi, bias=bias32)
+        q_ref, s_ref = reference.quantized_epilogue_reference(value, fused.spec.epi)
         d = reference.poisoned((m, n), "bf16")
         q, s = fused(a, b, **kwargs_fused)
         plain(a, b, out=d, **kwargs)
-        q_ref, s_ref = dg.quantize(d, "fp8", "group128")
+        q_sep, s_sep = dg.quantize(d, "fp8", "group128")
         cupy.cuda.Device().synchronize()
         scale_err = float(cupy.max(cupy.abs(s - s_ref) / cupy.abs(s_ref)))
-        deq = reference.dequantize_reference(q, s, "fp8_e4m3", "group128")
+        ulps = int(reference.quant_ulp_distance(q, q_ref, "fp8_e4m3").max())
         deq_ref = reference.dequantize_reference(q_ref, s_ref, "fp8_e4m3", "group128")
-        err = float(reference.error(deq, deq_ref))
-        row.update(scale_rel_err=scale_err, err=err)
-        if not (scale_err <= 1e-2 and reference.within_bound(err, "fp8_e4m3")):
-            row.update(status="wrong", error=f"scale_rel_err {scale_err:.2e}, err {err:.2e}")
+        err = float(reference.error(reference.dequantize_reference(q, s, "fp8_e4m3", "group128"), deq_ref))
+        pair_err = float(reference.error(reference.dequantize_reference(q_sep, s_sep, "fp8_e4m3", "group128"),
+                                         value))
+        row.update(scale_rel_err=scale_err, q_ulps=ulps, err=err, pair_err=pair_err)
+        if not (scale_err <= 1e-4 and ulps <= 1 and reference.within_bound(pair_err, "fp8_e4m3")):
+            row.update(status="wrong", error=f"scale_rel_err {scale_err:.2e}, q off by {ulps} ulp, "
+                       f"unfused pair err {pair_err:.2e}")
             return row
         # Both contenders write into buffers allocated once (the fused GEMM and quantize both take out=): a
         # fresh allocation per call timed CuPy's pool, not the kernels (session 7: 86-92 us outliers at M = 64).
-        q_out, s_out = cupy.empty_like(q), cupy.empty_like(s)
-        q_sep, s_sep = cupy.empty_like(q_ref), cupy.empty_like(s_ref)
+        # Poisoned (0xFF is an FP8 NaN, never produced from finite values), compared with the checked results
+        # after timing: a timed call that wrote nothing or something else shows.
+        q_out, s_out, q_sep2, s_sep2 = (cupy.empty_like(x) for x in (q, s, q_sep, s_sep))
+        for x in (q_out, q_sep2):
+            x.fill(0xFF)
+        for x in (s_out, s_sep2):
+            x.fill(cupy.nan)
         t = timing.time_interleaved({
             "fused": lambda: fused(a, b, out=q_out, scales_out=s_out, **kwargs_fused),
-            "unfused": lambda: (plain(a, b, out=d, **kwargs), dg.quantize(d, "fp8", "group128", out=(q_sep, s_sep))),
+            "unfused": lambda: (plain(a, b, out=d, **kwargs), dg.quantize(d, "fp8", "group128",
+                                                                         out=(q_sep2, s_sep2))),
             # The pair's parts alone: (GEMM + quantize) / GEMM is the most fusing can give when the fused GEMM
             # runs as fast as the plain one.
             "gemm": lambda: plain(a, b, out=d, **kwargs),
-            "quantize": lambda: dg.quantize(d, "fp8", "group128", out=(q_sep, s_sep)),
+            "quantize": lambda: dg.quantize(d, "fp8", "group128", out=(q_sep2, s_sep2)),
         }, reps=reps)
+        cupy.cuda.Device().synchronize()
+        for name, got, want in (("fused q", q_out, q), ("fused scales", s_out, s), ("unfused q", q_sep2, q_sep),
+                                ("unfused scales", s_sep2, s_sep)):
+            bits = {1: cupy.uint8, 4: cupy.uint32}[got.dtype.itemsize]  # same width: any strides view
+            if not bool(cupy.array_equal(got.view(bits), want.view(bits))):
+                row.update(status="wrong", error=f"timed {name} differ from the checked result")
+                return row
         row.update(status="ok", fused_us=t["fused"].median_us, unfused_us=t["unfused"].median_us,
                    gemm_us=t["gemm"].median_us, quantize_us=t["quantize"].median_us,
                    ratio=t["unfused"].median_us / t["fused"].median_us,
@@ -164,7 +190,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-quant-epilogue"
-    (out / f"{stem}.json").write_text(json.dumps({"argv": sys.argv, "seed": seed, "rows": rows}, indent=1))
+    header = report.collect_env(list(argv if argv is not None else sys.argv[1:]), {"seed": seed, "reps": args.reps},
+                                module="bench.quant_epilogue")
+    (out / f"{stem}.json").write_text(json.dumps({"header": header, "seed": seed, "rows": rows}, indent=1))
     (out / f"{stem}.md").write_text(text)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 

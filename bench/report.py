@@ -1,6 +1,7 @@
 """Run records: header (environment), JSON, markdown, PNG roofline plot, and the short printed table.
 
-Pure Python except ``collect_env`` (queries the GPU when called) and ``write_plot`` (imports matplotlib lazily).
+Pure Python except ``collect_env`` (queries the GPU when called; ``collect_host_env`` does not) and ``write_plot``
+(imports matplotlib lazily).
 
 JSON schema (``SCHEMA_VERSION``): {"schema": int, "header": {...HEADER_KEYS}, "rows": [{...ROW_KEYS, ...}]}.
 ``ratio`` = baseline_us / us: above 1 we are faster. ``tflops`` = 2MNK/t (TOPS for int8), ``gbps`` = (A + B + D
@@ -99,8 +100,27 @@ def _version(module_name: str) -> str | None:
     return str(getattr(mod, "__version__", "?"))
 
 
-def collect_env(argv: list[str], settings: dict) -> dict:
-    """The run's header. Queries the GPU (call it after CUDA is known to work)."""
+def collect_host_env(argv: list[str], module: str = "bench") -> dict:
+    """The parts of a run's header that need no GPU: date, versions, commit, source hash and the command
+    (``python -m <module> <argv>``)."""
+    commit, dirty = git_info()
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cupy": _version("cupy"),
+        "numpy": _version("numpy"),
+        "ml_dtypes": _version("ml_dtypes"),
+        "python": platform.python_version(),
+        "deepgemm_jit": _version("deepgemm_jit"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "source_sha256": source_sha256(),
+        "command": " ".join([os.path.basename(sys.executable), "-m", module, *argv]),
+    }
+
+
+def collect_env(argv: list[str], settings: dict, module: str = "bench") -> dict:
+    """The run's header: collect_host_env plus the GPU, driver, NVRTC and torch. Queries the GPU (call it after
+    CUDA is known to work)."""
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
@@ -111,31 +131,21 @@ def collect_env(argv: list[str], settings: dict) -> dict:
         torch = sys.modules["torch"]
         torch_version = str(torch.__version__)
         torch_cuda = str(getattr(torch.version, "cuda", None))
-    commit, dirty = git_info()
     smi = _run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,"
                 "power.limit,persistence_mode", "--format=csv,noheader", "-i", str(cupy.cuda.Device().id)])
-    header = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    header = collect_host_env(argv, module)
+    header.update({
         "gpu": name.decode() if isinstance(name, bytes) else str(name),
         "sm_count": int(props["multiProcessorCount"]),
         "cc": f"{props['major']}.{props['minor']}",
         "l2_bytes": int(props["l2CacheSize"]),
         "driver": cupy.cuda.runtime.driverGetVersion(),
         "runtime": cupy.cuda.runtime.runtimeGetVersion(),
-        "cupy": cupy.__version__,
         "nvrtc": ".".join(map(str, nvrtc)),
         "torch": torch_version,
         "torch_cuda": torch_cuda,
-        "numpy": _version("numpy"),
-        "ml_dtypes": _version("ml_dtypes"),
-        "python": platform.python_version(),
-        "deepgemm_jit": _version("deepgemm_jit"),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "source_sha256": source_sha256(),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bench", *argv]),
         "gpu_state": smi,  # "sm clock, max sm clock, mem clock, temperature, power, power limit, persistence"
-    }
+    })
     header.update(settings)
     return header
 

@@ -1379,3 +1379,12 @@ def test_experiment_helpers_time_checked_and_templates_tree(monkeypatch, tmp_pat
     assert "DEEPGEMM_JIT_TEMPLATES_DIR" not in os.environ
     with runner.templates_tree(None):
         assert "DEEPGEMM_JIT_TEMPLATES_DIR" not in os.environ
+
+
+def test_host_header_needs_no_gpu_and_names_the_module():
+    """bench.latency's JSON header (and the host part of every run's header): versions, commit and source hash,
+    with the command of the module that ran, on a machine without a GPU."""
+    h = report.collect_host_env(["--no-gpu"], module="bench.latency")
+    assert h["command"].endswith("-m bench.latency --no-gpu"), h["command"]
+    assert len(h["source_sha256"]) == 64 and h["python"] and h["deepgemm_jit"] and h["numpy"]
+    assert set(h) <= set(report.HEADER_KEYS), set(h) - set(report.HEADER_KEYS)
