@@ -121,3 +121,46 @@ def test_deterministic_bits_and_graph_replay(launches):
     graph, stream = capture_call(g, a, b, out)
     replay_with_fresh_a(graph, stream, spec, a, b, out, times=2, dtype="tf32")
     assert launches and {x[0] for x in launches} == {m} and launches[0][1] > 1  # a cluster split K
+
+
+def _boundary_rows(n: int, k: int, element_bytes: int, unroll: int) -> list[int]:
+    """K rows a warp's last batch reads past its own steps (the next warp's first rows): the kernel splits
+    ceil(K / step) steps over cluster * 8 warps as steps * part / parts; a warp whose share is no multiple of
+    `unroll` runs its last batch on into the next share, with zeroed weights."""
+    from deepgemm_jit import device
+
+    step = gemv_kn.STEP_K[element_bytes]
+    steps = -(-k // step)
+    parts = gemv_kn.choose_cluster(n, k, element_bytes, device.num_sms()) * gemv_kn.NUM_WARPS
+    rows = []
+    for p in range(parts - 1):
+        begin, end = steps * p // parts, steps * (p + 1) // parts
+        if (end - begin) % unroll and end * step < k:
+            rows.append(end * step)
+    return rows
+
+
+@pytest.mark.parametrize("dtype,n,k,unroll", [("tf32", 4096, 5000, 4), ("tf32", 4096, 3000, 4),
+                                              ("bf16", 4096, 5000, 2)])
+def test_an_infinite_activation_gives_inf_not_nan(dtype, n, k, unroll, launches, sixteen_bit):
+    """One +inf in token 0's activations at a row that the previous warp's last batch also reads (with zeroed
+    weights): D's row 0 must be +-inf by the weight's sign, as a float64 product gives, and not NaN (0 * inf);
+    token 1 stays finite and within the bound. The rows probed are those of every such warp boundary."""
+    import cupy
+
+    spec = GemmSpec.create(n, k, dtype=dtype, out_dtype="fp32", layout="nn")
+    g = build(2, n, k, dtype=dtype, out_dtype="fp32", layout="nn")
+    rows = _boundary_rows(n, k, 2 if dtype == "bf16" else 4, unroll)
+    assert rows, "no warp share of this shape runs past its end: the test would show nothing"
+    for row in rows:
+        a, b = reference.random_operands(spec, 2, rng=cupy.random.default_rng(row))
+        a[0, row] = float("inf")
+        launches.clear()
+        out = reference.poisoned((2, n), "fp32")
+        g(a, b, out=out)
+        assert [x[0] for x in launches] == [2], "dispatch"
+        ref = reference.reference(spec, a, b)
+        case = f"{dtype} {n}x{k} inf at K row {row}"
+        assert not bool(cupy.isnan(out[0]).any()), f"{case}: {int(cupy.isnan(out[0]).sum())} NaN in row 0"
+        assert bool((out[0] == ref[0]).all()), case  # +-inf everywhere (no weight rounds to 0)
+        assert reference.within_bound(reference.error(out[1:], ref[1:]), dtype), case

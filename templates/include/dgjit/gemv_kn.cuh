@@ -63,7 +63,8 @@ template <class T> DGJIT_DEVICE uint32_t lane_row(uint32_t t, int q) {
   else return t + 4 * q;
 }
 
-// Token `token`'s activation at K row `row` as the MMA's operand bits (0 past M or K).
+// Token `token`'s activation at K row `row` as the MMA's operand bits (0 past M or `k`: K, or the end of the warp's
+// steps).
 template <class T>
 DGJIT_DEVICE uint32_t activation(const T* x, long long x_sm, long long x_sk, uint32_t token, uint32_t row,
                                  uint32_t m, uint32_t k) {
@@ -184,7 +185,12 @@ DGJIT_DEVICE void run(const uint8_t* __restrict__ w, long long ldw_bytes, const 
   const uint32_t col0 = blockIdx.x * kBlockCols;
   const uint32_t steps = ceil_div<uint32_t>(k, S::kStepK);
   const uint32_t parts = kCluster * kNumWarps, part = cluster_rank() * kNumWarps + warp;
-  const uint32_t s_begin = steps * part / parts, s_end = steps * (part + 1) / parts;
+  // 64-bit products: steps * parts passes 2^32 for K of ~5e8 and more (the host keeps such K on the tiles too).
+  const uint32_t s_begin = static_cast<uint32_t>(static_cast<uint64_t>(steps) * part / parts);
+  const uint32_t s_end = static_cast<uint32_t>(static_cast<uint64_t>(steps) * (part + 1) / parts);
+  // The last batch's steps past s_end have zeroed weights; their activations (the next warp's K rows) must be
+  // zeroed too, or an infinite activation there makes 0 * inf = NaN in every column of its token.
+  const uint32_t k_end = min(k, s_end * S::kStepK);
 
   float acc[kChunkCols][kMmas][4];
 #pragma unroll
@@ -198,7 +204,7 @@ DGJIT_DEVICE void run(const uint8_t* __restrict__ w, long long ldw_bytes, const 
   for (uint32_t s = s_begin; s < s_end; s += S::kUnroll) {
     Batch<T> bt;
     load_batch(bt, w, ldw_bytes, s, s_end, col0, g, t, n, k);
-    mma_batch(acc, bt, x, x_sm, x_sk, s, g, t, m, k);
+    mma_batch(acc, bt, x, x_sm, x_sk, s, g, t, m, k_end);
   }
 
   // Warps, in order: red[w][col * 8 + token].
