@@ -332,14 +332,15 @@ class Gemm:
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
-            out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev)
+            out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev, cu_stream, stream is not None)
             vd = matrix_view(out, "out")
         # A launch plan is replayed only for calls whose every written buffer the caller passed (out=, and
         # scales_out= for quant_fp8_g128): a plan writing into a buffer allocated here would hand it out again.
         replayable = key is not None and (not self._returns_scales or scales_out is not None)
         if self._returns_scales:  # quant_fp8_g128 returns (q, scales)
             if scales_out is None:  # M-major like quantize's group128 scales: a next FP8 block GEMM bulk-copies them
-                scales_out = new_mn_major_scales(kind, *self.spec.scales_out_shape(m), dev)
+                scales_out = new_mn_major_scales(kind, *self.spec.scales_out_shape(m), dev, cu_stream,
+                                                 stream is not None)
                 sv = scale_view(scales_out, "scales_out", self.spec.scales_out_shape(m), "")
                 epi = dataclasses.replace(epi, quant=sv.ptr, scales_stride_m=sv.stride_i, scales_stride_g=sv.stride_j)
             result = (out, scales_out)

@@ -8,6 +8,7 @@ handle. Nothing below this module knows which array library the user holds.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 
@@ -42,6 +43,24 @@ def _device_of_pointer(ptr: int) -> int:
     if attrs.type not in (2, 3):  # cudaMemoryTypeDevice, cudaMemoryTypeManaged
         raise ValueError("pointer is not device memory")
     return int(attrs.device)
+
+
+def allocation_end(ptr: int) -> int | None:
+    """One past the last byte of the device allocation holding `ptr` (cuMemGetAddressRange: for a pooled array,
+    the pool's whole block), or None where the driver cannot tell. For kernels that may read a few bytes past an
+    array's last element (launch.bulk_a_scales): such a read is legal only inside the allocation."""
+    import ctypes
+
+    from . import driver
+
+    try:
+        lib = driver.libcuda()
+    except (OSError, RuntimeError):
+        return None
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    if lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)) != 0:
+        return None
+    return base.value + size.value
 
 
 def _torch_tensor_type():
@@ -113,11 +132,27 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
     strides = cai.get("strides")
     if strides is None:  # C-contiguous
         strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
+    if not ptr and int(np.prod(shape, dtype=np.int64)):  # the protocol allows a NULL pointer for empty arrays only
+        raise ValueError(f"{arg} has a NULL data pointer for shape {shape}")
     try:
         device = _device_of_pointer(ptr) if ptr else 0
     except Exception as exc:
         raise ValueError(f"{arg} does not point to GPU memory ({exc})") from None
+    _sync_producer_stream(cai.get("stream"), arg)
     return shape, tuple(strides), dtype, ptr, device
+
+
+def _sync_producer_stream(stream, arg: str) -> None:
+    """CUDA array interface v3: a producer may name the stream its data is being written on ("stream"; 1 and 2
+    are the legacy and per-thread default streams, 0 is not allowed), and the consumer synchronises with it before
+    using the data, as CuPy does. None (or no entry): the data is ready."""
+    if stream is None:
+        return
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream == 0:
+        raise ValueError(f"{arg}.__cuda_array_interface__ has stream {stream!r}: an int other than 0, or None")
+    import cupy
+
+    cupy.cuda.runtime.streamSynchronize(stream)
 
 
 def _dlpack_fields(x: object, arg: str):
@@ -231,19 +266,40 @@ def signature(x: object):
     return None
 
 
-def new_array(kind: str, shape: tuple[int, ...], name: str, device_id: int):
-    """A new contiguous array of the caller's library (`kind` as array_kind names it) and library dtype `name`
-    ("bf16", "fp32", "int32", "fp8_e4m3", ...) on `device_id`: torch's dtype for torch, the storage dtype for
-    CuPy, FP8 as uint8 bits (CuPy has no float8 dtype)."""
-    from . import dtypes
-
+@contextlib.contextmanager
+def allocating_for(kind: str, device_id: int, stream=None, explicit: bool = False):
+    """Allocations of the caller's library inside come from the pool of `stream` (a CuPy stream, the one the kernel
+    runs on) on `device_id`. Both libraries' pools hand a freed block out again to later work on the stream it was
+    allocated for, ordered after the work that freed it: memory allocated for another stream than the kernel's could
+    still be in use there. torch's current stream is already the kernel's unless the call named one (`explicit`)."""
     if kind == "torch":
+        if not (explicit and stream is not None):
+            yield
+            return
         import torch
 
-        return torch.empty(shape, dtype=getattr(torch, dtypes.get(name).numpy_name), device=f"cuda:{device_id}")
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=torch.device("cuda", device_id))):
+            yield
+        return
     import cupy
 
-    with cupy.cuda.Device(device_id):
+    with cupy.cuda.Device(device_id), (stream if stream is not None else contextlib.nullcontext()):
+        yield
+
+
+def new_array(kind: str, shape: tuple[int, ...], name: str, device_id: int, stream=None, explicit: bool = False):
+    """A new contiguous array of the caller's library (`kind` as array_kind names it) and library dtype `name`
+    ("bf16", "fp32", "int32", "fp8_e4m3", ...) on `device_id`, for the kernel's `stream` (allocating_for): torch's
+    dtype for torch, the storage dtype for CuPy, FP8 as uint8 bits (CuPy has no float8 dtype)."""
+    from . import dtypes
+
+    with allocating_for(kind, device_id, stream, explicit):
+        if kind == "torch":
+            import torch
+
+            return torch.empty(shape, dtype=getattr(torch, dtypes.get(name).numpy_name), device=f"cuda:{device_id}")
+        import cupy
+
         return cupy.empty(shape, dtype=np.uint8 if name in dtypes.FP8_DTYPES else dtypes.numpy_dtype(name))
 
 
@@ -268,10 +324,11 @@ def mn_major_view(storage, rows: int):
     return storage.T[:rows]
 
 
-def new_mn_major_scales(kind: str, rows: int, cols: int, device_id: int):
-    """New float32 (rows, cols) scales of the caller's library in the M-major layout (see mn_major_storage_shape);
-    the padding rows are left uninitialised (nothing reads them as values)."""
-    return mn_major_view(new_array(kind, mn_major_storage_shape(rows, cols), "fp32", device_id), rows)
+def new_mn_major_scales(kind: str, rows: int, cols: int, device_id: int, stream=None, explicit: bool = False):
+    """New float32 (rows, cols) scales of the caller's library in the M-major layout (see mn_major_storage_shape),
+    for the kernel's `stream` (allocating_for); the padding rows are left uninitialised (nothing reads them)."""
+    storage = new_array(kind, mn_major_storage_shape(rows, cols), "fp32", device_id, stream, explicit)
+    return mn_major_view(storage, rows)
 
 
 def has_distinct_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

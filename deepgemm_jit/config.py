@@ -40,6 +40,10 @@ def smem_limit_bytes(arch: str) -> int:
     return SMEM_LIMIT_BYTES.get(base, 99 * 1024)
 
 
+MAX_GROUP_M = 256            # sm90 raster bands (sched_sm90.cuh): far above any useful band (the heuristic's 16)
+MAX_THREADS_PER_CTA = 1024   # CUDA's limit (the portable family's 32 * warps_m * warps_n)
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     family: str
@@ -87,6 +91,11 @@ class KernelConfig:
                              "ping-pong at block_m 64)")
         if self.num_stages < 2:
             raise ValueError("num_stages must be >= 2 (the pipeline keeps one stage in flight)")
+        if self.group_m > MAX_GROUP_M:  # the scheduler multiplies it by the N blocks in 32 bits
+            raise ValueError(f"group_m must be at most {MAX_GROUP_M} M blocks, got {self.group_m}")
+        if self.family != "sm90" and 32 * self.warps_m * self.warps_n > MAX_THREADS_PER_CTA:
+            raise ValueError(f"warps_m * warps_n = {self.warps_m * self.warps_n} warps: a CTA holds at most "
+                             f"{MAX_THREADS_PER_CTA // 32}")
         if self.block_m % (16 * self.warps_m):
             raise ValueError(f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m}")
         if self.block_n % (8 * self.warps_n):

@@ -452,7 +452,7 @@ class Fp32Gemm:
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Fp32Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
-            out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev)
+            out = new_array(kind, self.spec.out_shape(m), self.spec.out_dtype, dev, cu_stream, stream is not None)
         plan = _CallPlan(m, dev, kind, array_kind(out), self._split_launch(m, va, vb, dev, not self.raw_b))
         if key is not None and None not in key:
             if len(self._plans) >= _MAX_CALL_PLANS:
@@ -464,7 +464,11 @@ class Fp32Gemm:
         """(A2, B2) of a call: the split launched on cu_stream into new workspaces (B2 is b itself for raw_b)."""
         a2, b2 = self._split(plan.m, plan.split, plan.device_id, cu_stream, plan.out_kind, stream is not None,
                              split_b=not self.raw_b)
-        return a2, b if self.raw_b else b2
+        if not self.raw_b:
+            return a2, b2
+        # The TF32 Gemm takes a, b and out from one library: b of another producer goes with an out allocated
+        # here (CuPy) as a CuPy view of its memory (no copy).
+        return a2, _cupy_view(b) if plan.kind == "other" and plan.out_kind == "cupy" else b
 
     # -- call -----------------------------------------------------------------------
     def __call__(self, a, b, *, out=None, stream=None, scale_a=None, scale_b=None, bias=None, c=None,
@@ -562,6 +566,16 @@ class _CallPlan:
     kind: str
     out_kind: str
     split: _SplitLaunch | None
+
+
+def _cupy_view(x):
+    """A CuPy array over the memory of a CUDA-array-interface or DLPack producer's array (no copy; CuPy orders it
+    after the producer's stream as each protocol asks)."""
+    import cupy
+
+    if hasattr(x, "__cuda_array_interface__"):
+        return cupy.asarray(x)
+    return cupy.from_dlpack(x)
 
 
 class _InterfaceView:

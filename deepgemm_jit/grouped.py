@@ -121,8 +121,10 @@ def _scale_rows(x, arg: str, shape: tuple[int, ...], what: str) -> ScaleView:
     if len(shape) == 3:
         if shape[0] > 1 and shape[1] > 1 and el[0] != shape[1] * el[1]:
             raise ValueError(f"{arg} has strides {tuple(fstrides)}: its {shape[0]} matrices must lie one after "
-                             "another along the rows (a contiguous (G, rows, cols) array, or a transposed view of "
-                             "each)")
+                             "another along the rows: a contiguous (G, rows, cols) array, or the M-major one over "
+                             "all groups' rows ((cols, G * rows) storage transposed and reshaped to (G, rows, cols), "
+                             "as quantize returns for the (G * rows, K) matrix). Per-group transposed storage "
+                             "(G, cols, rows) is not taken: pass a contiguous copy")
         rows, stride_i = shape[0] * shape[1], (el[1] if shape[1] > 1 else el[0])
     else:
         rows, stride_i = shape[0], el[0]
@@ -298,12 +300,13 @@ class GroupedGemm:
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "GroupedGemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
-            out = new_array(kind, out_shape, spec.out_dtype, dev)
+            out = new_array(kind, out_shape, spec.out_dtype, dev, cu_stream, stream is not None)
             vd = _stacked(out, "out", len(out_shape), self._out_dtypes, str(out_shape))[1]
         result = out
         if self._returns_scales:
             if scales_out is None:
-                scales_out = self._new_scales_out(kind, masked, num_groups, max_m, m, dev)
+                scales_out = self._new_scales_out(kind, masked, num_groups, max_m, m, dev, cu_stream,
+                                                  stream is not None)
                 sv = self._scales_out_view(scales_out, masked, num_groups, max_m, m)
             result = (out, scales_out)
         if m == 0 or num_groups == 0:
@@ -316,7 +319,7 @@ class GroupedGemm:
         plans: tuple[launch.LaunchPlan, ...] = ()
         bounds_ptr, bounds_kind = bounds.ptr, (_MASKED if masked else _OFFSETS)
         if m_indices is not None:  # per-row ids -> (start, end) per group, on the same stream
-            plans = (self._segments_plan(bounds.ptr, m, num_groups, kind, dev, cu_stream),)
+            plans = (self._segments_plan(bounds.ptr, m, num_groups, kind, dev, cu_stream, stream is not None),)
             bounds_ptr, bounds_kind = int(plans[0].args[3]), _SEGMENTS
         group = launch.GroupOperands(bounds=bounds_ptr, num_groups=num_groups, kind=bounds_kind, max_m=max_m,
                                      d=vd.ptr, d_ld=vd.row_stride)
@@ -353,12 +356,12 @@ class GroupedGemm:
         sb = _scale_rows(scale_b, "scale_b", (num_groups, nb, kb), "one per 128x128 block of each group's weight")
         return sa, sb
 
-    def _segments_plan(self, ids_ptr: int, m: int, num_groups: int, kind: str, dev: int, cu_stream
-                       ) -> launch.LaunchPlan:
+    def _segments_plan(self, ids_ptr: int, m: int, num_groups: int, kind: str, dev: int, cu_stream,
+                       explicit: bool = False) -> launch.LaunchPlan:
         """The launch of group_segments (m_indices -> (start, end) per group) for `cu_stream`; its fourth argument
         is the segments' address. The workspace is kept per (device, stream, G) and reused: calls on one stream
         run in order, so a later call cannot overwrite it while an earlier one reads it (and a captured graph
-        keeps its address)."""
+        keeps its address). `explicit`: the call named its stream (arrays.allocating_for)."""
         key = (dev, cu_stream.ptr, num_groups)
         with self._lock:
             workspace = self._workspaces.get(key)
@@ -368,7 +371,8 @@ class GroupedGemm:
                     # (2 G int32 each), never free them.
                     self._retired_workspaces.extend(self._workspaces.values())
                     self._workspaces.clear()
-                workspace = self._workspaces[key] = new_array(kind, (2 * num_groups,), "int32", dev)
+                workspace = self._workspaces[key] = new_array(kind, (2 * num_groups,), "int32", dev, cu_stream,
+                                                              explicit)
         seg_ptr = array_fields(workspace, "segments")[3]
         art = segments_kernel(self.arch)
         args = (np.uint64(ids_ptr), np.uint32(m), np.uint32(num_groups), np.uint64(seg_ptr))
@@ -391,12 +395,13 @@ class GroupedGemm:
             raise ValueError("bias must be contiguous")
         return view
 
-    def _new_scales_out(self, kind: str, masked: bool, num_groups: int, max_m: int, m: int, dev: int):
+    def _new_scales_out(self, kind: str, masked: bool, num_groups: int, max_m: int, m: int, dev: int,
+                        cu_stream=None, explicit: bool = False):
         """The quant_fp8_g128 scales a call allocates: M-major over all m rows (rows g * max_m + i for masked calls,
         the view split into (G, max_m, groups)) like quantize's group128 scales, so that a next grouped FP8 GEMM
         bulk-copies them as its scale_a."""
         groups = -(-self.spec.n_out // 128)
-        scales_out = new_mn_major_scales(kind, m, groups, dev)
+        scales_out = new_mn_major_scales(kind, m, groups, dev, cu_stream, explicit)
         return scales_out.reshape(num_groups, max_m, groups) if masked else scales_out
 
     def _scales_out_view(self, scales_out, masked: bool, num_groups: int, max_m: int, m: int) -> ScaleView:

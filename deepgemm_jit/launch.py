@@ -13,7 +13,7 @@ import numpy as np
 
 from . import config as config_mod
 from . import cubin as cubin_mod
-from . import device, env, runtime, tma
+from . import arrays, device, env, runtime, tma
 from .arrays import MatrixView, ScaleView
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
@@ -255,14 +255,19 @@ def bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
     a row multiple of 4 (the kernel checks that part per tile) when scale_a, element (i, j) at ptr + 4 (i stride_i +
     j stride_j), is M-major (stride_i == 1; any stride for M == 1, whose one row is row 0), starts on 16 bytes and
     has stride_j % 4 == 0; and the read of rows up to round_up(M, 4) stays inside column j when stride_j >= round_up(M,
-    4) (or there is one column). DeepGEMM's layout ((ceil(K/128), round_up(M, 4)) storage, transposed and cut to M
-    rows) passes; row-major scales never do (for M > 1). `m`: the rows the kernel indexes (all groups' for grouped
-    GEMMs, whose scale rows are the same global rows). DEEPGEMM_JIT_NO_BULK_SCALES=1 turns it off (experiments)."""
+    4) (or there is one column). The last column's read of rows up to round_up(M, 4) passes the array's end when M %
+    4 != 0: it must stay inside the allocation (arrays.allocation_end), as DeepGEMM's layout ((ceil(K/128),
+    round_up(M, 4)) storage, transposed and cut to M rows) and quantize's do; a tight (K/128, M) storage falls back
+    to the scale warp. Row-major scales never pass (for M > 1). `m`: the rows the kernel indexes (all groups' for
+    grouped GEMMs, whose scale rows are the same global rows). DEEPGEMM_JIT_NO_BULK_SCALES=1 turns it off."""
     if sa is None or spec.scaling != "block" or m < 1 or env.no_bulk_scales():
         return False
     rows_up = -(-m // 4) * 4
-    return ((sa.stride_i == 1 or m == 1) and sa.ptr % 16 == 0 and sa.stride_j % 4 == 0
-            and (sa.shape[1] <= 1 or sa.stride_j >= rows_up))
+    if not ((sa.stride_i == 1 or m == 1) and sa.ptr % 16 == 0 and sa.stride_j % 4 == 0
+            and (sa.shape[1] <= 1 or sa.stride_j >= rows_up)):
+        return False
+    read_end = sa.ptr + 4 * ((sa.shape[1] - 1) * sa.stride_j + rows_up)
+    return read_end <= sa.byte_span()[1] or read_end <= (arrays.allocation_end(sa.ptr) or 0)
 
 
 def use_bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
@@ -368,6 +373,9 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         return LaunchPlan(kernel, grid, (sym["num_threads"], 1, 1), args, device_id, waits,
                           waits and PROGRAMMATIC_GEMMS)
     grid = (-(-m // cfg.block_m), -(-spec.n // cfg.block_n), 1)
+    if grid[0] * cfg.block_m > 1 << 31:  # gemm_sm80.cuh indexes rows in 32-bit ints, up to the last block's end
+        raise ValueError(f"M = {m} with the portable kernel's {cfg.block_m}-row blocks runs row indices past 2^31 - 1; "
+                         "use a block_m dividing 2^31 (a power of two) or fewer rows per call")
     args = (np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vd.ptr), np.int32(m),
             np.int64(va.row_stride), np.int64(vb.row_stride), np.int64(vd.row_stride))
     return LaunchPlan(kernel, grid, (cfg.num_threads, 1, 1), args, device_id)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config, cubin, device, dtypes, jit, runtime
+from . import arrays, config, cubin, device, dtypes, jit, runtime
 from .arrays import (ScaleView, array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape,
                      mn_major_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
@@ -267,23 +267,17 @@ def _out_kind(kind: str) -> str:
 
 def _empty(kind: str, shape: tuple[int, ...], name: str, device_id: int, cu_stream, is_explicit_stream: bool):
     """(array, data pointer): a new contiguous array of the caller's library, allocated for the stream
-    the kernels run on (both libraries' pools reuse freed memory per stream, so memory allocated for
-    another stream could still be in use there)."""
-    if kind == "torch":
-        import torch
+    the kernels run on (arrays.allocating_for)."""
+    with arrays.allocating_for(kind, device_id, cu_stream, is_explicit_stream):
+        if kind == "torch":
+            import torch
 
-        dev = torch.device("cuda", device_id)
-        if is_explicit_stream:
-            with torch.cuda.stream(torch.cuda.ExternalStream(cu_stream.ptr, device=dev)):
-                t = torch.empty(shape, dtype=_torch_dtype(name), device=dev)
-        else:
-            t = torch.empty(shape, dtype=_torch_dtype(name), device=dev)
-        return t, int(t.data_ptr())
-    import cupy
+            t = torch.empty(shape, dtype=_torch_dtype(name), device=torch.device("cuda", device_id))
+            return t, int(t.data_ptr())
+        import cupy
 
-    with cupy.cuda.Device(device_id), cu_stream:
         a = cupy.empty(shape, dtype=_cupy_dtype(name))
-    return a, int(a.data.ptr)
+        return a, int(a.data.ptr)
 
 
 def _as_bytes(q, q_name: str, kind: str, arg: str):

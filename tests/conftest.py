@@ -49,5 +49,7 @@ def plan_calls(monkeypatch):
 
 @pytest.fixture
 def fake_gpu_memory(monkeypatch):
-    """Every pointer counts as device memory on GPU 0 (for fakes.FakeDeviceArray; nothing is dereferenced)."""
+    """Every pointer counts as device memory on GPU 0, inside an allocation reaching 1 GiB past it (for
+    fakes.FakeDeviceArray; nothing is dereferenced)."""
     monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 0)
+    monkeypatch.setattr(arrays, "allocation_end", lambda ptr: ptr + (1 << 30))

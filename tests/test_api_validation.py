@@ -116,6 +116,60 @@ def test_bf16_dtype_is_ml_dtypes():
     assert dtypes.storage_name_of(dtypes.numpy_dtype("bf16")) == "bf16"
 
 
+def test_configs_out_of_range_are_refused():
+    """group_m: the scheduler's band product is 32-bit (a record with 2^33 failed to compile); sm80 warps: a CTA
+    holds at most 1024 threads (64 x 64 warps built and would fail at every launch)."""
+    with pytest.raises(ValueError, match="group_m must be at most 256"):
+        dg.KernelConfig("sm90", 128, 64, 64, 4, 2, 1, 8, 8, group_m=257)
+    assert dg.KernelConfig("sm90", 128, 64, 64, 4, 2, 1, 8, 8, group_m=256).group_m == 256
+    with pytest.raises(ValueError, match="at most 32"):
+        dg.KernelConfig("sm80", 64 * 16, 64 * 8, 32, 2, 64, 64, vec_a=8, vec_b=8)
+    assert dg.KernelConfig("sm80", 128, 256, 32, 2, 4, 8, vec_a=8, vec_b=8).num_threads == 1024
+
+
+def test_portable_kernel_refuses_rows_past_32_bits(cache_dir, fake_gpu_memory):
+    """gemm_sm80.cuh's row index is a 32-bit int: with 96-row blocks, M near 2^31 would run the last block's rows
+    past 2^31 - 1 (negative, passing `row < m`); 64-row blocks end exactly at 2^31."""
+    from deepgemm_jit import launch
+    from deepgemm_jit.arrays import matrix_view
+    from fakes import FakeKernel
+
+    for block_m, m, refused in ((96, 2 ** 31 - 1, True), (96, 2 ** 31 - 96 * 2, False), (64, 2 ** 31 - 1, False)):
+        cfg = dg.KernelConfig("sm80", block_m, 128, 32, 3, 2, 4, vec_a=8, vec_b=8)
+        g = dg.build(1000, 8, 8, dtype="bf16", arch="sm_90a", config=cfg)
+        va = matrix_view(FakeDeviceArray((m, 8), dtypes.numpy_dtype("bf16")), "a")
+        vb = matrix_view(FakeDeviceArray((8, 8), dtypes.numpy_dtype("bf16")), "b")
+        vd = matrix_view(FakeDeviceArray((m, 8), dtypes.numpy_dtype("bf16")), "out")
+        if refused:
+            with pytest.raises(ValueError, match="past 2"):
+                launch.plan(FakeKernel(), g.artifact, g.spec, m, va, vb, vd, 0)
+        else:
+            assert launch.plan(FakeKernel(), g.artifact, g.spec, m, va, vb, vd, 0).grid[0] * block_m <= 2 ** 31
+
+
+def test_cuda_array_interface_null_pointer_and_stream(fake_gpu_memory, monkeypatch):
+    """A NULL data pointer is allowed for empty arrays only (it would fault in the kernel). A producer's "stream"
+    (CAI v3) is synchronised before the data is used, as the protocol asks consumers; 0 is not a valid stream."""
+    import cupy
+
+    null = FakeDeviceArray((300, 64), ptr=0)
+    with pytest.raises(ValueError, match="a NULL data pointer"):
+        arrays.array_fields(null, "a")
+    assert arrays.array_fields(FakeDeviceArray((0, 64), ptr=0), "a")[3] == 0
+    synced = []
+    monkeypatch.setattr(cupy.cuda.runtime, "streamSynchronize", synced.append)
+    x = FakeDeviceArray((3, 64))
+    x.__cuda_array_interface__["stream"] = 0x1234
+    arrays.array_fields(x, "a")
+    x.__cuda_array_interface__["stream"] = None
+    arrays.array_fields(x, "a")
+    assert synced == [0x1234]
+    for bad in (0, True, "1"):
+        x.__cuda_array_interface__["stream"] = bad
+        with pytest.raises(ValueError, match="has stream"):
+            arrays.array_fields(x, "b")
+
+
 def test_explicit_config(cache_dir):
     cfg = dg.KernelConfig("sm80", 64, 64, 32, 2, 2, 2, vec_a=8, vec_b=8)
     g = dg.build(100, 64, 64, dtype="bf16", arch="sm_90a", config=cfg)

@@ -47,6 +47,40 @@ def test_flag_off(arr, m, why, fake_gpu_memory):
     assert not _flag(arr, m), why
 
 
+@pytest.mark.parametrize("m,pitch,kb", [(301, 304, KB), (77, 80, KB), (5, 8, KB), (301, 301 * 4, 1), (1, 4, KB)])
+def test_flag_needs_the_last_columns_tail_inside_the_allocation(m, pitch, kb, fake_gpu_memory, monkeypatch):
+    """The last column's copy reads rows up to round_up(M, 4): 1-3 floats past the array when M % 4 != 0. Allowed
+    only when the allocation holding scale_a reaches that far (padded storage, as DeepGEMM's layout and quantize's);
+    a tight storage, or a driver that cannot tell, leaves the tiles to the scale warp."""
+    spec = BLOCK if kb > 1 else GemmSpec.create(512, 128, dtype="fp8", scaling="block")
+    arr = _m_major(m, pitch, kb)
+    last = BASE + 4 * ((kb - 1) * pitch + m)            # one past the view's last element
+    tail = BASE + 4 * ((kb - 1) * pitch + -(-m // 4) * 4)
+    assert tail > last
+    for end, want in ((tail, True), (tail + 4096, True), (tail - 4, False), (last, False), (None, False)):
+        monkeypatch.setattr(arrays, "allocation_end", lambda ptr, end=end: end)
+        assert _flag(arr, m, spec, kb) == want, (end, want)
+
+
+@pytest.mark.parametrize("m", [4, 300, 4096])
+def test_flag_of_whole_rows_of_four_asks_no_allocation(m, fake_gpu_memory, monkeypatch):
+    """M % 4 == 0: the copies end at the array's last element; the driver is not asked."""
+    def ask(ptr):
+        raise AssertionError("allocation_end called")
+    monkeypatch.setattr(arrays, "allocation_end", ask)
+    assert _flag(_m_major(m, m), m)
+
+
+def test_allocation_end_without_a_driver_is_none(monkeypatch):
+    """No libcuda (this CPU machine) or a pointer the driver does not know: None, so the bulk path is not taken."""
+    from deepgemm_jit import driver
+
+    def missing():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+    monkeypatch.setattr(driver, "libcuda", missing)
+    assert arrays.allocation_end(BASE) is None
+
+
 def test_decode_sizes_take_the_scale_warp(fake_gpu_memory):
     """Launches of at most 128 rows leave scale_a to the scale warp even where the bulk copy may run (measured faster
     there, launch.BULK_A_SCALES_MIN_M); from 129 rows on the bulk copy is used."""
@@ -179,7 +213,7 @@ def host_arrays(monkeypatch):
     """arrays.new_array on the host: NumPy for "cupy", CPU torch for "torch" (same shapes, dtypes and strides)."""
     torch = pytest.importorskip("torch")
 
-    def new_array(kind, shape, name, device_id):
+    def new_array(kind, shape, name, device_id, stream=None, explicit=False):
         assert name == "fp32"
         return torch.empty(shape, dtype=torch.float32) if kind == "torch" else np.empty(shape, np.float32)
     monkeypatch.setattr(arrays, "new_array", new_array)

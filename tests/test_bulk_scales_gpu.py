@@ -185,3 +185,64 @@ def test_masked_bitwise(max_m, monkeypatch):
         if c:
             rows = slice(gi * max_m, gi * max_m + c)
             assert reference.within_bound(reference.error(bulk[gi, :c], a64[rows] @ b64[gi].T), "fp8_e4m3"), gi
+
+
+def _raw_scales(sa, pitch):
+    """scale_a (M, KB) M-major in a cudaMalloc of exactly (KB - 1) * pitch + M floats (no pool block around it): the
+    last column ends where the allocation does."""
+    import cupy
+
+    m, kb = sa.shape
+    floats = (kb - 1) * pitch + m
+    memory = cupy.cuda.memory.Memory(4 * floats)
+    flat = cupy.ndarray((floats,), cupy.float32, cupy.cuda.memory.MemoryPointer(memory, 0))
+    for j in range(kb):
+        flat[j * pitch:j * pitch + m] = sa[:, j]
+    view = cupy.lib.stride_tricks.as_strided(flat, shape=(m, kb), strides=(4, 4 * pitch))
+    return view, memory
+
+
+@pytest.mark.parametrize("m,k", [(301, 128), (301, 1000), (130, 100), (300, 1000)])
+def test_tight_scale_allocation_is_not_read_past(m, k):
+    """The bulk copy reads the last column's rows up to round_up(M, 4). With scale_a's allocation ending at its last
+    element (M % 4 != 0) that would read past it: the host sees the allocation's end (arrays.allocation_end, the
+    driver's range of a cudaMalloc) and leaves the tiles to the scale warp; M % 4 == 0 keeps the bulk copy. Either
+    way the product is right. A pooled padded array of the same scales keeps the bulk copy."""
+    from deepgemm_jit import arrays
+
+    n = 264
+    qa, sa, qb, sb, a64, b64 = _problem(m, n, k, seed=m + k)
+    spec = GemmSpec.create(n, k, dtype="fp8", scaling="block")
+    pitch = -(-m // 4) * 4
+    tight, memory = _raw_scales(sa, pitch)
+    view = scale_view(tight, "scale_a", tight.shape, "")
+    assert arrays.allocation_end(view.ptr) == memory.ptr + memory.size, "the driver's range of a cudaMalloc"
+    assert launch.bulk_a_scales(spec, view, m) == (m % 4 == 0), m
+    _assert_bulk_on(spec, _m_major(sa), m)  # the padded pooled copy
+    g = dg.build(m, n, k, dtype="fp8", scaling="block", weight_streaming=False)
+    for scales in (tight, _m_major(sa)):
+        out = reference.poisoned((m, n), "bf16")
+        g(qa, qb, scale_a=scales, scale_b=sb, out=out)
+        assert reference.within_bound(reference.error(out, a64 @ b64.T), "fp8_e4m3"), (m, k)
+
+
+def test_allocation_query_inside_a_capture():
+    """A first launch plan made while the stream captures asks the driver for scale_a's allocation (M % 4 != 0):
+    the capture must survive it, and the replayed graph must give the product."""
+    import cupy
+
+    m, n, k = 301, 264, 1000
+    qa, sa, qb, sb, a64, b64 = _problem(m, n, k, seed=7)
+    sa_mm = _m_major(sa)
+    g = dg.build(m, n, k, dtype="fp8", scaling="block", weight_streaming=False)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(qa, qb, scale_a=sa_mm, scale_b=sb, out=reference.poisoned((m, n), "bf16"), stream=stream)
+        out = reference.poisoned((m, n), "bf16")  # a new output: a new plan, made inside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        g(qa, qb, scale_a=sa_mm, scale_b=sb, out=out, stream=stream)
+        graph = stream.end_capture()
+        graph.launch(stream)
+    stream.synchronize()
+    assert reference.within_bound(reference.error(out, a64 @ b64.T), "fp8_e4m3")

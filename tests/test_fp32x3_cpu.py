@@ -719,3 +719,38 @@ def test_raw_b_tile_rule_picks_the_measured_tiles(m, n, k, tile, splits):
     assert cfg.smem_bytes(spec) <= config.SM90_SMEM_BUDGET_BYTES
     if cfg.block_n >= 96:  # D leaves through the ring at every M here (unpromoted TF32 keeps it to M >= 256)
         assert cfg.d_ring == config.SM90_D_RING, cfg.tag
+
+
+def _cupy_over(shape, ptr):
+    """A CuPy float32 array over a made-up device address (views only read metadata: no GPU needed)."""
+    import cupy
+
+    size = max(4 * int(np.prod(shape)), 1)
+    memory = cupy.cuda.memory.UnownedMemory(ptr, size, None, device_id=0)
+    return cupy.ndarray(shape, np.float32, cupy.cuda.memory.MemoryPointer(memory, 0))
+
+
+def test_raw_b_call_of_another_producer_without_out(recorded, monkeypatch):
+    """A raw-B GEMM (M <= 512: B goes to the TF32 Gemm as it is) called with CUDA-array-interface arrays and no
+    out=: out is allocated as CuPy, so b reaches the TF32 Gemm as a CuPy view of its memory (the Gemm takes a, b and
+    out from one library; before, it raised a TypeError blaming arrays the caller never passed)."""
+    from deepgemm_jit import api
+
+    make, calls = recorded
+    g = make(64, 256, 128)
+    assert g.raw_b
+    seen = []
+    monkeypatch.setattr(fp32x3, "new_array", lambda kind, shape, name, dev, *rest: _cupy_over(shape, 0x50000000))
+    monkeypatch.setattr(fp32x3, "_cupy_view", lambda x: seen.append(x) or _cupy_over(
+        x.shape, x.__cuda_array_interface__["data"][0]))
+    monkeypatch.setattr(fp32x3, "_stream_array", lambda kind, shape, name, dev, s, e: (
+        _cupy_over(shape, 0x10000000), 0x10000000))
+
+    def gemm(a3, b3, *, out, stream, **ops):
+        calls.append(("gemm", api._common_kind(a3, b3, out), b3.data.ptr))
+        return out
+    g.gemm = _Callable(gemm, g.gemm)
+    a, b = FakeDeviceArray((8, 128), ptr=BASE), FakeDeviceArray((256, 128), ptr=BASE + (1 << 22))
+    out = g(a, b)
+    assert out.shape == (8, 256) and seen == [b]
+    assert calls[-1] == ("gemm", "cupy", BASE + (1 << 22))   # b's own memory, no copy

@@ -345,8 +345,11 @@ def test_torch_tensors_current_stream_and_out():
         g(a, cupy.asarray(b))
 
 
-def test_other_array_producers():
-    """Operands (and out) that only speak __cuda_array_interface__: the workspaces are presented the same way."""
+@pytest.mark.parametrize("k", [300, 320])
+def test_other_array_producers(k):
+    """Operands (and out) that only speak __cuda_array_interface__: the workspaces are presented the same way. K = 320
+    (a multiple of 32) at M = 129: a raw-B GEMM, whose B goes to the TF32 Gemm as it is (as a CuPy view when out is
+    allocated here)."""
     class Interface:
         def __init__(self, x):
             self._x = x
@@ -356,8 +359,9 @@ def test_other_array_producers():
         def __cuda_array_interface__(self):
             return self._x.__cuda_array_interface__
 
-    m, n, k = 129, 264, 300
+    m, n = 129, 264
     g = dg.build_fp32(m, n, k)
+    assert g.raw_b == (k % 32 == 0)
     rng = cupy.random.default_rng(10)
     a, b = stored((m, k), rng), stored((n, k), rng)
     out = reference.poisoned((m, n), "fp32")

@@ -414,3 +414,68 @@ def test_dlpack_only_producer_zero_copy():
     want = g(a, b)
     got = g(DLPackOnly(a), DLPackOnly(b))
     assert isinstance(got, cupy.ndarray) and bool((got.view(cupy.uint16) == want.view(cupy.uint16)).all())
+
+
+class _Producer:
+    """A CUDA-array-interface producer (Numba-style) over a CuPy array, naming `stream` as the stream its data is
+    written on (None: ready)."""
+
+    def __init__(self, x, stream):
+        self._x, self._stream = x, stream
+        self.shape, self.dtype = x.shape, x.dtype
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self._x.shape, "typestr": self._x.dtype.str, "data": (self._x.data.ptr, False),
+                "strides": self._x.strides, "version": 3, "stream": self._stream}
+
+
+def test_cuda_array_interface_stream_is_synchronised():
+    """A producer whose A is still being written on its own (non-blocking) stream when the call is made: the call
+    synchronises with that stream first (CAI v3), so the product is of the written values, not of the NaN before."""
+    import cupy
+
+    from streams import spin
+
+    m, n, k = 256, 264, 512
+    rng = cupy.random.default_rng(21)
+    want_a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng)
+    g = dg.build(m, n, k, dtype="bf16", weight_streaming=False)
+    side = cupy.cuda.Stream(non_blocking=True)
+    a = reference.poisoned((m, k), "bf16")
+    cupy.cuda.Device().synchronize()
+    spin(side, 0.2)
+    with side:
+        a[...] = want_a  # lands after the spin
+    out = g(_Producer(a, side.ptr), _Producer(b, None))
+    cupy.cuda.Device().synchronize()
+    err = reference.error(out, reference.to_float64(want_a) @ reference.to_float64(b).T)
+    assert reference.within_bound(err, "bf16"), err
+
+
+def test_cuda_array_interface_stream_inside_a_capture():
+    """A producer naming an idle stream of its own, called while another stream captures: the synchronisation must
+    not break the capture, and the replayed graph gives the product."""
+    import cupy
+
+    m, n, k = 256, 264, 512
+    rng = cupy.random.default_rng(22)
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng)
+    g = dg.build(m, n, k, dtype="bf16", weight_streaming=False)
+    producer_stream = cupy.cuda.Stream(non_blocking=True)
+    out = reference.poisoned((m, n), "bf16")
+    capturing = cupy.cuda.Stream(non_blocking=True)
+    wrapped = (_Producer(a, producer_stream.ptr), _Producer(b, producer_stream.ptr), _Producer(out, None))
+    with capturing:
+        g(*wrapped[:2], out=wrapped[2], stream=capturing)
+        reference.poison(out, capturing)
+        capturing.synchronize()
+        capturing.begin_capture()
+        g(*wrapped[:2], out=wrapped[2], stream=capturing)
+        graph = capturing.end_capture()
+        graph.launch(capturing)
+    capturing.synchronize()
+    err = reference.error(out, reference.to_float64(a) @ reference.to_float64(b).T)
+    assert reference.within_bound(err, "bf16"), err

@@ -29,6 +29,9 @@ def test_lookup_reads_stored_record_and_ignores_damage(cache_dir):
     assert tuning.lookup(IDENTITY, SPEC, 4096) == cfg
     path.write_text("{broken")
     assert tuning.lookup(IDENTITY, SPEC, 4096) is None
+    # Parsed, but out of any valid range: a band of 2^33 M blocks would not compile (32-bit constexpr).
+    path.write_text(json.dumps({"config": dataclasses.asdict(cfg) | {"group_m": 2 ** 33}}))
+    assert tuning.lookup(IDENTITY, SPEC, 4096) is None
 
 
 def test_candidates_start_with_the_heuristic_and_are_valid():
