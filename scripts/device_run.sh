@@ -14,11 +14,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export DEEPGEMM_JIT_CACHE_DIR=/tmp/dgjit-cache
 # The copy on the GPU machine has no .git: the commit travels in .carry/commit (written by
-# scripts/prepare_device.sh here) so that benchmark results name the code that produced them.
-if [ -f .carry/commit ]; then
-  read -r DEEPGEMM_JIT_GIT_COMMIT DEEPGEMM_JIT_GIT_DIRTY < .carry/commit
-  export DEEPGEMM_JIT_GIT_COMMIT DEEPGEMM_JIT_GIT_DIRTY
-fi
+# scripts/prepare_device.sh here), which bench.report.git_info reads itself, trusting it only while the code hashes
+# as it did when the file was written. (Exporting its fields here read "1 <hash>" as the dirty flag: clean.)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/env.txt"
 python3 -c "import cupy, torch, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'torch', torch.__version__)" | tee -a "$OUT/env.txt"
 rc=0
