@@ -15,8 +15,9 @@ For each DeepSeek (N, K) of ``suites._DEEPSEEK_NK``, each M and each epilogue en
 Both start from the same fresh random operands (never zeros). Both results are checked first against float64:
 the reference is the float64 product of the (dequantized) operands through the epilogue's float64 unfused
 operations, quantized as the kernel quantizes its FP32 values (``reference.quantized_epilogue_reference``). The
-fused scales must match the reference's to relative 1e-4 and its q within one FP8 ulp (as the GPU tests); the
-pair's dequantized result (its D rounded to BF16 before the standalone quantization) within the FP8 bound. Only
+fused scales must match the reference's within the GEMM dtype's bound, and both dequantized results (the pair's D
+rounded to BF16 before the standalone quantization) the float64 values within the FP8 bound; the largest q
+distance in FP8 ulps is recorded. Only
 a checked row is timed, with ``timing.time_interleaved`` (L2 flushed, interleaved, medians), into outputs poisoned
 before timing and compared bit for bit with the checked results afterwards. ratio = unfused µs / fused µs (> 1:
 fusing pays); the bar is ratio >= 1.3 at M <= 128 and >= 1.1 at M = 4096. The GEMM and the quantize of the pair
@@ -106,9 +107,15 @@ def run_case(m: int, n: int, k: int, epilogue: str, reps: int, seed: int, gemm_d
         err = float(reference.error(reference.dequantize_reference(q, s, "fp8_e4m3", "group128"), deq_ref))
         pair_err = float(reference.error(reference.dequantize_reference(q_sep, s_sep, "fp8_e4m3", "group128"),
                                          value))
-        row.update(scale_rel_err=scale_err, q_ulps=ulps, err=err, pair_err=pair_err)
-        if not (scale_err <= 1e-4 and ulps <= 1 and reference.within_bound(pair_err, "fp8_e4m3")):
-            row.update(status="wrong", error=f"scale_rel_err {scale_err:.2e}, q off by {ulps} ulp, "
+        fused_err = float(reference.error(reference.dequantize_reference(q, s, "fp8_e4m3", "group128"), value))
+        row.update(scale_rel_err=scale_err, q_ulps=ulps, err=err, fused_err=fused_err, pair_err=pair_err)
+        # The scales follow the group maxima of the GEMM's FP32 values: within the GEMM's own bound of float64 (FP8
+        # GEMMs: ~4e-4 measured; BF16: ~4e-5). q's ulps are recorded, not gated: near zero (FP8 subnormals, 2^-9 of
+        # a group's max) the FP32 accumulation error of long K moves a value by a few ulps (3 at K = 16384 BF16).
+        scale_bound = reference.ERROR_BOUND[plain.spec.dtype]
+        if not (scale_err <= scale_bound and reference.within_bound(fused_err, "fp8_e4m3")
+                and reference.within_bound(pair_err, "fp8_e4m3")):
+            row.update(status="wrong", error=f"scale_rel_err {scale_err:.2e}, fused err {fused_err:.2e}, "
                        f"unfused pair err {pair_err:.2e}")
             return row
         # Both contenders write into buffers allocated once (the fused GEMM and quantize both take out=): a
@@ -154,7 +161,7 @@ def markdown(rows: list[dict]) -> str:
         f = (lambda key, fmt: format(r[key], fmt) if r.get(key) is not None else "-")
         lines.append(f"| {r.get('dtype', 'bf16')} | {r['epilogue']} | {r['m']} | {r['n']} | {r['k']} | "
                      f"{f('fused_us', '.1f')} | {f('unfused_us', '.1f')} | {f('ratio', '.3f')} | {f('gemm_us', '.1f')} | "
-                     f"{f('quantize_us', '.1f')} | {f('ceiling', '.3f')} | {f('err', '.1e')} | "
+                     f"{f('quantize_us', '.1f')} | {f('ceiling', '.3f')} | {f('fused_err', '.1e')} | "
                      f"{r.get('fused_config', '-')} | {r.get('plain_config', '-')} | "
                      f"{r['status']}{': ' + r['error'] if r.get('error') else ''} |")
     return "\n".join(lines) + "\n"
