@@ -27,17 +27,55 @@ def test_config_field_and_tag():
     config.sm90_config(grouped, 64, 128, split_k=True).check_for(grouped, "sm_90a")
 
 
-@pytest.mark.parametrize("k_blocks", [1, 2, 5, 8, 31, 112, 256])
+SHARE_K_BLOCKS = (1, 2, 5, 8, 31, 112, 256)
+
+
+def share_begin(split: int, splits: int, k_blocks: int) -> int:
+    """Model of Tile::set_share (sched_sm90.cuh): share s of S over n K blocks is [s * n / S, (s + 1) * n / S)."""
+    return split * k_blocks // splits
+
+
+@pytest.mark.parametrize("k_blocks", SHARE_K_BLOCKS)
 def test_kernel_share_partition(k_blocks):
-    """Python model of TileScheduler: shares [s * n / S, (s + 1) * n / S) cover the K blocks once, in order, none
-    empty for every S the kernel allows (it clamps S to [1, k_blocks])."""
+    """The model's shares cover the K blocks once, in order, nearly equal, none empty for every S the kernel allows
+    (it clamps S to [1, k_blocks]); test_share_partition_matches_the_kernel ties the model to the kernel."""
     for splits in range(1, min(k_blocks, 64) + 1):
-        bounds = [(s * k_blocks // splits, (s + 1) * k_blocks // splits) for s in range(splits)]
+        bounds = [(share_begin(s, splits, k_blocks), share_begin(s + 1, splits, k_blocks)) for s in range(splits)]
         assert bounds[0][0] == 0 and bounds[-1][1] == k_blocks
         assert all(lo < hi for lo, hi in bounds), (k_blocks, splits)
         assert all(bounds[i][1] == bounds[i + 1][0] for i in range(splits - 1))
         sizes = [hi - lo for lo, hi in bounds]
         assert max(sizes) - min(sizes) <= 1
+
+
+def _share_probe(lie: bool = False) -> str:
+    """A kernel of static_asserts: the K blocks Tile::set_share gives every share of every S <= 64 over the K block
+    counts above equal the model's."""
+    lines = ['#include "dgjit/sched_sm90.cuh"', "using dgjit::sm90::Tile;",
+             "template <unsigned int kBlocks> __device__ constexpr unsigned long long share(unsigned int s, "
+             "unsigned int splits) {",
+             "  Tile t{};", "  t.set_share<kBlocks>(s, splits, 0);",
+             "  return (static_cast<unsigned long long>(t.k_begin) << 32) | t.k_end;", "}",
+             'extern "C" __global__ void dgjit_probe(unsigned int* out) {']
+    for k_blocks in SHARE_K_BLOCKS:
+        for splits in range(1, min(k_blocks, 64) + 1):
+            for s in range(splits):
+                lo, hi = share_begin(s, splits, k_blocks), share_begin(s + 1, splits, k_blocks)
+                hi += 1 if lie and (k_blocks, splits, s) == (31, 7, 3) else 0
+                lines.append(f"  static_assert(share<{k_blocks}u>({s}u, {splits}u) == ({lo}ull << 32 | {hi}ull));")
+    lines += ["  out[0] = 1;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_share_partition_matches_the_kernel():
+    """One wrong value fails the compile (a ceil-sized partition in the kernel would)."""
+    from deepgemm_jit.errors import CompileError
+    from probes import compile_probe
+
+    compile_probe(_share_probe())
+    with pytest.raises(CompileError) as info:
+        compile_probe(_share_probe(lie=True))
+    assert "static assertion failed" in info.value.log or "static_assert" in info.value.log
 
 
 def test_dispatch_rule_decode_and_large_m():

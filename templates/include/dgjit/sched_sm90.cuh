@@ -17,9 +17,10 @@ struct Tile {
   uint32_t id, split;  // split-K: the tile's slot in the workspace and this unit's share of its K blocks
   uint32_t num_splits;  // shares of this tile's K blocks (1: the whole tile)
 
-  // Share `split_` of `shares` of the tile's kNumKBlocks K blocks, workspace slot `slot`.
+  // Share `split_` of `shares` of the tile's kNumKBlocks K blocks, workspace slot `slot`. (constexpr: nothing
+  // changes at run time; tests/test_splitk_cpu.py evaluates it in static_asserts against its model of the shares.)
   template <uint32_t kNumKBlocks>
-  DGJIT_DEVICE void set_share(uint32_t split_, uint32_t shares, uint32_t slot) {
+  DGJIT_DEVICE constexpr void set_share(uint32_t split_, uint32_t shares, uint32_t slot) {
     k_begin = split_ * kNumKBlocks / shares;
     k_end = (split_ + 1) * kNumKBlocks / shares;
     id = slot;
