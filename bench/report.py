@@ -151,7 +151,8 @@ def collect_env(argv: list[str], settings: dict, module: str = "bench") -> dict:
 
 
 def result_stem(date_iso: str, suites, commit: str | None, dirty: bool | None, source_sha: str) -> str:
-    """'<date>-<suites>-<gitshort>': 20261129T071502Z-deepseek_square-1a2b3c4, src-<hash8> without git."""
+    """'<date>-<suites>-<gitshort>': 20261129T071502Z-deepseek_square-1a2b3c4; without a commit, 'src' and the first
+    7 hex digits of source_sha256 replace the commit."""
     when = _dt.datetime.fromisoformat(date_iso).astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     short = commit[:7] if commit else f"src{source_sha[:7]}"
     if dirty:

@@ -167,8 +167,9 @@ SUITES: dict[str, Suite] = {
         Suite("deepseek", _product((64, 128, 4096), _DEEPSEEK_NK),
               _product((64, 4096), ((2112, 7168), (7168, 2048))),
               "DeepSeek-V3 projections, M in {64, 128, 4096}"),
-        # Decode: M = 1..16 runs the weight-streaming kernel (deepgemm_jit/gemv.py), 32..128 the sm90 family; the
-        # rows are bound by reading B once: read their GB/s against the 4.25 TB/s copy ceiling.
+        # Decode: M <= 8 runs the decode kernels where their rules take the shape (row sweep gemv_rows.py at M = 1-2,
+        # weight streaming gemv.py), the rest the sm90 family (split-K tiles); the rows are bound by reading B once:
+        # read their GB/s against the 4.25 TB/s copy ceiling.
         Suite("decode", _product((1, 8, 16, 32, 64, 128), _DEEPSEEK_NK),
               _product((1, 16), ((2112, 7168), (7168, 16384))),
               "DeepSeek-V3 projections at decode sizes, M in {1, 8, 16, 32, 64, 128}"),

@@ -581,7 +581,7 @@ def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_str
     given = [name for name, v in (("scaling", scaling not in (None, "none")), ("b_dtype", b_dtype not in (None, "fp32")),
                                   ("fast_accum", bool(fast_accum)), ("weight_streaming", bool(weight_streaming)),
                                   ("split_k", split_k is not None), ("promoted", bool(promoted)),
-                                  ("deterministic=False", deterministic is not True)) if v]
+                                  ("deterministic=False", not bool(deterministic))) if v]
     if given:
         raise ValueError(f"dtype='fp32' (FP32-accurate 3xTF32) takes no {', '.join(given)}")
 

@@ -195,9 +195,11 @@ class GemmSpec(OperandLayout):
             raise ValueError(f"N={self.n}: epilogue={self.epilogue!r} needs N (the rows of the interleaved gate/up "
                              "weight, twice the output columns) to be a multiple of 16 (see interleave_gate_up)")
         if epi.is_gated and epi.has_group_scales and self.promote:
+            fix = ("promoted=False, a 16-bit input type" if self.dtype == "tf32"
+                   else "fast_accum=True (scaling tensor/row), a 16-bit input type")
             raise ValueError(f"epilogue={self.epilogue!r} needs tiles of 256 weight rows (128 output columns per "
-                             "1x128 group), more accumulators than FP8 with FP32 promotion can hold; use "
-                             "fast_accum=True (scaling tensor/row), a 16-bit input type, or quantize separately")
+                             f"1x128 group), more accumulators than {self.dtype} with FP32 promotion can hold; use "
+                             f"{fix}, or quantize separately")
 
     @property
     def epi(self) -> "epilogue_mod.Epilogue":

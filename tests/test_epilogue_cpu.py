@@ -253,6 +253,9 @@ def test_gated_and_quant_spec_rules():
         GemmSpec.create(1024, 512, "bf16", out_dtype="fp8_e4m3")  # only quantize-on-store writes FP8
     with pytest.raises(ValueError, match="epilogue='swiglu\\+quant_fp8_g128'.*fast_accum"):
         GemmSpec.create(1024, 512, "fp8", scaling="block", epilogue="swiglu+quant_fp8_g128")
+    with pytest.raises(ValueError, match="than tf32 with FP32 promotion can hold; use promoted=False") as info:
+        GemmSpec.create(1024, 512, "tf32", promoted=True, epilogue="swiglu+quant_fp8_g128")
+    assert "fast_accum" not in str(info.value)  # FP8's remedy, not tf32's
     with pytest.raises(ValueError, match="int32"):
         GemmSpec.create(1024, 512, "int8", epilogue="quant_int8_tensor")
 

@@ -212,6 +212,14 @@ def test_build_fp32_layouts_epilogue_and_config(cache):
     cfg = config.sm90_config(g.spec.inner, 128, 128)
     g2 = dg.build_fp32(256, 264, 1000, epilogue="relu+bias", config=cfg, arch=ARCH)
     assert g2.config == cfg
+    # At decode sizes the heuristic takes the raw-B GEMM (sm90 only); a config only the split-B GEMM takes (a
+    # portable one) builds that instead of being refused for the M hint.
+    assert dg.build_fp32(64, 264, 1024, arch=ARCH).raw_b
+    portable = dg.KernelConfig("sm80", 64, 64, 32, 3, 2, 2, vec_a=4, vec_b=4)
+    g3 = dg.build_fp32(64, 264, 1024, config=portable, arch=ARCH)
+    assert g3.config == portable and not g3.raw_b
+    raw_cfg = config.choose_config(g3.spec.inner_at(64, ARCH), 64, ARCH, 132)
+    assert dg.build_fp32(64, 264, 1024, config=raw_cfg, arch=ARCH).raw_b  # one the raw-B GEMM takes keeps it
     with pytest.raises(ValueError, match="M must be"):
         dg.build_fp32(0, 8, 8, arch=ARCH)
     with pytest.raises(ValueError, match="arch"):

@@ -3,6 +3,7 @@ workspace sizes, build's split_k argument, explain, and real NVRTC compiles of s
 (WGMMA and TMA in the SASS, no local memory, the shared-memory mirror equal to the kernel's own)."""
 import dataclasses
 
+import numpy as np
 import pytest
 
 from deepgemm_jit import build, config, jit, launch, sass, splitk
@@ -190,6 +191,9 @@ def test_build_deterministic_argument(shared_cache_dir, monkeypatch):
             build(64, 2112, 7168, dtype="bf16", arch="sm_90a", deterministic=bad)
     with pytest.raises(ValueError, match="deterministic=False"):
         build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=False)
+    with pytest.raises(ValueError, match="deterministic=False"):
+        build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=np.False_)
+    assert build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=np.True_).spec.k == 7168
     g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a", deterministic=False)
     assert g.config.split_k and g.deterministic is False and g.explain()["split_k"]["deterministic"] is False
     assert build(64, 2112, 7168, dtype="bf16", arch="sm_90a").deterministic is True
