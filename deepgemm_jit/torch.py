@@ -258,7 +258,9 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", out_dtype: Op
     with torch.cuda.device(a.device):
         # Allocated in the returned shape (a base tensor, not a view: callers such as Linear may add to it in place).
         out = torch.empty(p.out_shape, dtype=p.torch_out_dtype, device=a.device)
-        if p.m and p.n:
+        if p.m and p.n and not p.k:  # an empty sum, as torch.mm (and nn.Linear with in_features 0) gives
+            out.zero_()
+        elif p.m and p.n:
             a2 = a.reshape(p.m, p.k) if p.layout == "nt" else a  # a view when a's leading dims allow one
             g = _gemm_for(a.device.index, p.m, p.n, p.k, dtype=p.dtype, out_dtype=p.out_dtype, layout=p.layout)
             # on torch's current stream (Gemm's default for torch); operands strided along their last dimension
@@ -472,12 +474,20 @@ def grouped_mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
 
 
 # -- Linear ------------------------------------------------------------------------------------------------------
+def _no_backward(grad):
+    raise RuntimeError("deepgemm_jit.torch.Linear has no backward (inference only): the GEMM passes no gradient, so "
+                       "only its bias would be trained; train with torch.nn.Linear, run this one under "
+                       "torch.no_grad() / torch.inference_mode()")
+
+
 class Linear(torch.nn.Module):
     """Inference drop-in for ``torch.nn.Linear``: y = x @ weight.T + bias through the deepgemm-jit ops.
 
     x (..., in_features) -> (..., out_features); leading dimensions are flattened into M and restored.
     The bias is a separate torch add after the GEMM (a bias fused into the kernel's epilogue is a later
-    issue). No backward (inference only: run under ``torch.inference_mode()`` or ``torch.no_grad()``).
+    issue). No backward (inference only: run under ``torch.inference_mode()`` or ``torch.no_grad()``); in grad
+    mode the output still carries the bias's autograd history, and a backward through it raises a RuntimeError
+    (rather than training the bias alone).
     ``weight_format`` says what the GEMM multiplies:
 
     - ``"bf16"``: the 16-bit weight as stored (a bfloat16 or float16 Parameter; x of the same dtype,
@@ -638,6 +648,8 @@ class Linear(torch.nn.Module):
             y = y.view(*x.shape[:-1], self.out_features)
         if self.bias is not None:
             y = y.add_(self.bias)
+        if y.requires_grad:  # grad mode with a trainable bias (or x): only the bias would get a gradient
+            y.register_hook(_no_backward)
         return y
 
     def _apply(self, fn, recurse=True):

@@ -206,11 +206,31 @@ def test_linear_in_grad_mode_and_after_float():
     with torch.no_grad():
         want = lin(x)
     assert_same_bits(y.detach(), bits_torch(want), "grad mode")
+    with pytest.raises(RuntimeError, match="no backward"):  # the bias alone would be trained, silently
+        y.float().sum().backward()
+    assert ref.weight.grad is None and ref.bias.grad is None
+    fp8 = dgt.Linear.from_linear(ref, dtype="fp8")
+    with pytest.raises(RuntimeError, match="no backward"):
+        fp8(x).float().sum().backward()
+    assert ref.bias.grad is None
     lin.float()
     y32 = lin(x.float())
     assert y32.dtype == torch.float32
     want32 = torch.nn.functional.linear(x.float(), lin.weight, lin.bias).detach()
     assert_same_bits(y32.detach(), bits_torch(want32), ".float()")
+
+
+def test_k_zero_is_an_empty_sum():
+    """K = 0: zeros of the output shape, as torch.mm and nn.Linear(0, N) give (the fake already said that shape;
+    the real op raised, building a Gemm of K = 0)."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    a, b = torch.empty((2, 37, 0), dtype=torch.bfloat16, device="cuda"), torch.empty((24, 0), dtype=torch.bfloat16,
+                                                                                      device="cuda")
+    y = dgt.gemm(a, b)
+    assert tuple(y.shape) == (2, 37, 24) and bool((y == 0).all())
+    lin = dgt.Linear.from_linear(torch.nn.Linear(0, 24, dtype=torch.bfloat16, device="cuda"))
+    with torch.no_grad():
+        assert bool((lin(a) == lin.bias).all())
 
 
 def test_op_passes_opcheck():
