@@ -18,7 +18,10 @@ Split, per element (the device code and ``split_reference`` below agree bit for 
 TF32 (nearest, ties away from zero: PTX ``cvt.rna.tf32.f32``); ``lo`` = x - hi, exact in FP32, then rounded to
 TF32 too, so every value the tensor cores read is a TF32 value. Left out: A_lo B_lo^T and the rounding of lo,
 each below 2^-22 relative per product term, under FP32 accumulation's own error (``reference.ERROR_BOUND``:
-1e-5 on ||D - D64|| / ||D64||). Inputs are expected finite (inf and NaN propagate, as in an FP32 GEMM).
+1e-5 on ||D - D64|| / ||D64||). Inputs are expected finite. NaN propagates; an infinite element does not give
+the FP32 GEMM's +-inf: its row's (or column's) outputs are NaN wherever a cross term multiplies it by a lo of 0
+(an element exactly representable in TF32, e.g. a weight upcast from bf16) or of the opposite sign
+(inf * hi + inf * lo = inf - inf).
 
 Cost: the split reads A and B once and writes twice their size (memory-bound, ~12 bytes per element), then the
 TF32 GEMM does three times the FLOPs of a TF32 GEMM of the same shape.

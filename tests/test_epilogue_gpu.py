@@ -62,6 +62,36 @@ def test_activation_accuracy_fp32(activation):
     assert float(err.max()) <= 1e-6, (activation, float(err.max()), fused.config.tag)
 
 
+@pytest.mark.parametrize("out_dtype,epilogue", [("bf16", "bias+relu"), ("fp16", "relu"), ("fp32", "bias+relu"),
+                                               ("bf16", "relu+residual")])
+def test_relu_keeps_nan_and_clamps(out_dtype, epilogue):
+    """ReLU of a NaN accumulator is NaN (torch.relu, the float64 reference; max.f32 would give 0), and every other
+    element is max(v, 0) of the same kernel's accumulators: into 16-bit D the clamp rides on the conversion
+    (F2FP.RELU), into FP32 D it is max.NaN. Row 0 of A holds a NaN (a NaN row of D), row 1 a +inf (+-inf by each
+    weight's sign)."""
+    import cupy
+
+    m, n, k = 130, 264, 256
+    fused = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue=epilogue)
+    epi = fused.spec.epi
+    rng = cupy.random.default_rng(31)
+    a = reference.random_matrix((m, k), "bf16", rng)
+    a[0, 5], a[1, 7] = float("nan"), float("inf")
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    bias = reference.random_matrix((n,), out_dtype, rng) if epi.bias != "none" else None
+    residual = reference.random_matrix((m, n), out_dtype, rng) if epi.residual else None
+    out = reference.poisoned((m, n), out_dtype)
+    fused(a, b, bias=bias, residual=residual, out=out)
+    acc = reference.to_float64(a) @ reference.to_float64(b).T
+    ref = reference.unfused_epilogue(acc, epi, bias, None, residual)
+    got = reference.to_float64(out)
+    assert bool(cupy.isnan(got[0]).all()), "ReLU(NaN) must stay NaN"
+    assert bool((cupy.isnan(got[1:]) == cupy.isnan(ref[1:])).all()), epilogue
+    assert bool((got[1] == ref[1]).all()), "+-inf by the weights' signs, clamped to 0 where -inf"
+    err = reference.error(out[2:], ref[2:])
+    assert reference.within_bound(err, "bf16"), (epilogue, out_dtype, err)
+
+
 @pytest.mark.parametrize("out_dtype, rel_bound, abs_bound", [
     # half an ulp of the output relative to the value (at most 2^-8 for bf16's 8 significant bits, 2^-11 for
     # fp16's 11) + the polynomial's bound (gelu_erf: degree 3 for bf16, 5 for fp16), with 10% slack; fp16's
@@ -300,9 +330,12 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
     _check_quantized_q(q, q_ref2, "fp8_e4m3", case)
     scales.fill(cupy.nan)
+    q.fill(0xFF)
     replayed = g(a2, b, bias=bias, out=q, scales_out=scales)  # same signatures: the replay path
     assert replayed[0] is q and replayed[1] is scales, case
     assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
+    assert not bool((q == 0xFF).any()), case
+    _check_quantized_q(q, q_ref2, "fp8_e4m3", case)
     fresh = g(a2, b, bias=bias, out=q)  # allocates its scales: never kept as a plan
     assert len(g._launch_plans) == plans + 1, case
     assert fresh[1] is not scales and bool(cupy.array_equal(fresh[1], scales)), case

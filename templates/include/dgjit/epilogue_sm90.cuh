@@ -158,7 +158,11 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
 template <Activation kAct, GeluDegree kDegree>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
-    return fmaxf(v, 0.0f);
+    // max.NaN: a NaN stays NaN, as torch.relu and the float64 reference give (fmaxf's max.f32 returns the
+    // operand that is not NaN: 0). One FMNMX either way.
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(v), "f"(0.0f));
+    return r;
   } else if constexpr (kAct == Activation::kGelu) {
     return gelu_erf<kDegree>(v);
   } else if constexpr (kAct == Activation::kGeluTanh) {
