@@ -54,12 +54,10 @@ def test_fp8_recipes(m, n, k, scaling, launches, two_token_tiles):
     qa, sa, qb, sb, ref = fp8_problem(m, n, k, scaling, seed=m * 31 + n + k)
     g = build(m, n, k, dtype="fp8", scaling=scaling)
     out = reference.poisoned((m, n), "bf16")
-    if k % 16:  # FP8 rows of K % 16 != 0 bytes are not 16-byte aligned: the Gemm's own (staged) path runs
-        g(qa, qb, scale_a=sa, scale_b=sb, out=out)
-        assert launches == []
-        return
     g(qa, qb, scale_a=sa, scale_b=sb, out=out)
-    assert launches == [m]
+    # FP8 rows of K % 16 != 0 bytes are not 16-byte aligned: the Gemm's own (staged) path runs; its values are
+    # checked the same way
+    assert launches == ([] if k % 16 else [m])
     err = reference.error(out, ref)
     assert reference.within_bound(err, "fp8_e4m3"), f"{m=} {n=} {k=} {scaling=} err={err:.2e}"
     assert err < 5e-3, f"{m=} {n=} {k=} {scaling=} err={err:.2e}"  # BF16 output rounding is ~2e-3

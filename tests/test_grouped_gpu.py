@@ -296,6 +296,9 @@ def test_quant_fp8_g128_per_group():
         v = reference.unfused_epilogue(a64[s:e] @ b64[gi].T, g.spec.epi, bias=reference.to_float64(bias[gi]))
         q_ref, s_ref = reference.quantized_epilogue_reference(v, g.spec.epi)
         assert bool(cupy.allclose(scales[s:e], s_ref, rtol=1e-4, atol=0)), gi
+        # 0xFF (the poison, an E4M3 NaN) is one ulp from 0xFE (-448), which each group's negative maximum takes:
+        # the ulp check alone would pass those unwritten
+        assert not bool((q[s:e] == 0xFF).any()), gi
         dist = reference.quant_ulp_distance(q[s:e], q_ref, "fp8_e4m3")
         assert int(dist.max()) <= 1, gi
 

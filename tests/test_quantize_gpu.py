@@ -259,8 +259,13 @@ def test_masked_rows_reshaped_from_quantize_take_the_bulk_path():
         g(a3, qb, scale_a=scale_a, scale_b=sb, masked_m=counts, out=out)
         outs.append(out)
     sync()
+    a64 = reference.dequantize_reference(qa, sa, "fp8_e4m3", "group128")
     for gi, c in enumerate(counts.tolist()):
         assert bool((outs[0][gi, :c].view(cupy.uint16) == outs[1][gi, :c].view(cupy.uint16)).all()), gi
+        if c:  # and the product itself (both outputs unwritten would be equal too)
+            b64 = reference.dequantize_reference(qb[gi], sb[gi], "fp8_e4m3", "block128")
+            err = reference.error(outs[0][gi, :c], a64[gi * max_m:gi * max_m + c] @ b64.T)
+            assert reference.within_bound(err, "fp8_e4m3"), (gi, err)
 
 
 @pytest.mark.parametrize("m,k", [(1, 1), (7, 127), (129, 129), (300, 7168)])
