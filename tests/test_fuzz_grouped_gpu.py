@@ -1,5 +1,5 @@
-"""Random grouped calls on the GPU (tests/fuzz_grouped.py): DEEPGEMM_JIT_FUZZ_GROUPED_CASES seeds from
-DEEPGEMM_JIT_FUZZ_GROUPED_FIRST (default none until a GPU run has shown the harness right; see docs/NOTES.md)."""
+"""Random grouped calls on the GPU (tests/fuzz_grouped.py): DEEPGEMM_JIT_FUZZ_GROUPED_CASES seeds (default
+fuzz_grouped.DEFAULT_CASES, 48) from DEEPGEMM_JIT_FUZZ_GROUPED_FIRST (default 0)."""
 import pytest
 
 import fuzz_grouped

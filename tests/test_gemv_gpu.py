@@ -183,8 +183,11 @@ def test_torch_tensors_and_streams():
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     g = build(m, n, k, dtype="bf16")
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        d = g(a, b)
+        torch.cuda._sleep(20_000_000)  # keep side busy, so that a2 there lands late: a kernel on another stream
+        a2 = a * 1.0                   # than torch's current one would read it unwritten
+        d = g(a2, b)
     side.synchronize()
     assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)
     ref = a.double() @ b.double().T

@@ -283,18 +283,24 @@ def test_streams_and_ordering():
     g = dg.build(512, 512, 512, dtype="bf16")
     a, b = reference.random_operands(g.spec, 512)
     ref = reference.reference(g.spec, a, b)
+    from streams import spin
+
     side = cupy.cuda.Stream(non_blocking=True)
+    spin(side, 0.2)  # the copies below land late on `side`: a kernel on another stream would read them unwritten
     with side:
-        a2 = a.copy()  # queued on the side stream
+        a2 = a.copy()
         out = reference.poisoned((512, 512), "bf16")
         g(a2, b, out=out)  # current stream is `side`
     side.synchronize()
     assert reference.relative_error(out, ref) <= 1e-2
-    out2 = reference.poisoned((512, 512), "bf16")
-    g(a, b, out=out2, stream=side)
-    g(a, b, out=out2, stream=side.ptr)
-    side.synchronize()
-    assert reference.relative_error(out2, ref) <= 1e-2
+    for stream_arg in (side, side.ptr):  # stream= while the current stream is the (non-ordering) default one
+        spin(side, 0.2)
+        with side:
+            a3 = a.copy()
+            out2 = reference.poisoned((512, 512), "bf16")
+        g(a3, b, out=out2, stream=stream_arg)
+        side.synchronize()
+        assert reference.relative_error(out2, ref) <= 1e-2, type(stream_arg)
 
 
 def test_functional_gemm_memoizes():

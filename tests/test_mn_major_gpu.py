@@ -1,10 +1,10 @@
 """MN-major operands in the Hopper family on the GPU: layouts nn (b (K, N)), tn (a (K, M), b (K, N)) and tt
-(a (K, M)) for bf16 / fp16 (docs/experiments/sm90-mn-major.md). NOT YET RUN: written without a GPU.
+(a (K, M)) for bf16 / fp16 (docs/experiments/sm90-mn-major.md).
 
 Fresh random inputs, float64 references (reference.reference reads every layout), outputs poisoned with NaN,
 DESIGN.md's bound (1e-2 relative Frobenius). M, N, K from {1, 7, 64, 129, 1000, 2112, 4096}: multiples of 8 where
-TMA needs 16-byte rows (the sm90 kernel runs), others to exercise the portable fallback (sm80, chosen at build for
-N / K, per call for M of an MN-major A); every check asserts which family served the call.
+TMA reads the operands in place, others through aligned copies (staging); every call runs the Hopper kernel, and
+every check asserts so (expected_hopper).
 """
 import itertools
 import math

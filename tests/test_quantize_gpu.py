@@ -621,7 +621,8 @@ def test_torch_scale_layouts(torch, m, k):
 
 @pytest.mark.parametrize("gran", quant.GRANULARITIES)
 def test_torch_current_stream_and_no_sync(torch, gran):
-    """torch tensors run on torch's current stream (or the one given), and quantize never synchronises."""
+    """torch tensors run on torch's current stream (or the one given), and quantize never synchronises. The input
+    is written on the busy stream after a 1 s spin, so a kernel on any other stream would quantize it unwritten."""
     m, k = 500, 1000
     x = torch_input(torch, (m, k), "bf16")
     busy = torch.cuda.Stream()
@@ -634,8 +635,10 @@ def test_torch_current_stream_and_no_sync(torch, gran):
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.stream(busy):
-            q, s = quant.quantize(x, "fp8", gran)
-        q2, s2 = quant.quantize(x, "fp8", gran, stream=busy)
+            # x2 lands after the spin: a kernel on another stream than `busy` would read it unwritten
+            x2 = x * 1.0
+            q, s = quant.quantize(x2, "fp8", gran)
+        q2, s2 = quant.quantize(x2, "fp8", gran, stream=busy)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     elapsed = time.perf_counter() - start

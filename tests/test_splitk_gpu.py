@@ -231,8 +231,11 @@ def test_torch_tensors_on_current_stream():
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
     g = build(m, n, k, dtype="bf16", split_k=5, weight_streaming=False)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        out = g(a, b)
+        torch.cuda._sleep(20_000_000)  # keep s busy, so that a2 there lands late: a kernel on another stream than
+        a2 = a * 1.0                   # torch's current one would read it unwritten
+        out = g(a2, b)
     s.synchronize()
     ref = a.double() @ b.double().T
     err = float(torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref))
