@@ -178,15 +178,20 @@ def test_cuda_graph_capture_and_replay(launches):
 
 def test_torch_tensors_and_streams():
     torch = pytest.importorskip("torch")
+    import cupy
+
+    from streams import spin
+
     m, n, k = 4, 2112, 7168
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     g = build(m, n, k, dtype="bf16")
+    g(a, b)  # compile, load and plan first: the spin below must outlast only the call itself
+    torch.cuda.synchronize()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(20_000_000)  # keep side busy, so that a2 there lands late: a kernel on another stream
-        a2 = a * 1.0                   # than torch's current one would read it unwritten
+    spin(cupy.cuda.ExternalStream(side.cuda_stream), 0.3)  # a2 lands late on side: a kernel on another stream
+    with torch.cuda.stream(side):                          # than torch's current one would read it unwritten
+        a2 = a * 1.0
         d = g(a2, b)
     side.synchronize()
     assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)

@@ -157,19 +157,24 @@ def test_cuda_graph_capture_and_replay(row_launches):
 
 def test_torch_tensors_and_streams(row_launches):
     torch = pytest.importorskip("torch")
+    import cupy
+
+    from streams import spin
+
     n, k = 2112, 7168
     a = torch.randn(1, k, device="cuda", dtype=torch.float16)
     b = torch.randn(n, k, device="cuda", dtype=torch.float16)
     g = build(1, n, k, dtype="fp16")
+    g(a, b)  # compile, load and plan first: the spin below must outlast only the call itself
+    torch.cuda.synchronize()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(20_000_000)  # keep side busy, so that a2 there lands late: a kernel on another stream
-        a2 = a * 1.0                   # than torch's current one would read it unwritten
+    spin(cupy.cuda.ExternalStream(side.cuda_stream), 0.3)  # a2 lands late on side: a kernel on another stream
+    with torch.cuda.stream(side):                          # than torch's current one would read it unwritten
+        a2 = a * 1.0
         d = g(a2, b)
     side.synchronize()
     assert isinstance(d, torch.Tensor) and d.dtype == torch.float16 and d.shape == (1, n)
     ref = a.double() @ b.double().T
     assert float((d.double() - ref).norm() / ref.norm()) < reference.ERROR_BOUND["fp16"]
-    assert row_launches == [1]
+    assert row_launches == [1, 1]  # the warm-up call and the one on `side`
     assert gemv.kernel_for(GemmSpec.create(n, k, dtype="fp16"), 1).tag == "gemv_rows_fp16_fp16_m1_224x4"
