@@ -1,6 +1,9 @@
 """Compile-time probes: a kernel made of static_asserts over the templates' constexpr functions, compiled to sm_90a
 with NVRTC (no GPU), so a host-side model of a kernel computation is tied to the kernel's own code."""
+import pytest
+
 from deepgemm_jit import compiler, render
+from deepgemm_jit.errors import CompileError
 
 
 def compile_probe(source: str, arch: str = "sm_90a") -> None:
@@ -9,3 +12,12 @@ def compile_probe(source: str, arch: str = "sm_90a") -> None:
     rendered = render.RenderedSource(name="probe.cu", source=source, entry="dgjit_probe",
                                      headers=render.collect_headers(source, render.templates_dir() / "include"))
     compiler.compile_cubin(rendered, arch)
+
+
+def assert_probe_ties(source, wrong_source) -> None:
+    """`source` (the model's values) compiles, and `wrong_source` (the same with one value off) fails a
+    static_assert: the probe ties the model to the kernel and can fail."""
+    compile_probe(source)
+    with pytest.raises(CompileError) as info:
+        compile_probe(wrong_source)
+    assert "static assertion failed" in info.value.log or "static_assert" in info.value.log

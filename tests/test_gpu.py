@@ -437,6 +437,17 @@ class _Producer:
                 "strides": self._x.strides, "version": 3, "stream": self._stream}
 
 
+def _fp16_problem(seed: int):
+    """(a, b, Gemm) of a 256x264x512 fp16 problem (fp16: bf16 has no CUDA-array-interface typestr)."""
+    import cupy
+
+    m, n, k = 256, 264, 512
+    rng = cupy.random.default_rng(seed)
+    a = reference.random_matrix((m, k), "fp16", rng)
+    b = reference.random_matrix((n, k), "fp16", rng)
+    return a, b, dg.build(m, n, k, dtype="fp16", weight_streaming=False)
+
+
 def test_cuda_array_interface_stream_is_synchronised():
     """A producer whose A is still being written on its own (non-blocking) stream when the call is made: the call
     synchronises with that stream first (CAI v3), so the product is of the written values, not of the NaN before."""
@@ -444,13 +455,9 @@ def test_cuda_array_interface_stream_is_synchronised():
 
     from streams import spin
 
-    m, n, k = 256, 264, 512  # fp16: bf16 has no CUDA-array-interface typestr
-    rng = cupy.random.default_rng(21)
-    want_a = reference.random_matrix((m, k), "fp16", rng)
-    b = reference.random_matrix((n, k), "fp16", rng)
-    g = dg.build(m, n, k, dtype="fp16", weight_streaming=False)
+    want_a, b, g = _fp16_problem(21)
     side = cupy.cuda.Stream(non_blocking=True)
-    a = reference.poisoned((m, k), "fp16")
+    a = reference.poisoned(want_a.shape, "fp16")
     cupy.cuda.Device().synchronize()
     spin(side, 0.2)
     with side:
@@ -466,13 +473,9 @@ def test_cuda_array_interface_stream_inside_a_capture():
     not break the capture, and the replayed graph gives the product."""
     import cupy
 
-    m, n, k = 256, 264, 512
-    rng = cupy.random.default_rng(22)
-    a = reference.random_matrix((m, k), "fp16", rng)
-    b = reference.random_matrix((n, k), "fp16", rng)
-    g = dg.build(m, n, k, dtype="fp16", weight_streaming=False)
+    a, b, g = _fp16_problem(22)
     producer_stream = cupy.cuda.Stream(non_blocking=True)
-    out = reference.poisoned((m, n), "fp16")
+    out = reference.poisoned((a.shape[0], b.shape[0]), "fp16")
     capturing = cupy.cuda.Stream(non_blocking=True)
     wrapped = (_Producer(a, producer_stream.ptr), _Producer(b, producer_stream.ptr), _Producer(out, None))
     with capturing:
