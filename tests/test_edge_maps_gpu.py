@@ -71,10 +71,16 @@ def test_edge_tiles_match_reference_and_whole_rows(name, tile, epilogue, extra):
     ops = runner.epilogue_operands(spec.epi, m_whole, n, spec.out_dtype, rng)
     rows = EpilogueOperands(bias=ops.bias, c=None if ops.c is None else ops.c[:m],
                             residual=None if ops.residual is None else ops.residual[:m], alpha=ops.alpha, beta=ops.beta)
-    if quant:  # (q, scales): the rows below M of both, bit for bit against the whole-rows call
+    if quant:  # (q, scales): poisoned, against float64 within the FP8 bound, and bit for bit the whole-rows call's
         q_whole, s_whole = g(inputs.a, inputs.b, **_rows_of(inputs.scaling, m_whole))
-        q, s = g(inputs.a[:m], inputs.b, **_rows_of(inputs.scaling, m))
+        q = cupy.full((m, spec.n_out), 0xFF, dtype=cupy.uint8)  # an E4M3 NaN: never written from finite values
+        s = cupy.full((m, -(-spec.n_out // 128)), cupy.nan, dtype=cupy.float32)
+        g(inputs.a[:m], inputs.b, out=q, scales_out=s, **_rows_of(inputs.scaling, m))
         cupy.cuda.get_current_stream().synchronize()
+        assert not bool((q == 0xFF).any()) and not bool(cupy.isnan(s).any()), (tile, m, "unwritten")
+        deq = reference.dequantize_reference(q, s, "fp8_e4m3", "group128")
+        err = reference.error(deq, runner.apply_epilogue(inputs.ref[:m], spec.epi, rows))
+        assert reference.within_bound(err, "fp8_e4m3"), (tile, m, n, err)
         assert np.array_equal(_bits(q), _bits(q_whole[:m])) and np.array_equal(_bits(s), _bits(s_whole[:m])), (tile, m)
         return
     out_whole = reference.poisoned(spec.out_shape(m_whole), spec.out_dtype)
