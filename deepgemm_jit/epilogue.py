@@ -10,7 +10,8 @@ INT8 scales. Written as an :class:`Epilogue` or as a '+'-joined string::
     "bias_row"        bias per output row (length M)
     "relu" | "gelu" | "gelu_tanh" | "silu" | "sigmoid"     one activation (gelu is the erf form)
     "residual"        add an (M, N) tensor after the activation
-    "beta"            alpha * acc + beta * C, with C (M, N) given at call time (may be `out` itself)
+    "beta"            alpha * acc + beta * C, with C (M, N) given at call time (may be `out` itself); beta = 0
+                      does not read C (BLAS: C may hold anything, NaN included)
 
     "swiglu" | "geglu"  gated unit: D = silu(gate) * up  |  gelu(gate) * up    (replaces the activation)
     "quant_fp8_g128"    quantize-on-store: D is FP8 E4M3 q with one float32 scale per 1x128 group of each row

@@ -407,7 +407,7 @@ def unfused_epilogue(acc, epi, bias=None, c=None, residual=None, alpha: float = 
 
     bias is (N,) for ``bias`` / (M,) for ``bias_row``; c and residual are (M, N) (residual (M, N/2) when gated);
     any storage dtype (upcast exactly). alpha and beta apply only with the ``beta`` word (as the kernel's call
-    requires).
+    requires); beta = 0 does not read C (BLAS: a NaN in C does not reach D), as the kernels do.
 
     >>> ref = unfused_epilogue(reference(g.spec, a, b), g.spec.epi, bias=bias, residual=res)
     """
@@ -416,7 +416,7 @@ def unfused_epilogue(acc, epi, bias=None, c=None, residual=None, alpha: float = 
     epi = Epilogue.parse(epi) if isinstance(epi, str) else epi
     v = acc
     if epi.beta:
-        v = alpha * v + beta * _exact_float64(c)
+        v = alpha * v + (beta * _exact_float64(c) if beta != 0 else 0.0)
     if epi.bias == "col":
         v = v + _exact_float64(bias)[None, :]
     elif epi.bias == "row":

@@ -319,3 +319,12 @@ def test_every_family_and_new_epilogue_compiles(family, epilogue, shared_cache_d
     # scale's own division and the reciprocal), a few, not one per stored pair.
     if quantized:
         assert mix.get("FCHK", 0) <= 4 and mix.get("CALL", 0) <= 8, (case, mix.get("FCHK"), mix.get("CALL"))
+
+
+def test_reference_beta_zero_does_not_read_c():
+    """The kernels never read C when beta = 0 (BLAS; tests/test_epilogue_gpu.py passes a NaN-poisoned out as C), and
+    the float64 reference agrees: a NaN in C does not reach D; any other beta multiplies it."""
+    acc = np.arange(8, dtype=np.float64).reshape(2, 4)
+    c = np.full((2, 4), np.nan)
+    assert np.array_equal(reference.unfused_epilogue(acc, "beta", c=c, alpha=1.5, beta=0.0), 1.5 * acc)
+    assert np.isnan(reference.unfused_epilogue(acc, "beta", c=c, alpha=1.5, beta=-0.5)).all()
