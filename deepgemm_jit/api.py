@@ -578,6 +578,8 @@ def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_str
                         promoted=False, deterministic=True) -> None:
     """dtype='fp32' (build_fp32) has no scales, no second input type, no decode kernel, its own TF32 GEMM's
     accumulation and split-K in split order only: refuse options that would otherwise be ignored."""
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be True or False, got {type(deterministic).__name__}")
     given = [name for name, v in (("scaling", scaling not in (None, "none")), ("b_dtype", b_dtype not in (None, "fp32")),
                                   ("fast_accum", bool(fast_accum)), ("weight_streaming", bool(weight_streaming)),
                                   ("split_k", split_k is not None), ("promoted", bool(promoted)),

@@ -186,6 +186,9 @@ def test_build_deterministic_argument(shared_cache_dir, monkeypatch):
     with pytest.raises(ValueError, match="deterministic=False"):
         build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=np.False_)
     assert build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=np.True_).spec.k == 7168
+    for bad in (0, 1, "no", None):  # as for the other dtypes (a truthy "no" must not pass as True)
+        with pytest.raises(TypeError, match="deterministic"):
+            build(64, 2112, 7168, dtype="fp32", arch="sm_90a", deterministic=bad)
     g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a", deterministic=False)
     assert g.config.split_k and g.deterministic is False and g.explain()["split_k"]["deterministic"] is False
     assert build(64, 2112, 7168, dtype="bf16", arch="sm_90a").deterministic is True
