@@ -637,12 +637,8 @@ def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tu
     bucket = config_mod.m_bucket(m_hint)
     identity = tuning.DeviceIdentity.current()
     stored = tuning.lookup(identity, spec, bucket)
-    if stored is not None:
-        try:
-            stored.check_for(spec, arch)
-            return stored
-        except ValueError:
-            pass  # stale record (e.g. limits changed): fall through
+    if stored is not None and stored.fits(spec, arch):  # else a stale record (e.g. limits changed): fall through
+        return stored
     if not tune:
         return config_mod.choose_config(spec, m_hint, arch, num_sms)
     candidates = config_mod.candidate_configs(spec, m_hint, arch, num_sms)

@@ -132,6 +132,14 @@ class KernelConfig:
         stage = a_rows * (a_cols + pad) + b_rows * (b_cols + pad)
         return self.num_stages * stage * esize
 
+    def fits(self, spec: GemmSpec, arch: str) -> bool:
+        """Whether this config can compute `spec` on `arch` (check_for raises nothing)."""
+        try:
+            self.check_for(spec, arch)
+        except ValueError:
+            return False
+        return True
+
     def check_for(self, spec: GemmSpec, arch: str) -> None:
         """Raise ValueError if this config cannot compute `spec` on `arch`."""
         if self.family == "sm90":
@@ -1161,11 +1169,7 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
             for block_n, warps_n in ((128, 4), (64, 2)):
                 cfg = dataclasses.replace(first, block_m=block_m, warps_m=warps_m, block_n=block_n,
                                           warps_n=warps_n)
-                try:
-                    cfg.check_for(spec, arch)
-                except ValueError:
-                    continue
-                if cfg not in found:
+                if cfg.fits(spec, arch) and cfg not in found:
                     found.append(cfg)
     return found[:limit]
 

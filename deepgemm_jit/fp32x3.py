@@ -623,14 +623,6 @@ def warmup_command_for(spec: Fp32Spec, m_hint: int, arch: str, num_sms: int | No
     return f"deepgemm-jit warmup {target_flags(arch, num_sms)} --shape {':'.join(fields)}"
 
 
-def _fits(config, spec: GemmSpec, arch: str) -> bool:
-    try:
-        config.check_for(spec, arch)
-    except ValueError:
-        return False
-    return True
-
-
 def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: str = "nt", arch: str | None = None,
                config=None, tune: bool | None = None, epilogue=None) -> Fp32Gemm:
     """Compile (or load from the cache) an FP32-accurate GEMM (3xTF32 on tensor cores) and return it.
@@ -658,7 +650,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
     try:
         target = device.target_arch(arch)
         inner = spec.inner_at(M, target)
-        if config is not None and inner.raw_b and not _fits(config, inner, target):
+        if config is not None and inner.raw_b and not config.fits(inner, target):
             inner = spec.inner  # a config for the split-B GEMM (e.g. sm80) keeps it at decode sizes too
         gemm = api.build_spec(inner, M, arch=arch, config=config, tune=False, weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
