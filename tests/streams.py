@@ -21,3 +21,25 @@ def spin(stream, seconds):
     kernel = cupy.RawKernel(_SPIN, "dgjit_test_spin")
     with stream:
         kernel((1,), (1,), (np.int64(seconds * 1e9),))
+
+
+def nan_target(x):
+    """A NaN-filled array of x's shape and dtype (CuPy or torch), filled and synchronised now, before the caller's
+    spin. Copying x into it on the busy stream after the spin makes the copy late: a kernel on any other stream
+    reads NaN, whatever the timing. (A fresh allocation written late would not do: it may already hold the same
+    values, e.g. torch's fixed default seed draws the same randn in every process, and session 37's negative control
+    saw such tests pass with every kernel on a wrong stream.)"""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        target = torch.full_like(x, float("nan"))
+        torch.cuda.synchronize()
+        return target
+    import cupy
+
+    from deepgemm_jit import reference
+
+    target = reference.poison(cupy.empty_like(x))
+    cupy.cuda.Device().synchronize()
+    return target

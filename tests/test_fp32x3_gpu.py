@@ -17,7 +17,7 @@ import pytest
 
 import deepgemm_jit as dg
 from deepgemm_jit import fp32x3, reference
-from streams import spin
+from streams import nan_target, spin
 
 cupy = pytest.importorskip("cupy")
 
@@ -315,11 +315,12 @@ def test_torch_tensors_current_stream_and_out():
     a = torch.randn(m, k, device="cuda", dtype=torch.float32)
     b = torch.randn(n, k, device="cuda", dtype=torch.float32)
     ref = a.double() @ b.double().T
+    a2 = nan_target(a)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(20_000_000)        # keep the side stream busy...
-        a2 = a * 1.0                          # ...so this copy lands late
+        a2.copy_(a)                           # ...so this copy lands late
         d = g(a2, b)                          # torch's current stream here is `side`
     assert isinstance(d, torch.Tensor) and d.device == a.device and d.dtype == torch.float32 and d.shape == (m, n)
     side.synchronize()
@@ -331,10 +332,10 @@ def test_torch_tensors_current_stream_and_out():
     assert float((out.double() - ref).norm() / ref.norm()) <= BOUND
     # An explicit torch stream, and a transposed layout from a torch (K, M) tensor.
     out.fill_(float("nan"))
-    side.wait_stream(torch.cuda.current_stream())   # the fill before anything on `side`
+    a_km = nan_target(a.t().contiguous())     # (K, M); nan_target synchronises: the fill is done too
     with torch.cuda.stream(side):
         torch.cuda._sleep(20_000_000)
-        a_km = a.t().contiguous()             # (K, M), late on `side`
+        a_km.copy_(a.t())                     # late on `side`
     gt = dg.build_fp32(m, n, k, layout="tt")  # a (K, M), b (N, K)
     assert gt(a_km, b, out=out, stream=side) is out
     side.synchronize()

@@ -159,18 +159,18 @@ def test_torch_tensors_and_streams(row_launches):
     torch = pytest.importorskip("torch")
     import cupy
 
-    from streams import spin
+    from streams import nan_target, spin
 
     n, k = 2112, 7168
     a = torch.randn(1, k, device="cuda", dtype=torch.float16)
     b = torch.randn(n, k, device="cuda", dtype=torch.float16)
     g = build(1, n, k, dtype="fp16")
     g(a, b)  # compile, load and plan first: the spin below must outlast only the call itself
-    torch.cuda.synchronize()
+    a2 = nan_target(a)
     side = torch.cuda.Stream()
     spin(cupy.cuda.ExternalStream(side.cuda_stream), 0.3)  # a2 lands late on side: a kernel on another stream
-    with torch.cuda.stream(side):                          # than torch's current one would read it unwritten
-        a2 = a * 1.0
+    with torch.cuda.stream(side):                          # than torch's current one would read NaN
+        a2.copy_(a)
         d = g(a2, b)
     side.synchronize()
     assert isinstance(d, torch.Tensor) and d.dtype == torch.float16 and d.shape == (1, n)

@@ -285,19 +285,23 @@ def test_streams_and_ordering():
     ref = reference.reference(g.spec, a, b)
     from streams import spin
 
+    from streams import nan_target
+
     side = cupy.cuda.Stream(non_blocking=True)
-    spin(side, 0.2)  # the copies below land late on `side`: a kernel on another stream would read them unwritten
+    a2 = nan_target(a)
+    out = reference.poisoned((512, 512), "bf16")
+    spin(side, 0.2)  # the copy below lands late on `side`: a kernel on another stream would read NaN
     with side:
-        a2 = a.copy()
-        out = reference.poisoned((512, 512), "bf16")
+        a2[...] = a
         g(a2, b, out=out)  # current stream is `side`
     side.synchronize()
     assert reference.relative_error(out, ref) <= 1e-2
     for stream_arg in (side, side.ptr):  # stream= while the current stream is the (non-ordering) default one
+        a3 = nan_target(a)
+        out2 = reference.poisoned((512, 512), "bf16")
         spin(side, 0.2)
         with side:
-            a3 = a.copy()
-            out2 = reference.poisoned((512, 512), "bf16")
+            a3[...] = a
         g(a3, b, out=out2, stream=stream_arg)
         side.synchronize()
         assert reference.relative_error(out2, ref) <= 1e-2, type(stream_arg)
@@ -381,11 +385,14 @@ def test_torch_side_stream_ordering():
     a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
     ref = (a.double() @ b.double().T)
+    from streams import nan_target
+
+    a2 = nan_target(a)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(20_000_000)        # keep the side stream busy...
-        a2 = a * 1.0                          # ...so this copy lands late
+        a2.copy_(a)                           # ...so this copy lands late
         d = g(a2, b)                          # torch's current stream here is `side`
     assert isinstance(d, torch.Tensor) and d.device == a.device and d.dtype == torch.bfloat16
     side.synchronize()

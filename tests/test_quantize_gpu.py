@@ -15,7 +15,7 @@ import pytest
 
 import deepgemm_jit.quantization as quant
 from deepgemm_jit import dtypes, reference
-from streams import spin
+from streams import nan_target, spin
 
 cupy = pytest.importorskip("cupy")
 
@@ -421,14 +421,16 @@ def test_runs_on_the_stream_without_waiting(gran, explicit):
     out = poisoned_outputs(m, k, "fp8_e4m3", gran)
     # Allocated now: a device allocation between the spin and the snapshot could serialise the two streams.
     snapshot = cupy.empty_like(out[0])
-    cupy.cuda.Device().synchronize()
+    x_late = nan_target(x)  # x copied in after the spin: a kernel on another stream than `busy` reads NaN
     spin(busy, 1.0)
+    with busy:
+        x_late[...] = x
     start = time.perf_counter()
     if explicit:
-        quant.quantize(x, "fp8", gran, out=out, stream=busy)
+        quant.quantize(x_late, "fp8", gran, out=out, stream=busy)
     else:
         with busy:
-            quant.quantize(x, "fp8", gran, out=out)
+            quant.quantize(x_late, "fp8", gran, out=out)
     elapsed = time.perf_counter() - start
     assert not busy.done and elapsed < 0.5, f"{gran=} returned after {elapsed:.3f} s"
     with observer:
@@ -629,14 +631,13 @@ def test_torch_current_stream_and_no_sync(torch, gran):
     with torch.cuda.stream(busy):  # compile, load, and leave enough blocks in the caching allocator
         warm = [quant.quantize(x, "fp8", gran) for _ in range(2)] + [quant.quantize(x, "fp8", gran, stream=busy)]
     del warm
-    torch.cuda.synchronize()
+    x2 = nan_target(x)
     spin(cupy.cuda.ExternalStream(busy.cuda_stream), 1.0)
     start = time.perf_counter()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.stream(busy):
-            # x2 lands after the spin: a kernel on another stream than `busy` would read it unwritten
-            x2 = x * 1.0
+            x2.copy_(x)  # lands after the spin: a kernel on another stream than `busy` would read NaN
             q, s = quant.quantize(x2, "fp8", gran)
         q2, s2 = quant.quantize(x2, "fp8", gran, stream=busy)
     finally:

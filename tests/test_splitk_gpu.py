@@ -228,18 +228,18 @@ def test_torch_tensors_on_current_stream():
     torch = pytest.importorskip("torch")
     import cupy
 
-    from streams import spin
+    from streams import nan_target, spin
 
     m, n, k = 40, 2112, 7168
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
     g = build(m, n, k, dtype="bf16", split_k=5, weight_streaming=False)
     g(a, b)  # compile, load and plan first: the spin below must outlast only the call itself
-    torch.cuda.synchronize()
+    a2 = nan_target(a)
     s = torch.cuda.Stream()
     spin(cupy.cuda.ExternalStream(s.cuda_stream), 0.3)  # a2 lands late on s: a kernel on another stream than
-    with torch.cuda.stream(s):                          # torch's current one would read it unwritten
-        a2 = a * 1.0
+    with torch.cuda.stream(s):                          # torch's current one would read NaN
+        a2.copy_(a)
         out = g(a2, b)
     s.synchronize()
     ref = a.double() @ b.double().T

@@ -251,12 +251,16 @@ def test_op_runs_on_torch_current_stream():
     dgt = pytest.importorskip("deepgemm_jit.torch")
     w = rand((512, 256), torch.bfloat16)
     dgt.gemm(rand((1024, 256), torch.bfloat16), w)   # warm-up
+    from streams import nan_target
+
+    a = rand((1024, 256), torch.bfloat16)
+    a_late = nan_target(a)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)              # keep the side stream busy (~tens of ms)
-        a = rand((1024, 256), torch.bfloat16)      # queued behind the sleep
-        d = dgt.gemm(a, w)                         # must run after it, on `side`
+        a_late.copy_(a)                            # queued behind the sleep
+        d = dgt.gemm(a_late, w)                    # must run after it, on `side`
     side.synchronize()
     err = rel_err(d, ref64(a, w, "nt"))
     assert err <= BOUND, f"op on a side stream read a before it was written: {err=:.2e}"
