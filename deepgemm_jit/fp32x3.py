@@ -23,6 +23,12 @@ the FP32 GEMM's +-inf: its row's (or column's) outputs are NaN wherever a cross 
 (an element exactly representable in TF32, e.g. a weight upcast from bf16) or of the opposite sign
 (inf * hi + inf * lo = inf - inf).
 
+Decode sizes (``raw_b_applies``: M <= RAW_B_MAX_M, layouts nt / tt, K % 32 == 0) skip the split of B: the TF32 GEMM
+reads the caller's B and makes its lo in registers (dgjit/gemm_sm90.cuh, raw B). There B's hi is x truncated to
+TF32 and lo = x - hi (0 where that is NaN), so a product term may reach ~2^-20 relative (still well inside the
+1e-5 bound), a NaN weight whose payload sits only in the 13 dropped bits reads as inf, and ``split()``'s B2 is not
+what such a Gemm multiplies.
+
 Cost: the split reads A and B once and writes twice their size (memory-bound, ~12 bytes per element), then the
 TF32 GEMM does three times the FLOPs of a TF32 GEMM of the same shape.
 """
@@ -268,7 +274,7 @@ def split_grid(m: int, n: int, k: int) -> tuple[int, int, int]:
 
 # -- the model of the split (NumPy or CuPy arrays; the device code computes the same bits) ---------------------
 
-_EXPONENT, _MANTISSA, _QUIET, _TF32_MASK = 0x7F800000, 0x007FFFFF, 0x00400000, 0xFFFFE000
+_EXPONENT, _QUIET, _TF32_MASK = 0x7F800000, 0x00400000, 0xFFFFE000
 
 
 def _xp(x):
@@ -284,6 +290,19 @@ def round_tf32(x):
     return xp.where((bits & xp.uint32(_EXPONENT)) != _EXPONENT, rounded, bits).view(xp.float32)
 
 
+def tf32_nearest(x):
+    """float32 `x` as the TF32 value every kernel that rounds to TF32 feeds the tensor cores (dgjit/common.cuh
+    ``tf32_nearest``: the split pre-pass's hi, the portable kernel, gemv_kn): round_tf32's nearest, ties away from
+    zero, except that a finite x within half a TF32 ulp of FLT_MAX is truncated (rna would give inf), and a NaN
+    gets the quiet bit (a payload only in the dropped bits would be read as inf); inf stays inf."""
+    xp = _xp(x)
+    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    magnitude = bits & xp.uint32(0x7FFFFFFF)
+    r = xp.where(magnitude < xp.uint32(0x7F7FF000), bits + xp.uint32(0x1000), bits)
+    r = xp.where(magnitude > xp.uint32(_EXPONENT), r | xp.uint32(_QUIET), r)
+    return (r & xp.uint32(_TF32_MASK)).view(xp.float32)
+
+
 def split_reference(x):
     """(hi, lo) of float32 `x` exactly as the split kernel makes them (see the module docstring and
     dgjit/split_tf32.cuh): both TF32 values, hi + lo within 2^-22 |x| of x."""
@@ -291,12 +310,7 @@ def split_reference(x):
     x = xp.ascontiguousarray(x, dtype=xp.float32)
     bits = x.view(xp.uint32)
     nonfinite = (bits & xp.uint32(_EXPONENT)) == _EXPONENT
-    hi_bits = round_tf32(x).view(xp.uint32)
-    overflow = ~nonfinite & ((hi_bits & xp.uint32(_EXPONENT)) == _EXPONENT)
-    hi_bits = xp.where(overflow, bits & xp.uint32(_TF32_MASK), hi_bits)
-    is_nan = nonfinite & ((bits & xp.uint32(_MANTISSA)) != 0)
-    hi_bits = xp.where(nonfinite, xp.where(is_nan, (bits | xp.uint32(_QUIET)) & xp.uint32(_TF32_MASK), bits), hi_bits)
-    hi = hi_bits.view(xp.float32)
+    hi = tf32_nearest(x)
     zero = xp.float32(0)
     lo = round_tf32(xp.where(nonfinite, zero, x) - xp.where(nonfinite, zero, hi))
     return hi, lo

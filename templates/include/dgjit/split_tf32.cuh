@@ -71,19 +71,10 @@ struct HiLo {
 };
 
 DGJIT_DEVICE HiLo split_tf32(float x) {
-  constexpr uint32_t kExponent = 0x7F800000u;
-  constexpr uint32_t kMantissa = 0x007FFFFFu;
-  constexpr uint32_t kQuietBit = 0x00400000u;
-  constexpr uint32_t kTf32Mask = 0xFFFFE000u;  // sign, exponent and the 10 mantissa bits TF32 keeps
-  const uint32_t bits = __float_as_uint(x);
-  if ((bits & kExponent) == kExponent) {
-    // inf is a TF32 value as it is. A NaN gets the quiet bit, which TF32 keeps: a NaN whose payload sat only in
-    // the dropped bits would otherwise be read as inf (cvt.rna keeps such bits of non-finite inputs as they are).
-    return {__uint_as_float((bits & kMantissa) != 0 ? (bits | kQuietBit) & kTf32Mask : bits), 0.0f};
-  }
-  float hi = cvt_rna_tf32(x);
-  if ((__float_as_uint(hi) & kExponent) == kExponent) hi = __uint_as_float(bits & kTf32Mask);
-  return {hi, cvt_rna_tf32(sub_rn(x, hi))};
+  const float hi = __uint_as_float(tf32_nearest(x));  // inf, NaN and near-FLT_MAX x: see tf32_nearest
+  // lo = 0 for a non-finite x: inf - inf would make lo a NaN.
+  const bool finite = (__float_as_uint(x) & 0x7F800000u) != 0x7F800000u;
+  return {hi, finite ? cvt_rna_tf32(sub_rn(x, hi)) : 0.0f};
 }
 
 // Four floats moved as one 16-byte load or store.
