@@ -913,15 +913,25 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict, tile_rows: 
         row["unavailable"] = reasons
         if not any(c.same_recipe for c in timed.values()):
             notes.append("no baseline: " + "; ".join(reasons))
-    del ref, ref_cos
+    del ref_cos
 
     # ---- timing: ours, every checked forced tile and every checked contender, interleaved, L2 flushed before
-    # each call
+    # each call. Our outputs are poisoned first and judged again after (as the first calls were): a kernel right on
+    # its first call only (a replayed plan that writes nothing, state left dirty) is not reported ok.
     fns = {"ours": lambda: gemm(a_in, b_in, out=d, **kwargs)}
+    reference.poison(d)
     for tile, (g, d_tile) in checked.items():
         fns[f"t{tile}"] = lambda g=g, d_tile=d_tile: g(a_in, b_in, out=d_tile, **kwargs)
+        reference.poison(d_tile)
     fns.update({key: c.fn for key, c in timed.items()})
     t = timing.time_interleaved(fns, reps=ctx.reps, warmup=ctx.warmup, flush=ctx.flusher)
+    cupy.cuda.Device().synchronize()
+    wrong_after_timing = {}   # "ours" or a tile -> the verdict on its timed calls' output
+    for who, out in [("ours", d)] + [(tile, d_tile) for tile, (_, d_tile) in checked.items()]:
+        verdict_timed = _judge(case, out, sizes, ref, None, lib)[2]
+        if verdict_timed is not None:
+            wrong_after_timing[who] = f"the timed calls' output is wrong ({verdict_timed}; the first call's passed)"
+    del ref
     ours = t["ours"]
     row.update(us=ours.median_us, us_min=ours.min_us, us_p20=ours.p20_us, us_p80=ours.p80_us,
                host_us=ours.host_us, flush_us=ours.flush_us, reps=ours.num_reps,
@@ -942,8 +952,8 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict, tile_rows: 
                    rowwise_ratio=t["rowwise"].median_us / ours.median_us)
     if ours.host_us > ours.flush_us:
         notes.append(f"ours: host {ours.host_us:.0f} us > flush {ours.flush_us:.0f} us")
-    row["note"] = "; ".join(notes + tile_notes)
-    row["status"] = "ok"
+    row["note"] = "; ".join(([wrong_after_timing["ours"]] if "ours" in wrong_after_timing else []) + notes + tile_notes)
+    row["status"] = "fail" if "ours" in wrong_after_timing else "ok"
     for tr in tile_rows:
         if tr["tile"] not in checked:
             continue
@@ -958,6 +968,8 @@ def _run_case(case: MoeCase, ctx: Context, index_no: int, row: dict, tile_rows: 
             tr["note"] = "; ".join(x for x in (tr["note"], f"host {tk.host_us:.0f} us > flush "
                                                f"{tk.flush_us:.0f} us") if x)
         tr["status"] = "ok"
+        if tr["tile"] in wrong_after_timing:
+            tr.update(status="fail", note="; ".join(x for x in (wrong_after_timing[tr["tile"]], tr["note"]) if x))
 
 
 def run_case(case: MoeCase, ctx: Context, index_no: int) -> list[dict]:

@@ -204,12 +204,23 @@ def write_experiment_json(out: str | None, name: str, data) -> None:
         (Path(out) / name).write_text(json.dumps(data, indent=1))
 
 
+def summary_rows(rows: list[dict]) -> list[dict]:
+    """The rows a summary pools: with --tiles (several tile options per shape) the heuristic's own rows (tiles None
+    or "auto"), or, in a run of forced tiles only, those of its first option; pooling every option of one shape
+    would average the sweep, not the library."""
+    options = list(dict.fromkeys(r.get("tiles") for r in rows))
+    if len(options) <= 1:
+        return rows
+    keep = {None, "auto"} & set(options) or {options[0]}
+    return [r for r in rows if r.get("tiles") in keep]
+
+
 def geomean_by_dtype(rows: list[dict]) -> dict[str, dict]:
     """{dtype: {"ratio": geomean of ratio, "tflops", "baseline_tflops", "n" (rows in the mean), "n_ok",
     "n_bad"}} over the plain rows with status ok (and a baseline, for ratio); epilogue rows are summarized by
     ``geomean_by_epilogue``."""
     out: dict[str, dict] = {}
-    rows = [r for r in rows if not r.get("epilogue")]
+    rows = [r for r in summary_rows(rows) if not r.get("epilogue")]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         rs = [r for r in rows if r["dtype"] == dtype]
         ok = [r for r in rs if r["status"] == "ok"]
@@ -235,7 +246,7 @@ def _shape(r: dict) -> tuple:
 def geomean_vs_faster_fp8(rows: list[dict]) -> dict[str, dict]:
     """{FP8 dtype: {"ratio": geomean of (fastest torch FP8 baseline of the same shape in this run) / us, "min",
     "n_below_1", "n"}} for FP8 dtypes whose shapes ran with another FP8 recipe too; {} otherwise."""
-    plain = [r for r in rows if r["dtype"] in FP8_RECIPES and not r.get("epilogue")]
+    plain = [r for r in summary_rows(rows) if r["dtype"] in FP8_RECIPES and not r.get("epilogue")]
     ok = [r for r in plain if r["status"] == "ok" and r.get("us") and r.get("baseline_us")]
     # A shape counts only where every FP8 recipe that ran there has a timed baseline: a failed row's baseline is
     # not timed, and "the faster torch recipe" without it would raise the other recipes' ratios silently.
@@ -267,7 +278,7 @@ def geomean_by_epilogue(rows: list[dict]) -> dict[tuple[str, str], dict]:
     "overhead": geomean of us / plain_us, "max_overhead", "max_overhead_shape" ((M, N, K) of the max),
     "n_overhead", "n_ok", "n_bad"}} over the epilogue rows."""
     out: dict[tuple[str, str], dict] = {}
-    rows = [r for r in rows if r.get("epilogue")]
+    rows = [r for r in summary_rows(rows) if r.get("epilogue")]
     for key in dict.fromkeys((r["dtype"], r["epilogue"]) for r in rows):
         rs = [r for r in rows if (r["dtype"], r["epilogue"]) == key]
         ok = [r for r in rs if r["status"] == "ok"]

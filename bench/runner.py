@@ -32,7 +32,7 @@ from typing import Callable
 
 import cupy
 
-from deepgemm_jit import baseline, reference, timing, trial
+from deepgemm_jit import baseline, dtypes, reference, timing, trial
 
 from . import dtypes as bench_dtypes
 from . import metrics
@@ -168,7 +168,7 @@ def checked_contenders(gemms: dict, inputs: Operands, m: int,
 
 @dataclasses.dataclass
 class ProblemInputs:
-    """For experiment scripts: one dense nt problem "DTYPE[+EPILOGUE]:MxNxK" (problem_inputs)."""
+    """For experiment scripts: one dense problem "DTYPE[+EPILOGUE][/LAYOUT]:MxNxK" (problem_inputs)."""
 
     m: int
     n: int
@@ -176,34 +176,43 @@ class ProblemInputs:
     info: bench_dtypes.BenchDtype
     spec: object
     epilogue: str    # "" without one
+    layout: str      # nt unless the problem names another
     inputs: Operands  # its ref includes the epilogue
     kwargs: dict     # the call's keyword arguments besides out=: scales, the epilogue's operands
+    io_bytes: int    # fewest bytes through memory, as the bench rows count them (D as written, scales, epilogue)
 
     def build_kwargs(self) -> dict:
         """deepgemm_jit.build's dtype, scaling and epilogue for the problem."""
-        return dict(dtype=self.info.lib, scaling=self.info.scaling,
+        return dict(dtype=self.info.lib, scaling=self.info.scaling, layout=self.layout,
                     **({"epilogue": self.epilogue} if self.epilogue else {}))
 
 
 def problem_inputs(problem: str) -> ProblemInputs:
-    """Fresh operands (seeded by the size) of "DTYPE[+EPILOGUE]:MxNxK": DTYPE a bench dtype (bf16, fp8_block, ...),
-    EPILOGUE a fused one (bias+gelu, ...) with the bench's epilogue operands; B scaled by 1/sqrt(K) with an epilogue,
-    as the bench's epilogue rows, so that activations see O(1) values."""
+    """Fresh operands (seeded by the size) of "DTYPE[+EPILOGUE][/LAYOUT]:MxNxK": DTYPE a bench dtype (bf16,
+    fp8_block, ...), EPILOGUE a fused one (bias+gelu, ...) with the bench's epilogue operands, LAYOUT nt (default),
+    nn, tn or tt (e.g. "tf32/nn:4x4096x7168", the decode kernel for (K, N) weights); B scaled by 1/sqrt(K) with an
+    epilogue, as the bench's epilogue rows, so that activations see O(1) values."""
     from deepgemm_jit.spec import GemmSpec
 
     kind, _, dims = problem.partition(":")
+    kind, _, layout = kind.partition("/")
     dtype_name, _, epilogue = kind.partition("+")
     m, n, k = (int(v) for v in dims.split("x"))
     info = bench_dtypes.get(dtype_name)
-    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None)
+    layout = layout or "nt"
+    spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None, layout=layout)
     rng = cupy.random.default_rng(m + n + k)
     inputs = operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
     kwargs = inputs.call_kwargs()
+    out_rows, out_cols = spec.out_shape(m)
+    io_bytes = (metrics.gemm_io_bytes(m, n, k, inputs.a.dtype.itemsize, inputs.b.dtype.itemsize, 0)
+                + out_rows * out_cols * dtypes.get(spec.out_dtype).storage_bytes + inputs.scale_bytes)
     if epilogue:
         epi_ops = epilogue_operands(spec.epi, m, n, spec.out_dtype, rng)
         inputs.ref = apply_epilogue(inputs.ref, spec.epi, epi_ops)
         kwargs.update(epi_ops.call_kwargs(spec.epi))
-    return ProblemInputs(m, n, k, info, spec, epilogue, inputs, kwargs)
+        io_bytes += epi_ops.num_bytes
+    return ProblemInputs(m, n, k, info, spec, epilogue, layout, inputs, kwargs, io_bytes)
 
 
 def time_checked(contenders: dict, info: bench_dtypes.BenchDtype, spec, m: int, reps: int
@@ -256,7 +265,7 @@ def empty_row(case: Case) -> dict:
     info = bench_dtypes.get(case.dtype)
     return {
         "suite": case.suite, "dtype": case.dtype, "layout": case.layout, "m": case.m, "n": case.n, "k": case.k,
-        "status": "error", "error": None, "note": "",
+        "tiles": case.tiles, "status": "error", "error": None, "note": "",
         "us": None, "us_min": None, "us_p20": None, "us_p80": None, "tflops": None, "gbps": None,
         "baseline": None, "baseline_us": None, "baseline_us_min": None, "baseline_us_p20": None,
         "baseline_us_p80": None, "baseline_tflops": None, "ratio": None,
@@ -430,7 +439,6 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
         if not reference.within_bound(row["plain_err"], info.lib):
             notes.append(f"plain GEMM failed its check (err {row['plain_err']:.3e}): not timed, no overhead")
             g_plain = None
-    del product_ref
 
     bind_kwargs = {"scaling": ops.scaling}
     if epi_ops is not None:
@@ -447,6 +455,7 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
             base = None
     else:
         notes.append("no baseline: " + "; ".join(reasons))
+    ref, exact = ops.ref, ops.is_exact and ops.ref_kind == "fp64"
     del ops
     if base is not None:
         row["baseline"] = base.name
@@ -459,7 +468,22 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
         fns["base"] = base.fn
     if ctx.flusher is None:
         ctx.flusher = timing.L2Flusher()
+    # The timed calls' own outputs are poisoned first and judged after, as the first call's were: a kernel right
+    # only on its first call (e.g. split-K counters left dirty, or a replayed launch plan that writes nothing) would
+    # otherwise be timed and reported ok.
+    reference.poison(d)
+    if g_plain is not None:
+        reference.poison(d_plain)
     stats = timing.time_interleaved(fns, reps=ctx.reps, warmup=ctx.warmup, flush=ctx.flusher)
+    cupy.cuda.Device().synchronize()
+    timed = [("ours", d, ref)] + ([("our plain GEMM", d_plain, product_ref)] if g_plain is not None else [])
+    wrong_after_timing = []
+    for who, out, want in timed:
+        err = reference.error(out, want, metric)
+        if not reference.within_bound(err, info.lib) or (exact and num_mismatches(out, want)):
+            wrong_after_timing.append(f"{who}: the timed calls' output is wrong (err {err:.3e}; the first call's "
+                                      "was within bound)")
+    del ref, product_ref
 
     ours = stats["ours"]
     row.update(us=ours.median_us, us_min=ours.min_us, us_p20=ours.p20_us, us_p80=ours.p80_us,
@@ -483,7 +507,7 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
         if t.host_us > t.flush_us:
             notes.append(f"{who_text[who]} host launch {t.host_us:.0f} µs > flush "
                          f"{t.flush_us:.0f} µs: launch gaps may be in the time")
-    row["status"] = "ok"
-    row["note"] = "; ".join(x for x in notes if x)
+    row["status"] = "fail" if wrong_after_timing else "ok"
+    row["note"] = "; ".join(x for x in wrong_after_timing + notes if x)
     if math.isfinite(row["us"]) and row["us"] <= 0:
         raise RuntimeError(f"non-positive time {row['us']}")

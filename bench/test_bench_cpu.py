@@ -489,9 +489,13 @@ class _FakeGemm:
     def __init__(self, np, spec, recipe, damage=None):
         self.np, self.spec, self.recipe, self.damage = np, spec, recipe, damage
         self.family, self.config = "sm90", "m128n128_s4"
+        self.calls = 0
 
     def __call__(self, a, b, *, out, scale_a=None, scale_b=None, **epilogue_kwargs):
         np = self.np
+        self.calls += 1
+        if self.damage == "first_call_only" and self.calls > 1:   # e.g. split-K counters left dirty
+            return out
         import ml_dtypes
         if a.dtype.kind == "V" or a.dtype.name in ("bfloat16", "float16", "float32"):   # 16/32-bit operands
             from deepgemm_jit import reference as epilogue_ref
@@ -530,10 +534,13 @@ def cpu_runner(monkeypatch):
 
     _cupy_on_numpy(monkeypatch, runner)
 
-    def poisoned(shape, name):   # the same NaN (0xFF) bytes, without cudaMemsetAsync
-        x = np.empty(shape, dtype=dtypes.numpy_dtype(name))
+    def poison(x, stream=None):   # the same NaN (0xFF) bytes, without cudaMemsetAsync
         x.view(np.uint8)[...] = reference.POISON_BYTE
         return x
+
+    def poisoned(shape, name):
+        return poison(np.empty(shape, dtype=dtypes.numpy_dtype(name)))
+    monkeypatch.setattr(reference, "poison", poison)
     monkeypatch.setattr(reference, "poisoned", poisoned)
 
     seen = {}
@@ -617,6 +624,32 @@ def test_run_case_int8_is_exact_or_fails(cpu_runner):
     row, _ = cpu_runner("int8", 64, 256, 512, damage="one_element")
     assert row["err"] < 1e-2                                   # within the bound, yet wrong:
     assert row["status"] == "fail" and "1 of 16384 elements differ" in row["note"]
+
+
+def test_tile_sweeps_summarize_the_heuristics_rows():
+    """--tiles auto,128x256,...: the geomean is the auto rows' (pooling every forced tile of a shape averaged the
+    sweep); a run of forced tiles only summarizes its first option; rows without the key (older files) all count."""
+    from bench import report
+
+    def row(tiles, us):
+        return {"dtype": "bf16", "m": 4096, "n": 4096, "k": 4096, "tiles": tiles, "status": "ok", "us": us,
+                "ratio": 190.0 / us, "tflops": 1.0, "baseline_tflops": 1.0}
+    sweep = [row("auto", 200.0), row("128x256", 260.0), row("128x192s4", 320.0)]
+    got = report.geomean_by_dtype(sweep)["bf16"]
+    assert got["ratio"] == pytest.approx(0.95) and got["n"] == 1
+    assert report.geomean_by_dtype(sweep[1:])["bf16"]["ratio"] == pytest.approx(190.0 / 260.0)
+    old = [{k: v for k, v in r.items() if k != "tiles"} for r in sweep[:2]]
+    assert report.geomean_by_dtype(old)["bf16"]["n"] == 2
+
+
+def test_run_case_judges_the_timed_calls_outputs(cpu_runner):
+    """A kernel right on its first (checked) call only: the timed calls' outputs are poisoned first and judged after,
+    so the row fails instead of reporting its times as ok."""
+    row, _ = cpu_runner("bf16", 64, 256, 512, damage="first_call_only")
+    assert row["status"] == "fail" and "timed calls' output is wrong" in row["note"], row["note"]
+    assert row["err"] < 1e-2   # the first call passed its check
+    row, _ = cpu_runner("bf16", 64, 256, 512)
+    assert row["status"] == "ok", row.get("traceback") or row["note"]
 
 
 def test_run_case_fp32_rows_build_the_3xtf32_gemm_on_cpu(cpu_runner):

@@ -50,7 +50,7 @@ def main() -> int:
 
     import deepgemm_jit as dg
     from bench.suites import forced_tile_config
-    from deepgemm_jit import launch, timing
+    from deepgemm_jit import launch, reference, timing
     from deepgemm_jit.arrays import scale_view
     from deepgemm_jit.spec import GemmSpec
 
@@ -94,7 +94,7 @@ def main() -> int:
                 os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
             # Read when the first call makes the launch plan, which the timed calls replay.
             os.environ["DEEPGEMM_JIT_NO_BULK_SCALES"] = "0" if bulk else "1"
-            out = cupy.empty((total, n), dtype=dg.dtypes.numpy_dtype("bf16"))
+            out = reference.poisoned((total, n), "bf16")
             if kind == "dense":
                 g = dg.build(m, n, k, dtype="fp8", weight_streaming=False, config=forced(n, k, False, tile))
                 fns[name] = (lambda g=g, out=out: g(qa, qb, scale_a=sa, scale_b=sb, out=out))
@@ -107,9 +107,20 @@ def main() -> int:
         os.environ.pop("DEEPGEMM_JIT_NO_BULK_SCALES", None)
         cupy.cuda.Device().synchronize()
         same = all(bool((o.view(cupy.uint16) == outs["new"].view(cupy.uint16)).all()) for o in outs.values())
+        # Each tree against the float64 product of the dequantized operands (group by group), before any timing.
+        a64 = reference.dequantize_reference(qa, sa, "fp8_e4m3", "group128")
+        ref = cupy.concatenate([a64[g * m:(g + 1) * m] @ reference.dequantize_reference(
+            ws[g][0], ws[g][1], "fp8_e4m3", "block128").T for g in range(groups)])
+        errors = {name: reference.error(o, ref) for name, o in outs.items()}
+        del a64, ref
+        if not all(reference.within_bound(e, "fp8_e4m3") for e in errors.values()):
+            print(f"{kind} {groups}x{m}x{n}x{k}: beyond the fp8 bound, NOT TIMED: {errors}", flush=True)
+            rows.append({"kind": kind, "m": m, "n": n, "k": k, "groups": groups, "err": errors, "checked": False})
+            continue
         t = timing.time_interleaved(fns, reps=args.reps, warmup=5)
         flops = 2.0 * total * n * k
-        row = {"kind": kind, "m": m, "n": n, "k": k, "groups": groups, "bitwise_equal": same,
+        row = {"kind": kind, "m": m, "n": n, "k": k, "groups": groups, "bitwise_equal": same, "err": errors,
+               "checked": True,
                "scale_a": "row-major" if args.row_major_scales else "m-major",
                "bulk_a_scales": bool(launch.bulk_a_scales(GemmSpec.create(n, k, dtype="fp8", scaling="block"),
                                                           scale_view(sa, "scale_a", sa.shape, ""), total)),
@@ -196,8 +207,7 @@ def _time_problem(problem: str, trees, reps: int, time_wrong: bool = False) -> d
             print(f"{problem}: NOT TIMED (--time-wrong times it anyway)", flush=True)
             return row
     t = timing.time_interleaved(fns, reps=reps, warmup=5)
-    esize, out_esize = dg.dtypes.get(info.lib).storage_bytes, dg.dtypes.get(spec.out_dtype).storage_bytes
-    gbytes = (m * k + n * k) * esize + m * n * out_esize
+    gbytes = p.io_bytes
     row.update({
         name: {"us": r.median_us, "tb_s": gbytes / r.median_us / 1e6} for name, r in t.items()})
     print(f"{problem}: equal={same} diff={diff:.1e} " + "  ".join(
