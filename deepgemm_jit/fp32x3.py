@@ -291,15 +291,15 @@ def round_tf32(x):
 
 
 def tf32_nearest(x):
-    """float32 `x` as the TF32 value every kernel that rounds to TF32 feeds the tensor cores (dgjit/common.cuh
-    ``tf32_nearest``: the split pre-pass's hi, the portable kernel, gemv_kn): round_tf32's nearest, ties away from
-    zero, except that a finite x within half a TF32 ulp of FLT_MAX is truncated (rna would give inf), and a NaN
-    gets the quiet bit (a payload only in the dropped bits would be read as inf); inf stays inf."""
+    """float32 `x` as the TF32 value the kernels that round to TF32 feed the tensor cores (dgjit/common.cuh
+    ``tf32_nearest``: the portable kernel, gemv_kn, and the split pre-pass's hi before its NaN fix): round_tf32's
+    nearest, ties away from zero, except that a finite x within half a TF32 ulp of FLT_MAX is truncated (rna would
+    give inf). inf stays inf; a NaN whose payload sits only in the dropped bits becomes inf (the tensor cores read
+    raw FP32 bits the same way)."""
     xp = _xp(x)
     bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
     magnitude = bits & xp.uint32(0x7FFFFFFF)
     r = xp.where(magnitude < xp.uint32(0x7F7FF000), bits + xp.uint32(0x1000), bits)
-    r = xp.where(magnitude > xp.uint32(_EXPONENT), r | xp.uint32(_QUIET), r)
     return (r & xp.uint32(_TF32_MASK)).view(xp.float32)
 
 
@@ -310,7 +310,9 @@ def split_reference(x):
     x = xp.ascontiguousarray(x, dtype=xp.float32)
     bits = x.view(xp.uint32)
     nonfinite = (bits & xp.uint32(_EXPONENT)) == _EXPONENT
-    hi = tf32_nearest(x)
+    is_nan = (bits & xp.uint32(0x7FFFFFFF)) > xp.uint32(_EXPONENT)
+    hi_bits = tf32_nearest(x).view(xp.uint32)
+    hi = xp.where(is_nan, hi_bits | xp.uint32(_QUIET), hi_bits).view(xp.float32)   # a NaN stays a NaN in TF32
     zero = xp.float32(0)
     lo = round_tf32(xp.where(nonfinite, zero, x) - xp.where(nonfinite, zero, hi))
     return hi, lo

@@ -73,15 +73,14 @@ DGJIT_DEVICE float sub_rn(float a, float b) {
 }
 
 // x as the TF32 value a tensor core reads (the FP32 bits with the low 13 mantissa bits zero): the nearest, ties
-// away from zero, as cvt.rna.tf32 rounds, except where cvt.rna goes wrong for TF32 use. A finite x within half a
-// TF32 ulp of FLT_MAX, which rna rounds to inf, is truncated instead; a NaN gets the quiet bit, which TF32 keeps
-// (one whose payload sat only in the dropped bits would otherwise be read as inf); inf stays inf. Six SASS
-// instructions (cvt.rna: three or four): the magnitude's half-ulp add where it cannot carry into the exponent.
+// away from zero, as cvt.rna.tf32 rounds, except that a finite x within half a TF32 ulp of FLT_MAX, which rna
+// rounds to inf, is truncated instead (as the tensor cores' own truncation, which the sm90 tiles rely on, keeps it
+// finite). The same three SASS instructions as cvt.rna's lowering, with another threshold. inf stays inf; a NaN
+// whose payload sits only in the dropped bits reads as inf, as on every TF32 tensor-core path (the sm90 tiles and
+// cuBLAS hand the raw bits over); the 3xTF32 split keeps it a NaN (split_tf32.cuh).
 DGJIT_DEVICE uint32_t tf32_nearest(float x) {
   const uint32_t bits = __float_as_uint(x);
-  uint32_t r = fabsf(x) < __uint_as_float(0x7F7FF000u) ? bits + 0x1000u : bits;
-  if (isnan(x)) r |= 0x00400000u;
-  return r & 0xFFFFE000u;
+  return (fabsf(x) < __uint_as_float(0x7F7FF000u) ? bits + 0x1000u : bits) & 0xFFFFE000u;
 }
 
 // 3xTF32's inner GEMM (GemmSpec.hi_lo, deepgemm_jit/fp32x3.py): A and B hold [hi | lo], `segment_blocks` K blocks

@@ -41,7 +41,7 @@ DGJIT_DEVICE void cp_async_wait() {
 }
 
 // FP32 -> TF32 with round-to-nearest (the tensor core would otherwise truncate
-// the low mantissa bits, a biased error); inf, NaN and near-FLT_MAX values as tf32_nearest says.
+// the low mantissa bits, a biased error); near-FLT_MAX values as tf32_nearest says.
 DGJIT_DEVICE uint32_t to_tf32(float x) { return tf32_nearest(x); }
 
 // D(16x8, f32) += A(16x16) * B(16x8), A row-major, B column-major fragments.

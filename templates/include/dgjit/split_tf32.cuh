@@ -71,7 +71,9 @@ struct HiLo {
 };
 
 DGJIT_DEVICE HiLo split_tf32(float x) {
-  const float hi = __uint_as_float(tf32_nearest(x));  // inf, NaN and near-FLT_MAX x: see tf32_nearest
+  // A NaN gets the quiet bit, which TF32 keeps: one whose payload sat only in the dropped bits would read as inf.
+  const uint32_t quiet = isnan(x) ? 0x00400000u : 0u;
+  const float hi = __uint_as_float(tf32_nearest(x) | quiet);  // near-FLT_MAX x: see tf32_nearest
   // lo = 0 for a non-finite x: inf - inf would make lo a NaN.
   const bool finite = (__float_as_uint(x) & 0x7F800000u) != 0x7F800000u;
   return {hi, finite ? cvt_rna_tf32(sub_rn(x, hi)) : 0.0f};
