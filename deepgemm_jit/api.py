@@ -181,7 +181,7 @@ class Gemm:
                 raise ValueError(f"bias is on device {view.device} but a is on device {va.device}")
             if vd is not None and m > 0 and overlaps(vd, view):
                 raise ValueError("out overlaps bias; the kernel would read what it overwrites")
-            ops["bias"] = view.ptr
+            ops["bias"], ops["bias_view"] = view.ptr, view
         for arg, x in (("c", c), ("residual", residual)):
             if x is None:
                 continue
@@ -327,7 +327,8 @@ class Gemm:
         sa, sb = self._scales(m, va, vd, scale_a, scale_b)
         epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
         if self._epi.quant != "none" or quant_scale is not None or amax_out is not None or scales_out is not None:
-            reads = {"a": va, "b": vb, "scale_a": sa, "scale_b": sb, "c": epi.c, "residual": epi.residual}
+            reads = {"a": va, "b": vb, "scale_a": sa, "scale_b": sb, "bias": epi.bias_view, "c": epi.c,
+                     "residual": epi.residual}
             epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out, reads)
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
@@ -707,7 +708,9 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     key = (spec, arch, bucket)
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket
-        g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=arch,
+        # arch=None: the build for this GPU (its SM count, stored tuning, DEEPGEMM_JIT_TUNE); an explicit arch means
+        # an offline build. The key's arch keeps two GPUs' Gemms apart.
+        g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=None,
                   scaling=spec.scaling, b_dtype=spec.b_dtype, fast_accum=spec.fast_accum, epilogue=spec.epilogue)
         _functional[key] = g
     return g(a, b, out=out, stream=stream, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,

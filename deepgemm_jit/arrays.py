@@ -184,6 +184,9 @@ def matrix_view(x: object, arg: str) -> MatrixView:
         raise ValueError(f"{arg} must have unit stride along its last dimension (got {s1 // itemsize} "
                          f"elements); pass a row-major view or a copy (e.g. {arg}.copy())")
     row_stride = s0 // itemsize if rows > 1 else max(cols, 1)
+    if row_stride < 0:
+        raise ValueError(f"{arg} has a negative row stride ({row_stride} elements, e.g. a reversed view); pass a "
+                         f"copy ({arg}.copy())")
     if rows > 1 and row_stride < cols:
         raise ValueError(f"{arg} has a row stride of {row_stride} elements for rows of {cols}: rows overlap")
     if ptr % itemsize:

@@ -86,6 +86,8 @@ def _stacked(x, arg: str, ndim: int, dtypes_ok: tuple[np.dtype, ...], what: str)
     if ndim == 3 and shape[0] > 1 and el[0] != shape[1] * pitch:
         raise ValueError(f"{arg} has strides {tuple(strides)}: its {shape[0]} matrices must lie one after another "
                          "with one row pitch (pass a contiguous copy)")
+    if rows > 1 and pitch < 0:
+        raise ValueError(f"{arg} has a negative row stride ({pitch} elements); pass a contiguous copy")
     if rows > 1 and pitch < cols:
         raise ValueError(f"{arg} has a row stride of {pitch} elements for rows of {cols}: rows overlap")
     return tuple(shape), MatrixView(ptr, rows, cols, pitch, np.dtype(dtype), int(dev))
@@ -263,6 +265,8 @@ class GroupedGemm:
             d_shape, vd = _stacked(out, "out", len(out_shape), self._out_dtypes, str(out_shape))
             if d_shape != out_shape:
                 raise ValueError(f"out has shape {d_shape}, expected {out_shape}")
+            if vd.device != va.device:  # the stores would land in another GPU's memory
+                raise ValueError(f"out is on device {vd.device} but a is on device {va.device}")
         if masked:
             bounds = _int32_vector(masked_m, "masked_m", num_groups, "(G,) valid rows per group")
         elif offs is not None:

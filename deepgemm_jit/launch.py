@@ -280,9 +280,11 @@ class EpilogueOperands:
     """Run-time operands of a fused epilogue: the bias pointer (0 when unused), C and the residual as views
     (the kernel loads them by TMA like D is stored), and the scalars. Quantize-on-store: `quant` points at the
     group scales the kernel writes (quant_fp8_g128; element (i, g) at i * scales_stride_m + g * scales_stride_g) or
-    at the static scale it reads (per-tensor kinds), `amax` at the amax output (0: none)."""
+    at the static scale it reads (per-tensor kinds), `amax` at the amax output (0: none). `bias_view` is the bias as
+    validated (arrays.ScaleView), kept for the overlap checks of what a quantize-on-store epilogue writes."""
 
     bias: int = 0
+    bias_view: object = None
     c: MatrixView | None = None
     residual: MatrixView | None = None
     alpha: float = 1.0

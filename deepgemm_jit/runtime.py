@@ -218,18 +218,21 @@ class _RawStream:
         return (0, self.handle)
 
 
-_external_streams: dict[int, object] = {}
+_external_streams: dict[tuple[int, int], object] = {}
 
 
 def _external(handle: int):
-    """A CuPy view of a raw stream handle, made once per handle (a view holds nothing but it)."""
+    """A CuPy view of a raw stream handle, made once per (current device, handle): a view holds the handle and the
+    device current when it was made, which CuPy's `with stream:` insists on, and handle 0 (the legacy default stream,
+    torch's default) names a stream on every device."""
     import cupy
 
-    wrapped = _external_streams.get(handle)
+    key = (cupy.cuda.runtime.getDevice(), handle)
+    wrapped = _external_streams.get(key)
     if wrapped is None:
         if len(_external_streams) > 256:
             _external_streams.clear()
-        wrapped = _external_streams[handle] = cupy.cuda.Stream.from_external(_RawStream(handle))
+        wrapped = _external_streams[key] = cupy.cuda.Stream.from_external(_RawStream(handle))
     return wrapped
 
 

@@ -37,6 +37,8 @@ F16 = np.float16
      ValueError, "b has a row stride"),
     (lambda: (FakeDeviceArray((5, 40), F16, ptr=BASE + 1), FakeDeviceArray((48, 40), F16)),
      ValueError, "a data pointer"),
+    (lambda: (FakeDeviceArray((5, 40), F16, ptr=BASE + 4 * 80, strides=(-40, 1)), FakeDeviceArray((48, 40), F16)),
+     ValueError, "a has a negative row stride"),   # a reversed view: "rows overlap" was the reason given
 ])
 def test_operand_errors(g, fake_gpu_memory, make, exc, word):
     a, b = make()
@@ -283,6 +285,21 @@ def test_written_scales_must_be_distinct_and_apart_from_inputs(shared_cache_dir,
     with pytest.raises(ValueError, match="amax_out overlaps scale_a"):
         q(a, b, scale_a=st, scale_b=sbt, out=out, quant_scale=FakeDeviceArray((1,), np.float32, ptr=apart + 64),
           amax_out=FakeDeviceArray((1,), np.float32, ptr=BASE + (6 << 20)))
+
+
+def test_written_quant_outputs_stay_apart_from_bias(shared_cache_dir, fake_gpu_memory, monkeypatch):
+    """scales_out / amax_out over the bias: CTAs still loading their bias tiles would read the overwritten values.
+    The bias was kept as a bare pointer and missed the overlap checks (review)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    a, b = FakeDeviceArray((64, 128), F16, ptr=BASE), FakeDeviceArray((256, 128), F16, ptr=BASE + (1 << 20))
+    bias = FakeDeviceArray((256,), np.float32, ptr=BASE + (2 << 20))
+    g = dg.build(64, 256, 128, dtype="fp16", epilogue="bias+quant_fp8_g128", arch="sm_90a")
+    with pytest.raises(ValueError, match="scales_out overlaps bias"):
+        g(a, b, bias=bias, scales_out=FakeDeviceArray((64, 2), np.float32, ptr=BASE + (2 << 20) + 64))
+    q = dg.build(64, 256, 128, dtype="fp16", epilogue="bias+quant_fp8_tensor", arch="sm_90a")
+    with pytest.raises(ValueError, match="amax_out overlaps bias"):
+        q(a, b, bias=bias, quant_scale=FakeDeviceArray((1,), np.float32, ptr=BASE + (3 << 20)),
+          amax_out=FakeDeviceArray((1,), np.float32, ptr=BASE + (2 << 20) + 8))
 
 
 def test_plan_keys_leave_validation_to_refuse_odd_scalars(g, fake_gpu_memory):

@@ -153,6 +153,17 @@ def test_call_errors(g, fake_gpu_memory, change, exc, word):
         g(a, b, **kw)
 
 
+def test_out_on_another_device_is_refused(g, fake_gpu_memory, monkeypatch):
+    """The kernel's stores go through out's tensor map: out on another GPU than a must not reach a launch (review)."""
+    from deepgemm_jit import arrays
+
+    other = BASE + (1 << 40)
+    monkeypatch.setattr(arrays, "_device_of_pointer", lambda ptr: 1 if ptr >= other else 0)
+    kw = _valid()
+    with pytest.raises(ValueError, match="out is on device 1 but a is on device 0"):
+        g(kw["a"], kw["b"], offs=kw["offs"], out=_arr((300, N), ptr=other))
+
+
 def test_valid_calls_reach_the_gpu_check(g, fake_gpu_memory):
     kw = _valid()
     with pytest.raises(NoGPUError):
