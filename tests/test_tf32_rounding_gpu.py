@@ -37,22 +37,11 @@ def _weight_row(spec, b, row):
     return b[row, :] if spec.layout == "nn" else b[:, row]
 
 
-@pytest.fixture
-def gemv_kn_launches(monkeypatch):
-    seen = []
-    original = gemv_kn.plan
-
-    def recording(spec, arch, m, *args, **kwargs):
-        seen.append(m)
-        return original(spec, arch, m, *args, **kwargs)
-
-    monkeypatch.setattr(gemv_kn, "plan", recording)
-    return seen
-
-
 @pytest.mark.parametrize("where", ["activation", "weight"])
-def test_near_flt_max_stays_finite(where, gemv_kn_launches):
+def test_near_flt_max_stays_finite(where, plan_calls):
     import cupy
+
+    gemv_kn_launches = plan_calls(gemv_kn)
 
     for name, m, spec, g in _kernels():
         assert g.config.family == ("sm80" if name == "portable" else "sm90"), name
