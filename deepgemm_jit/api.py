@@ -297,6 +297,7 @@ class Gemm:
         return variant
 
     # -- call -----------------------------------------------------------------------
+    @runtime.orders_dlpack_imports
     def __call__(self, a, b, *, scale_a=None, scale_b=None, bias=None, c=None, residual=None, alpha=1.0,
                  beta=1.0, out=None, stream=None, quant_scale=None, amax_out=None, scales_out=None):
         """d = op(a) @ op(b) for this Gemm's layout (times the scales for FP8 / scaled INT8, through the fused

@@ -490,6 +490,7 @@ class Fp32Gemm:
         return a2, _cupy_view(b) if plan.kind == "other" and plan.out_kind == "cupy" else b
 
     # -- call -----------------------------------------------------------------------
+    @runtime.orders_dlpack_imports
     def __call__(self, a, b, *, out=None, stream=None, scale_a=None, scale_b=None, bias=None, c=None,
                  residual=None, alpha=1.0, beta=1.0, quant_scale=None, amax_out=None, scales_out=None):
         """d = op(a) @ op(b) (through the epilogue when there is one), FP32-accurate; returns `out` if given, else

@@ -220,6 +220,7 @@ class GroupedGemm:
 
         return describe(self)
 
+    @runtime.orders_dlpack_imports
     def __call__(self, a, b, *, offs=None, m_indices=None, masked_m=None, scale_a=None, scale_b=None, bias=None,
                  out=None, scales_out=None, stream=None):
         """d for every group (see the module for the layouts); returns `out` if given, else a new array of the

@@ -529,6 +529,7 @@ def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tupl
     return q, scales, q_ptr, layout, spans
 
 
+@runtime.orders_dlpack_imports
 def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, stream=None):
     """Quantize a 2-D (M, K) device matrix to FP8 or INT8; returns ``(q, scales)``.
 

@@ -236,6 +236,31 @@ def _external(handle: int):
     return wrapped
 
 
+def orders_dlpack_imports(call):
+    """Decorator of the entry points that take arrays (Gemm, GroupedGemm and Fp32Gemm calls, quantize). A DLPack-only
+    operand (arrays.is_dlpack_only, e.g. a JAX array) is imported through cupy.from_dlpack, which orders the
+    producer's pending work before CuPy's current stream. Where the call's kernels run on another stream (stream=,
+    or torch's current stream for a call on torch tensors), the call runs with that stream current, so the import
+    orders before the kernels. Calls without such an operand pass straight through."""
+    from . import arrays
+
+    @functools.wraps(call)
+    def wrapper(*args, **kwargs):
+        operands = args + tuple(kwargs.values())
+        if not any(arrays.is_dlpack_only(x) for x in operands):
+            return call(*args, **kwargs)
+        stream = kwargs.get("stream")
+        torch_call = any(arrays.array_kind(x) == "torch" for x in operands)
+        if stream is None and not torch_call:  # the kernels run on CuPy's current stream: the import's already
+            return call(*args, **kwargs)
+        import cupy
+
+        with stream_for("torch" if torch_call else "cupy", stream, cupy.cuda.runtime.getDevice()):
+            return call(*args, **kwargs)
+
+    return wrapper
+
+
 def resolve_stream(stream: object):
     """A CuPy stream for `stream`: None (current), a CuPy stream, a raw handle, an object
     speaking the CUDA stream protocol, or one with a ``cuda_stream`` handle (torch)."""

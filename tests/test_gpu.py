@@ -430,6 +430,45 @@ def test_dlpack_only_producer_zero_copy():
     assert isinstance(got, cupy.ndarray) and bool((got.view(cupy.uint16) == want.view(cupy.uint16)).all())
 
 
+
+def test_dlpack_producer_ordered_before_an_explicit_stream():
+    """A DLPack producer orders its pending work before the stream the consumer names, and cupy.from_dlpack names
+    CuPy's current stream. With stream= the call runs with the kernel's stream current, so a write still pending on
+    the producer's stream (here `side`, also CuPy's current stream at the call) lands before the kernel reads it."""
+    import cupy
+
+    from streams import nan_target, spin
+
+    class ProducerOn:  # JAX-style: knows the stream its data is written on, whatever CuPy's current stream is
+        def __init__(self, x, stream):
+            self._x, self._stream = x, stream
+
+        def __dlpack__(self, stream=None):
+            if stream is not None and stream != self._stream.ptr:
+                cupy.cuda.ExternalStream(stream).wait_event(self._stream.record())
+            with self._stream:
+                return self._x.__dlpack__(stream=self._stream.ptr)
+
+        def __dlpack_device__(self):
+            return self._x.__dlpack_device__()
+
+    m, n, k = 129, 264, 1000
+    a = reference.random_matrix((m, k), "fp16")
+    b = reference.random_matrix((n, k), "fp16")
+    g = dg.build(m, n, k, dtype="fp16", weight_streaming=False)
+    ref = reference.reference(g.spec, a, b)
+    g(a, b)  # compile and load first: the spin must outlast only the call
+    side, kernel_stream = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    a_late, out = nan_target(a), reference.poisoned((m, n), "fp16")
+    spin(side, 0.3)
+    with side:
+        a_late[...] = a  # the producer's pending write
+        g(ProducerOn(a_late, side), ProducerOn(b, side), out=out, stream=kernel_stream)
+    kernel_stream.synchronize()
+    err = reference.relative_error(out, ref)
+    assert err <= 1e-2, f"the kernel read the DLPack operand before its producer's write: {err=}"
+    side.synchronize()
+
 class _Producer:
     """A CUDA-array-interface producer (Numba-style) over a CuPy array, naming `stream` as the stream its data is
     written on (None: ready)."""

@@ -109,3 +109,38 @@ def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch
     first, again = (launch.LaunchPlan(kernel, (2, 1, 1), (32, 1, 1), args, 0, waits=True) for _ in range(2))
     other = launch.LaunchPlan(kernel, (3, 1, 1), (32, 1, 1), args, 0, waits=True)
     assert first.pdl is again.pdl is not other.pdl and len(kernel._programmatic) == 2
+
+
+def test_dlpack_operands_are_imported_with_the_kernel_stream_current(monkeypatch):
+    """A DLPack-only operand is ordered on CuPy's current stream when imported: with stream= (or a torch call) the
+    decorated entry point runs with the kernel's stream current; calls without such an operand pass straight through
+    (no stream lookup on the hot path)."""
+    import contextlib
+
+    pytest.importorskip("cupy")
+    entered = []
+
+    @contextlib.contextmanager
+    def fake_stream(kind, stream, device_id):
+        entered.append((kind, stream))
+        yield
+
+    monkeypatch.setattr(runtime, "stream_for", fake_stream)
+    monkeypatch.setattr("cupy.cuda.runtime.getDevice", lambda: 0)
+
+    class DLPackOnly:
+        def __dlpack__(self, stream=None):
+            raise AssertionError("not imported in this test")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    @runtime.orders_dlpack_imports
+    def call(a, b, *, bias=None, stream=None):
+        return len(entered)
+
+    plain = np.zeros(1)
+    assert call(plain, plain, stream=7) == 0                 # no DLPack operand: no context
+    assert call(DLPackOnly(), plain) == 0                    # CuPy's current stream is the kernel's already
+    assert call(DLPackOnly(), plain, stream=7) == 1 and entered[-1] == ("cupy", 7)
+    assert call(plain, plain, bias=DLPackOnly(), stream=9) == 2 and entered[-1] == ("cupy", 9)
