@@ -36,6 +36,16 @@ class MatrixView:
         return self.ptr, self.ptr + last * self.itemsize
 
 
+def _current_device() -> int:
+    """The current CUDA device (0 where there is none: validation also runs without a GPU)."""
+    import cupy
+
+    try:
+        return cupy.cuda.runtime.getDevice()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return 0
+
+
 def _device_of_pointer(ptr: int) -> int:
     import cupy
 
@@ -134,8 +144,8 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
         strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
     if not ptr and int(np.prod(shape, dtype=np.int64)):  # the protocol allows a NULL pointer for empty arrays only
         raise ValueError(f"{arg} has a NULL data pointer for shape {shape}")
-    try:
-        device = _device_of_pointer(ptr) if ptr else 0
+    try:  # an empty array with a NULL pointer is on no device: the current one (the call's other operands decide)
+        device = _device_of_pointer(ptr) if ptr else _current_device()
     except Exception as exc:
         raise ValueError(f"{arg} does not point to GPU memory ({exc})") from None
     _sync_producer_stream(cai.get("stream"), arg)
@@ -155,9 +165,23 @@ def _sync_producer_stream(stream, arg: str) -> None:
     cupy.cuda.runtime.streamSynchronize(stream)
 
 
+def is_dlpack_only(x: object) -> bool:
+    """Whether `x` is read through DLPack (_dlpack_fields): neither CuPy nor torch, no __cuda_array_interface__,
+    a __dlpack__ method (e.g. a JAX array)."""
+    if x is None or isinstance(x, (int, float, np.ndarray)):
+        return False
+    import cupy
+
+    tensor = _torch_tensor_type()
+    if isinstance(x, cupy.ndarray) or (tensor is not None and isinstance(x, tensor)):
+        return False
+    return hasattr(x, "__dlpack__") and not hasattr(x, "__cuda_array_interface__")
+
+
 def _dlpack_fields(x: object, arg: str):
     """Fields of a DLPack-only producer (e.g. a JAX array), through a zero-copy CuPy view of its memory. The view is
-    made on CuPy's current stream, which DLPack orders after the producer's pending work."""
+    made on CuPy's current stream, which DLPack orders after the producer's pending work; the entry points make the
+    call's kernel stream current first where it is another (runtime.orders_dlpack_imports)."""
     import cupy
 
     try:
@@ -241,9 +265,23 @@ def scale_view(x: object, arg: str, shape: tuple[int, ...], what: str,
 
 
 def overlaps(x, y) -> bool:
+    """Whether two operands may share a byte. Matrices with one row pitch (e.g. column blocks of one buffer: `a` and
+    `out` side by side) are tested row against row; anything else by the byte span each can touch (conservative)."""
     x0, x1 = x.byte_span()
     y0, y1 = y.byte_span()
-    return x0 < y1 and y0 < x1
+    if not (x0 < y1 and y0 < x1):
+        return False
+    if not (isinstance(x, MatrixView) and isinstance(y, MatrixView) and x.rows > 1 and y.rows > 1):
+        return True
+    pitch = x.row_stride * x.itemsize
+    wx, wy = x.cols * x.itemsize, y.cols * y.itemsize
+    if pitch != y.row_stride * y.itemsize or wx > pitch or wy > pitch:
+        return True
+    # Row i of x, [i P, i P + wx), meets row j of y, [d + j P, d + j P + wy), iff -wy - d < (j - i) P < wx - d.
+    d = y.ptr - x.ptr
+    t_lo = max(-(x.rows - 1), (-wy - d) // pitch + 1)
+    t_hi = min(y.rows - 1, -((d - wx) // pitch) - 1)
+    return t_lo <= t_hi
 
 
 def scalar_signature(value) -> float | None:

@@ -287,6 +287,26 @@ def test_written_scales_must_be_distinct_and_apart_from_inputs(shared_cache_dir,
           amax_out=FakeDeviceArray((1,), np.float32, ptr=BASE + (6 << 20)))
 
 
+def test_out_beside_a_in_one_buffer_is_not_an_overlap(g, fake_gpu_memory):
+    """Column blocks of one buffer never share a byte: out written next to a (buf[:, :K] and buf[:, K:]) was refused
+    as an overlap, since the check compared whole spans (review). One more column of a does overlap."""
+    b = FakeDeviceArray((48, 40), F16, ptr=BASE + (1 << 20))
+    a, out = FakeDeviceArray((64, 40), F16, ptr=BASE, strides=(88, 1)), FakeDeviceArray((64, 48), F16, ptr=BASE + 80,
+                                                                                         strides=(88, 1))
+    with pytest.raises(NoGPUError):
+        g(a, b, out=out)
+    wide = FakeDeviceArray((64, 40), F16, ptr=BASE + 2, strides=(88, 1))   # its last column is out's first
+    with pytest.raises(ValueError, match="out overlaps a or b"):
+        g(wide, b, out=out)
+
+
+def test_empty_operand_with_a_null_pointer_is_on_the_current_device(monkeypatch):
+    """The CUDA array interface allows data = (0, ...) for empty arrays: it is on no device, so it counts as the
+    current one (it was device 0 whatever the current device, and an M = 0 call on GPU 1 was refused)."""
+    monkeypatch.setattr(arrays, "_current_device", lambda: 1)
+    assert arrays.matrix_view(FakeDeviceArray((0, 40), F16, ptr=0), "a").device == 1
+
+
 def test_written_quant_outputs_stay_apart_from_bias(shared_cache_dir, fake_gpu_memory, monkeypatch):
     """scales_out / amax_out over the bias: CTAs still loading their bias tiles would read the overwritten values.
     The bias was kept as a bare pointer and missed the overlap checks (review)."""
