@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = runner.RunContext(reps=args.reps, warmup=args.warmup, baseline_order=baseline_order, seed=seed,
                             flusher=timing.L2Flusher(args.flush_mb << 20), dg=dg)
     out_dir = Path(args.out)
+    # this run's own crash record (a fixed name was overwritten, then deleted, by the next run into the same folder)
+    partial = out_dir / (report.result_stem(header["date"], header["suites"], header.get("git_commit"),
+                                            header.get("git_dirty"), header["source_sha256"]) + ".partial.json")
     print(f"bench: {len(cases)} cases on {header['gpu']} ({header['sm_count']} SMs), reps {args.reps}, "
           f"seed {seed}", flush=True)
 
@@ -130,14 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(cases)}] {case.tag}: {row['status']} us={row['us'] and round(row['us'], 1)}{plain} "
               f"base={row['baseline_us'] and round(row['baseline_us'], 1)} err={row['err']}{detail}", flush=True)
         try:  # keep a record on disk after every row: a crash later still leaves the rows so far
-            (out_dir / ".partial.json").parent.mkdir(parents=True, exist_ok=True)
-            (out_dir / ".partial.json").write_text(report.to_json(header, rows))
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(report.to_json(header, rows))
         except OSError:
             pass
     header["wall_s"] = round(time.perf_counter() - t_start, 1)
 
     paths = report.write_all(out_dir, header, rows)
-    (out_dir / ".partial.json").unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
     problems = report.validate({"schema": report.SCHEMA_VERSION, "header": header, "rows": rows})
     print()
     print(report.render_short_table(rows))

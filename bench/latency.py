@@ -125,6 +125,9 @@ def main(argv=None) -> int:
 
         if device.gpu_count():
             result["hot_call"] = hot_call_overhead(args.calls)
+            # a GPU figure: the header says which GPU, driver and clocks it was measured on
+            result["header"] = report.collect_env(list(argv if argv is not None else sys.argv[1:]), {},
+                                                  module="bench.latency")
     print(f"cold compile: {result['cold_compile']['median_ms']:.0f} ms median, "
           f"{result['cold_compile']['max_ms']:.0f} ms max over {len(cold)} kernels ({os.cpu_count()} CPUs)")
     first, rest, once = result["first_warm_load"], result["warm_load_after_first"], result["process_once_ms"]

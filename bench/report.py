@@ -72,7 +72,15 @@ def git_info(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
     if commit is None:
         return None, None
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    return commit, (None if status is None else bool(status))
+    # New files the run may have used (a template, a module) make it dirty too; results and scratch do not.
+    untracked = _run(["git", "status", "--porcelain", "--", *UNTRACKED_DIRTY], cwd=root)
+    if status is None or untracked is None:
+        return commit, None
+    return commit, bool(status) or any(line.startswith("??") for line in untracked.splitlines())
+
+
+# Where an untracked file makes a run dirty (git pathspecs): the code a run can load.
+UNTRACKED_DIRTY = ("deepgemm_jit", "templates", "bench", "scripts", ":(exclude)bench/results")
 
 
 def source_sha256(root: Path = REPO_ROOT) -> str:
@@ -132,7 +140,8 @@ def collect_env(argv: list[str], settings: dict, module: str = "bench") -> dict:
         torch_version = str(torch.__version__)
         torch_cuda = str(getattr(torch.version, "cuda", None))
     smi = _run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,"
-                "power.limit,persistence_mode", "--format=csv,noheader", "-i", str(cupy.cuda.Device().id)])
+                "power.limit,persistence_mode", "--format=csv,noheader", "-i", cupy.cuda.Device().pci_bus_id])
+    # (by PCI bus id: nvidia-smi's ordinals ignore CUDA_VISIBLE_DEVICES, CuPy's device 0 may be another GPU)
     header = collect_host_env(argv, module)
     header.update({
         "gpu": name.decode() if isinstance(name, bytes) else str(name),

@@ -698,6 +698,29 @@ def test_git_info_prefers_the_commit_passed_to_the_gpu_machine(tmp_path, monkeyp
     assert report.git_info(tmp_path) == ("feedbeef", False)
 
 
+def test_git_info_counts_untracked_sources_as_dirty(tmp_path, monkeypatch):
+    """A new, untracked template or module can change what a run does: the run is dirty. New result files are not
+    code (review: --untracked-files=no called such runs clean)."""
+    import subprocess
+
+    from bench import report
+
+    monkeypatch.delenv("DEEPGEMM_JIT_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("DEEPGEMM_JIT_GIT_DIRTY", raising=False)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "a.cuh").write_text("//\n")
+    subprocess.run(git + ["-C", str(tmp_path), "add", "."], check=True)
+    subprocess.run(git + ["-C", str(tmp_path), "commit", "-qm", "x"], check=True)
+    assert report.git_info(tmp_path)[1] is False
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "r.json").write_text("{}")
+    assert report.git_info(tmp_path)[1] is False
+    (tmp_path / "templates" / "new_kernel.cuh").write_text("//\n")
+    assert report.git_info(tmp_path)[1] is True
+
+
 def test_git_info_ignores_a_carried_commit_of_other_code(tmp_path, monkeypatch):
     """prepare_device.sh also writes the source hash: a `.carry/commit` left behind in a tree whose code changed
     since (a local checkout 19 commits later) no longer names the run's commit."""

@@ -74,7 +74,7 @@ def main() -> int:
     if args.problems:
         for problem in args.problems.split(","):
             rows.append(_time_problem(problem, trees, args.reps, args.time_wrong))
-        report.write_experiment_json(args.out, "exp-ab-templates.json", rows)
+        _write(args, trees, rows)
         return 0
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
@@ -128,8 +128,20 @@ def main() -> int:
         rows.append(row)
         print(f"{kind} {groups}x{m}x{n}x{k}: equal={same} bulk_a_scales={row['bulk_a_scales']} " + "  ".join(
             f"{name} {r.median_us:.1f} us {flops / r.median_us / 1e6:.0f} TF" for name, r in t.items()), flush=True)
-    report.write_experiment_json(args.out, "exp-ab-templates.json", rows)
+    _write(args, trees, rows)
     return 0
+
+
+def _write(args, trees, rows) -> None:
+    """The rows under the run's header (GPU, commit, command) and what each tree name stood for, in a file of its
+    own (the fixed name was overwritten by the next run into the same folder)."""
+    header = report.collect_env(sys.argv[1:], {"trees": {name: {"templates": tdir or "checkout", "tile": tile,
+                                                                 "bulk_a_scales": bulk}
+                                                          for name, tdir, tile, bulk in trees}},
+                                module="scripts.exp_ab_templates")
+    stamp = header["date"].replace("-", "").replace(":", "")[:15]
+    commit = (header.get("git_commit") or "nogit")[:7]
+    report.write_experiment_json(args.out, f"{stamp}-exp-ab-templates-{commit}.json", {"header": header, "rows": rows})
 
 
 def _use_tree(tdir) -> None:
