@@ -339,6 +339,9 @@ class Gemm:
         # A launch plan is replayed only for calls whose every written buffer the caller passed (out=, and
         # scales_out= for quant_fp8_g128): a plan writing into a buffer allocated here would hand it out again.
         replayable = key is not None and (not self._returns_scales or scales_out is not None)
+        # Nor are the plans of a CUDA-graph capture kept: it may run the portable kernel or skip copies where the
+        # staging buffers are not yet sized (_staged_roles), which a call after the capture would not.
+        replayable = replayable and not runtime.is_capturing(cu_stream)
         if self._returns_scales:  # quant_fp8_g128 returns (q, scales)
             if scales_out is None:  # M-major like quantize's group128 scales: a next FP8 block GEMM bulk-copies them
                 scales_out = new_mn_major_scales(kind, *self.spec.scales_out_shape(m), dev, cu_stream,
@@ -354,8 +357,8 @@ class Gemm:
         if m <= self.weight_streaming_max_m and decode.operands_fit(va, vb):  # decode: see gemv.py, gemv_kn.py
             try:
                 plan = decode.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
-            except KernelNotCachedError:  # DEEPGEMM_JIT_OFFLINE and not warmed: the Gemm's own kernel serves
-                plan = None
+            except KernelNotCachedError:  # DEEPGEMM_JIT_OFFLINE and not warmed: the Gemm's own kernel serves,
+                plan, replayable = None, False  # until the decode kernel reaches the cache (a kept plan never would)
             if plan is not None:
                 plan.run(cu_stream)
                 self._remember_plan(key if replayable else None, plan, kind)

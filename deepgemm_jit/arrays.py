@@ -284,12 +284,13 @@ def overlaps(x, y) -> bool:
     return t_lo <= t_hi
 
 
-def scalar_signature(value) -> float | None:
-    """alpha / beta as a launch plan's key holds them: a float, or None (no plan) for anything validation would
-    refuse: a bool equals 1.0 and would find the plan of alpha=1.0, an unhashable value broke the key."""
+def scalar_signature(value) -> str | None:
+    """alpha / beta as a launch plan's key holds them: the float's exact value (float.hex, so -0.0 is not 0.0, which
+    would compare equal and replay the other sign), or None (no plan) for anything validation would refuse: a bool
+    equals 1.0 and would find the plan of alpha=1.0, an unhashable value broke the key."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         return None
-    return float(value)
+    return float(value).hex()
 
 
 def signature(x: object):

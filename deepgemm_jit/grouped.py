@@ -198,7 +198,6 @@ class GroupedGemm:
         self._out_dtypes = _accepted_dtypes(spec.out_dtype)
         self._ready_devices: set[int] = set()
         self._workspaces: dict[tuple[int, int, int], object] = {}  # group_segments outputs (see _segments)
-        self._retired_workspaces: list = []  # outgrown ones, still addressed by kept plans and graphs
         # Validated launches by the signatures of every operand (out= given: nothing allocated per call), as in
         # Gemm: a repeat call with the same buffers (the inference loop) only launches. m_indices calls also
         # record their stream, whose workspace their segments plan writes.
@@ -371,11 +370,9 @@ class GroupedGemm:
         with self._lock:
             workspace = self._workspaces.get(key)
             if workspace is None:
-                if len(self._workspaces) >= 16:
-                    # Kept launch plans and captured graphs still hold the old addresses: retire the workspaces
-                    # (2 G int32 each), never free them.
-                    self._retired_workspaces.extend(self._workspaces.values())
-                    self._workspaces.clear()
+                # Kept for good (2 G int32 each): kept launch plans and captured graphs hold its address. Evicting
+                # a full table and keeping the evicted alive made every call allocate anew once more than 16 keys
+                # rotated (torch's pool of 32 streams), without bound.
                 workspace = self._workspaces[key] = new_array(kind, (2 * num_groups,), "int32", dev, cu_stream,
                                                               explicit)
         seg_ptr = array_fields(workspace, "segments")[3]

@@ -326,7 +326,8 @@ def test_plan_keys_leave_validation_to_refuse_odd_scalars(g, fake_gpu_memory):
     """alpha / beta enter the launch-plan key as floats: alpha=True (== 1.0) could find alpha=1.0's plan and skip
     the type check, and an unhashable alpha raised 'unhashable type' instead of naming the argument."""
     assert arrays.scalar_signature(True) is None and arrays.scalar_signature([1.0]) is None
-    assert arrays.scalar_signature(np.float32(0.5)) == 0.5 and arrays.scalar_signature(2) == 2.0
+    assert arrays.scalar_signature(np.float32(0.5)) == (0.5).hex() and arrays.scalar_signature(2) == (2.0).hex()
+    assert arrays.scalar_signature(-0.0) != arrays.scalar_signature(0.0)   # the sign of a zero alpha reaches D
     a = FakeDeviceArray((5, 40), F16, ptr=BASE)
     b = FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
     out = FakeDeviceArray((5, 48), F16, ptr=BASE + 65536)

@@ -93,6 +93,16 @@ def test_capture_before_staging_runs_the_portable_kernel():
     assert [(art.config.family, art.config.vec_a) for art in g._variants.values()] == [("sm80", 4)]
     assert not g._staging._buffers
     assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
+    # The capture's plan is not kept: the same call after it stages A and runs the Hopper kernel (a kept plan
+    # replayed the portable one for good).
+    assert not g._launch_plans
+    reference.poison(out)
+    g(a, b, out=out)
+    cupy.cuda.Device().synchronize()
+    from deepgemm_jit import staging
+
+    assert g._staging._buffers and [type(plan) for plan, _ in g._launch_plans.values()] == [staging.StagedPlan]
+    assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
 
 
 def test_staged_call_is_captured_in_a_cuda_graph():
