@@ -224,7 +224,11 @@ def _require_cuda(op: str, t: torch.Tensor, arg: str) -> None:
 
 
 def _k_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """t with unit stride along its last dimension (the kernels' only requirement), copied only if needed."""
+    """t with unit stride along its last dimension and rows that do not overlap (the kernels' requirements), copied
+    only if needed. Overlapping rows are valid torch input that F.linear reads: an expanded vector (row stride 0),
+    a sliding window (unfold)."""
+    if t.dim() >= 2 and t.shape[-2] > 1 and t.shape[-1] > 1 and t.stride(-2) < t.shape[-1]:
+        return t.contiguous()
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
@@ -421,7 +425,9 @@ def _grouped_run(a, b, offs, masked_m, out_dtype, scale_a=None, scale_b=None) ->
             kw = {"offs": offs} if offs is not None else {"masked_m": masked_m}
             if fp8:
                 kw.update(scale_a=scale_a, scale_b=scale_b)
-            g(_k_contiguous(a), b if b.is_contiguous() else b.contiguous(), out=out, **kw)  # torch's current stream
+            # masked a (G, max_m, K): its groups must lie one after another too (a slice buf[:, :max_m] does not)
+            a_in = a.contiguous() if masked_m is not None and not a.is_contiguous() else _k_contiguous(a)
+            g(a_in, b if b.is_contiguous() else b.contiguous(), out=out, **kw)  # torch's current stream
     return out
 
 
@@ -637,18 +643,26 @@ class Linear(torch.nn.Module):
             # .float() / .double() made the weight one this Linear does not serve (float32 would run TF32, a
             # different accuracy contract than nn.Linear's): torch's own linear, as swap_linears leaves such layers
             return torch.nn.functional.linear(x, self.weight, self.bias)
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x has shape {tuple(x.shape)}; this Linear takes (..., {self.in_features})")
         if self.weight_format == "bf16":
+            if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):  # nn.Linear: the autocast dtype
+                dtype = torch.get_autocast_dtype("cuda")
+                if dtype != self.weight.dtype:  # another precision than this weight's: torch's linear, as nn.Linear
+                    return torch.nn.functional.linear(x, self.weight, self.bias)
+                x = x.to(dtype)
             y = gemm(x, self.weight, "nt")
         else:
-            if x.dim() < 1 or x.shape[-1] != self.in_features:
-                raise ValueError(f"x has shape {tuple(x.shape)}; this Linear takes (..., {self.in_features})")
             recipe = _FP8_RECIPES[self.weight_format]
             qx, sx = quantize(x.reshape(-1, self.in_features), "fp8_e4m3", recipe.input_granularity)
             y = gemm_fp8(qx, self.weight, sx, self.weight_scale, recipe.scaling, self.out_dtype)
             y = y.view(*x.shape[:-1], self.out_features)
+        compiling = torch.compiler.is_compiling()
         if self.bias is not None:
-            y = y.add_(self.bias)
-        if y.requires_grad:  # grad mode with a trainable bias (or x): only the bias would get a gradient
+            # torch.compile cannot trace the hook below (fullgraph=True failed in grad mode): there the bias is
+            # detached, so a backward through the output raises as the GEMM ops' own missing autograd makes it
+            y = y.add_(self.bias.detach() if compiling else self.bias)
+        if y.requires_grad and not compiling:  # grad mode with a trainable bias (or x): only the bias would train
             y.register_hook(_no_backward)
         return y
 

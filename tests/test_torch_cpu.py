@@ -138,6 +138,34 @@ def test_linear_errors():
         dgt.Linear(K, N, weight_format="int4")
 
 
+def test_overlapping_rows_are_copied_not_refused():
+    """An expanded vector (row stride 0) or a sliding window (unfold) is valid input nn.Linear reads; the kernels
+    need rows apart, so such inputs are copied (they were refused: "rows overlap", review)."""
+    from deepgemm_jit.torch import _k_contiguous
+
+    row = torch.randn(K)
+    for t in (row.expand(8, K), torch.randn(K + 7).unfold(0, K, 1), row.expand(2, 4, K).reshape(-1, K)):
+        got = _k_contiguous(t)
+        assert got.stride() == (K, 1) and torch.equal(got, t)
+    plain = torch.randn(8, K)
+    assert _k_contiguous(plain) is plain
+
+
+def test_bf16_linear_names_x_for_a_wrong_width():
+    """A wrong input width is x's fault (it was reported against the weight, as gemm's b)."""
+    lin = dgt.Linear(K, N, device="meta", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"x has shape \(2, 100\); this Linear takes \(\.\.\., {K}\)"):
+        lin(meta((2, 100)))
+
+
+def test_linear_compiles_fullgraph_in_grad_mode():
+    """torch.compile(fullgraph=True) of a swapped Linear in grad mode: the backward-refusing hook cannot be traced,
+    so under compile it is not registered (the bias is detached instead: no silent bias-only training)."""
+    lin = dgt.Linear(K, N, device="meta", dtype=torch.bfloat16)
+    y = torch.compile(lin, fullgraph=True, backend="eager")(meta((3, K)))
+    assert y.shape == (3, N) and y.dtype == torch.bfloat16
+
+
 class _Tree(torch.nn.Module):
     def __init__(self, dtype=torch.bfloat16):
         super().__init__()

@@ -266,6 +266,21 @@ def test_op_runs_on_torch_current_stream():
     assert err <= BOUND, f"op on a side stream read a before it was written: {err=:.2e}"
 
 
+
+def test_linear_under_autocast_is_nn_linear():
+    """Under torch.autocast, nn.Linear computes in the autocast dtype: float32 activations into a bf16 Linear were
+    refused ("b has dtype torch.bfloat16 but a has torch.float32"), and a bf16 Linear under fp16 autocast returned
+    bf16 (review)."""
+    dgt = pytest.importorskip("deepgemm_jit.torch")
+    lin = torch.nn.Linear(256, 512, dtype=torch.bfloat16, device="cuda")
+    swapped = dgt.Linear.from_linear(lin)
+    x = torch.randn(5, 256, device="cuda")   # float32
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=dtype):
+            want, got = lin(x), swapped(x)
+        assert got.dtype == want.dtype == dtype, (got.dtype, want.dtype)
+        assert rel_err(got, want) <= BOUND, dtype
+
 # -- a transformer block with its Linears swapped -------------------------------------------------------------
 class Block(torch.nn.Module):
     """Pre-norm attention (q/k/v/o projections, causal SDPA) + gated MLP (gate/up/down), no nn.MultiheadAttention."""
