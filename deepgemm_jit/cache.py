@@ -51,6 +51,8 @@ except ImportError:  # not POSIX: no cross-process lock, the double check still 
 
 FORMAT = 1
 _KEY = re.compile(r"[0-9a-f]{64}")
+_UMASK = os.umask(0o022)  # read once at import (os.umask only reads by setting), then put back
+os.umask(_UMASK)
 TOUCH_INTERVAL_S = 24 * 3600
 
 
@@ -88,6 +90,9 @@ def _replace_file(path: Path, data: bytes, *, durable: bool) -> None:
     memo that a crash may leave empty is written without: it is read as garbage, i.e. as no memo)."""
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
+        # mkstemp makes the file owner-only (0600): a cache warmed by one user (root, a build step) could then not be
+        # read by the serving user. The permissions an open() would give, as the cache's folders and locks get.
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if durable:
@@ -123,6 +128,8 @@ class DiskCache:
         try:
             meta_bytes = meta_path.read_bytes()
         except FileNotFoundError:
+            return None
+        except OSError:  # unreadable here (no rights, a file where a folder should be): a miss, not a crash
             return None
         try:
             meta = json.loads(meta_bytes)

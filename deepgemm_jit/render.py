@@ -80,8 +80,8 @@ class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
     def load_bytecode(self, bucket) -> None:
         try:
             super().load_bytecode(bucket)
-        except (OSError, ValueError, EOFError):
-            pass
+        except Exception:  # unreadable, truncated or damaged (pickle raises UnpicklingError): render from source
+            bucket.reset()
 
     def dump_bytecode(self, bucket) -> None:
         try:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from . import __version__, cache, compiler, env, timing
 from .config import KernelConfig
+from .errors import KernelNotCachedError
 from .spec import GemmSpec
 from .trial import trial_call
 
@@ -62,7 +63,10 @@ def _store_dir() -> Path:
 
 
 def lookup(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int) -> KernelConfig | None:
-    """The stored winner for this problem on this device, or None (absent, unreadable or stale)."""
+    """The stored winner for this problem on this device, or None (absent, unreadable or stale, or the disk cache
+    turned off: DEEPGEMM_JIT_DISABLE_DISK_CACHE reads and writes nothing on disk)."""
+    if env.disk_cache_disabled():
+        return None
     path = _store_dir() / f"{tuning_key(identity, spec, m_bucket)}.json"
     try:
         record = json.loads(path.read_text())
@@ -91,6 +95,7 @@ def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: li
     table: list[dict] = []
     runnable: dict[str, Callable[[], object]] = {}
     by_tag: dict[str, KernelConfig] = {}
+    not_cached = False  # offline mode left a candidate out: a winner among the rest is not worth keeping
     for cfg in candidates:
         row = {"config": cfg.tag, "median_us": None, "err": None, "ok": False, "why": ""}
         table.append(row)
@@ -100,6 +105,7 @@ def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: li
             err = trial.error(trial.run(gemm, outputs))
         except Exception as exc:  # a candidate that cannot build or run is skipped, with the reason
             row["why"] = f"{type(exc).__name__}: {exc}"[:300]
+            not_cached = not_cached or isinstance(exc, KernelNotCachedError)
             continue
         row["err"] = err
         if not trial.within_bound(err):
@@ -131,6 +137,9 @@ def tune(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int, candidates: li
     record = {"format": FORMAT, "device": dataclasses.asdict(identity), "package": __version__,
               "spec": dataclasses.asdict(spec), "m_bucket": m_bucket, "config": dataclasses.asdict(best),
               "tuned_at": time.time(), "candidates": table}
+    if not_cached or env.disk_cache_disabled():
+        # Stored, a pick among the cached candidates only would stop every later process from tuning for good.
+        return TuneResult(config=best, table=table)
     directory = _store_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -224,25 +224,33 @@ def kernel_type(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel) ->
 
 def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, cfg: KernelConfig | None, arch: str
                  ) -> tuple[bool, str | None]:
-    """Worker: (compiled now, error message or None). Never raises, so one bad kernel fails alone."""
-    from . import grouped, jit
+    """Worker: (compiled now, error message or None). Never raises, so one bad kernel fails alone. A kernel compiled
+    but not saved (full disk, an unwritable kernels/ folder: the cache only warns and keeps it in memory) is a
+    failure here: warming up is for the processes that come later."""
+    from . import cache, grouped, jit
 
     try:
         if isinstance(spec, SegmentsKernel):
-            return grouped.segments_kernel(arch).compiled_now, None
-        if isinstance(spec, fp32x3.SplitKernelSpec):
-            return fp32x3.get_kernel(spec, arch).compiled_now, None
-        if isinstance(spec, copies.CopySpec):
-            return copies.get_kernel(spec, arch).compiled_now, None
-        if isinstance(spec, GemvSpec):
-            return gemv.get_kernel(spec, arch).compiled_now, None
-        if isinstance(spec, GemvKnSpec):
-            return gemv_kn.get_kernel(spec, arch).compiled_now, None
-        if isinstance(spec, GemvRowsSpec):
-            return gemv_rows.get_kernel(spec, arch).compiled_now, None
-        if cfg is None:
-            return quantization.get_kernel(spec, arch).compiled_now, None
-        return jit.get_kernel(spec, cfg, arch).compiled_now, None
+            art = grouped.segments_kernel(arch)
+        elif isinstance(spec, fp32x3.SplitKernelSpec):
+            art = fp32x3.get_kernel(spec, arch)
+        elif isinstance(spec, copies.CopySpec):
+            art = copies.get_kernel(spec, arch)
+        elif isinstance(spec, GemvSpec):
+            art = gemv.get_kernel(spec, arch)
+        elif isinstance(spec, GemvKnSpec):
+            art = gemv_kn.get_kernel(spec, arch)
+        elif isinstance(spec, GemvRowsSpec):
+            art = gemv_rows.get_kernel(spec, arch)
+        elif cfg is None:
+            art = quantization.get_kernel(spec, arch)
+        else:
+            art = jit.get_kernel(spec, cfg, arch)
+        if art.compiled_now:
+            store = cache.default_cache()
+            if store is None or store.load(art.key) is None:
+                return False, "compiled, but not saved to the disk cache (see the warning about the cache directory)"
+        return art.compiled_now, None
     except Exception as exc:  # any failure is reported per kernel in the summary
         return False, f"{type(exc).__name__}: {exc}"
 

@@ -32,6 +32,21 @@ def _build_small(arch="sm_90a"):
     return dg.build(32, 40, 48, dtype="bf16", arch=arch)
 
 
+def test_entries_are_readable_by_other_users_and_unreadable_ones_are_misses(tmp_path):
+    """Files were created owner-only (mkstemp's 0600): a cache warmed by root could not be read by the serving user,
+    whose offline build then raised PermissionError. Entries now get open()'s permissions (0666 less the umask), and
+    an entry the process cannot read is a miss (offline: KernelNotCachedError), not a crash (review)."""
+    store = cache.DiskCache(tmp_path / "c")
+    key = "ab" + "0" * 62
+    store.store(key, b"cubin", {"entry": "k"})
+    for path in (store.cubin_path(key), store.meta_path(key)):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~cache._UMASK, oct(path.stat().st_mode)
+    blocked = cache.DiskCache(tmp_path / "d")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "kernels").write_text("a file where the folder should be")
+    assert blocked.load(key) is None
+
+
 def test_second_build_hits_disk(cache_dir):
     g1 = _build_small()
     assert g1.artifact.compiled_now
@@ -261,3 +276,24 @@ def test_concurrent_processes_compile_once(cache_dir):
     lines = [out.split() for out, _ in results]
     assert sorted(l[0] for l in lines) == ["compiled", "loaded", "loaded", "loaded"], lines
     assert len({l[1] for l in lines}) == 1
+
+
+def test_damaged_template_bytecode_is_rendered_from_source(tmp_path, monkeypatch):
+    """A truncated or damaged Jinja bytecode file under the cache raised UnpicklingError from every render of that
+    template (kernels already cached included) until someone deleted it (review): it now counts as absent."""
+    import jinja2
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", raising=False)
+    store = render._bytecode_cache()
+    env = jinja2.Environment(bytecode_cache=store)
+    bucket = jinja2.bccache.Bucket(env, "key", "checksum")
+    bucket.code = compile("x = 1", "<t>", "exec")
+    store.dump_bytecode(bucket)
+    (path,) = (tmp_path / "jinja").iterdir()
+    good = path.read_bytes()
+    for damaged in (good[:20], good[:10] + b"\x00" * 30 + good[40:]):
+        path.write_bytes(damaged)
+        fresh = jinja2.bccache.Bucket(env, "key", "checksum")
+        store.load_bytecode(fresh)   # must not raise
+        assert fresh.code is None

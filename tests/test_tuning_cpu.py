@@ -109,3 +109,43 @@ def test_trial_refuses_hi_lo_specs():
     assert inner.hi_lo
     with pytest.raises(ValueError, match="hi_lo"):
         trial.trial_call(inner, 64)
+
+
+def test_tune_keeps_no_record_of_a_partial_or_diskless_run(cache_dir, monkeypatch):
+    """A tune in offline mode times only the cached candidates: its pick, stored, would stop every later process
+    from tuning. DEEPGEMM_JIT_DISABLE_DISK_CACHE reads and writes no record (it did both: review)."""
+    import types
+
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    class Trial:  # every candidate right
+        bound = 1.0
+
+        def poisoned_outputs(self):
+            return {}
+
+        def run(self, gemm, outputs):
+            return gemm()
+
+        def error(self, result):
+            return 0.0
+
+        def within_bound(self, err):
+            return True
+
+    monkeypatch.setattr(tuning, "trial_call", lambda spec, m: Trial())
+    monkeypatch.setattr(tuning.timing, "time_interleaved", lambda fns, reps: {
+        tag: types.SimpleNamespace(median_us=1.0 + i) for i, tag in enumerate(fns)})
+    cands = [config.sm90_config(SPEC, 128, 192, 4), config.sm90_config(SPEC, 128, 128, 4)]
+
+    def offline(cfg):
+        if cfg == cands[1]:
+            raise KernelNotCachedError("not cached", spec_tag="s", config_tag="c", arch="sm_90a", cache_dir=None)
+        return lambda: None
+
+    assert tuning.tune(IDENTITY, SPEC, 4096, cands, offline).config == cands[0]
+    assert tuning.lookup(IDENTITY, SPEC, 4096) is None
+    assert tuning.tune(IDENTITY, SPEC, 4096, cands, lambda cfg: (lambda: None)).config == cands[0]
+    assert tuning.lookup(IDENTITY, SPEC, 4096) == cands[0]
+    monkeypatch.setenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", "1")
+    assert tuning.lookup(IDENTITY, SPEC, 4096) is None

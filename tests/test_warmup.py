@@ -635,6 +635,20 @@ def test_main_exit_codes_and_dry_run(cache_dir, capsys, monkeypatch):
     assert "FAILED quant_quantize_bf16_fp8_e4m3_row_v8: RuntimeError: no FP8 here" in captured.err
 
 
+def test_kernels_the_cache_did_not_keep_are_failures(cache_dir, capsys):
+    """The cache only warns when it cannot store a kernel (a full disk, an unwritable kernels/ folder) and keeps it
+    in memory: warmup reported such kernels as compiled and exited 0 with nothing on disk (review)."""
+    import warnings
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    (cache_dir / "kernels").write_text("not a folder")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert warmup.main(_args("--arch", "sm_90a", "--shape", "100:64:64:bf16", "--no-progress")) == 1
+    captured = capsys.readouterr()
+    assert "compiled 0, already cached 0, failed 1" in captured.out and "not saved to the disk cache" in captured.err
+
+
 def test_warmup_compiles_even_in_offline_mode(cache_dir, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
     work = warmup.plan([warmup.parse_shape("100:64:64:bf16")], "sm_90a")
