@@ -251,3 +251,21 @@ def test_edge_maps_for_partial_last_blocks(shared_cache_dir, monkeypatch):
     mn_major = GemmSpec.create(1000, 512, dtype="bf16", layout="tt")  # A MN-major, B K-major
     art_mn = jit.get_kernel(mn_major, config.sm90_config(mn_major, 64, 64), "sm_90a")
     assert launch.a_edge_rows(art_mn, mn_major, 400) == 0 and launch.b_edge_rows(art_mn, mn_major) == 1000 % 64
+
+
+def test_an_unwritable_temp_folder_does_not_hide_the_compile_error(tmp_path, monkeypatch):
+    """The failing source is kept in the temp folder for inspection; where that folder cannot be written (another
+    user's), the CompileError with NVRTC's log still surfaces (the OSError was reported as a cache problem and the
+    kernel compiled twice: review)."""
+    import tempfile
+
+    from deepgemm_jit import compiler
+    from deepgemm_jit.errors import CompileError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker))
+    bad = render.RenderedSource("bad.cu", 'extern "C" __global__ void k() { this is not C++; }', (), "k")
+    with pytest.raises(CompileError) as info:
+        compiler.compile_cubin(bad, "sm_90a")
+    assert info.value.source_path.startswith("(not kept:") and info.value.log
