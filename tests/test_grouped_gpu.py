@@ -413,7 +413,8 @@ def test_torch_ops_match_the_library_and_compile():
             assert rel < 1e-2, (gi, rel)
     # a sliced masked a (G, max_m, K) view, its groups 96 rows apart: copied, not refused (review)
     dm_view = dgt.grouped_mm(torch.cat([xm, xm[:, :32]], dim=1)[:, :64], w, masked_m=counts)
-    assert torch.equal(dm_view, dm)
+    for gi, c in enumerate(counts.tolist()):   # rows past a group's count are left unwritten
+        assert torch.equal(dm_view[gi, :c], dm[gi, :c]), gi
     qa, sa = dgt.quantize(a, "fp8", "group128")
     qw, sw = zip(*(dgt.quantize(w[gi], "fp8", "block128") for gi in range(4)))
     qw, sw = torch.stack(qw), torch.stack(sw)
