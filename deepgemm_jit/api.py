@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import threading
+import time
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
 
 _MAX_M = 2**31 - 1
+OFFLINE_DECODE_RETRY_S = 5.0  # how long a decode kernel found missing (offline mode) is not looked up again
 _MAX_LAUNCH_PLANS = 64
 # What scale_a / scale_b hold, per scaling (for error messages).
 _SCALE_MEANING = {"tensor": ("one scale for all of A", "one scale for all of B"),
@@ -104,6 +106,9 @@ class Gemm:
         # Launches already validated, by the signatures of (a, b, out): a repeat call with the same
         # buffers (the inference loop) skips validation, variant choice and tensor-map look-ups.
         self._launch_plans: dict[tuple, tuple[launch.LaunchPlan, str]] = {}
+        # DEEPGEMM_JIT_OFFLINE: when the decode kernel was last found missing from the cache, the next look is due
+        # (a miss costs a render and a disk lookup, ~0.3 ms; misses are not memoized since warmup may fill the cache)
+        self._decode_retry_at = 0.0
         self._lock = threading.Lock()
         # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M), how they meet (deterministic:
         # in split order; else atomic adds, splitk.adds_atomically) and the partial-tile workspace (one mode per
@@ -355,10 +360,15 @@ class Gemm:
             return result
         decode = self.weight_streaming_kernel
         if m <= self.weight_streaming_max_m and decode.operands_fit(va, vb):  # decode: see gemv.py, gemv_kn.py
-            try:
-                plan = decode.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
-            except KernelNotCachedError:  # DEEPGEMM_JIT_OFFLINE and not warmed: the Gemm's own kernel serves,
-                plan, replayable = None, False  # until the decode kernel reaches the cache (a kept plan never would)
+            plan = None
+            if time.monotonic() < self._decode_retry_at:  # missing from the cache a moment ago: not looked up again
+                replayable = False
+            else:
+                try:
+                    plan = decode.plan(self.spec, self.arch, m, va, vb, vd, dev, sa, sb)
+                except KernelNotCachedError:  # DEEPGEMM_JIT_OFFLINE and not warmed: the Gemm's own kernel serves,
+                    # unkept, until the decode kernel reaches the cache (a kept plan would serve for good)
+                    replayable, self._decode_retry_at = False, time.monotonic() + OFFLINE_DECODE_RETRY_S
             if plan is not None:
                 plan.run(cu_stream)
                 self._remember_plan(key if replayable else None, plan, kind)
@@ -709,11 +719,11 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     else:
         spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,
                                scaling=scaling, fast_accum=fast_accum, epilogue=epilogue)
-    key = (spec, arch, bucket)
+    key = (spec, arch, device.current_device_id(), bucket)  # built for this GPU (SM count, tuning): one per device
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket
         # arch=None: the build for this GPU (its SM count, stored tuning, DEEPGEMM_JIT_TUNE); an explicit arch means
-        # an offline build. The key's arch keeps two GPUs' Gemms apart.
+        # an offline build.
         g = build(bucket, n, k, dtype=spec.dtype, out_dtype=spec.out_dtype, layout=layout, arch=None,
                   scaling=spec.scaling, b_dtype=spec.b_dtype, fast_accum=spec.fast_accum, epilogue=spec.epilogue)
         _functional[key] = g

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,25 +166,37 @@ def _sync_producer_stream(stream, arg: str) -> None:
     cupy.cuda.runtime.streamSynchronize(stream)
 
 
-def is_dlpack_only(x: object) -> bool:
-    """Whether `x` is read through DLPack (_dlpack_fields): neither CuPy nor torch, no __cuda_array_interface__,
-    a __dlpack__ method (e.g. a JAX array)."""
-    if x is None or isinstance(x, (int, float, np.ndarray)):
-        return False
-    import cupy
+class DLPackImportDeferred(Exception):
+    """Raised by a DLPack import that runs outside runtime.orders_dlpack_imports' decision: the entry point catches
+    it and runs the call again with its kernel stream current (internal; never reaches a user)."""
 
-    tensor = _torch_tensor_type()
-    if isinstance(x, cupy.ndarray) or (tensor is not None and isinstance(x, tensor)):
+
+class _DLPackImports(threading.local):
+    """`ready` is set (per thread) while an entry point runs a call with the stream its DLPack imports must be
+    ordered before made current (runtime.orders_dlpack_imports); a class default, so reading it costs no failed
+    lookup on the hot path."""
+
+    ready = False
+
+
+dlpack_imports = _DLPackImports()
+
+
+def _on_cuda(x: object) -> bool:
+    try:
+        return int(x.__dlpack_device__()[0]) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+    except Exception:
         return False
-    return hasattr(x, "__dlpack__") and not hasattr(x, "__cuda_array_interface__")
 
 
 def _dlpack_fields(x: object, arg: str):
     """Fields of a DLPack-only producer (e.g. a JAX array), through a zero-copy CuPy view of its memory. The view is
-    made on CuPy's current stream, which DLPack orders after the producer's pending work; the entry points make the
-    call's kernel stream current first where it is another (runtime.orders_dlpack_imports)."""
+    made on CuPy's current stream, which DLPack orders after the producer's pending work: inside an entry point
+    (runtime.orders_dlpack_imports) that is the call's kernel stream."""
     import cupy
 
+    if _on_cuda(x) and not dlpack_imports.ready:
+        raise DLPackImportDeferred()
     try:
         view = cupy.from_dlpack(x)
     except Exception as exc:

@@ -51,8 +51,23 @@ except ImportError:  # not POSIX: no cross-process lock, the double check still 
 
 FORMAT = 1
 _KEY = re.compile(r"[0-9a-f]{64}")
-_UMASK = os.umask(0o022)  # read once at import (os.umask only reads by setting), then put back
-os.umask(_UMASK)
+
+
+def _read_umask() -> int:
+    """The process umask, from /proc where it is (os.umask can only read it by setting it, process-wide: another
+    thread creating a file meanwhile would get the temporary value); at import, once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
 TOUCH_INTERVAL_S = 24 * 3600
 
 
@@ -92,7 +107,8 @@ def _replace_file(path: Path, data: bytes, *, durable: bool) -> None:
     try:
         # mkstemp makes the file owner-only (0600): a cache warmed by one user (root, a build step) could then not be
         # read by the serving user. The permissions an open() would give, as the cache's folders and locks get.
-        os.fchmod(fd, 0o666 & ~_UMASK)
+        if hasattr(os, "fchmod"):  # POSIX (Windows has it from Python 3.13 only)
+            os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if durable:

@@ -58,9 +58,10 @@ def parse_ptxas(log: str) -> dict[str, int]:
     }
 
 
-def _keep_failed_source(rendered: RenderedSource) -> str:
-    """Write the failing source and its headers to a temp folder for inspection; its path, or why it could not be
-    written (a debugging aid: an unwritable temp folder, e.g. another user's, must not hide the compile error)."""
+def _keep_failed_source(rendered: RenderedSource) -> str | None:
+    """Write the failing source and its headers to a temp folder for inspection; its path, or None where it could
+    not be written (a debugging aid: an unwritable temp folder, e.g. another user's, must not hide the compile
+    error)."""
     digest = hashlib.sha256(rendered.source.encode()).hexdigest()[:12]
     root = Path(tempfile.gettempdir()) / "deepgemm-jit-failed" / digest
     try:
@@ -70,8 +71,8 @@ def _keep_failed_source(rendered: RenderedSource) -> str:
         root.mkdir(parents=True, exist_ok=True)
         path = root / rendered.name
         path.write_text(rendered.source, encoding="utf-8")
-    except OSError as exc:
-        return f"(not kept: {exc})"
+    except OSError:
+        return None
     return str(path)
 
 

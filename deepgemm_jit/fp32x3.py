@@ -518,6 +518,7 @@ class Fp32Gemm:
         a2, b2, out, cu_stream = self._prepare(a, b, out, stream, ops, key)
         return self.gemm(a2, b2, out=out, stream=cu_stream, **ops)
 
+    @runtime.orders_dlpack_imports
     def split(self, a, b, *, stream=None):
         """Only the first launch: ``(A2, B2)``, the K-concatenated TF32 operands the GEMM multiplies (new arrays
         of the inputs' library, CuPy for other producers; ``split_operands_reference`` computes the same bits).

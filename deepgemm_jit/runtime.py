@@ -4,6 +4,7 @@ per-call host time low (CuPy's generic launch re-packs every argument on every c
 ~15 us for the sm90 family's 128-byte tensor maps, cProfile on the H200)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -237,26 +238,40 @@ def _external(handle: int):
 
 
 def orders_dlpack_imports(call):
-    """Decorator of the entry points that take arrays (Gemm, GroupedGemm and Fp32Gemm calls, quantize). A DLPack-only
-    operand (arrays.is_dlpack_only, e.g. a JAX array) is imported through cupy.from_dlpack, which orders the
-    producer's pending work before CuPy's current stream. Where the call's kernels run on another stream (stream=,
-    or torch's current stream for a call on torch tensors), the call runs with that stream current, so the import
-    orders before the kernels. Calls without such an operand pass straight through."""
+    """Decorator of the entry points that take arrays (Gemm, GroupedGemm and Fp32Gemm calls and split, quantize). A
+    DLPack-only operand (e.g. a JAX array) is imported through cupy.from_dlpack, which orders the producer's pending
+    work before CuPy's current stream. Where the call's kernels run on another stream (stream=, or torch's current
+    stream for a call on torch tensors), the call must run with that stream current. Such an import therefore
+    raises arrays.DLPackImportDeferred when first met (validation has launched and allocated nothing yet): the call
+    runs again with the kernel stream current and the imports allowed. Other calls pay one try frame."""
     from . import arrays
+
+    imports = arrays.dlpack_imports
 
     @functools.wraps(call)
     def wrapper(*args, **kwargs):
-        operands = args + tuple(kwargs.values())
-        if not any(arrays.is_dlpack_only(x) for x in operands):
+        if imports.ready:  # inside an entry point that decided (Fp32Gemm's inner Gemm)
             return call(*args, **kwargs)
+        try:
+            return call(*args, **kwargs)
+        except arrays.DLPackImportDeferred:
+            pass
         stream = kwargs.get("stream")
-        torch_call = any(arrays.array_kind(x) == "torch" for x in operands)
-        if stream is None and not torch_call:  # the kernels run on CuPy's current stream: the import's already
-            return call(*args, **kwargs)
-        import cupy
+        torch_call = any(arrays.array_kind(x) == "torch" for x in args + tuple(kwargs.values()))
+        context = contextlib.nullcontext()
+        if stream is not None or torch_call:  # else the kernels run on CuPy's current stream: the import's already
+            import cupy
 
-        with stream_for("torch" if torch_call else "cupy", stream, cupy.cuda.runtime.getDevice()):
-            return call(*args, **kwargs)
+            try:
+                context = stream_for("torch" if torch_call else "cupy", stream, cupy.cuda.runtime.getDevice())
+            except Exception:  # no GPU, or a bad stream=: the call's own checks say so, as without a DLPack operand
+                pass
+        imports.ready = True
+        try:
+            with context:
+                return call(*args, **kwargs)
+        finally:
+            imports.ready = False
 
     return wrapper
 

@@ -227,7 +227,7 @@ def _k_contiguous(t: torch.Tensor) -> torch.Tensor:
     """t with unit stride along its last dimension and rows that do not overlap (the kernels' requirements), copied
     only if needed. Overlapping rows are valid torch input that F.linear reads: an expanded vector (row stride 0),
     a sliding window (unfold)."""
-    if t.dim() >= 2 and t.shape[-2] > 1 and t.shape[-1] > 1 and t.stride(-2) < t.shape[-1]:
+    if t.dim() >= 2 and t.shape[-2] > 1 and t.stride(-2) < max(t.shape[-1], 1):
         return t.contiguous()
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -493,7 +493,9 @@ class Linear(torch.nn.Module):
     The bias is a separate torch add after the GEMM (a bias fused into the kernel's epilogue is a later
     issue). No backward (inference only: run under ``torch.inference_mode()`` or ``torch.no_grad()``); in grad
     mode the output still carries the bias's autograd history, and a backward through it raises a RuntimeError
-    (rather than training the bias alone).
+    (rather than training the bias alone). ``torch.compile`` in grad mode traces with the eager backend only:
+    AOTAutograd backends (the default inductor, aot_eager) trace a backward, which the ops do not have; compile
+    under ``torch.no_grad()`` / ``torch.inference_mode()``.
     ``weight_format`` says what the GEMM multiplies:
 
     - ``"bf16"``: the 16-bit weight as stored (a bfloat16 or float16 Parameter; x of the same dtype,

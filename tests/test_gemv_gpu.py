@@ -198,3 +198,48 @@ def test_torch_tensors_and_streams():
     ref = a.double() @ b.double().T
     err = float((d.double() - ref).norm() / ref.norm())
     assert err < reference.ERROR_BOUND["bf16"], err
+
+
+def test_offline_decode_miss_serves_the_gemm_kernel_unkept(monkeypatch):
+    """DEEPGEMM_JIT_OFFLINE with the decode kernel not warmed: the Gemm's own kernel serves (right values), its plan
+    is not kept (a kept one would serve after warmup filled the cache, for good), and the cache is not looked up
+    again for OFFLINE_DECODE_RETRY_S (a miss costs a render and a disk lookup); then the decode kernel serves."""
+    import cupy
+
+    from deepgemm_jit import api
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    m, n, k = 1, 2112, 7168
+    spec = GemmSpec.create(n, k, dtype="bf16")
+    a, b = reference.random_operands(spec, m)
+    g = build(m, n, k, dtype="bf16")
+    assert g.weight_streaming_kernel is gemv and m <= g.weight_streaming_max_m
+    looked, real_plan = [], gemv.plan
+
+    def missing(*args, **kwargs):
+        looked.append(1)
+        raise KernelNotCachedError("not cached", spec_tag="s", config_tag="c", arch="sm_90a", cache_dir=None)
+
+    monkeypatch.setattr(gemv, "plan", missing)
+    ref = reference.reference(spec, a, b)
+    for _ in range(3):
+        out = reference.poisoned((m, n), "bf16")
+        g(a, b, out=out)
+        cupy.cuda.Device().synchronize()
+        assert reference.within_bound(reference.error(out, ref), "bf16")
+    assert looked == [1] and not g._launch_plans
+    served = []
+
+    def counting(*args, **kwargs):
+        served.append(real_plan(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(gemv, "plan", counting)
+    g._decode_retry_at = 0.0  # the window over (api.OFFLINE_DECODE_RETRY_S)
+    assert api.OFFLINE_DECODE_RETRY_S > 0
+    out = reference.poisoned((m, n), "bf16")
+    g(a, b, out=out)
+    cupy.cuda.Device().synchronize()
+    assert reference.within_bound(reference.error(out, ref), "bf16")
+    ((plan, _),) = g._launch_plans.values()
+    assert len(served) == 1 and plan is served[0]   # the decode kernel's plan, kept

@@ -112,13 +112,15 @@ def test_launch_plans_launch_programmatically_only_kernels_that_wait(monkeypatch
 
 
 def test_dlpack_operands_are_imported_with_the_kernel_stream_current(monkeypatch):
-    """A DLPack-only operand is ordered on CuPy's current stream when imported: with stream= (or a torch call) the
-    decorated entry point runs with the kernel's stream current; calls without such an operand pass straight through
-    (no stream lookup on the hot path)."""
+    """A DLPack-only operand is ordered on CuPy's current stream when imported: the first import defers, and the
+    decorated entry point runs the call again with the kernel's stream current (stream=, or torch's for a torch
+    call) and imports allowed; other calls run once, with no stream lookup."""
     import contextlib
 
     pytest.importorskip("cupy")
-    entered = []
+    from deepgemm_jit import arrays
+
+    entered, runs = [], []
 
     @contextlib.contextmanager
     def fake_stream(kind, stream, device_id):
@@ -127,20 +129,28 @@ def test_dlpack_operands_are_imported_with_the_kernel_stream_current(monkeypatch
 
     monkeypatch.setattr(runtime, "stream_for", fake_stream)
     monkeypatch.setattr("cupy.cuda.runtime.getDevice", lambda: 0)
+    monkeypatch.setattr(arrays, "array_fields", lambda x, arg: arrays._dlpack_fields(x, arg)
+                        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray) else None)
+    monkeypatch.setattr("cupy.from_dlpack", lambda x: None)
 
-    class DLPackOnly:
+    class OnGpu:
         def __dlpack__(self, stream=None):
-            raise AssertionError("not imported in this test")
+            raise AssertionError("cupy.from_dlpack is replaced in this test")
 
         def __dlpack_device__(self):
             return (2, 0)
 
     @runtime.orders_dlpack_imports
     def call(a, b, *, bias=None, stream=None):
+        runs.append(arrays.dlpack_imports.ready)
+        for x in (a, b, bias):
+            arrays.array_fields(x, "x")
         return len(entered)
 
     plain = np.zeros(1)
-    assert call(plain, plain, stream=7) == 0                 # no DLPack operand: no context
-    assert call(DLPackOnly(), plain) == 0                    # CuPy's current stream is the kernel's already
-    assert call(DLPackOnly(), plain, stream=7) == 1 and entered[-1] == ("cupy", 7)
-    assert call(plain, plain, bias=DLPackOnly(), stream=9) == 2 and entered[-1] == ("cupy", 9)
+    assert call(plain, plain, stream=7) == 0 and runs == [False]            # no DLPack operand: one run
+    runs.clear()
+    assert call(OnGpu(), plain) == 0 and runs == [False, True]              # CuPy's current stream serves
+    assert call(OnGpu(), plain, stream=7) == 1 and entered[-1] == ("cupy", 7)
+    assert call(plain, plain, bias=OnGpu(), stream=9) == 2 and entered[-1] == ("cupy", 9)
+    assert not arrays.dlpack_imports.ready                                   # reset after the call

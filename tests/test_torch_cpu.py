@@ -147,6 +147,8 @@ def test_overlapping_rows_are_copied_not_refused():
     for t in (row.expand(8, K), torch.randn(K + 7).unfold(0, K, 1), row.expand(2, 4, K).reshape(-1, K)):
         got = _k_contiguous(t)
         assert got.stride() == (K, 1) and torch.equal(got, t)
+    one = torch.randn(1).expand(8, 1)   # one column, row stride 0 (Linear(1, N) on an expanded input)
+    assert _k_contiguous(one).stride() == (1, 1)
     plain = torch.randn(8, K)
     assert _k_contiguous(plain) is plain
 
@@ -160,10 +162,15 @@ def test_bf16_linear_names_x_for_a_wrong_width():
 
 def test_linear_compiles_fullgraph_in_grad_mode():
     """torch.compile(fullgraph=True) of a swapped Linear in grad mode: the backward-refusing hook cannot be traced,
-    so under compile it is not registered (the bias is detached instead: no silent bias-only training)."""
+    so under compile it is not registered (the bias is detached instead: no silent bias-only training). This holds
+    for the eager backend; AOTAutograd backends trace a backward the ops do not have, so those compile under
+    no_grad (the docstring says so), which is checked too."""
     lin = dgt.Linear(K, N, device="meta", dtype=torch.bfloat16)
     y = torch.compile(lin, fullgraph=True, backend="eager")(meta((3, K)))
     assert y.shape == (3, N) and y.dtype == torch.bfloat16
+    with torch.no_grad():
+        y = torch.compile(lin, fullgraph=True, backend="aot_eager")(meta((3, K)))
+    assert y.shape == (3, N)
 
 
 class _Tree(torch.nn.Module):
