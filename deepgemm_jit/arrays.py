@@ -172,10 +172,12 @@ class DLPackImportDeferred(Exception):
 
 
 class _DLPackImports(threading.local):
-    """`ready` is set (per thread) while an entry point runs a call with the stream its DLPack imports must be
-    ordered before made current (runtime.orders_dlpack_imports); a class default, so reading it costs no failed
-    lookup on the hot path."""
+    """Per thread: `inside` while an entry point makes its first attempt at a call (runtime.orders_dlpack_imports:
+    a DLPack import defers to it then), `ready` while it runs the call again with the stream its DLPack imports must
+    be ordered before made current. Outside an entry point (matrix_view called directly) imports are made on CuPy's
+    current stream at once. Class defaults, so reading them costs no failed lookup on the hot path."""
 
+    inside = False
     ready = False
 
 
@@ -195,7 +197,7 @@ def _dlpack_fields(x: object, arg: str):
     (runtime.orders_dlpack_imports) that is the call's kernel stream."""
     import cupy
 
-    if _on_cuda(x) and not dlpack_imports.ready:
+    if dlpack_imports.inside and not dlpack_imports.ready and _on_cuda(x):
         raise DLPackImportDeferred()
     try:
         view = cupy.from_dlpack(x)

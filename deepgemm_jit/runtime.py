@@ -250,12 +250,15 @@ def orders_dlpack_imports(call):
 
     @functools.wraps(call)
     def wrapper(*args, **kwargs):
-        if imports.ready:  # inside an entry point that decided (Fp32Gemm's inner Gemm)
+        if imports.inside or imports.ready:  # within another entry point's call (Fp32Gemm's inner Gemm): its choice
             return call(*args, **kwargs)
+        imports.inside = True
         try:
             return call(*args, **kwargs)
         except arrays.DLPackImportDeferred:
             pass
+        finally:
+            imports.inside = False
         stream = kwargs.get("stream")
         torch_call = any(arrays.array_kind(x) == "torch" for x in args + tuple(kwargs.values()))
         context = contextlib.nullcontext()

@@ -153,4 +153,6 @@ def test_dlpack_operands_are_imported_with_the_kernel_stream_current(monkeypatch
     assert call(OnGpu(), plain) == 0 and runs == [False, True]              # CuPy's current stream serves
     assert call(OnGpu(), plain, stream=7) == 1 and entered[-1] == ("cupy", 7)
     assert call(plain, plain, bias=OnGpu(), stream=9) == 2 and entered[-1] == ("cupy", 9)
-    assert not arrays.dlpack_imports.ready                                   # reset after the call
+    assert not arrays.dlpack_imports.ready and not arrays.dlpack_imports.inside   # reset after the call
+    # Outside any entry point (arrays.matrix_view called directly) the import is made at once, as before.
+    assert arrays._dlpack_fields(OnGpu(), "x") is None
