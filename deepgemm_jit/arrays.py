@@ -38,11 +38,13 @@ class MatrixView:
 
 
 def _current_device() -> int:
-    """The current CUDA device (0 where there is none: validation also runs without a GPU)."""
+    """device.current_device_id, or 0 where there is no GPU (validation also runs without one)."""
     import cupy
 
+    from .device import current_device_id
+
     try:
-        return cupy.cuda.runtime.getDevice()
+        return current_device_id()
     except cupy.cuda.runtime.CUDARuntimeError:
         return 0
 
