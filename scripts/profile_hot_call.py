@@ -1,6 +1,6 @@
 """Profile (GPU): where the host time of a hot Gemm call goes (cProfile over many calls of a replayed plan).
 
-    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped | --quantize | --fp32]
+    python3 scripts/profile_hot_call.py [--calls 20000] [--grouped | --quantize | --fp32 | --unwrapped]
 
 --grouped: a GroupedGemm (FP8 block, 8 groups) called with a new output each time, i.e. without a kept launch
 plan (what the torch op does): the full validation and planning path.
@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--grouped", action="store_true")
     ap.add_argument("--quantize", action="store_true")
     ap.add_argument("--fp32", action="store_true")
+    ap.add_argument("--unwrapped", action="store_true",
+                    help="plain loop: call Gemm.__call__ without runtime.orders_dlpack_imports (its cost)")
     args = ap.parse_args()
     if args.fp32:
         return profile_fp32(args.calls)
@@ -56,15 +58,18 @@ def main() -> int:
         g(a, b, out=d)
     cupy.cuda.Device().synchronize()
 
+    call = type(g).__call__.__wrapped__.__get__(g) if args.unwrapped else g
+
     def loop():
         for i in range(args.calls):
             if i % 2000 == 0:
                 cupy.cuda.Device().synchronize()
-            g(a, b, out=d)
+            call(a, b, out=d)
     t0 = time.perf_counter()
     loop()
     cupy.cuda.Device().synchronize()
-    print(f"plain loop: {(time.perf_counter() - t0) / args.calls * 1e6:.2f} us per call (incl. periodic syncs)")
+    label = "plain loop, unwrapped" if args.unwrapped else "plain loop"
+    print(f"{label}: {(time.perf_counter() - t0) / args.calls * 1e6:.2f} us per call (incl. periodic syncs)")
     _print_profile(loop, 15)
     return 0
 
