@@ -42,6 +42,10 @@ def smem_limit_bytes(arch: str) -> int:
 
 MAX_GROUP_M = 256            # sm90 raster bands (sched_sm90.cuh): far above any useful band (the heuristic's 16)
 MAX_THREADS_PER_CTA = 1024   # CUDA's limit (the portable family's 32 * warps_m * warps_n)
+MAX_GRID_Y = 65535           # CUDA's limit on grid.y (the portable family's N blocks)
+# The portable kernel's accumulators per thread: 128 (64x64 per warp) compiled without a stack (bf16 / tf32, ptxas
+# of 2026-12-02); 256 spilled 288-984 bytes and 512 (a 128x128 tile on one warp) 2504-3480.
+SM80_MAX_ACCUMULATORS = 128
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,10 @@ class KernelConfig:
             raise ValueError("split_k kernels are sm90 kernels with cooperative tiles (pingpong=False)")
         if not isinstance(self.d_ring, int) or isinstance(self.d_ring, bool) or self.d_ring < 0 or self.d_ring == 1:
             raise ValueError(f"d_ring must be 0 (whole-tile staging) or a slice count >= 2, got {self.d_ring!r}")
-        if self.d_ring and (self.family != "sm90" or (self.pingpong and self.block_m > 64)):
-            raise ValueError("d_ring exists in the sm90 family, for consumers of 64 rows (cooperative tiles, or "
-                             "ping-pong at block_m 64)")
+        if self.d_ring and (self.family != "sm90" or sm90_consumers(self.block_m, self.pingpong)[1] != 64):
+            raise ValueError("d_ring exists in the sm90 family, for consumers of 64 rows (cooperative tiles of 64 or "
+                             f"128 rows, or ping-pong at block_m 64), got block_m={self.block_m}"
+                             + (" ping-pong" if self.pingpong else ""))
         if self.num_stages < 2:
             raise ValueError("num_stages must be >= 2 (the pipeline keeps one stage in flight)")
         if self.group_m > MAX_GROUP_M:  # the scheduler multiplies it by the N blocks in 32 bits
@@ -157,6 +162,17 @@ class KernelConfig:
         mma_k = 8 if spec.dtype == "tf32" else 16
         if self.block_k % mma_k:
             raise ValueError(f"block_k={self.block_k} must be a multiple of {mma_k} for {spec.dtype}")
+        if spec.hi_lo and spec.k % (3 * self.block_k):  # gemm_sm80.cuh's static_assert
+            raise ValueError(f"block_k={self.block_k}: the 3xTF32 GEMM's K' = {spec.k} holds three segments of "
+                             f"{spec.k // 3} columns, which must be whole K blocks (use a block_k dividing {spec.k // 3})")
+        accumulators = self.block_m // self.warps_m * (self.block_n // self.warps_n) // 32
+        if accumulators > SM80_MAX_ACCUMULATORS:
+            raise ValueError(f"config {self.tag}: each thread would hold {accumulators} accumulators, more than the "
+                             f"{SM80_MAX_ACCUMULATORS} that fit its registers (more spill to local memory); use more "
+                             "warps_m / warps_n or a smaller block")
+        if -(-spec.n // self.block_n) > MAX_GRID_Y:  # the portable kernel's grid.y walks N blocks
+            raise ValueError(f"N={spec.n} with block_n={self.block_n} makes {-(-spec.n // self.block_n)} column "
+                             f"blocks, more than a grid's y dimension takes ({MAX_GRID_Y}); use a wider block_n")
         for name in ("vec_a", "vec_b"):
             vec = getattr(self, name)
             if vec * esize > 16:

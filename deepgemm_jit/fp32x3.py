@@ -42,6 +42,7 @@ import numpy as np
 from . import cubin, device, dtypes, env, jit, runtime, sass
 from . import epilogue as epilogue_mod
 from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view, scalar_signature, signature
+from .config import KernelConfig
 from .errors import KernelNotCachedError
 from .quantization import _empty as _stream_array  # a new array of the caller's library, for the call's stream
 from .render import RenderedSource
@@ -664,6 +665,8 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
         raise ValueError("tune=True is not available for dtype='fp32' (3xTF32): its TF32 GEMM multiplies hi / lo "
                          "splits, which the tuner has no float64 value for; build without tune= (or pass config=)")
     M = api._check_m(M)  # inner_at reads it before build_spec would check it
+    if config is not None and not isinstance(config, KernelConfig):  # read below before build_spec would check it
+        raise TypeError(f"config must be a deepgemm_jit.KernelConfig or None, got {type(config).__name__}")
     spec = Fp32Spec.create(N, K, out_dtype=out_dtype, layout=layout, epilogue=epilogue)
     try:
         target = device.target_arch(arch)

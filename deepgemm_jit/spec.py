@@ -129,9 +129,12 @@ class GemmSpec(OperandLayout):
         if not isinstance(self.fast_accum, bool):
             raise TypeError(f"fast_accum must be a bool, got {type(self.fast_accum).__name__}")
         if self.epilogue != "none":
-            if self.out_dtype == "int32" or (self.dtype == "int8" and self.scaling == "none"):
+            if self.dtype == "int8" and self.scaling == "none":
                 raise ValueError(f"epilogue={self.epilogue!r} needs a floating output; unscaled int8 writes int32 "
                                  "(use scaling='row' or 'tensor' with out_dtype bf16/fp16/fp32)")
+            if self.out_dtype == "int32":  # unscaled int8's output only: the type rules below say what fits
+                self._check_quantized()
+                raise ValueError(f"epilogue={self.epilogue!r} needs a floating output, not out_dtype='int32'")
             if self.layout != "nt" and self.dtype not in ("bf16", "fp16", "tf32"):  # tf32: transposed copies
                 raise ValueError(f"epilogue={self.epilogue!r} runs on the Hopper family, which reads {self.dtype} "
                                  f"operands K-major only: layout 'nt' (a (M, K), b (N, K)), got {self.layout!r} "
@@ -195,8 +198,12 @@ class GemmSpec(OperandLayout):
             raise ValueError(f"N={self.n}: epilogue={self.epilogue!r} needs N (the rows of the interleaved gate/up "
                              "weight, twice the output columns) to be a multiple of 16 (see interleave_gate_up)")
         if epi.is_gated and epi.has_group_scales and self.promote:
-            fix = ("promoted=False, a 16-bit input type" if self.dtype == "tf32"
-                   else "fast_accum=True (scaling tensor/row), a 16-bit input type")
+            if self.hi_lo:  # dtype='fp32' (3xTF32) needs its promotion: the caller cannot turn it off
+                fix = "dtype='tf32' (no FP32 promotion) or a 16-bit input type"
+            elif self.dtype == "tf32":
+                fix = "promoted=False, a 16-bit input type"
+            else:
+                fix = "fast_accum=True (scaling tensor/row), a 16-bit input type"
             raise ValueError(f"epilogue={self.epilogue!r} needs tiles of 256 weight rows (128 output columns per "
                              f"1x128 group), more accumulators than {self.dtype} with FP32 promotion can hold; use "
                              f"{fix}, or quantize separately")

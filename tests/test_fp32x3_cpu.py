@@ -88,6 +88,10 @@ def test_spec_epilogues_follow_the_tf32_gemm():
         fp32x3.Fp32Spec.create(60, 100, epilogue="swiglu")
     with pytest.raises(ValueError, match="epilogue"):
         fp32x3.Fp32Spec.create(64, 100, epilogue="bias+tanh2")
+    # A fix the fp32 caller can apply (it cannot pass promoted=False)
+    with pytest.raises(ValueError, match="use dtype='tf32'") as info:
+        fp32x3.Fp32Spec.create(256, 100, epilogue="swiglu+quant_fp8_g128")
+    assert "promoted" not in str(info.value)
 
 
 @pytest.mark.parametrize("kwargs,exc,words", [
@@ -222,6 +226,9 @@ def test_build_fp32_layouts_epilogue_and_config(cache):
     assert dg.build_fp32(64, 264, 1024, config=raw_cfg, arch=ARCH).raw_b  # one the raw-B GEMM takes keeps it
     with pytest.raises(ValueError, match="M must be"):
         dg.build_fp32(0, 8, 8, arch=ARCH)
+    for m in (64, 1024):  # the decode path reads the config before build does (it was an AttributeError there)
+        with pytest.raises(TypeError, match="config must be a deepgemm_jit.KernelConfig or None, got str"):
+            dg.build_fp32(m, 264, 1024, config="x", arch=ARCH)
     with pytest.raises(ValueError, match="arch"):
         dg.build_fp32(8, 8, 8, arch="sm_70")
     if not device.gpu_count():

@@ -27,6 +27,9 @@ def test_layout_shapes(layout, a_shape, b_shape):
     (dict(n=8, k=8, dtype=3), TypeError, "dtype"),
     (dict(n=8, k=8, out_dtype="tf32"), ValueError, "out_dtype"),
     (dict(n=8, k=8, layout="xx"), ValueError, "layout"),
+    # an epilogue on a type that cannot write int32 is told that, not about int8's scaling
+    (dict(n=8, k=8, dtype="bf16", out_dtype="int32", epilogue="bias"), ValueError, "unscaled int8 GEMMs, not bf16"),
+    (dict(n=8, k=8, dtype="int8", epilogue="bias"), ValueError, "needs a floating output"),
 ])
 def test_spec_rejects(kwargs, exc, word):
     with pytest.raises(exc, match=word):
@@ -50,6 +53,25 @@ def test_config_checks_against_spec():
     huge = KernelConfig("sm80", 128, 128, 64, 8, 2, 4, vec_a=4, vec_b=4)
     with pytest.raises(ValueError, match="shared memory"):
         huge.check_for(spec, "sm_90a")
+
+
+def test_sm80_configs_that_compile_badly_are_refused():
+    """Forced portable configs the kernel cannot take well: more accumulators per thread than registers hold (a
+    128x128 tile on one warp kept 2504 bytes on the stack), more column blocks than grid.y takes, and 3xTF32's K'
+    segments that are not whole K blocks (the template's static_assert)."""
+    bf16 = GemmSpec.create(4096, 4096, dtype="bf16")
+    KernelConfig("sm80", 128, 128, 32, 3, 2, 2, 8, 8).check_for(bf16, "sm_90a")  # 128 per thread: compiles clean
+    for warps in ((1, 1), (1, 2), (2, 1)):
+        with pytest.raises(ValueError, match="accumulators"):
+            KernelConfig("sm80", 128, 128, 32, 3, *warps, 8, 8).check_for(bf16, "sm_90a")
+    wide = GemmSpec.create(65535 * 8 + 1, 64, dtype="bf16")
+    KernelConfig("sm80", 64, 16, 32, 3, 1, 1, 8, 8).check_for(wide, "sm_90a")
+    with pytest.raises(ValueError, match="grid's y"):
+        KernelConfig("sm80", 64, 8, 32, 3, 1, 1, 8, 8).check_for(wide, "sm_90a")
+    hi_lo = GemmSpec(64, 96, "tf32", "fp32", "nt", promoted=True, hi_lo=True)  # dtype='fp32' at K = 32
+    KernelConfig("sm80", 64, 64, 32, 3, 1, 2, 4, 4).check_for(hi_lo, "sm_90a")
+    with pytest.raises(ValueError, match="block_k=64.*whole K blocks"):
+        KernelConfig("sm80", 64, 64, 64, 3, 1, 2, 4, 4).check_for(hi_lo, "sm_90a")
 
 
 def test_max_vector():
@@ -322,6 +344,8 @@ def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
         config.sm90_config(tf32, 128, 128, pingpong=True, d_ring=2)
     with pytest.raises(ValueError, match="d_ring"):
         KernelConfig("sm90", 128, 256, 32, 4, 2, 1, 4, 4, d_ring=1)
+    with pytest.raises(ValueError, match="d_ring.*block_m=256"):  # consumers of 128 rows: the static_assert's
+        KernelConfig("sm90", 256, 128, 32, 3, 2, 1, 4, 4, d_ring=2)
     # 16-bit D may take a ring (session 22; legal for TF32 too, though its rule keeps the whole tile); INT32 may not.
     tf32_bf16 = GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16")
     config.sm90_config(tf32_bf16, 128, 256, 4, d_ring=2).check_for(tf32_bf16, "sm_90a")
