@@ -583,10 +583,13 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
         return Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming),
                     forced_splits, bool(deterministic))
     except KernelNotCachedError as exc:
+        from . import tuning
         from .warmup_sources import warmup_command_for
 
         local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
-        raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target, local_sms)) from None
+        # A tuned config (the store's, on this GPU) is what only a warmup on this GPU plans: no --arch in the line
+        tuned = config is None and arch is None and tuning.stored_config(kspec, m_hint, target) == cfg
+        raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target, local_sms, this_gpu=tuned)) from None
 
 
 def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_streaming=None, split_k=None,
@@ -649,16 +652,14 @@ def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tu
     from . import tuning
 
     num_sms = device.num_sms()
-    bucket = config_mod.m_bucket(m_hint)
-    identity = tuning.DeviceIdentity.current()
-    stored = tuning.lookup(identity, spec, bucket)
-    if stored is not None and stored.fits(spec, arch):  # else a stale record (e.g. limits changed): fall through
+    stored = tuning.stored_config(spec, m_hint, arch)
+    if stored is not None:
         return stored
     if not tune:
         return config_mod.choose_config(spec, m_hint, arch, num_sms)
     candidates = config_mod.candidate_configs(spec, m_hint, arch, num_sms)
     make = lambda cfg: Gemm(spec, arch, m_hint, jit.get_kernel(spec, cfg, arch))  # noqa: E731
-    return tuning.tune(identity, spec, bucket, candidates, make).config
+    return tuning.tune(tuning.DeviceIdentity.current(), spec, config_mod.m_bucket(m_hint), candidates, make).config
 
 
 _functional: dict[tuple, Gemm] = {}

@@ -77,6 +77,16 @@ def lookup(identity: DeviceIdentity, spec: GemmSpec, m_bucket: int) -> KernelCon
         return None  # a damaged record is as good as none: the heuristic serves, tuning rewrites it
 
 
+def stored_config(spec: GemmSpec, m_hint: int, arch: str) -> KernelConfig | None:
+    """The config a build on the current GPU takes from the store for `spec` at M = m_hint (its M bucket), or None:
+    no record, or one that no longer fits the spec (e.g. limits changed since it was tuned). build and warmup ask
+    this one question, so a warmup on the GPU compiles the kernels its builds will look up."""
+    from .config import m_bucket
+
+    stored = lookup(DeviceIdentity.current(), spec, m_bucket(m_hint))
+    return stored if stored is not None and stored.fits(spec, arch) else None
+
+
 @dataclass(frozen=True)
 class TuneResult:
     config: KernelConfig

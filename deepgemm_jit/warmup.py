@@ -30,9 +30,10 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from . import config as config_mod
-from . import copies, device, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization
+from . import copies, device, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization, tuning
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -95,16 +96,20 @@ def _types_note(types: Counter) -> str:
 
 
 # -- plan and run ---------------------------------------------------------------------------------------
-def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
+def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = None,
+                 tuned: Callable[[GemmSpec, int, str], KernelConfig | None] | None = None
                  ) -> dict[tuple[GemmSpec, KernelConfig], tuple[int, ...]]:
-    """(spec, config) -> the M buckets it serves, in first-seen order (plain GEMMs; grouped ones: plan_grouped)."""
+    """(spec, config) -> the M buckets it serves, in first-seen order (plain GEMMs; grouped ones: plan_grouped).
+    `tuned` (a warmup for the GPU it runs on: tuning.stored_config): a bucket's stored tuned config, which that GPU's
+    builds take, replaces the heuristic's."""
     served: dict[tuple[GemmSpec, KernelConfig], set[int]] = {}
     for entry in entries:
         if entry.spec.grouped:
             continue  # plan_grouped
         for bucket in entry.m_buckets:
             spec = entry.spec_at(bucket, arch)
-            cfg = config_mod.choose_config(spec, bucket, arch, num_sms)
+            cfg = (tuned(spec, bucket, arch) if tuned is not None else None) or config_mod.choose_config(
+                spec, bucket, arch, num_sms)
             served.setdefault((spec, cfg), set()).add(bucket)
     return {key: tuple(sorted(b)) for key, b in served.items()}
 
@@ -439,7 +444,8 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     entries = _entries(args)
-    served = plan_buckets(entries, arch, num_sms)
+    # On the GPU itself, the configs its builds will take: tuned ones where the store has them (tune=True runs)
+    served = plan_buckets(entries, arch, num_sms, tuning.stored_config if args.arch is None else None)
     grouped = plan_grouped(entries, arch, num_sms)
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
     decode = plan_gemv(entries, arch, num_sms)

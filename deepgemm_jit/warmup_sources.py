@@ -255,10 +255,12 @@ def target_flags(arch: str, num_sms: int | None) -> str:
     return flags
 
 
-def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None) -> str:
+def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None,
+                       this_gpu: bool = False) -> str:
     """The one ``deepgemm-jit warmup`` line that compiles the kernel `build()` picks for (spec, M, arch) on a GPU
     of `num_sms` SMs (None: the arch's usual count): its ``--shape`` gives back exactly `spec` (types, scaling,
-    fast_accum, layout, out_dtype, fused epilogue).
+    fast_accum, layout, out_dtype, fused epilogue). `this_gpu`: the pick is the tuned config stored for the GPU the
+    build runs on, which only a warmup on that GPU plans: the line has no ``--arch``.
 
     Example: ``warmup_command_for(GemmSpec.create(7168, 2048, "fp8"), 4096, "sm_90a")`` ->
     ``"deepgemm-jit warmup --arch sm_90a --shape 4096:7168:2048:fp8_e4m3/block"``;
@@ -273,7 +275,8 @@ def warmup_command_for(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | No
     elif spec.layout != "nt":
         fields.append(spec.layout)
     fields += _epilogue_field(spec)
-    return f"deepgemm-jit warmup {target_flags(arch, num_sms)} --shape {':'.join(fields)}"
+    target = "" if this_gpu else f"{target_flags(arch, num_sms)} "
+    return f"deepgemm-jit warmup {target}--shape {':'.join(fields)}"
 
 
 def expert_group_counts(num_experts: int) -> tuple[int, ...]:

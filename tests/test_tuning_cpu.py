@@ -149,3 +149,31 @@ def test_tune_keeps_no_record_of_a_partial_or_diskless_run(cache_dir, monkeypatc
     assert tuning.lookup(IDENTITY, SPEC, 4096) == cands[0]
     monkeypatch.setenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", "1")
     assert tuning.lookup(IDENTITY, SPEC, 4096) is None
+
+
+def test_warmup_on_the_gpu_plans_the_stored_tuned_config(cache_dir, monkeypatch):
+    """A build on the GPU takes a stored tuned config; warmup planned the heuristic's, so after `cache clear` (which
+    keeps tuning/) an offline build of a tuned problem missed a kernel that its warmup line did not compile. Warmup
+    for the GPU it runs on (no --arch) now asks the same question as build (tuning.stored_config), and the miss's
+    line drops --arch for a tuned pick."""
+    from deepgemm_jit import warmup, warmup_sources
+
+    monkeypatch.setattr(tuning.DeviceIdentity, "current", classmethod(lambda cls: IDENTITY))
+    bucket = config.m_bucket(4096)
+    heuristic = config.choose_config(SPEC, bucket, "sm_90a", 132)
+    tuned = config.sm90_config(SPEC, 128, 128, 4)
+    assert tuned != heuristic
+    assert tuning.stored_config(SPEC, 4096, "sm_90a") is None
+    entries = [warmup.parse_shape("4096:7168:2048:bf16")]
+    assert list(warmup.plan_buckets(entries, "sm_90a", 132, tuning.stored_config)) == [(SPEC, heuristic)]
+    path = cache_dir / "tuning" / f"{tuning.tuning_key(IDENTITY, SPEC, bucket)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"config": dataclasses.asdict(tuned)}))
+    assert tuning.stored_config(SPEC, 4096, "sm_90a") == tuned
+    assert list(warmup.plan_buckets(entries, "sm_90a", 132, tuning.stored_config)) == [(SPEC, tuned)]
+    assert list(warmup.plan_buckets(entries, "sm_90a", 132)) == [(SPEC, heuristic)]  # --arch: no GPU to ask
+    unfit = dataclasses.replace(tuned, block_k=32)  # a record that no longer fits is ignored, as build ignores it
+    path.write_text(json.dumps({"config": dataclasses.asdict(unfit)}))
+    assert tuning.stored_config(SPEC, 4096, "sm_90a") is None
+    line = warmup_sources.warmup_command_for(SPEC, 4096, "sm_90a", 132, this_gpu=True)
+    assert line == "deepgemm-jit warmup --shape 4096:7168:2048:bf16"

@@ -70,3 +70,44 @@ def test_trial_rejects_a_wrong_result(epilogue):
         wrong.a = wrong.a[::-1].copy()  # other rows: every value moves
     err = wrong.error(wrong.run(g, wrong.poisoned_outputs()))
     assert not wrong.within_bound(err), (err, wrong.bound)
+
+
+def test_warmup_on_the_gpu_compiles_the_tuned_kernel_an_offline_build_takes(tmp_path, monkeypatch):
+    """After `cache clear` (which keeps tuning/), an offline build of a tuned problem needs the tuned config's kernel.
+    Its miss names a warmup line without --arch, and that line, run on this GPU, compiles exactly that kernel (it
+    used to warm the heuristic's, and the miss stayed)."""
+    import dataclasses
+    import json
+
+    import cupy
+
+    from deepgemm_jit import cli, config, device, reference
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    jit.clear_memo()
+    m, n, k = 256, 1024, 1024
+    spec = dg.GemmSpec.create(n, k, dtype="bf16")
+    heuristic = dg.build(m, n, k, dtype="bf16").config
+    tuned = next(c for c in config.candidate_configs(spec, m, "sm_90a", device.num_sms()) if c != heuristic)
+    key = tuning.tuning_key(tuning.DeviceIdentity.current(), spec, config.m_bucket(m))
+    (tmp_path / "cache" / "tuning").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache" / "tuning" / f"{key}.json").write_text(json.dumps({"config": dataclasses.asdict(tuned)}))
+    assert cli.main(["cache", "clear", "--yes"]) == 0
+    jit.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    with pytest.raises(KernelNotCachedError) as miss:
+        dg.build(m, n, k, dtype="bf16")
+    line = miss.value.warmup_command
+    assert line == f"deepgemm-jit warmup --shape {m}:{n}:{k}:bf16", line
+    monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE")
+    assert cli.main(line.split()[1:]) == 0
+    jit.clear_memo()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    g = dg.build(m, n, k, dtype="bf16")
+    assert g.config == tuned
+    a, b = reference.random_operands(g.spec, m, cupy.random.default_rng(7))
+    out = reference.poisoned((m, n), "bf16")
+    g(a, b, out=out)
+    err = reference.relative_error(out, reference.reference(g.spec, a, b))
+    assert reference.within_bound(err, "bf16"), err
