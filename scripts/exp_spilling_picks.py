@@ -4,7 +4,10 @@ every tuning candidate (config.candidate_configs) on the tuner's own trial call 
 against float64) and print each with its stack bytes. If the spilling pick is as fast as the best non-spilling
 candidate, a ranking rule against those tiles buys nothing.
 
-    python3 scripts/exp_spilling_picks.py > log   # from the repo root; PYTHONPATH as scripts/device_run.sh sets it
+    python3 scripts/exp_spilling_picks.py [s38] > log   # from the repo root; PYTHONPATH as device_run.sh sets it
+
+s38: session 38's split-K picks instead (helper 52: 128x128 split-K tiles with C + residual into FP16 D keep 8-24
+bytes on the stack; the same tiles into BF16 D, and 128x112 / 128x144 into FP16 D, keep none).
 
 Session 35 (`*gpu-spilling-picks-vs-candidates-e9504c1-s35*`): no. In three of the five the spilling tiles were the
 fastest candidates (the pick first, its one-stage-fewer twin within 1.2%), ahead of every non-spilling one by 3.9-11%;
@@ -30,6 +33,12 @@ SPECS = [
     ("int8_tensor", "nt", 4096, 7168, 3280, "bias_row+relu+quant_int8_tensor"),
     ("fp16", "tt", 4096, 2896, 512, "bias_row+relu+quant_int8_tensor"),
 ]
+SPECS_S38 = [
+    ("fp16", "nt", 256, 2048, 7168, "beta+residual"),
+    ("fp16", "nt", 256, 2048, 7168, "beta+gelu+residual"),
+    ("bf16", "nt", 256, 2048, 7168, "beta+residual"),  # the same tiles without a stack: the control
+    ("int8_row", "nt", 256, 2048, 7168, "beta+gelu+residual", "fp16"),  # 120 bytes at 128x128
+]
 
 
 def stack_bytes(spec, cfg) -> int:
@@ -41,8 +50,8 @@ def stack_bytes(spec, cfg) -> int:
 def main() -> None:
     identity = tuning.DeviceIdentity.current()
     arch, num_sms = device.current_arch(), device.num_sms()
-    cases = [fuzz.FuzzCase(0, recipe, layout, m, n, k, None, epilogue, None, True, 0, 0, -1, False)
-             for recipe, layout, m, n, k, epilogue in SPECS]
+    cases = [fuzz.FuzzCase(0, recipe, layout, m, n, k, out[0] if out else None, epilogue, None, True, 0, 0, -1, False)
+             for recipe, layout, m, n, k, epilogue, *out in (SPECS_S38 if sys.argv[1:] == ["s38"] else SPECS)]
     work = [(C.kernel_spec(c.spec(), arch, c.m), cfg) for c in cases
             for cfg in C.candidate_configs(C.kernel_spec(c.spec(), arch, c.m), c.m, arch, num_sms)]
     summary = warmup.run(work, arch, jobs=14, progress=False)  # every candidate compiled in parallel first
