@@ -234,12 +234,13 @@ class DiskCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             _replace_file(path, json.dumps(memo, separators=(",", ":")).encode(), durable=False)
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: str) -> bool:
         """Delete an entry's files where possible: a read-only cache keeps them (a corrupt entry is then a miss
-        every time, never an error)."""
+        every time, never an error). True when the entry is gone (its metadata, which makes it an entry)."""
         for path in (self.meta_path(key), self.cubin_path(key)):
             with contextlib.suppress(OSError):
                 path.unlink()
+        return not self.meta_path(key).exists()
 
     def keys(self) -> list[str]:
         base = self.root / "kernels"
@@ -263,16 +264,18 @@ class DiskCache:
             out.append(meta)
         return out
 
-    def prune(self, older_than_s: float) -> int:
+    def prune(self, older_than_s: float) -> tuple[int, int]:
         """Remove entries not used (loaded or written) for `older_than_s` seconds, and stale
-        temporaries and locks; returns the number of entries removed."""
+        temporaries and locks; returns (entries removed, entries that could not be removed)."""
         cutoff = time.time() - older_than_s
-        removed = 0
+        removed = kept = 0
         for key in self.keys():
             try:
                 if self.meta_path(key).stat().st_mtime < cutoff:
-                    self.remove(key)
-                    removed += 1
+                    if self.remove(key):
+                        removed += 1
+                    else:
+                        kept += 1
             except FileNotFoundError:
                 continue
         for pattern in ("kernels/*/.tmp-*", "locks/*.lock"):
@@ -280,13 +283,13 @@ class DiskCache:
                 with contextlib.suppress(OSError):
                     if path.stat().st_mtime < cutoff:
                         path.unlink()
-        return removed
+        return removed, kept
 
-    def clear(self) -> int:
-        """Remove every entry (and stale temporaries); returns the number of entries removed."""
+    def clear(self) -> tuple[int, int]:
+        """Remove every entry (and stale temporaries); returns (entries removed, entries that could not be
+        removed)."""
         keys = self.keys()
-        for key in keys:
-            self.remove(key)
+        gone = sum(self.remove(key) for key in keys)
         base = self.root / "kernels"
         if base.is_dir():
             for tmp in base.glob("*/.tmp-*"):
@@ -296,7 +299,7 @@ class DiskCache:
             for path in self.root.glob(pattern):
                 with contextlib.suppress(OSError):
                     path.unlink()
-        return len(keys)
+        return gone, len(keys) - gone
 
 
 def default_cache() -> DiskCache | None:

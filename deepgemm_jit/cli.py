@@ -19,7 +19,7 @@ def _cmd_demo(args) -> int:
     from .api import build
 
     has_gpu = device.gpu_count() > 0
-    arch = device.current_arch() if has_gpu else (args.arch or "sm_90a")
+    arch = device.current_arch() if has_gpu else device.normalize_arch(args.arch or "sm_90a")
     if not has_gpu:
         print(f"No GPU found: compiling the demo kernels for {arch} only (nothing is run).")
         for dt in DEMO_DTYPES:
@@ -129,11 +129,30 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+def _report_kept(kept: int, store) -> int:
+    """Exit status of a removal: 1, said on stderr, when entries stayed (a read-only or another user's cache)."""
+    if kept:
+        print(f"could not remove {kept} kernels from {store.root} (permissions?)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_cache(args) -> int:
+    unused = [flag for flag, given, takes in (("KEY", args.key is not None, ("info",)),
+                                                ("--yes", args.yes, ("clear",)),
+                                                ("--older-than", args.older_than is not None, ("prune",)))
+              if given and args.action not in takes]
+    if unused:
+        print(f"cache {args.action} takes no {', '.join(unused)}", file=sys.stderr)
+        return 2
+    if args.action == "info" and args.key is None:
+        print("cache info needs a KEY (a prefix of one from `cache list`)", file=sys.stderr)
+        return 2
     store = cache.default_cache()
     if store is None:
-        print("the disk cache is disabled (DEEPGEMM_JIT_DISABLE_DISK_CACHE)")
-        return 0
+        print("the disk cache is disabled (DEEPGEMM_JIT_DISABLE_DISK_CACHE): nothing to "
+              + ("list" if args.action == "list" else args.action))
+        return 0 if args.action == "list" else 2
     if args.action == "list":
         entries = store.entries()
         total = sum(e["disk_bytes"] for e in entries)
@@ -142,7 +161,7 @@ def _cmd_cache(args) -> int:
             print(f"  {e['key'][:16]}  {e.get('arch', '?'):7s} {e['disk_bytes'] / 1e3:8.1f} kB  {e.get('name', '?')}")
         return 0
     if args.action == "info":
-        matches = [k for k in store.keys() if k.startswith(args.key or "")]
+        matches = [k for k in store.keys() if k.startswith(args.key)]
         if len(matches) != 1:
             print(f"{len(matches)} entries match {args.key!r}", file=sys.stderr)
             return 2
@@ -159,15 +178,16 @@ def _cmd_cache(args) -> int:
             print(f"prune needs --older-than DAYS (>= {least:g}: a kernel's use is recorded at most once a day, so "
                   "one used today may look older; `cache clear --yes` removes everything)", file=sys.stderr)
             return 2
-        removed = store.prune(args.older_than * 86400.0)
+        removed, kept = store.prune(args.older_than * 86400.0)
         print(f"removed {removed} kernels unused for {args.older_than:g} days from {store.root}")
-        return 0
+        return _report_kept(kept, store)
     if args.action == "clear":
         if not args.yes:
             print(f"this removes every kernel under {store.root}; run again with --yes", file=sys.stderr)
             return 2
-        print(f"removed {store.clear()} kernels from {store.root}")
-        return 0
+        removed, kept = store.clear()
+        print(f"removed {removed} kernels from {store.root}")
+        return _report_kept(kept, store)
     return 2
 
 
@@ -185,8 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("M", type=int)
     e.add_argument("N", type=int)
     e.add_argument("K", type=int)
-    e.add_argument("--dtype", default="bf16", choices=dtypes.GEMM_DTYPES,
-                   help="input type; fp32 = FP32-accurate 3xTF32 (build_fp32)")
+    e.add_argument("--dtype", default="bf16",  # build() checks it, with its aliases (fp8 = fp8_e4m3)
+                   help=f"input type ({', '.join(dtypes.GEMM_DTYPES)}, or fp8); fp32 = FP32-accurate 3xTF32")
     e.add_argument("--out-dtype", default=None, choices=dtypes.OUTPUT_DTYPES)
     e.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))
     e.add_argument("--scaling", default=None, choices=("none", "tensor", "row", "block"),

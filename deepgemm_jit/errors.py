@@ -32,20 +32,22 @@ class NoGPUError(DeepGemmError, RuntimeError):
 class KernelNotCachedError(DeepGemmError):
     """DEEPGEMM_JIT_OFFLINE=1 forbids compiling and the kernel is not in the cache.
 
-    ``warmup_command`` (set by ``build``) is the line that would put it there.
+    ``warmup_command`` (set by ``build``) is the line that would put it there; None where no warmup line can
+    (``note`` then says how to pre-generate it).
     """
 
     def __init__(self, message: str, *, spec_tag: str, config_tag: str, arch: str, cache_dir: str | None,
-                 warmup_command: str | None = None):
+                 warmup_command: str | None = None, note: str | None = None):
         self.spec_tag, self.config_tag, self.arch = spec_tag, config_tag, arch
         self.cache_dir, self.warmup_command = cache_dir, warmup_command
         self.base_message = message
         hint = f"\n  pre-generate it with: {warmup_command}" if warmup_command else ""
+        hint += f"\n  {note}" if note else ""
         super().__init__(f"{message}{hint}")
 
-    def with_warmup_command(self, command: str) -> "KernelNotCachedError":
+    def with_warmup_command(self, command: str | None, note: str | None = None) -> "KernelNotCachedError":
         return KernelNotCachedError(self.base_message, spec_tag=self.spec_tag, config_tag=self.config_tag,
-                                    arch=self.arch, cache_dir=self.cache_dir, warmup_command=command)
+                                    arch=self.arch, cache_dir=self.cache_dir, warmup_command=command, note=note)
 
 
 class ToolNotFoundError(DeepGemmError):

@@ -168,13 +168,14 @@ def weight_quantization(config: dict) -> WeightQuantization | None:
                               not_converted_in_some=tuple(some))
 
 
-def _int(config: dict, key: str, default: int | None = None) -> int:
+def _int(config: dict, key: str, default: int | None = None, least: int = 0) -> int:
     value = config.get(key, default)
     if value is None:
         raise ValueError(f"config.json has no {key!r} (needed for the GEMM shapes of "
                          f"model_type={config.get('model_type')!r})")
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"config.json: {key!r} must be a non-negative integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        what = "a positive" if least == 1 else "a non-negative"
+        raise ValueError(f"config.json: {key!r} must be {what} integer, got {value!r}")
     return value
 
 
@@ -211,7 +212,7 @@ class _Rows:
 
 
 def _attention(rows: _Rows, config: dict, hidden: int, num_layers: int) -> None:
-    num_heads = _int(config, "num_attention_heads")
+    num_heads = _int(config, "num_attention_heads", least=1)  # hidden // num_heads below
     num_kv_heads = _int(config, "num_key_value_heads", num_heads)
     head_dim = config.get("head_dim") or hidden // num_heads
     q, kv = num_heads * head_dim, num_kv_heads * head_dim

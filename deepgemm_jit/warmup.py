@@ -396,7 +396,10 @@ def _entries(args) -> list[WarmupEntry]:
     type_names = None if args.dtype is None else [d.strip() for d in args.dtype.split(",") if d.strip()]
     if type_names == []:
         raise ValueError(f"--dtype {args.dtype!r} names no type")
-    m_range = parse_m(args.m if args.m is not None else f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}")
+    try:
+        m_range = parse_m(args.m if args.m is not None else f"{DEFAULT_M_RANGE[0]}-{DEFAULT_M_RANGE[1]}")
+    except ValueError as exc:
+        raise ValueError(f"--m {args.m}: {exc}") from None
     choice = (args.num_groups or "auto").strip().lower()
     try:
         num_groups = None if choice == "auto" else () if choice == "none" else parse_num_groups(choice)

@@ -139,7 +139,7 @@ def test_render_index_garbage_or_dangling_entries_are_misses(cache_dir):
     jit.clear_memo()
     again = _build_small()
     assert again.artifact.compiled_now and again.artifact.key == g.artifact.key
-    assert cache.DiskCache(cache_dir).clear() == 1 and not _index_files(cache_dir)
+    assert cache.DiskCache(cache_dir).clear() == (1, 0) and not _index_files(cache_dir)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "bad_json", "no_cubin"])
@@ -250,7 +250,7 @@ def test_clear(cache_dir):
     _build_small()
     store = cache.DiskCache(cache_dir)
     assert len(store.keys()) == 1
-    assert store.clear() == 1 and store.keys() == []
+    assert store.clear() == (1, 0) and store.keys() == []
 
 
 _WORKER = textwrap.dedent("""

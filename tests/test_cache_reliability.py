@@ -114,7 +114,7 @@ def test_compile_killed_mid_write_leaves_nothing_loadable(cache_dir):
     g = dg.build(64, 72, 64, dtype="bf16", arch="sm_90a")  # the dead writer's lock was released
     assert g.artifact.key == key and g.artifact.compiled_now
     assert store.load(key) is not None
-    assert store.prune(0) >= 0 and not list(cache_dir.glob("kernels/*/.tmp-*"))  # prune sweeps temporaries
+    assert store.prune(0)[0] >= 0 and not list(cache_dir.glob("kernels/*/.tmp-*"))  # prune sweeps temporaries
 
 
 def test_full_disk_degrades_to_memory_with_one_warning(cache_dir, monkeypatch):
@@ -155,7 +155,7 @@ def test_prune_removes_only_unused_entries(cache_dir):
     store = cache.DiskCache(cache_dir)
     ten_days_ago = time.time() - 10 * 86400
     os.utime(store.meta_path(old), (ten_days_ago, ten_days_ago))
-    assert store.prune(7 * 86400) == 1
+    assert store.prune(7 * 86400) == (1, 0)
     assert store.load(old) is None and store.load(new) is not None
 
 
@@ -166,7 +166,7 @@ def test_loading_marks_use_for_prune(cache_dir):
     os.utime(store.meta_path(key), (ten_days_ago, ten_days_ago))
     jit.clear_memo()
     dg.build(64, 120, 64, dtype="bf16", arch="sm_90a")     # a load is a use
-    assert store.prune(7 * 86400) == 0
+    assert store.prune(7 * 86400) == (0, 0)
 
 
 def test_prune_command_refuses_ages_it_cannot_know(cache_dir, capsys):

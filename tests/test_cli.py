@@ -97,6 +97,27 @@ def test_explain_text_and_cache_commands(cache_dir, capsys):
     assert "removed 1" in capsys.readouterr().out
 
 
+def test_cache_commands_refuse_what_they_cannot_do(cache_dir, capsys, monkeypatch):
+    """review: `cache info` without KEY said "N entries match None"; arguments another action takes were ignored;
+    a clear that removed nothing (read-only cache) reported every kernel removed and exited 0."""
+    from deepgemm_jit import cache
+
+    assert cli.main(["explain", "64", "64", "64", "--arch", "sm_90a", "--dtype", "fp8"]) == 0  # build's aliases
+    capsys.readouterr()
+    assert cli.main(["cache", "info"]) == 2
+    assert "cache info needs a KEY" in capsys.readouterr().err
+    for argv, word in ((["cache", "list", "abc"], "KEY"), (["cache", "info", "ab", "--older-than", "3"], "--older-than"),
+                       (["cache", "prune", "--older-than", "3", "--yes"], "--yes")):
+        assert cli.main(argv) == 2
+        assert f"takes no {word}" in capsys.readouterr().err
+    monkeypatch.setattr(cache.DiskCache, "remove", lambda self, key: False)  # as a read-only cache's unlink fails
+    assert cli.main(["cache", "clear", "--yes"]) == 1
+    captured = capsys.readouterr()
+    assert "removed 0 kernels" in captured.out and "could not remove 1 kernels" in captured.err
+    monkeypatch.setenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", "1")
+    assert cli.main(["cache", "clear", "--yes"]) == 2 and cli.main(["cache", "list"]) == 0
+
+
 def test_cli_reports_bad_arguments(cache_dir, capsys):
     assert cli.main(["explain", "0", "8", "8", "--arch", "sm_90a"]) == 2
     assert "M must be" in capsys.readouterr().err

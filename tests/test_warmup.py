@@ -1076,3 +1076,39 @@ def test_fp32_shapes_plan_the_tf32_gemm_and_the_split_kernel():
     assert fp32x3.warmup_command_for(fp32x3.Fp32Spec.create(8, 40, out_dtype="bf16"), 64, "sm_90a") == (
         "deepgemm-jit warmup --arch sm_90a --shape 64:8:40:fp32:nt:bf16")
 
+
+
+def test_offline_miss_of_a_build_warmup_cannot_plan_names_no_warmup_line(cache_dir, monkeypatch):
+    """A miss of build(promoted=True / split_k= / config=) named a --shape line that compiles the heuristic's kernel,
+    so running it left the miss (review): such a miss now says how to pre-generate the kernel instead."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import config
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    forced = config.sm90_config(GemmSpec.create(4096, 4096, "bf16"), 128, 128)
+    for kwargs, word in ((dict(dtype="tf32", promoted=True), "promoted=True"), (dict(split_k=4), "split_k="),
+                         (dict(config=forced), "config=")):
+        with pytest.raises(KernelNotCachedError, match=f"warmup cannot plan a build with {word}") as info:
+            dg.build(64, 4096, 4096, arch="sm_90a", **kwargs)
+        assert info.value.warmup_command is None
+    portable = dg.KernelConfig("sm80", 64, 64, 32, 3, 1, 2, vec_a=4, vec_b=4)
+    with pytest.raises(KernelNotCachedError, match="warmup cannot plan a build with config=") as info:
+        dg.build_fp32(64, 264, 1024, config=portable, arch="sm_90a")
+    assert info.value.warmup_command is None
+    with pytest.raises(KernelNotCachedError) as info:  # the heuristic's build keeps its line
+        dg.build(64, 4096, 4096, arch="sm_90a")
+    assert info.value.warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 64:4096:4096:bf16"
+
+
+def test_warmup_argument_errors_name_the_argument(tmp_path, capsys):
+    from deepgemm_jit import cli
+
+    assert cli.main(["warmup", "--arch", "sm_90a", "--dry-run", "--from-hf-config",
+                     "examples/configs/deepseek-v3.json", "--m", "0-5"]) == 2
+    assert "--m 0-5:" in capsys.readouterr().err
+    heads0 = tmp_path / "zero_heads.json"
+    heads0.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2,
+                                  "vocab_size": 32000, "intermediate_size": 11008, "num_attention_heads": 0}))
+    assert cli.main(["warmup", "--arch", "sm_90a", "--dry-run", "--from-hf-config", str(heads0)]) == 2
+    assert "'num_attention_heads' must be a positive integer, got 0" in capsys.readouterr().err
