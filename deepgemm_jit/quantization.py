@@ -391,11 +391,14 @@ def _pointer(a, arg: str, kind: str, device_id: int) -> tuple[int, int]:
     return int(a.data.ptr), int(a.nbytes)
 
 
-def _check_disjoint(spans: dict[str, tuple[int, int]]) -> None:
-    """An output that overlaps another array would be read or written while it is written."""
+def _check_disjoint(spans: dict[str, tuple[int, int]], inputs: tuple[str, ...] = ("x",)) -> None:
+    """An output that overlaps another array would be read or written while it is written (two of the `inputs`,
+    only read, may share bytes)."""
     names = list(spans)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
+            if a in inputs and b in inputs:
+                continue
             (pa, na), (pb, nb) = spans[a], spans[b]
             if pa < pb + nb and pb < pa + na:
                 raise ValueError(f"{a} overlaps {b}")
@@ -606,8 +609,12 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         import cupy
 
         # One zeroed device word receives the amax bits; it is freed (back to this stream's pool)
-        # when this function returns, after both launches are enqueued on the stream.
+        # when this function returns, after both launches are enqueued on the stream. Under a CuPy graph
+        # capture the graph keeps its address for every replay: it must outlive the graph, so it is kept for the
+        # process (torch's capture keeps it in the graph's private pool).
         amax_word, amax_ptr = _empty(_out_kind(kind), (1,), "word", dev, cu_stream, explicit)
+        if _out_kind(kind) == "cupy" and runtime.is_capturing(cu_stream):
+            _captured_amax_words.append(amax_word)
         cupy.cuda.runtime.memsetAsync(amax_ptr, 0, 4, cu_stream.ptr)
         units_per_block = kernel_symbols(amax_art)["units_per_block"]
         amax_grid = _grid(min(-(-m * num_groups // units_per_block), _AMAX_BLOCKS_PER_SM * _num_sms(dev)), "x")
@@ -623,6 +630,9 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
                 kind, dev, plan.kernel, plan.grid, plan.block, plan.bound,
                 runtime.ArgTemplate(plan.args.args, pointer_slots), (m, k), q_name, *_new_scales_storage(gran, m, k)))
     return q, scales
+
+
+_captured_amax_words: list = []  # amax words of captured "tensor" quantize calls, alive as long as their graphs may be
 
 
 def _keep(plans: dict, key: tuple, plan) -> None:
@@ -682,7 +692,7 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
         out_ptr, out_bytes = _pointer(out, "out", kind, dev)
         q_start, q_end = view.byte_span()
         _check_disjoint({"out": (out_ptr, out_bytes), "q": (q_start, q_end - q_start),
-                         "scales": _span(scales_layout)})
+                         "scales": _span(scales_layout)}, inputs=("q", "scales"))
     _launch(art, dev, _grid(blocks, "q"),
             (np.uint64(view.ptr), np.int64(view.row_stride)) + _scale_args(scales_layout)
             + (np.uint64(out_ptr), np.uint32(m), np.uint32(k), np.uint32(rows_per_scale), np.uint32(cols_per_scale)),

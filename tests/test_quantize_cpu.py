@@ -404,6 +404,11 @@ class FakeStream:
     ptr = 0x5000
 
 
+class _Calls(list):
+    """The fake device's record of allocations and launches; `capturing`: what runtime.is_capturing answers."""
+    capturing = False
+
+
 @pytest.fixture
 def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
     """quantize/dequantize run up to their launches: one sm_90 device with 132 SMs, outputs at fake addresses, the
@@ -415,7 +420,7 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
     monkeypatch.setattr(device, "capability", lambda device_id=None: (9, 0))
     monkeypatch.setattr(quant, "_num_sms", lambda device_id: 132)
     monkeypatch.setattr(quant.runtime, "stream_for", lambda kind, stream, device_id: FakeStream())
-    calls = []
+    calls = _Calls()
     addresses = iter(range(0x100000, 0x10000000, 0x100000))
 
     def empty(kind, shape, name, device_id, cu_stream, is_explicit_stream):
@@ -439,6 +444,7 @@ def fake_device(monkeypatch, fake_gpu_memory, shared_cache_dir):
     monkeypatch.setattr(quant, "_empty", empty)
     monkeypatch.setattr(quant.runtime, "loaded_kernel", lambda artifact, device_id, smem: Kernel(artifact))
     monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync", lambda *args: calls.append(("memset",) + args))
+    monkeypatch.setattr(quant.runtime, "is_capturing", lambda stream: calls.capturing)
     return calls
 
 
@@ -464,6 +470,20 @@ def entry_param_types(spec):
 
 def _round4(m):
     return -(-m // 4) * 4
+
+
+def test_captured_tensor_quantize_keeps_its_amax_word(fake_device, monkeypatch):
+    """Under a CuPy capture the graph replays into the temporary amax word's address: it is kept (the GPU test shows
+    what a freed one does), and outside a capture it is not."""
+    monkeypatch.setattr(quant, "_captured_amax_words", [])
+    x = FakeDeviceArray((129, 1000), np.float16, ptr=BASE)
+    quant.quantize(x, "fp8", "tensor")
+    assert quant._captured_amax_words == []
+    fake_device.capturing = True
+    quant.quantize(x, "fp8", "tensor")
+    quant.quantize(x, "fp8", "row")  # no word
+    (word,) = quant._captured_amax_words
+    assert word.shape == (1,)
 
 
 @pytest.mark.parametrize("gran,m,k,grid", [
@@ -737,11 +757,17 @@ def test_dequantize_scales_errors(fake_cupy):
     with pytest.raises(ValueError, match="out overlaps scales|scales overlaps out"):
         quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT, (1, 8)),
                          out=FakeCupy((5, 300), np.float32, SCALES_AT + 64))
+    # q and scales are only read: scales kept in q's row padding (a packed checkpoint) are not refused (review)
+    packed = FakeCupy((5, 300), np.uint8, BASE, strides=(320, 1))
+    quant.dequantize(packed, FakeCupy((5, 3), np.float32, BASE + 304, (80, 1)),
+                     out=FakeCupy((5, 300), np.float32, SCALES_AT + 4096))
+    with pytest.raises(ValueError, match="out overlaps q"):
+        quant.dequantize(packed, FakeCupy((5, 3), np.float32, SCALES_AT), out=FakeCupy((5, 300), np.float32, BASE))
     with pytest.raises(TypeError, match="scales must be a CuPy array"):  # these were AttributeErrors
         quant.dequantize(q, None)
     with pytest.raises(TypeError, match="out must be a CuPy array"):
         quant.dequantize(q, FakeCupy((5, 3), np.float32, SCALES_AT), out=[1, 2])
-    assert not [c for c in fake_cupy if c[0] == "launch"]
+    assert len([c for c in fake_cupy if c[0] == "launch"]) == 1  # the packed call's
 
 
 def test_kept_plan_keys():

@@ -480,6 +480,37 @@ def test_kept_plan_replays_with_out(gran):
         quant.quantize(x, "fp8", gran, out=(q[:-1], scales))
 
 
+def test_captured_tensor_quantize_keeps_its_amax_word():
+    """A CuPy graph capture of quantize(..., "tensor") records the address of the call's temporary amax word, which
+    went back to the stream's pool when the call returned: a later allocation could take it, and every replay
+    zeroed and max-ed it (review). The word now outlives the graph: arrays allocated after the capture keep their
+    values through replays, and each replay quantizes x's current values."""
+    m, k = 129, 1000
+    x = random_input((m, k), "bf16", seed=5)
+    q0, s0 = quant.quantize(x, "fp8", "tensor")
+    q, scales = cupy.empty_like(q0), cupy.empty_like(s0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    with stream:
+        quant.quantize(x, "fp8", "tensor", out=(q, scales))  # warm-up (kernels loaded) before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            quant.quantize(x, "fp8", "tensor", out=(q, scales))
+        finally:
+            graph = stream.end_capture()
+        later = [cupy.full((1,), 12345.0, dtype=cupy.float32) for _ in range(64)]  # small blocks of this pool
+        stream.synchronize()
+        x[...] = random_input((m, k), "bf16", seed=6) * 3  # new values: a new amax
+        q.fill(0)
+        scales.fill(cupy.nan)
+        graph.launch(stream)
+        stream.synchronize()
+    assert all(float(v[0]) == 12345.0 for v in later), "a replay wrote into memory allocated after the capture"
+    q1, s1 = quant.quantize(x, "fp8", "tensor")
+    assert bool(cupy.array_equal(q, q1)) and bool(cupy.array_equal(scales, s1))
+
+
 @pytest.mark.parametrize("gran", ["row", "group128", "block128", "tensor"])
 def test_kept_plan_without_out_returns_new_arrays(gran):
     """Repeated calls without out= replay a kept launch (quantization._new_output_plans) into new arrays: distinct
