@@ -1,7 +1,7 @@
 """Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
 
     python3 -m scripts.exp_splitk_sweep [--dtype bf16|tf32|fp8_block|fp8_tensor|...] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
-                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--atomic] [--out DIR]
+                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--atomic] [--epilogue E] [--out DIR]
 
 Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
 tile of the current heuristic (or each of --tiles) with every forced split count, the heuristic's own choice ("auto"), and
@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--tiles", default=None, help="comma list of BMxBN split-K tiles to sweep (default: the auto tile)")
     ap.add_argument("--atomic", action="store_true",
                     help="also time every forced count with deterministic=False (the shares add atomically): sNa")
+    ap.add_argument("--epilogue", default=None, help="a fused epilogue for every contender (baseline: cuBLAS + ops)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import cupy
@@ -54,9 +55,11 @@ def main() -> int:
     shapes = NK if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
     for n, k in shapes:
         for m in (int(x) for x in args.ms.split(",")):
-            kw = {"dtype": info.lib, "scaling": info.scaling}
+            kw = {"dtype": info.lib, "scaling": info.scaling, "epilogue": args.epilogue}
             spec = GemmSpec.create(n, k, **kw)
-            inputs = runner.operands(info, spec, m, cupy.random.default_rng(m * 7 + n + k))
+            rng = cupy.random.default_rng(m * 7 + n + k)
+            inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
+            epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
             auto = dg.build(m, n, k, weight_streaming=False, **kw)
             split_cfgs = []
             if args.tiles:
@@ -83,10 +86,11 @@ def main() -> int:
                     if args.atomic and s > 1:
                         gemms[f"{prefix}s{s}a"] = dg.build(m, n, k, config=cfg, split_k=s, weight_streaming=False,
                                                            deterministic=False, **kw)
-            fns, errors = runner.checked_contenders(gemms, inputs, m)
+            fns, errors = runner.checked_contenders(gemms, inputs, m, epi_ops)
             cupy.cuda.Device().synchronize()
             t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
-            row = {"dtype": args.dtype, "m": m, "n": n, "k": k, "old_tile": gemms["old"].config.tag,
+            row = {"dtype": args.dtype, "epilogue": spec.epilogue, "m": m, "n": n, "k": k,
+                   "old_tile": gemms["old"].config.tag,
                    "split_tile": split_cfg.tag, "split_tiles": [c.tag for c in split_cfgs], "auto_tile": auto.config.tag,
                    "auto_splits": (splitk.num_splits(spec, auto.config, m, num_sms, auto.split_k)
                                    if auto.config.split_k else 1),
@@ -97,12 +101,13 @@ def main() -> int:
             rows.append(row)
             us = row["us"]
             best = min((v, name) for name, v in us.items() if name not in ("old", "auto", "cublas"))
-            print(f"{args.dtype} m={m} n={n} k={k} ok={bound_ok} old {us['old']:.1f} ({row['old_tile']}) auto "
+            print(f"{args.dtype}{'+' + spec.epilogue if args.epilogue else ''} m={m} n={n} k={k} ok={bound_ok} old {us['old']:.1f} ({row['old_tile']}) auto "
                   f"{us['auto']:.1f} (S={row['auto_splits']}, {row['auto_tile']}) best {best[1]} {best[0]:.1f}"
                   + (f" cublas {us['cublas']:.1f}" if "cublas" in us else "") + " | "
                   + " ".join(f"{name}={v:.1f}" for name, v in us.items() if name not in ("old", "auto", "cublas")),
                   flush=True)
-    report.write_experiment_json(args.out, f"exp-splitk-sweep-{args.dtype}.json", rows)
+    name = args.dtype + (f"-{spec.epilogue.replace('+', '-')}" if args.epilogue else "")
+    report.write_experiment_json(args.out, f"exp-splitk-sweep-{name}.json", rows)
     return 0
 
 
