@@ -707,9 +707,16 @@ _SHALLOW_PIPELINE_PENALTY = 1.1
 
 
 # Split-K (splitk.py): a share that does not arrive last stores its partial tile (FP32, about one K block's cost of
-# the tile's area); the last one loads every share's partial (about half a K block each) and runs the epilogue.
+# the tile's area); the last one loads every share's partial (about one K block each, on its one SM after its main
+# loop) and runs the epilogue. The load was 0.5 K blocks until session 38: at 0.5 the model took four shares of
+# 128x128 / 64x128 / 64x96 tiles where two shares of half as wide tiles ran 5-12% faster. H200, same-run A/B of the
+# picks of 0.5 and 1.0 on the 75 grid problems whose pick changes (bench/results/*exp-split-model-ab*-s38*, bf16 /
+# fp8 block / fp8 tensor / tf32 / int8 / bf16 beta+residual, M 1..512): geomean 0.949 of the old time, 55 rows
+# faster by more than 1% (256x2048x7168 bf16 22.8 -> 21.0 us, tf32 64x1536x7168 23.7 -> 21.7, fp8 tensor
+# 128x4096x28672 46.3 -> 40.2), 9 slower by 1.2-4.4% (int8 decode 2048x7168 64x32x2 instead of 64x64x4, bf16
+# 512x1024x4096 15.6 -> 16.3). 1.5 and 2.0 lost up to 20% on TF32 rows.
 _SPLIT_STORE_K_BLOCKS = 1.0
-_SPLIT_LOAD_K_BLOCKS = 0.5
+_SPLIT_LOAD_K_BLOCKS = 1.0
 MAX_SPLITS = 16
 _MIN_K_BLOCKS_PER_SPLIT = 4
 # Split-K kernels are chosen for M buckets up to this (the small-M / decode path); larger M keeps the measured

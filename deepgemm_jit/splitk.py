@@ -30,8 +30,8 @@ streams.
 
 Example::
 
-    g = deepgemm_jit.build(64, 7168, 16384, dtype="bf16")   # a split-K kernel for the 64-row bucket
-    g.config.split_k, splitk.num_splits(g.spec, g.config, 64, 132)   # (True, 2)
+    g = deepgemm_jit.build(64, 2112, 7168, dtype="bf16")   # a split-K kernel for the 64-row bucket
+    g.config.split_k, splitk.num_splits(g.spec, g.config, 64, 132)   # (True, 4)
 """
 from __future__ import annotations
 
