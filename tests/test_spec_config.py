@@ -260,6 +260,23 @@ def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
     assert all(t[3] <= 8 for t in config._sm90_tiles_by_cost(grouped, 32, 132, groups=4))
 
 
+@pytest.mark.parametrize("kwargs,m,n,k,pick", [
+    # session 38's A/B (bench/results/*exp-split-model-ab*-s38*): four shares of the wider tile were 5-12% slower
+    (dict(dtype="bf16"), 256, 2048, 7168, (128, 64, 2)),            # 128x128 x4: 22.8 -> 21.0 us
+    (dict(dtype="bf16", epilogue="beta+residual"), 256, 2048, 7168, (128, 64, 2)),  # 25.3 -> 22.5
+    (dict(dtype="tf32"), 64, 1536, 7168, (64, 48, 4)),             # 64x96 x8: 23.7 -> 21.7
+    (dict(dtype="fp8", scaling="tensor"), 128, 4096, 28672, (64, 64, 1)),  # 128x128 x4: 46.3 -> 40.2
+])
+def test_sm90_split_picks_count_the_last_shares_partial_loads(kwargs, m, n, k, pick):
+    """The last share loads every other share's FP32 partial on its one SM (config._SPLIT_LOAD_K_BLOCKS)."""
+    from deepgemm_jit import splitk
+
+    spec = GemmSpec.create(n, k, **kwargs)
+    cfg = config.choose_config(config.kernel_spec(spec, "sm_90a", m), m, "sm_90a", 132)
+    shares = splitk.num_splits(spec, cfg, m, 132) if cfg.split_k else 1
+    assert (cfg.block_m, cfg.block_n, shares) == pick, cfg.tag
+
+
 def test_sm90_cost_ties_go_to_the_64_row_tile_at_decode_sizes():
     """128x64 and 64x128 cost the same in the model; at M <= 128 the 64-row tile measured faster (H200)."""
     block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
