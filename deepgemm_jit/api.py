@@ -589,9 +589,11 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
         forced = [name for name, given in (("config=", config is not None), ("split_k=", forced_splits is not None),
                                            ("promoted=True", spec.promoted and not spec.hi_lo)) if given]
         if forced:  # warmup plans the heuristic's kernel of a --shape: none of these
+            where = ("on this GPU (an arch= build plans for the arch's usual SM count, which may pick another "
+                     "kernel)" if arch is None else f"with arch={arch!r}, also on a machine without a GPU")
             raise exc.with_warmup_command(None, note=(
                 f"warmup cannot plan a build with {', '.join(forced)}: pre-generate it by making this build() call "
-                "once without DEEPGEMM_JIT_OFFLINE (arch='sm_90a' compiles it on a machine without a GPU)")) from None
+                f"once without DEEPGEMM_JIT_OFFLINE, {where}")) from None
         local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
         # A tuned config (the store's, on this GPU) is what only a warmup on this GPU plans: no --arch in the line
         tuned = config is None and arch is None and tuning.stored_config(kspec, m_hint, target) == cfg

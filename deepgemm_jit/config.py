@@ -271,7 +271,8 @@ def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = Fal
     up to 32%.) The raw-B GEMM (decode-size fp32) at every M: its stages are twice as large, and its tile sweep
     (session 16, *exp-fp32-raw-b-tiles-s16*) ran with the ring. DEEPGEMM_JIT_NO_D_RING=1 turns the rule off
     (experiments)."""
-    if (pingpong and block_m > 64) or env.no_d_ring() or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None:
+    if (sm90_consumers(block_m, pingpong)[1] != 64 or env.no_d_ring()
+            or sm90_d_ring_problem(spec, block_n, SM90_D_RING) is not None):
         return 0
     if spec.dtype in ("bf16", "fp16"):
         return SM90_D_RING if _sm90_16bit_ring_pays(spec, block_m, block_n, pingpong, m_hint) else 0

@@ -39,15 +39,17 @@ class KernelNotCachedError(DeepGemmError):
     def __init__(self, message: str, *, spec_tag: str, config_tag: str, arch: str, cache_dir: str | None,
                  warmup_command: str | None = None, note: str | None = None):
         self.spec_tag, self.config_tag, self.arch = spec_tag, config_tag, arch
-        self.cache_dir, self.warmup_command = cache_dir, warmup_command
+        self.cache_dir, self.warmup_command, self.note = cache_dir, warmup_command, note
         self.base_message = message
         hint = f"\n  pre-generate it with: {warmup_command}" if warmup_command else ""
         hint += f"\n  {note}" if note else ""
         super().__init__(f"{message}{hint}")
 
     def with_warmup_command(self, command: str | None, note: str | None = None) -> "KernelNotCachedError":
+        """This error with `command` as its warmup line (and `note`, else the note it has)."""
         return KernelNotCachedError(self.base_message, spec_tag=self.spec_tag, config_tag=self.config_tag,
-                                    arch=self.arch, cache_dir=self.cache_dir, warmup_command=command, note=note)
+                                    arch=self.arch, cache_dir=self.cache_dir, warmup_command=command,
+                                    note=self.note if note is None else note)
 
 
 class ToolNotFoundError(DeepGemmError):

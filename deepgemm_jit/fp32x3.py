@@ -676,7 +676,7 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
         gemm = api.build_spec(inner, M, arch=arch, config=config, tune=False, weight_streaming=False)
         split = get_kernel(SplitKernelSpec(spec.layout), gemm.arch)
     except KernelNotCachedError as exc:
-        if config is not None:  # build's note: warmup cannot plan a forced config
+        if exc.note is not None:  # build's note (a forced config): no warmup line can plan that kernel
             raise
         target = device.normalize_arch(arch) if arch is not None else exc.arch
         local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs

@@ -447,8 +447,10 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     entries = _entries(args)
-    # On the GPU itself, the configs its builds will take: tuned ones where the store has them (tune=True runs)
-    served = plan_buckets(entries, arch, num_sms, tuning.stored_config if args.arch is None else None)
+    # On the GPU itself, the configs its builds will take: tuned ones where the store has them (tune=True runs). A
+    # plan for another GPU (--arch, or --num-sms other than this one's) has no store to ask: its builds find none.
+    this_gpu = args.arch is None and args.num_sms in (None, device.num_sms())
+    served = plan_buckets(entries, arch, num_sms, tuning.stored_config if this_gpu else None)
     grouped = plan_grouped(entries, arch, num_sms)
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
     decode = plan_gemv(entries, arch, num_sms)

@@ -363,6 +363,7 @@ def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
         KernelConfig("sm90", 128, 256, 32, 4, 2, 1, 4, 4, d_ring=1)
     with pytest.raises(ValueError, match="d_ring.*block_m=256"):  # consumers of 128 rows: the static_assert's
         KernelConfig("sm90", 256, 128, 32, 3, 2, 1, 4, 4, d_ring=2)
+    assert config.sm90_config(tf32, 256, 128).d_ring == 0  # the rule gives such a tile none (it asked for one)
     # 16-bit D may take a ring (session 22; legal for TF32 too, though its rule keeps the whole tile); INT32 may not.
     tf32_bf16 = GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16")
     config.sm90_config(tf32_bf16, 128, 256, 4, d_ring=2).check_for(tf32_bf16, "sm_90a")

@@ -177,3 +177,23 @@ def test_warmup_on_the_gpu_plans_the_stored_tuned_config(cache_dir, monkeypatch)
     assert tuning.stored_config(SPEC, 4096, "sm_90a") is None
     line = warmup_sources.warmup_command_for(SPEC, 4096, "sm_90a", 132, this_gpu=True)
     assert line == "deepgemm-jit warmup --shape 4096:7168:2048:bf16"
+
+
+def test_warmup_for_another_sm_count_does_not_take_this_gpus_tuned_configs(cache_dir, monkeypatch, capsys):
+    """review: warmup on the GPU with --num-sms N (planning for another GPU, docs/warmup.md) swapped in this GPU's
+    tuned configs, which the other GPU's builds never find: they take the heuristic's at N SMs."""
+    from deepgemm_jit import cli, device
+
+    monkeypatch.setattr(tuning.DeviceIdentity, "current", classmethod(lambda cls: IDENTITY))
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    monkeypatch.setattr(device, "current_arch", lambda: "sm_90a")
+    monkeypatch.setattr(device, "num_sms", lambda device_id=None: 132)
+    tuned = config.sm90_config(SPEC, 128, 128, 4)
+    path = cache_dir / "tuning" / f"{tuning.tuning_key(IDENTITY, SPEC, 4096)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"config": dataclasses.asdict(tuned)}))
+    on_114 = config.choose_config(SPEC, 4096, "sm_90a", 114)
+    assert on_114 != tuned
+    for flags, want in (([], tuned), (["--num-sms", "132"], tuned), (["--num-sms", "114"], on_114)):
+        assert cli.main(["warmup", *flags, "--dry-run", "--shape", "4096:7168:2048:bf16"]) == 0
+        assert want.tag in capsys.readouterr().out, flags

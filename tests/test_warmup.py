@@ -1112,3 +1112,29 @@ def test_warmup_argument_errors_name_the_argument(tmp_path, capsys):
                                   "vocab_size": 32000, "intermediate_size": 11008, "num_attention_heads": 0}))
     assert cli.main(["warmup", "--arch", "sm_90a", "--dry-run", "--from-hf-config", str(heads0)]) == 2
     assert "'num_attention_heads' must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_offline_miss_notes_survive_and_the_fp32_split_kernel_keeps_its_line(monkeypatch):
+    """review: a note was not kept on the error (a later with_warmup_command dropped it), and build_fp32(config=)
+    re-raised a miss of its split kernel (which any fp32 --shape line compiles) without a line."""
+    import deepgemm_jit as dg
+    from deepgemm_jit import api, fp32x3
+    from deepgemm_jit.errors import KernelNotCachedError
+
+    e = KernelNotCachedError("miss", spec_tag="s", config_tag="c", arch="sm_90a", cache_dir=None)
+    noted = e.with_warmup_command(None, note="how to")
+    assert noted.note == "how to" and "how to" in str(noted.with_warmup_command("deepgemm-jit warmup x"))
+
+    class Built:
+        arch = "sm_90a"
+
+    def split_missing(*args, **kwargs):
+        raise KernelNotCachedError("split_tf32 not cached", spec_tag="split", config_tag="-", arch="sm_90a",
+                                   cache_dir=None)
+
+    monkeypatch.setattr(api, "build_spec", lambda *args, **kwargs: Built())
+    monkeypatch.setattr(fp32x3, "get_kernel", split_missing)
+    portable = dg.KernelConfig("sm80", 64, 64, 32, 3, 1, 2, vec_a=4, vec_b=4)
+    with pytest.raises(KernelNotCachedError) as info:
+        fp32x3.build_fp32(64, 264, 1024, config=portable, arch="sm_90a")
+    assert info.value.warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 64:264:1024:fp32"
