@@ -10,7 +10,7 @@ import numpy as np
 
 from . import config as config_mod
 from . import copies, device, dtypes, env, gemv, gemv_kn, jit, launch, runtime, splitk, staging
-from .arrays import (MatrixView, ScaleView, array_kind, has_distinct_elements, matrix_view, new_array,
+from .arrays import (MatrixView, ScaleView, array_kind, check_writable, has_distinct_elements, matrix_view, new_array,
                      new_mn_major_scales, out_view, overlaps, scalar_signature, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
@@ -229,6 +229,8 @@ class Gemm:
                                   "per 1x128 group of each output row")):
             if given[arg] is None:
                 continue
+            if arg != "quant_scale":  # amax_out, scales_out: written
+                check_writable(given[arg], arg)
             view = scale_view(given[arg], arg, shape, what)
             if view.device != va.device:
                 raise ValueError(f"{arg} is on device {view.device} but a is on device {va.device}")

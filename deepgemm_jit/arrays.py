@@ -155,6 +155,23 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
     return shape, tuple(strides), dtype, ptr, device
 
 
+def check_writable(x: object, arg: str) -> None:
+    """Refuse an output its library exports as read-only: the CUDA array interface's data[1] (a JAX array sets it;
+    XLA may share or reuse that buffer). CuPy arrays and torch tensors are writable; DLPack-only objects are left to
+    their import."""
+    import cupy
+
+    if isinstance(x, cupy.ndarray) or array_kind(x) == "torch":
+        return
+    try:
+        data = x.__cuda_array_interface__["data"]
+    except Exception:  # no interface (DLPack) or a broken one: the view's own checks report it
+        return
+    if len(data) > 1 and data[1]:
+        raise ValueError(f"{arg} is read-only (its __cuda_array_interface__ says so, as a JAX array's does); the "
+                         "call would write it: pass a writable array")
+
+
 def _sync_producer_stream(stream, arg: str) -> None:
     """CUDA array interface v3: a producer may name the stream its data is being written on ("stream"; 1 and 2
     are the legacy and per-thread default streams, 0 is not allowed), and the consumer synchronises with it before
@@ -413,6 +430,7 @@ def out_view(out: object, accepted: tuple, writes: str, shape: tuple[int, int], 
     the `accepted` dtypes (`writes` names what the GEMM writes), `shape`, a's device, no overlap with a or b."""
     if out is None:
         return None
+    check_writable(out, "out")
     vd = matrix_view(out, "out")
     if vd.dtype not in accepted:
         raise TypeError(f"out has dtype {vd.dtype}, but this GEMM writes {writes}")

@@ -42,8 +42,8 @@ from . import config as config_mod
 from . import device, dtypes, jit, launch, runtime, splitk
 from .api import _MAX_M as _MAX_ROWS
 from .api import _accepted_dtypes, _check_m, _common_kind
-from .arrays import (MatrixView, ScaleView, array_fields, has_distinct_elements, new_array, new_mn_major_scales,
-                     overlaps, signature)
+from .arrays import (MatrixView, ScaleView, array_fields, check_writable, has_distinct_elements, new_array,
+                     new_mn_major_scales, overlaps, signature)
 from .errors import KernelNotCachedError
 from .render import render
 from .spec import GemmSpec
@@ -262,6 +262,7 @@ class GroupedGemm:
         out_shape = (num_groups, max_m, spec.n_out) if masked else (m, spec.n_out)
         vd = None
         if out is not None:
+            check_writable(out, "out")
             d_shape, vd = _stacked(out, "out", len(out_shape), self._out_dtypes, str(out_shape))
             if d_shape != out_shape:
                 raise ValueError(f"out has shape {d_shape}, expected {out_shape}")
@@ -407,6 +408,7 @@ class GroupedGemm:
         return scales_out.reshape(num_groups, max_m, groups) if masked else scales_out
 
     def _scales_out_view(self, scales_out, masked: bool, num_groups: int, max_m: int, m: int) -> ScaleView:
+        check_writable(scales_out, "scales_out")
         groups = -(-self.spec.n_out // 128)
         shape = (num_groups, max_m, groups) if masked else (m, groups)
         view = _scale_rows(scales_out, "scales_out", shape, "one per 1x128 group of each output row")

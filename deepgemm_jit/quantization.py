@@ -521,6 +521,8 @@ def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tupl
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(f"out must be a (q, scales) tuple, got {type(out).__name__}")
         q, scales = out
+        arrays.check_writable(q, "out[0]")
+        arrays.check_writable(scales, "out[1]")
         _contiguous(q, "out[0]", kind, shape)  # its dtype: _as_bytes below
         _as_bytes(q, q_name, kind, "out[0]")
         layout = _scales_layout(scales, "out[1]", kind, scale_shape(granularity, m, k), is_output=True)

@@ -10,11 +10,11 @@ class FakeDeviceArray:
     """Just enough of a GPU array for validation: shape, dtype, strides (in elements) and a pointer, through
     __cuda_array_interface__."""
 
-    def __init__(self, shape, dtype=np.float32, ptr=BASE, strides=None):
+    def __init__(self, shape, dtype=np.float32, ptr=BASE, strides=None, read_only=False):
         dtype = np.dtype(dtype)
         self.shape, self.dtype = tuple(shape), dtype
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": dtype.str, "data": (ptr, False), "version": 3,
+        self.__cuda_array_interface__ = {  # read_only: data[1], as a JAX array exports it
+            "shape": tuple(shape), "typestr": dtype.str, "data": (ptr, read_only), "version": 3,
             "strides": None if strides is None else tuple(s * dtype.itemsize for s in strides)}
 
 

@@ -57,6 +57,10 @@ def test_out_errors(g, fake_gpu_memory):
         g(a, b, out=FakeDeviceArray((5, 48), F16, ptr=BASE + 4096 + 64))
     with pytest.raises(ValueError, match="out must have unit stride"):
         g(a, b, out=FakeDeviceArray((5, 48), F16, ptr=BASE + 65536, strides=(96, 2)))
+    # review: a read-only array (a JAX array exports data[1] = True) was accepted and written
+    with pytest.raises(ValueError, match="out is read-only"):
+        g(a, b, out=FakeDeviceArray((5, 48), F16, ptr=BASE + 65536, read_only=True))
+    arrays.check_writable(FakeDeviceArray((5, 48), F16, ptr=BASE + 65536), "out")  # writable: nothing raised
 
 
 def test_valid_call_without_gpu_is_a_clear_error(g, fake_gpu_memory):
@@ -285,6 +289,13 @@ def test_written_scales_must_be_distinct_and_apart_from_inputs(shared_cache_dir,
     with pytest.raises(ValueError, match="amax_out overlaps scale_a"):
         q(a, b, scale_a=st, scale_b=sbt, out=out, quant_scale=FakeDeviceArray((1,), np.float32, ptr=apart + 64),
           amax_out=FakeDeviceArray((1,), np.float32, ptr=BASE + (6 << 20)))
+    # read-only outputs (a JAX array's interface says so) are refused before anything is written
+    with pytest.raises(ValueError, match="amax_out is read-only"):
+        q(a, b, scale_a=st, scale_b=sbt, out=out, quant_scale=FakeDeviceArray((1,), np.float32, ptr=apart + 64),
+          amax_out=FakeDeviceArray((1,), np.float32, ptr=apart + 128, read_only=True))
+    with pytest.raises(ValueError, match="scales_out is read-only"):
+        g(a, b, scale_a=sa, scale_b=sb, out=out, scales_out=FakeDeviceArray((m, 4), np.float32, ptr=apart,
+                                                                             read_only=True))
 
 
 def test_out_beside_a_in_one_buffer_is_not_an_overlap(g, fake_gpu_memory):

@@ -141,6 +141,8 @@ def _valid():
     (lambda d: d.update(bias=_arr((G, N), ptr=BASE + 4 * 10**7)), TypeError, "bias= was given"),
     (lambda d: d.update(out=_arr((300, N + 8), ptr=BASE + 5 * 10**7)), ValueError, "out has shape"),
     (lambda d: d.update(out=_arr((300, N), ptr=BASE + 10**7)), ValueError, "out overlaps b"),
+    (lambda d: d.update(out=FakeDeviceArray((300, N), np.float16, ptr=BASE + 5 * 10**7, read_only=True)), ValueError,
+     "out is read-only"),
     (lambda d: d.update(a=_arr((300, K), ptr=BASE + 2)), ValueError, "a must start on a 16-byte boundary"),
     (lambda d: d.update(b=_arr((G, N, K), ptr=BASE + 10**7, strides=(N * K + 8, K, 1))), ValueError,
      "one after another"),

@@ -472,6 +472,21 @@ def _round4(m):
     return -(-m // 4) * 4
 
 
+def test_read_only_outputs_are_refused(fake_device):
+    """A read-only array (a JAX array exports data[1] = True in its __cuda_array_interface__) given as out= was
+    written (review)."""
+    x = FakeDeviceArray((129, 1000), np.float16, ptr=BASE)
+    q = FakeDeviceArray((129, 1000), np.uint8, ptr=BASE + (1 << 20), read_only=True)
+    s = FakeDeviceArray((129, 8), np.float32, ptr=BASE + (2 << 20))
+    with pytest.raises(ValueError, match=r"out\[0\] is read-only"):
+        quant.quantize(x, "fp8", "group128", out=(q, s))
+    q_ok = FakeDeviceArray((129, 1000), np.uint8, ptr=BASE + (1 << 20))
+    with pytest.raises(ValueError, match=r"out\[1\] is read-only"):
+        quant.quantize(x, "fp8", "group128", out=(q_ok, FakeDeviceArray((129, 8), np.float32, ptr=BASE + (2 << 20),
+                                                                         read_only=True)))
+    assert not [c for c in fake_device if c[0] == "launch"]
+
+
 def test_captured_tensor_quantize_keeps_its_amax_word(fake_device, monkeypatch):
     """Under a CuPy capture the graph replays into the temporary amax word's address: it is kept (the GPU test shows
     what a freed one does), and outside a capture it is not."""
