@@ -391,6 +391,7 @@ def recorded(monkeypatch, fake_gpu_memory, cache):
     monkeypatch.setattr(device, "current_device_id", lambda: 0)
     monkeypatch.setattr(device, "capability", lambda device_id=None: (9, 0))
     monkeypatch.setattr(fp32x3.runtime, "stream_for", lambda kind, stream, device_id: FakeStream())
+    monkeypatch.setattr(fp32x3.runtime, "is_capturing", lambda stream: False)
     calls = []
     addresses = iter(range(0x10000000, 0x40000000, 0x1000000))
 
@@ -493,6 +494,23 @@ def test_epilogue_operands_are_passed_through_and_m_zero_launches_nothing(record
     g(FakeDeviceArray((0, 40), ptr=BASE), b, bias=bias, c=FakeDeviceArray((0, 48), ptr=BASE + 16384),
       out=FakeDeviceArray((0, 48), ptr=BASE + 32768))
     assert [c_[0] for c_ in calls] == ["alloc", "alloc", "gemm"]   # the Gemm returns at once for M = 0
+
+
+def test_captured_call_keeps_its_split_workspaces(recorded, monkeypatch):
+    """review: a call captured on a CuPy stream let A2 / B2 go back to the pool on return while the graph replays
+    into their addresses; they are now kept (outside a capture they are not)."""
+    make, calls = recorded
+    monkeypatch.setattr(fp32x3, "_captured_workspaces", [])
+    g = make(512, 264, 100)  # K = 100: A and B are both split (no raw-B form)
+    a, b = FakeDeviceArray((37, 100), ptr=BASE), FakeDeviceArray((264, 100), ptr=BASE + (1 << 22))
+    out = FakeDeviceArray((37, 264), ptr=BASE + (1 << 24))
+    g(a, b, out=out)
+    assert fp32x3._captured_workspaces == []
+    monkeypatch.setattr(fp32x3.runtime, "is_capturing", lambda stream: True)
+    g(a, b, out=out)
+    ((a2, b2),) = fp32x3._captured_workspaces
+    split = [c for c in calls if c[0] == "launch"][-1]
+    assert (int(split[3][4]), int(split[3][5])) == (a2.data.ptr, b2.data.ptr)  # the very buffers the split writes
 
 
 def test_split_method_returns_the_workspaces(recorded):
