@@ -704,7 +704,9 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     """Functional form: builds (once per problem, memoized) and calls a :class:`Gemm`.
 
     ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16, torch float8 -> fp8, int8 -> int8);
-    8-bit arguments as in :func:`build`. Example::
+    8-bit arguments as in :func:`build`. Every caller of one problem (device, types, N, K, M bucket) shares that
+    Gemm, and with it its split-K workspace and staging buffers, which serve one call at a time: do not run the
+    same problem on two streams at once through this function (build a Gemm per stream instead). Example::
 
         d = deepgemm_jit.gemm(a, b)            # a (M, K), b (N, K) -> (M, N)
         d = deepgemm_jit.gemm(qa, qb, scale_a=sa, scale_b=sb, scaling="block")
