@@ -114,6 +114,9 @@ def _torch_fields(x, arg: str):
     dtype = numpy_dtype_of_torch(x.dtype)
     if dtype is None:
         raise TypeError(f"{arg} has dtype {x.dtype}, which this library does not take")
+    if x.is_neg() or x.is_conj():  # a lazy view (e.g. x.conj().imag): its memory holds the negated values
+        raise TypeError(f"{arg} is a lazily negated / conjugated torch view; pass {arg}.resolve_neg() (or "
+                        f"{arg}.resolve_conj())")
     strides = tuple(s * dtype.itemsize for s in x.stride())
     return tuple(x.shape), strides, dtype, int(x.data_ptr()), int(x.device.index)
 

@@ -202,7 +202,9 @@ class _FakeTorch:
     """Stand-in for the torch module: enough of torch.Tensor for arrays.py (no torch needed)."""
 
     class Tensor:
-        def __init__(self, shape, dtype="torch.float16", device=("cuda", 0), ptr=1 << 20, stride=None):
+        def __init__(self, shape, dtype="torch.float16", device=("cuda", 0), ptr=1 << 20, stride=None, neg=False,
+                     conj=False):
+            self._neg, self._conj = neg, conj
             self.shape = tuple(shape)
             self.dtype = dtype
             self.device = type("Device", (), {"type": device[0], "index": device[1],
@@ -215,6 +217,12 @@ class _FakeTorch:
 
         def stride(self):
             return self._stride
+
+        def is_neg(self):
+            return self._neg
+
+        def is_conj(self):
+            return self._conj
 
 
 @pytest.fixture
@@ -234,6 +242,10 @@ def test_torch_tensors_are_read_in_place(fake_torch):
         arrays.matrix_view(fake_torch.Tensor((5, 40), device=("cpu", None)), "a")
     with pytest.raises(TypeError, match="a has dtype torch.quint8"):
         arrays.matrix_view(fake_torch.Tensor((5, 40), "torch.quint8"), "a")
+    # review: x.conj().imag is a float view whose memory holds the negated values; it was read as stored
+    for flags in ({"neg": True}, {"conj": True}):
+        with pytest.raises(TypeError, match="a is a lazily negated"):
+            arrays.matrix_view(fake_torch.Tensor((5, 40), **flags), "a")
 
 
 def test_mixed_array_libraries_are_refused(g, fake_torch, fake_gpu_memory):
