@@ -351,9 +351,6 @@ def split_operands_reference(spec: Fp32Spec, a, b):
 
 # -- the GEMM --------------------------------------------------------------------------------------------------
 
-_captured_workspaces: list = []  # (A2, B2) of calls captured on a CuPy stream: alive as long as their graphs may be
-
-
 class Fp32Gemm:
     """An FP32-accurate GEMM (3xTF32): call it on float32 device arrays of any M.
 
@@ -460,10 +457,7 @@ class Fp32Gemm:
         a2, a2_ptr = _stream_array(alloc_kind, spec.inner.a_shape(m), "fp32", dev, cu_stream, explicit)
         b2, b2_ptr = (_stream_array(alloc_kind, spec.inner.b_shape(), "fp32", dev, cu_stream, explicit) if split_b
                       else (None, 0))
-        if alloc_kind == "cupy" and runtime.is_capturing(cu_stream):
-            # A graph captured on a CuPy stream replays into these addresses: they must outlive it (they would go
-            # back to the stream's pool on return, for a later allocation to own). torch's capture pool keeps them.
-            _captured_workspaces.append((a2, b2))
+        runtime.keep_while_captured(alloc_kind, cu_stream, a2, b2)  # a captured graph replays into them
         if launch is not None:
             launch.kernel.launch(None, None, launch.args.fill(a2_ptr, b2_ptr), cu_stream, bound=launch.bound)
         if kind == "other":  # the Gemm takes a, b and out from one library: present A2 and B2 as out is presented

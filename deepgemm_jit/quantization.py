@@ -611,12 +611,9 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
         import cupy
 
         # One zeroed device word receives the amax bits; it is freed (back to this stream's pool)
-        # when this function returns, after both launches are enqueued on the stream. Under a CuPy graph
-        # capture the graph keeps its address for every replay: it must outlive the graph, so it is kept for the
-        # process (torch's capture keeps it in the graph's private pool).
+        # when this function returns, after both launches are enqueued on the stream (kept under a capture).
         amax_word, amax_ptr = _empty(_out_kind(kind), (1,), "word", dev, cu_stream, explicit)
-        if _out_kind(kind) == "cupy" and runtime.is_capturing(cu_stream):
-            _captured_amax_words.append(amax_word)
+        runtime.keep_while_captured(_out_kind(kind), cu_stream, amax_word)
         cupy.cuda.runtime.memsetAsync(amax_ptr, 0, 4, cu_stream.ptr)
         units_per_block = kernel_symbols(amax_art)["units_per_block"]
         amax_grid = _grid(min(-(-m * num_groups // units_per_block), _AMAX_BLOCKS_PER_SM * _num_sms(dev)), "x")
@@ -632,9 +629,6 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
                 kind, dev, plan.kernel, plan.grid, plan.block, plan.bound,
                 runtime.ArgTemplate(plan.args.args, pointer_slots), (m, k), q_name, *_new_scales_storage(gran, m, k)))
     return q, scales
-
-
-_captured_amax_words: list = []  # amax words of captured "tensor" quantize calls, alive as long as their graphs may be
 
 
 def _keep(plans: dict, key: tuple, plan) -> None:

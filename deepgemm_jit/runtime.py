@@ -308,6 +308,18 @@ def is_capturing(stream) -> bool:
     return bool(cupy.cuda.runtime.streamIsCapturing(stream.ptr))
 
 
+_kept_for_graphs: list = []  # see keep_while_captured
+
+
+def keep_while_captured(kind: str, cu_stream, *arrays) -> None:
+    """Temporaries a call allocated for itself (quantize's amax word, Fp32Gemm's split operands) go back to the
+    stream's pool when it returns. Under a CUDA-graph capture on `cu_stream` the graph replays into their addresses,
+    where a later allocation would own them: CuPy ones are kept for the process (library `kind` "cupy"); torch's
+    capture keeps its own in the graph's private pool."""
+    if kind == "cupy" and is_capturing(cu_stream):
+        _kept_for_graphs.append(arrays)
+
+
 def stream_for(kind: str, stream: object, device_id: int):
     """The CuPy stream a call runs on: `stream` when given (anything ``resolve_stream`` takes), else the
     current stream of the caller's array library on `device_id`: torch's for torch tensors (kind

@@ -500,15 +500,15 @@ def test_captured_call_keeps_its_split_workspaces(recorded, monkeypatch):
     """review: a call captured on a CuPy stream let A2 / B2 go back to the pool on return while the graph replays
     into their addresses; they are now kept (outside a capture they are not)."""
     make, calls = recorded
-    monkeypatch.setattr(fp32x3, "_captured_workspaces", [])
+    monkeypatch.setattr(fp32x3.runtime, "_kept_for_graphs", [])
     g = make(512, 264, 100)  # K = 100: A and B are both split (no raw-B form)
     a, b = FakeDeviceArray((37, 100), ptr=BASE), FakeDeviceArray((264, 100), ptr=BASE + (1 << 22))
     out = FakeDeviceArray((37, 264), ptr=BASE + (1 << 24))
     g(a, b, out=out)
-    assert fp32x3._captured_workspaces == []
+    assert fp32x3.runtime._kept_for_graphs == []
     monkeypatch.setattr(fp32x3.runtime, "is_capturing", lambda stream: True)
     g(a, b, out=out)
-    ((a2, b2),) = fp32x3._captured_workspaces
+    ((a2, b2),) = fp32x3.runtime._kept_for_graphs
     split = [c for c in calls if c[0] == "launch"][-1]
     assert (int(split[3][4]), int(split[3][5])) == (a2.data.ptr, b2.data.ptr)  # the very buffers the split writes
 

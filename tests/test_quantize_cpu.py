@@ -490,14 +490,14 @@ def test_read_only_outputs_are_refused(fake_device):
 def test_captured_tensor_quantize_keeps_its_amax_word(fake_device, monkeypatch):
     """Under a CuPy capture the graph replays into the temporary amax word's address: it is kept (the GPU test shows
     what a freed one does), and outside a capture it is not."""
-    monkeypatch.setattr(quant, "_captured_amax_words", [])
+    monkeypatch.setattr(quant.runtime, "_kept_for_graphs", [])
     x = FakeDeviceArray((129, 1000), np.float16, ptr=BASE)
     quant.quantize(x, "fp8", "tensor")
-    assert quant._captured_amax_words == []
+    assert quant.runtime._kept_for_graphs == []
     fake_device.capturing = True
     quant.quantize(x, "fp8", "tensor")
     quant.quantize(x, "fp8", "row")  # no word
-    (word,) = quant._captured_amax_words
+    ((word,),) = quant.runtime._kept_for_graphs
     assert word.shape == (1,)
 
 
