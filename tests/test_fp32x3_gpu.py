@@ -468,3 +468,36 @@ def test_repeated_calls_replay_the_kept_plan(m):
     assert len(g._plans) == 1
     check(g, m, a, b, out=reference.poisoned((m, n), "fp32"))
     assert len(g._plans) == 2
+
+
+@pytest.mark.parametrize("m", [64, 300])  # 64: the raw-B GEMM (A2 only); 300: A2 and B2
+def test_captured_call_keeps_its_split_workspaces(m):
+    """A CuPy graph capture of a call records the addresses of its A2 / B2 split operands, which went back to the
+    stream's pool when the call returned: a later allocation on that stream could take them, and every replay wrote
+    the split into it (review, session 38; the fix is runtime.keep_while_captured). Arrays allocated after the
+    capture keep their values through replays, and each replay computes a's current values."""
+    n, k = 264, 1000
+    g = dg.build_fp32(m, n, k)
+    rng = cupy.random.default_rng(11)
+    a, b = operands(g.spec, m, rng)
+    out = reference.poisoned((m, n), "fp32")
+    shapes = [g.spec.inner.a_shape(m)] + ([] if g.raw_b else [g.spec.inner.b_shape()])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    with stream:
+        g(a, b, out=out)  # the warm-up a serving loop makes before capturing (kernels, workspaces)
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            g(a, b, out=out)
+        finally:
+            graph = stream.end_capture()
+        later = [cupy.full(shape, 12345.0, dtype=cupy.float32) for shape in shapes for _ in range(4)]
+        stream.synchronize()
+        a[...] = rng.standard_normal(a.shape, dtype=cupy.float32)  # new values: the replay splits them
+        out.fill(cupy.nan)
+        graph.launch(stream)
+        stream.synchronize()
+    assert all(bool((v == 12345.0).all()) for v in later), "a replay wrote into memory allocated after the capture"
+    err = reference.relative_error(out, reference.reference(g.spec, a, b))
+    assert err <= BOUND, (case_name(g, m), err)
