@@ -163,8 +163,9 @@ class KernelConfig:
         if self.block_k % mma_k:
             raise ValueError(f"block_k={self.block_k} must be a multiple of {mma_k} for {spec.dtype}")
         if spec.hi_lo and spec.k % (3 * self.block_k):  # gemm_sm80.cuh's static_assert
+            segment = spec.k // 3
             raise ValueError(f"block_k={self.block_k}: the 3xTF32 GEMM's K' = {spec.k} holds three segments of "
-                             f"{spec.k // 3} columns, which must be whole K blocks (use a block_k dividing {spec.k // 3})")
+                             f"{segment} columns, which must be whole K blocks (use a block_k dividing {segment})")
         accumulators = self.block_m // self.warps_m * (self.block_n // self.warps_n) // 32
         if accumulators > SM80_MAX_ACCUMULATORS:
             raise ValueError(f"config {self.tag}: each thread would hold {accumulators} accumulators, more than the "

@@ -1,7 +1,8 @@
 """Experiment (GPU): split-K counts forced on the decode shapes, against cuBLAS, to calibrate splitk.py's rule.
 
     python3 -m scripts.exp_splitk_sweep [--dtype bf16|tf32|fp8_block|fp8_tensor|...] [--ms 16,32,64,128] [--splits 1,2,3,4,6,8,12,16]
-                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--atomic] [--epilogue E] [--out DIR]
+                                        [--nk 4096x7168,...] [--tiles 64x64,128x64] [--atomic] [--epilogue E]
+                                        [--out DIR]
 
 Per DeepSeek-V3 (N, K) and M: the unsplit heuristic's tile (what main chose before split-K, "old"), the split-K
 tile of the current heuristic (or each of --tiles) with every forced split count, the heuristic's own choice ("auto"), and
@@ -101,7 +102,8 @@ def main() -> int:
             rows.append(row)
             us = row["us"]
             best = min((v, name) for name, v in us.items() if name not in ("old", "auto", "cublas"))
-            print(f"{args.dtype}{'+' + spec.epilogue if args.epilogue else ''} m={m} n={n} k={k} ok={bound_ok} old {us['old']:.1f} ({row['old_tile']}) auto "
+            label = args.dtype + (f"+{spec.epilogue}" if args.epilogue else "")
+            print(f"{label} m={m} n={n} k={k} ok={bound_ok} old {us['old']:.1f} ({row['old_tile']}) auto "
                   f"{us['auto']:.1f} (S={row['auto_splits']}, {row['auto_tile']}) best {best[1]} {best[0]:.1f}"
                   + (f" cublas {us['cublas']:.1f}" if "cublas" in us else "") + " | "
                   + " ".join(f"{name}={v:.1f}" for name, v in us.items() if name not in ("old", "auto", "cublas")),

@@ -106,7 +106,8 @@ def test_cache_commands_refuse_what_they_cannot_do(cache_dir, capsys, monkeypatc
     capsys.readouterr()
     assert cli.main(["cache", "info"]) == 2
     assert "cache info needs a KEY" in capsys.readouterr().err
-    for argv, word in ((["cache", "list", "abc"], "KEY"), (["cache", "info", "ab", "--older-than", "3"], "--older-than"),
+    for argv, word in ((["cache", "list", "abc"], "KEY"),
+                       (["cache", "info", "ab", "--older-than", "3"], "--older-than"),
                        (["cache", "prune", "--older-than", "3", "--yes"], "--yes")):
         assert cli.main(argv) == 2
         assert f"takes no {word}" in capsys.readouterr().err
