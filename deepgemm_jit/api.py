@@ -104,21 +104,22 @@ class Gemm:
             self._variants[(artifact.config.vec_a, artifact.config.vec_b)] = artifact
         self._ready_devices: set[int] = set()  # devices checked to run this arch
         # Launches already validated, by the signatures of (a, b, out): a repeat call with the same
-        # buffers (the inference loop) skips validation, variant choice and tensor-map look-ups.
-        self._launch_plans: dict[tuple, tuple[launch.LaunchPlan, str]] = {}
+        # buffers (the inference loop) skips validation, variant choice and tensor-map look-ups. Plans that write
+        # the split-K workspace or staging buffers serve only the stream whose buffers they are.
+        self._launch_plans = launch.KeptPlans(_MAX_LAUNCH_PLANS)
         # DEEPGEMM_JIT_OFFLINE: when the decode kernel was last found missing from the cache, the next look is due
         # (a miss costs a render and a disk lookup, ~0.3 ms; misses are not memoized since warmup may fill the cache)
         self._decode_retry_at = 0.0
         self._lock = threading.Lock()
         # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M), how they meet (deterministic:
         # in split order; else atomic adds, splitk.adds_atomically) and the partial-tile workspace (one mode per
-        # Gemm, so it stays zeroed).
+        # Gemm, so it stays zeroed), one per stream: calls on two streams may overlap (stream_buffers.py).
         self.split_k = split_k
         self.deterministic = deterministic
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
-        self._split_workspace = splitk.Workspace()
+        self._split_workspace = splitk.Workspace(on_evict=self._launch_plans.clear)
         # Aligned copies of operands TMA cannot describe (staging.py; _staged_roles says when they are used).
-        self._staging = staging.StagingBuffers()
+        self._staging = staging.StagingBuffers(on_evict=self._launch_plans.clear)
 
     @property
     def family(self) -> str:
@@ -325,10 +326,10 @@ class Gemm:
             key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b),
                    signature(bias), signature(c), signature(residual), scalar_signature(alpha), scalar_signature(beta),
                    signature(quant_scale), signature(amax_out), signature(scales_out))
-            hit = self._launch_plans.get(key) if None not in key else None
-            if hit is not None and hit[0].device_id == device.current_device_id():
-                plan, kind = hit
-                plan.run(runtime.stream_for(kind, stream, plan.device_id))
+            hit = self._launch_plans.lookup(key, stream) if None not in key else None
+            if hit is not None:
+                plan, cu_stream = hit
+                plan.run(cu_stream)
                 return (out, scales_out) if self._returns_scales else out
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
@@ -373,19 +374,21 @@ class Gemm:
                     replayable, self._decode_retry_at = False, time.monotonic() + OFFLINE_DECODE_RETRY_S
             if plan is not None:
                 plan.run(cu_stream)
-                self._remember_plan(key if replayable else None, plan, kind)
+                self._remember_plan(key if replayable else None, plan, kind, None)
                 return result
         realigned = self._staged_roles(m, va, vb, vd, epi, cu_stream) if self.config.family == "sm90" else None
         if realigned is not None:
             staged = self._staged_plan(m, va, vb, vd, sa, sb, epi, dev, cu_stream, realigned)
             staged.run(cu_stream)
-            self._remember_plan(key if replayable else None, staged, kind)
+            self._remember_plan(key if replayable else None, staged, kind, cu_stream.ptr)  # the staging buffers'
             return result
         artifact = self._artifact_for(va, vb, vd)
+        split = self._split_operands(artifact, m, dev, cu_stream)
         plan = launch.plan(launch.load(artifact, self.spec, dev), artifact, self.spec, m, va, vb, vd, dev, sa, sb,
-                           epi, split=self._split_operands(artifact, m, dev, cu_stream))
+                           epi, split=split)
         plan.run(cu_stream)
-        self._remember_plan(key if replayable else None, plan, kind)
+        bound = cu_stream.ptr if split is not None and split.partials else None  # the stream's split workspace
+        self._remember_plan(key if replayable else None, plan, kind, bound)
         return result
 
     def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int, cu_stream
@@ -398,11 +401,10 @@ class Gemm:
         return self._split_workspace.operands(artifact.spec, cfg, m, splits, dev, cu_stream,
                                               atomic=self.split_adds_atomically)
 
-    def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str) -> None:
+    def _remember_plan(self, key: tuple | None, plan: launch.LaunchPlan, kind: str, stream_ptr: int | None) -> None:
+        """Keep `plan` for calls with `key` (None: not kept) on the stream `stream_ptr` (None: any stream)."""
         if key is not None and None not in key:
-            if len(self._launch_plans) >= _MAX_LAUNCH_PLANS:
-                self._launch_plans.clear()
-            self._launch_plans[key] = (plan, kind)
+            self._launch_plans.keep(key, plan, kind, plan.device_id, stream_ptr)
 
     def _staged_roles(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, epi: launch.EpilogueOperands,
                       cu_stream) -> frozenset[str] | None:
@@ -427,7 +429,8 @@ class Gemm:
             return realigned
         roles = tuple(zip((va, vb, vd), ("a", "b", "d")))
         for keep in (realigned, frozenset()):  # buffers sized outside the capture: realigned if they can be
-            if all(self._staging.fits(v, role, role in self.transposed_operands, role in keep) for v, role in roles):
+            if all(self._staging.fits(v, role, cu_stream, role in self.transposed_operands, role in keep)
+                   for v, role in roles):
                 return keep if must or keep else None
         return frozenset() if must and self._sm90_only else None
 
@@ -705,8 +708,8 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
 
     ``dtype`` defaults from a (float16 -> fp16, bfloat16 -> bf16, torch float8 -> fp8, int8 -> int8);
     8-bit arguments as in :func:`build`. Every caller of one problem (device, types, N, K, M bucket) shares that
-    Gemm, and with it its split-K workspace and staging buffers, which serve one call at a time: do not run the
-    same problem on two streams at once through this function (build a Gemm per stream instead). Example::
+    Gemm; it keeps its split-K workspace and staging buffers per stream, so calls on two streams may overlap
+    (stream_buffers.py). Example::
 
         d = deepgemm_jit.gemm(a, b)            # a (M, K), b (N, K) -> (M, N)
         d = deepgemm_jit.gemm(qa, qb, scale_a=sa, scale_b=sb, scaling="block")

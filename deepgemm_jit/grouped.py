@@ -199,15 +199,15 @@ class GroupedGemm:
         self._ready_devices: set[int] = set()
         self._workspaces: dict[tuple[int, int, int], object] = {}  # group_segments outputs (see _segments)
         # Validated launches by the signatures of every operand (out= given: nothing allocated per call), as in
-        # Gemm: a repeat call with the same buffers (the inference loop) only launches. m_indices calls also
-        # record their stream, whose workspace their segments plan writes.
-        self._plans: dict[tuple, tuple[tuple[launch.LaunchPlan, ...], str, int | None]] = {}
+        # Gemm: a repeat call with the same buffers (the inference loop) only launches. m_indices calls and split-K
+        # kernels serve only their stream, whose workspaces (segments, split partials) they write.
+        self._plans = launch.KeptPlans(_MAX_LAUNCH_PLANS)
         self._lock = threading.Lock()
         # Device-split kernels (config.grouped_split_tile): the most K shares per tile, how they meet (as Gemm's
         # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid.
         self.max_splits = splitk.grouped_max_splits(spec, self.config)
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
-        self._split_workspace = splitk.Workspace()
+        self._split_workspace = splitk.Workspace(on_evict=self._plans.clear)
 
     def __repr__(self) -> str:
         return f"GroupedGemm({self.spec.tag}, {self.config.tag}, arch={self.arch})"
@@ -228,14 +228,12 @@ class GroupedGemm:
         key = None
         if out is not None and (scales_out is not None or not self._returns_scales):
             key = tuple(map(signature, (a, b, out, offs, m_indices, masked_m, scale_a, scale_b, bias, scales_out)))
-            hit = self._plans.get(key) if None not in key else None
-            if hit is not None and hit[0][0].device_id == device.current_device_id():
-                plans, kind, stream_ptr = hit
-                cu_stream = runtime.stream_for(kind, stream, plans[0].device_id)
-                if stream_ptr is None or stream_ptr == cu_stream.ptr:
-                    for plan in plans:
-                        plan.run(cu_stream)
-                    return (out, scales_out) if self._returns_scales else out
+            hit = self._plans.lookup(key, stream) if None not in key else None
+            if hit is not None:
+                plans, cu_stream = hit
+                for plan in plans:
+                    plan.run(cu_stream)
+                return (out, scales_out) if self._returns_scales else out
         given = [name for name, v in (("offs", offs), ("m_indices", m_indices), ("masked_m", masked_m))
                  if v is not None]
         if len(given) != 1:
@@ -338,10 +336,8 @@ class GroupedGemm:
         for plan in plans:
             plan.run(cu_stream)
         if key is not None and None not in key:
-            with self._lock:
-                if len(self._plans) >= _MAX_LAUNCH_PLANS:
-                    self._plans.clear()
-                self._plans[key] = (plans, kind, cu_stream.ptr if m_indices is not None else None)
+            bound = m_indices is not None or split is not None and split.partials
+            self._plans.keep(key, plans, kind, dev, cu_stream.ptr if bound else None)
         return result
 
     # -- pieces of the call ---------------------------------------------------------------------------------

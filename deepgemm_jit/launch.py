@@ -211,6 +211,52 @@ class LaunchPlan:
         self.kernel.launch(self.grid, self.block, self.packed, stream, self.bound, self.pdl if use else None)
 
 
+class KeptPlans:
+    """Validated launches by the signatures of a call's operands (calls with out=: nothing allocated per call), as
+    Gemm and GroupedGemm keep them: a repeat call with the same buffers (the inference loop) only launches. A plan
+    serves any stream, or only the stream (handle) whose buffers it writes: split-K workspaces and staging buffers
+    are kept per stream (stream_buffers.py). `plan` is anything with run(stream)."""
+
+    def __init__(self, limit: int = 64, per_key_streams: int = 16):
+        self._entries: dict[tuple, tuple[str, int, dict]] = {}  # key -> (array kind, device, {stream or None: plan})
+        self._limit = limit
+        self._per_key_streams = per_key_streams
+
+    def lookup(self, key: tuple, stream) -> tuple[object, object] | None:
+        """(plan, CuPy stream) for a call with these operand signatures on `stream` (the call's stream= argument),
+        or None: no plan for them, for this stream, or for the current device."""
+        entry = self._entries.get(key)
+        if entry is None or entry[1] != device.current_device_id():
+            return None
+        kind, device_id, by_stream = entry
+        cu_stream = runtime.stream_for(kind, stream, device_id)
+        plan = by_stream.get(None)
+        if plan is None:
+            plan = by_stream.get(cu_stream.ptr)
+        return None if plan is None else (plan, cu_stream)
+
+    def keep(self, key: tuple, plan, kind: str, device_id: int, stream_ptr: int | None) -> None:
+        """Keep `plan` for calls with `key` on the stream with handle `stream_ptr` (None: on any stream)."""
+        entry = self._entries.get(key)
+        if entry is None or entry[:2] != (kind, device_id):
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            entry = self._entries[key] = (kind, device_id, {})
+        if len(entry[2]) >= self._per_key_streams:
+            entry[2].clear()
+        entry[2][stream_ptr] = plan
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def plans(self) -> list:
+        """Every kept plan (tests, inspection)."""
+        return [plan for _, _, by_stream in list(self._entries.values()) for plan in by_stream.values()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def _tma_pitch(view: MatrixView) -> int:
     """Row pitch for a tensor map: the view's, or for a single row (whose pitch is never used to address
     anything, and may be any value for the caller) the row's bytes rounded up to TMA's 16-byte rule."""

@@ -21,12 +21,12 @@ Dispatch:
   ``SPLIT_MAX_M`` (a split-K kernel with one share is the plain kernel plus a branch);
 - ``build(..., split_k=S)`` forces S shares on every call (``split_k=1``: never split).
 
-Workspace (:class:`Workspace`): one per ``Gemm`` and device, allocated on the first call that needs it and grown
-(never freed while the Gemm lives: kept launch plans hold its address) when a larger M needs more. The arrival
-counters are zeroed once at allocation; every launch leaves them zero. Nothing is allocated or synchronised
-on later calls, so a call can be captured in a CUDA graph once the Gemm has run at that size. Like a cuBLAS
-handle's workspace, it serves one launch at a time: do not run one Gemm's split-K calls concurrently on two
-streams.
+Workspace (:class:`Workspace`): one per ``Gemm``, device and stream (``stream_buffers.py``: calls of one Gemm on
+two streams may overlap), allocated on the first call that needs it and grown (never freed while the Gemm lives:
+kept launch plans hold its address) when a larger M needs more. The arrival counters are zeroed once at
+allocation; every launch leaves them zero. Nothing is allocated or synchronised on later calls, so a call can be
+captured in a CUDA graph once the Gemm has run at that size (on any stream: a capture borrows another stream's
+workspace when its own is missing or too small).
 
 Example::
 
@@ -36,13 +36,12 @@ Example::
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import config as config_mod
-from . import runtime
+from . import runtime, stream_buffers
 from .config import KernelConfig
 from .spec import GemmSpec
 
@@ -142,59 +141,45 @@ class SplitOperands:
 
 
 class Workspace:
-    """Partial tiles and arrival counters of one Gemm, per device (see the module docstring)."""
+    """Partial tiles and arrival counters of one Gemm, per device and stream (stream_buffers.py; see the module
+    docstring). `on_evict`: called when a stream takes over another's set (its owner's kept plans point at it)."""
 
-    def __init__(self):
-        self._buffers: dict[int, tuple[object, object]] = {}
-        self._retired: list = []  # outgrown buffers: kept launch plans may still point at them
-        self._lock = threading.Lock()
+    def __init__(self, on_evict=None):
+        self._sets = stream_buffers.StreamBuffers(on_evict)
+        self.held = self._sets.held  # live buffers by (device, stream handle, role)
 
-    def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int,
-                 stream=None, atomic: bool = False) -> SplitOperands:
-        """The launch's split operands, allocating (or growing) the workspace first when it is too small; `stream`
-        (the call's CuPy stream) must not be capturing a CUDA graph then, since allocation synchronises. `atomic`:
-        the shares add into zeroed partials (a Gemm keeps one mode, so its workspace is never left non-zero)."""
+    def pairs(self) -> list[tuple[object, object]]:
+        """(partials, arrivals) of every stream's live workspace (tests)."""
+        held = self.held()
+        return [(buf, held[(dev, ptr, "arrivals")]) for (dev, ptr, role), buf in held.items() if role == "partials"]
+
+    def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int, stream,
+                 atomic: bool = False) -> SplitOperands:
+        """The launch's split operands, allocating (or growing) the stream's workspace first when it is too small;
+        `stream` (the call's CuPy stream) must not be capturing a CUDA graph then, since allocation synchronises.
+        `atomic`: the shares add into zeroed partials (a Gemm keeps one mode, so its workspace is never left
+        non-zero)."""
         partial_bytes, arrival_bytes = workspace_bytes(spec, cfg, m, splits)
         if partial_bytes == 0:
             return SplitOperands(1)
         return self.reserve(partial_bytes, arrival_bytes, splits, device_id, stream, atomic,
                             f"this split-K call (M={m}, {splits} shares per tile)")
 
-    def reserve(self, partial_bytes: int, arrival_bytes: int, splits: int, device_id: int, stream=None,
+    def reserve(self, partial_bytes: int, arrival_bytes: int, splits: int, device_id: int, stream,
                 atomic: bool = False, what: str = "this split-K call") -> SplitOperands:
         """SplitOperands for `splits` shares over at least these many bytes of partials and counters (see
         operands; grouped kernels size theirs by grouped_workspace_bytes)."""
-        with self._lock:
-            have = self._buffers.get(device_id)
-            if have is None or have[0].nbytes < partial_bytes or have[1].nbytes < arrival_bytes:
-                if stream is not None and runtime.is_capturing(stream):
-                    raise RuntimeError(
-                        f"{what} needs a larger workspace, which is allocated (with a device synchronisation) on "
-                        "the first call that needs it: call it once outside the capture (with this size or a "
-                        "larger one) before capturing a CUDA graph")
-                if have is not None:
-                    # At least doubled where it grows (as staging.py's buffers): kept plans may point at the
-                    # outgrown buffers, so they are retired, not freed, and a serving loop whose M creeps up must
-                    # not retire (and synchronise for) one per size. The retired ones stay smaller than the live.
-                    self._retired.append(have)
-                    if have[0].nbytes < partial_bytes:
-                        partial_bytes = max(partial_bytes, 2 * have[0].nbytes)
-                    if have[1].nbytes < arrival_bytes:
-                        arrival_bytes = max(arrival_bytes, 2 * have[1].nbytes)
-                have = self._buffers[device_id] = _allocate(partial_bytes, arrival_bytes, device_id, have)
-        return SplitOperands(splits, have[0].data.ptr, have[1].data.ptr, atomic)
+        bufs = self._sets.buffers(device_id, stream, {"partials": partial_bytes, "arrivals": arrival_bytes},
+                                  lambda role, nbytes, _stream: _allocate(nbytes, device_id), what)
+        return SplitOperands(splits, bufs["partials"].data.ptr, bufs["arrivals"].data.ptr, atomic)
 
 
-def _allocate(partial_bytes: int, arrival_bytes: int, device_id: int, previous) -> tuple[object, object]:
-    """Zeroed counters and partial tiles (the atomic mode adds into them) on `device_id`, at least as large as
-    `previous`'s; synchronised, so that the zeros are in place whatever stream the first launch runs on."""
+def _allocate(nbytes: int, device_id: int):
+    """Zeroed bytes (counters, or partial tiles the atomic mode adds into) on `device_id`; synchronised, so that the
+    zeros are in place whatever stream the first launch runs on."""
     import cupy
 
-    if previous is not None:
-        partial_bytes = max(partial_bytes, previous[0].nbytes)
-        arrival_bytes = max(arrival_bytes, previous[1].nbytes)
     with cupy.cuda.Device(device_id):
-        partials = cupy.zeros(partial_bytes // 4, dtype=cupy.uint32)
-        arrivals = cupy.zeros(arrival_bytes // 4, dtype=cupy.uint32)
-        cupy.cuda.runtime.deviceSynchronize()
-    return partials, arrivals
+        buf = cupy.zeros(nbytes // 4, dtype=cupy.uint32)
+    runtime.synchronize_device(device_id)
+    return buf

@@ -2,13 +2,12 @@
 
 TMA needs a 16-byte aligned base and row pitches that are multiples of 16 bytes. Operands without them (an odd K in
 16 bits, a sliced view, ...) are copied row by row (copies.py) into buffers with 128-byte pitches before the launch,
-and D is written into one and copied out after it. The buffers belong to the ``Gemm`` (one set per
-device, one buffer per operand role), are allocated on the first call that needs them and grown when a larger call
-needs more; calls then only enqueue copies on their own stream, with no allocation and no synchronisation, so a call
-can be captured in a CUDA graph once the Gemm has run at that size. A ``StagedPlan`` (the copies and the launch) is
-replayed like a plain launch plan by calls with the same operands (``Gemm.__call__``), so the host work is three or
-four enqueued copies more than a plain call. Like the split-K workspace (``splitk.py``) and a cuBLAS handle's
-workspace, the buffers serve one call at a time: do not run one Gemm's staged calls concurrently on two streams.
+and D is written into one and copied out after it. The buffers belong to the ``Gemm`` (one set per device and
+stream, stream_buffers.py; one buffer per operand role), are allocated on the first call that needs them and grown
+when a larger call needs more; calls then only enqueue copies on their own stream, with no allocation and no
+synchronisation, so a call can be captured in a CUDA graph once the Gemm has run at that size. A ``StagedPlan``
+(the copies and the launch) is replayed like a plain launch plan by calls with the same operands
+(``Gemm.__call__``), so the host work is three or four enqueued copies more than a plain call.
 
 Example::
 
@@ -20,9 +19,8 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import threading
 
-from . import runtime
+from . import stream_buffers
 from .arrays import MatrixView
 from .launch import LaunchPlan, tma_legal, tma_store_legal
 
@@ -64,21 +62,21 @@ def _staged_shape(view: MatrixView, transposed: bool) -> tuple[int, MatrixView]:
 
 
 class StagingBuffers:
-    """A Gemm's staging buffers: per device, one CuPy byte buffer per operand role (ROLES), grown on demand."""
+    """A Gemm's staging buffers: per device and stream (stream_buffers.py), one CuPy byte buffer per operand role
+    (ROLES), grown on demand. `on_evict`: called when a stream takes over another's set (kept plans point at it)."""
 
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[int, str], object] = {}
-        self._retired: list = []  # outgrown buffers: kept StagedPlans may still point at them
-        self._lock = threading.Lock()
+    def __init__(self, on_evict=None) -> None:
+        self._sets = stream_buffers.StreamBuffers(on_evict)
+        self.held = self._sets.held  # live buffers by (device, stream handle, role)
 
-    def fits(self, view: MatrixView, role: str, transposed: bool = False, realign: bool = False) -> bool:
-        """Whether the buffer of `role` on `view`'s device already holds `view`'s aligned copy (or it needs none),
-        or with `transposed` its transposed copy; `realign` as for aligned()."""
+    def fits(self, view: MatrixView, role: str, stream, transposed: bool = False, realign: bool = False) -> bool:
+        """Whether a call on `stream` finds the buffer of `role` on `view`'s device already large enough for
+        `view`'s aligned copy (or it needs none), or with `transposed` its transposed copy; `realign` as for
+        aligned(). Under a CUDA-graph capture the buffer may be another stream's (stream_buffers.py)."""
         if _in_place(view, role, transposed, realign):
             return True
         rows, shaped = _staged_shape(view, transposed)
-        have = self._buffers.get((view.device, role))
-        return have is not None and have.nbytes >= rows * pitch_bytes(shaped)
+        return self._sets.find(view.device, stream, {role: rows * pitch_bytes(shaped)}) is not None
 
     def aligned(self, view: MatrixView, role: str, stream, device_id: int, transposed: bool = False,
                 realign: bool = False) -> MatrixView:
@@ -95,35 +93,23 @@ class StagingBuffers:
         rows, view = _staged_shape(view, transposed)
         pitch = pitch_bytes(view)
         nbytes = rows * pitch
-        with self._lock:
-            buf = self._buffers.get((device_id, role))
-            if buf is None or buf.nbytes < nbytes:
-                if runtime.is_capturing(stream):
-                    raise RuntimeError(
-                        f"this call copies {role} into an aligned buffer ({nbytes} bytes), which is allocated on the "
-                        "first call that needs it: call it once outside the capture (with this size or a larger "
-                        "one) before capturing a CUDA graph, or pass operands whose rows are multiples of 16 bytes")
-                if buf is not None:
-                    # At least doubled: kept plans may point at the outgrown buffer, so it is retired, not freed,
-                    # and calls with slowly growing M (a serving loop) must not retire one buffer per size. Doubling
-                    # keeps all retired buffers together smaller than the live one.
-                    self._retired.append(buf)
-                    nbytes = max(nbytes, 2 * buf.nbytes)
-                buf = self._grow(device_id, role, nbytes, stream)
-        return dataclasses.replace(view, ptr=buf.data.ptr, row_stride=pitch // view.itemsize, device=device_id)
+        bufs = self._sets.buffers(device_id, stream, {role: nbytes}, lambda _role, n, s: _allocate(device_id, n, s),
+                                  f"this call's aligned copy of {role} ({nbytes} bytes)",
+                                  ", or pass operands whose rows are multiples of 16 bytes")
+        return dataclasses.replace(view, ptr=bufs[role].data.ptr, row_stride=pitch // view.itemsize,
+                                   device=device_id)
 
-    def _grow(self, device_id: int, role: str, nbytes: int, stream):
-        import cupy
 
-        # Allocated with `stream` current: CuPy's pool then hands out a block no other stream's pending work may
-        # still use (its free lists are per stream; the caller's current CuPy stream may be another one, e.g. for
-        # torch tensors). The outgrown buffer is retired, not freed; the synchronisation only keeps growth, which
-        # is rare, ordered with everything the call's stream had queued.
-        with cupy.cuda.Device(device_id), stream:
-            buf = cupy.empty(nbytes, dtype=cupy.uint8)
-        stream.synchronize()
-        self._buffers[(device_id, role)] = buf
-        return buf
+def _allocate(device_id: int, nbytes: int, stream):
+    import cupy
+
+    # Allocated with `stream` current: CuPy's pool then hands out a block no other stream's pending work may still
+    # use (its free lists are per stream; the caller's current CuPy stream may be another one, e.g. for torch
+    # tensors). The synchronisation only keeps growth, which is rare, ordered with everything the stream had queued.
+    with cupy.cuda.Device(device_id), stream:
+        buf = cupy.empty(nbytes, dtype=cupy.uint8)
+    stream.synchronize()
+    return buf
 
 
 @dataclasses.dataclass(frozen=True)

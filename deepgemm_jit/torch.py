@@ -24,8 +24,9 @@ synchronises the stream; later calls at that size or smaller only enqueue the co
 No autograd formulas: inference only.
 
 Each op keeps one Gemm per (device, problem, M bucket) and every caller of that problem shares it. Its split-K
-workspace and staging buffers serve one call at a time (splitk.py, staging.py): do not run the same problem on two
-streams at once (threads, or CUDA graphs replayed concurrently); one stream, as a model's forward runs, is safe.
+workspace and staging buffers are kept per stream (stream_buffers.py), so calls on two streams may overlap. A graph
+captured on a stream without its own (torch.cuda.graph's) uses the set of the stream that warmed up: do not replay
+it while the same problem runs on that stream, nor replay two such graphs at once.
 """
 from __future__ import annotations
 

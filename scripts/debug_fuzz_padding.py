@@ -26,7 +26,7 @@ def probe(seed: int) -> None:
     outside = cupy.ones(call.pad_before.shape, dtype=bool)
     outside[:, lo:hi] = False
     changed = cupy.argwhere((fuzz.as_bytes(base) != call.pad_before) & outside)
-    staged = sorted(r for _, r in g._staging._buffers) if hasattr(g, "_staging") else "-"
+    staged = sorted(r for _, _, r in g._staging.held()) if hasattr(g, "_staging") else "-"
     print(f"seed {seed}: {case.describe()}", flush=True)
     print(f"  family {g.family} config {getattr(g.config, 'tag', None)} staged {staged} out ptr%16 "
           f"{call.out.data.ptr % 16} pitch {base.strides[0]} changed bytes {int(changed.shape[0])} of "

@@ -65,7 +65,7 @@ def test_sm90_is_used_and_tma_fallback_works():
     for pad in (3, 4):
         a_padded = reference.random_matrix((333, 1032 + pad), "bf16")
         check(g, 333, a=a_padded[:, :1032], b=b)
-    assert not g._variants and {role for _, role in g._staging._buffers} == {"a"}
+    assert not g._variants and {role for _, _, role in g._staging.held()} == {"a"}
 
 
 def test_capture_before_staging_runs_the_portable_kernel():
@@ -91,7 +91,7 @@ def test_capture_before_staging_runs_the_portable_kernel():
         graph.launch(stream)
     stream.synchronize()
     assert [(art.config.family, art.config.vec_a) for art in g._variants.values()] == [("sm80", 4)]
-    assert not g._staging._buffers
+    assert not g._staging.held()
     assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
     # The capture's plan is not kept: the same call after it stages A and runs the Hopper kernel (a kept plan
     # replayed the portable one for good).
@@ -101,7 +101,7 @@ def test_capture_before_staging_runs_the_portable_kernel():
     cupy.cuda.Device().synchronize()
     from deepgemm_jit import staging
 
-    assert g._staging._buffers and [type(plan) for plan, _ in g._launch_plans.values()] == [staging.StagedPlan]
+    assert g._staging.held() and [type(plan) for plan in g._launch_plans.plans()] == [staging.StagedPlan]
     assert reference.within_bound(reference.error(out, reference.reference(g.spec, a, b)), "bf16")
 
 
@@ -112,10 +112,10 @@ def test_staged_call_is_captured_in_a_cuda_graph():
     a, b = reference.random_operands(g.spec, 300)
     out = reference.poisoned((300, 1001), "bf16")
     graph, stream = capture_call(g, a, b, out)  # the first, uncaptured call sizes the staging buffers
-    sizes = {key: buf.nbytes for key, buf in g._staging._buffers.items()}
-    assert {role for _, role in sizes} == {"a", "b", "d"}
+    sizes = {key: buf.nbytes for key, buf in g._staging.held().items()}
+    assert {role for _, _, role in sizes} == {"a", "b", "d"}
     replay_with_fresh_a(graph, stream, g.spec, a, b, out)
-    assert {key: buf.nbytes for key, buf in g._staging._buffers.items()} == sizes
+    assert {key: buf.nbytes for key, buf in g._staging.held().items()} == sizes
 
 
 def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
@@ -207,13 +207,13 @@ def test_large_calls_realign_rows_off_sectors(dtype, layout):
     n, k = (2056, 2048) if layout == "nn" else (2048, 2056 if dtype != "tf32" else 2052)
     g = dg.build(4096, n, k, dtype=dtype, layout=layout)
     check(g, 64)
-    assert not g._staging._buffers
+    assert not g._staging.held()
     check(g, 4096)
-    assert {role for _, role in g._staging._buffers} == {"b"}
+    assert {role for _, _, role in g._staging.held()} == {"b"}
     if layout == "nt":
         g = dg.build(256, 7168, k, dtype=dtype, layout=layout)
         check(g, 256)
-        assert {role for _, role in g._staging._buffers} == {"a"}
+        assert {role for _, _, role in g._staging.held()} == {"a"}
 
 
 def test_tf32_tn_small_m_copies_a_and_transposes_b_in_the_kernel():
@@ -240,7 +240,7 @@ def test_sliced_a_off_sectors_is_realigned():
     b = reference.random_matrix((2048, 2048), "bf16")
     assert a.data.ptr % 32 == 16 and a.strides[0] % 32 == 0
     check(g, 4096, a=a, b=b)
-    assert {role for _, role in g._staging._buffers} == {"a"}
+    assert {role for _, _, role in g._staging.held()} == {"a"}
 
 
 def test_staged_plans_replay_after_the_buffers_grew():
@@ -253,7 +253,7 @@ def test_staged_plans_replay_after_the_buffers_grew():
     ref = reference.reference(g.spec, a, b)
     assert reference.within_bound(reference.error(out, ref), "bf16")
     check(g, 900)  # grows the staging buffers of a, d
-    assert g._staging._retired
+    assert g._staging._sets.retired
     reference.poison(out)
     assert g(a, b, out=out) is out  # the kept plan
     assert reference.within_bound(reference.error(out, ref), "bf16")

@@ -427,7 +427,7 @@ def _split_workspace_is_zero(g) -> bool:
     """The device-split kernel leaves its arrival counters zero (and in the atomic mode its sums too; in split order
     the partials stay written)."""
     return all(not bool(counters.any()) and not (g.split_adds_atomically and bool(partials.any()))
-               for partials, counters in g._split_workspace._buffers.values())
+               for partials, counters in g._split_workspace.pairs())
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "bf16"])

@@ -156,3 +156,35 @@ def test_dlpack_operands_are_imported_with_the_kernel_stream_current(monkeypatch
     assert not arrays.dlpack_imports.ready and not arrays.dlpack_imports.inside   # reset after the call
     # Outside any entry point (arrays.matrix_view called directly) the import is made at once, as before.
     assert arrays._dlpack_fields(OnGpu(), "x") is None
+
+
+def test_kept_plans_serve_only_the_stream_whose_buffers_they_write(monkeypatch):
+    """launch.KeptPlans: a plan kept for any stream serves every stream; one kept for a stream (it writes that
+    stream's split-K workspace or staging buffers, stream_buffers.py) serves only it, and the same key keeps one
+    plan per stream (two streams alternating do not evict each other's); nothing serves another device."""
+    from deepgemm_jit import device, launch
+
+    class Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    current = {"device": 0}
+    monkeypatch.setattr(device, "current_device_id", lambda: current["device"])
+    monkeypatch.setattr(runtime, "stream_for", lambda kind, stream, device_id: Stream(stream))
+    kept = launch.KeptPlans(limit=2, per_key_streams=3)
+    kept.keep(("any",), "plan-any", "cupy", 0, None)
+    kept.keep(("bound",), "plan-on-1", "cupy", 0, 1)
+    kept.keep(("bound",), "plan-on-2", "cupy", 0, 2)
+    assert kept.lookup(("any",), 5)[0] == "plan-any" and kept.lookup(("any",), 5)[1].ptr == 5
+    assert kept.lookup(("bound",), 1)[0] == "plan-on-1" and kept.lookup(("bound",), 2)[0] == "plan-on-2"
+    assert kept.lookup(("bound",), 3) is None and kept.lookup(("missing",), 1) is None
+    current["device"] = 1
+    assert kept.lookup(("any",), 5) is None
+    current["device"] = 0
+    for ptr in (3, 4):  # past per_key_streams the key's plans start over
+        kept.keep(("bound",), f"plan-on-{ptr}", "cupy", 0, ptr)
+    assert kept.lookup(("bound",), 1) is None and kept.lookup(("bound",), 4)[0] == "plan-on-4"
+    kept.keep(("third",), "plan-3", "cupy", 0, None)  # past limit keys: all start over
+    assert len(kept) == 1 and kept.plans() == ["plan-3"]
+    kept.clear()
+    assert len(kept) == 0

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from deepgemm_jit import build, config, jit, launch, sass, splitk
+from deepgemm_jit import build, config, jit, launch, sass, splitk, stream_buffers
 from deepgemm_jit.config import KernelConfig
 from deepgemm_jit.spec import GemmSpec
 
@@ -268,36 +268,77 @@ def test_promoted_tf32_spec():
     assert config.sm90_max_accumulators(spec) == 176
 
 
+class _Buf:
+    def __init__(self, nbytes, ptr=4096):
+        self.nbytes = nbytes
+        self.data = type("P", (), {"ptr": ptr})()
+
+
+class _Stream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
 def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
     """A call that would allocate (and synchronise) inside a CUDA-graph capture gets a clear error instead of the
-    driver's; a workspace that is large enough is handed out without a check of the stream."""
+    driver's; a workspace that is large enough is handed out, and a capture on a stream without one of its own
+    borrows the largest of the device that fits (torch.cuda.graph captures on a stream of its own)."""
     spec = GemmSpec.create(1000, 4096, dtype="bf16")
     cfg = config.sm90_config(spec, 64, 128, split_k=True)
     made = []
 
-    class Buf:
-        def __init__(self, nbytes, ptr):
-            self.nbytes = nbytes
-            self.data = type("P", (), {"ptr": ptr})()
-
-    def fake_allocate(partial_bytes, arrival_bytes, device_id, previous):
-        made.append(partial_bytes)
-        return Buf(partial_bytes, 4096 * len(made)), Buf(arrival_bytes, 8192 * len(made))
+    def fake_allocate(nbytes, device_id):
+        made.append(nbytes)
+        return _Buf(nbytes, 4096 * len(made))
 
     capturing = {"now": True}
     monkeypatch.setattr(splitk, "_allocate", fake_allocate)
-    monkeypatch.setattr(splitk.runtime, "is_capturing", lambda stream: capturing["now"])
+    monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: capturing["now"])
     ws = splitk.Workspace()
+    s1, s2 = _Stream(11), _Stream(22)
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
-        ws.operands(spec, cfg, 100, 3, 0, stream=object())
+        ws.operands(spec, cfg, 100, 3, 0, s1)
     assert made == []
     capturing["now"] = False
-    first = ws.operands(spec, cfg, 100, 3, 0, stream=object())
+    first = ws.operands(spec, cfg, 100, 3, 0, s1)
     capturing["now"] = True
-    assert ws.operands(spec, cfg, 64, 3, 0, stream=object()) == first  # fits: no allocation, no stream check
-    assert first.num_splits == 3 and made == [splitk.workspace_bytes(spec, cfg, 100, 3)[0]]
-    assert ws.operands(spec, cfg, 100, 1, 0, stream=object()) == splitk.SplitOperands(1)
+    assert ws.operands(spec, cfg, 64, 3, 0, s1) == first  # fits: no allocation
+    assert ws.operands(spec, cfg, 64, 3, 0, s2) == first  # another stream's capture borrows it
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        ws.operands(spec, cfg, 100, 3, 1, s1)  # nothing on device 1
+    assert first.num_splits == 3 and made == list(splitk.workspace_bytes(spec, cfg, 100, 3))
+    assert ws.operands(spec, cfg, 100, 1, 0, s1) == splitk.SplitOperands(1)
 
+
+def test_each_stream_gets_its_own_workspace(monkeypatch):
+    """Two streams running one Gemm at once must not meet in one workspace (overlapped micro-batches calling a
+    memoized Gemm): each stream gets its own. Past stream_buffers.MAX_STREAMS streams on a device, a new one takes
+    over the oldest's after a device synchronisation, and the owner's kept plans are dropped (they point at it)."""
+    spec = GemmSpec.create(1000, 4096, dtype="bf16")
+    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+    made, synced, evicted = [], [], []
+
+    def fake_allocate(nbytes, device_id):
+        made.append(nbytes)
+        return _Buf(nbytes, 4096 * len(made))
+
+    monkeypatch.setattr(splitk, "_allocate", fake_allocate)
+    monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: False)
+    monkeypatch.setattr(stream_buffers.runtime, "synchronize_device", synced.append)
+    ws = splitk.Workspace(on_evict=lambda: evicted.append(1))
+    first = ws.operands(spec, cfg, 100, 3, 0, _Stream(1))
+    second = ws.operands(spec, cfg, 100, 3, 0, _Stream(2))
+    assert len({first.partials, first.arrivals, second.partials, second.arrivals}) == 4
+    assert ws.operands(spec, cfg, 100, 3, 0, _Stream(1)) == first and len(made) == 4
+    for ptr in range(3, stream_buffers.MAX_STREAMS + 1):
+        ws.operands(spec, cfg, 100, 3, 0, _Stream(ptr))
+    assert not synced and not evicted and len(ws.pairs()) == stream_buffers.MAX_STREAMS
+    allocated = len(made)
+    taken = ws.operands(spec, cfg, 100, 3, 0, _Stream(1000))
+    assert taken == first and synced == [0] and evicted == [1] and len(made) == allocated
+    assert (0, 1, "partials") not in ws.held() and len(ws.pairs()) == stream_buffers.MAX_STREAMS
+    ws.operands(spec, cfg, 100, 3, 1, _Stream(1000))  # another device: a set of its own
+    assert len(made) == allocated + 2 and synced == [0]
 
 
 def test_workspace_grows_geometrically(monkeypatch):
@@ -306,27 +347,23 @@ def test_workspace_grows_geometrically(monkeypatch):
     retired for 4 MiB live over M = 1..1024 at 2112x7168 bf16, 8.3 GiB retired with split_k=4 over M <= 8192."""
     spec = GemmSpec.create(2112, 7168, dtype="bf16")
     cfg = config.sm90_config(spec, 128, 64, split_k=True)
-
-    class Buf:
-        def __init__(self, nbytes):
-            self.nbytes = nbytes
-            self.data = type("P", (), {"ptr": 4096})()
-
     made = []
 
-    def fake_allocate(partial_bytes, arrival_bytes, device_id, previous):
-        made.append((partial_bytes, arrival_bytes))
-        return Buf(partial_bytes), Buf(arrival_bytes)
+    def fake_allocate(nbytes, device_id):
+        made.append(nbytes)
+        return _Buf(nbytes)
 
     monkeypatch.setattr(splitk, "_allocate", fake_allocate)
+    monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: False)
     ws = splitk.Workspace()
+    stream = _Stream(5)
     for m in range(128, 8193, 128):
         needed = splitk.workspace_bytes(spec, cfg, m, 4)
-        ws.operands(spec, cfg, m, 4, 0)
-        live = ws._buffers[0]
-        assert live[0].nbytes >= needed[0] and live[1].nbytes >= needed[1]
-    retired = sum(buf.nbytes for pair in ws._retired for buf in pair)
-    assert len(made) <= 8 and retired <= sum(buf.nbytes for buf in ws._buffers[0]), (len(made), retired)
+        ws.operands(spec, cfg, m, 4, 0, stream)
+        ((partials, arrivals),) = ws.pairs()
+        assert partials.nbytes >= needed[0] and arrivals.nbytes >= needed[1]
+    retired = sum(buf.nbytes for buf in ws._sets.retired)
+    assert len(made) <= 16 and retired <= partials.nbytes + arrivals.nbytes, (len(made), retired)
 
 
 def _scan_waves_probe(lie: bool = False) -> str:

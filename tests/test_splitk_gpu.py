@@ -28,7 +28,7 @@ def _arrivals_zero(g):
     import cupy
 
     cupy.cuda.Device().synchronize()
-    return all(not bool(arrivals.any()) for _, arrivals in g._split_workspace._buffers.values())
+    return all(not bool(arrivals.any()) for _, arrivals in g._split_workspace.pairs())
 
 
 @pytest.mark.parametrize("dtype,out_dtype", [("bf16", "bf16"), ("fp16", "fp32")])
@@ -181,7 +181,7 @@ def test_workspace_grows_with_m():
         g(a, b, out=out)
         err = reference.error(out, reference.reference(spec, a, b))
         assert reference.within_bound(err, "bf16"), (m, err)
-        sizes.append(g._split_workspace._buffers[dev][0].nbytes)
+        sizes.append(g._split_workspace.held()[(dev, cupy.cuda.get_current_stream().ptr, "partials")].nbytes)
     need = splitk.workspace_bytes(g.spec, g.config, 1000, 4)[0]
     assert sizes[0] < need <= sizes[1] == sizes[2] == sizes[3]
     assert _arrivals_zero(g)
@@ -247,6 +247,51 @@ def test_torch_tensors_on_current_stream():
     assert err < 1e-2, err
 
 
+@pytest.mark.parametrize("k,deterministic", [(7168, True), (7168, False), (7170, True)])
+def test_two_streams_run_one_gemm_at_once(k, deterministic):
+    """Overlapped micro-batches: one Gemm (as deepgemm_jit.gemm and the torch ops share one per problem) called on
+    two streams whose kernels run at the same time. Each stream has its own split-K workspace and staging buffers
+    (K = 7170: A and B copied into them on every call), so every result is right; sharing them (before
+    stream_buffers.py) mixed the two streams' partial sums and arrival counters. Both streams wait on a spin first,
+    so their queued calls start together on the GPU (68 CTAs each: both fit on the SMs at once)."""
+    import cupy
+
+    from streams import spin
+
+    m, n, calls = 64, 2112, 24
+    g = build(m, n, k, dtype="bf16", split_k=4, weight_streaming=False, deterministic=deterministic)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    operands = [reference.random_operands(g.spec, m) for _ in streams]
+    b = operands[0][1]
+    refs = [reference.reference(g.spec, a, b) for a, _ in operands]
+    outs = [[reference.poisoned((m, n), "bf16") for _ in range(calls)] for _ in streams]
+    for (a, _), stream, out in zip(operands, streams, outs):  # each stream's workspace sized, plans kept
+        g(a, b, out=out[0], stream=stream)
+    cupy.cuda.Device().synchronize()
+    for out in outs:
+        reference.poison(out[0])
+    for stream in streams:
+        spin(stream, 0.05)
+    for i in range(calls):
+        for (a, _), stream, out in zip(operands, streams, outs):
+            g(a, b, out=out[i], stream=stream)
+    cupy.cuda.Device().synchronize()
+    bad = [(j, i, reference.error(out, ref)) for j, (outs_j, ref) in enumerate(zip(outs, refs))
+           for i, out in enumerate(outs_j) if not reference.within_bound(reference.error(out, ref), "bf16")]
+    assert not bad, bad[:6]
+    assert len(g._split_workspace.pairs()) == 2 and _arrivals_zero(g)
+    # The first stream's operands on the second stream: its kept plan writes the first stream's workspace, so the
+    # call plans again for the second stream's, and keeps that plan next to the first.
+    kept = len(g._launch_plans.plans())
+    reference.poison(outs[0][0])
+    g(operands[0][0], b, out=outs[0][0], stream=streams[1])
+    streams[1].synchronize()
+    assert reference.within_bound(reference.error(outs[0][0], refs[0]), "bf16")
+    assert len(g._launch_plans.plans()) == kept + 1
+    if k % 8:
+        assert {stream for _, stream, _ in g._staging.held()} == {s.ptr for s in streams}
+
+
 def test_plan_grid_covers_units():
     """The grid launches tiles x splits CTAs up to the SM count."""
     import cupy
@@ -257,7 +302,7 @@ def test_plan_grid_covers_units():
     a, b = reference.random_operands(spec, m)
     out = reference.poisoned((m, n), "bf16")
     g(a, b, out=out)
-    (plan, _), = g._launch_plans.values()
+    plan, = g._launch_plans.plans()
     tiles = splitk.num_tiles(spec, g.config, m)
     assert plan.grid[0] == min(launch.num_sms(cupy.cuda.Device().id), tiles * 4)
 
@@ -269,7 +314,7 @@ def _workspace_zero(g):
 
     cupy.cuda.Device().synchronize()
     return all(not bool(partials.any()) and not bool(arrivals.any())
-               for partials, arrivals in g._split_workspace._buffers.values())
+               for partials, arrivals in g._split_workspace.pairs())
 
 
 @pytest.mark.parametrize("dtype,out_dtype,epilogue", [("bf16", "bf16", None), ("fp16", "fp32", "bias+gelu"),

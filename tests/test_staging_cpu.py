@@ -3,7 +3,7 @@ CUDA graph is captured (allocation and copies replaced by fakes)."""
 import numpy as np
 import pytest
 
-from deepgemm_jit import staging
+from deepgemm_jit import staging, stream_buffers
 from deepgemm_jit.arrays import MatrixView
 
 
@@ -17,15 +17,22 @@ class FakeBuffer:
 def fakes(monkeypatch):
     grown, copies, capturing = [], [], {"now": False}
 
-    def fake_grow(self, device_id, role, nbytes, stream):
+    def fake_allocate(device_id, nbytes, stream):
         buf = FakeBuffer(nbytes, 1 << 20 * (len(grown) + 1))
-        grown.append((device_id, role, nbytes))
-        self._buffers[(device_id, role)] = buf
+        grown.append((device_id, nbytes))
         return buf
 
-    monkeypatch.setattr(staging.StagingBuffers, "_grow", fake_grow)
-    monkeypatch.setattr(staging.runtime, "is_capturing", lambda stream: capturing["now"])
+    monkeypatch.setattr(staging, "_allocate", fake_allocate)
+    monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: capturing["now"])
     return grown, copies, capturing
+
+
+class FakeStream:
+    def __init__(self, ptr=7):
+        self.ptr = ptr
+
+
+STREAM = FakeStream()
 
 
 def view(rows, cols, stride, ptr=4096, dtype=np.float16):
@@ -36,34 +43,35 @@ def test_legal_views_pass_through_and_odd_rows_get_aligned_pitches(fakes):
     grown, _, _ = fakes
     bufs = staging.StagingBuffers()
     aligned = view(100, 1024, 1024)
-    assert bufs.aligned(aligned, "a", object(), 0) is aligned and not grown
+    assert bufs.aligned(aligned, "a", STREAM, 0) is aligned and not grown
     odd = view(100, 1003, 1003)  # 2006-byte rows: not a multiple of 16
-    got = bufs.aligned(odd, "a", object(), 0)
+    got = bufs.aligned(odd, "a", STREAM, 0)
     assert got.row_stride * 2 == staging.pitch_bytes(odd) == 2048 and (got.rows, got.cols) == (100, 1003)
-    assert got.ptr == 1 << 20 and grown == [(0, "a", 100 * 2048)]
+    assert got.ptr == 1 << 20 and grown == [(0, 100 * 2048)]
 
 
 def test_buffers_grow_only_for_larger_calls_and_never_while_capturing(fakes):
     grown, _, capturing = fakes
     bufs = staging.StagingBuffers()
-    bufs.aligned(view(300, 1003, 1003), "a", object(), 0)
-    bufs.aligned(view(100, 1003, 1003), "a", object(), 0)  # fits: no new buffer
-    assert len(grown) == 1 and bufs.fits(view(300, 1003, 1003), "a") and not bufs.fits(view(301, 1003, 1003), "a")
+    bufs.aligned(view(300, 1003, 1003), "a", STREAM, 0)
+    bufs.aligned(view(100, 1003, 1003), "a", STREAM, 0)  # fits: no new buffer
+    assert len(grown) == 1 and bufs.fits(view(300, 1003, 1003), "a", STREAM)
+    assert not bufs.fits(view(301, 1003, 1003), "a", STREAM)
     capturing["now"] = True
-    bufs.aligned(view(200, 1003, 1003), "a", object(), 0)  # fits: fine inside a capture
+    bufs.aligned(view(200, 1003, 1003), "a", STREAM, 0)  # fits: fine inside a capture
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
-        bufs.aligned(view(400, 1003, 1003), "a", object(), 0)
+        bufs.aligned(view(400, 1003, 1003), "a", STREAM, 0)
     assert len(grown) == 1
     capturing["now"] = False
-    first = bufs._buffers[(0, "a")]
-    bufs.aligned(view(400, 1003, 1003), "a", object(), 0)
-    assert len(grown) == 2 and first in bufs._retired  # a kept plan may still point at the outgrown buffer
-    assert grown[1] == (0, "a", 2 * 300 * 2048)  # doubled, not just the 400 rows asked for
+    first = bufs.held()[(0, STREAM.ptr, "a")]
+    bufs.aligned(view(400, 1003, 1003), "a", STREAM, 0)
+    assert len(grown) == 2 and first in bufs._sets.retired  # a kept plan may still point at the outgrown buffer
+    assert grown[1] == (0, 2 * 300 * 2048)  # doubled, not just the 400 rows asked for
     for rows in range(401, 1300):  # slowly growing M: a few doublings, not one buffer per size
-        bufs.aligned(view(rows, 1003, 1003), "a", object(), 0)
-    assert len(grown) == 4 and sum(b.nbytes for b in bufs._retired) < bufs._buffers[(0, "a")].nbytes
+        bufs.aligned(view(rows, 1003, 1003), "a", STREAM, 0)
+    assert len(grown) == 4 and sum(b.nbytes for b in bufs._sets.retired) < bufs.held()[(0, STREAM.ptr, "a")].nbytes
     with pytest.raises(ValueError, match="staging role"):
-        bufs.aligned(view(1, 3, 3, ptr=4098), "x", object(), 0)
+        bufs.aligned(view(1, 3, 3, ptr=4098), "x", STREAM, 0)
 
 
 def test_staged_plan_copies_in_then_launches_then_copies_d_out():
@@ -133,10 +141,10 @@ def test_realign_copies_legal_views_off_sectors(fakes):
     legal = view(100, 4104, 4104)  # 8208-byte rows: 16-byte multiples, every other row off a 32-byte sector
     assert staging.off_sector(legal) and staging.off_sector(view(100, 1024, 2048, ptr=4096 + 16))  # base off
     assert not staging.off_sector(view(100, 4112, 4112)) and not staging.off_sector(view(1, 4104, 4104))
-    assert bufs.aligned(legal, "a", object(), 0) is legal and bufs.fits(legal, "a") and not grown
-    assert not bufs.fits(legal, "a", realign=True)
-    got = bufs.aligned(legal, "a", object(), 0, realign=True)
-    assert got.row_stride * 2 == 8320 and grown == [(0, "a", 100 * 8320)] and bufs.fits(legal, "a", realign=True)
+    assert bufs.aligned(legal, "a", STREAM, 0) is legal and bufs.fits(legal, "a", STREAM) and not grown
+    assert not bufs.fits(legal, "a", STREAM, realign=True)
+    got = bufs.aligned(legal, "a", STREAM, 0, realign=True)
+    assert got.row_stride * 2 == 8320 and grown == [(0, 100 * 8320)] and bufs.fits(legal, "a", STREAM, realign=True)
 
 
 def test_transposed_copies_take_the_transposed_shape(fakes):
@@ -144,9 +152,10 @@ def test_transposed_copies_take_the_transposed_shape(fakes):
     grown, _, _ = fakes
     bufs = staging.StagingBuffers()
     b = view(1003, 1024, 1024, dtype=np.float32)  # (K, N), TMA-legal rows
-    got = bufs.aligned(b, "b", object(), 0, transposed=True)
-    assert (got.rows, got.cols, got.row_stride) == (1024, 1003, 1024) and grown == [(0, "b", 1024 * 4096)]
-    assert bufs.fits(b, "b", transposed=True) and not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", True)
+    got = bufs.aligned(b, "b", STREAM, 0, transposed=True)
+    assert (got.rows, got.cols, got.row_stride) == (1024, 1003, 1024) and grown == [(0, 1024 * 4096)]
+    assert bufs.fits(b, "b", STREAM, transposed=True)
+    assert not bufs.fits(view(1003, 1025, 1025, dtype=np.float32), "b", STREAM, True)
 
 
 def test_realign_roles_copy_what_pays():
@@ -184,15 +193,15 @@ def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
     a, b = view(4096, 2056, 2056), view(2048, 2056, 2056)
     d = view(4096, 2048, 2048)
     none = launch.EpilogueOperands()
-    assert g._staged_roles(4096, a, b, d, none, None) == {"b"}  # re-read by every M block
-    assert g._staged_roles(256, view(256, 2056, 2056), b, view(256, 2048, 2048), none, None) is None
-    assert g._staged_roles(4096, view(4096, 2064, 2064), view(2048, 2064, 2064), d, none, None) is None  # 32 B
+    assert g._staged_roles(4096, a, b, d, none, STREAM) == {"b"}  # re-read by every M block
+    assert g._staged_roles(256, view(256, 2056, 2056), b, view(256, 2048, 2048), none, STREAM) is None
+    assert g._staged_roles(4096, view(4096, 2064, 2064), view(2048, 2064, 2064), d, none, STREAM) is None  # 32 B
     capturing["now"] = True
-    assert g._staged_roles(4096, a, b, d, none, None) is None  # buffer not sized: TMA reads them in place
+    assert g._staged_roles(4096, a, b, d, none, STREAM) is None  # buffer not sized: TMA reads them in place
     capturing["now"] = False
-    g._staging.aligned(b, "b", None, 0, realign=True)
+    g._staging.aligned(b, "b", FakeStream(99), 0, realign=True)  # sized on another stream
     capturing["now"] = True
-    assert g._staged_roles(4096, a, b, d, none, None) == {"b"}
+    assert g._staged_roles(4096, a, b, d, none, STREAM) == {"b"}  # the capture borrows it
 
 
 def test_row_copy_kernel_compiles_for_sm90a_without_local_memory(cache_dir):
@@ -222,11 +231,12 @@ def test_d_rows_ending_inside_a_16_byte_chunk_are_staged(fakes, cache_dir):
     g = dg.build(64, 1479, 1024, dtype="bf16", arch="sm_90a")
     a, b = view(64, 1024, 1024), view(1479, 1024, 1024)
     none = launch.EpilogueOperands()
-    assert g._staged_roles(64, a, b, view(64, 1479, 1480), none, None) == frozenset()  # must stage: D
-    assert g._staged_roles(64, a, view(1480, 1024, 1024), view(64, 1480, 1488), none, None) is None
+    assert g._staged_roles(64, a, b, view(64, 1479, 1480), none, STREAM) == frozenset()  # must stage: D
+    assert g._staged_roles(64, a, view(1480, 1024, 1024), view(64, 1480, 1488), none, STREAM) is None
     # The staging buffers apply the same rule to D (and only to D: an input is read, never written past).
-    d2 = g._staging.aligned(view(64, 1479, 1480), "d", None, 0)
+    d2 = g._staging.aligned(view(64, 1479, 1480), "d", STREAM, 0)
     assert d2.ptr != 4096 and d2.row_stride * d2.itemsize % 128 == 0
-    assert g._staging.aligned(view(64, 1480, 1488), "d", None, 0).ptr == 4096
-    assert g._staging.aligned(view(64, 1479, 1480), "c", None, 0).ptr == 4096
-    assert not g._staging.fits(view(4096, 1479, 1480), "d") and g._staging.fits(view(4096, 1479, 1480), "residual")
+    assert g._staging.aligned(view(64, 1480, 1488), "d", STREAM, 0).ptr == 4096
+    assert g._staging.aligned(view(64, 1479, 1480), "c", STREAM, 0).ptr == 4096
+    assert not g._staging.fits(view(4096, 1479, 1480), "d", STREAM)
+    assert g._staging.fits(view(4096, 1479, 1480), "residual", STREAM)

@@ -351,6 +351,7 @@ def _graph_cases(dgt):
     linear = dgt.Linear(256, 520, bias=True, device="cuda", dtype=torch.bfloat16)
     w_nn = rand((264, 136), torch.float16)
     w_tf32 = rand((136, 264), torch.float32)
+    w_split = rand((2112, 7168), torch.bfloat16) / 7168 ** 0.5  # decode shape: a split-K kernel at M = 40
 
     def linear_ref(x):
         return x.double() @ linear.weight.double().T + linear.bias.double()
@@ -361,6 +362,10 @@ def _graph_cases(dgt):
                                      lambda a: ref64(a, w_nn, "nn"), BOUND),
         "op tf32 nt, a (77, 264)": ((77, 264), torch.float32, lambda a: dgt.gemm(a, w_tf32),
                                     lambda a: ref64(a, w_tf32, "nt"), 5e-3),
+        # Warmed up on a side stream, captured on torch.cuda.graph's own: the capture borrows the side stream's
+        # split-K workspace (stream_buffers.py).
+        "op bf16 nt split-K, a (40, 7168)": ((40, 7168), torch.bfloat16, lambda a: dgt.gemm(a, w_split),
+                                             lambda a: ref64(a, w_split, "nt"), BOUND),
     }
 
 
@@ -385,7 +390,7 @@ def capture_graph(fn, static_in, label):
 
 
 @pytest.mark.parametrize("case", ["Linear bf16 nt, bias, x (2, 37, 256)", "op fp16 nn, a (300, 264)",
-                                  "op tf32 nt, a (77, 264)"])
+                                  "op tf32 nt, a (77, 264)", "op bf16 nt split-K, a (40, 7168)"])
 def test_cuda_graph_capture_and_replay(case):
     dgt = pytest.importorskip("deepgemm_jit.torch")
     shape, dtype, fn, ref_fn, bound = _graph_cases(dgt)[case]
