@@ -117,9 +117,9 @@ class Gemm:
         self.split_k = split_k
         self.deterministic = deterministic
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
-        self._split_workspace = splitk.Workspace(on_evict=self._launch_plans.clear)
+        self._split_workspace = splitk.Workspace()
         # Aligned copies of operands TMA cannot describe (staging.py; _staged_roles says when they are used).
-        self._staging = staging.StagingBuffers(on_evict=self._launch_plans.clear)
+        self._staging = staging.StagingBuffers()
 
     @property
     def family(self) -> str:

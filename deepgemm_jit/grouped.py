@@ -47,6 +47,7 @@ from .arrays import (MatrixView, ScaleView, array_fields, check_writable, has_di
 from .errors import KernelNotCachedError
 from .render import render
 from .spec import GemmSpec
+from .stream_buffers import stream_key
 
 _OFFSETS, _SEGMENTS, _MASKED = 0, 1, 2  # GroupBounds in gemm_sm90.cuh
 _SEGMENTS_TEMPLATE = "group_segments.cu.j2"
@@ -207,7 +208,7 @@ class GroupedGemm:
         # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid.
         self.max_splits = splitk.grouped_max_splits(spec, self.config)
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
-        self._split_workspace = splitk.Workspace(on_evict=self._plans.clear)
+        self._split_workspace = splitk.Workspace()
 
     def __repr__(self) -> str:
         return f"GroupedGemm({self.spec.tag}, {self.config.tag}, arch={self.arch})"
@@ -335,7 +336,8 @@ class GroupedGemm:
                               ops, group, split),)
         for plan in plans:
             plan.run(cu_stream)
-        if key is not None and None not in key:
+        # Not the plans of a CUDA-graph capture (as Gemm's): it may borrow another stream's split workspace.
+        if key is not None and None not in key and not runtime.is_capturing(cu_stream):
             bound = m_indices is not None or split is not None and split.partials
             self._plans.keep(key, plans, kind, dev, cu_stream.ptr if bound else None)
         return result
@@ -363,7 +365,7 @@ class GroupedGemm:
         is the segments' address. The workspace is kept per (device, stream, G) and reused: calls on one stream
         run in order, so a later call cannot overwrite it while an earlier one reads it (and a captured graph
         keeps its address). `explicit`: the call named its stream (arrays.allocating_for)."""
-        key = (dev, cu_stream.ptr, num_groups)
+        key = (dev, stream_key(cu_stream.ptr), num_groups)  # the per-thread default stream: per thread
         with self._lock:
             workspace = self._workspaces.get(key)
             if workspace is None:

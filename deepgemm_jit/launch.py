@@ -19,6 +19,7 @@ from .jit import KernelArtifact
 from .runtime import LoadedKernel
 from .spec import GemmSpec
 from .splitk import SplitOperands
+from .stream_buffers import stream_key
 
 # Whether sm90 GEMM launches are programmatic by default (LaunchPlan.programmatic: the launch is processed while
 # the previous kernel on the stream runs, the kernel waiting for it before touching memory). Chains of 20 calls
@@ -232,11 +233,12 @@ class KeptPlans:
         cu_stream = runtime.stream_for(kind, stream, device_id)
         plan = by_stream.get(None)
         if plan is None:
-            plan = by_stream.get(cu_stream.ptr)
+            plan = by_stream.get(stream_key(cu_stream.ptr))
         return None if plan is None else (plan, cu_stream)
 
     def keep(self, key: tuple, plan, kind: str, device_id: int, stream_ptr: int | None) -> None:
-        """Keep `plan` for calls with `key` on the stream with handle `stream_ptr` (None: on any stream)."""
+        """Keep `plan` for calls with `key` on the stream with handle `stream_ptr` (None: on any stream; the
+        per-thread default stream: in this thread, stream_buffers.stream_key)."""
         entry = self._entries.get(key)
         if entry is None or entry[:2] != (kind, device_id):
             if len(self._entries) >= self._limit:
@@ -244,7 +246,7 @@ class KeptPlans:
             entry = self._entries[key] = (kind, device_id, {})
         if len(entry[2]) >= self._per_key_streams:
             entry[2].clear()
-        entry[2][stream_ptr] = plan
+        entry[2][None if stream_ptr is None else stream_key(stream_ptr)] = plan
 
     def clear(self) -> None:
         self._entries.clear()

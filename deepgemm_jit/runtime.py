@@ -308,14 +308,6 @@ def is_capturing(stream) -> bool:
     return bool(cupy.cuda.runtime.streamIsCapturing(stream.ptr))
 
 
-def synchronize_device(device_id: int) -> None:
-    """Wait for everything queued on device `device_id` (not allowed while a stream captures a CUDA graph)."""
-    import cupy
-
-    with cupy.cuda.Device(device_id):
-        cupy.cuda.runtime.deviceSynchronize()
-
-
 _kept_for_graphs: list = []  # see keep_while_captured
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import config as config_mod
-from . import runtime, stream_buffers
+from . import stream_buffers
 from .config import KernelConfig
 from .spec import GemmSpec
 
@@ -142,10 +142,10 @@ class SplitOperands:
 
 class Workspace:
     """Partial tiles and arrival counters of one Gemm, per device and stream (stream_buffers.py; see the module
-    docstring). `on_evict`: called when a stream takes over another's set (its owner's kept plans point at it)."""
+    docstring)."""
 
-    def __init__(self, on_evict=None):
-        self._sets = stream_buffers.StreamBuffers(on_evict)
+    def __init__(self):
+        self._sets = stream_buffers.StreamBuffers()
         self.held = self._sets.held  # live buffers by (device, stream handle, role)
 
     def pairs(self) -> list[tuple[object, object]]:
@@ -181,5 +181,5 @@ def _allocate(nbytes: int, device_id: int):
 
     with cupy.cuda.Device(device_id):
         buf = cupy.zeros(nbytes // 4, dtype=cupy.uint32)
-    runtime.synchronize_device(device_id)
+        cupy.cuda.runtime.deviceSynchronize()
     return buf

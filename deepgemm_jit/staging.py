@@ -63,10 +63,10 @@ def _staged_shape(view: MatrixView, transposed: bool) -> tuple[int, MatrixView]:
 
 class StagingBuffers:
     """A Gemm's staging buffers: per device and stream (stream_buffers.py), one CuPy byte buffer per operand role
-    (ROLES), grown on demand. `on_evict`: called when a stream takes over another's set (kept plans point at it)."""
+    (ROLES), grown on demand."""
 
-    def __init__(self, on_evict=None) -> None:
-        self._sets = stream_buffers.StreamBuffers(on_evict)
+    def __init__(self) -> None:
+        self._sets = stream_buffers.StreamBuffers()
         self.held = self._sets.held  # live buffers by (device, stream handle, role)
 
     def fits(self, view: MatrixView, role: str, stream, transposed: bool = False, realign: bool = False) -> bool:

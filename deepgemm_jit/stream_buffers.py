@@ -8,14 +8,16 @@ PyTorch keeps a cuBLAS workspace per (handle, stream).
 Rules:
 
 - A stream's set is made on its first call that needs one, and a buffer grows (at least doubled) when a call
-  needs more. Allocation synchronises, so it never happens while the stream captures a CUDA graph. Outgrown
-  buffers are retired, never freed: kept launch plans and captured graphs may still point at them.
-- Under a capture a call uses its stream's set when it is large enough, else the largest set of the device that
-  is (``torch.cuda.graph`` captures on a stream of its own, after a warm-up on another). A graph then shares that
-  set with the eager calls of its stream: do not replay it while the same Gemm runs on that stream.
-- At most MAX_STREAMS sets per device. A stream past that takes over the oldest set once the device is
-  synchronised (nothing is in flight then), and the owner's kept launch plans are dropped (``on_evict``):
-  the old stream's plans point at the set.
+  needs more. Allocation synchronises, so it never happens while the stream captures a CUDA graph. No buffer is
+  freed while the Gemm lives (outgrown ones are retired): kept launch plans and captured graphs point at them.
+  So the memory grows with the number of streams that call the Gemm: reuse streams (torch's pools do), do not make
+  one per call; past WARN_STREAMS sets on a device a RuntimeWarning says so, once.
+- The per-thread default stream (handle 2, ``cupy.cuda.Stream.ptds``) is a different stream in every thread:
+  its sets are kept per thread (stream_key).
+- Under a capture a call uses its stream's own buffers where they are large enough, else, role by role, the
+  largest buffer of the device that is, which belongs to another stream (``torch.cuda.graph`` captures on a stream
+  of its own, after a warm-up on another). Such a graph shares that buffer: do not replay it while the same Gemm
+  runs on another stream, nor two such graphs at once.
 
 Example::
 
@@ -26,11 +28,18 @@ Example::
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Callable
 
 from . import runtime
 
-MAX_STREAMS = 64  # sets per device (torch's stream pools hold 32 per priority, plus the default stream)
+WARN_STREAMS = 128  # sets per device (torch's pools hold 32 streams per priority, plus the default stream)
+PER_THREAD_STREAM = 2  # cudaStreamPerThread / CU_STREAM_PER_THREAD
+
+
+def stream_key(ptr: int):
+    """What tells a stream apart: its handle, and for the per-thread default stream the calling thread too."""
+    return (ptr, threading.get_ident()) if ptr == PER_THREAD_STREAM else ptr
 
 
 def _fits(buffers: dict, need: dict[str, int]) -> bool:
@@ -38,35 +47,35 @@ def _fits(buffers: dict, need: dict[str, int]) -> bool:
 
 
 class StreamBuffers:
-    """A Gemm's buffers by (device, stream handle) and role; see the module docstring."""
+    """A Gemm's buffers by (device, stream_key) and role; see the module docstring."""
 
-    def __init__(self, on_evict: Callable[[], None] | None = None, max_streams: int = MAX_STREAMS) -> None:
-        self._sets: dict[tuple[int, int], dict[str, object]] = {}
+    def __init__(self) -> None:
+        self._sets: dict[tuple, dict[str, object]] = {}
         self._retired: list = []  # outgrown buffers: kept plans and captured graphs may still point at them
-        self._on_evict = on_evict
-        self._max_streams = max_streams
+        self._warned = False
         self._lock = threading.Lock()
 
-    def held(self) -> dict[tuple[int, int, str], object]:
-        """Every live buffer by (device, stream handle, role) (explain, tests)."""
+    def held(self) -> dict[tuple, object]:
+        """Every live buffer by (device, stream key, role) (tests, inspection)."""
         with self._lock:
-            return {(dev, ptr, role): buf for (dev, ptr), bufs in self._sets.items() for role, buf in bufs.items()}
+            return {(dev, key, role): buf for (dev, key), bufs in self._sets.items() for role, buf in bufs.items()}
 
     @property
     def retired(self) -> list:
         return list(self._retired)
 
     def find(self, device_id: int, stream, need: dict[str, int]) -> dict | None:
-        """The set a call on `stream` would use with no allocation: the stream's own when it holds `need` (bytes by
-        role), else, while `stream` captures a CUDA graph, the largest set of the device that does; else None."""
+        """The buffers (by role) a call on `stream` would use with no allocation: the stream's own when they hold
+        `need` (bytes by role), else, while `stream` captures a CUDA graph, the largest of the device per role that
+        do; else None."""
         with self._lock:
             return self._find(device_id, stream, need)
 
     def buffers(self, device_id: int, stream, need: dict[str, int],
                 allocate: Callable[[str, int, object], object], what: str, hint: str = "") -> dict:
-        """The set of `stream` on `device_id` with at least `need` bytes per role (find's, under a capture),
-        growing or making the stream's own with `allocate(role, nbytes, stream)` first where needed (not while
-        `stream` captures a CUDA graph: RuntimeError naming `what`, ending with `hint`)."""
+        """Buffers (by role) for a call on `stream` on `device_id` with at least `need` bytes per role (find's,
+        under a capture), growing or making the stream's own with `allocate(role, nbytes, stream)` first where
+        needed (not while `stream` captures a CUDA graph: RuntimeError naming `what`, ending with `hint`)."""
         with self._lock:
             found = self._find(device_id, stream, need)
             if found is not None:
@@ -76,10 +85,11 @@ class StreamBuffers:
                     f"{what} needs a larger buffer, which is allocated (with a synchronisation) on the first call "
                     "that needs it: call it once outside the capture (with this size or a larger one) before "
                     f"capturing a CUDA graph{hint}")
-            key = (device_id, stream.ptr)
+            key = (device_id, stream_key(stream.ptr))
             own = self._sets.get(key)
             if own is None:
-                own = self._sets[key] = self._new_set(device_id)
+                own = self._sets[key] = {}
+                self._warn_if_many(device_id)
             for role, nbytes in need.items():
                 have = own.get(role)
                 if have is not None and have.nbytes >= nbytes:
@@ -90,24 +100,27 @@ class StreamBuffers:
                     self._retired.append(have)
                     nbytes = max(nbytes, 2 * have.nbytes)
                 own[role] = allocate(role, nbytes, stream)
-            return own
+            return dict(own)
 
     def _find(self, device_id: int, stream, need: dict[str, int]) -> dict | None:
-        own = self._sets.get((device_id, stream.ptr))
+        own = self._sets.get((device_id, stream_key(stream.ptr)))
         if own is not None and _fits(own, need):
-            return own
+            return dict(own)
         if not runtime.is_capturing(stream):
             return None
-        fitting = [s for (dev, _), s in self._sets.items() if dev == device_id and _fits(s, need)]
-        return max(fitting, key=lambda s: sum(buf.nbytes for buf in s.values()), default=None)
+        borrowed = {}
+        for role, nbytes in need.items():
+            fitting = [bufs[role] for (dev, _), bufs in self._sets.items()
+                       if dev == device_id and role in bufs and bufs[role].nbytes >= nbytes]
+            if not fitting:
+                return None
+            borrowed[role] = max(fitting, key=lambda buf: buf.nbytes)
+        return borrowed
 
-    def _new_set(self, device_id: int) -> dict:
-        """An empty set, or past max_streams on the device the oldest one's, taken over once the device is idle."""
-        mine = [key for key in self._sets if key[0] == device_id]
-        if len(mine) < self._max_streams:
-            return {}
-        runtime.synchronize_device(device_id)
-        taken = self._sets.pop(mine[0])
-        if self._on_evict is not None:
-            self._on_evict()
-        return taken
+    def _warn_if_many(self, device_id: int) -> None:
+        count = sum(1 for dev, _ in self._sets if dev == device_id)
+        if count > WARN_STREAMS and not self._warned:
+            self._warned = True
+            warnings.warn(f"a Gemm now keeps split-K / staging buffers for {count} streams on device {device_id}: "
+                          "they are kept for the Gemm's life (captured graphs and kept plans point at them), so "
+                          "reuse streams rather than making one per call", RuntimeWarning, stacklevel=4)

@@ -15,18 +15,18 @@ the package never imports it.
 Five ops, ``torch.ops.deepgemm_jit.gemm``, ``.quantize``, ``.gemm_fp8``, ``.grouped_mm`` and ``.grouped_mm_fp8``,
 each with a fake (meta)
 implementation, so they trace under ``torch.compile(fullgraph=True)`` and ``torch.export`` without a graph
-break. They synchronise nothing with the host and allocate only their outputs from torch's allocator
-(``quantize`` with ``granularity="tensor"`` also a one-word amax), so they can be captured in a CUDA
-graph once a call outside the capture has compiled and loaded the kernels. An FP8 operand whose rows
-are not a multiple of 16 bytes (K % 16 != 0), or an output whose rows are not (N % 8 != 0 for bf16/fp16
-output), goes through aligned staging copies (staging.py): the first call of a size allocates them and
-synchronises the stream; later calls at that size or smaller only enqueue the copies, and can be captured.
-No autograd formulas: inference only.
+break. Once a stream has run a problem at a size, they synchronise nothing with the host and allocate only their
+outputs from torch's allocator (``quantize`` with ``granularity="tensor"`` also a one-word amax), so they can be
+captured in a CUDA graph. The first call of a size on a stream allocates (and synchronises for) the Gemm's buffers
+of that stream: the split-K workspace, and the aligned staging copies (staging.py) that an FP8 operand whose rows
+are not a multiple of 16 bytes (K % 16 != 0), or an output whose rows are not (N % 8 != 0 for bf16/fp16 output),
+goes through. No autograd formulas: inference only.
 
 Each op keeps one Gemm per (device, problem, M bucket) and every caller of that problem shares it. Its split-K
-workspace and staging buffers are kept per stream (stream_buffers.py), so calls on two streams may overlap. A graph
-captured on a stream without its own (torch.cuda.graph's) uses the set of the stream that warmed up: do not replay
-it while the same problem runs on that stream, nor replay two such graphs at once.
+workspace and staging buffers are kept per stream (stream_buffers.py), so calls on two streams may overlap. A
+capture on a stream whose own are missing or too small (torch.cuda.graph captures on a stream of its own) uses the
+device's largest that fit, another stream's: do not replay such a graph while the same problem runs on another
+stream, nor two such graphs at once.
 """
 from __future__ import annotations
 

@@ -495,3 +495,40 @@ def test_device_split_cuda_graph_replay_changes_its_shares():
     seen = {_tail_split(g, [(gi * max_m, gi * max_m + c) for gi, c in enumerate(new)]) for new in new_counts}
     _replay_masked(g, a, b, counts, out, new_counts)
     assert seen == {(0, 4), (96, 1), (132, 4), (0, 2)}
+
+
+def test_capture_on_another_stream_borrows_but_keeps_no_plan():
+    """A device-split call warmed up on one stream and captured on another borrows the first stream's workspace
+    (stream_buffers.py), so the capture's launch must not be kept as that stream's plan: an eager call on the
+    capturing stream afterwards plans for (and allocates) a workspace of its own."""
+    import cupy
+
+    from deepgemm_jit import config
+
+    num_groups, max_m, n, k = 2, 384, 4096, 1024
+    spec = dg.grouped.grouped_spec(n, k, dtype="bf16")
+    g = dg.build_grouped(n, k, dtype="bf16", num_groups=num_groups,
+                         config=config.sm90_config(spec, 128, 128, split_k=True))
+    a = reference.random_matrix((num_groups, max_m, k), "bf16")
+    b = reference.random_matrix((num_groups, n, k), "bf16", scale=1.0 / math.sqrt(k))
+    counts = cupy.asarray([100, 0], dtype=cupy.int32)  # 32 tiles: split
+    out = reference.poisoned((num_groups, max_m, n), "bf16")
+    warm, capturing = (cupy.cuda.Stream(non_blocking=True) for _ in range(2))
+    g(a, b, masked_m=counts, out=out, stream=warm)
+    warm.synchronize()
+    kept = len(g._plans.plans())
+    with capturing:
+        capturing.begin_capture()
+        g(a, b, masked_m=counts, out=out, stream=capturing)
+        graph = capturing.end_capture()
+    assert len(g._plans.plans()) == kept and len(g._split_workspace.pairs()) == 1
+    reference.poison(out, capturing)
+    graph.launch(capturing)
+    capturing.synchronize()
+    ref = reference.to_float64(a)[0, :100] @ reference.to_float64(b)[0].T
+    assert reference.within_bound(reference.error(out[0, :100], ref), "bf16")
+    reference.poison(out, capturing)
+    g(a, b, masked_m=counts, out=out, stream=capturing)
+    capturing.synchronize()
+    assert reference.within_bound(reference.error(out[0, :100], ref), "bf16")
+    assert len(g._split_workspace.pairs()) == 2 and len(g._plans.plans()) == kept + 1

@@ -312,11 +312,14 @@ def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
 
 def test_each_stream_gets_its_own_workspace(monkeypatch):
     """Two streams running one Gemm at once must not meet in one workspace (overlapped micro-batches calling a
-    memoized Gemm): each stream gets its own. Past stream_buffers.MAX_STREAMS streams on a device, a new one takes
-    over the oldest's after a device synchronisation, and the owner's kept plans are dropped (they point at it)."""
+    memoized Gemm): each stream gets its own, and the per-thread default stream (handle 2) one per thread. Past
+    stream_buffers.WARN_STREAMS streams on a device a RuntimeWarning says that the buffers are kept (once)."""
+    import threading
+    import warnings
+
     spec = GemmSpec.create(1000, 4096, dtype="bf16")
     cfg = config.sm90_config(spec, 64, 128, split_k=True)
-    made, synced, evicted = [], [], []
+    made = []
 
     def fake_allocate(nbytes, device_id):
         made.append(nbytes)
@@ -324,21 +327,45 @@ def test_each_stream_gets_its_own_workspace(monkeypatch):
 
     monkeypatch.setattr(splitk, "_allocate", fake_allocate)
     monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: False)
-    monkeypatch.setattr(stream_buffers.runtime, "synchronize_device", synced.append)
-    ws = splitk.Workspace(on_evict=lambda: evicted.append(1))
+    ws = splitk.Workspace()
     first = ws.operands(spec, cfg, 100, 3, 0, _Stream(1))
-    second = ws.operands(spec, cfg, 100, 3, 0, _Stream(2))
+    second = ws.operands(spec, cfg, 100, 3, 0, _Stream(5))
     assert len({first.partials, first.arrivals, second.partials, second.arrivals}) == 4
     assert ws.operands(spec, cfg, 100, 3, 0, _Stream(1)) == first and len(made) == 4
-    for ptr in range(3, stream_buffers.MAX_STREAMS + 1):
-        ws.operands(spec, cfg, 100, 3, 0, _Stream(ptr))
-    assert not synced and not evicted and len(ws.pairs()) == stream_buffers.MAX_STREAMS
-    allocated = len(made)
-    taken = ws.operands(spec, cfg, 100, 3, 0, _Stream(1000))
-    assert taken == first and synced == [0] and evicted == [1] and len(made) == allocated
-    assert (0, 1, "partials") not in ws.held() and len(ws.pairs()) == stream_buffers.MAX_STREAMS
-    ws.operands(spec, cfg, 100, 3, 1, _Stream(1000))  # another device: a set of its own
-    assert len(made) == allocated + 2 and synced == [0]
+    here = ws.operands(spec, cfg, 100, 3, 0, _Stream(stream_buffers.PER_THREAD_STREAM))
+    there = []
+    thread = threading.Thread(target=lambda: there.append(
+        ws.operands(spec, cfg, 100, 3, 0, _Stream(stream_buffers.PER_THREAD_STREAM))))
+    thread.start()
+    thread.join()
+    assert here.partials != there[0].partials and len(made) == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for ptr in range(10, 10 + stream_buffers.WARN_STREAMS - 4):
+            ws.operands(spec, cfg, 100, 3, 0, _Stream(ptr))
+    with pytest.warns(RuntimeWarning, match="reuse streams"):
+        ws.operands(spec, cfg, 100, 3, 0, _Stream(100000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ws.operands(spec, cfg, 100, 3, 0, _Stream(100001))  # once
+        ws.operands(spec, cfg, 100, 3, 1, _Stream(100001))  # another device: a set of its own
+    assert len(ws.pairs()) == stream_buffers.WARN_STREAMS + 3
+
+
+def test_a_capture_borrows_buffers_role_by_role(monkeypatch):
+    """A capture on a stream whose own workspace is too small takes, for partials and counters each, the largest of
+    the device that fits, even from two streams (each warmed up at another M)."""
+    capturing = {"now": False}
+    monkeypatch.setattr(splitk, "_allocate", lambda nbytes, device_id: _Buf(nbytes, nbytes))
+    monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: capturing["now"])
+    ws = splitk.Workspace()
+    ws.reserve(1000, 8, 2, 0, _Stream(1))
+    ws.reserve(100, 80, 2, 0, _Stream(2))
+    capturing["now"] = True
+    got = ws.reserve(500, 40, 2, 0, _Stream(3))
+    assert (got.partials, got.arrivals) == (1000, 80)
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        ws.reserve(2000, 8, 2, 0, _Stream(3))
 
 
 def test_workspace_grows_geometrically(monkeypatch):
