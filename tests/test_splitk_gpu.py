@@ -292,6 +292,51 @@ def test_two_streams_run_one_gemm_at_once(k, deterministic):
         assert {stream for _, stream, _ in g._staging.held()} == {s.ptr for s in streams}
 
 
+def test_two_threads_on_their_per_thread_default_streams():
+    """The per-thread default stream (cupy.cuda.Stream.ptds, handle 2) is a different stream in every thread: two
+    threads calling one Gemm on theirs at the same time each get their own workspace (stream_buffers.stream_key);
+    keyed by the handle alone, they shared one."""
+    import threading
+
+    import cupy
+
+    from streams import spin
+
+    m, n, k, calls = 64, 2112, 7168, 24
+    g = build(m, n, k, dtype="bf16", split_k=4, weight_streaming=False)
+    b = reference.random_operands(g.spec, m)[1]
+    inputs = [reference.random_operands(g.spec, m)[0] for _ in range(2)]
+    refs = [reference.reference(g.spec, a, b) for a in inputs]
+    outs = [[reference.poisoned((m, n), "bf16") for _ in range(calls)] for _ in inputs]
+    ready, failures = threading.Barrier(2), []
+
+    def work(j):
+        try:
+            stream = cupy.cuda.Stream.ptds
+            assert stream.ptr == 2
+            g(inputs[j], b, out=outs[j][0], stream=stream)  # this thread's workspace sized, plans kept
+            stream.synchronize()
+            reference.poison(outs[j][0], stream)
+            spin(stream, 0.05)
+            ready.wait()  # both spins queued: the calls below start together on the GPU
+            for i in range(calls):
+                g(inputs[j], b, out=outs[j][i], stream=stream)
+            stream.synchronize()
+        except Exception as exc:  # reported below, in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(j,)) for j in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    bad = [(j, i, reference.error(out, ref)) for j, (outs_j, ref) in enumerate(zip(outs, refs))
+           for i, out in enumerate(outs_j) if not reference.within_bound(reference.error(out, ref), "bf16")]
+    assert not bad, bad[:6]
+    assert len(g._split_workspace.pairs()) == 2 and _arrivals_zero(g)
+
+
 def test_plan_grid_covers_units():
     """The grid launches tiles x splits CTAs up to the SM count."""
     import cupy
