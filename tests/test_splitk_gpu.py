@@ -308,7 +308,11 @@ def test_two_threads_on_their_per_thread_default_streams():
     inputs = [reference.random_operands(g.spec, m)[0] for _ in range(2)]
     refs = [reference.reference(g.spec, a, b) for a in inputs]
     outs = [[reference.poisoned((m, n), "bf16") for _ in range(calls)] for _ in inputs]
-    ready, failures = threading.Barrier(2), []
+    # One gate for both threads' streams, spun after their first calls (which allocate and synchronise the
+    # device): their calls start at the same moment on the GPU. A spin of each thread's own started ~1 ms apart,
+    # longer than a thread's 24 calls take, and the control then saw no overlap.
+    gate = cupy.cuda.Stream(non_blocking=True)
+    warmed, gated, opened, failures = threading.Barrier(3), threading.Barrier(3), [], []
 
     def work(j):
         try:
@@ -317,17 +321,27 @@ def test_two_threads_on_their_per_thread_default_streams():
             g(inputs[j], b, out=outs[j][0], stream=stream)  # this thread's workspace sized, plans kept
             stream.synchronize()
             reference.poison(outs[j][0], stream)
-            spin(stream, 0.05)
-            ready.wait()  # both spins queued: the calls below start together on the GPU
+            warmed.wait()
+            gated.wait()
+            stream.wait_event(opened[0])
             for i in range(calls):
                 g(inputs[j], b, out=outs[j][i], stream=stream)
             stream.synchronize()
         except Exception as exc:  # reported below, in the test's thread
             failures.append(exc)
+            warmed.abort()
+            gated.abort()
 
     threads = [threading.Thread(target=work, args=(j,)) for j in range(2)]
     for thread in threads:
         thread.start()
+    try:
+        warmed.wait(timeout=120)
+        spin(gate, 0.05)
+        opened.append(gate.record())
+        gated.wait(timeout=10)
+    except threading.BrokenBarrierError:
+        pass  # a thread failed: its exception is reported below
     for thread in threads:
         thread.join()
     assert not failures, failures
