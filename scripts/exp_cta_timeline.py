@@ -121,7 +121,10 @@ def main() -> int:
                          "finish_p90_us": float(np.percentile(finish, 90)),
                          "start_skew_us": float((start.max() - t0) / 1e3),
                          "late_sms": [int(s) for s in sm[np.argsort(-finish)[:8]]],
-                         "finish_us_by_sm": {int(s): float(f) for s, f in zip(sm, finish)}})
+                         "finish_us_by_sm": {int(s): float(f) for s, f in zip(sm, finish)},
+                         # by blockIdx.x, of the CTAs that ran (the scheduler maps them to tiles and shares)
+                         "start_us_by_cta": [round(float(v), 2) for v in (start - t0) / 1e3],
+                         "finish_us_by_cta": [round(float(v), 2) for v in finish]})
         late_sets = [set(r["late_sms"]) for r in reps]
         common = set.intersection(*late_sets) if late_sets else set()
         row = {"problem": item, "config": gemm.config.tag, "reps": reps, "late_in_every_rep": sorted(common)}
