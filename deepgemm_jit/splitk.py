@@ -22,11 +22,11 @@ Dispatch:
 - ``build(..., split_k=S)`` forces S shares on every call (``split_k=1``: never split).
 
 Workspace (:class:`Workspace`): one per ``Gemm``, device and stream (``stream_buffers.py``: calls of one Gemm on
-two streams may overlap), allocated on the first call that needs it and grown (never freed while the Gemm lives:
-kept launch plans hold its address) when a larger M needs more. The arrival counters are zeroed once at
-allocation; every launch leaves them zero. Nothing is allocated or synchronised on later calls, so a call can be
-captured in a CUDA graph once the Gemm has run at that size (on any stream: a capture borrows another stream's
-workspace when its own is missing or too small).
+two streams may overlap), allocated on a stream's first call that needs it (with a device synchronisation) and
+grown (never freed while the Gemm lives: kept launch plans hold its address) when a larger M needs more. The
+arrival counters are zeroed once at allocation; every launch leaves them zero. Nothing is allocated or
+synchronised on later calls, so a call can be captured in a CUDA graph once the Gemm has run at that size (on any
+stream: a capture borrows another stream's workspace when its own is missing or too small).
 
 Example::
 
@@ -146,7 +146,7 @@ class Workspace:
 
     def __init__(self):
         self._sets = stream_buffers.StreamBuffers()
-        self.held = self._sets.held  # live buffers by (device, stream handle, role)
+        self.held = self._sets.held  # live buffers by (device, stream_buffers.stream_key, role)
 
     def pairs(self) -> list[tuple[object, object]]:
         """(partials, arrivals) of every stream's live workspace (tests)."""

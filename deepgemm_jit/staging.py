@@ -67,7 +67,7 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._sets = stream_buffers.StreamBuffers()
-        self.held = self._sets.held  # live buffers by (device, stream handle, role)
+        self.held = self._sets.held  # live buffers by (device, stream_buffers.stream_key, role)
 
     def fits(self, view: MatrixView, role: str, stream, transposed: bool = False, realign: bool = False) -> bool:
         """Whether a call on `stream` finds the buffer of `role` on `view`'s device already large enough for

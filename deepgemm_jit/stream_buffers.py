@@ -13,20 +13,24 @@ Rules:
   So the memory grows with the number of streams that call the Gemm: reuse streams (torch's pools do), do not make
   one per call; past WARN_STREAMS sets on a device a RuntimeWarning says so, once.
 - The per-thread default stream (handle 2, ``cupy.cuda.Stream.ptds``) is a different stream in every thread:
-  its sets are kept per thread (stream_key).
-- Under a capture a call uses its stream's own buffers where they are large enough, else, role by role, the
-  largest buffer of the device that is, which belongs to another stream (``torch.cuda.graph`` captures on a stream
-  of its own, after a warm-up on another). Such a graph shares that buffer: do not replay it while the same Gemm
-  runs on another stream, nor two such graphs at once.
+  its sets are kept per thread (stream_key; a token per thread, not its id, which a new thread may reuse while the
+  old one's work still runs).
+- A captured graph writes the buffers it was captured with, on whatever stream it is replayed: do not replay it
+  while the same Gemm runs eagerly on its capture stream, nor two graphs captured on one stream at once (capture
+  each micro-batch's graph on a stream of its own, warmed up there: ``torch.cuda.graph(g, stream=s)``). Under a
+  capture a call uses its stream's own buffer of a role where it is large enough, else the largest of the device
+  that is, another stream's (``torch.cuda.graph`` captures on a stream of its own by default, after a warm-up on
+  another): such a graph shares it with that stream too.
 
 Example::
 
     sets = StreamBuffers()
-    bufs = sets.buffers(0, stream, {"partials": 1 << 20}, allocate, "this split-K call")   # allocate(role, nbytes)
+    bufs = sets.buffers(0, stream, {"partials": 1 << 20}, allocate, "this split-K call")   # allocate(role, n, stream)
     bufs["partials"].data.ptr
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 from typing import Callable
@@ -37,9 +41,19 @@ WARN_STREAMS = 128  # sets per device (torch's pools hold 32 streams per priorit
 PER_THREAD_STREAM = 2  # cudaStreamPerThread / CU_STREAM_PER_THREAD
 
 
+_thread_tokens = threading.local()
+_next_token = itertools.count(1)
+
+
 def stream_key(ptr: int):
-    """What tells a stream apart: its handle, and for the per-thread default stream the calling thread too."""
-    return (ptr, threading.get_ident()) if ptr == PER_THREAD_STREAM else ptr
+    """What tells a stream apart: its handle, and for the per-thread default stream the calling thread too (a token
+    made once per thread: thread ids are reused as soon as a thread exits, its queued work perhaps still running)."""
+    if ptr != PER_THREAD_STREAM:
+        return ptr
+    token = getattr(_thread_tokens, "token", None)
+    if token is None:
+        token = _thread_tokens.token = next(_next_token)
+    return (ptr, token)
 
 
 def _fits(buffers: dict, need: dict[str, int]) -> bool:
@@ -103,19 +117,22 @@ class StreamBuffers:
             return dict(own)
 
     def _find(self, device_id: int, stream, need: dict[str, int]) -> dict | None:
-        own = self._sets.get((device_id, stream_key(stream.ptr)))
-        if own is not None and _fits(own, need):
+        own = self._sets.get((device_id, stream_key(stream.ptr))) or {}
+        if _fits(own, need):
             return dict(own)
         if not runtime.is_capturing(stream):
             return None
-        borrowed = {}
+        found = {}
         for role, nbytes in need.items():
+            if _fits(own, {role: nbytes}):
+                found[role] = own[role]
+                continue
             fitting = [bufs[role] for (dev, _), bufs in self._sets.items()
                        if dev == device_id and role in bufs and bufs[role].nbytes >= nbytes]
             if not fitting:
                 return None
-            borrowed[role] = max(fitting, key=lambda buf: buf.nbytes)
-        return borrowed
+            found[role] = max(fitting, key=lambda buf: buf.nbytes)
+        return found
 
     def _warn_if_many(self, device_id: int) -> None:
         count = sum(1 for dev, _ in self._sets if dev == device_id)

@@ -24,9 +24,11 @@ goes through. No autograd formulas: inference only.
 
 Each op keeps one Gemm per (device, problem, M bucket) and every caller of that problem shares it. Its split-K
 workspace and staging buffers are kept per stream (stream_buffers.py), so calls on two streams may overlap. A
-capture on a stream whose own are missing or too small (torch.cuda.graph captures on a stream of its own) uses the
-device's largest that fit, another stream's: do not replay such a graph while the same problem runs on another
-stream, nor two such graphs at once.
+captured graph writes the buffers it was captured with wherever it is replayed: do not replay it while the same
+problem runs eagerly on its capture stream, nor two graphs captured on one stream at once (capture each
+micro-batch on a stream of its own, warmed up there: ``torch.cuda.graph(g, stream=s)``). A capture on a stream
+whose own buffers are missing or too small (by default torch.cuda.graph's own stream) uses the device's largest
+that fit, another stream's.
 """
 from __future__ import annotations
 

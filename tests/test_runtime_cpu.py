@@ -186,5 +186,24 @@ def test_kept_plans_serve_only_the_stream_whose_buffers_they_write(monkeypatch):
     assert kept.lookup(("bound",), 1) is None and kept.lookup(("bound",), 4)[0] == "plan-on-4"
     kept.keep(("third",), "plan-3", "cupy", 0, None)  # past limit keys: all start over
     assert len(kept) == 1 and kept.plans() == ["plan-3"]
+    # The per-thread default stream (handle 2) is another stream in every thread: a plan kept for it in one thread
+    # (it writes that thread's buffers) serves no other thread, even one that reuses a finished thread's id.
+    import threading
+
+    kept.keep(("ptds",), "plan-of-this-thread", "cupy", 0, 2)
+    seen = []
+    for _ in range(2):
+        thread = threading.Thread(target=lambda: seen.append(kept.lookup(("ptds",), 2)))
+        thread.start()
+        thread.join()
+    assert seen == [None, None] and kept.lookup(("ptds",), 2)[0] == "plan-of-this-thread"
+    for _ in range(3):  # a thread that exits, then a new one (often with the same thread id)
+        done = threading.Thread(target=lambda: kept.keep(("ptds",), "plan-of-a-finished-thread", "cupy", 0, 2))
+        done.start()
+        done.join()
+        thread = threading.Thread(target=lambda: seen.append(kept.lookup(("ptds",), 2)))
+        thread.start()
+        thread.join()
+    assert seen == [None] * 5
     kept.clear()
     assert len(kept) == 0

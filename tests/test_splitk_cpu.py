@@ -364,6 +364,13 @@ def test_a_capture_borrows_buffers_role_by_role(monkeypatch):
     capturing["now"] = True
     got = ws.reserve(500, 40, 2, 0, _Stream(3))
     assert (got.partials, got.arrivals) == (1000, 80)
+    # A role the capturing stream's own buffer holds stays its own (not the device's largest); only the other is
+    # borrowed (fake buffers: address = size).
+    capturing["now"] = False
+    ws.reserve(200, 4, 2, 0, _Stream(4))
+    capturing["now"] = True
+    got = ws.reserve(150, 6, 2, 0, _Stream(4))
+    assert (got.partials, got.arrivals) == (200, 80)  # the largest counters that fit: stream 2's
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
         ws.reserve(2000, 8, 2, 0, _Stream(3))
 
