@@ -476,11 +476,8 @@ def test_device_split_follows_the_realised_tiles(dtype, deterministic):
     assert seen == {(0, 4), (0, 2), (96, 1), (128, 1), (132, 4), (132, 2)}
 
 
-def test_device_split_cuda_graph_replay_changes_its_shares():
-    """A captured device-split call: replays with new masked_m switch on the device between all tiles split, none,
-    and the tiles past the first wave split."""
-    import cupy
-
+def _masked_device_split():
+    """(g, a, b): a BF16 GroupedGemm forced to 128x128 device-split tiles, 2 masked groups of 384 rows, 4096x1024."""
     from deepgemm_jit import config
 
     num_groups, max_m, n, k = 2, 384, 4096, 1024
@@ -489,6 +486,16 @@ def test_device_split_cuda_graph_replay_changes_its_shares():
                          config=config.sm90_config(spec, 128, 128, split_k=True))
     a = reference.random_matrix((num_groups, max_m, k), "bf16")
     b = reference.random_matrix((num_groups, n, k), "bf16", scale=1.0 / math.sqrt(k))
+    return g, a, b
+
+
+def test_device_split_cuda_graph_replay_changes_its_shares():
+    """A captured device-split call: replays with new masked_m switch on the device between all tiles split, none,
+    and the tiles past the first wave split."""
+    import cupy
+
+    g, a, b = _masked_device_split()
+    num_groups, max_m, n = a.shape[0], a.shape[1], b.shape[1]
     counts = cupy.asarray([384, 384], dtype=cupy.int32)
     out = reference.poisoned((num_groups, max_m, n), "bf16")
     new_counts = ([100, 0], [129, 3], [384, 256], [0, 200])  # 32 tiles, 96, 160, 64
@@ -503,14 +510,8 @@ def test_capture_on_another_stream_borrows_but_keeps_no_plan():
     capturing stream afterwards plans for (and allocates) a workspace of its own."""
     import cupy
 
-    from deepgemm_jit import config
-
-    num_groups, max_m, n, k = 2, 384, 4096, 1024
-    spec = dg.grouped.grouped_spec(n, k, dtype="bf16")
-    g = dg.build_grouped(n, k, dtype="bf16", num_groups=num_groups,
-                         config=config.sm90_config(spec, 128, 128, split_k=True))
-    a = reference.random_matrix((num_groups, max_m, k), "bf16")
-    b = reference.random_matrix((num_groups, n, k), "bf16", scale=1.0 / math.sqrt(k))
+    g, a, b = _masked_device_split()
+    num_groups, max_m, n = a.shape[0], a.shape[1], b.shape[1]
     counts = cupy.asarray([100, 0], dtype=cupy.int32)  # 32 tiles: split
     out = reference.poisoned((num_groups, max_m, n), "bf16")
     warm, capturing = (cupy.cuda.Stream(non_blocking=True) for _ in range(2))

@@ -279,20 +279,26 @@ class _Stream:
         self.ptr = ptr
 
 
-def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
-    """A call that would allocate (and synchronise) inside a CUDA-graph capture gets a clear error instead of the
-    driver's; a workspace that is large enough is handed out, and a capture on a stream without one of its own
-    borrows the largest of the device that fits (torch.cuda.graph captures on a stream of its own)."""
-    spec = GemmSpec.create(1000, 4096, dtype="bf16")
-    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+def _recording_allocations(monkeypatch) -> list:
+    """splitk's allocations replaced by fake buffers (a new address each); returns the list of their sizes."""
     made = []
 
     def fake_allocate(nbytes, device_id):
         made.append(nbytes)
         return _Buf(nbytes, 4096 * len(made))
 
-    capturing = {"now": True}
     monkeypatch.setattr(splitk, "_allocate", fake_allocate)
+    return made
+
+
+def test_workspace_refuses_to_allocate_while_capturing(monkeypatch):
+    """A call that would allocate (and synchronise) inside a CUDA-graph capture gets a clear error instead of the
+    driver's; a workspace that is large enough is handed out, and a capture on a stream without one of its own
+    borrows the largest of the device that fits (torch.cuda.graph captures on a stream of its own)."""
+    spec = GemmSpec.create(1000, 4096, dtype="bf16")
+    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+    made = _recording_allocations(monkeypatch)
+    capturing = {"now": True}
     monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: capturing["now"])
     ws = splitk.Workspace()
     s1, s2 = _Stream(11), _Stream(22)
@@ -319,13 +325,7 @@ def test_each_stream_gets_its_own_workspace(monkeypatch):
 
     spec = GemmSpec.create(1000, 4096, dtype="bf16")
     cfg = config.sm90_config(spec, 64, 128, split_k=True)
-    made = []
-
-    def fake_allocate(nbytes, device_id):
-        made.append(nbytes)
-        return _Buf(nbytes, 4096 * len(made))
-
-    monkeypatch.setattr(splitk, "_allocate", fake_allocate)
+    made = _recording_allocations(monkeypatch)
     monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: False)
     ws = splitk.Workspace()
     first = ws.operands(spec, cfg, 100, 3, 0, _Stream(1))
