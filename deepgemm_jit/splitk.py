@@ -151,7 +151,8 @@ class Workspace:
     def pairs(self) -> list[tuple[object, object]]:
         """(partials, arrivals) of every stream's live workspace (tests)."""
         held = self.held()
-        return [(buf, held[(dev, ptr, "arrivals")]) for (dev, ptr, role), buf in held.items() if role == "partials"]
+        return [(buf, held[(dev, stream, "arrivals")]) for (dev, stream, role), buf in held.items()
+                if role == "partials"]
 
     def operands(self, spec: GemmSpec, cfg: KernelConfig, m: int, splits: int, device_id: int, stream,
                  atomic: bool = False) -> SplitOperands:
