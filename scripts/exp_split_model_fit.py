@@ -20,11 +20,15 @@ not modelled, and the oldest sweeps measured older kernels (session 10's "old" d
 Session 39 (90 rows): the cost alone, as merged (load 1, no floor), regrets 1.026 geomean, 62 rows within 2%; load 2
 1.024 / 64 (session 38's GPU A/B of 1.5 and 2.0 lost up to 20% on TF32 rows this set barely holds); a floor changes
 nothing up to c = 0.005 and from 0.01 on picks unsplit decode tiles (regret 1.067): not the missing term as it is.
+--min-k 320 (split tiles only) 1.024 / 64; with load 2 1.022 / 66. But the set is 73% BF16: the same threshold in K
+elements re-picks 33 TF32 decode / small-M rows (8 stages of 32 = 256; exp_split_model_ab --plan), and TF32's
+4-stage 128x192 x4 was measured the fastest at 384 x 2112 x 7168 (session 38), so depth alone is not it either.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import json
 import math
 import re
@@ -67,7 +71,7 @@ def _one_wave(m: int, n: int, k: int, tile, shares: int, num_sms: int = 132) -> 
 
 
 def cost(m: int, n: int, k: int, tile, splits: int, esize: int, out_esize: int, floor: float, load: float,
-         num_sms: int = 132) -> float:
+         min_k: int | None = None, num_sms: int = 132) -> float:
     """config.sm90_tile_cost with a memory floor under the main loop and `load` K blocks per partial loaded."""
     from deepgemm_jit import config as c
 
@@ -86,7 +90,7 @@ def cost(m: int, n: int, k: int, tile, splits: int, esize: int, out_esize: int, 
     else:
         total = (main_loop + waves * c._SPLIT_STORE_K_BLOCKS * area
                  + -(-tiles // num_sms) * (epilogue + splits * load * area))
-    if stages * block_k < c._MIN_K_IN_FLIGHT:
+    if stages * block_k < (c._MIN_K_IN_FLIGHT if min_k is None or splits == 1 else min_k):
         total *= c._SHALLOW_PIPELINE_PENALTY
     return total
 
@@ -95,6 +99,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--floors", default="0,0.01,0.015,0.02,0.025,0.03")
     ap.add_argument("--loads", default="1,2,4")
+    ap.add_argument("--min-k", default="128",
+                    help="K elements in flight below which a split-K pipeline costs 10%% more (unsplit: config's)")
     results = Path(__file__).resolve().parents[1] / "bench/results"
     ap.add_argument("--glob", default=str(results / "*exp-splitk-sweep*.json"))
     args = ap.parse_args()
@@ -111,24 +117,25 @@ def main() -> int:
             spec = GemmSpec.create(row["n"], row["k"], dtype=info.lib, scaling=info.scaling)
             found = {name: (tile, shares) for name, (tile, shares) in contenders(row).items()
                      if shares == 1 or _one_wave(row["m"], row["n"], row["k"], tile, shares)}
-            rows.append((Path(path).name, row, found, dtypes.get(spec.dtype).storage_bytes,
+            rows.append((row, found, dtypes.get(spec.dtype).storage_bytes,
                          dtypes.get(spec.out_dtype).storage_bytes))
     print(f"{len(rows)} rows from {args.glob}")
-    for load in (float(v) for v in args.loads.split(",")):
-        for floor in (float(v) for v in args.floors.split(",")):
-            regrets = []
-            for name, row, found, esize, out_esize in rows:
-                us = row["us"]
-                best = min(us[c] for c in found)
-                pick = min(found, key=lambda c: cost(row["m"], row["n"], row["k"], found[c][0], found[c][1], esize,
-                                                     out_esize, floor, load))
-                regrets.append((us[pick] / best, f"{row['dtype']} {row['m']}x{row['n']}x{row['k']} picks {pick} "
-                                                 f"{us[pick]:.1f} vs best {best:.1f}"))
-            geo = math.exp(sum(math.log(r) for r, _ in regrets) / len(regrets))
-            close = sum(r <= 1.02 for r, _ in regrets)
-            worst = sorted(regrets, reverse=True)[:3]
-            print(f"load {load:g} floor {floor:g}: geomean regret {geo:.4f}, within 2%: {close}/{len(regrets)}; worst: "
-                  + "; ".join(f"{r:.3f} {what}" for r, what in worst))
+    variants = itertools.product((float(v) for v in args.loads.split(",")),
+                                 (float(v) for v in args.floors.split(",")), (int(v) for v in args.min_k.split(",")))
+    for load, floor, min_k in variants:
+        regrets = []
+        for row, found, esize, out_esize in rows:
+            us = row["us"]
+            best = min(us[c] for c in found)
+            pick = min(found, key=lambda c: cost(row["m"], row["n"], row["k"], found[c][0], found[c][1], esize,
+                                                 out_esize, floor, load, min_k))
+            regrets.append((us[pick] / best, f"{row['dtype']} {row['m']}x{row['n']}x{row['k']} picks {pick} "
+                                             f"{us[pick]:.1f} vs best {best:.1f}"))
+        geo = math.exp(sum(math.log(r) for r, _ in regrets) / len(regrets))
+        close = sum(r <= 1.02 for r, _ in regrets)
+        worst = sorted(regrets, reverse=True)[:3]
+        print(f"load {load:g} floor {floor:g} min_k {min_k}: geomean regret {geo:.4f}, within 2%: "
+              f"{close}/{len(regrets)}; worst: " + "; ".join(f"{r:.3f} {what}" for r, what in worst))
     return 0
 
 
