@@ -146,7 +146,10 @@ class Workspace:
 
     def __init__(self):
         self._sets = stream_buffers.StreamBuffers()
-        self.held = self._sets.held  # live buffers by (device, stream_buffers.stream_key, role)
+
+    def held(self) -> dict[tuple, object]:
+        """Live buffers by (device, stream_buffers.stream_key, role) (tests, inspection)."""
+        return self._sets.held()
 
     def pairs(self) -> list[tuple[object, object]]:
         """(partials, arrivals) of every stream's live workspace (tests)."""

@@ -67,7 +67,10 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._sets = stream_buffers.StreamBuffers()
-        self.held = self._sets.held  # live buffers by (device, stream_buffers.stream_key, role)
+
+    def held(self) -> dict[tuple, object]:
+        """Live buffers by (device, stream_buffers.stream_key, role) (tests, inspection)."""
+        return self._sets.held()
 
     def fits(self, view: MatrixView, role: str, stream, transposed: bool = False, realign: bool = False) -> bool:
         """Whether a call on `stream` finds the buffer of `role` on `view`'s device already large enough for
