@@ -41,6 +41,10 @@ RULES = {
     "fp8narrow": {"SM90_FP8_TENSOR_MIN_BLOCK_N": 8},  # per-tensor FP8 at M >= 1024 may pick any width (session 21)
     "rows128at320": {"SM90_ROWS64_BUCKETS": ()},  # the 320-row bucket kept, 128-row tiles only (session 23)
     "no384": {"M_BUCKET_STEPS": ((256, 320, 64), (512, 4096, 128))},  # 321-384 rows in the 512 bucket (sessions 21-23)
+    # 129-192 rows in a bucket of their own with 64-row tiles costed there (three M blocks, none wasted at 192 rows,
+    # where 128-row tiles compute 256): session 39's sweep ran 192 x 4096 x 28672 bf16 at 85.4 us on 64x192 x 2
+    # against the 256-row bucket's 108.2 (cuBLAS 82.5).
+    "rows64at192": {"M_BUCKET_STEPS": ((128, 384, 64), (512, 4096, 128)), "SM90_ROWS64_MAX_M": 192},
 }
 
 
@@ -54,6 +58,44 @@ def _other_config(spec, m: int, num_sms: int, against: str):
         return config.choose_config(spec, m, "sm_90a", num_sms)
 
 
+def _rows(args):
+    """(bench dtype info, build kwargs, spec, m) of every row the arguments ask for, in the order they run."""
+    from bench import dtypes as bench_dtypes
+    from deepgemm_jit.spec import GemmSpec
+
+    for dname in args.dtypes.split(","):
+        info = bench_dtypes.get(dname)
+        shapes = NK[dname] if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
+        for n, k in shapes:
+            kw = {"dtype": info.lib, "scaling": info.scaling, "epilogue": args.epilogue, "layout": args.layout}
+            spec = GemmSpec.create(n, k, **kw)
+            for m in (int(x) for x in args.ms.split(",")):
+                yield dname, info, kw, spec, m
+
+
+def _compile_offline(args) -> int:
+    """--offline: every kernel a row would build (the bucket's, the other rule's, the forced tiles'), for sm_90a."""
+    import deepgemm_jit as dg
+    from bench import suites
+
+    tiles = suites.parse_tiles(args.tiles, words=())
+    count = 0
+    for _, _, kw, spec, m in _rows(args):
+        n, k = spec.n, spec.k
+        configs = [dg.build(m, n, k, arch="sm_90a", **kw).config, _other_config(spec, m, 132, args.against)]
+        for tile in tiles:
+            try:
+                configs.append(suites.forced_tile_config(spec, tile))
+            except ValueError:
+                pass
+        for cfg in configs[1:]:
+            dg.build(m, n, k, config=cfg, arch="sm_90a", **kw)
+        count += len(set(configs))
+        print(f"m={m} n={n} k={k} {spec.dtype}: {' '.join(sorted({c.tag for c in configs}))}", flush=True)
+    print(f"{count} kernels compiled or found in the cache")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtypes", default="bf16,fp8_block")
@@ -65,56 +107,54 @@ def main() -> int:
     ap.add_argument("--tiles", default="", help="comma list of forced tiles timed beside the rows (BMxBN[sS][p][rR])")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--offline", action="store_true",
+                    help="no GPU: only compile every row's kernels for sm_90a (132 SMs) into the kernel cache, so that "
+                         "a device run carrying that cache spends no time compiling")
     args = ap.parse_args()
+    if args.offline:
+        return _compile_offline(args)
     import cupy
 
     import deepgemm_jit as dg
-    from bench import dtypes as bench_dtypes
     from bench import runner, suites
     from deepgemm_jit import device, reference, timing
-    from deepgemm_jit.spec import GemmSpec
 
     tiles = suites.parse_tiles(args.tiles, words=())
     num_sms = device.num_sms()
     rows = []
     other = args.against
-    for dname in args.dtypes.split(","):
-        info = bench_dtypes.get(dname)
-        shapes = NK[dname] if args.nk is None else [tuple(int(v) for v in t.split("x")) for t in args.nk.split(",")]
-        for n, k in shapes:
-            kw = {"dtype": info.lib, "scaling": info.scaling, "epilogue": args.epilogue, "layout": args.layout}
-            spec = GemmSpec.create(n, k, **kw)
-            for m in (int(x) for x in args.ms.split(",")):
-                rng = cupy.random.default_rng(m * 7 + n + k)
-                inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
-                epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
-                bucket = dg.build(m, n, k, **kw)
-                other_cfg = _other_config(spec, m, num_sms, other)
-                gemms = {"bucket": bucket}
-                if other_cfg != bucket.config:
-                    gemms[other] = dg.build(m, n, k, config=other_cfg, **kw)
-                skipped = {}
-                for tile in tiles:
-                    try:
-                        gemms[tile] = dg.build(m, n, k, config=suites.forced_tile_config(spec, tile), **kw)
-                    except ValueError as exc:
-                        skipped[tile] = str(exc)
-                fns, errors = runner.checked_contenders(gemms, inputs, m, epi_ops)
-                cupy.cuda.Device().synchronize()
-                t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
-                us = {name: r.median_us for name, r in t.items()}
-                us.setdefault(other, us["bucket"])
-                row = {"dtype": dname, "layout": args.layout, "epilogue": spec.epilogue, "m": m, "n": n, "k": k,
-                       "bucket_tile": bucket.config.tag, f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
-                       "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values()),
-                       "tiles": {t: gemms[t].config.tag for t in gemms if t not in ("bucket", other)},
-                       "skipped_tiles": skipped}
-                rows.append(row)
-                cub = us.get("cublas")
-                print(f"{dname} m={m} n={n} k={k} ok={row['correct']} bucket {us['bucket']:.1f} ({row['bucket_tile']}) "
-                      f"{other} {us[other]:.1f} ({other_cfg.tag})" + (f" cublas {cub:.1f}" if cub else "")
-                      + "".join(f" {t} {us[t]:.1f}" for t in row["tiles"]) + "".join(f" {t} skipped" for t in skipped),
-                      flush=True)
+    for dname, info, kw, spec, m in _rows(args):
+        n, k = spec.n, spec.k
+        rng = cupy.random.default_rng(m * 7 + n + k)
+        inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
+        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
+        bucket = dg.build(m, n, k, **kw)
+        other_cfg = _other_config(spec, m, num_sms, other)
+        gemms = {"bucket": bucket}
+        if other_cfg != bucket.config:
+            gemms[other] = dg.build(m, n, k, config=other_cfg, **kw)
+        skipped = {}
+        for tile in tiles:
+            try:
+                gemms[tile] = dg.build(m, n, k, config=suites.forced_tile_config(spec, tile), **kw)
+            except ValueError as exc:
+                skipped[tile] = str(exc)
+        fns, errors = runner.checked_contenders(gemms, inputs, m, epi_ops)
+        cupy.cuda.Device().synchronize()
+        t = timing.time_interleaved(fns, reps=args.reps, warmup=3)
+        us = {name: r.median_us for name, r in t.items()}
+        us.setdefault(other, us["bucket"])
+        row = {"dtype": dname, "layout": args.layout, "epilogue": spec.epilogue, "m": m, "n": n, "k": k,
+               "bucket_tile": bucket.config.tag, f"{other}_tile": other_cfg.tag, "us": us, "max_err": max(errors.values()),
+               "correct": all(reference.within_bound(e, spec.dtype) for e in errors.values()),
+               "tiles": {t: gemms[t].config.tag for t in gemms if t not in ("bucket", other)},
+               "skipped_tiles": skipped}
+        rows.append(row)
+        cub = us.get("cublas")
+        print(f"{dname} m={m} n={n} k={k} ok={row['correct']} bucket {us['bucket']:.1f} ({row['bucket_tile']}) "
+              f"{other} {us[other]:.1f} ({other_cfg.tag})" + (f" cublas {cub:.1f}" if cub else "")
+              + "".join(f" {t} {us[t]:.1f}" for t in row["tiles"]) + "".join(f" {t} skipped" for t in skipped),
+              flush=True)
     report.write_experiment_json(args.out, f"exp-m-buckets-vs-{other}.json", rows)
     return 0
 
