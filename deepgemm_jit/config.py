@@ -255,7 +255,9 @@ def sm90_d_ring_problem(spec: GemmSpec, block_n: int, d_ring: int) -> str | None
 
 
 SM90_D_RING = 2
-SM90_D_RING_MIN_M = 256
+# From the first bucket above 128 rows (192 since session 40; the rule was measured on the 256-row bucket, which then
+# held every M from 129 on).
+SM90_D_RING_MIN_M = 129
 
 
 def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, m_hint: int | None = None) -> int:
@@ -277,8 +279,10 @@ def sm90_d_ring(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = Fal
         return 0
     if spec.dtype in ("bf16", "fp16"):
         return SM90_D_RING if _sm90_16bit_ring_pays(spec, block_m, block_n, pingpong, m_hint) else 0
-    if (spec.dtype != "tf32" or spec.out_dtype != "fp32"  # (TF32 with 16-bit D: not measured, keeps the whole tile)
-            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M and not spec.raw_b)):
+    # TF32 with 16-bit D: not measured, keeps the whole tile; the 192-row bucket's 64-row tiles were measured without
+    if (spec.dtype != "tf32" or spec.out_dtype != "fp32"
+            or (m_hint is not None and m_hint < SM90_D_RING_MIN_M and not spec.raw_b)
+            or (block_m == 64 and not pingpong and m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and not spec.raw_b)):
         return 0
     return SM90_D_RING
 
@@ -474,6 +478,11 @@ SM90_FP8_TENSOR_MIN_BLOCK_N = 96
 SM90_MN_B_MIN_M_NO_64 = 512
 
 
+# Rules measured at "M < 256" when the buckets below 256 rows were powers of two up to 128: they hold for the buckets
+# up to this, and the 192-row bucket (session 40) keeps the 256-row bucket's side of them.
+SM90_SMALL_M_BUCKET_MAX = 128
+
+
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
     """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Measured exceptions to
     the waves model for FP8 at M >= 256 (H200 sweeps, bench/results/*probe-block-row-tiles*, and as cited):
@@ -497,7 +506,7 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     """
     if not spec.b_k_major and block_n == SM90_MN_BLOCK and m_hint >= SM90_MN_B_MIN_M_NO_64:
         return False
-    if m_hint < 256:
+    if m_hint <= SM90_SMALL_M_BUCKET_MAX:
         return spec.scaling != "block" or 128 % block_n == 0
     # Since session 18 a promoted FP8 128x128 tile keeps two partial sets (sm90_two_partial_sets) and ran 1-6% faster
     # than the 176 / 160 below on most M = 4096 rows (bench/results/*fp8-m4096-tiles-two-sets-s18*); 128 is
@@ -950,6 +959,17 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
 # vs 27.0 us) keep 64-row tiles there. TF32 was measured neither way and goes with 16-bit.
 SM90_ROWS64_MAX_M = 128
 SM90_ROWS64_BUCKETS = (320,)
+# 129-192 rows (their own bucket since session 40): there 128-row tiles compute 256 rows, a quarter to half of them
+# idle, against three 64-row blocks. H200 session 40 (scripts/exp_m_buckets.py --against rows64at192, every 64-row
+# tile costed there, 4 types x 12 (N, K) x M 160 / 192, bench/results/*exp-m-buckets-rows64at192-s40*): the 64-row
+# picks ran 4-18% faster where they were unsplit and at least 96 columns wide (BF16 192 x 4096 x 28672 102.9 -> 91.3
+# us, cuBLAS 82.1; TF32 192 x 4096 x 14336 112.5 -> 92.0; FP8 per-tensor 192 x 4096 x 28672 54.6 -> 48.5) and within
+# -+6% elsewhere of those, but 7-21% slower as 64x48 / 64x64 unsplit or 64x144 split tiles against 128-row split-K
+# picks (BF16 / TF32 192 x 2112 x 7168: 20.3 -> 21.9, 33.1 -> 39.3 us) and for FP8 block scaling on most shapes (its
+# 64-row tiles promote every K block on one consumer warpgroup: 192 x 7168 x 16384 55.4 -> 86.0). So at these
+# buckets 64-row tiles compete unsplit, from SM90_ROWS64_UNSPLIT_MIN_N columns, for the types measured that way.
+SM90_ROWS64_UNSPLIT_BUCKETS = (192,)
+SM90_ROWS64_UNSPLIT_MIN_N = 96
 
 
 def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
@@ -958,10 +978,18 @@ def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
 
 
 def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
-    """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, and at
-    SM90_ROWS64_BUCKETS for 8-bit inputs."""
-    return m_hint <= SM90_ROWS64_MAX_M or (m_hint in SM90_ROWS64_BUCKETS
-                                           and dtypes.get(spec.dtype).storage_bytes == 1)
+    """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, at
+    SM90_ROWS64_BUCKETS for 8-bit inputs, and at SM90_ROWS64_UNSPLIT_BUCKETS (sm90_rows64_unsplit_only)."""
+    return (m_hint <= SM90_ROWS64_MAX_M or sm90_rows64_unsplit_only(spec, m_hint)
+            or (m_hint in SM90_ROWS64_BUCKETS and dtypes.get(spec.dtype).storage_bytes == 1))
+
+
+def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
+    """Whether M bucket m_hint weighs 64-row tiles unsplit and from SM90_ROWS64_UNSPLIT_MIN_N columns only: the
+    SM90_ROWS64_UNSPLIT_BUCKETS, for 16-bit, TF32 and FP8 with tensor or row scales (not block scales, INT8, or the
+    TF32 kernel that transposes B in shared memory: measured slower or not measured)."""
+    return (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.scaling != "block" and not sm90_trans_b(spec)
+            and (spec.dtype in ("bf16", "fp16", "tf32") or spec.dtype in dtypes.FP8_DTYPES))
 
 
 def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
@@ -991,12 +1019,15 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     trans_b = sm90_trans_b(spec)
+    rows64_unsplit_only = sm90_rows64_unsplit_only(spec, m_hint)
     tiles = []
     for block_m in (128, 64):
         if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
             continue
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
+                continue
+            if block_m == 64 and rows64_unsplit_only and block_n < SM90_ROWS64_UNSPLIT_MIN_N:
                 continue
             if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue
@@ -1016,7 +1047,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
         # Split-K versions of the tiles, where one beats every unsplit tile by SPLIT_MIN_GAIN.
         unsplit_best = min(t[0] for t in tiles)
         for i, (cost, block_m, block_n, stages, _) in enumerate(tiles):
-            if sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec):
+            if (sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)
+                    or (block_m == 64 and rows64_unsplit_only)):
                 continue
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
             split_cost *= _trans_b_rows64_cost(spec, m_hint, block_m)
@@ -1060,7 +1092,7 @@ def _sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int,
     """Whether the 128x128 ping-pong tile replaces the cost model's cooperative pick: an epilogue with real work
     per element, a short K, and no more waves (counted in cooperative-tile areas) than the cooperative tile;
     2112 columns at 128x128 need 5 waves where 128x176 needs 3 (measured 21% slower)."""
-    if not _sm90_pingpong_fits(spec) or spec.k > _PINGPONG_MAX_K or m_hint < 256:
+    if not _sm90_pingpong_fits(spec) or spec.k > _PINGPONG_MAX_K or m_hint <= SM90_SMALL_M_BUCKET_MAX:
         return False
     if spec.epi.has_group_scales:  # a ping-pong consumer's 128 rows of parked values + the division's calls spilled
         return False
@@ -1283,11 +1315,12 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
 # slower); against the 512-row bucket's kernels (--against no384, *exp-m-buckets-384-vs-512-bucket-*): FP16 1.119x,
 # TF32 1.129x, FP8 block 1.013x (the one changed row 1.205x), none slower; fp32's raw-B GEMM 8-37% faster than the
 # 512-row bucket's tiles on 5 shapes (*exp-fp32-384-bucket-*). At 400 / 448 rows the cost model's picks equal the
-# 512-row bucket's on the same shapes. Small M otherwise keeps powers of two (the decode rules were measured on
-# them); above 4096 a 128-row block is under 3% of M.
-M_BUCKET_STEPS = ((256, 384, 64), (512, 4096, 128))
+# 512-row bucket's on the same shapes. M in (128, 192] has its own bucket since session 40, for the 64-row tiles of
+# SM90_ROWS64_UNSPLIT_BUCKETS. Small M otherwise keeps powers of two (the decode rules were measured on them); above
+# 4096 a 128-row block is under 3% of M.
+M_BUCKET_STEPS = ((128, 384, 64), (512, 4096, 128))
 # Buckets measured on dense GEMMs only: grouped GEMMs choose their tile for the next bucket that is not one of them.
-DENSE_ONLY_BUCKETS = (320, 384)
+DENSE_ONLY_BUCKETS = (192, 320, 384)
 
 
 def raster_band_m_blocks(m_blocks: int, group_m: int, band: int) -> int:

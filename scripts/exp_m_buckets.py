@@ -41,10 +41,13 @@ RULES = {
     "fp8narrow": {"SM90_FP8_TENSOR_MIN_BLOCK_N": 8},  # per-tensor FP8 at M >= 1024 may pick any width (session 21)
     "rows128at320": {"SM90_ROWS64_BUCKETS": ()},  # the 320-row bucket kept, 128-row tiles only (session 23)
     "no384": {"M_BUCKET_STEPS": ((256, 320, 64), (512, 4096, 128))},  # 321-384 rows in the 512 bucket (sessions 21-23)
-    # 129-192 rows in a bucket of their own with 64-row tiles costed there (three M blocks, none wasted at 192 rows,
-    # where 128-row tiles compute 256): session 39's sweep ran 192 x 4096 x 28672 bf16 at 85.4 us on 64x192 x 2
-    # against the 256-row bucket's 108.2 (cuBLAS 82.5).
-    "rows64at192": {"M_BUCKET_STEPS": ((128, 384, 64), (512, 4096, 128)), "SM90_ROWS64_MAX_M": 192},
+    # 129-192 rows in a bucket of their own with every 64-row tile costed there (three M blocks, none wasted at 192
+    # rows, where 128-row tiles compute 256): session 39's sweep ran 192 x 4096 x 28672 bf16 at 85.4 us on 64x192 x 2
+    # against the 256-row bucket's 108.2 (cuBLAS 82.5). Session 40 measured it (config.SM90_ROWS64_UNSPLIT_BUCKETS).
+    "rows64at192": {"M_BUCKET_STEPS": ((128, 384, 64), (512, 4096, 128)), "SM90_ROWS64_MAX_M": 192,
+                    "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
+    # before session 40: 129-256 rows in one bucket, 128-row tiles only
+    "no192": {"M_BUCKET_STEPS": ((256, 384, 64), (512, 4096, 128)), "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
 }
 
 

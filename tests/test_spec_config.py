@@ -208,24 +208,37 @@ def test_sm90_heuristic_follows_waves():
 
 
 def test_m_buckets():
-    """Powers of two up to 256 rows, 320 for (256, 320], 384 for (320, 384], 512, then whole 128-row blocks up to
-    4096 and powers of two above (M_BUCKET_STEPS)."""
-    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 257, 300, 320, 321, 384, 385, 512, 513, 586, 640, 641,
-                                         3000, 4096, 4097, 10**6)] == \
-        [64, 64, 128, 128, 256, 320, 320, 320, 384, 384, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192, 16384]
-    assert [config.next_m_bucket(b) for b in (64, 256, 320, 384, 512, 640, 3968, 4096, 8192)] == \
-        [128, 320, 384, 512, 640, 768, 4096, 8192, 16384]
+    """Powers of two up to 128 rows, then whole 64-row blocks up to 384 (192 for (128, 192], 256, 320, 384), 512,
+    then whole 128-row blocks up to 4096 and powers of two above (M_BUCKET_STEPS)."""
+    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 192, 193, 257, 300, 320, 321, 384, 385, 512, 513, 586,
+                                         640, 641, 3000, 4096, 4097, 10**6)] == \
+        [64, 64, 128, 128, 192, 192, 256, 320, 320, 320, 384, 384, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192,
+         16384]
+    assert [config.next_m_bucket(b) for b in (64, 128, 192, 256, 320, 384, 512, 640, 3968, 4096, 8192)] == \
+        [128, 192, 256, 320, 384, 512, 640, 768, 4096, 8192, 16384]
     spec = GemmSpec.create(4096, 7168, dtype="bf16")
     # Every M of a bucket gets the same config (and so the same compiled kernel) ...
     assert config.choose_config(spec, 2945, "sm_90a") == config.choose_config(spec, 3072, "sm_90a")
     # ... chosen for the bucket's own M blocks: 586 rows no longer run the 1024-row bucket's 128x256 (80 tiles)
     assert config.choose_config(spec, 586, "sm_90a") != config.choose_config(spec, 1024, "sm_90a")
-    # 64-row tiles are weighed up to 128 rows, and at the 320-row bucket (SM90_ROWS64_BUCKETS) for 8-bit types only
-    # (16-bit ran 128-row tiles faster there once the last M block stopped being zero-filled, session 23)
+    # 64-row tiles are weighed up to 128 rows, at the 320-row bucket (SM90_ROWS64_BUCKETS) for 8-bit types only
+    # (16-bit ran 128-row tiles faster there once the last M block stopped being zero-filled, session 23), and at the
+    # 192-row bucket unsplit and from 96 columns (SM90_ROWS64_UNSPLIT_BUCKETS), not for FP8 block scaling
     assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a").block_m
             for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
     assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
-            for m in (64, 300, 400)] == [64, 64, 128]
+            for m in (64, 160, 300, 400)] == [64, 128, 64, 128]
+    wide = GemmSpec.create(4096, 28672, dtype="bf16")
+    assert [(c.block_m, c.block_n, c.split_k) for c in (config.choose_config(wide, m, "sm_90a") for m in (160, 192))] \
+        == [(64, 96, False)] * 2
+    assert config.choose_config(wide, 193, "sm_90a").block_m == 128
+    for m in (129, 192):  # the narrow / split 64-row picks that lost at 192 rows are not weighed
+        cfg = config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a")
+        assert cfg.block_m == 128 or (cfg.block_n >= config.SM90_ROWS64_UNSPLIT_MIN_N and not cfg.split_k)
+    # the kernels that were measured at 129-256 rows before the 192-row bucket keep their picks there
+    for spec in (GemmSpec.create(4096, 7168, dtype="fp8", scaling="block"), GemmSpec.create(2112, 7168, dtype="tf32"),
+                 GemmSpec.create(7168, 2048, dtype="tf32", layout="nn")):
+        assert config.choose_config(spec, 160, "sm_90a") == config.choose_config(spec, 256, "sm_90a")
     # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
     # take 128x128
     bf16 = GemmSpec.create(4096, 7168, dtype="bf16")
