@@ -960,16 +960,20 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
 SM90_ROWS64_MAX_M = 128
 SM90_ROWS64_BUCKETS = (320,)
 # 129-192 rows (their own bucket since session 40): there 128-row tiles compute 256 rows, a quarter to half of them
-# idle, against three 64-row blocks. H200 session 40 (scripts/exp_m_buckets.py --against rows64at192, every 64-row
-# tile costed there, 4 types x 12 (N, K) x M 160 / 192, bench/results/*exp-m-buckets-rows64at192-s40*): the 64-row
-# picks ran 4-18% faster where they were unsplit and at least 96 columns wide (BF16 192 x 4096 x 28672 102.9 -> 91.3
-# us, cuBLAS 82.1; TF32 192 x 4096 x 14336 112.5 -> 92.0; FP8 per-tensor 192 x 4096 x 28672 54.6 -> 48.5) and within
-# -+6% elsewhere of those, but 7-21% slower as 64x48 / 64x64 unsplit or 64x144 split tiles against 128-row split-K
-# picks (BF16 / TF32 192 x 2112 x 7168: 20.3 -> 21.9, 33.1 -> 39.3 us) and for FP8 block scaling on most shapes (its
-# 64-row tiles promote every K block on one consumer warpgroup: 192 x 7168 x 16384 55.4 -> 86.0). So at these
-# buckets 64-row tiles compete unsplit, from SM90_ROWS64_UNSPLIT_MIN_N columns, for the types measured that way.
+# idle, against three 64-row blocks. H200 session 40, first run (scripts/exp_m_buckets.py --against rows64at192, every
+# 64-row tile costed there, 4 types x 12 (N, K) x M 160 / 192, bench/results/*exp-m-buckets-rows64at192-s40*): the
+# unsplit 64-row picks at least 96 columns wide mostly ran faster (BF16 192 x 4096 x 28672 102.9 -> 91.3 us, cuBLAS
+# 82.1; TF32 192 x 4096 x 14336 112.5 -> 92.0), narrower or split ones lost 7-21% to 128-row split-K picks (BF16 /
+# TF32 192 x 2112 x 7168: 20.3 -> 21.9, 33.1 -> 39.3 us), and FP8 block scaling lost on most shapes (its 64-row
+# tiles promote every K block on one consumer warpgroup: 192 x 7168 x 16384 55.4 -> 86.0). Second run, that rule
+# against the one before (--against no192, M 144 / 176 / 192, bench/results/*exp-m-buckets-vs-no192-s40*): faster by
+# 1.048x geomean BF16, 1.052x FP16, 1.036x TF32, 1.070x FP8 row (its 128-row picks are 176 wide), 1.068x BF16
+# bias+gelu, 1.020x BF16 nn; but 2-12% slower at K = 512 in every type, and FP8 per-tensor 0.93-1.12x (1.004x).
+# So: unsplit, from SM90_ROWS64_UNSPLIT_MIN_N columns and SM90_ROWS64_UNSPLIT_MIN_K, for the types that gained.
 SM90_ROWS64_UNSPLIT_BUCKETS = (192,)
 SM90_ROWS64_UNSPLIT_MIN_N = 96
+SM90_ROWS64_UNSPLIT_MIN_K = 1024
+SM90_ROWS64_UNSPLIT_FP8_SCALINGS = ("row",)
 
 
 def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
@@ -986,10 +990,13 @@ def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
 
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
     """Whether M bucket m_hint weighs 64-row tiles unsplit and from SM90_ROWS64_UNSPLIT_MIN_N columns only: the
-    SM90_ROWS64_UNSPLIT_BUCKETS, for 16-bit, TF32 and FP8 with tensor or row scales (not block scales, INT8, or the
-    TF32 kernel that transposes B in shared memory: measured slower or not measured)."""
-    return (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.scaling != "block" and not sm90_trans_b(spec)
-            and (spec.dtype in ("bf16", "fp16", "tf32") or spec.dtype in dtypes.FP8_DTYPES))
+    SM90_ROWS64_UNSPLIT_BUCKETS at K >= SM90_ROWS64_UNSPLIT_MIN_K, for 16-bit, TF32 and FP8 with row scales
+    (SM90_ROWS64_UNSPLIT_FP8_SCALINGS; not
+    per-tensor or block scales, INT8, or the TF32 kernel that transposes B in shared memory: measured no faster,
+    slower, or not measured)."""
+    return (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K and not sm90_trans_b(spec)
+            and (spec.dtype in ("bf16", "fp16", "tf32")
+                 or (spec.dtype in dtypes.FP8_DTYPES and spec.scaling in SM90_ROWS64_UNSPLIT_FP8_SCALINGS)))
 
 
 def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:

@@ -722,7 +722,7 @@ def test_warmup_plans_the_raw_b_gemm_at_decode_buckets():
     by_mode: dict[bool, set[int]] = {True: set(), False: set()}
     for (spec, _), buckets in warmup.plan_buckets([entry], ARCH).items():
         by_mode[spec.raw_b].update(buckets)
-    assert by_mode[True] == {64, 128, 192, 256, 320, 384, 512} and min(by_mode[False]) == 640, by_mode  # the next bucket
+    assert by_mode[True] == {64, 128, 192, 256, 320, 384, 512} and min(by_mode[False]) == 640, by_mode  # next bucket
 
 
 def test_raw_b_gemm_warms_up_for_offline_builds(cache_dir, monkeypatch):

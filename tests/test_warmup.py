@@ -14,7 +14,7 @@ from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
 # config.m_bucket: powers of two, 320, 384, then whole 128-row blocks from 512 to 4096 rows
-ALL_BUCKETS = (64, 128, 256, 320, 384, 512, *range(640, 4097, 128), 8192, 16384)
+ALL_BUCKETS = (64, 128, 192, 256, 320, 384, 512, *range(640, 4097, 128), 8192, 16384)
 BUCKETS_TO_4096 = ALL_BUCKETS[:-2]
 
 
@@ -109,7 +109,7 @@ def test_model_shapes_errors_name_the_key():
 def test_m_buckets():
     assert warmup.m_buckets(1, 16384) == ALL_BUCKETS
     assert warmup.m_buckets(100, 100) == (128,)
-    assert warmup.m_buckets(65, 1000) == (128, 256, 320, 384, 512, 640, 768, 896, 1024)
+    assert warmup.m_buckets(65, 1000) == (128, 192, 256, 320, 384, 512, 640, 768, 896, 1024)
     assert warmup.m_buckets(1, 10**6) == ALL_BUCKETS
     assert warmup.parse_m("1-16384") == ALL_BUCKETS and warmup.parse_m("4096") == (4096,)
     for bad in ("0-5", "9-3", "x", "1-2-3"):
@@ -139,7 +139,7 @@ def test_shapes_file(tmp_path):
     ]}))
     e = warmup.parse_shapes_file(path)
     assert e[0].spec == GemmSpec(7168, 2048, "bf16", "bf16", "nt") and e[0].m_buckets == ALL_BUCKETS
-    assert e[1].spec == GemmSpec(4096, 7168, "fp16", "fp32", "nt") and e[1].m_buckets == (128, 256)
+    assert e[1].spec == GemmSpec(4096, 7168, "fp16", "fp32", "nt") and e[1].m_buckets == (128, 192, 256)
     assert e[1].source == "experts"
     assert e[2].spec == GemmSpec(96, 64, "tf32", "fp32", "tn") and e[2].m_buckets == (128,)
     assert e[3].m_buckets == (64, 3072, 8192)  # 3000 rows: a 128-row bucket; 5000: a power of two
