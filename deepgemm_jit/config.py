@@ -969,11 +969,16 @@ SM90_ROWS64_BUCKETS = (320,)
 # against the one before (--against no192, M 144 / 176 / 192, bench/results/*exp-m-buckets-vs-no192-s40*): faster by
 # 1.048x geomean BF16, 1.052x FP16, 1.036x TF32, 1.070x FP8 row (its 128-row picks are 176 wide), 1.068x BF16
 # bias+gelu, 1.020x BF16 nn; but 2-12% slower at K = 512 in every type, and FP8 per-tensor 0.93-1.12x (1.004x).
-# So: unsplit, from SM90_ROWS64_UNSPLIT_MIN_N columns and SM90_ROWS64_UNSPLIT_MIN_K, for the types that gained.
+# FP8 per-tensor is the other way round in width: its 64-row tiles of any width (64x40 / 64x48 / 64x96) ran 6-10%
+# faster at N <= 4096, where its 128-row picks are 32-64 columns wide, and 64x112 / 64x176 0-7% slower at N >= 7168
+# (first run, and a third at M 144 / 176 / 192, --against fp8t192, bench/results/*exp-m-buckets-vs-fp8t192-s40*:
+# 192 x 2112 x 7168 15.6 -> 14.2 us, cuBLAS 14.8; 192 x 4096 x 28672 53.4 -> 49.0; 192 x 24576 x 1536 21.1 -> 22.3).
+# So: unsplit, at K >= SM90_ROWS64_UNSPLIT_MIN_K, from SM90_ROWS64_UNSPLIT_MIN_N columns (FP8 per-tensor: any width,
+# for N up to SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N), for the types that gained.
 SM90_ROWS64_UNSPLIT_BUCKETS = (192,)
 SM90_ROWS64_UNSPLIT_MIN_N = 96
 SM90_ROWS64_UNSPLIT_MIN_K = 1024
-SM90_ROWS64_UNSPLIT_FP8_SCALINGS = ("row",)
+SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N = 4096
 
 
 def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
@@ -989,14 +994,21 @@ def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
 
 
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
-    """Whether M bucket m_hint weighs 64-row tiles unsplit and from SM90_ROWS64_UNSPLIT_MIN_N columns only: the
-    SM90_ROWS64_UNSPLIT_BUCKETS at K >= SM90_ROWS64_UNSPLIT_MIN_K, for 16-bit, TF32 and FP8 with row scales
-    (SM90_ROWS64_UNSPLIT_FP8_SCALINGS; not
-    per-tensor or block scales, INT8, or the TF32 kernel that transposes B in shared memory: measured no faster,
-    slower, or not measured)."""
-    return (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K and not sm90_trans_b(spec)
-            and (spec.dtype in ("bf16", "fp16", "tf32")
-                 or (spec.dtype in dtypes.FP8_DTYPES and spec.scaling in SM90_ROWS64_UNSPLIT_FP8_SCALINGS)))
+    """Whether M bucket m_hint weighs 64-row tiles unsplit and from sm90_rows64_unsplit_min_n columns only: the
+    SM90_ROWS64_UNSPLIT_BUCKETS at K >= SM90_ROWS64_UNSPLIT_MIN_K, for 16-bit, TF32, FP8 with row scales, and FP8
+    with a per-tensor scale up to SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N columns (not block scales, INT8, or the TF32
+    kernel that transposes B in shared memory: measured slower, or not measured)."""
+    if m_hint not in SM90_ROWS64_UNSPLIT_BUCKETS or spec.k < SM90_ROWS64_UNSPLIT_MIN_K or sm90_trans_b(spec):
+        return False
+    if spec.dtype in dtypes.FP8_DTYPES:
+        return spec.scaling == "row" or (spec.scaling == "tensor" and spec.n <= SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N)
+    return spec.dtype in ("bf16", "fp16", "tf32")
+
+
+def sm90_rows64_unsplit_min_n(spec: GemmSpec) -> int:
+    """The narrowest 64-row tile sm90_rows64_unsplit_only buckets weigh: any for FP8 per-tensor scaling, else
+    SM90_ROWS64_UNSPLIT_MIN_N."""
+    return 8 if spec.dtype in dtypes.FP8_DTYPES and spec.scaling == "tensor" else SM90_ROWS64_UNSPLIT_MIN_N
 
 
 def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
@@ -1027,6 +1039,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     trans_b = sm90_trans_b(spec)
     rows64_unsplit_only = sm90_rows64_unsplit_only(spec, m_hint)
+    rows64_min_n = sm90_rows64_unsplit_min_n(spec) if rows64_unsplit_only else 0
     tiles = []
     for block_m in (128, 64):
         if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
@@ -1034,7 +1047,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
                 continue
-            if block_m == 64 and rows64_unsplit_only and block_n < SM90_ROWS64_UNSPLIT_MIN_N:
+            if block_m == 64 and block_n < rows64_min_n:
                 continue
             if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue

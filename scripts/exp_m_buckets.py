@@ -48,9 +48,10 @@ RULES = {
                     "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
     # before session 40: 129-256 rows in one bucket, 128-row tiles only
     "no192": {"M_BUCKET_STEPS": ((256, 384, 64), (512, 4096, 128)), "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
-    # the 192-row bucket's unsplit 64-row tiles for FP8 per-tensor scaling too, any width (session 40's first run:
-    # 64x48 / 64x96 faster at N <= 4096, 64x112 / 64x176 slower at N >= 7168)
-    "fp8t192": {"SM90_ROWS64_UNSPLIT_FP8_SCALINGS": ("row", "tensor"), "SM90_ROWS64_UNSPLIT_MIN_N": 8},
+    # the 192-row bucket's unsplit 64-row tiles of any width for FP8 per-tensor scaling at every N (session 40's first
+    # run: 64x48 / 64x96 faster at N <= 4096, 64x112 / 64x176 slower at N >= 7168; its third run measured this rule
+    # when per-tensor FP8 was left out of the bucket's 64-row tiles)
+    "fp8t192": {"SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N": 1 << 30},
 }
 
 

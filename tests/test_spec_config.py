@@ -232,14 +232,18 @@ def test_m_buckets():
     assert [(c.block_m, c.block_n, c.split_k) for c in (config.choose_config(wide, m, "sm_90a") for m in (160, 192))] \
         == [(64, 96, False)] * 2
     assert config.choose_config(wide, 193, "sm_90a").block_m == 128
+    # FP8 per-tensor up to 4096 columns takes narrow 64-row tiles there (128-row picks of 32-64 columns lost)
+    fp8_tensor = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
+    assert [(c.block_m, c.block_n) for c in (config.choose_config(fp8_tensor, m, "sm_90a") for m in (150, 256))] == \
+        [(64, 48), (128, 32)]
     for m in (129, 192):  # the narrow / split 64-row picks that lost at 192 rows are not weighed
         cfg = config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a")
         assert cfg.block_m == 128 or (cfg.block_n >= config.SM90_ROWS64_UNSPLIT_MIN_N and not cfg.split_k)
     # the kernels that were measured at 129-256 rows before the 192-row bucket keep their picks there
-    # (and so do K = 512 and FP8 per-tensor scaling, where 64-row tiles measured slower or no faster)
+    # (and so do K = 512 and FP8 per-tensor scaling past 4096 columns, where 64-row tiles measured slower)
     for spec in (GemmSpec.create(4096, 7168, dtype="fp8", scaling="block"), GemmSpec.create(2112, 7168, dtype="tf32"),
                  GemmSpec.create(7168, 2048, dtype="tf32", layout="nn"), GemmSpec.create(32768, 512, dtype="bf16"),
-                 GemmSpec.create(4096, 28672, dtype="fp8", scaling="tensor")):
+                 GemmSpec.create(7168, 2048, dtype="fp8", scaling="tensor")):
         assert config.choose_config(spec, 160, "sm_90a") == config.choose_config(spec, 256, "sm_90a")
     # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
     # take 128x128
