@@ -643,6 +643,11 @@ def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, split
         return cfg
     if cfg.family != "sm90" or spec.grouped:
         raise ValueError(f"split_k > 1 needs the Hopper (sm90) family; this problem runs the {cfg.family} family")
+    num_sms = device.num_sms() if on_gpu else config_mod.DEFAULT_SM90_NUM_SMS
+    bucket = config_mod.tile_bucket(spec, m_hint)
+    if chosen and cfg.block_m == 64 and config_mod.sm90_rows64_unsplit_only(spec, bucket):
+        # a bucket whose 64-row tiles run unsplit only (split ones measured slower): the cost model's split tile
+        return config_mod.sm90_split_config(spec, bucket, num_sms, splits)
     out = dataclasses.replace(cfg, split_k=True, pingpong=False)
     if out.smem_bytes(spec) > config_mod.SM90_SMEM_BUDGET_BYTES and out.num_stages > 2:
         out = dataclasses.replace(out, num_stages=out.num_stages - 1)
@@ -651,8 +656,7 @@ def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, split
     except ValueError:
         if not chosen:
             raise
-        num_sms = device.num_sms() if on_gpu else config_mod.DEFAULT_SM90_NUM_SMS
-        out = config_mod.sm90_split_config(spec, config_mod.m_bucket(m_hint), num_sms, splits)
+        out = config_mod.sm90_split_config(spec, bucket, num_sms, splits)
     return out
 
 

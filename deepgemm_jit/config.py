@@ -485,7 +485,8 @@ SM90_SMALL_M_BUCKET_MAX = 128
 
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
     """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Measured exceptions to
-    the waves model for FP8 at M >= 256 (H200 sweeps, bench/results/*probe-block-row-tiles*, and as cited):
+    the waves model for FP8 above SM90_SMALL_M_BUCKET_MAX rows (H200 sweeps, bench/results/*probe-block-row-tiles*,
+    and as cited; measured when 129-256 rows were one 256-row bucket):
 
     - block scaling takes BLOCK_N = 176 when N and K >= 1024 and the problem has >= 1024 rows in all (m_hint x
       groups), else 128: since the promotion resolves which scale blocks a straddling tile touches at compile time
@@ -945,18 +946,18 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
 
 
 # 64-row tiles (one consumer warpgroup) are costed up to SM90_ROWS64_MAX_M rows and at the buckets of
-# SM90_ROWS64_BUCKETS. H200, session 21 (scripts/exp_m_buckets.py --against previous, the previous rule: 128-row
-# tiles from 129 rows): at 260 and 300 rows (bucket 320) the 64-row tiles the cost model then picks ran 1.02-1.68x
-# faster on 12 of the 14 rows whose pick changed (BF16 300 x 2112 x 7168 64x88 27.5 us vs 128x64 39.1, cuBLAS 25.4;
-# FP8 per-tensor 260 x 2112 x 7168 17.0 vs 26.2) and 0.97 / 0.99x on 2; at 400 rows (a 448 bucket in that sweep) and
-# 600-700 rows they lost up to 11% where they were picked (BF16 400 x 7168 x 2048 28.0 vs 26.4; FP8 per-tensor 700 x
-# 4096 x 7168 42.2 vs 38.2), so those M keep 128-row tiles. 129-256 rows (bucket 256) were not measured and keep them
-# too. Those 128-row tiles were slowed by TMA's zero fill of their last M block (84 of 128 rows at 300 rows), which
-# the edge maps removed (launch.edge_maps); re-measured against 128-row tiles costed at the same bucket (session 23,
-# --against rows128at320, bench/results/*exp-m-buckets-rows64-vs-rows128-at-320-s23*, 7 shapes x 260 / 300 rows):
-# 16-bit now runs 128-row tiles 1.072x faster in geomean (0.988-1.226; 300 x 7168 x 16384 150.3 -> 122.6 us, 300 x
-# 2112 x 7168 27.4 -> 24.8), so only 8-bit types (FP8 block: 64-row tiles still 1.074x faster, 300 x 3072 x 7168 20.8
-# vs 27.0 us) keep 64-row tiles there. TF32 was measured neither way and goes with 16-bit.
+# SM90_ROWS64_BUCKETS. H200, session 21 (scripts/exp_m_buckets.py --against previous, the previous rule: 128-row tiles
+# from 129 rows): at 260 and 300 rows (bucket 320) the 64-row tiles the cost model then picks ran 1.02-1.68x faster on
+# 12 of the 14 rows whose pick changed (BF16 300 x 2112 x 7168 64x88 27.5 us vs 128x64 39.1, cuBLAS 25.4; FP8 per-tensor
+# 260 x 2112 x 7168 17.0 vs 26.2) and 0.97 / 0.99x on 2; at 400 rows (a 448 bucket in that sweep) and 600-700 rows they
+# lost up to 11% where they were picked (BF16 400 x 7168 x 2048 28.0 vs 26.4; FP8 per-tensor 700 x 4096 x 7168 42.2 vs
+# 38.2), so those M keep 128-row tiles. 129-256 rows (bucket 256) were not measured then (for 129-192 rows see
+# SM90_ROWS64_UNSPLIT_BUCKETS below). Those 128-row tiles were slowed by TMA's zero fill of their last M block (84 of
+# 128 rows at 300 rows), which the edge maps removed (launch.edge_maps); re-measured against 128-row tiles costed at the
+# same bucket (session 23, --against rows128at320, bench/results/*exp-m-buckets-rows64-vs-rows128-at-320-s23*, 7 shapes
+# x 260 / 300 rows): 16-bit now runs 128-row tiles 1.072x faster in geomean (0.988-1.226; 300 x 7168 x 16384 150.3 ->
+# 122.6 us, 300 x 2112 x 7168 27.4 -> 24.8), so only 8-bit types (FP8 block: 64-row tiles still 1.074x faster, 300 x
+# 3072 x 7168 20.8 vs 27.0 us) keep 64-row tiles there. TF32 was measured neither way and goes with 16-bit.
 SM90_ROWS64_MAX_M = 128
 SM90_ROWS64_BUCKETS = (320,)
 # 129-192 rows (their own bucket since session 40): there 128-row tiles compute 256 rows, a quarter to half of them
@@ -996,13 +997,14 @@ def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
     """Whether M bucket m_hint weighs 64-row tiles unsplit and from sm90_rows64_unsplit_min_n columns only: the
     SM90_ROWS64_UNSPLIT_BUCKETS at K >= SM90_ROWS64_UNSPLIT_MIN_K, for 16-bit, TF32, FP8 with row scales, and FP8
-    with a per-tensor scale up to SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N columns (not block scales, INT8, or the TF32
-    kernel that transposes B in shared memory: measured slower, or not measured)."""
+    with a per-tensor scale up to SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N columns (not block scales, INT8, the TF32
+    kernel that transposes B in shared memory, or promoted / raw-B TF32 (dtype fp32, which skips the bucket:
+    tile_bucket): measured slower, or not measured)."""
     if m_hint not in SM90_ROWS64_UNSPLIT_BUCKETS or spec.k < SM90_ROWS64_UNSPLIT_MIN_K or sm90_trans_b(spec):
         return False
     if spec.dtype in dtypes.FP8_DTYPES:
         return spec.scaling == "row" or (spec.scaling == "tensor" and spec.n <= SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N)
-    return spec.dtype in ("bf16", "fp16", "tf32")
+    return spec.dtype in ("bf16", "fp16") or (spec.dtype == "tf32" and not spec.promoted and not spec.raw_b)
 
 
 def sm90_rows64_unsplit_min_n(spec: GemmSpec) -> int:
@@ -1261,6 +1263,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
             continue
         for block_n in SM90_BLOCK_N:
             if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
+                    or (block_m == 64 and sm90_rows64_unsplit_only(spec, m_hint))  # those run unsplit only
                     or not sm90_block_n_preferred(spec, block_n, m_hint)
                     or sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)
                     or sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)):
@@ -1341,6 +1344,9 @@ def packed_vectors(spec: GemmSpec) -> tuple[int, int]:
 M_BUCKET_STEPS = ((128, 384, 64), (512, 4096, 128))
 # Buckets measured on dense GEMMs only: grouped GEMMs choose their tile for the next bucket that is not one of them.
 DENSE_ONLY_BUCKETS = (192, 320, 384)
+# The 3xTF32 GEMMs of dtype fp32 (GemmSpec.promoted / raw_b) were measured at 129-192 rows in the 256-row bucket only
+# (its raw-B tiles would change there: its own cost model weighs 64-row tiles at every M): they keep that choice.
+FP32X3_SKIPPED_BUCKETS = (192,)
 
 
 def raster_band_m_blocks(m_blocks: int, group_m: int, band: int) -> int:
@@ -1375,11 +1381,12 @@ def next_m_bucket(bucket: int) -> int:
 
 def tile_bucket(spec: GemmSpec, m_hint: int) -> int:
     """The M bucket `spec`'s tile is chosen for (choose_config; explain reports it): m_bucket, except that grouped
-    GEMMs skip DENSE_ONLY_BUCKETS (the 320-row one exists for dense 64-row tiles, the 384-row one was measured on
-    dense GEMMs) and keep the 512-row bucket's choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked rows,
-    session 19)."""
+    GEMMs skip DENSE_ONLY_BUCKETS (the 192- and 320-row ones exist for dense 64-row tiles, the 384-row one was
+    measured on dense GEMMs) and keep the next bucket's choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked
+    rows, session 19), and that the 3xTF32 GEMMs skip FP32X3_SKIPPED_BUCKETS."""
     bucket = m_bucket(m_hint)
-    while spec.grouped and bucket in DENSE_ONLY_BUCKETS:
+    while ((spec.grouped and bucket in DENSE_ONLY_BUCKETS)
+           or ((spec.promoted or spec.raw_b) and bucket in FP32X3_SKIPPED_BUCKETS)):
         bucket = next_m_bucket(bucket)
     return bucket
 

@@ -16,9 +16,9 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   (null: as dtype), ``scaling`` (null: fp8 block, int8 none), ``fast_accum`` (false), ``layout`` (nt),
   ``out_dtype`` (null: ``GemmSpec.create``'s default) as in ``build()``. ``m`` is an inclusive range
   ``[lo, hi]`` (default ``[1, 16384]``) or one integer; ``m_values`` (instead of ``m``) lists single M
-  values. Either becomes the M buckets it touches (``config.m_bucket``: 64, 128, 256, steps of 64 and then 128
-  rows up to 4096, powers of two up to 16384; every M of a bucket shares one kernel). ``name`` is a free label.
-  ``epilogue`` (null: none) is the fused
+  values. Either becomes the M buckets it touches (``config.m_bucket``: 64, 128, steps of 64 rows up to 384 and
+  of 128 rows from 512 up to 4096, powers of two up to 16384; every M of a bucket shares one kernel). ``name`` is
+  a free label. ``epilogue`` (null: none) is the fused
   epilogue of ``build(..., epilogue=...)`` (``"bias+gelu"``, ``"swiglu+quant_fp8_g128"``; words of
   ``epilogue.py``, any order, kept in canonical form). ``"grouped": true`` makes the entry a grouped GEMM
   (``build_grouped(n, k, ...)``, layout nt, bf16 / fp16 / fp8 block): ``m`` / ``m_values`` are then its

@@ -3,7 +3,7 @@ cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_m_buckets [--dtypes bf16,fp8_block] [--ms 300,479,586,...] [--nk 4096x7168,...]
                                      [--against rows|RULE] [--tiles 128x128s6,256x128,...] [--epilogue EPI]
-                                     [--layout nt] [--out DIR]
+                                     [--layout nt] [--out DIR] [--offline]
 
 `build(M)` picks its kernel for config.m_bucket(M). "bucket" = that kernel; the other contender (--against):
 - rows: config.choose_sm90_config at M rounded up to 128 rows (what 128-row buckets give; session 21's first sweeps,
@@ -16,7 +16,11 @@ cuBLAS, in one interleaved run.
 - ring5: the 16-bit ring also where it takes a tile from 4 stages to 5 (RULES["ring5"]);
 - fp8narrow: per-tensor FP8 tiles of any width at M >= 1024 (RULES["fp8narrow"]; before session 22);
 - rows128at320: the 320-row bucket with 128-row tiles only (RULES["rows128at320"]);
-- no384: M in (320, 384] in the 512-row bucket, as before session 24 (RULES["no384"]).
+- no384: M in (320, 384] in the 512-row bucket, as before session 24 (RULES["no384"]);
+- rows64at192 / no192 / fp8t192: session 40's 192-row bucket with every 64-row tile costed, the rule before that
+  bucket, and FP8 per-tensor's 64-row tiles at every N (RULES; docs/NOTES.md session 40).
+--offline (no GPU) only compiles every kernel the rows would build, for sm_90a and 132 SMs, into the kernel cache
+(DEEPGEMM_JIT_CACHE_DIR): carry that cache to the GPU machine and the run spends no time compiling.
 --epilogue fuses an epilogue (e.g. bias, bias+gelu) into every contender, with the bench's operands (B scaled by
 1 / sqrt(K)); "cublas" is then cuBLAS + the separate torch ops.
 --tiles adds forced sm90 tiles (bench --tiles syntax) as contenders of every row, to ask what a tile would give
@@ -40,12 +44,13 @@ RULES = {
     "ring5": {"SM90_D_RING_16BIT_MAX_STAGES": 4},  # ... and tiles at 4 stages take the ring for a fifth
     "fp8narrow": {"SM90_FP8_TENSOR_MIN_BLOCK_N": 8},  # per-tensor FP8 at M >= 1024 may pick any width (session 21)
     "rows128at320": {"SM90_ROWS64_BUCKETS": ()},  # the 320-row bucket kept, 128-row tiles only (session 23)
-    "no384": {"M_BUCKET_STEPS": ((256, 320, 64), (512, 4096, 128))},  # 321-384 rows in the 512 bucket (sessions 21-23)
+    "no384": {"M_BUCKET_STEPS": ((128, 320, 64), (512, 4096, 128))},  # 321-384 rows in the 512 bucket (sessions 21-23)
     # 129-192 rows in a bucket of their own with every 64-row tile costed there (three M blocks, none wasted at 192
     # rows, where 128-row tiles compute 256): session 39's sweep ran 192 x 4096 x 28672 bf16 at 85.4 us on 64x192 x 2
     # against the 256-row bucket's 108.2 (cuBLAS 82.5). Session 40 measured it (config.SM90_ROWS64_UNSPLIT_BUCKETS).
+    # (and the constants that later moved under it, so that it builds what that run measured)
     "rows64at192": {"M_BUCKET_STEPS": ((128, 384, 64), (512, 4096, 128)), "SM90_ROWS64_MAX_M": 192,
-                    "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
+                    "SM90_ROWS64_UNSPLIT_BUCKETS": (), "SM90_D_RING_MIN_M": 256, "SM90_SMALL_M_BUCKET_MAX": 255},
     # before session 40: 129-256 rows in one bucket, 128-row tiles only
     "no192": {"M_BUCKET_STEPS": ((256, 384, 64), (512, 4096, 128)), "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
     # the 192-row bucket's unsplit 64-row tiles of any width for FP8 per-tensor scaling at every N (session 40's first
@@ -86,20 +91,21 @@ def _compile_offline(args) -> int:
     from bench import suites
 
     tiles = suites.parse_tiles(args.tiles, words=())
-    count = 0
+    kernels = set()
     for _, _, kw, spec, m in _rows(args):
         n, k = spec.n, spec.k
         configs = [dg.build(m, n, k, arch="sm_90a", **kw).config, _other_config(spec, m, 132, args.against)]
+        dg.build(m, n, k, config=configs[1], arch="sm_90a", **kw)
         for tile in tiles:
-            try:
-                configs.append(suites.forced_tile_config(spec, tile))
+            try:  # as the GPU run: a tile the spec or build refuses is skipped
+                cfg = suites.forced_tile_config(spec, tile)
+                dg.build(m, n, k, config=cfg, arch="sm_90a", **kw)
+                configs.append(cfg)
             except ValueError:
                 pass
-        for cfg in configs[1:]:
-            dg.build(m, n, k, config=cfg, arch="sm_90a", **kw)
-        count += len(set(configs))
+        kernels.update((spec, cfg) for cfg in configs)
         print(f"m={m} n={n} k={k} {spec.dtype}: {' '.join(sorted({c.tag for c in configs}))}", flush=True)
-    print(f"{count} kernels compiled or found in the cache")
+    print(f"{len(kernels)} kernels compiled or found in the cache")
     return 0
 
 

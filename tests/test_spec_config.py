@@ -207,6 +207,51 @@ def test_sm90_heuristic_follows_waves():
         assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= config.SM90_SMEM_BUDGET_BYTES
 
 
+def test_192_row_bucket():
+    """M in (128, 192]: 64-row tiles compete unsplit, at K >= 1024, from 96 columns (FP8 per-tensor: any width up to
+    N = 4096), for 16-bit, TF32 nt and FP8 row / tensor scales (SM90_ROWS64_UNSPLIT_BUCKETS, measured session 40);
+    everything else keeps the 256-row bucket's pick."""
+    from deepgemm_jit import api, fp32x3
+
+    def pick(spec, m):
+        return config.choose_config(spec, m, "sm_90a", 132)
+
+    wide = GemmSpec.create(4096, 28672, dtype="bf16")
+    assert [(c.block_m, c.block_n, c.split_k) for c in (pick(wide, m) for m in (129, 160, 192))] == \
+        [(64, 96, False)] * 3
+    assert pick(wide, 193).block_m == 128
+    # TF32 (nt) too, without the D ring the bucket's 128-row tiles have (its 64-row tiles were measured without)
+    tf32 = pick(GemmSpec.create(4096, 28672, dtype="tf32"), 160)
+    assert (tf32.block_m, tf32.block_n, tf32.d_ring) == (64, 96, 0)
+    tf32_128 = pick(GemmSpec.create(2112, 7168, dtype="tf32"), 160)  # a 128-row pick keeps the ring it had at 256
+    assert (tf32_128.block_m, tf32_128.d_ring) == (128, config.SM90_D_RING)
+    # FP8 per-tensor up to 4096 columns takes narrow 64-row tiles there (its 128-row picks of 32-64 columns lost)
+    fp8_tensor = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
+    assert [(c.block_m, c.block_n) for c in (pick(fp8_tensor, m) for m in (150, 256))] == [(64, 48), (128, 32)]
+    # 16-bit 64-row tiles narrower than 96 columns or split lost to 128-row split-K tiles: 2112 x 7168 keeps 128x64 x s
+    narrow = GemmSpec.create(2112, 7168, dtype="bf16")
+    assert all((c.block_m, c.block_n, c.split_k) == (128, 64, True) for c in (pick(narrow, m) for m in (129, 192)))
+    # the kernels that were measured at 129-256 rows before the bucket keep their picks there: FP8 block scaling,
+    # INT8, the TF32 kernel that transposes B, K = 512, FP8 per-tensor past 4096 columns, grouped GEMMs
+    for spec in (GemmSpec.create(4096, 7168, dtype="fp8", scaling="block"), GemmSpec.create(4096, 7168, dtype="int8"),
+                 GemmSpec.create(7168, 2048, dtype="tf32", layout="nn"), GemmSpec.create(32768, 512, dtype="bf16"),
+                 GemmSpec.create(7168, 2048, dtype="fp8", scaling="tensor"), GemmSpec.create(2112, 7168, dtype="tf32"),
+                 GemmSpec.create(4096, 7168, dtype="bf16", grouped=True)):
+        for m in (129, 160, 192):
+            assert pick(spec, m) == pick(spec, 256), (spec.tag, m)
+    # and so do the 3xTF32 GEMMs of dtype fp32 (raw B at these M for nt, [hi | lo] for nn): they skip the bucket
+    for layout in ("nt", "nn"):
+        for n, k in ((2112, 7168), (7168, 2048), (4096, 28672)):
+            fspec = fp32x3.Fp32Spec.create(n, k, layout=layout)
+            inner = fspec.inner_at(160, "sm_90a")
+            assert inner.raw_b == (layout == "nt") and config.tile_bucket(inner, 160) == 256
+            assert pick(inner, 160) == pick(fspec.inner_at(256, "sm_90a"), 256)
+    # a forced split_k does not split the bucket's 64-row tile: the cost model's split tile instead (128 rows)
+    assert api.build(160, 4096, 28672, dtype="bf16", split_k=2, arch="sm_90a").config.block_m == 128
+    assert config.sm90_split_config(GemmSpec.create(28672, 4096, dtype="bf16", epilogue="bias"), 192, 132,
+                                    2).block_m == 128
+
+
 def test_m_buckets():
     """Powers of two up to 128 rows, then whole 64-row blocks up to 384 (192 for (128, 192], 256, 320, 384), 512,
     then whole 128-row blocks up to 4096 and powers of two above (M_BUCKET_STEPS)."""
@@ -228,23 +273,6 @@ def test_m_buckets():
             for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
     assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
             for m in (64, 160, 300, 400)] == [64, 128, 64, 128]
-    wide = GemmSpec.create(4096, 28672, dtype="bf16")
-    assert [(c.block_m, c.block_n, c.split_k) for c in (config.choose_config(wide, m, "sm_90a") for m in (160, 192))] \
-        == [(64, 96, False)] * 2
-    assert config.choose_config(wide, 193, "sm_90a").block_m == 128
-    # FP8 per-tensor up to 4096 columns takes narrow 64-row tiles there (128-row picks of 32-64 columns lost)
-    fp8_tensor = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
-    assert [(c.block_m, c.block_n) for c in (config.choose_config(fp8_tensor, m, "sm_90a") for m in (150, 256))] == \
-        [(64, 48), (128, 32)]
-    for m in (129, 192):  # the narrow / split 64-row picks that lost at 192 rows are not weighed
-        cfg = config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a")
-        assert cfg.block_m == 128 or (cfg.block_n >= config.SM90_ROWS64_UNSPLIT_MIN_N and not cfg.split_k)
-    # the kernels that were measured at 129-256 rows before the 192-row bucket keep their picks there
-    # (and so do K = 512 and FP8 per-tensor scaling past 4096 columns, where 64-row tiles measured slower)
-    for spec in (GemmSpec.create(4096, 7168, dtype="fp8", scaling="block"), GemmSpec.create(2112, 7168, dtype="tf32"),
-                 GemmSpec.create(7168, 2048, dtype="tf32", layout="nn"), GemmSpec.create(32768, 512, dtype="bf16"),
-                 GemmSpec.create(7168, 2048, dtype="fp8", scaling="tensor")):
-        assert config.choose_config(spec, 160, "sm_90a") == config.choose_config(spec, 256, "sm_90a")
     # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
     # take 128x128
     bf16 = GemmSpec.create(4096, 7168, dtype="bf16")

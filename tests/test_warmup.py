@@ -13,7 +13,7 @@ from deepgemm_jit.quantization import QuantKernelSpec
 from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
-# config.m_bucket: powers of two, 320, 384, then whole 128-row blocks from 512 to 4096 rows
+# config.m_bucket: 64, 128, then whole 64-row blocks up to 384, whole 128-row blocks from 512 to 4096, powers of two
 ALL_BUCKETS = (64, 128, 192, 256, 320, 384, 512, *range(640, 4097, 128), 8192, 16384)
 BUCKETS_TO_4096 = ALL_BUCKETS[:-2]
 
