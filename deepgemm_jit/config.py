@@ -980,6 +980,9 @@ SM90_ROWS64_UNSPLIT_BUCKETS = (192,)
 SM90_ROWS64_UNSPLIT_MIN_N = 96
 SM90_ROWS64_UNSPLIT_MIN_K = 1024
 SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N = 4096
+# FP8 block scaling up to this N weighs every 64-row tile at those buckets, split ones too (0: none; an experiment's
+# knob, scripts/exp_m_buckets.py RULES["fp8b192"]).
+SM90_ROWS64_FP8_BLOCK_MAX_N = 0
 
 
 def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
@@ -991,7 +994,9 @@ def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
     """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, at
     SM90_ROWS64_BUCKETS for 8-bit inputs, and at SM90_ROWS64_UNSPLIT_BUCKETS (sm90_rows64_unsplit_only)."""
     return (m_hint <= SM90_ROWS64_MAX_M or sm90_rows64_unsplit_only(spec, m_hint)
-            or (m_hint in SM90_ROWS64_BUCKETS and dtypes.get(spec.dtype).storage_bytes == 1))
+            or (m_hint in SM90_ROWS64_BUCKETS and dtypes.get(spec.dtype).storage_bytes == 1)
+            or (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.scaling == "block"
+                and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K and spec.n <= SM90_ROWS64_FP8_BLOCK_MAX_N))
 
 
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
