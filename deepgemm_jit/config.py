@@ -917,12 +917,19 @@ SHORT_K_DECODE_TILE = (64, 64)
 # 16x32768x512 11.54 vs 11.70 us at 64x128).
 SHORT_K_DECODE_M128_MAX_M = 128
 SHORT_K_DECODE_M128_TILE = (64, 128)
+# ... and at the 192-row bucket up to K = 512 (16-bit): H200 session 40 (exp_m_buckets --against shortk192, M 144 / 176
+# / 192, bench/results/*exp-m-buckets-vs-shortk192-s40*): 1.05-1.14x faster than the 128x256 pick at 32768 x 512
+# (192 rows 20.8 -> 19.5 us, cuBLAS 19.4), 0.99-1.04x at 4096 x 512; 6-15% slower than the bucket's 64-row picks at
+# K = 1024 / 1536 (8192 x 1024 12.2 -> 13.5 us, 7168 x 1536 14.0 -> 16.5).
+SHORT_K_DECODE_M192_BUCKETS = (192,)
+SHORT_K_DECODE_M192_MAX_BYTES = 1024
 
 
 def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | None:
     """The (cost, block_m, block_n, stages, splits) entry that goes first when a row of K is at most
     SHORT_K_DECODE_MAX_BYTES: SHORT_K_DECODE_TILE at M = m_hint <= SPLIT_SKIP_MAX_M (16-bit and FP8 types),
-    SHORT_K_DECODE_M128_TILE for 16-bit types up to SHORT_K_DECODE_M128_MAX_M; None where the rule does not apply."""
+    SHORT_K_DECODE_M128_TILE for 16-bit types up to SHORT_K_DECODE_M128_MAX_M and at SHORT_K_DECODE_M192_BUCKETS
+    up to SHORT_K_DECODE_M192_MAX_BYTES; None where the rule does not apply."""
     esize = dtypes.get(spec.dtype).storage_bytes
     if spec.grouped or spec.epilogue != "none" or spec.k * esize > SHORT_K_DECODE_MAX_BYTES:
         return None
@@ -931,7 +938,8 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
         if not sixteen_bit and spec.dtype not in dtypes.FP8_DTYPES:
             return None
         block_m, block_n = SHORT_K_DECODE_TILE
-    elif m_hint <= SHORT_K_DECODE_M128_MAX_M and sixteen_bit:
+    elif sixteen_bit and (m_hint <= SHORT_K_DECODE_M128_MAX_M or (
+            m_hint in SHORT_K_DECODE_M192_BUCKETS and spec.k * esize <= SHORT_K_DECODE_M192_MAX_BYTES)):
         block_m, block_n = SHORT_K_DECODE_M128_TILE
     else:
         return None
@@ -980,9 +988,12 @@ SM90_ROWS64_UNSPLIT_BUCKETS = (192,)
 SM90_ROWS64_UNSPLIT_MIN_N = 96
 SM90_ROWS64_UNSPLIT_MIN_K = 1024
 SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N = 4096
-# FP8 block scaling up to this N weighs every 64-row tile at those buckets, split ones too (0: none; an experiment's
-# knob, scripts/exp_m_buckets.py RULES["fp8b192"]).
-SM90_ROWS64_FP8_BLOCK_MAX_N = 0
+# FP8 block scaling up to this N weighs every 64-row tile at those buckets, split ones too: the cost model's 64x128
+# split picks ran 1.12-1.28x faster than its 128x128 split ones on all 18 rows of session 40's fifth run (--against
+# fp8b192, N 576..2112, M 144 / 176 / 192, bench/results/*exp-m-buckets-vs-fp8b192-s40*: 192 x 2112 x 7168 19.3 ->
+# 16.9 us, 192 x 576 x 7168 18.0 -> 15.9, 192 x 1024 x 4096 17.7 -> 13.9; torch block-scaled 25.6 / 18.8 / 17.6),
+# where wider N lost with 64x64 unsplit tiles (first run: 192 x 7168 x 16384 55.4 -> 86.0).
+SM90_ROWS64_FP8_BLOCK_MAX_N = 2112
 
 
 def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:

@@ -57,12 +57,13 @@ RULES = {
     # run: 64x48 / 64x96 faster at N <= 4096, 64x112 / 64x176 slower at N >= 7168; its third run measured this rule
     # when per-tensor FP8 was left out of the bucket's 64-row tiles)
     "fp8t192": {"SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N": 1 << 30},
-    # FP8 block scaling's 64-row tiles (split ones too) at the 192-row bucket up to N = 2112 (session 40: forced
-    # 64x128 split 1.15-1.2x and 64x64 split 1.48x faster there than the 128x128 split pick)
+    # session 40's fifth run, before they were merged: FP8 block scaling's 64-row tiles (split ones too) at the
+    # 192-row bucket up to N = 2112 (run against SM90_ROWS64_FP8_BLOCK_MAX_N = 0), and the short-K decode tile (64x128,
+    # 16-bit) there for every K x 2 <= 3072 bytes (run against SHORT_K_DECODE_M192_MAX_BYTES = 0)
     "fp8b192": {"SM90_ROWS64_FP8_BLOCK_MAX_N": 2112},
-    # the short-K decode tile (64x128, 16-bit, K x 2 <= 3072 bytes) up to the 192-row bucket (session 40: 32768 x 512
-    # at 144 / 192 rows 18.4 / 19.7 us against the 128x256 pick's 21.5 / 20.9)
     "shortk192": {"SHORT_K_DECODE_M128_MAX_M": 192},
+    "nofp8b192": {"SM90_ROWS64_FP8_BLOCK_MAX_N": 0},
+    "noshortk192": {"SHORT_K_DECODE_M192_MAX_BYTES": 0},
 }
 
 
