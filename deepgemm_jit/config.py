@@ -917,19 +917,21 @@ SHORT_K_DECODE_TILE = (64, 64)
 # 16x32768x512 11.54 vs 11.70 us at 64x128).
 SHORT_K_DECODE_M128_MAX_M = 128
 SHORT_K_DECODE_M128_TILE = (64, 128)
-# ... and at the 192-row bucket up to K = 512 (16-bit): H200 session 40 (exp_m_buckets --against shortk192, M 144 / 176
-# / 192, bench/results/*exp-m-buckets-vs-shortk192-s40*): 1.05-1.14x faster than the 128x256 pick at 32768 x 512
-# (192 rows 20.8 -> 19.5 us, cuBLAS 19.4), 0.99-1.04x at 4096 x 512; 6-15% slower than the bucket's 64-row picks at
-# K = 1024 / 1536 (8192 x 1024 12.2 -> 13.5 us, 7168 x 1536 14.0 -> 16.5).
+# ... and at the 192-row bucket up to K = 512 (16-bit) from N = 4096: H200 session 40 (exp_m_buckets --against
+# shortk192, M 144 / 176 / 192, bench/results/*exp-m-buckets-vs-shortk192-s40*): 1.05-1.14x faster than the 128x256
+# pick at 32768 x 512 (192 rows 20.8 -> 19.5 us, cuBLAS 19.4), 0.99-1.04x at 4096 x 512; slower than the bucket's
+# 64-row picks at K = 1024 / 1536 (8192 x 1024 12.2 -> 13.5 us, 7168 x 1536 14.0 -> 16.5, 24576 x 1536 5-7%;
+# 16384 x 1024 0.99-1.04x). Narrower N was not measured: 64x128 leaves most SMs idle there (N = 1024: 24 CTAs).
 SHORT_K_DECODE_M192_BUCKETS = (192,)
 SHORT_K_DECODE_M192_MAX_BYTES = 1024
+SHORT_K_DECODE_M192_MIN_N = 4096
 
 
 def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | None:
     """The (cost, block_m, block_n, stages, splits) entry that goes first when a row of K is at most
     SHORT_K_DECODE_MAX_BYTES: SHORT_K_DECODE_TILE at M = m_hint <= SPLIT_SKIP_MAX_M (16-bit and FP8 types),
     SHORT_K_DECODE_M128_TILE for 16-bit types up to SHORT_K_DECODE_M128_MAX_M and at SHORT_K_DECODE_M192_BUCKETS
-    up to SHORT_K_DECODE_M192_MAX_BYTES; None where the rule does not apply."""
+    up to SHORT_K_DECODE_M192_MAX_BYTES from SHORT_K_DECODE_M192_MIN_N columns; None where the rule does not apply."""
     esize = dtypes.get(spec.dtype).storage_bytes
     if spec.grouped or spec.epilogue != "none" or spec.k * esize > SHORT_K_DECODE_MAX_BYTES:
         return None
@@ -939,7 +941,8 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
             return None
         block_m, block_n = SHORT_K_DECODE_TILE
     elif sixteen_bit and (m_hint <= SHORT_K_DECODE_M128_MAX_M or (
-            m_hint in SHORT_K_DECODE_M192_BUCKETS and spec.k * esize <= SHORT_K_DECODE_M192_MAX_BYTES)):
+            m_hint in SHORT_K_DECODE_M192_BUCKETS and spec.k * esize <= SHORT_K_DECODE_M192_MAX_BYTES
+            and spec.n >= SHORT_K_DECODE_M192_MIN_N)):
         block_m, block_n = SHORT_K_DECODE_M128_TILE
     else:
         return None
@@ -988,11 +991,14 @@ SM90_ROWS64_UNSPLIT_BUCKETS = (192,)
 SM90_ROWS64_UNSPLIT_MIN_N = 96
 SM90_ROWS64_UNSPLIT_MIN_K = 1024
 SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N = 4096
-# FP8 block scaling up to this N weighs every 64-row tile at those buckets, split ones too: the cost model's 64x128
-# split picks ran 1.12-1.28x faster than its 128x128 split ones on all 18 rows of session 40's fifth run (--against
-# fp8b192, N 576..2112, M 144 / 176 / 192, bench/results/*exp-m-buckets-vs-fp8b192-s40*: 192 x 2112 x 7168 19.3 ->
-# 16.9 us, 192 x 576 x 7168 18.0 -> 15.9, 192 x 1024 x 4096 17.7 -> 13.9; torch block-scaled 25.6 / 18.8 / 17.6),
-# where wider N lost with 64x64 unsplit tiles (first run: 192 x 7168 x 16384 55.4 -> 86.0).
+# FP8 block scaling with N in [SM90_ROWS64_FP8_BLOCK_MIN_N, SM90_ROWS64_FP8_BLOCK_MAX_N] and K >= SM90_ROWS64_UNSPLIT_
+# MIN_K weighs every 64-row tile at those buckets, split ones too: the cost model's 64x128 split picks ran 1.10-1.29x
+# faster than its 128x128 split ones on all 18 rows of session 40's fifth run (--against fp8b192, N 576..2112, K
+# 4096..8192, M 144 / 176 / 192, bench/results/*exp-m-buckets-vs-fp8b192-s40*: 192 x 2112 x 7168 19.3 -> 16.9 us,
+# 192 x 576 x 7168 18.0 -> 15.9, 192 x 1024 x 4096 17.7 -> 13.9; torch block-scaled 25.6 / 18.8 / 17.6), where wider
+# N lost with 64x64 unsplit tiles (first run: 192 x 7168 x 16384 55.4 -> 86.0). N below 512 (64x8 / 64x16 split
+# picks) was not measured.
+SM90_ROWS64_FP8_BLOCK_MIN_N = 512
 SM90_ROWS64_FP8_BLOCK_MAX_N = 2112
 
 
@@ -1003,11 +1009,13 @@ def _trans_b_rows64_cost(spec: GemmSpec, m_hint: int, block_m: int) -> float:
 
 def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
     """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, at
-    SM90_ROWS64_BUCKETS for 8-bit inputs, and at SM90_ROWS64_UNSPLIT_BUCKETS (sm90_rows64_unsplit_only)."""
+    SM90_ROWS64_BUCKETS for 8-bit inputs, and at SM90_ROWS64_UNSPLIT_BUCKETS (sm90_rows64_unsplit_only; FP8 block
+    scaling there with every 64-row tile, split too, in SM90_ROWS64_FP8_BLOCK_MIN_N..MAX_N columns)."""
     return (m_hint <= SM90_ROWS64_MAX_M or sm90_rows64_unsplit_only(spec, m_hint)
             or (m_hint in SM90_ROWS64_BUCKETS and dtypes.get(spec.dtype).storage_bytes == 1)
             or (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.scaling == "block"
-                and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K and spec.n <= SM90_ROWS64_FP8_BLOCK_MAX_N))
+                and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K
+                and SM90_ROWS64_FP8_BLOCK_MIN_N <= spec.n <= SM90_ROWS64_FP8_BLOCK_MAX_N))
 
 
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
@@ -1247,7 +1255,7 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
     if first.family == "sm90":
         if first.num_stages > 3:
             found.append(dataclasses.replace(first, num_stages=first.num_stages - 1))
-        ranked = sm90_ranked(spec, m_bucket(m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
+        ranked = sm90_ranked(spec, tile_bucket(spec, m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         if _sm90_pingpong_fits(spec) and _sm90_stages(spec, 128, 128, True) >= 3:

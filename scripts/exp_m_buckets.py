@@ -17,8 +17,9 @@ cuBLAS, in one interleaved run.
 - fp8narrow: per-tensor FP8 tiles of any width at M >= 1024 (RULES["fp8narrow"]; before session 22);
 - rows128at320: the 320-row bucket with 128-row tiles only (RULES["rows128at320"]);
 - no384: M in (320, 384] in the 512-row bucket, as before session 24 (RULES["no384"]);
-- rows64at192 / no192 / fp8t192: session 40's 192-row bucket with every 64-row tile costed, the rule before that
-  bucket, and FP8 per-tensor's 64-row tiles at every N (RULES; docs/NOTES.md session 40).
+- rows64at192 / no192 / fp8t192 / fp8b192 / shortk192 / nofp8b192 / noshortk192: session 40's 192-row bucket with
+  every 64-row tile costed, the rule before that bucket, FP8 per-tensor's 64-row tiles at every N, FP8 block's and
+  the short-K tile's additions as measured, and the current rule without them (RULES; docs/NOTES.md session 40).
 --offline (no GPU) only compiles every kernel the rows would build, for sm_90a and 132 SMs, into the kernel cache
 (DEEPGEMM_JIT_CACHE_DIR): carry that cache to the GPU machine and the run spends no time compiling.
 --epilogue fuses an epilogue (e.g. bias, bias+gelu) into every contender, with the bench's operands (B scaled by
@@ -50,17 +51,19 @@ RULES = {
     # against the 256-row bucket's 108.2 (cuBLAS 82.5). Session 40 measured it (config.SM90_ROWS64_UNSPLIT_BUCKETS).
     # (and the constants that later moved under it, so that it builds what that run measured)
     "rows64at192": {"M_BUCKET_STEPS": ((128, 384, 64), (512, 4096, 128)), "SM90_ROWS64_MAX_M": 192,
-                    "SM90_ROWS64_UNSPLIT_BUCKETS": (), "SM90_D_RING_MIN_M": 256, "SM90_SMALL_M_BUCKET_MAX": 255},
+                    "SM90_ROWS64_UNSPLIT_BUCKETS": (), "SM90_D_RING_MIN_M": 256, "SM90_SMALL_M_BUCKET_MAX": 255,
+                    "SHORT_K_DECODE_M192_MAX_BYTES": 0, "SM90_ROWS64_FP8_BLOCK_MAX_N": 0},
     # before session 40: 129-256 rows in one bucket, 128-row tiles only
     "no192": {"M_BUCKET_STEPS": ((256, 384, 64), (512, 4096, 128)), "SM90_ROWS64_UNSPLIT_BUCKETS": ()},
     # the 192-row bucket's unsplit 64-row tiles of any width for FP8 per-tensor scaling at every N (session 40's first
     # run: 64x48 / 64x96 faster at N <= 4096, 64x112 / 64x176 slower at N >= 7168; its third run measured this rule
     # when per-tensor FP8 was left out of the bucket's 64-row tiles)
     "fp8t192": {"SM90_ROWS64_UNSPLIT_FP8_TENSOR_MAX_N": 1 << 30},
-    # session 40's fifth run, before they were merged: FP8 block scaling's 64-row tiles (split ones too) at the
-    # 192-row bucket up to N = 2112 (run against SM90_ROWS64_FP8_BLOCK_MAX_N = 0), and the short-K decode tile (64x128,
-    # 16-bit) there for every K x 2 <= 3072 bytes (run against SHORT_K_DECODE_M192_MAX_BYTES = 0)
-    "fp8b192": {"SM90_ROWS64_FP8_BLOCK_MAX_N": 2112},
+    # session 40's fifth run measured these two against the rule of that time (which had neither): FP8 block
+    # scaling's 64-row tiles (split ones too) at the 192-row bucket up to N = 2112, and the short-K decode tile (64x128,
+    # 16-bit) there for every K x 2 <= 3072 bytes. Both are merged where they won (narrower), so against the current
+    # rule they time the same kernels on most rows; nofp8b192 / noshortk192 take the merged parts out again.
+    "fp8b192": {"SM90_ROWS64_FP8_BLOCK_MAX_N": 2112, "SM90_ROWS64_FP8_BLOCK_MIN_N": 0},
     "shortk192": {"SHORT_K_DECODE_M128_MAX_M": 192},
     "nofp8b192": {"SM90_ROWS64_FP8_BLOCK_MAX_N": 0},
     "noshortk192": {"SHORT_K_DECODE_M192_MAX_BYTES": 0},

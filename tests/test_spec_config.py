@@ -209,8 +209,9 @@ def test_sm90_heuristic_follows_waves():
 
 def test_192_row_bucket():
     """M in (128, 192]: 64-row tiles compete unsplit, at K >= 1024, from 96 columns (FP8 per-tensor: any width up to
-    N = 4096), for 16-bit, TF32 nt and FP8 row / tensor scales (SM90_ROWS64_UNSPLIT_BUCKETS, measured session 40);
-    everything else keeps the 256-row bucket's pick."""
+    N = 4096), for 16-bit, TF32 nt and FP8 row / tensor scales (SM90_ROWS64_UNSPLIT_BUCKETS, measured session 40); FP8
+    block scaling at N 512..2112 weighs every 64-row tile; 16-bit K <= 512 from N = 4096 takes the short-K 64x128
+    tile; everything else keeps the 256-row bucket's pick."""
     from deepgemm_jit import api, fp32x3
 
     def pick(spec, m):
@@ -231,16 +232,22 @@ def test_192_row_bucket():
     # 16-bit 64-row tiles narrower than 96 columns or split lost to 128-row split-K tiles: 2112 x 7168 keeps 128x64 x s
     narrow = GemmSpec.create(2112, 7168, dtype="bf16")
     assert all((c.block_m, c.block_n, c.split_k) == (128, 64, True) for c in (pick(narrow, m) for m in (129, 192)))
-    # FP8 block scaling up to 2112 columns: every 64-row tile, split ones too (64x128 x s ran 1.12-1.28x faster)
+    # FP8 block scaling up to 2112 columns: every 64-row tile, split ones too (64x128 x s ran 1.10-1.29x faster)
     block = pick(GemmSpec.create(2112, 7168, dtype="fp8", scaling="block"), 160)
     assert (block.block_m, block.block_n, block.split_k) == (64, 128, True)
-    # 16-bit at K = 512: the short-K decode tile, 64x128 unsplit (but not at K = 1024, where the 64-row picks won)
-    assert [(c.block_m, c.block_n, c.split_k) for c in (pick(GemmSpec.create(32768, k, dtype="bf16"), 160)
-                                                        for k in (512, 1024))] == [(64, 128, False), (64, 256, False)]
+    # 16-bit at K <= 512 from 4096 columns: the short-K decode tile, 64x128 unsplit (not at K = 1024, where the 64-row
+    # picks won)
+    for dtype in ("bf16", "fp16"):
+        picks = [pick(GemmSpec.create(32768, k, dtype=dtype), 160) for k in (512, 1024)]
+        assert [(c.block_m, c.block_n, c.split_k) for c in picks] == [(64, 128, False), (64, 256, False)]
     # the kernels that were measured at 129-256 rows before the bucket keep their picks there: FP8 block scaling past
-    # 2112 columns, INT8, the TF32 kernel that transposes B, K = 512 with an epilogue, FP8 per-tensor past 4096
-    # columns, grouped GEMMs
+    # 2112 columns, below 512 or at K < 1024, INT8 (also at narrow N), the TF32 kernel that transposes B, 16-bit at
+    # K = 512 with an epilogue, below 4096 columns or at 512 < K < 1024, FP8 per-tensor past 4096 columns, grouped
     for spec in (GemmSpec.create(4096, 7168, dtype="fp8", scaling="block"), GemmSpec.create(4096, 7168, dtype="int8"),
+                 GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"),
+                 GemmSpec.create(256, 7168, dtype="fp8", scaling="block"),
+                 GemmSpec.create(2112, 512, dtype="fp8", scaling="block"), GemmSpec.create(2112, 7168, dtype="int8"),
+                 GemmSpec.create(1024, 512, dtype="bf16"), GemmSpec.create(32768, 768, dtype="bf16"),
                  GemmSpec.create(7168, 2048, dtype="tf32", layout="nn"),
                  GemmSpec.create(32768, 512, dtype="bf16", epilogue="bias"),
                  GemmSpec.create(7168, 2048, dtype="fp8", scaling="tensor"), GemmSpec.create(2112, 7168, dtype="tf32"),
