@@ -1011,11 +1011,22 @@ def sm90_rows64_costed(spec: GemmSpec, m_hint: int) -> bool:
     """Whether the cost model weighs 64-row tiles at M bucket m_hint: up to SM90_ROWS64_MAX_M rows, at
     SM90_ROWS64_BUCKETS for 8-bit inputs, and at SM90_ROWS64_UNSPLIT_BUCKETS (sm90_rows64_unsplit_only; FP8 block
     scaling there with every 64-row tile, split too, in SM90_ROWS64_FP8_BLOCK_MIN_N..MAX_N columns)."""
-    return (m_hint <= SM90_ROWS64_MAX_M or sm90_rows64_unsplit_only(spec, m_hint)
-            or (m_hint in SM90_ROWS64_BUCKETS and dtypes.get(spec.dtype).storage_bytes == 1)
-            or (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.scaling == "block"
-                and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K
-                and SM90_ROWS64_FP8_BLOCK_MIN_N <= spec.n <= SM90_ROWS64_FP8_BLOCK_MAX_N))
+    return (m_hint <= SM90_ROWS64_MAX_M or sm90_rows64_unsplit_only(spec, m_hint) or _rows64_fp8_block(spec, m_hint)
+            or (m_hint in SM90_ROWS64_BUCKETS and dtypes.get(spec.dtype).storage_bytes == 1))
+
+
+def _rows64_fp8_block(spec: GemmSpec, m_hint: int) -> bool:
+    """FP8 block scaling at SM90_ROWS64_UNSPLIT_BUCKETS in SM90_ROWS64_FP8_BLOCK_MIN_N..MAX_N columns and K >=
+    SM90_ROWS64_UNSPLIT_MIN_K: every 64-row tile weighed, split ones too."""
+    return (m_hint in SM90_ROWS64_UNSPLIT_BUCKETS and spec.scaling == "block" and spec.k >= SM90_ROWS64_UNSPLIT_MIN_K
+            and SM90_ROWS64_FP8_BLOCK_MIN_N <= spec.n <= SM90_ROWS64_FP8_BLOCK_MAX_N)
+
+
+def sm90_tile_may_split(spec: GemmSpec, m_hint: int, block_m: int) -> bool:
+    """Whether a tile of `block_m` rows may run split-K at M bucket m_hint: every tile but the 64-row ones of a
+    bucket that weighs them unsplit only (sm90_rows64_unsplit_only: split ones measured slower). The cost model's
+    split ranking, sm90_split_config and build's split_k= all ask this."""
+    return not (block_m == 64 and sm90_rows64_unsplit_only(spec, m_hint))
 
 
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
@@ -1064,8 +1075,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     trans_b = sm90_trans_b(spec)
-    rows64_unsplit_only = sm90_rows64_unsplit_only(spec, m_hint)
-    rows64_min_n = sm90_rows64_unsplit_min_n(spec) if rows64_unsplit_only else 0
+    rows64_min_n = sm90_rows64_unsplit_min_n(spec) if sm90_rows64_unsplit_only(spec, m_hint) else 0
     tiles = []
     for block_m in (128, 64):
         if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
@@ -1094,7 +1104,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
         unsplit_best = min(t[0] for t in tiles)
         for i, (cost, block_m, block_n, stages, _) in enumerate(tiles):
             if (sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)
-                    or (block_m == 64 and rows64_unsplit_only)):
+                    or not sm90_tile_may_split(spec, m_hint, block_m)):
                 continue
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
             split_cost *= _trans_b_rows64_cost(spec, m_hint, block_m)
@@ -1287,7 +1297,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
             continue
         for block_n in SM90_BLOCK_N:
             if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
-                    or (block_m == 64 and sm90_rows64_unsplit_only(spec, m_hint))  # those run unsplit only
+                    or not sm90_tile_may_split(spec, m_hint, block_m)
                     or not sm90_block_n_preferred(spec, block_n, m_hint)
                     or sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)
                     or sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)):
