@@ -48,6 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "case runs once per epilogue, timed against our plain GEMM (overhead) and torch's "
                         "cuBLAS + separate ops (ratio). Default: plain GEMMs only")
     p.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
+    p.add_argument("--offline", action="store_true",
+                   help="no GPU: compile every kernel the cases build on the H200 (sm_90a, 132 SMs) into the kernel "
+                        "cache (DEEPGEMM_JIT_CACHE_DIR) and exit; carry that cache to the GPU run (bench/offline.py)")
     args = p.parse_args(argv)
     if args.quick and "--reps" not in " ".join(argv):
         args.reps = 10
@@ -78,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("bench: no cases selected", file=sys.stderr)
         return 2
+    if args.offline:
+        from . import offline
+
+        return offline.compile_work(*offline.dense_work(cases), "bench")
     if args.reps < timing.MIN_PROTOCOL_REPS and not args.quick:
         print(f"bench: warning: --reps {args.reps} < {timing.MIN_PROTOCOL_REPS}: not protocol-grade", file=sys.stderr)
 

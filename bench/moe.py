@@ -1011,6 +1011,9 @@ def parse_args(argv):
                         "row cannot take is reported skipped (illegal)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
+    p.add_argument("--offline", action="store_true",
+                   help="no GPU: compile every kernel the rows build on the H200 (sm_90a, 132 SMs) into the kernel "
+                        "cache (DEEPGEMM_JIT_CACHE_DIR) and exit; carry that cache to the GPU run (bench/offline.py)")
     return p.parse_args(argv)
 
 
@@ -1054,6 +1057,10 @@ def main(argv=None) -> int:
     if not rows_spec:
         print("bench.moe: no rows selected", file=sys.stderr)
         return 2
+    if args.offline:
+        from . import offline
+
+        return offline.compile_work(*offline.grouped_work(rows_spec, tiles), "bench.moe")
 
     # ---- GPU from here on
     try:

@@ -1444,3 +1444,48 @@ def test_host_header_needs_no_gpu_and_names_the_module():
     assert h["command"].endswith("-m bench.latency --no-gpu"), h["command"]
     assert len(h["source_sha256"]) == 64 and h["python"] and h["deepgemm_jit"] and h["numpy"]
     assert set(h) <= set(report.HEADER_KEYS), set(h) - set(report.HEADER_KEYS)
+
+
+def test_offline_compiles_every_kernel_the_rows_build(tmp_path, monkeypatch, capsys):
+    """`python -m bench --offline` / `bench.moe --offline` (real NVRTC compiles, no GPU) leave in the kernel cache
+    every kernel the rows build on the H200: afterwards, with DEEPGEMM_JIT_OFFLINE=1 (a missing kernel raises
+    KernelNotCachedError), the builds the GPU run makes, heuristic and forced tiles, an epilogue row's plain GEMM,
+    the grouped rows', all find theirs. A second --offline compiles nothing."""
+    import dataclasses
+
+    import deepgemm_jit as dg
+    from bench import __main__ as bench_main
+    from bench import moe
+    from deepgemm_jit import jit
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE", raising=False)
+    jit._memo.clear()  # a kernel built earlier in this process would be served from memory, not the new cache
+    dense = ["--suite", "deepseek", "--dtype", "fp8_block,bf16", "--only", "m4096n2112", "--tiles", "auto,128x128"]
+    grouped = ["--dtype", "fp8", "--only", "masked_g1e256_n4096", "--tiles", "128x64"]
+    assert bench_main.main(dense + ["--epilogue", "bias+gelu", "--offline"]) == 0  # plain rows only as baselines
+    assert moe.main(grouped + ["--offline"]) == 0
+    out = capsys.readouterr().out
+    assert "0 failed" in out and " compiled," in out, out
+
+    jit._memo.clear()
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    cases = suites.expand(["deepseek"], ["fp8_block", "bf16"], tiles=("auto", "128x128"), epilogues=("bias+gelu",))
+    cases = [c for c in cases if "m4096n2112" in c.tag]
+    assert len(cases) == 4
+    for case in cases:
+        for c in dict.fromkeys((case, dataclasses.replace(case, epilogue=None))):
+            spec = c.make_spec()
+            cfg = (dg.config.choose_config(spec, c.m, "sm_90a", 132) if c.tiles == "auto"
+                   else suites.forced_tile_config(spec, c.tiles))
+            dg.build(c.m, c.n, c.k, arch="sm_90a", config=cfg, **{k: v for k, v in c.build_kwargs().items()
+                                                                   if k != "tune"})
+            dg.build(c.m, c.n, c.k, arch="sm_90a", **c.build_kwargs())
+    row = next(r for r in moe.select(moe.parse_args(grouped)))
+    dg.build_grouped(row.n, row.k, dtype=row.dtype, expected_m=row.rows, num_groups=row.groups, arch="sm_90a")
+    dg.build_grouped(row.n, row.k, dtype=row.dtype, expected_m=row.rows, num_groups=row.groups, arch="sm_90a",
+                     config=moe.forced_config(row, "128x64"))
+
+    monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE")
+    assert bench_main.main(dense + ["--epilogue", "bias+gelu", "--offline"]) == 0
+    assert " 0 compiled," in capsys.readouterr().out

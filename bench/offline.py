@@ -1,0 +1,113 @@
+"""--offline for ``python -m bench`` and ``python -m bench.moe``: compile, on a machine without a GPU, every kernel the
+selected rows would build on the H200 (sm_90a, 132 SMs) into the kernel cache (``DEEPGEMM_JIT_CACHE_DIR``).
+
+A device run spends its limited time compiling otherwise: a full FP8 MoE run timed 12 of its 42 rows in 150 s
+(session 41). Compile here, carry the cache folder, copy it into the device's cache dir, and the run only times::
+
+    DEEPGEMM_JIT_CACHE_DIR=$PWD/.carry/cache python -m bench --suite deepseek --dtype fp8_block --offline
+    # on the device: mkdir -p /tmp/dgjit-cache && cp -r .carry/cache/. /tmp/dgjit-cache/
+
+Kernel keys hash the rendered source, the NVRTC version and the package's Python sources: compile after the last
+code change, with the NVRTC the device has (13.0 on both today). The kernels are planned as ``deepgemm-jit warmup``
+plans them (``warmup.plan``: the heuristic's tile per M bucket, the decode kernels, the activations' quantize kernel,
+the grouped segments kernel, fp32's split kernel, staging copies) plus every forced ``--tiles`` config. Not
+covered: ``--tiles tuned`` (tuning runs on the GPU) and the quantize kernels of the weights, which compile on the
+device in a few seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+ARCH = "sm_90a"
+NUM_SMS = 132  # the H200's: what build(arch=...) and warmup assume for sm_90a
+
+
+def warmup_type(lib: str, scaling: str | None) -> str:
+    """The TYPE of ``deepgemm-jit warmup --shape`` for a library dtype and scaling (fp8 + block -> 'fp8/block')."""
+    return f"{lib}/{scaling}" if scaling else lib
+
+
+def _forced(spec, m: int, n: int, k: int, tiles: str, notes: list[str]):
+    """(spec, config) the GPU run would compile for a forced tile, or None ('tuned'; a tile the spec refuses is the
+    GPU run's skipped row too)."""
+    from deepgemm_jit import config
+
+    from . import suites
+
+    if tiles == "tuned":
+        notes.append(f"{m}x{n}x{k} --tiles tuned: tuning runs on the GPU, not compiled here")
+        return None
+    try:
+        cfg = (config.choose_config(spec, m, ARCH, NUM_SMS) if tiles == "auto"
+               else suites.forced_tile_config(spec, tiles))
+        kspec = config.kernel_spec(spec, ARCH, m) if cfg.family == "sm90" else spec  # what build() compiles
+        cfg.check_for(kspec, ARCH)
+    except ValueError as exc:
+        notes.append(f"{m}x{n}x{k} tile {tiles}: {exc}")
+        return None
+    return kspec, cfg
+
+
+def dense_work(cases) -> tuple[list, list[str]]:
+    """The warmup work list (``warmup.run``'s (spec, config) / (kernel spec, None) pairs) of bench cases, and notes
+    on what is left out. An epilogue row also times the plain GEMM: its kernels are planned too."""
+    from deepgemm_jit import warmup
+
+    from . import dtypes as bench_dtypes
+
+    entries, forced, notes = [], [], []
+    for case in cases:
+        info = bench_dtypes.get(case.dtype)
+        for epilogue in dict.fromkeys((case.epilogue, None)):  # the plain GEMM takes the row's forced tile too
+            text = f"{case.m}:{case.n}:{case.k}:{warmup_type(info.lib, info.scaling)}:{case.layout}"
+            entries.append(warmup.parse_shape(text + (f":epilogue={epilogue}" if epilogue else "")))
+            if case.tiles:
+                spec = dataclasses.replace(case, epilogue=epilogue).make_spec()
+                item = _forced(spec, case.m, case.n, case.k, case.tiles, notes)
+                if item is not None:
+                    forced.append(item)
+    return _distinct(warmup.plan(entries, ARCH, NUM_SMS) + forced), notes
+
+
+def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
+    """The same for bench.moe rows (``build_grouped(N, K, dtype, expected_m=rows, num_groups=groups)``), with the
+    forced grouped tiles of ``--tiles``."""
+    from deepgemm_jit import warmup
+    from deepgemm_jit.grouped import grouped_spec
+
+    from . import moe
+
+    entries, forced, notes = [], [], []
+    for case in cases:
+        lib = "fp8/block" if case.dtype == "fp8" else case.dtype
+        entries.append(warmup.parse_grouped(f"{case.groups}:{case.rows}:{case.n}:{case.k}:{lib}"))
+        for tile in tiles:
+            try:
+                forced.append((grouped_spec(case.n, case.k, dtype=case.dtype), moe.forced_config(case, tile, ARCH)))
+            except ValueError as exc:
+                notes.append(f"{case.tag} tile {tile}: {exc}")
+    return _distinct(warmup.plan(entries, ARCH, NUM_SMS) + forced), notes
+
+
+def _distinct(work: list) -> list:
+    return list(dict.fromkeys(work))
+
+
+def compile_work(work: list, notes: list[str], what: str, jobs: int = 2) -> int:
+    """Compile `work` for sm_90a into the kernel cache; print the summary. 0 when every kernel is in the cache."""
+    from deepgemm_jit import cache, warmup
+
+    store = cache.default_cache()
+    if store is None:
+        print(f"{what} --offline: no kernel cache directory (set DEEPGEMM_JIT_CACHE_DIR)", file=sys.stderr)
+        return 2
+    summary = warmup.run(work, ARCH, jobs=jobs, progress=False)
+    for note in notes:
+        print(f"{what} --offline: not compiled: {note}")
+    for spec, cfg, error in summary.failed:
+        print(f"{what} --offline: FAILED {getattr(spec, 'tag', spec)} {getattr(cfg, 'tag', '')}: {error}",
+              file=sys.stderr)
+    print(f"{what} --offline: {len(work)} kernels for {ARCH} ({NUM_SMS} SMs) in {store.root}: {summary.compiled} "
+          f"compiled, {summary.cached} already cached, {len(summary.failed)} failed, {summary.seconds:.1f} s")
+    return 1 if summary.failed else 0
