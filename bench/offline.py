@@ -7,12 +7,15 @@ A device run spends its limited time compiling otherwise: a full FP8 MoE run tim
     DEEPGEMM_JIT_CACHE_DIR=$PWD/.carry/cache python -m bench --suite deepseek --dtype fp8_block --offline
     # on the device: mkdir -p /tmp/dgjit-cache && cp -r .carry/cache/. /tmp/dgjit-cache/
 
-Kernel keys hash the rendered source, the NVRTC version and the package's Python sources: compile after the last
-code change, with the NVRTC the device has (13.0 on both today). The kernels are planned as ``deepgemm-jit warmup``
-plans them (``warmup.plan``: the heuristic's tile per M bucket, the decode kernels, the activations' quantize kernel,
-the grouped segments kernel, fp32's split kernel, staging copies) plus every forced ``--tiles`` config. Not
-covered: ``--tiles tuned`` (tuning runs on the GPU) and the quantize kernels of the weights, which compile on the
-device in a few seconds.
+Kernel keys hash the rendered source and headers, the compile options, the NVRTC version, the arch and the package
+version: compile after the last change to the templates or to what renders them, with the NVRTC the device has (13.0
+on both today). The kernels are planned as ``deepgemm-jit warmup`` plans them (``warmup.plan``: the heuristic's tile
+per M bucket, the decode kernels, the activations' quantize kernel, the grouped segments kernel, fp32's split kernel,
+staging copies) plus every forced ``--tiles`` config, the row-staging copy of an MN-major A (tn / tt: whether a call
+stages A depends on its M, which warmup does not know) and bench.moe's quantize kernels (FP8 rows quantize BF16
+activations by group, weights by block and, for torch's row-wise contender, both by row). Not covered: ``--tiles
+tuned`` (tuning runs on the GPU), and tuned configs a device cache already holds (``<cache dir>/tuning``): a build
+there takes them instead of the heuristic's.
 """
 from __future__ import annotations
 
@@ -52,13 +55,15 @@ def _forced(spec, m: int, n: int, k: int, tiles: str, notes: list[str]):
 def dense_work(cases) -> tuple[list, list[str]]:
     """The warmup work list (``warmup.run``'s (spec, config) / (kernel spec, None) pairs) of bench cases, and notes
     on what is left out. An epilogue row also times the plain GEMM: its kernels are planned too."""
-    from deepgemm_jit import warmup
+    from deepgemm_jit import copies, warmup
 
     from . import dtypes as bench_dtypes
 
     entries, forced, notes = [], [], []
     for case in cases:
         info = bench_dtypes.get(case.dtype)
+        if case.layout[0] == "t":  # A stored (K, M): its rows of M elements are staged where TMA cannot read them
+            forced.append((copies.ROWS, None))
         for epilogue in dict.fromkeys((case.epilogue, None)):  # the plain GEMM takes the row's forced tile too
             text = f"{case.m}:{case.n}:{case.k}:{warmup_type(info.lib, info.scaling)}:{case.layout}"
             entries.append(warmup.parse_shape(text + (f":epilogue={epilogue}" if epilogue else "")))
@@ -79,6 +84,9 @@ def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
     from . import moe
 
     entries, forced, notes = [], [], []
+    quantize = []
+    if any(case.dtype == "fp8" for case in cases):  # bench.moe quantizes BF16 operands (_quantize_rows, _weights)
+        quantize = [warmup.parse_quantize(f"bf16:fp8_e4m3/{g}") for g in ("group128", "block128", "row")]
     for case in cases:
         lib = "fp8/block" if case.dtype == "fp8" else case.dtype
         entries.append(warmup.parse_grouped(f"{case.groups}:{case.rows}:{case.n}:{case.k}:{lib}"))
@@ -87,7 +95,7 @@ def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
                 forced.append((grouped_spec(case.n, case.k, dtype=case.dtype), moe.forced_config(case, tile, ARCH)))
             except ValueError as exc:
                 notes.append(f"{case.tag} tile {tile}: {exc}")
-    return _distinct(warmup.plan(entries, ARCH, NUM_SMS) + forced), notes
+    return _distinct(warmup.plan(entries, ARCH, NUM_SMS, quantize) + forced), notes
 
 
 def _distinct(work: list) -> list:
@@ -100,11 +108,14 @@ def compile_work(work: list, notes: list[str], what: str, jobs: int = 2) -> int:
 
     store = cache.default_cache()
     if store is None:
-        print(f"{what} --offline: no kernel cache directory (set DEEPGEMM_JIT_CACHE_DIR)", file=sys.stderr)
+        print(f"{what} --offline: no disk cache to compile into (DEEPGEMM_JIT_CACHE_DIR unset and no default, or "
+              "DEEPGEMM_JIT_DISABLE_DISK_CACHE set)", file=sys.stderr)
         return 2
     summary = warmup.run(work, ARCH, jobs=jobs, progress=False)
-    for note in notes:
+    for note in notes[:5]:
         print(f"{what} --offline: not compiled: {note}")
+    if len(notes) > 5:
+        print(f"{what} --offline: not compiled: {len(notes) - 5} more forced tiles or rows (as the GPU run skips them)")
     for spec, cfg, error in summary.failed:
         print(f"{what} --offline: FAILED {getattr(spec, 'tag', spec)} {getattr(cfg, 'tag', '')}: {error}",
               file=sys.stderr)

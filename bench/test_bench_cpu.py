@@ -1465,6 +1465,8 @@ def test_offline_compiles_every_kernel_the_rows_build(tmp_path, monkeypatch, cap
     grouped = ["--dtype", "fp8", "--only", "masked_g1e256_n4096", "--tiles", "128x64"]
     assert bench_main.main(dense + ["--epilogue", "bias+gelu", "--offline"]) == 0  # plain rows only as baselines
     assert moe.main(grouped + ["--offline"]) == 0
+    # A (K, M) A of M = 1 rows is staged by the row copy on every call (its rows are 2 bytes: TMA cannot read them).
+    assert bench_main.main(["--suite", "seed", "--dtype", "bf16", "--layout", "tn", "--only", "m1n", "--offline"]) == 0
     out = capsys.readouterr().out
     assert "0 failed" in out and " compiled," in out, out
 
@@ -1485,6 +1487,10 @@ def test_offline_compiles_every_kernel_the_rows_build(tmp_path, monkeypatch, cap
     dg.build_grouped(row.n, row.k, dtype=row.dtype, expected_m=row.rows, num_groups=row.groups, arch="sm_90a")
     dg.build_grouped(row.n, row.k, dtype=row.dtype, expected_m=row.rows, num_groups=row.groups, arch="sm_90a",
                      config=moe.forced_config(row, "128x64"))
+    from deepgemm_jit import copies, quantization, warmup
+    copies.get_kernel(copies.ROWS, "sm_90a")
+    for granularity in ("group128", "block128", "row"):  # bench.moe's quantize calls on BF16 operands
+        quantization.get_kernel(warmup.parse_quantize(f"bf16:fp8_e4m3/{granularity}"), "sm_90a")
 
     monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE")
     assert bench_main.main(dense + ["--epilogue", "bias+gelu", "--offline"]) == 0
