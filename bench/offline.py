@@ -59,11 +59,11 @@ def dense_work(cases) -> tuple[list, list[str]]:
 
     from . import dtypes as bench_dtypes
 
-    entries, forced, notes = [], [], []
+    entries, extra, notes = [], [], []  # extra: kernels warmup's plan cannot know
     for case in cases:
         info = bench_dtypes.get(case.dtype)
         if case.layout[0] == "t":  # A stored (K, M): its rows of M elements are staged where TMA cannot read them
-            forced.append((copies.ROWS, None))
+            extra.append((copies.ROWS, None))
         for epilogue in dict.fromkeys((case.epilogue, None)):  # the plain GEMM takes the row's forced tile too
             text = f"{case.m}:{case.n}:{case.k}:{warmup_type(info.lib, info.scaling)}:{case.layout}"
             entries.append(warmup.parse_shape(text + (f":epilogue={epilogue}" if epilogue else "")))
@@ -71,8 +71,8 @@ def dense_work(cases) -> tuple[list, list[str]]:
                 spec = dataclasses.replace(case, epilogue=epilogue).make_spec()
                 item = _forced(spec, case.m, case.n, case.k, case.tiles, notes)
                 if item is not None:
-                    forced.append(item)
-    return _distinct(warmup.plan(entries, ARCH, NUM_SMS) + forced), notes
+                    extra.append(item)
+    return _distinct(warmup.plan(entries, ARCH, NUM_SMS) + extra), notes
 
 
 def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
@@ -83,7 +83,7 @@ def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
 
     from . import moe
 
-    entries, forced, notes = [], [], []
+    entries, extra, notes = [], [], []  # extra: kernels warmup's plan cannot know
     quantize = []
     if any(case.dtype == "fp8" for case in cases):  # bench.moe quantizes BF16 operands (_quantize_rows, _weights)
         quantize = [warmup.parse_quantize(f"bf16:fp8_e4m3/{g}") for g in ("group128", "block128", "row")]
@@ -92,10 +92,10 @@ def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
         entries.append(warmup.parse_grouped(f"{case.groups}:{case.rows}:{case.n}:{case.k}:{lib}"))
         for tile in tiles:
             try:
-                forced.append((grouped_spec(case.n, case.k, dtype=case.dtype), moe.forced_config(case, tile, ARCH)))
+                extra.append((grouped_spec(case.n, case.k, dtype=case.dtype), moe.forced_config(case, tile, ARCH)))
             except ValueError as exc:
                 notes.append(f"{case.tag} tile {tile}: {exc}")
-    return _distinct(warmup.plan(entries, ARCH, NUM_SMS, quantize) + forced), notes
+    return _distinct(warmup.plan(entries, ARCH, NUM_SMS, quantize) + extra), notes
 
 
 def _distinct(work: list) -> list:
