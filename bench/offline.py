@@ -11,8 +11,7 @@ Kernel keys hash the rendered source and headers, the compile options, the NVRTC
 version: compile after the last change to the templates or to what renders them, with the NVRTC the device has (13.0
 on both today). The kernels are planned as ``deepgemm-jit warmup`` plans them (``warmup.plan``: the heuristic's tile
 per M bucket, the decode kernels, the activations' quantize kernel, the grouped segments kernel, fp32's split kernel,
-staging copies) plus every forced ``--tiles`` config, the row-staging copy of an MN-major A (tn / tt: whether a call
-stages A depends on its M, which warmup does not know) and bench.moe's quantize kernels (FP8 rows quantize BF16
+the staging copies) plus every forced ``--tiles`` config and bench.moe's quantize kernels (FP8 rows quantize BF16
 activations by group, weights by block and, for torch's row-wise contender, both by row). Not covered: ``--tiles
 tuned`` (tuning runs on the GPU), and tuned configs a device cache already holds (``<cache dir>/tuning``): a build
 there takes them instead of the heuristic's.
@@ -24,11 +23,6 @@ import sys
 
 ARCH = "sm_90a"
 NUM_SMS = 132  # the H200's: what build(arch=...) and warmup assume for sm_90a
-
-
-def warmup_type(lib: str, scaling: str | None) -> str:
-    """The TYPE of ``deepgemm-jit warmup --shape`` for a library dtype and scaling (fp8 + block -> 'fp8/block')."""
-    return f"{lib}/{scaling}" if scaling else lib
 
 
 def _forced(spec, m: int, n: int, k: int, tiles: str, notes: list[str]):
@@ -55,20 +49,19 @@ def _forced(spec, m: int, n: int, k: int, tiles: str, notes: list[str]):
 def dense_work(cases) -> tuple[list, list[str]]:
     """The warmup work list (``warmup.run``'s (spec, config) / (kernel spec, None) pairs) of bench cases, and notes
     on what is left out. An epilogue row also times the plain GEMM: its kernels are planned too."""
-    from deepgemm_jit import copies, warmup
+    from deepgemm_jit import warmup
 
     from . import dtypes as bench_dtypes
 
     entries, extra, notes = [], [], []  # extra: kernels warmup's plan cannot know
     for case in cases:
-        info = bench_dtypes.get(case.dtype)
-        if case.layout[0] == "t":  # A stored (K, M): its rows of M elements are staged where TMA cannot read them
-            extra.append((copies.ROWS, None))
         for epilogue in dict.fromkeys((case.epilogue, None)):  # the plain GEMM takes the row's forced tile too
-            text = f"{case.m}:{case.n}:{case.k}:{warmup_type(info.lib, info.scaling)}:{case.layout}"
+            variant = dataclasses.replace(case, epilogue=epilogue)
+            spec = variant.make_spec()  # fp32 rows: the TF32 GEMM inside; warmup's TYPE is fp32 itself
+            gemm_type = "fp32" if bench_dtypes.get(case.dtype).lib == "fp32" else warmup.type_text(spec)
+            text = f"{case.m}:{case.n}:{case.k}:{gemm_type}:{case.layout}"
             entries.append(warmup.parse_shape(text + (f":epilogue={epilogue}" if epilogue else "")))
             if case.tiles:
-                spec = dataclasses.replace(case, epilogue=epilogue).make_spec()
                 item = _forced(spec, case.m, case.n, case.k, case.tiles, notes)
                 if item is not None:
                     extra.append(item)
@@ -88,11 +81,11 @@ def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
     if any(case.dtype == "fp8" for case in cases):  # bench.moe quantizes BF16 operands (_quantize_rows, _weights)
         quantize = [warmup.parse_quantize(f"bf16:fp8_e4m3/{g}") for g in ("group128", "block128", "row")]
     for case in cases:
-        lib = "fp8/block" if case.dtype == "fp8" else case.dtype
-        entries.append(warmup.parse_grouped(f"{case.groups}:{case.rows}:{case.n}:{case.k}:{lib}"))
+        spec = grouped_spec(case.n, case.k, dtype=case.dtype)  # what build_grouped compiles for the row
+        entries.append(warmup.parse_grouped(f"{case.groups}:{case.rows}:{case.n}:{case.k}:{warmup.type_text(spec)}"))
         for tile in tiles:
             try:
-                extra.append((grouped_spec(case.n, case.k, dtype=case.dtype), moe.forced_config(case, tile, ARCH)))
+                extra.append((spec, moe.forced_config(case, tile, ARCH)))
             except ValueError as exc:
                 notes.append(f"{case.tag} tile {tile}: {exc}")
     return _distinct(warmup.plan(entries, ARCH, NUM_SMS, quantize) + extra), notes

@@ -179,13 +179,15 @@ def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
 def plan_copies(entries: list[WarmupEntry], arch: str) -> list[copies.CopySpec]:
     """The staging copies (copies.py) the entries' Hopper GEMMs run: the row copy where packed operands are
     misaligned (config.sm90_unaligned_rows) or off 32-byte sectors (config.sm90_off_sector_rows: calls copy one
-    of them where it pays; calls on misaligned views of aligned specs load it on first use), the transpose for
-    TF32 entries with MN-major operands (config.sm90_transposes)."""
+    of them where it pays; calls on misaligned views of aligned specs load it on first use) and where a kernel
+    reads an MN-major A (rows of M elements, staged by the calls whose M leaves them misaligned or off sectors: an
+    M bucket holds such M), the transpose for TF32 entries with MN-major operands (config.sm90_transposes)."""
     if arch != "sm_90a":
         return []
     plain = [e for e in entries if not e.spec.grouped]
     specs = [e.spec_at(e.m_buckets[0] if e.m_buckets else 64, arch) for e in plain]
     rows = any(config_mod.sm90_unaligned_rows(s) or config_mod.sm90_off_sector_rows(s) for s in specs)
+    rows = rows or any(not e.spec_at(bucket, arch).a_k_major for e in plain for bucket in (e.m_buckets or (64,)))
     transposes = any(e.fp32 is None and config_mod.sm90_transposes(e.spec, arch, bucket)
                      for e in plain for bucket in (e.m_buckets or (None,)))
     return [copies.ROWS] * rows + [copies.CopySpec("transpose", 4)] * transposes

@@ -411,6 +411,11 @@ def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
     assert warmup.plan_copies(entries, "sm_80") == [] and warmup.plan_copies(entries[2:], "sm_90a") == []
     odd = [warmup.parse_shape(x) for x in ("64:4096:4100:bf16", "64:4098:4096:fp32")]  # K rows, fp32 D rows
     assert warmup.plan_copies(odd[:1], "sm_90a") == warmup.plan_copies(odd[1:], "sm_90a") == [copies.ROWS]
+    # A 16-bit (K, M) A: calls at M = 1 (2-byte rows) or 1000 (off 32-byte sectors) stage it by the row copy, which
+    # an offline process then needs (warmup left it out before session 41; bench --offline's review found it).
+    for layout in ("tn", "tt"):
+        assert warmup.plan_copies([warmup.parse_shape(f"1-4096:4096:4096:bf16:{layout}")], "sm_90a") == [copies.ROWS]
+    assert warmup.plan_copies([warmup.parse_shape("1-4096:4096:4096:bf16:nn")], "sm_90a") == []
     assert [spec.layout for spec, _ in warmup.plan_buckets(entries[:1], "sm_90a")] == ["nn"]  # tn at 64 rows
     assert warmup.main(_args("--arch", "sm_90a", "--shape", "64:4096:4096:tf32:tn", "--shape",
                              "64:4096:4096:fp32:tn", "--dry-run")) == 0
