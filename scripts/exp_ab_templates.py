@@ -1,6 +1,6 @@
 """Experiment (GPU): the same FP8 problems with two template trees, interleaved in one run (L2 flushed, medians).
 
-    python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--nobulk]
+    python3 scripts/exp_ab_templates.py --tree NAME=DIR[@BMxBN] [--tree ...] [--tile BMxBN] [--nobulk] [--offline]
                                         [--row-major-scales] [--problems DTYPE[+EPI]:MxNxK,...] [--out DIR]
 
 Each DIR is a copy of a templates/ tree (e.g. `git archive <commit> templates | tar -x -C DIR`); "new" is the
@@ -19,6 +19,8 @@ map at every tile width (launch.A_EDGE_MAX_BLOCK_N lifted), DIR@aedge176 on tile
 rule, without launch.A_EDGE_WIDE_*), DIR@nobulk
 copies FP8 block A scales with the scale warp (DEEPGEMM_JIT_NO_BULK_SCALES=1 for that tree's launch plan).
 --time-wrong times --problems rows whose results are off (trees that drop work on purpose, to bound a cost).
+--offline (no GPU) compiles every tree's kernels for the --problems rows into DEEPGEMM_JIT_CACHE_DIR: carry that
+folder and copy it into the device's cache dir, and the device run only times.
 """
 from __future__ import annotations
 
@@ -44,7 +46,14 @@ def main() -> int:
     ap.add_argument("--time-wrong", action="store_true",
                     help="--problems rows: time trees even when a result is beyond the dtype's bound (diagnostic "
                          "trees that drop work on purpose, e.g. constant scales); the row is marked checked=False")
+    ap.add_argument("--offline", action="store_true",
+                    help="--problems rows: compile each tree's kernels for sm_90a into DEEPGEMM_JIT_CACHE_DIR, no GPU "
+                         "(the heuristic's or the forced tile at the row's M; carry the cache to the device run)")
     args = ap.parse_args()
+    if args.offline:
+        if not args.problems:
+            ap.error("--offline compiles --problems rows only")
+        return _compile_offline(args)
     import cupy
     import numpy as np
 
@@ -142,6 +151,37 @@ def _write(args, trees, rows) -> None:
     stamp = header["date"].replace("-", "").replace(":", "")[:15]
     commit = (header.get("git_commit") or "nogit")[:7]
     report.write_experiment_json(args.out, f"{stamp}-exp-ab-templates-{commit}.json", {"header": header, "rows": rows})
+
+
+def _compile_offline(args) -> int:
+    """--offline: every tree's kernel for each --problems row (tree tiles as the timed run forces them; @-options
+    other than a tile build the heuristic's), compiled for sm_90a without a GPU. The cache keys hash the rendered
+    source, so each tree's kernels land under their own keys."""
+    from bench import dtypes as bench_dtypes
+    from bench import offline
+    from deepgemm_jit.spec import GemmSpec
+
+    work, notes = [], []
+    for problem in args.problems.split(","):
+        kind, _, dims = problem.partition(":")
+        kind, _, layout = kind.partition("/")
+        dtype_name, _, epilogue = kind.partition("+")
+        m, n, k = (int(v) for v in dims.split("x"))
+        info = bench_dtypes.get(dtype_name)
+        spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None,
+                               layout=layout or "nt")
+        trees = [t.split("=", 1)[1] for t in args.tree] + ["."]
+        for tree in dict.fromkeys(trees):
+            d, _, tile = tree.partition("@")
+            picked = offline._forced(spec, m, n, k, tile if tile and tile[0].isdigit() else "auto", notes)
+            if picked is not None:
+                work.append((None if d == "." else str(Path(d).resolve()), picked))
+    failed = 0
+    for tdir in dict.fromkeys(t for t, _ in work):
+        _use_tree(tdir)
+        failed |= offline.compile_work([w for t, w in work if t == tdir], notes, f"tree {tdir or 'checkout'}")
+    _use_tree(None)
+    return failed
 
 
 def _use_tree(tdir) -> None:
