@@ -307,7 +307,8 @@ def bulk_a_scales(spec: GemmSpec, sa: ScaleView | None, m: int) -> bool:
     4 != 0: it must stay inside the allocation (arrays.allocation_end), as DeepGEMM's layout ((ceil(K/128),
     round_up(M, 4)) storage, transposed and cut to M rows) and quantize's do; a tight (K/128, M) storage falls back
     to the scale warp. Row-major scales never pass (for M > 1). `m`: the rows the kernel indexes (all groups' for
-    grouped GEMMs, whose scale rows are the same global rows). DEEPGEMM_JIT_NO_BULK_SCALES=1 turns it off."""
+    grouped GEMMs, whose scale rows are the same global rows). DEEPGEMM_JIT_NO_BULK_SCALES=1 turns it off. (Dense
+    kernels of 128-row tiles have the scale warp issue that copy instead: GemmSm90::kScaleWarpBulkA.)"""
     if sa is None or spec.scaling != "block" or m < 1 or env.no_bulk_scales():
         return False
     rows_up = -(-m // 4) * 4

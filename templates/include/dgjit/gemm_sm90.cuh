@@ -43,8 +43,9 @@
 //            consumers never wait on a global load (loading them in the consumers, even one K block
 //            ahead, measured 1010 against 1424 TFLOPS for per-tensor scales at 4096x7168x16384). Warp 1
 //            of the producer warpgroup copies the B blocks with cp.async, and the A scales too unless the
-//            host set ScaleArgs::is_a_bulk (M-major scale_a, see a_scale_bulk_bytes): then the TMA
-//            thread bulk-copies a tile's A scales of a K block with the stage's operands.
+//            host set ScaleArgs::is_a_bulk (M-major scale_a, see a_scale_bulk_bytes): then a tile's A
+//            scales of a K block are bulk-copied, by that warp (dense 128-row tiles, kScaleWarpBulkA) or
+//            the TMA thread with the stage's operands.
 // kPromote (FP8; TF32 for 3xTF32, whose accuracy the tensor cores' truncating additions would cap): every K block
 // accumulates into fresh registers that are then added (scaled, for
 // kBlock) into the FP32 accumulators: Hopper's FP8 tensor-core accumulation keeps fewer mantissa bits
@@ -450,6 +451,13 @@ struct GemmSm90 {
   static DGJIT_DEVICE uint32_t a_scale_bulk_bytes(const ScaleArgs& scales, const Tile& tile) {
     return a_scale_bulk_bytes(scales.is_a_bulk, tile.row0, tile.row_end);
   }
+  // Who issues that bulk copy: the scale warp's lane 0 (announcing its bytes on the full barrier itself, before its
+  // deferred arrival) in dense kernels of 128-row tiles, else the TMA thread beside the stage's operand loads.
+  // Measured on the H200 (docs/NOTES.md, session 42; bitwise equal): dense FP8 block rows 0-6% faster from the
+  // scale warp (4096x4096x7168 188.7 -> 181.7 us, 512x7168x16384 109.4 -> 103.1; 27 of 30 rows at M 256..4096
+  // faster or within 0.5%), while 64-row tiles (M <= 128) ran 1-2% slower and grouped kernels 5-9% slower on the
+  // K = 7168 MoE rows (4 x 8192 x 4096 x 7168 1716 -> 1884 us): those keep the TMA thread's copy.
+  static constexpr bool kScaleWarpBulkA = kScaling == Scaling::kBlock && !kGrouped && kBlockM >= 128;
   static_assert(kBlockM % 4 == 0, "a bulk copy of kBlockM A scales must be whole 16-byte units");
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
@@ -551,7 +559,7 @@ struct GemmSm90 {
         // Parity flipped: the first pass over the ring finds every stage free.
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         uint64_t* full = smem.full(state.stage);
-        mbarrier_arrive_expect_tx(full, stage_tx_bytes + scale_bytes);
+        mbarrier_arrive_expect_tx(full, stage_tx_bytes + (kScaleWarpBulkA ? 0 : scale_bytes));
         if constexpr (kRawB) {
           const int32_t k_idx = static_cast<int32_t>(k_block * kBlockK);
           load_box(smem.a(state.stage), map_a, full, k_idx, a_row, L2Policy{});
@@ -563,7 +571,7 @@ struct GemmSm90 {
           load_operand<kBKMajor, kBlockN>(smem.b(state.stage), map_b, full, hi_lo_column<false>(k_block), b_row, kN,
                                           b_policy);
         }
-        if constexpr (kScaling == Scaling::kBlock) {
+        if constexpr (kScaling == Scaling::kBlock && !kScaleWarpBulkA) {
           // a_stride_m is 1 (or M is 1 and row0 0) whenever scale_bytes is nonzero.
           if (scale_bytes != 0) {
             bulk_load(smem.stage_scales(state.stage), scales.a + tile.row0 + k_block * scales.a_stride_k, scale_bytes,
@@ -747,7 +755,8 @@ struct GemmSm90 {
 
   // Producer side (warp 1 of the producer warpgroup): copy each stage's scales into shared memory, in
   // the same tile / K-block order as the TMA producer: the B blocks always, the A scales of the tiles whose
-  // a_scale_bulk_bytes is 0 (the TMA thread bulk-copies the others). The copies are cp.async with a deferred arrival
+  // a_scale_bulk_bytes is 0, and the others' as one bulk copy where kScaleWarpBulkA (else the TMA thread issues it;
+  // the bulk copy completes on the full barrier by its bytes). The other copies are cp.async with a deferred arrival
   // on the stage's full barrier (one per lane, also when a lane copies nothing: the barrier's count is fixed), so
   // the warp runs ahead through the ring instead of waiting out a global-memory round trip per K block (which
   // capped the kernel when it did).
@@ -762,11 +771,18 @@ struct GemmSm90 {
     while (scheduler.next(tile)) {
       const uint32_t first_b = tile.n_block * kBlockN / 128;
       const uint32_t group_b = tile.group * kNumScaleBBlocks;  // B_g's blocks in the stacked scales
-      const bool copies_a = a_scale_bulk_bytes(scales, tile) == 0;
+      const uint32_t a_bulk_bytes = a_scale_bulk_bytes(scales, tile);
+      const bool copies_a = a_bulk_bytes == 0;
 #pragma unroll 1
       for (uint32_t k_block = tile.k_begin; k_block < tile.k_end; ++k_block) {
         mbarrier_wait(smem.empty(state.stage), state.phase ^ 1);
         const uint32_t dst = smem.stage_scales(state.stage);
+        if (kScaleWarpBulkA && !copies_a && lane == 0) {
+          // Announced before this lane's (deferred) arrival below, so the phase cannot complete without the bytes.
+          uint64_t* full = smem.full(state.stage);
+          mbarrier_expect_tx(full, a_bulk_bytes);
+          bulk_load(dst, scales.a + tile.row0 + k_block * scales.a_stride_k, a_bulk_bytes, full);
+        }
         if (copies_a) {
 #pragma unroll
           for (uint32_t r = lane; r < kBlockM; r += 32) {

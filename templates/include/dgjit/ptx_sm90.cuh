@@ -100,6 +100,12 @@ DGJIT_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
                : : "r"(shared_addr(bar)), "r"(tx_bytes) : "memory");
 }
 
+// Announce `tx_bytes` more bytes for the current phase without arriving (a second issuer's bulk copy).
+DGJIT_DEVICE void mbarrier_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n"
+               : : "r"(shared_addr(bar)), "r"(tx_bytes) : "memory");
+}
+
 DGJIT_DEVICE void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" : : "r"(shared_addr(bar)) : "memory");
 }
