@@ -11,6 +11,8 @@ checks nothing: correctness lives in the GPU tests. Variants (4096 x N x K, defa
   fp8-block       scaling="block" with M-major scale_a (as dg.quantize returns it): A scales bulk-copied by the
                   TMA thread, B scales by the scale warp (docs/experiments/sm90-fp8-bulk-a-scales.md)
   fp8-block-warp  the same kernel and scales with DEEPGEMM_JIT_NO_BULK_SCALES=1: A scales by the scale warp too
+  fp8-block-grouped  the contiguous grouped kernel (build_grouped): --groups groups of M rows each (offs), B
+                  (G, N, K), block scales as fp8-block's
   fp8-tensor      scaling="tensor", promoted: the same main loop without per-block scales
   fp8-row         scaling="row", promoted: per-tensor's main loop, row and column scales in the epilogue
   fp8-tensor-fast scaling="tensor", fast_accum=True: no promotion at all
@@ -38,13 +40,15 @@ import argparse
 import os
 import sys
 
-VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32", "tf32-promoted")
+VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-block-grouped", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32", "tf32-promoted")
 
 
-def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt"):
+def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt", groups: int = 4):
     """Return (zero-argument launch, Gemm) for `variant`; inputs are random, quantized once, stored as `layout`
     says (16-bit and TF32 variants; 8-bit ones take nt only)."""
     import cupy
+    if variant == "fp8-block-grouped":
+        return _grouped_call(m, n, k, groups)
 
     import deepgemm_jit as dg
     from deepgemm_jit import config, gemv_kn, reference
@@ -111,6 +115,24 @@ def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt"):
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out, **epi_ops)), g
 
 
+def _grouped_call(m: int, n: int, k: int, groups: int):
+    """Zero-argument launch of the contiguous grouped FP8 block kernel: `groups` groups of m rows (offs), and its
+    GroupedGemm."""
+    import cupy
+    import numpy as np
+
+    import deepgemm_jit as dg
+
+    rng = cupy.random.default_rng(m + n + k + groups)
+    qa, sa = dg.quantize(rng.standard_normal((groups * m, k), dtype=cupy.float32), "fp8", "group128")
+    ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
+    qb, sb = cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])
+    offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
+    out = cupy.empty((groups * m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
+    g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups)
+    return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out)), g
+
+
 def _cublas_call(dtype: str, x, w):
     """Zero-argument torch.mm(A, B^T) on torch copies of x and w in `dtype` (bf16, or tf32: FP32 with TF32 allowed)."""
     import torch
@@ -135,11 +157,12 @@ def main() -> int:
     ap.add_argument("--shape", default="4096x7168x16384")
     ap.add_argument("--layout", default="nt", choices=("nt", "nn", "tn", "tt"))
     ap.add_argument("--launches", type=int, default=3)
+    ap.add_argument("--groups", type=int, default=4, help="fp8-block-grouped: groups of M rows each")
     args = ap.parse_args()
     import cupy
 
     m, n, k = (int(v) for v in args.shape.split("x"))
-    call, g = build_call(args.variant, m, n, k, args.layout)
+    call, g = build_call(args.variant, m, n, k, args.layout, args.groups)
     for _ in range(args.launches):
         call()
     cupy.cuda.get_current_stream().synchronize()
@@ -150,7 +173,8 @@ def main() -> int:
         return 0
     info = g.explain()
     # gemv-* variants: the call ran the weight-streaming kernel (its tag, warps_k and grid), not the tile config.
-    what = info["weight_streaming"] if m <= info["weight_streaming"].get("max_m", 0) else info["config"]
+    streaming = info.get("weight_streaming") or {}  # grouped GEMMs have none
+    what = streaming if m <= streaming.get("max_m", 0) else info["config"]
     print(f"{args.variant} {m}x{n}x{k}: {what}", flush=True)
     return 0
 
