@@ -365,3 +365,24 @@ def test_stage_slot_unchanged():
         extra = config.sm90_smem_bytes(BLOCK, block_m, block_n, 4) - config.sm90_smem_bytes(plain, block_m, block_n, 4)
         assert extra == 4 * -(-(block_m + b_blocks) // 4) * 16, (block_m, block_n, extra)
         assert bulk_bytes(True, 0, 10**6, block_m) == 4 * block_m
+
+
+@pytest.mark.parametrize("n,k,m,grouped_,scale_warp", [
+    (4096, 7168, 4096, False, True),    # dense 128x128
+    (7168, 16384, 4096, False, True),   # dense 128x176 (the scales-ahead loop)
+    (4096, 7168, 64, False, False),     # dense 64-row tile (decode sizes)
+    (4096, 7168, 8192, True, False),    # grouped 128x128 (the MoE rows)
+])
+def test_bulk_copy_issuer(n, k, m, grouped_, scale_warp, shared_cache_dir, monkeypatch):
+    """Who issues the A-scale bulk copy (GemmSm90::kScaleWarpBulkA): the scale warp in dense kernels of 128-row tiles,
+    announcing its bytes with an expect_tx that does not arrive (SASS SYNCS.ARRIVE.TRANS64.RED.A0TR), else the TMA
+    thread inside its arrive.expect_tx. H200, session 42: the scale warp's copy made dense rows 0-7% faster and
+    grouped K = 7168 rows 5-9% slower, 64-row tiles 1-2% slower; a change that moved the copy back would cost that."""
+    from deepgemm_jit import sass
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=grouped_)
+    cfg = config.choose_config(spec, m, "sm_90a")
+    text = sass.disassemble(jit.get_kernel(config.kernel_spec(spec, "sm_90a", m), cfg, "sm_90a").cubin)
+    assert text.count("UBLKCP") >= 1, cfg.tag
+    assert ("ARRIVE.TRANS64.RED.A0TR" in text) == scale_warp, cfg.tag
