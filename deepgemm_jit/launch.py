@@ -292,7 +292,9 @@ def scale_args(sa: ScaleView | None, sb: ScaleView | None) -> tuple:
 # sizes the scale warp copies them faster. H200, session 18, same call, A/B/A (bench/results/*bulk-a-scales-by-m-s18*):
 # the scale warp ran the decode suite's FP8 block rows 1% (M = 1..16) to 5.5% (M = 128) faster, 128x2112x7168 16.3 ->
 # 13.8 us (ncu: 14.1 -> 11.7 us); from M = 256 on the bulk copy is as fast (M = 256: +-1%) or faster (M = 512: 1-3%,
-# 1024-2048: 3-5%, 4096: 0.2-8.6%; *exp-ab-bulk-a-scales-m256-2048-s18*).
+# 1024-2048: 3-5%, 4096: 0.2-8.6%; *exp-ab-bulk-a-scales-m256-2048-s18*). Measured with the TMA thread issuing the
+# copy; since session 42 the scale warp issues it in dense 128-row tiles (M >= 256 gained 1-7% more), not
+# re-measured at M 129.
 BULK_A_SCALES_MIN_M = 129
 
 

@@ -435,7 +435,7 @@ struct GemmSm90 {
   };
 
   // ---- kBlock: A scales by bulk copy (ScaleArgs::is_a_bulk) ---------------------------------------
-  // Bytes of the tile's A scales that the TMA thread bulk-copies per K block into the stage's slot (rows
+  // Bytes of the tile's A scales bulk-copied per K block into the stage's slot (kScaleWarpBulkA says by whom; rows
   // [row0, row0 + n), n = min(kBlockM, rows left in M / the group rounded up to 4)), or 0 when the scale warp copies
   // them: the host did not allow it, or the tile starts on a row that is not a multiple of 4 (grouped walks: a group
   // starting there), where the run would not be 16-byte aligned. The TMA thread and the scale warp evaluate it
