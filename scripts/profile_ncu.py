@@ -40,7 +40,8 @@ import argparse
 import os
 import sys
 
-VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-block-grouped", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16", "tf32", "tf32-promoted")
+VARIANTS = ("fp8-block", "fp8-block-warp", "fp8-block-grouped", "fp8-tensor", "fp8-row", "fp8-tensor-fast", "bf16",
+            "tf32", "tf32-promoted")
 
 
 def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt", groups: int = 4):
