@@ -187,11 +187,8 @@ class ProblemInputs:
                     **({"epilogue": self.epilogue} if self.epilogue else {}))
 
 
-def problem_inputs(problem: str) -> ProblemInputs:
-    """Fresh operands (seeded by the size) of "DTYPE[+EPILOGUE][/LAYOUT]:MxNxK": DTYPE a bench dtype (bf16,
-    fp8_block, ...), EPILOGUE a fused one (bias+gelu, ...) with the bench's epilogue operands, LAYOUT nt (default),
-    nn, tn or tt (e.g. "tf32/nn:4x4096x7168", the decode kernel for (K, N) weights); B scaled by 1/sqrt(K) with an
-    epilogue, as the bench's epilogue rows, so that activations see O(1) values."""
+def parse_problem(problem: str):
+    """(m, n, k, bench dtype, GemmSpec, epilogue or "", layout) of "DTYPE[+EPILOGUE][/LAYOUT]:MxNxK" (no GPU)."""
     from deepgemm_jit.spec import GemmSpec
 
     kind, _, dims = problem.partition(":")
@@ -201,6 +198,15 @@ def problem_inputs(problem: str) -> ProblemInputs:
     info = bench_dtypes.get(dtype_name)
     layout = layout or "nt"
     spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None, layout=layout)
+    return m, n, k, info, spec, epilogue, layout
+
+
+def problem_inputs(problem: str) -> ProblemInputs:
+    """Fresh operands (seeded by the size) of "DTYPE[+EPILOGUE][/LAYOUT]:MxNxK": DTYPE a bench dtype (bf16,
+    fp8_block, ...), EPILOGUE a fused one (bias+gelu, ...) with the bench's epilogue operands, LAYOUT nt (default),
+    nn, tn or tt (e.g. "tf32/nn:4x4096x7168", the decode kernel for (K, N) weights); B scaled by 1/sqrt(K) with an
+    epilogue, as the bench's epilogue rows, so that activations see O(1) values."""
+    m, n, k, info, spec, epilogue, layout = parse_problem(problem)
     rng = cupy.random.default_rng(m + n + k)
     inputs = operands(info, spec, m, rng, 1.0 / k ** 0.5 if epilogue else 1.0)
     kwargs = inputs.call_kwargs()

@@ -157,19 +157,12 @@ def _compile_offline(args) -> int:
     """--offline: every tree's kernel for each --problems row (tree tiles as the timed run forces them; @-options
     other than a tile build the heuristic's), compiled for sm_90a without a GPU. The cache keys hash the rendered
     source, so each tree's kernels land under their own keys."""
-    from bench import dtypes as bench_dtypes
     from bench import offline
-    from deepgemm_jit.spec import GemmSpec
+    from bench.runner import parse_problem
 
     work, notes = [], []
     for problem in args.problems.split(","):
-        kind, _, dims = problem.partition(":")
-        kind, _, layout = kind.partition("/")
-        dtype_name, _, epilogue = kind.partition("+")
-        m, n, k = (int(v) for v in dims.split("x"))
-        info = bench_dtypes.get(dtype_name)
-        spec = GemmSpec.create(n, k, dtype=info.lib, scaling=info.scaling, epilogue=epilogue or None,
-                               layout=layout or "nt")
+        m, n, k, _info, spec, _epilogue, _layout = parse_problem(problem)
         trees = [t.split("=", 1)[1] for t in args.tree] + ["."]
         for tree in dict.fromkeys(trees):
             d, _, tile = tree.partition("@")
