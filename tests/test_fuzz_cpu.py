@@ -96,7 +96,8 @@ def test_found_cases_compile_offline(shared_cache_dir, monkeypatch):
         assert g.explain()["local_bytes"] == 0, name
 
 
-@pytest.mark.parametrize("first", range(0, fuzz.DEFAULT_CASES, 24))
+@pytest.mark.parametrize("first", [pytest.param(first, marks=[pytest.mark.sweep] if first else [])
+                                   for first in range(0, fuzz.DEFAULT_CASES, 24)])
 def test_default_seeds_compile_offline(first, shared_cache_dir, monkeypatch):
     """build() of each default seed for sm_90a with no GPU (what the GPU run first does), no local memory."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
