@@ -1229,6 +1229,38 @@ def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, b
     return tile
 
 
+# FP8 grouped GEMMs of 128x128 tiles compile the device-split kernel everywhere, and launches split only where
+# grouped_split_tile would have chosen it (grouped_launch_splits; elsewhere the host passes one share and the kernel
+# counts nothing). The split kernel's scale warp issues the A-scale bulk copy (gemm_sm90.cuh, kScaleWarpBulkA), and
+# that pair ran faster than the plain kernel on every MoE row whose tiles make more than a couple of waves, while
+# the plain kernel with the scale warp's copy ran 5-15% slower (why is open: both kernels' roles are the same code;
+# ncu of the plain one showed the L2 request coalescer merging fewer loads of neighbouring CTAs). H200, session 43
+# (bench/results/*moe-fp8-*-s43*, same calls): 4 x 8192 x 4096 x 7168 1740 -> 1638 us, 4 x 8192 x 7168 x 2048
+# 912 -> 840, masked 16 x ~1024 x 4096 x 7168 903 -> 855; 42-row geomean against the plain kernels 1.027x.
+GROUPED_FP8_SPLIT_KERNEL_TILE = (128, 128)
+
+
+def _grouped_fp8_split_kernel(spec: GemmSpec, block_m: int, block_n: int) -> bool:
+    """Whether a grouped FP8 spec whose cost-model tile is (block_m, block_n) gets the device-split kernel for its
+    speed (GROUPED_FP8_SPLIT_KERNEL_TILE) without the split rule's wave and K limits; the bias exclusion of
+    grouped_split_tile holds (the split kernel spilled with a bias read)."""
+    return (spec.grouped and spec.dtype in dtypes.FP8_DTYPES and spec.epi.bias == "none"
+            and (block_m, block_n) == GROUPED_FP8_SPLIT_KERNEL_TILE
+            and sm90_accumulators(block_m, block_n, False) <= split_max_accumulators(spec))
+
+
+def grouped_launch_splits(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, cfg: KernelConfig) -> bool:
+    """Whether launches of the heuristic's device-split kernel `cfg` (choose_config's for these arguments) may split
+    tiles: where grouped_split_tile chose the kernel, not where _grouped_fp8_split_kernel did."""
+    if not (spec.grouped and cfg.family == "sm90" and cfg.split_k):
+        return False
+    ranked = _sm90_tiles_by_cost(spec, tile_bucket(spec, m_hint), num_sms, groups=groups)
+    if not ranked:
+        return False
+    _, block_m, block_n, _, _ = ranked[0]
+    return grouped_split_tile(spec, tile_bucket(spec, m_hint), num_sms, groups, block_m, block_n) is not None
+
+
 @functools.lru_cache(maxsize=1024)
 def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> KernelConfig:
     """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`, or TF32's
@@ -1249,6 +1281,9 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
             stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
         else:  # as many stages as fit (what the measurement forced)
             (block_m, block_n), stages = split_tile, None
+        return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint)
+    if _grouped_fp8_split_kernel(spec, block_m, block_n):
+        stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
         return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint)
     if (splits == 1 and _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n)
             and _sm90_stages(spec, 128, 128, True) >= 3):

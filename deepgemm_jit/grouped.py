@@ -186,7 +186,7 @@ class GroupedGemm:
     """A compiled grouped GEMM for one (N, K) and type: call it with the groups' rows (see the module)."""
 
     def __init__(self, spec: GemmSpec, arch: str, m_hint: int, artifact: jit.KernelArtifact,
-                 deterministic: bool = True):
+                 deterministic: bool = True, launch_splits: bool = True):
         self.spec = spec
         self.arch = arch
         self.m_hint = m_hint
@@ -205,8 +205,10 @@ class GroupedGemm:
         self._plans = launch.KeptPlans(_MAX_LAUNCH_PLANS)
         self._lock = threading.Lock()
         # Device-split kernels (config.grouped_split_tile): the most K shares per tile, how they meet (as Gemm's
-        # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid.
-        self.max_splits = splitk.grouped_max_splits(spec, self.config)
+        # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid. One
+        # share where the kernel was chosen for its speed alone (`launch_splits` False:
+        # config.grouped_launch_splits): such launches never split and take no workspace.
+        self.max_splits = splitk.grouped_max_splits(spec, self.config) if launch_splits else 1
         self.split_adds_atomically = splitk.adds_atomically(spec, deterministic)
         self._split_workspace = splitk.Workspace()
 
@@ -328,7 +330,9 @@ class GroupedGemm:
         group = launch.GroupOperands(bounds=bounds_ptr, num_groups=num_groups, kind=bounds_kind, max_m=max_m,
                                      d=vd.ptr, d_ld=vd.row_stride)
         split = None
-        if self.config.split_k:
+        if self.config.split_k and self.max_splits == 1:  # counts nothing, splits nothing: no workspace read
+            split = splitk.SplitOperands(1, 0, 0, False)
+        elif self.config.split_k:
             split = self._split_workspace.reserve(
                 *splitk.grouped_workspace_bytes(self.config, launch.num_sms(dev)), self.max_splits, dev, cu_stream,
                 self.split_adds_atomically, "this GroupedGemm (a split-K kernel)")
@@ -446,7 +450,8 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     to 8 waves of 128x128 tiles, which then replace the cost model's wider ones), the kernel splits the K of the
     tiles of the last, partial wave between CTAs when the realised group sizes would leave half the SMs idle there
     (decided on the device, ``splitk.tail_split``; ``config.grouped_split_tile`` has the rule, epilogues with a bias
-    keep the plain kernel); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add atomically,
+    keep the plain kernel; FP8 128x128 tiles always compile the device-split kernel, which was faster, and split
+    only where that rule says); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add atomically,
     faster, FP32 sums in arrival order)."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
@@ -454,9 +459,12 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     groups = _check_m(DEFAULT_NUM_GROUPS if num_groups is None else num_groups, "num_groups")
     spec = grouped_spec(N, K, dtype, out_dtype, epilogue=epilogue, scaling=scaling, b_dtype=b_dtype)
     target = device.target_arch(arch)
+    launch_splits = True  # a forced device-split config splits where the realised groups leave SMs idle
     if config is None:  # every group rounds its rows up to whole tiles: the cost model counts them per group
         num_sms = device.num_sms() if arch is None else None
         cfg = config_mod.choose_config(spec, expected, target, num_sms, groups=groups)
+        launch_splits = config_mod.grouped_launch_splits(spec, expected, num_sms or config_mod.DEFAULT_SM90_NUM_SMS,
+                                                         groups, cfg)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config
         cfg.check_for(spec, target)
@@ -469,4 +477,4 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
 
         local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
         raise exc.with_warmup_command(grouped_warmup_command_for(spec, expected, groups, target, local_sms)) from None
-    return GroupedGemm(spec, target, expected, artifact, deterministic)
+    return GroupedGemm(spec, target, expected, artifact, deterministic, launch_splits)

@@ -367,24 +367,33 @@ def test_stage_slot_unchanged():
         assert bulk_bytes(True, 0, 10**6, block_m) == 4 * block_m
 
 
-@pytest.mark.parametrize("n,k,m,grouped_,scale_warp", [
-    (4096, 7168, 4096, False, True),    # dense 128x128
-    (7168, 16384, 4096, False, True),   # dense 128x176 (the scales-ahead loop)
-    (4096, 7168, 64, False, False),     # dense 64-row tile (decode sizes)
-    (4096, 7168, 8192, True, False),    # grouped 128x128 (the MoE rows)
+@pytest.mark.parametrize("n,k,m,grouped_,split,scale_warp", [
+    (4096, 7168, 4096, False, None, True),    # dense 128x128
+    (7168, 16384, 4096, False, None, True),   # dense 128x176 (the scales-ahead loop)
+    (4096, 7168, 64, False, None, False),     # dense 64-row tile (decode sizes)
+    (4096, 7168, 8192, True, None, True),     # grouped 128x128, the MoE rows: the split-K kernel
+    (7168, 2048, 8192, True, None, True),     # the same at K = 2048 (the kernel never splits there)
+    (4096, 7168, 8192, True, False, False),   # grouped 128x128, the plain kernel (forced)
 ])
-def test_bulk_copy_issuer(n, k, m, grouped_, scale_warp, shared_cache_dir, monkeypatch):
-    """Who issues the A-scale bulk copy (GemmSm90::kScaleWarpBulkA): the scale warp in dense kernels of 128-row tiles,
-    announcing its bytes with an expect_tx that does not arrive (SASS SYNCS.ARRIVE.TRANS64.RED.A0TR), else the TMA
-    thread inside its arrive.expect_tx. H200, session 42: the scale warp's copy made dense rows 0-6% faster and
-    grouped K = 7168 rows 5-9% slower, 64-row tiles 1-2% slower; a change that moved the copy back would cost that."""
+def test_bulk_copy_issuer(n, k, m, grouped_, split, scale_warp, shared_cache_dir, monkeypatch):
+    """Who issues the A-scale bulk copy (GemmSm90::kScaleWarpBulkA): the scale warp in dense kernels and grouped
+    split-K kernels of 128-row tiles, announcing its bytes with an expect_tx that does not arrive (SASS
+    SYNCS.ARRIVE.TRANS64.RED.A0TR), else the TMA thread inside its arrive.expect_tx. H200, sessions 42-43: the scale
+    warp's copy made dense rows 0-6% faster (64-row tiles 1-2% slower), and grouped split-K kernels with it beat
+    every other grouped choice by 3-8% on the MoE rows while plain grouped kernels with it lost 5-15%; a change that
+    moved the copy would cost that. Grouped FP8 128x128 tiles get the split-K kernel from the heuristic."""
     from deepgemm_jit import sass
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     spec = GemmSpec.create(n, k, dtype="fp8", scaling="block", grouped=grouped_)
     cfg = config.choose_config(spec, m, "sm_90a")
+    if split is None:
+        assert cfg.split_k == grouped_, cfg.tag  # the heuristic's grouped pick is the split-K kernel
+    else:
+        cfg = config.sm90_config(spec, cfg.block_m, cfg.block_n, split_k=split)
     text = sass.disassemble(jit.get_kernel(config.kernel_spec(spec, "sm_90a", m), cfg, "sm_90a").cubin)
-    assert text.count("UBLKCP") == 1, cfg.tag  # one issuer, not both
+    # One issuer, not both; a grouped split-K kernel holds the roles twice (the walk with shares and the plain one).
+    assert text.count("UBLKCP") == (2 if cfg.split_k and grouped_ else 1), cfg.tag
     assert ("ARRIVE.TRANS64.RED.A0TR" in text) == scale_warp, cfg.tag
     if scale_warp:  # announced, copied, then the B copy and the lane's deferred arrival
         order = [text.index(op) for op in ("ARRIVE.TRANS64.RED.A0TR", "UBLKCP", "ARRIVES.LDGSTSBAR")]

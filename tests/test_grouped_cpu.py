@@ -275,8 +275,12 @@ def test_tail_split_rule_and_its_workspace_bound():
     (4096, 7168, "bf16", 1024, 8, False),  # 2048 tiles of 128x128: past the kernel's count
 ])
 def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split):
+    """`split`: whether launches may split. FP8 128x128 tiles compile the split-K kernel everywhere (its scale warp's
+    A-scale copy made it the fastest grouped kernel, config._grouped_fp8_split_kernel); only where the split rule
+    chose it do launches count and split (max_splits > 1), elsewhere they pass one share and no workspace."""
     g = dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", expected_m=expected_m, num_groups=groups)
-    assert g.config.split_k == split and (g.max_splits > 1) == split, g
+    assert g.config.split_k == (split or dtype == "fp8") and (g.max_splits > 1) == split, g
+    assert config.grouped_launch_splits(g.spec, expected_m, 132, groups, g.config) == split, g
     if split and dtype != "fp8":
         assert (g.config.block_m, g.config.block_n) == config.GROUPED_SPLIT_TILE_16BIT, g
     if split:
@@ -289,6 +293,10 @@ def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split
         info = g.explain()["split_k"]
         assert info["on_device"] and info["max_splits"] == 4 and info["deterministic"], info
         assert info["whole_and_shares_by_tiles"][64] == (0, 2) and info["whole_and_shares_by_tiles"][160] == (132, 4)
+    elif dtype == "fp8":  # the split-K kernel, launched with one share: nothing counted or split
+        info = g.explain()["split_k"]
+        assert info["kernel"] and info["max_splits"] == 1, info
+        assert all(shares == 1 for _, shares in info["whole_and_shares_by_tiles"].values()), info
     else:
         assert g.explain()["split_k"] == {"kernel": False}
     with pytest.raises(TypeError, match="deterministic"):

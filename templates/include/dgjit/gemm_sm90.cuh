@@ -44,7 +44,8 @@
 //            ahead, measured 1010 against 1424 TFLOPS for per-tensor scales at 4096x7168x16384). Warp 1
 //            of the producer warpgroup copies the B blocks with cp.async, and the A scales too unless the
 //            host set ScaleArgs::is_a_bulk (M-major scale_a, see a_scale_bulk_bytes): then a tile's A
-//            scales of a K block are bulk-copied, by that warp (dense 128-row tiles, kScaleWarpBulkA) or
+//            scales of a K block are bulk-copied, by that warp (128-row tiles of dense and grouped split-K
+//            kernels, kScaleWarpBulkA) or
 //            the TMA thread with the stage's operands.
 // kPromote (FP8; TF32 for 3xTF32, whose accuracy the tensor cores' truncating additions would cap): every K block
 // accumulates into fresh registers that are then added (scaled, for
@@ -452,12 +453,14 @@ struct GemmSm90 {
     return a_scale_bulk_bytes(scales.is_a_bulk, tile.row0, tile.row_end);
   }
   // Who issues that bulk copy: the scale warp's lane 0 (announcing its bytes on the full barrier itself, before its
-  // deferred arrival) in dense kernels of 128-row tiles, else the TMA thread beside the stage's operand loads.
-  // Measured on the H200 (docs/NOTES.md, session 42; bitwise equal): dense FP8 block rows 0-6% faster from the
-  // scale warp (4096x4096x7168 188.7 -> 181.7 us, 512x7168x16384 109.4 -> 103.1; 27 of 30 rows at M 256..4096
-  // faster or within 0.5%), while 64-row tiles (M <= 128) ran 1-2% slower and grouped kernels 5-9% slower on the
-  // K = 7168 MoE rows (4 x 8192 x 4096 x 7168 1716 -> 1884 us): those keep the TMA thread's copy.
-  static constexpr bool kScaleWarpBulkA = kScaling == Scaling::kBlock && !kGrouped && kBlockM >= 128;
+  // deferred arrival) in dense kernels and grouped split-K kernels of 128-row tiles, else the TMA thread beside the
+  // stage's operand loads. Measured on the H200 (docs/NOTES.md, sessions 42-43; bitwise equal): dense FP8 block rows
+  // 0-6% faster from the scale warp (4096x4096x7168 188.7 -> 181.7 us, 512x7168x16384 109.4 -> 103.1; 27 of 30 rows
+  // at M 256..4096 faster or within 0.5%), while 64-row tiles (M <= 128) ran 1-2% slower. Grouped: the split-K
+  // kernel with the scale warp's copy was the fastest on the MoE rows (4 x 8192 x 4096 x 7168 1638 us; plain kernel
+  // with the TMA thread's copy 1740, split-K kernel with it 1776), the plain kernel with the scale warp's copy the
+  // slowest (1871), so config.py gives FP8 grouped 128x128 tiles the split-K kernel (_grouped_fp8_split_kernel).
+  static constexpr bool kScaleWarpBulkA = kScaling == Scaling::kBlock && (!kGrouped || kSplitK) && kBlockM >= 128;
   static_assert(kBlockM % 4 == 0, "a bulk copy of kBlockM A scales must be whole 16-byte units");
 
   // ---- producer: one thread keeps the ring full ---------------------------------------------------
