@@ -48,8 +48,8 @@ def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt", groups:
     """Return (zero-argument launch, Gemm) for `variant`; inputs are random, quantized once, stored as `layout`
     says (16-bit and TF32 variants; 8-bit ones take nt only)."""
     import cupy
-    if variant == "fp8-block-grouped":
-        return _grouped_call(m, n, k, groups)
+    if variant.partition("@")[0] == "fp8-block-grouped":  # @TILE (bench --tiles syntax) forces the grouped tile
+        return _grouped_call(m, n, k, groups, variant.partition("@")[2])
 
     import deepgemm_jit as dg
     from deepgemm_jit import config, gemv_kn, reference
@@ -116,9 +116,9 @@ def build_call(variant: str, m: int, n: int, k: int, layout: str = "nt", groups:
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, out=out, **epi_ops)), g
 
 
-def _grouped_call(m: int, n: int, k: int, groups: int):
+def _grouped_call(m: int, n: int, k: int, groups: int, tile: str = ""):
     """Zero-argument launch of the contiguous grouped FP8 block kernel: `groups` groups of m rows (offs), and its
-    GroupedGemm."""
+    GroupedGemm (the heuristic's tile, or `tile` in bench --tiles syntax, e.g. 128x128 or 128x128k)."""
     import cupy
     import numpy as np
 
@@ -130,7 +130,11 @@ def _grouped_call(m: int, n: int, k: int, groups: int):
     qb, sb = cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])
     offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
     out = cupy.empty((groups * m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
-    g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups)
+    forced = None
+    if tile:
+        from bench.suites import forced_tile_config
+        forced = forced_tile_config(dg.grouped.grouped_spec(n, k, "fp8"), tile)
+    g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups, config=forced)
     return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out)), g
 
 
