@@ -1236,41 +1236,44 @@ def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, b
 # the plain kernel with the scale warp's copy ran 5-15% slower (why is open: both kernels' roles are the same code;
 # ncu of the plain one showed the L2 request coalescer merging fewer loads of neighbouring CTAs). H200, session 43
 # (bench/results/*moe-fp8-*-s43*, same calls): 4 x 8192 x 4096 x 7168 1740 -> 1638 us, 4 x 8192 x 7168 x 2048
-# 912 -> 840, masked 16 x ~1024 x 4096 x 7168 903 -> 855; 42-row geomean against the plain kernels 1.027x.
+# 912 -> 840, masked 16 x ~1024 x 4096 x 7168 903 -> 855; 42-row geomean against the plain kernels 1.027x. Only
+# what was measured: no epilogue, K >= 2048. A forced device-split config (build_grouped(config=...)) may split
+# wherever the realised groups leave SMs idle, also where the heuristic's same kernel would not.
 GROUPED_FP8_SPLIT_KERNEL_TILE = (128, 128)
+GROUPED_FP8_SPLIT_KERNEL_MIN_K = 2048
 
 
 def _grouped_fp8_split_kernel(spec: GemmSpec, block_m: int, block_n: int) -> bool:
     """Whether a grouped FP8 spec whose cost-model tile is (block_m, block_n) gets the device-split kernel for its
-    speed (GROUPED_FP8_SPLIT_KERNEL_TILE) without the split rule's wave and K limits; the bias exclusion of
-    grouped_split_tile holds (the split kernel spilled with a bias read)."""
-    return (spec.grouped and spec.dtype in dtypes.FP8_DTYPES and spec.epi.bias == "none"
-            and (block_m, block_n) == GROUPED_FP8_SPLIT_KERNEL_TILE
+    speed (GROUPED_FP8_SPLIT_KERNEL_TILE) without the split rule's wave and K limits: the measured cases only, no
+    epilogue and K >= GROUPED_FP8_SPLIT_KERNEL_MIN_K (the MoE rows: K = 2048 and 7168)."""
+    return (spec.grouped and spec.dtype in dtypes.FP8_DTYPES and spec.epilogue == "none"
+            and spec.k >= GROUPED_FP8_SPLIT_KERNEL_MIN_K and (block_m, block_n) == GROUPED_FP8_SPLIT_KERNEL_TILE
             and sm90_accumulators(block_m, block_n, False) <= split_max_accumulators(spec))
 
 
-def grouped_launch_splits(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, cfg: KernelConfig) -> bool:
-    """Whether launches of the heuristic's device-split kernel `cfg` (choose_config's for these arguments) may split
-    tiles: where grouped_split_tile chose the kernel, not where _grouped_fp8_split_kernel did."""
-    if not (spec.grouped and cfg.family == "sm90" and cfg.split_k):
-        return False
-    ranked = _sm90_tiles_by_cost(spec, tile_bucket(spec, m_hint), num_sms, groups=groups)
-    if not ranked:
-        return False
-    _, block_m, block_n, _, _ = ranked[0]
-    return grouped_split_tile(spec, tile_bucket(spec, m_hint), num_sms, groups, block_m, block_n) is not None
+def grouped_launch_splits(spec: GemmSpec, m_hint: int, num_sms: int, groups: int) -> bool:
+    """Whether launches of the heuristic's grouped kernel (choose_config(spec, m_hint, ..., num_sms, groups)) may
+    split tiles: where grouped_split_tile chose the device-split kernel, not where _grouped_fp8_split_kernel did
+    (nor for a plain kernel)."""
+    return _sm90_pick(spec, tile_bucket(spec, m_hint), num_sms, groups)[1]
+
+
+def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> KernelConfig:
+    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`, or TF32's
+    short-K ping-pong tile (`_sm90_tf32_short_k_pingpong`) (`groups`: see sm90_tile_cost)."""
+    return _sm90_pick(spec, m_hint, num_sms, groups)[0]
 
 
 @functools.lru_cache(maxsize=1024)
-def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> KernelConfig:
-    """The cheapest tile of the cost model, or the 128x128 ping-pong tile where `_sm90_pingpong_pays`, or TF32's
-    short-K ping-pong tile (`_sm90_tf32_short_k_pingpong`) (`groups`: see sm90_tile_cost). Memoized: a pure function
-    of its arguments (all hashable, the result frozen), and at 0.65-0.9 ms it was the largest host cost of a warm
-    build (2 cores)."""
+def _sm90_pick(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> tuple[KernelConfig, bool]:
+    """choose_sm90_config's tile and whether launches of it may split on the device (grouped_launch_splits), decided
+    together so that the two cannot drift apart. Memoized: a pure function of its arguments (all hashable, the
+    result frozen), and at 0.65-0.9 ms it was the largest host cost of a warm build (2 cores)."""
     if groups == 1:
         short_k = _sm90_tf32_short_k_pingpong(spec, m_hint)
         if short_k is not None:
-            return short_k
+            return short_k, False
     ranked = _sm90_tiles_by_cost(spec, m_hint, num_sms, groups=groups)
     if not ranked:  # a bug of the rules (a spec the family accepts must have a tile), not of the call
         raise ValueError(f"no sm90 tile serves {spec.tag} (M = {m_hint}); please report it")
@@ -1281,14 +1284,17 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
             stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
         else:  # as many stages as fit (what the measurement forced)
             (block_m, block_n), stages = split_tile, None
-        return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint)
+        return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint), True
     if _grouped_fp8_split_kernel(spec, block_m, block_n):
         stages = min(stages, _sm90_stages(spec, block_m, block_n, split_k=True))
-        return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint)
+        return sm90_config(spec, block_m, block_n, stages, split_k=True, m_hint=m_hint), False
     if (splits == 1 and _sm90_pingpong_pays(spec, m_hint, num_sms, block_m, block_n)
             and _sm90_stages(spec, 128, 128, True) >= 3):
-        return sm90_config(spec, 128, 128, pingpong=True)
-    return sm90_config(spec, block_m, block_n, stages, split_k=splits > 1, m_hint=m_hint)
+        return sm90_config(spec, 128, 128, pingpong=True), False
+    return sm90_config(spec, block_m, block_n, stages, split_k=splits > 1, m_hint=m_hint), False
+
+
+choose_sm90_config.cache_clear = _sm90_pick.cache_clear  # callers that change the rules' constants clear the memo
 
 
 def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | None = None,

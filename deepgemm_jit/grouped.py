@@ -450,8 +450,9 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     to 8 waves of 128x128 tiles, which then replace the cost model's wider ones), the kernel splits the K of the
     tiles of the last, partial wave between CTAs when the realised group sizes would leave half the SMs idle there
     (decided on the device, ``splitk.tail_split``; ``config.grouped_split_tile`` has the rule, epilogues with a bias
-    keep the plain kernel; FP8 128x128 tiles always compile the device-split kernel, which was faster, and split
-    only where that rule says); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add atomically,
+    keep the plain kernel; FP8 128x128 tiles without an epilogue always compile the device-split kernel, which was
+    faster, and split only where that rule says; a forced device-split ``config`` splits wherever the realised
+    groups leave SMs idle); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add atomically,
     faster, FP32 sums in arrival order)."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
@@ -464,7 +465,7 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
         num_sms = device.num_sms() if arch is None else None
         cfg = config_mod.choose_config(spec, expected, target, num_sms, groups=groups)
         launch_splits = config_mod.grouped_launch_splits(spec, expected, num_sms or config_mod.DEFAULT_SM90_NUM_SMS,
-                                                         groups, cfg)
+                                                         groups)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config
         cfg.check_for(spec, target)

@@ -19,7 +19,10 @@ Dispatch:
   for buckets up to ``config.SPLIT_MAX_M``, non-grouped GEMMs);
 - each call then picks the count for its own M (:func:`num_splits`): 1 where splitting does not pay or M is past
   ``SPLIT_MAX_M`` (a split-K kernel with one share is the plain kernel plus a branch);
-- ``build(..., split_k=S)`` forces S shares on every call (``split_k=1``: never split).
+- ``build(..., split_k=S)`` forces S shares on every call (``split_k=1``: never split);
+- grouped GEMMs decide on the device (:func:`tail_split`, at most ``GroupedGemm.max_splits`` shares): the
+  heuristic's device-split kernels of ``config.grouped_split_tile`` may split; the FP8 128x128 ones it compiles for
+  their speed alone (``config.grouped_launch_splits`` False) get one share and no workspace.
 
 Workspace (:class:`Workspace`): one per ``Gemm``, device and stream (``stream_buffers.py``: calls of one Gemm on
 two streams may overlap), allocated on a stream's first call that needs it (with a device synchronisation) and
@@ -94,8 +97,10 @@ def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> t
 
 
 def grouped_max_splits(spec: GemmSpec, cfg: KernelConfig) -> int:
-    """The most K shares a grouped split-K kernel may give a tile (config.grouped_split_tile compiles one): the
-    kernel picks its own count from the realised tiles (tail_split); 1 for other grouped kernels."""
+    """The most K shares a grouped split-K kernel may give a tile (config.grouped_split_tile, or a forced config,
+    compiles one): the kernel picks its own count from the realised tiles (tail_split); 1 for other grouped kernels.
+    (build_grouped passes 1 instead where the heuristic chose the split kernel for its speed alone:
+    config.grouped_launch_splits.)"""
     if not cfg.split_k:
         return 1
     return min(config_mod.GROUPED_MAX_SPLITS, max(config_mod.split_candidates(spec.loop_k, cfg.block_k)))

@@ -262,6 +262,24 @@ def test_tail_split_rule_and_its_workspace_bound():
             assert s == 1 or (tiles - whole) * s <= 132, (tiles, max_splits, whole, s)
 
 
+@pytest.mark.parametrize("n,k,epilogue,split_kernel", [
+    (4096, 7168, None, True),        # the MoE rows measured (session 43)
+    (7168, 2048, None, True),
+    (4096, 1024, None, False),       # K below GROUPED_FP8_SPLIT_KERNEL_MIN_K: not measured, the plain kernel
+    (4096, 7168, "swiglu", False),   # epilogues: not measured, the plain kernel
+    (4096, 7168, "bias", False),     # the split kernel spilled with a bias read
+])
+def test_grouped_fp8_split_kernel_for_speed(cache, n, k, epilogue, split_kernel):
+    """Past the split rule's waves, FP8 128x128 grouped tiles take the device-split kernel (one share per launch)
+    only where it was measured faster; a forced copy of that config may split (build_grouped's docstring)."""
+    g = dg.build_grouped(n, k, dtype="fp8", arch="sm_90a", expected_m=8192, num_groups=4, epilogue=epilogue)
+    assert (g.config.block_m, g.config.block_n) == (128, 128) or not split_kernel, g
+    assert g.config.split_k == split_kernel and g.max_splits == 1, g
+    if split_kernel:
+        forced = dg.build_grouped(n, k, dtype="fp8", arch="sm_90a", expected_m=8192, num_groups=4, config=g.config)
+        assert forced.max_splits > 1, forced
+
+
 @pytest.mark.parametrize("n,k,dtype,expected_m,groups,split", [
     (4096, 7168, "fp8", 256, 1, True),    # 2 x 32 tiles of 128x128: half the SMs idle
     (4096, 7168, "fp8", 1024, 1, True),   # 256 tiles: under two waves
@@ -280,7 +298,7 @@ def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split
     chose it do launches count and split (max_splits > 1), elsewhere they pass one share and no workspace."""
     g = dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", expected_m=expected_m, num_groups=groups)
     assert g.config.split_k == (split or dtype == "fp8") and (g.max_splits > 1) == split, g
-    assert config.grouped_launch_splits(g.spec, expected_m, 132, groups, g.config) == split, g
+    assert config.grouped_launch_splits(g.spec, expected_m, 132, groups) == split, g
     if split and dtype != "fp8":
         assert (g.config.block_m, g.config.block_n) == config.GROUPED_SPLIT_TILE_16BIT, g
     if split:
