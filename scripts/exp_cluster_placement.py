@@ -1,14 +1,16 @@
 """Experiment (GPU): do FP8 block GEMMs run faster when neighbouring CTAs are placed on one GPC?
 
     python3 -m scripts.exp_cluster_placement [--problems fp8_block:MxNxK,...] [--grouped 4x8192x4096x7168]
-                                             [--variants c1g132,c2g132,c2g128,c1g128] [--reps 30] [--out DIR]
+                                             [--variants c1g132,c2g132,c2g128,c1g128,c1gbal] [--reps 30]
+                                             [--out DIR]
 
 Session 43's ncu runs tied the grouped kernels' speed to how many loads of CTAs in one GPC the L2 request
 coalescer merges. The persistent walk gives CTA b the tiles b, b + grid, ... in an M-fastest raster, so CTAs 2c and
 2c + 1 read the same B tile at the same time. Launched as clusters of two (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
 no kernel change: the kernels use no cluster features), each such pair shares a GPC. Variant cCgG: clusters of C
 CTAs, a grid of G CTAs (the walk takes any grid; a grid whose clusters do not all fit at once runs a second round,
-which the times show). Every variant's output is compared bit for bit with the plain launch before timing.
+which the times show); G "bal" (dense cases): the fewest CTAs that keep the walk's number of rounds. Every
+variant's output is compared bit for bit with the plain launch before timing.
 """
 from __future__ import annotations
 
@@ -53,8 +55,13 @@ def _patch_launch() -> None:
     runtime.LoadedKernel.launch = launch
 
 
-def _variant(text: str) -> tuple[int, int | None]:
+def _variant(text: str, tiles: int | None, num_sms: int = 132) -> tuple[int, int | None]:
+    """cCgG -> (C, G); G "bal": the fewest CTAs that keep the walk's rounds, ceil(tiles / ceil(tiles / SMs))."""
     c, _, g = text[1:].partition("g")
+    if g == "bal":
+        if tiles is None:
+            raise SystemExit(f"{text}: a balanced grid needs the dense case's tile count")
+        return int(c), -(-tiles // -(-tiles // num_sms))
     return int(c), int(g) if g else None
 
 
@@ -75,13 +82,14 @@ def main() -> int:
     from deepgemm_jit import reference, timing
 
     _patch_launch()
-    variants = {v: _variant(v) for v in args.variants.split(",")}
     cases = []
     for problem in filter(None, args.problems.split(",")):
         p = runner.problem_inputs(problem)
         g = dg.build(p.m, p.n, p.k, **p.build_kwargs())
         out = reference.poisoned(p.spec.out_shape(p.m), p.spec.out_dtype)
-        cases.append((problem, lambda g=g, p=p, out=out: g(p.inputs.a, p.inputs.b, out=out, **p.kwargs), out))
+        cfg = g.explain()["config"]
+        tiles = -(-p.m // cfg["block_m"]) * -(-p.n // cfg["block_n"])
+        cases.append((problem, lambda g=g, p=p, out=out: g(p.inputs.a, p.inputs.b, out=out, **p.kwargs), out, tiles))
     if args.grouped:
         groups, m, n, k = (int(v) for v in args.grouped.split("x"))
         rng = cupy.random.default_rng(m + n + k)
@@ -91,10 +99,12 @@ def main() -> int:
         offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
         gg = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups)
         out = reference.poisoned((groups * m, n), "bf16")
-        cases.append((f"grouped {args.grouped}", lambda: gg(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out), out))
+        cases.append((f"grouped {args.grouped}", lambda: gg(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out), out,
+                      None))
     rows = []
-    for name, call, out in cases:
+    for name, call, out, tiles in cases:
         fns, results = {}, {}
+        variants = {v: _variant(v, tiles) for v in args.variants.split(",")}
         for v, (cluster, grid) in variants.items():
             def run(call=call, cluster=cluster, grid=grid):
                 _EXP["cluster"], _EXP["grid"] = cluster, grid
@@ -110,9 +120,12 @@ def main() -> int:
         first = next(iter(results.values()))
         same = {v: bool((r.view(cupy.uint16) == first.view(cupy.uint16)).all()) for v, r in results.items()}
         t = timing.time_interleaved(fns, reps=args.reps, warmup=5)
-        row = {"problem": name, "bitwise_equal": same, **{v: r.median_us for v, r in t.items()}}
+        row = {"problem": name, "tiles": tiles, "grids": {v: g for v, (_, g) in variants.items()},
+               "bitwise_equal": same,
+               **{v: r.median_us for v, r in t.items()}}
         rows.append(row)
-        print(f"{name}: equal={all(same.values())} " + "  ".join(f"{v} {r.median_us:.1f} us" for v, r in t.items()),
+        print(f"{name}: tiles {tiles} grids {row['grids']} equal={all(same.values())} " + "  ".join(
+            f"{v} {r.median_us:.1f} us" for v, r in t.items()),
               flush=True)
     header = report.collect_env(sys.argv[1:], {"variants": args.variants}, module="scripts.exp_cluster_placement")
     stamp = header["date"].replace("-", "").replace(":", "")[:15]
