@@ -187,6 +187,32 @@ class ProblemInputs:
                     **({"epilogue": self.epilogue} if self.epilogue else {}))
 
 
+@dataclasses.dataclass
+class GroupedFp8Inputs:
+    """For experiment scripts: a contiguous grouped FP8 (block recipe) problem, `groups` groups of the same rows
+    (grouped_fp8_inputs)."""
+
+    qa: object       # (groups x rows, K) E4M3
+    sa: object       # its 1x128 scales, M-major as dg.quantize returns them
+    weights: list    # per group (q, scales) of the (N, K) weight, 128x128 blocks
+    qb: object       # the weights stacked, (groups, N, K), and their scales
+    sb: object
+    offs: object     # int32 group ends (torch's offs)
+
+
+def grouped_fp8_inputs(groups: int, rows: int, n: int, k: int, seed: int) -> GroupedFp8Inputs:
+    """Random operands of a contiguous grouped FP8 GEMM (A quantized first, then each weight, from `seed`)."""
+    import numpy as np
+
+    import deepgemm_jit as dg
+
+    rng = cupy.random.default_rng(seed)
+    qa, sa = dg.quantize(rng.standard_normal((groups * rows, k), dtype=cupy.float32), "fp8", "group128")
+    ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
+    offs = cupy.asarray(np.arange(1, groups + 1) * rows, dtype=cupy.int32)
+    return GroupedFp8Inputs(qa, sa, ws, cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws]), offs)
+
+
 def parse_problem(problem: str):
     """(m, n, k, bench dtype, GemmSpec, epilogue or "", layout) of "DTYPE[+EPILOGUE][/LAYOUT]:MxNxK" (no GPU)."""
     from deepgemm_jit.spec import GemmSpec

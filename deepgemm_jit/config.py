@@ -1231,14 +1231,15 @@ def grouped_split_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int, b
 
 # FP8 grouped GEMMs of 128x128 tiles compile the device-split kernel everywhere, and launches split only where
 # grouped_split_tile would have chosen it (grouped_launch_splits; elsewhere the host passes one share and the kernel
-# counts nothing). The split kernel's scale warp issues the A-scale bulk copy (gemm_sm90.cuh, kScaleWarpBulkA), and
-# that pair ran faster than the plain kernel on every MoE row whose tiles make more than a couple of waves, while
-# the plain kernel with the scale warp's copy ran 5-15% slower (why is open: both kernels' roles are the same code;
-# ncu of the plain one showed the L2 request coalescer merging fewer loads of neighbouring CTAs). H200, session 43
-# (bench/results/*moe-fp8-*-s43*, same calls): 4 x 8192 x 4096 x 7168 1740 -> 1638 us, 4 x 8192 x 7168 x 2048
-# 912 -> 840, masked 16 x ~1024 x 4096 x 7168 903 -> 855; 42-row geomean against the plain kernels 1.027x. Only
-# what was measured: no epilogue, K >= 2048. A forced device-split config (build_grouped(config=...)) may split
-# wherever the realised groups leave SMs idle, also where the heuristic's same kernel would not.
+# counts nothing). The split kernel's scale warp issues the A-scale bulk copy (gemm_sm90.cuh, kScaleWarpBulkA); that
+# pair beat the plain kernel on the multi-wave MoE rows, while the plain kernel with the scale warp's copy ran 5-15%
+# slower (why is open: both kernels' roles are the same code; ncu of the plain one showed the L2 request coalescer
+# merging fewer loads of neighbouring CTAs). H200, session 43 (bench/results/*moe-fp8-*-s43*, same calls):
+# 4 x 8192 x 4096 x 7168 1740 -> 1638 us, 4 x 8192 x 7168 x 2048 912 -> 840, masked 16 x ~1024 x 4096 x 7168
+# 903 -> 855; against the plain 128x128 kernel timed in the record's call (*moe-fp8-record-cea5017-s43*) 1.035x over
+# the 42 rows (contiguous 1.03-1.07x, masked K = 7168 1.00-1.18x, masked K = 2048 0.97-1.04x). Only what was
+# measured: no epilogue, K >= 2048. A forced device-split config (build_grouped(config=...)) may split wherever the
+# realised groups leave SMs idle, also where the heuristic's same kernel would not.
 GROUPED_FP8_SPLIT_KERNEL_TILE = (128, 128)
 GROUPED_FP8_SPLIT_KERNEL_MIN_K = 2048
 

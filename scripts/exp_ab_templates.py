@@ -55,9 +55,9 @@ def main() -> int:
             ap.error("--offline compiles --problems rows only")
         return _compile_offline(args)
     import cupy
-    import numpy as np
 
     import deepgemm_jit as dg
+    from bench import runner
     from bench.suites import forced_tile_config
     from deepgemm_jit import launch, reference, timing
     from deepgemm_jit.arrays import scale_view
@@ -87,14 +87,12 @@ def main() -> int:
         return 0
     cases = [("dense", 4096, 4096, 7168, 1), ("dense", 4096, 7168, 16384, 1), ("grouped", 8192, 4096, 7168, 4)]
     for kind, m, n, k, groups in cases:
-        rng = cupy.random.default_rng(m + n + k)
         total = m * groups
-        qa, sa = dg.quantize(rng.standard_normal((total, k), dtype=cupy.float32), "fp8", "group128")
+        p = runner.grouped_fp8_inputs(groups, m, n, k, seed=m + n + k)
+        qa, sa, ws, offs = p.qa, p.sa, p.weights, p.offs
         if args.row_major_scales:
             sa = cupy.ascontiguousarray(sa)
-        ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
-        qb, sb = (ws[0] if kind == "dense" else (cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])))
-        offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
+        qb, sb = ws[0] if kind == "dense" else (p.qb, p.sb)
         outs, fns = {}, {}
         for name, tdir, tile, bulk in trees:
             if tdir is None:

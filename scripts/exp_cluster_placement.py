@@ -75,7 +75,6 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import cupy
-    import numpy as np
 
     import deepgemm_jit as dg
     from bench import report, runner
@@ -92,15 +91,11 @@ def main() -> int:
         cases.append((problem, lambda g=g, p=p, out=out: g(p.inputs.a, p.inputs.b, out=out, **p.kwargs), out, tiles))
     if args.grouped:
         groups, m, n, k = (int(v) for v in args.grouped.split("x"))
-        rng = cupy.random.default_rng(m + n + k)
-        qa, sa = dg.quantize(rng.standard_normal((groups * m, k), dtype=cupy.float32), "fp8", "group128")
-        ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
-        qb, sb = cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])
-        offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
+        gp = runner.grouped_fp8_inputs(groups, m, n, k, seed=m + n + k)
         gg = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups)
         out = reference.poisoned((groups * m, n), "bf16")
-        cases.append((f"grouped {args.grouped}", lambda: gg(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out), out,
-                      None))
+        cases.append((f"grouped {args.grouped}",
+                      lambda: gg(gp.qa, gp.qb, scale_a=gp.sa, scale_b=gp.sb, offs=gp.offs, out=out), out, None))
     rows = []
     for name, call, out, tiles in cases:
         fns, results = {}, {}

@@ -120,22 +120,18 @@ def _grouped_call(m: int, n: int, k: int, groups: int, tile: str = ""):
     """Zero-argument launch of the contiguous grouped FP8 block kernel: `groups` groups of m rows (offs), and its
     GroupedGemm (the heuristic's tile, or `tile` in bench --tiles syntax, e.g. 128x128 or 128x128k)."""
     import cupy
-    import numpy as np
 
     import deepgemm_jit as dg
+    from bench.runner import grouped_fp8_inputs
 
-    rng = cupy.random.default_rng(m + n + k + groups)
-    qa, sa = dg.quantize(rng.standard_normal((groups * m, k), dtype=cupy.float32), "fp8", "group128")
-    ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
-    qb, sb = cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])
-    offs = cupy.asarray(np.arange(1, groups + 1) * m, dtype=cupy.int32)
+    p = grouped_fp8_inputs(groups, m, n, k, seed=m + n + k + groups)
     out = cupy.empty((groups * m, n), dtype=dg.dtypes.numpy_dtype("bf16"))
     forced = None
     if tile:
         from bench.suites import forced_tile_config
         forced = forced_tile_config(dg.grouped.grouped_spec(n, k, "fp8"), tile)
     g = dg.build_grouped(n, k, dtype="fp8", expected_m=m, num_groups=groups, config=forced)
-    return (lambda: g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=out)), g
+    return (lambda: g(p.qa, p.qb, scale_a=p.sa, scale_b=p.sb, offs=p.offs, out=out)), g
 
 
 def _cublas_call(dtype: str, x, w):
