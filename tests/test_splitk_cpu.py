@@ -414,3 +414,16 @@ def test_grouped_scan_waves_match_the_kernel():
     from probes import assert_probe_ties
 
     assert_probe_ties(_scan_waves_probe(), _scan_waves_probe(lie=True))
+
+
+def test_persistent_grid_balanced_keeps_the_rounds():
+    """FP8 block launches take the fewest CTAs that keep the walk's rounds (launch.persistent_grid); others one per
+    SM, or one per unit below that."""
+    from deepgemm_jit.launch import persistent_grid
+
+    assert persistent_grid(1024, 132) == 132 and persistent_grid(1024, 132, balanced=True) == 128
+    assert persistent_grid(1312, 132, balanced=True) == 132 and persistent_grid(8192, 132, balanced=True) == 131
+    assert persistent_grid(100, 132, balanced=True) == 100 == persistent_grid(100, 132) and persistent_grid(0, 132) == 1
+    for units in range(1, 3000, 7):
+        grid = persistent_grid(units, 132, balanced=True)
+        assert grid <= 132 and -(-units // grid) == -(-units // min(units, 132)), units
