@@ -178,6 +178,11 @@ SUITES: dict[str, Suite] = {
               _product((32, 4096), ((6144, 4096), (8192, 1024))),
               "Llama-3.1-8B, Llama-3.1-70B at tensor parallel 8 and Qwen2.5-7B projections, M in {1, 32, 256, 1000, "
               "4096}"),
+        # Prefill chunks and MoE groups of a few hundred to two thousand tokens: one or two waves of 128-row tiles,
+        # partial last M blocks (586 and 1050 are the masked-MoE group sizes where cuBLAS runs clustered tiles).
+        Suite("midm", _product((256, 586, 1050, 2048), _DEEPSEEK_NK),
+              _product((586, 1050), ((4096, 7168),)),
+              "DeepSeek-V3 projections at prefill-chunk sizes, M in {256, 586, 1050, 2048}"),
         Suite("square", ((4096, 4096, 4096), (8192, 8192, 8192)), ((4096, 4096, 4096),),
               "large square, compute-bound"),
         Suite("seed", ((64, 4096, 4096), (1, 4096, 4096), (4096, 4096, 4096)),
