@@ -142,6 +142,10 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
                         f"__cuda_array_interface__ or __dlpack__), got {type(x).__name__}") from None
     except Exception as exc:  # e.g. torch bfloat16 tensors refuse to export it
         raise TypeError(f"{arg} ({type(x).__name__}) could not export __cuda_array_interface__: {exc}") from None
+    if cai.get("version", 0) < 3 and hasattr(x, "__dlpack__"):
+        # Version 2 has no "stream": nothing says whether the producer's writes have finished (jaxlib exports its
+        # arrays as v2 without waiting for them to be computed). A DLPack import is ordered after that work.
+        return _dlpack_fields(x, arg)
     shape = tuple(cai["shape"])
     dtype = np.dtype(cai["typestr"])
     ptr = int(cai["data"][0])
@@ -214,7 +218,7 @@ def _on_cuda(x: object) -> bool:
 
 
 def _dlpack_fields(x: object, arg: str):
-    """Fields of a DLPack-only producer (e.g. a JAX array), through a zero-copy CuPy view of its memory. The view is
+    """Fields of a DLPack producer without a usable CUDA array interface (e.g. a JAX array), through a zero-copy CuPy view of its memory. The view is
     made on CuPy's current stream, which DLPack orders after the producer's pending work: inside an entry point
     (runtime.orders_dlpack_imports) that is the call's kernel stream."""
     import cupy

@@ -176,6 +176,28 @@ def test_cuda_array_interface_null_pointer_and_stream(fake_gpu_memory, monkeypat
             arrays.array_fields(x, "b")
 
 
+def test_cuda_array_interface_v2_with_dlpack_imports_through_dlpack(fake_gpu_memory, monkeypatch):
+    """A CAI v2 export carries no stream, so it cannot say whether the producer's writes are done (jaxlib exports
+    float arrays that way without waiting for them): an object that also speaks DLPack is imported through DLPack,
+    which orders the import after the producer's work. A v3 export, or a v2 one without __dlpack__, stays on CAI."""
+    imported = []
+    monkeypatch.setattr(arrays, "_dlpack_fields", lambda x, arg: imported.append(arg) or ((3, 64), (256, 4),
+                                                                                         np.dtype(np.float32), 7, 0))
+
+    class Both(FakeDeviceArray):
+        def __dlpack__(self, stream=None):
+            raise AssertionError("the test replaces the DLPack import")
+
+    v2 = Both((3, 64))
+    v2.__cuda_array_interface__["version"] = 2
+    assert arrays.array_fields(v2, "a")[3] == 7 and imported == ["a"]
+    assert arrays.array_fields(Both((3, 64)), "b")[3] == FakeDeviceArray((3, 64)).__cuda_array_interface__["data"][0]
+    plain_v2 = FakeDeviceArray((3, 64))
+    plain_v2.__cuda_array_interface__["version"] = 2
+    arrays.array_fields(plain_v2, "c")
+    assert imported == ["a"]
+
+
 def test_explicit_config(cache_dir):
     cfg = dg.KernelConfig("sm80", 64, 64, 32, 2, 2, 2, vec_a=8, vec_b=8)
     g = dg.build(100, 64, 64, dtype="bf16", arch="sm_90a", config=cfg)

@@ -479,6 +479,47 @@ def test_dlpack_producer_ordered_before_an_explicit_stream():
     assert err <= 1e-2, f"the kernel read the DLPack operand before its producer's write: {err=}"
     side.synchronize()
 
+def test_cai_v2_producer_with_dlpack_is_ordered_by_dlpack():
+    """JAX-style: a float array exports CUDA array interface v2 (no stream, read-only) while its producer's write is
+    still pending on the producer's stream, and DLPack that orders the import after it. The call must go through
+    DLPack (v2 cannot say whether the data is ready), so the kernel reads the written values, not the NaN before."""
+    import cupy
+
+    from streams import nan_target, spin
+
+    class JaxLike:
+        def __init__(self, x, stream):
+            self._x, self._stream = x, stream
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": self._x.shape, "typestr": self._x.dtype.str, "data": (self._x.data.ptr, True),
+                    "version": 2}
+
+        def __dlpack__(self, stream=None):
+            if stream is not None and stream != self._stream.ptr:
+                cupy.cuda.ExternalStream(stream).wait_event(self._stream.record())
+            with self._stream:
+                return self._x.__dlpack__(stream=self._stream.ptr)
+
+        def __dlpack_device__(self):
+            return self._x.__dlpack_device__()
+
+    want_a, b, g = _fp16_problem(23)
+    ref = reference.to_float64(want_a) @ reference.to_float64(b).T
+    g(want_a, b)  # compile and load first: the spin must outlast only the call
+    side, kernel_stream = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    a_late = nan_target(want_a)
+    spin(side, 0.3)
+    with side:
+        a_late[...] = want_a  # the producer's pending write
+    out = g(JaxLike(a_late, side), JaxLike(b, side), stream=kernel_stream)
+    kernel_stream.synchronize()
+    err = reference.error(out, ref)
+    assert reference.within_bound(err, "fp16"), f"the kernel read A before its producer's write: {err=}"
+    side.synchronize()
+
+
 class _Producer:
     """A CUDA-array-interface producer (Numba-style) over a CuPy array, naming `stream` as the stream its data is
     written on (None: ready)."""
