@@ -76,24 +76,20 @@ def main() -> int:
 
 def profile_grouped(calls: int) -> int:
     import cupy
-    import numpy as np
 
     import deepgemm_jit as dg
+    from bench import runner
 
     n, k, groups, rows = 4096, 7168, 8, 64
     g = dg.build_grouped(n, k, dtype="fp8", expected_m=rows, num_groups=groups)
-    rng = cupy.random.default_rng(0)
-    qa, sa = dg.quantize(rng.standard_normal((groups * rows, k), dtype=cupy.float32), "fp8", "group128")
-    ws = [dg.quantize(rng.standard_normal((n, k), dtype=cupy.float32), "fp8", "block128") for _ in range(groups)]
-    qb, sb = cupy.stack([w[0] for w in ws]), cupy.stack([w[1] for w in ws])
-    offs = cupy.asarray(np.arange(1, groups + 1) * rows, dtype=cupy.int32)
+    x = runner.grouped_fp8_inputs(groups, rows, n, k, seed=0)
     outs = [cupy.empty((groups * rows, n), dtype=dg.dtypes.numpy_dtype("bf16")) for _ in range(2)]
     calls = min(calls, 2000)
 
     def loop():
         for i in range(calls):
             g._plans.clear()  # every call validates and plans, as with a fresh output
-            g(qa, qb, scale_a=sa, scale_b=sb, offs=offs, out=outs[i % 2])
+            g(x.qa, x.qb, scale_a=x.sa, scale_b=x.sb, offs=x.offs, out=outs[i % 2])
     loop()
     cupy.cuda.Device().synchronize()
     t0 = time.perf_counter()
