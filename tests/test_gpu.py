@@ -441,6 +441,25 @@ def test_dlpack_only_producer_zero_copy():
 
 
 
+class _DLPackProducerOn:
+    """JAX-style DLPack producer over a CuPy array: knows the stream its data is written on (whatever CuPy's current
+    stream is) and orders it before the stream the consumer names."""
+
+    def __init__(self, x, stream):
+        self._x, self._stream = x, stream
+
+    def __dlpack__(self, stream=None):
+        import cupy
+
+        if stream is not None and stream != self._stream.ptr:
+            cupy.cuda.ExternalStream(stream).wait_event(self._stream.record())
+        with self._stream:
+            return self._x.__dlpack__(stream=self._stream.ptr)
+
+    def __dlpack_device__(self):
+        return self._x.__dlpack_device__()
+
+
 def test_dlpack_producer_ordered_before_an_explicit_stream():
     """A DLPack producer orders its pending work before the stream the consumer names, and cupy.from_dlpack names
     CuPy's current stream. With stream= the call runs with the kernel's stream current, so a write still pending on
@@ -448,19 +467,6 @@ def test_dlpack_producer_ordered_before_an_explicit_stream():
     import cupy
 
     from streams import nan_target, spin
-
-    class ProducerOn:  # JAX-style: knows the stream its data is written on, whatever CuPy's current stream is
-        def __init__(self, x, stream):
-            self._x, self._stream = x, stream
-
-        def __dlpack__(self, stream=None):
-            if stream is not None and stream != self._stream.ptr:
-                cupy.cuda.ExternalStream(stream).wait_event(self._stream.record())
-            with self._stream:
-                return self._x.__dlpack__(stream=self._stream.ptr)
-
-        def __dlpack_device__(self):
-            return self._x.__dlpack_device__()
 
     m, n, k = 129, 264, 1000
     a = reference.random_matrix((m, k), "fp16")
@@ -473,7 +479,8 @@ def test_dlpack_producer_ordered_before_an_explicit_stream():
     spin(side, 0.3)
     with side:
         a_late[...] = a  # the producer's pending write
-        out = g(ProducerOn(a_late, side), ProducerOn(b, side), stream=kernel_stream)  # out= would mix libraries
+        # (no out=: it would mix libraries)
+        out = g(_DLPackProducerOn(a_late, side), _DLPackProducerOn(b, side), stream=kernel_stream)
     kernel_stream.synchronize()
     err = reference.relative_error(out, ref)
     assert err <= 1e-2, f"the kernel read the DLPack operand before its producer's write: {err=}"
@@ -487,23 +494,11 @@ def test_cai_v2_producer_with_dlpack_is_ordered_by_dlpack():
 
     from streams import nan_target, spin
 
-    class JaxLike:
-        def __init__(self, x, stream):
-            self._x, self._stream = x, stream
-
+    class JaxLike(_DLPackProducerOn):
         @property
         def __cuda_array_interface__(self):
             return {"shape": self._x.shape, "typestr": self._x.dtype.str, "data": (self._x.data.ptr, True),
                     "version": 2}
-
-        def __dlpack__(self, stream=None):
-            if stream is not None and stream != self._stream.ptr:
-                cupy.cuda.ExternalStream(stream).wait_event(self._stream.record())
-            with self._stream:
-                return self._x.__dlpack__(stream=self._stream.ptr)
-
-        def __dlpack_device__(self):
-            return self._x.__dlpack_device__()
 
     want_a, b, g = _fp16_problem(23)
     ref = reference.to_float64(want_a) @ reference.to_float64(b).T
