@@ -205,6 +205,11 @@ def to_json(header: dict, rows: list[dict]) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- summaries
+def experiment_stamp(header: dict) -> str:
+    """The run's start as YYYYMMDDTHHMMSS (from collect_env's date), the prefix of experiment result names."""
+    return header["date"].replace("-", "").replace(":", "")[:15]
+
+
 def write_experiment_json(out: str | None, name: str, data) -> None:
     """An experiment script's results as `out`/`name` (indented JSON, the folder made first); nothing when `out` is
     None (the script was run without --out)."""

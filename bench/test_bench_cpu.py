@@ -138,6 +138,7 @@ def test_json_record_schema_round_trip(tmp_path):
     stem = report.result_stem("2026-11-29T07:15:02+00:00", ["deepseek", "square"], "0123456789ab", True, "ab" * 32)
     assert stem == "20261129T071502Z-deepseek_square-0123456-dirty"
     assert report.result_stem("2026-11-29T07:15:02+00:00", ["seed"], None, None, "ab" * 32).endswith("-srcabababa")
+    assert report.experiment_stamp({"date": "2026-11-29T07:15:02+00:00"}) == "20261129T071502"
 
 
 def test_write_all_files(tmp_path):

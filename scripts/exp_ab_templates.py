@@ -150,7 +150,7 @@ def _write(args, trees, rows) -> None:
                                                                  "bulk_a_scales": bulk}
                                                           for name, tdir, tile, bulk in trees}},
                                 module="scripts.exp_ab_templates")
-    stamp = header["date"].replace("-", "").replace(":", "")[:15]
+    stamp = report.experiment_stamp(header)
     commit = (header.get("git_commit") or "nogit")[:7]
     report.write_experiment_json(args.out, f"{stamp}-exp-ab-templates-{commit}.json", {"header": header, "rows": rows})
 

@@ -123,7 +123,7 @@ def main() -> int:
             f"{v} {r.median_us:.1f} us" for v, r in t.items()),
               flush=True)
     header = report.collect_env(sys.argv[1:], {"variants": args.variants}, module="scripts.exp_cluster_placement")
-    stamp = header["date"].replace("-", "").replace(":", "")[:15]
+    stamp = report.experiment_stamp(header)
     report.write_experiment_json(args.out, f"{stamp}-exp-cluster-placement.json", {"header": header, "rows": rows})
     return 0
 

@@ -104,7 +104,7 @@ def main() -> int:
         print(f"{name} ({tag}): equal={all(same.values())} " + "  ".join(f"{v} {r.median_us:.1f} us"
                                                                          for v, r in t.items()), flush=True)
     header = report.collect_env(sys.argv[1:], {"values": args.values}, module="scripts.exp_group_m")
-    stamp = header["date"].replace("-", "").replace(":", "")[:15]
+    stamp = report.experiment_stamp(header)
     report.write_experiment_json(args.out, f"{stamp}-exp-group-m.json", {"header": header, "rows": rows})
     return 0
 
