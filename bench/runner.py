@@ -200,6 +200,20 @@ class GroupedFp8Inputs:
     offs: object     # int32 group ends (torch's offs)
 
 
+def bitwise_equal_outputs(calls: dict, out) -> dict:
+    """For experiment variants that must compute the same bits (same kernel math, another schedule or launch): run
+    each zero-argument call, which writes the contiguous CuPy array `out`, poisoned first (a call that writes
+    nothing cannot match), and compare every output's bytes with the first call's: {name: bitwise equal}."""
+    outputs = {}
+    for name, call in calls.items():
+        reference.poison(out)
+        call()
+        cupy.cuda.Device().synchronize()
+        outputs[name] = out.copy()
+    first = next(iter(outputs.values())).view(cupy.uint8)
+    return {name: bool((o.view(cupy.uint8) == first).all()) for name, o in outputs.items()}
+
+
 def grouped_fp8_inputs(groups: int, rows: int, n: int, k: int, seed: int) -> GroupedFp8Inputs:
     """Random operands of a contiguous grouped FP8 GEMM (A quantized first, then each weight, from `seed`)."""
     import numpy as np

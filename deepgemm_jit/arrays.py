@@ -218,9 +218,9 @@ def _on_cuda(x: object) -> bool:
 
 
 def _dlpack_fields(x: object, arg: str):
-    """Fields of a DLPack producer without a usable CUDA array interface (e.g. a JAX array), through a zero-copy CuPy view of its memory. The view is
-    made on CuPy's current stream, which DLPack orders after the producer's pending work: inside an entry point
-    (runtime.orders_dlpack_imports) that is the call's kernel stream."""
+    """Fields of a DLPack producer without a usable CUDA array interface (e.g. a JAX array), through a zero-copy CuPy
+    view of its memory. The view is made on CuPy's current stream, which DLPack orders after the producer's pending
+    work: inside an entry point (runtime.orders_dlpack_imports) that is the call's kernel stream."""
     import cupy
 
     if dlpack_imports.inside and not dlpack_imports.ready and _on_cuda(x):

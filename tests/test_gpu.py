@@ -440,7 +440,6 @@ def test_dlpack_only_producer_zero_copy():
     assert isinstance(got, cupy.ndarray) and bool((got.view(cupy.uint16) == want.view(cupy.uint16)).all())
 
 
-
 class _DLPackProducerOn:
     """JAX-style DLPack producer over a CuPy array: knows the stream its data is written on (whatever CuPy's current
     stream is) and orders it before the stream the consumer names."""
@@ -460,10 +459,21 @@ class _DLPackProducerOn:
         return self._x.__dlpack_device__()
 
 
-def test_dlpack_producer_ordered_before_an_explicit_stream():
+class _JaxLikeProducerOn(_DLPackProducerOn):
+    """As a JAX float array: also exports CUDA array interface v2 (read-only, no stream), handed out while the
+    producer's write may still be pending; only its DLPack export orders that write."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self._x.shape, "typestr": self._x.dtype.str, "data": (self._x.data.ptr, True), "version": 2}
+
+
+@pytest.mark.parametrize("producer", [_DLPackProducerOn, _JaxLikeProducerOn], ids=["dlpack", "cai_v2_and_dlpack"])
+def test_dlpack_producer_ordered_before_an_explicit_stream(producer):
     """A DLPack producer orders its pending work before the stream the consumer names, and cupy.from_dlpack names
     CuPy's current stream. With stream= the call runs with the kernel's stream current, so a write still pending on
-    the producer's stream (here `side`, also CuPy's current stream at the call) lands before the kernel reads it."""
+    the producer's stream (here `side`, also CuPy's current stream at the call) lands before the kernel reads it.
+    A producer that also exports CUDA array interface v2 (no stream: JAX) must be imported through DLPack too."""
     import cupy
 
     from streams import nan_target, spin
@@ -480,38 +490,10 @@ def test_dlpack_producer_ordered_before_an_explicit_stream():
     with side:
         a_late[...] = a  # the producer's pending write
         # (no out=: it would mix libraries)
-        out = g(_DLPackProducerOn(a_late, side), _DLPackProducerOn(b, side), stream=kernel_stream)
+        out = g(producer(a_late, side), producer(b, side), stream=kernel_stream)
     kernel_stream.synchronize()
     err = reference.relative_error(out, ref)
     assert err <= 1e-2, f"the kernel read the DLPack operand before its producer's write: {err=}"
-    side.synchronize()
-
-def test_cai_v2_producer_with_dlpack_is_ordered_by_dlpack():
-    """JAX-style: a float array exports CUDA array interface v2 (no stream, read-only) while its producer's write is
-    still pending on the producer's stream, and DLPack that orders the import after it. The call must go through
-    DLPack (v2 cannot say whether the data is ready), so the kernel reads the written values, not the NaN before."""
-    import cupy
-
-    from streams import nan_target, spin
-
-    class JaxLike(_DLPackProducerOn):
-        @property
-        def __cuda_array_interface__(self):
-            return {"shape": self._x.shape, "typestr": self._x.dtype.str, "data": (self._x.data.ptr, True),
-                    "version": 2}
-
-    want_a, b, g = _fp16_problem(23)
-    ref = reference.to_float64(want_a) @ reference.to_float64(b).T
-    g(want_a, b)  # compile and load first: the spin must outlast only the call
-    side, kernel_stream = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
-    a_late = nan_target(want_a)
-    spin(side, 0.3)
-    with side:
-        a_late[...] = want_a  # the producer's pending write
-    out = g(JaxLike(a_late, side), JaxLike(b, side), stream=kernel_stream)
-    kernel_stream.synchronize()
-    err = reference.error(out, ref)
-    assert reference.within_bound(err, "fp16"), f"the kernel read A before its producer's write: {err=}"
     side.synchronize()
 
 
