@@ -76,6 +76,16 @@ def _keep_failed_source(rendered: RenderedSource) -> str | None:
     return str(path)
 
 
+# ptxas notes that a kernel's wgmmas lost their overlap (each one a silent slowdown of the whole main loop):
+# C7508 / C7514 / C7518 serialised wgmmas, C7517 a warpgroup.wait injected where registers a wgmma defines are used.
+SERIALIZATION_WARNINGS = ("C7508", "C7514", "C7517", "C7518")
+
+
+def serialization_warnings(log: str) -> list[str]:
+    """The SERIALIZATION_WARNINGS codes in a ptxas log (an empty list for a kernel whose wgmmas overlap)."""
+    return [code for code in SERIALIZATION_WARNINGS if code in log]
+
+
 def compile_cubin(rendered: RenderedSource, arch: str) -> CompileResult:
     """Compile `rendered` for `arch` (e.g. "sm_90a"); CompileError with the log on failure."""
     from cupy_backends.cuda.libs import nvrtc

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from deepgemm_jit import GemmSpec, build, config, jit, launch, sass
+from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass
 from deepgemm_jit.arrays import scale_view
 from fakes import FakeDeviceArray
 
@@ -198,7 +198,7 @@ def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, 
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.
-    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
+    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     assert launch.sm90_symbols(art)["smem_bytes"] == cfg.smem_bytes(spec), case
     launch.check_layout(art, spec)
 
@@ -233,7 +233,7 @@ def test_wg_split_k_rule_and_kernel(shared_cache_dir, monkeypatch):
     art = jit.get_kernel(spec, cfg, "sm_90a")
     launch.check_layout(art, spec)
     text = sass.disassemble(art.cubin)
-    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], art.meta["log"]
+    assert not compiler.serialization_warnings(art.meta["log"]), art.meta["log"]
     assert "BAR.ARV 0x5, 0x100" in text and "BAR.SYNC.DEFER_BLOCKING 0x5, 0x100" in text
     assert "BAR.ARV 0x6, 0x100" in text and "BAR.SYNC.DEFER_BLOCKING 0x6, 0x100" in text
     g = build(128, 2112, 7168, dtype="fp8", scaling="tensor", config=cfg, arch="sm_90a")

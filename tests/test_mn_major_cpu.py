@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import config, dtypes, jit, launch, sass
+from deepgemm_jit import compiler, config, dtypes, jit, launch, sass
 from deepgemm_jit.arrays import MatrixView
 from deepgemm_jit.spec import GemmSpec, OperandLayout
 from probes import assert_probe_ties
@@ -385,7 +385,7 @@ def test_compile_variants(layout, dtype, out_dtype, block_m, block_n, pingpong, 
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert "STL" not in mix and "LDL" not in mix, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
-    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
+    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     launch.check_layout(art, spec)  # config.sm90_smem_bytes == the kernel's exported kSmemBytes
 
 
@@ -395,7 +395,7 @@ def test_compile_split_k_variant(shared_cache_dir, monkeypatch):
     assert g.family == "sm90" and g.config.split_k and g.config.block_n % 64 == 0, g.config.tag
     info = g.explain()
     assert info["local_bytes"] == 0 and info["sass"].get("HGMMA", 0) > 0, g.config.tag
-    assert "C7514" not in g.artifact.meta["log"] and "C7517" not in g.artifact.meta["log"]
+    assert not compiler.serialization_warnings(g.artifact.meta["log"])
     assert _tnsp_flags(g.artifact.cubin) == {(False, True)}
     launch.check_layout(g.artifact, g.spec)
 

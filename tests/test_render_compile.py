@@ -5,7 +5,7 @@ import itertools
 import jinja2
 import pytest
 
-from deepgemm_jit import GemmSpec, build, config, jit, render, sass
+from deepgemm_jit import GemmSpec, build, compiler, config, jit, render, sass
 
 DTYPES = ("fp16", "bf16", "tf32")
 LAYOUTS = ("nt", "nn", "tn", "tt")
@@ -152,7 +152,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     assert mix.get("ACQBULK", 0) == 1, case  # griddepcontrol.wait: staged calls launch it programmatically
     # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.
-    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
+    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
     from deepgemm_jit import launch
     sym = launch.sm90_symbols(art)

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from deepgemm_jit import build, config, jit, launch, sass, splitk, stream_buffers
+from deepgemm_jit import build, compiler, config, jit, launch, sass, splitk, stream_buffers
 from deepgemm_jit.config import KernelConfig
 from deepgemm_jit.spec import GemmSpec
 
@@ -223,6 +223,9 @@ SPLIT_VARIANTS = [  # (dtype, scaling, out_dtype, epilogue, block_m, block_n)
     ("int8", "row", "bf16", "none", 128, 64),
     ("bf16", "none", "bf16", "swiglu", 64, 128),
     ("bf16", "none", "fp8_e4m3", "bias+gelu+quant_fp8_g128", 64, 128),
+    # Without a bias, the group amax's bit casts made the compiler carry the accumulators through the K loop as
+    # integers and ptxas wait for the wgmmas after every K block (C7517; quantize.cuh abs_bits).
+    ("fp16", "none", "fp8_e4m3", "quant_fp8_g128", 64, 128),
     # A bias with a residual or C (tests/fuzz.py): the last share's partials batch spilled 8-112 bytes at 64x128 and
     # 128x128, and 128x216+ with any bias (split_max_accumulators).
     ("bf16", "none", "bf16", "bias+residual+beta", 64, 128),
@@ -247,7 +250,7 @@ def test_split_variant_matrix(dtype, scaling, out_dtype, epilogue, block_m, bloc
     case = f"{spec.tag} {cfg.tag}"
     assert (mix.get("HGMMA", 0) + mix.get("QGMMA", 0) + mix.get("IGMMA", 0)) > 0 and mix.get("UTMALDG", 0) > 0, case
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
-    assert "C7514" not in art.meta["log"] and "C7517" not in art.meta["log"], (case, art.meta["log"])
+    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     assert mix.get("ATOMG", 0) + mix.get("ATOM", 0) + mix.get("RED", 0) > 0, case  # the arrival counter
     # deterministic=False: the shares' atomic adds (a run-time mode); INT8 keeps the ordered sum (exact anyway)
     assert (mix.get("REDG", 0) > 0) == (dtype != "int8"), case

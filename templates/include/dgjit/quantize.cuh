@@ -223,7 +223,14 @@ DGJIT_DEVICE void load_chunk(const T* __restrict__ row, uint32_t col, uint32_t l
   }
 }
 
-DGJIT_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+// The bits of |x|. An asm move rather than __float_as_uint: on a GEMM's accumulators the intrinsic let the compiler
+// carry them through the K loop as integers (a copy after each K block's wgmmas), and ptxas then waited for the
+// wgmmas there (C7517: warpgroup.wait injected), serialising the main loop of the quantize-on-store kernels.
+DGJIT_DEVICE uint32_t abs_bits(float x) {
+  uint32_t bits;
+  asm("mov.b32 %0, %1;" : "=r"(bits) : "f"(x));
+  return bits & 0x7FFFFFFFu;
+}
 DGJIT_DEVICE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 template <int kElems>
