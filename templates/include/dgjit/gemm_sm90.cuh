@@ -1568,7 +1568,7 @@ struct GemmSm90 {
             for (uint32_t e = 0; e < 2; ++e) {
               const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
               if (kOutN % kOutCols == 0 || col < kOutN) {
-                amax = quant::max_u32(amax, quant::abs_bits(parked(acc[mi][park_index(j, h) + e])));
+                amax = quant::max_u32(amax, quant::accumulator_abs_bits(parked(acc[mi][park_index(j, h) + e])));
               }
             }
           }

@@ -223,10 +223,12 @@ DGJIT_DEVICE void load_chunk(const T* __restrict__ row, uint32_t col, uint32_t l
   }
 }
 
-// The bits of |x|. An asm move rather than __float_as_uint: on a GEMM's accumulators the intrinsic let the compiler
-// carry them through the K loop as integers (a copy after each K block's wgmmas), and ptxas then waited for the
-// wgmmas there (C7517: warpgroup.wait injected), serialising the main loop of the quantize-on-store kernels.
-DGJIT_DEVICE uint32_t abs_bits(float x) {
+DGJIT_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+// abs_bits of a GEMM accumulator, through an asm move: with __float_as_uint on the accumulators of a group-quantized
+// tile the compiler carried them through the K loop as integers (a copy after each K block's wgmmas), and ptxas then
+// waited for the wgmmas there (C7517, a warpgroup.wait injected), serialising the main loop. (Not for every use:
+// elsewhere the opaque move cost registers, e.g. an 8-byte stack frame in INT8 sigmoid + quant_int8_tensor.)
+DGJIT_DEVICE uint32_t accumulator_abs_bits(float x) {
   uint32_t bits;
   asm("mov.b32 %0, %1;" : "=r"(bits) : "f"(x));
   return bits & 0x7FFFFFFFu;
