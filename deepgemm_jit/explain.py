@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import cubin, gemv, gemv_kn, gemv_rows, launch, sass, splitk
+from . import compiler, cubin, gemv, gemv_kn, gemv_rows, launch, sass, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -28,6 +28,8 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "local_bytes": None,
         "spill_bytes": (art.meta.get("spill_store_bytes", 0) or 0) + (art.meta.get("spill_load_bytes", 0) or 0),
         "compile_seconds": art.meta.get("compile_seconds"),
+        # ptxas's notes that the kernel's wgmmas lost their overlap (compiler.SERIALIZATION_WARNINGS); [] is right.
+        "wgmma_serialized": compiler.serialization_warnings(art.meta.get("log") or ""),
         "weight_streaming": _weight_streaming(gemm),
         "split_k": _split_k(gemm),
         # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).

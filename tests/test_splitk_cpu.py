@@ -204,6 +204,7 @@ def test_build_deterministic_argument(shared_cache_dir, monkeypatch):
 def test_explain_shows_the_rule(shared_cache_dir, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     g = build(64, 2112, 7168, dtype="bf16", arch="sm_90a")
+    assert g.explain()["wgmma_serialized"] == []
     info = g.explain()["split_k"]
     assert info["kernel"] and info["deterministic"] and info["forced"] is None
     assert info["splits_by_m"][64] > 1 and info["splits_by_m"][4096] == 1
