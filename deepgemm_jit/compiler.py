@@ -77,8 +77,9 @@ def _keep_failed_source(rendered: RenderedSource) -> str | None:
 
 
 # ptxas notes that a kernel's wgmmas lost their overlap (each one a silent slowdown of the whole main loop):
-# C7508 / C7514 / C7518 serialised wgmmas, C7517 a warpgroup.wait injected where registers a wgmma defines are used.
-SERIALIZATION_WARNINGS = ("C7508", "C7514", "C7517", "C7518")
+# C7514 / C7518 serialised wgmmas, C7517 a warpgroup.wait injected where registers a wgmma defines are used.
+# (C7508, setmaxnreg ignored, is another matter: the variant tests check it on its own.)
+SERIALIZATION_WARNINGS = ("C7514", "C7517", "C7518")
 
 
 def serialization_warnings(log: str) -> list[str]:

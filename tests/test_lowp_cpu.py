@@ -197,7 +197,7 @@ def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, 
     assert (mix.get("UBLKCP", 0) > 0) == (scaling == "block"), (case, mix.get("UBLKCP", 0))
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
-    # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.
+    # ptxas serialised the wgmmas (C7514: accumulators touched inside a pipeline stage, a silent 2x slowdown).
     assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     assert launch.sm90_symbols(art)["smem_bytes"] == cfg.smem_bytes(spec), case
     launch.check_layout(art, spec)

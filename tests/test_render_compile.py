@@ -151,7 +151,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     assert mix.get("ACQBULK", 0) == 1, case  # griddepcontrol.wait: staged calls launch it programmatically
-    # C7514: ptxas serialised the wgmmas (accumulators touched inside a pipeline stage): a silent 2x slowdown.
+    # ptxas serialised the wgmmas (C7514: accumulators touched inside a pipeline stage, a silent 2x slowdown).
     assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
     from deepgemm_jit import launch
