@@ -18,6 +18,12 @@ loads A's partial last M block through the whole-box map (launch.edge_maps' A ed
 map at every tile width (launch.A_EDGE_MAX_BLOCK_N lifted), DIR@aedge176 on tiles up to 176 columns only (session 23's
 rule, without launch.A_EDGE_WIDE_*), DIR@nobulk
 copies FP8 block A scales with the scale warp (DEEPGEMM_JIT_NO_BULK_SCALES=1 for that tree's launch plan).
+L2 -> SM bounds (wrong results; with --time-wrong): DIR@halfa loads A boxes of block_m / 2 rows (the kernel's
+a_box_rows; the stage's other rows stay stale), DIR@halfb B boxes of block_n / 2 rows (DIR must be a tree whose
+producer expects half of kSmemBBoxBytes per stage), DIR@halfab both: what TMA multicast in clusters of two could
+give at most (each SM still receives whole tiles there). DIR@mcb: a tree whose 128-row kernels run in clusters of two
+CTAs along M, each loading half of B's rows into both (TMA multicast): B boxes of block_n / 2 rows and an even grid
+(the problem needs an even number of M blocks); DIR@mcbG caps that grid at G CTAs.
 --time-wrong times rows whose results are off (trees that drop work on purpose, to bound a cost).
 --offline (no GPU) compiles every tree's kernels for the --problems rows into DEEPGEMM_JIT_CACHE_DIR: carry that
 folder and copy it into the device's cache dir, and the device run only times.
@@ -71,8 +77,8 @@ def main() -> int:
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
-        problem_only = ("nows", "nobulk", "noaedge", "aedge", "aedge176")
-        if not args.problems and (tile in problem_only or tile.startswith(("wk", "cps"))):
+        problem_only = ("nows", "nobulk", "noaedge", "aedge", "aedge176", "halfa", "halfb", "halfab", "mcb")
+        if not args.problems and (tile in problem_only or tile.startswith(("wk", "cps", "mcb"))):
             ap.error(f"--tree {name}={spec}: @nows, @nobulk, @noaedge, @aedge[176], @wkW / @wkold and @cpsC apply to "
                      "--problems rows only")
         trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
@@ -226,12 +232,24 @@ def _time_problem(problem: str, trees, reps: int, time_wrong: bool = False) -> d
         if tile == "noaedge":  # DIR@noaedge: A's partial last M block through the whole-box map (launch.edge_maps)
             os.environ["DEEPGEMM_JIT_NO_A_EDGE"] = "1"
         a_edge_rule = launch.A_EDGE_MAX_BLOCK_N, launch.A_EDGE_WIDE_MAX_LAST_BAND
+        box_rules = launch.a_box_rows, launch.operand_map, launch.persistent_grid
+        if tile in ("halfa", "halfab"):  # DIR@halfa: half of A's rows per stage (bound)
+            launch.a_box_rows = lambda artifact, spec, m: artifact.config.block_m // 2
+        mcb = bool(tile) and tile.startswith("mcb")
+        if mcb:  # DIR@mcb[G]: clusters of two CTAs: an even grid (of at most G CTAs)
+            cap = int(tile[3:] or 1 << 30)
+            launch.persistent_grid = (lambda cap: lambda units, sms, balanced=False: min(
+                min(sms, cap) // 2 * 2, units + units % 2))(cap)
+        if tile in ("halfb", "halfab") or mcb:  # DIR@halfb: half of B's rows per stage (bound; the tree expects half)
+            launch.operand_map = (lambda view, dtype, k_major, block_mn, block_k, b_ptr=b.data.ptr: box_rules[1](
+                view, dtype, k_major, block_mn // 2 if view.ptr == b_ptr else block_mn, block_k))  # edge map too
         if tile == "aedge":  # DIR@aedge: A's edge map at every tile width (launch.A_EDGE_MAX_BLOCK_N lifted)
             launch.A_EDGE_MAX_BLOCK_N = 256
         if tile == "aedge176":  # DIR@aedge176: A's edge map up to 176 columns only (session 23's rule)
             launch.A_EDGE_WIDE_MAX_LAST_BAND = 0
         fns[name]()  # makes the call's launch plan (grid and warps_k), which the timed calls replay
         launch.A_EDGE_MAX_BLOCK_N, launch.A_EDGE_WIDE_MAX_LAST_BAND = a_edge_rule
+        launch.a_box_rows, launch.operand_map, launch.persistent_grid = box_rules
         os.environ.pop("DEEPGEMM_JIT_NO_BULK_SCALES", None)
         os.environ.pop("DEEPGEMM_JIT_NO_A_EDGE", None)
         gemv.choose_warps_k = choose_warps_k
