@@ -20,8 +20,9 @@ rule, without launch.A_EDGE_WIDE_*), DIR@nobulk
 copies FP8 block A scales with the scale warp (DEEPGEMM_JIT_NO_BULK_SCALES=1 for that tree's launch plan).
 L2 -> SM bounds (wrong results; with --time-wrong): DIR@halfa loads A boxes of block_m / 2 rows (the kernel's
 a_box_rows; the stage's other rows stay stale), DIR@halfb B boxes of block_n / 2 rows (DIR must be a tree whose
-producer expects half of kSmemBBoxBytes per stage), DIR@halfab both: what TMA multicast in clusters of two could
-give at most (each SM still receives whole tiles there). DIR@mcb: a tree whose 128-row kernels run in clusters of two
+producer expects half of kSmemBBoxBytes per stage), DIR@halfab both. Read them with care: the unwritten rows feed
+the tensor cores stale values, which at the power cap is worth more than the bytes (docs/experiments/
+sm90-b-multicast-cluster.md: 4-12% there, 2-3% with real values in those rows). DIR@mcb: a tree whose 128-row kernels run in clusters of two
 CTAs along M, each loading half of B's rows into both (TMA multicast): B boxes of block_n / 2 rows and an even grid
 (the problem needs an even number of M blocks); DIR@mcbG caps that grid at G CTAs.
 --time-wrong times rows whose results are off (trees that drop work on purpose, to bound a cost).
@@ -77,10 +78,10 @@ def main() -> int:
     trees = []  # (name, templates dir or None for the checkout's, forced tile, bulk A scales allowed)
     for name, spec in (t.split("=", 1) for t in args.tree):
         d, _, tile = spec.partition("@")
-        problem_only = ("nows", "nobulk", "noaedge", "aedge", "aedge176", "halfa", "halfb", "halfab", "mcb")
+        problem_only = ("nows", "nobulk", "noaedge", "aedge", "aedge176", "halfa", "halfb", "halfab")
         if not args.problems and (tile in problem_only or tile.startswith(("wk", "cps", "mcb"))):
-            ap.error(f"--tree {name}={spec}: @nows, @nobulk, @noaedge, @aedge[176], @wkW / @wkold and @cpsC apply to "
-                     "--problems rows only")
+            ap.error(f"--tree {name}={spec}: @nows, @nobulk, @noaedge, @aedge[176], @wkW / @wkold, @cpsC, @half* and "
+                     "@mcb[G] apply to --problems rows only")
         trees.append((name, None if d == "." else str(Path(d).resolve()), tile or args.tile, True))
     if args.nobulk:
         trees.append(("nobulk", None, args.tile, False))
