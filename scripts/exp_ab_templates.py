@@ -21,10 +21,11 @@ copies FP8 block A scales with the scale warp (DEEPGEMM_JIT_NO_BULK_SCALES=1 for
 L2 -> SM bounds (wrong results; with --time-wrong): DIR@halfa loads A boxes of block_m / 2 rows (the kernel's
 a_box_rows; the stage's other rows stay stale), DIR@halfb B boxes of block_n / 2 rows (DIR must be a tree whose
 producer expects half of kSmemBBoxBytes per stage), DIR@halfab both. Read them with care: the unwritten rows feed
-the tensor cores stale values, which at the power cap is worth more than the bytes (docs/experiments/
-sm90-b-multicast-cluster.md: 4-12% there, 2-3% with real values in those rows). DIR@mcb: a tree whose 128-row kernels run in clusters of two
-CTAs along M, each loading half of B's rows into both (TMA multicast): B boxes of block_n / 2 rows and an even grid
-(the problem needs an even number of M blocks); DIR@mcbG caps that grid at G CTAs.
+the tensor cores stale values, which at the power cap is worth more than the bytes
+(docs/experiments/sm90-b-multicast-cluster.md: 4-12% there, 2-3% with real values in those rows). DIR@mcb: a tree
+whose 128-row kernels run in clusters of two CTAs along M, each loading half of B's rows into both (TMA multicast):
+B boxes of block_n / 2 rows and an even grid (the problem needs an even number of M blocks); DIR@mcbG caps that grid
+at G CTAs.
 --time-wrong times rows whose results are off (trees that drop work on purpose, to bound a cost).
 --offline (no GPU) compiles every tree's kernels for the --problems rows into DEEPGEMM_JIT_CACHE_DIR: carry that
 folder and copy it into the device's cache dir, and the device run only times.
