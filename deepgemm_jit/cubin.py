@@ -13,8 +13,8 @@ _SHT_SYMTAB = 2
 _SHT_NOBITS = 8
 
 
-def _sections(elf: bytes) -> list[tuple[int, int, int, int, int]]:
-    """(type, offset, size, link, entsize) of every section of a little-endian ELF64 image."""
+def _sections(elf: bytes) -> list[tuple[int, int, int, int, int, int]]:
+    """(type, offset, size, link, entsize, name offset) of every section of a little-endian ELF64 image."""
     if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
         raise ValueError("not a little-endian ELF64 image (a cubin)")
     shoff, = struct.unpack_from("<Q", elf, 0x28)
@@ -22,10 +22,23 @@ def _sections(elf: bytes) -> list[tuple[int, int, int, int, int]]:
     out = []
     for i in range(shnum):
         base = shoff + i * shentsize
-        _, sh_type, _, _, sh_offset, sh_size, sh_link, _, _, sh_entsize = struct.unpack_from(
+        sh_name, sh_type, _, _, sh_offset, sh_size, sh_link, _, _, sh_entsize = struct.unpack_from(
             "<IIQQQQIIQQ", elf, base)
-        out.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
+        out.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize, sh_name))
     return out
+
+
+def section(elf: bytes, name: str) -> tuple[int, int]:
+    """(file offset, size) of the section called `name` (e.g. ".text.<entry>": a kernel's SASS, 16 bytes per
+    instruction); ValueError if there is none."""
+    sections = _sections(elf)
+    shstrndx, = struct.unpack_from("<H", elf, 0x3E)
+    names = sections[shstrndx][1]
+    for _, offset, size, _, _, name_off in sections:
+        start = names + name_off
+        if elf[start:elf.index(b"\0", start)].decode() == name:
+            return offset, size
+    raise ValueError(f"cubin has no section {name!r}")
 
 
 def read_u32_symbols(elf: bytes, names: tuple[str, ...]) -> dict[str, int]:
@@ -33,7 +46,7 @@ def read_u32_symbols(elf: bytes, names: tuple[str, ...]) -> dict[str, int]:
     sections = _sections(elf)
     wanted = set(names)
     found: dict[str, int] = {}
-    for sh_type, offset, size, link, entsize in sections:
+    for sh_type, offset, size, link, entsize, _ in sections:
         if sh_type != _SHT_SYMTAB:
             continue
         str_offset = sections[link][1]

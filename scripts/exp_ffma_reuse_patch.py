@@ -5,8 +5,8 @@
 Why: in FP8 block kernels ptxas clears the yield bit (bit 45 of an instruction's high 64-bit word; cleared = the
 warp may be switched out after it) on every other FFMA of the promotion, and an instruction that may yield carries
 no operand-reuse flag, so every other FFMA reads the per-row scale from the register file: three register reads
-instead of two. Bounds (docs/NOTES.md, session 47): an FFMA by an immediate is 5-8% faster than HEAD, one by a
-register scale that is fixed for the kernel 1-4%. This rewrites each run of consecutive FFMAs that share their
+instead of two. Bounds (docs/experiments/sm90-fp8-block-promotion-bounds-s47.md): an FFMA by an immediate is 5-8%
+faster than HEAD, one by a register scale that is fixed for the kernel 1-4%. This rewrites each run of consecutive FFMAs that share their
 second source register R (no predicate, no other reuse flags, no scoreboard waits) so that only every P-th one
 yields and the others keep R in the reuse cache for the next (no instruction both yields and reuses, as ptxas
 emits). The math is untouched: results must stay bitwise equal to the unpatched kernel's.
@@ -25,6 +25,7 @@ import struct
 import sys
 from pathlib import Path
 
+from deepgemm_jit import cubin as cubin_mod
 from deepgemm_jit import sass
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s+([^;]*);"
@@ -33,23 +34,6 @@ _HIGH = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
 YIELD_BIT = 45           # set: no yield; cleared: the scheduler may switch warps after this instruction
 REUSE_BITS = (58, 59, 60)  # operand slots a, b, c
 WAIT_MASK = (52, 6)      # scoreboard wait mask: bits 52..57
-
-
-def text_section(elf: bytes, function: str) -> int:
-    """File offset of `.text.<function>` in a little-endian ELF64 cubin."""
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
-
-    def header(i):
-        return struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize)
-
-    str_off = header(shstrndx)[4]
-    for i in range(shnum):
-        h = header(i)
-        name = elf[str_off + h[0]:elf.index(b"\0", str_off + h[0])].decode()
-        if name == f".text.{function}":
-            return h[4]
-    raise ValueError(f"no .text.{function} section")
 
 
 def instructions(listing: str):
@@ -76,7 +60,7 @@ def _reg(operand: str) -> int | None:
 def patch(cubin: bytes, period: int) -> tuple[bytes, dict]:
     listing = sass.disassemble(cubin)
     function = re.search(r"Function : (\S+)", listing).group(1)
-    base = text_section(cubin, function)
+    base, _ = cubin_mod.section(cubin, f".text.{function}")
     ins = instructions(listing)
     data = bytearray(cubin)
     stats = {"runs": 0, "ffma_in_runs": 0, "yields_before": 0, "yields_after": 0}

@@ -204,6 +204,24 @@ def test_cubin_symbol_reader_rejects_what_it_cannot_read():
         cubin.read_u32_symbols(b"not an elf", ("x",))
 
 
+def test_cubin_section_holds_the_kernels_sass(shared_cache_dir, monkeypatch):
+    """cubin.section(".text.<entry>") is where the disassembly's instructions are (16 bytes each, in order)."""
+    import re
+    import struct
+
+    from deepgemm_jit import cubin, sass
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    art = build(64, 64, 64, dtype="bf16", arch="sm_90a").artifact
+    listing = sass.disassemble(art.cubin)
+    function = re.search(r"Function : (\S+)", listing).group(1)
+    words = [int(w, 16) for w in re.findall(r"/\* (0x[0-9a-f]{16}) \*/", listing)]
+    offset, size = cubin.section(art.cubin, f".text.{function}")
+    assert size == 8 * len(words) and size > 0
+    assert list(struct.unpack_from(f"<{len(words)}Q", art.cubin, offset)) == words
+    with pytest.raises(ValueError, match="no section"):
+        cubin.section(art.cubin, ".text.not_a_kernel")
+
+
 def test_a_box_rows_shrinks_to_m_for_single_tile_problems(shared_cache_dir, monkeypatch):
     """launch.a_box_rows: A's TMA box is M rows when a dense K-major A has fewer rows than one tile (no zero fill of
     the rows past M on every K block), else the tile's block_m; the kernel exports that it takes the argument."""
