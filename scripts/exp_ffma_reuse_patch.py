@@ -6,10 +6,10 @@ Why: in FP8 block kernels ptxas clears the yield bit (bit 45 of an instruction's
 warp may be switched out after it) on every other FFMA of the promotion, and an instruction that may yield carries
 no operand-reuse flag, so every other FFMA reads the per-row scale from the register file: three register reads
 instead of two. Bounds (docs/experiments/sm90-fp8-block-promotion-bounds-s47.md): an FFMA by an immediate is 5-8%
-faster than HEAD, one by a register scale that is fixed for the kernel 1-4%. This rewrites each run of consecutive FFMAs that share their
-second source register R (no predicate, no other reuse flags, no scoreboard waits) so that only every P-th one
-yields and the others keep R in the reuse cache for the next (no instruction both yields and reuses, as ptxas
-emits). The math is untouched: results must stay bitwise equal to the unpatched kernel's.
+faster than HEAD, one by a register scale that is fixed for the kernel 1-4%. This rewrites each run of consecutive
+FFMAs that share their second source register R (no predicate, no other reuse flags, no scoreboard waits) so that
+only every P-th one yields and the others keep R in the reuse cache for the next (no instruction both yields and
+reuses, as ptxas emits). The math is untouched: results must stay bitwise equal to the unpatched kernel's.
 
 Every cubin under DIR/kernels is patched in place and its cache metadata (checksum, size) is updated; compile a
 copy of the templates with a distinct comment into a scratch cache with scripts/exp_ab_templates --offline first,
