@@ -16,7 +16,6 @@ FAMILIES = ("sm80", "sm90")
 # Hopper's per-block opt-in maximum is 232,448 B; the sm90 family stays 1 KiB under it because the
 # driver reserves 1 KiB of system shared memory per block (cuobjdump shows SHARED:1024).
 SM90_SMEM_BUDGET_BYTES = 232448 - 1024
-SM90_NUM_THREADS = 384  # one producer warpgroup + two consumer warpgroups
 # SM count assumed when compiling for sm_90a without a GPU (H100 SXM / H200); with a GPU the
 # device's own count is used.
 DEFAULT_SM90_NUM_SMS = 132
@@ -112,7 +111,7 @@ class KernelConfig:
     @property
     def num_threads(self) -> int:
         if self.family == "sm90":
-            return SM90_NUM_THREADS
+            return sm90_num_threads(self.block_m, self.pingpong)
         return 32 * self.warps_m * self.warps_n
 
     @property
@@ -190,10 +189,19 @@ class KernelConfig:
 
 def sm90_consumers(block_m: int, pingpong: bool) -> tuple[int, int]:
     """(consumer warpgroups, rows each holds): one of 64 rows for a cooperative 64-row tile, two halves of a
-    128/256-row tile, or (ping-pong) two that each hold a whole tile (mirror of GemmSm90)."""
+    128/256-row tile, three thirds of a 192-row tile, or (ping-pong) two that each hold a whole tile (mirror of
+    GemmSm90)."""
     if pingpong:
         return 2, block_m
+    if block_m == 192:
+        return 3, 64
     return (1, 64) if block_m == 64 else (2, block_m // 2)
+
+
+def sm90_num_threads(block_m: int, pingpong: bool) -> int:
+    """Threads of an sm90 CTA: the consumers and a producer warpgroup, at least three warpgroups (a 64-row tile's
+    second one idles: the register split stays that of two consumers; mirror of GemmSm90::kNumThreads)."""
+    return max(3, sm90_consumers(block_m, pingpong)[0] + 1) * 128
 
 
 def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
@@ -353,11 +361,33 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
             + barrier_bytes + scale_bytes + epi_bytes + split_bytes + lane_bytes + 1024)
 
 
-def sm90_max_accumulators(spec: GemmSpec) -> int:
+def sm90_max_accumulators(spec: GemmSpec, block_m: int = 128) -> int:
     """FP32/INT32 accumulators a consumer thread may hold within its 232 registers: 128, or 176 split into
     two sets when FP8 partial sums are promoted (the partial set and the running set; 128x192 spilled to
-    the stack, 128x176 did not)."""
+    the stack, 128x176 did not). The three consumers of a 192-row tile (512 threads) have 128 registers, ptxas's
+    ceiling for the whole kernel: 96 (192x192; 192x208 did not compile), 64 where the epilogue loads C or a
+    residual, or writes a gated unit's FP32 D (192x192 kept 24-136 bytes on the stack there)."""
+    if block_m == 192:
+        epi = spec.epi
+        if epi.beta or (epi.residual and not epi.is_gated) or (epi.is_gated and spec.out_dtype == "fp32"):
+            return 64
+        return SM90_THREE_CONSUMER_MAX_ACCUMULATORS
     return 176 if spec.promote else 128
+
+
+SM90_THREE_CONSUMER_MAX_ACCUMULATORS = 96
+
+
+def sm90_three_consumer_problem(spec: GemmSpec) -> str | None:
+    """Why a spec cannot run 192-row tiles (three consumers of 128 registers, mirror of GemmSm90's static_assert),
+    or None: 16-bit inputs without promotion, layout nt, dense and unsplit."""
+    if spec.dtype not in ("bf16", "fp16"):
+        return f"dtype {spec.dtype!r} (16-bit inputs only)"
+    if not (spec.a_k_major and spec.b_k_major):
+        return f"layout {spec.layout!r} (nt only)"
+    if spec.grouped:
+        return "grouped GEMMs"
+    return None
 
 
 def sm90_block_n_legal(spec: GemmSpec, block_n: int) -> bool:
@@ -620,8 +650,14 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     esize = dtypes.get(spec.dtype).storage_bytes
     if cfg.block_k * esize != 128:
         raise ValueError(f"sm90 block_k must span 128 bytes ({128 // esize} for {spec.dtype}), got {cfg.block_k}")
-    if cfg.block_m not in (64, 128, 256):
-        raise ValueError(f"sm90 block_m must be 64, 128 or 256, got {cfg.block_m}")
+    if cfg.block_m not in (64, 128, 192, 256):
+        raise ValueError(f"sm90 block_m must be 64, 128, 192 or 256, got {cfg.block_m}")
+    if cfg.block_m == 192:
+        problem = sm90_three_consumer_problem(spec)
+        if problem is None and (cfg.pingpong or cfg.split_k):
+            problem = "ping-pong or split-K tiles"
+        if problem is not None:
+            raise ValueError(f"sm90 192-row tiles (three consumer warpgroups) cannot take {problem}")
     if sm90_trans_b(spec) and cfg.pingpong:
         raise ValueError("a TF32 B stored (K, N) is transposed by the kernel's converter warps beside cooperative "
                          "consumers: no ping-pong tiles")
@@ -648,10 +684,10 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if cfg.pingpong and cfg.block_m not in (64, 128):
         raise ValueError(f"ping-pong consumers each hold a whole tile: block_m must be 64 or 128, got {cfg.block_m}")
     accumulators = sm90_accumulators(cfg.block_m, cfg.block_n, spec.promote, cfg.pingpong)
-    if accumulators > sm90_max_accumulators(spec):
+    if accumulators > sm90_max_accumulators(spec, cfg.block_m):
         raise ValueError(f"sm90 tile {cfg.block_m}x{cfg.block_n}{' ping-pong' if cfg.pingpong else ''} needs "
                          f"{accumulators} accumulator registers per "
-                         f"thread; at most {sm90_max_accumulators(spec)} fit"
+                         f"thread; at most {sm90_max_accumulators(spec, cfg.block_m)} fit"
                          + (" (FP8 promotion keeps two sets)" if spec.promote else ""))
     if cfg.smem_bytes(spec) > SM90_SMEM_BUDGET_BYTES:
         raise ValueError(f"config {cfg.tag} needs {cfg.smem_bytes(spec)} B of shared memory; "

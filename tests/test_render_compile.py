@@ -123,6 +123,8 @@ SM90_VARIANTS = [  # (dtype, out_dtype, block_m, block_n, d_ring)
     ("tf32", "fp32", 128, 176, 4),
     ("bf16", "fp32", 128, 128, 2),
     ("bf16", "bf16", 128, 240, 2), ("fp16", "fp16", 128, 224, 4), ("bf16", "bf16", 128, 256, 2),
+    ("bf16", "bf16", 192, 192, 0), ("fp16", "fp32", 192, 128, 0), ("bf16", "bf16", 192, 192, 2),
+    ("fp16", "fp16", 192, 64, 0),
 ]
 
 
@@ -159,9 +161,9 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     slice_bytes = config.sm90_d_slice_bytes(block_n, out_esize)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
     assert cfg.smem_bytes(spec) < config.sm90_smem_bytes(spec, block_m, block_n, cfg.num_stages) or not d_ring, case
-    assert sym["num_threads"] == cfg.num_threads == 384, case
+    assert sym["num_threads"] == cfg.num_threads == (512 if block_m == 192 else 384), case  # 192: three consumers
     assert sym["d_box_cols"] * out_esize == slice_bytes, case
-    assert sym["d_box_rows"] == (64 if block_m == 64 else block_m // 2), case
+    assert sym["d_box_rows"] == (64 if block_m in (64, 192) else block_m // 2), case
     assert sym["d_swizzle_bytes"] == (slice_bytes if slice_bytes >= 32 else 0), case
     assert launch.takes(art, "programmatic_launch"), case  # the ACQBULK above: LaunchPlan.waits
     launch.check_layout(art, spec)
@@ -178,6 +180,51 @@ def test_sm90_rejections():
         dataclasses.replace(ok, block_k=32).check_for(spec, "sm_90a")
     with pytest.raises(ValueError, match="shared memory"):
         dataclasses.replace(ok, num_stages=8).check_for(spec, "sm_90a")
+
+
+@pytest.mark.parametrize("dtype,epilogue,block_n", [
+    ("bf16", "bias+gelu", 192), ("fp16", "bias+silu+residual", 128), ("bf16", "geglu+residual", 192),
+    ("fp16", "quant_fp8_tensor", 192), ("bf16", "bias+swiglu", 192), ("bf16", "bias+gelu+quant_fp8_g128", 128),
+    ("fp16", "beta+bias", 128)])
+def test_192_row_tiles_with_epilogues_compile(dtype, epilogue, block_n, shared_cache_dir, monkeypatch):
+    """Three consumers with fused epilogues at the widest tile config allows: no local memory, stack or wgmma
+    serialisation (192x192 with C or a residual kept 24-136 bytes on the stack: config.sm90_max_accumulators)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(4096, 7168, dtype=dtype, epilogue=epilogue)
+    cfg = config.sm90_config(spec, 192, block_n)
+    cfg.check_for(spec, "sm_90a")
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, (cfg.tag, usage)
+    assert not compiler.serialization_warnings(art.meta["log"]), (cfg.tag, art.meta["log"])
+    assert sass.opcode_mix(art.cubin).get("HGMMA", 0) > 0, cfg.tag
+
+
+def test_192_row_tiles_rules():
+    """192-row tiles (three consumers, 128 registers a thread): 16-bit nt dense cooperative unsplit tiles of at most
+    96 accumulators (64 with C / a residual), named in the error before anything is compiled."""
+    bf16 = GemmSpec.create(1024, 2048, dtype="bf16")
+    ok = config.sm90_config(bf16, 192, 192)
+    ok.check_for(bf16, "sm_90a")
+    assert ok.num_threads == 512 and config.sm90_consumers(192, False) == (3, 64)
+    assert config.sm90_accumulators(192, 192, False) == 96
+    with pytest.raises(ValueError, match="accumulator"):
+        config.sm90_config(bf16, 192, 208, 2).check_for(bf16, "sm_90a")
+    for spec, match in ((GemmSpec.create(1024, 2048, dtype="tf32"), "dtype 'tf32'"),
+                        (GemmSpec.create(1024, 2048, dtype="fp8", scaling="block"), "dtype 'fp8_e4m3'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", layout="nn"), "layout 'nn'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", grouped=True), "grouped")):
+        esize = 4 if spec.dtype == "tf32" else 1 if spec.dtype.startswith("fp8") else 2
+        cfg = dataclasses.replace(ok, block_k=128 // esize, vec_a=16 // esize, vec_b=16 // esize)
+        with pytest.raises(ValueError, match=f"192-row tiles.*{match}"):
+            cfg.check_for(spec, "sm_90a")
+    for cfg in (dataclasses.replace(ok, pingpong=True), dataclasses.replace(ok, split_k=True)):
+        with pytest.raises(ValueError, match="192-row tiles.*ping-pong or split-K"):
+            cfg.check_for(bf16, "sm_90a")
+    residual = GemmSpec.create(1024, 2048, dtype="bf16", epilogue="bias+relu+residual")
+    with pytest.raises(ValueError, match="at most 64 fit"):
+        config.sm90_config(residual, 192, 192, 2).check_for(residual, "sm_90a")
+    config.sm90_config(residual, 192, 128).check_for(residual, "sm_90a")
 
 
 def test_templates_dir_override(tmp_path, monkeypatch, cache_dir):

@@ -19,11 +19,12 @@
 //   * 0 .. kNumMathWGs-1  consumers: each owns kWGRows rows of the kBlockM x kBlockN tile, issues
 //                         wgmma on the shared B stage and its slice of the A stage, then runs the
 //                         epilogue for its rows (registers -> swizzled smem -> TMA store).
-//   * 2                   producer: one elected thread issues the TMA loads of A and B into a
+//   * 2 (3 with kBlockM = 192) producer: one elected thread issues the TMA loads of A and B into a
 //                         kNumStages-deep shared-memory ring.
-//   * 1 when kBlockM = 64 idle: the kernel always has 384 threads so that the register budget at entry
+//   * 1 when kBlockM = 64 idle: the kernel has 384 threads so that the register budget at entry
 //                         (65536 / 384 = 168) and the setmaxnreg split (40 / 232) are the same for
-//                         every configuration; the idle warpgroup gives its registers back and exits.
+//                         every configuration but one; the idle warpgroup gives its registers back and exits.
+//                         192-row tiles have three consumers and 512 threads (128 at entry, 40 / 152).
 // Handshake per ring stage s (mbarriers in shared memory):
 //   full[s]  : 1 arrival (producer's arrive.expect_tx) + the TMA transaction bytes of A and B (kBlock: + the
 //              scale warp's 32 cp.async arrivals, + the A scales' bulk-copy bytes when it is used).
@@ -161,7 +162,7 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
                               // quantize-on-store epilogues' float_e4m3_t / int8_t
           uint32_t kN,        // problem N (columns of D, rows of B)
           uint32_t kK,        // problem K
-          uint32_t kBlockM,   // 64 (one consumer), 128 or 256 (two consumers of 64 / 128 rows)
+          uint32_t kBlockM,   // 64 (one consumer), 128 or 256 (two consumers of 64 / 128 rows), 192 (three of 64)
           uint32_t kBlockN,   // multiple of 8 in 8..256 (one wgmma instruction spans it)
           uint32_t kBlockK,   // 128 bytes of K: 64 for 16-bit types, 32 for TF32
           uint32_t kNumStages,
@@ -179,9 +180,11 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kRawB = false>        // kHiLo with B the raw FP32 weight (kK / 3 wide), see convert_lo
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
-  static constexpr uint32_t kNumThreads = 3 * kWarpgroupThreads;
-  static constexpr uint32_t kNumMathWGs = kPingPong || kBlockM != 64 ? 2 : 1;
-  static constexpr uint32_t kProducerWG = 2;
+  // 192-row tiles: three consumers of 64 rows and a fourth warpgroup (512 threads), the producer last.
+  static constexpr uint32_t kNumMathWGs = kBlockM == 192 ? 3 : (kPingPong || kBlockM != 64 ? 2 : 1);
+  static constexpr uint32_t kNumWGs = kNumMathWGs == 3 ? 4 : 3;
+  static constexpr uint32_t kNumThreads = kNumWGs * kWarpgroupThreads;
+  static constexpr uint32_t kProducerWG = kNumWGs - 1;
   static constexpr uint32_t kWGRows = kPingPong ? kBlockM : kBlockM / kNumMathWGs;
   // First row of a consumer's part of the tile (ping-pong: each consumer owns whole tiles).
   static DGJIT_DEVICE constexpr uint32_t wg_row_offset(uint32_t math_wg) { return kPingPong ? 0 : math_wg * kWGRows; }
@@ -193,9 +196,13 @@ struct GemmSm90 {
   static constexpr uint32_t kTurnBarrier = 3;
   static constexpr uint32_t kNumM64PerWG = kWGRows / 64;
   // 40 + 232 (+ 232) per thread over 3 warpgroups = 504 <= 3 * 168: the consumers' increase is covered
-  // by what the producer (and the idle warpgroup) release.
+  // by what the producer (and the idle warpgroup) release. Four warpgroups (192-row tiles) launch with 128 a thread,
+  // which is also ptxas's ceiling for the whole kernel (__launch_bounds__): an increase would buy the consumers
+  // nothing, so they keep 128 (96 accumulators, 192x192, fit; 192x208 did not compile).
   static constexpr uint32_t kProducerRegs = 40;
-  static constexpr uint32_t kMathRegs = 232;
+  // The registers per thread the CTA launches with (a multiple of 8 that 65536 / kNumThreads allows).
+  static constexpr uint32_t kLaunchRegs = kNumWGs == 4 ? 128 : 168;
+  static constexpr uint32_t kMathRegs = kNumWGs == 4 ? kLaunchRegs : 232;
 
   // ---- MMA geometry ------------------------------------------------------------------------------
   static constexpr MmaKind kKind = OperandTraits<TA, TB>::kKind;
@@ -237,7 +244,12 @@ struct GemmSm90 {
   static constexpr uint32_t kLoopKBlocks = kRawB ? kNumKBlocks / 3 : kNumKBlocks;
   static constexpr uint32_t kNumNBlocks = (kN + kBlockN - 1) / kBlockN;
 
-  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "kBlockM must be 64, 128 or 256");
+  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256,
+                "kBlockM must be 64, 128, 192 or 256");
+  // Three consumers hold 152 registers each: plain 16-bit tiles only (no promotion's second set, no converters).
+  static_assert(kBlockM != 192 || (!kPingPong && !kPromote && !kIsFP8 && !kIsInt && !kGrouped && !kSplitK &&
+                                   kAKMajor && kBKMajor),
+                "192-row tiles (three consumers): 16-bit, layout nt, dense, unsplit, cooperative");
   static_assert(!kPingPong || kBlockM <= 128, "a ping-pong consumer holds a whole tile: kBlockM 64 or 128");
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "kBlockN: multiple of 8 in 8..256");
   static_assert(kSmemRowBytes == 128 && sizeof(TB) == sizeof(TA),
@@ -292,8 +304,8 @@ struct GemmSm90 {
   using TBias = typename conditional<Epi::kQuant == QuantKind::kNone, TD, float>::type;
   static_assert(kNumStages >= 2, "the ring needs at least two stages to overlap loads with MMAs");
   static_assert(kN >= 1 && kK >= 1, "empty problems are handled on the host");
-  static_assert(kNumM64PerWG * kNumAccum * (kPromote ? 2 : 1) <= (kPromote ? 176 : 128),
-                "too many accumulators per consumer thread for 232 registers (promotion doubles them)");
+  static_assert(kNumM64PerWG * kNumAccum * (kPromote ? 2 : 1) <= (kNumMathWGs == 3 ? 96 : kPromote ? 176 : 128),
+                "too many accumulators per consumer thread for its registers (promotion doubles them)");
 
   // ---- shared memory (one source of truth; the host reads kSmemBytes from the module) ------------
   using Store = StoreTraits<TD, kOutCols>;
@@ -516,8 +528,8 @@ struct GemmSm90 {
   // registers with one. kRawB's converters showed no stack at 40.
   static constexpr uint32_t kSideRegs = kTransB ? 56 : kProducerRegs;
   static constexpr uint32_t kConsumerRegs = kTransB && !kIdleWGConverts ? 224 : kMathRegs;
-  static_assert(kSideRegs * (kIdleWGConverts ? 2 : 1) + kConsumerRegs * kNumMathWGs <= 3 * 168,
-                "setmaxnreg: the warpgroups' registers must fit the 168 per thread of the CTA's 384 threads");
+  static_assert(kSideRegs * (kIdleWGConverts ? 2 : 1) + kConsumerRegs * kNumMathWGs <= kNumWGs * kLaunchRegs,
+                "setmaxnreg: the warpgroups' registers must fit those the CTA launches with");
   // The K coordinate in the stored operand of K-loop block k_block (A: kIsA, else B). kRawB loads by its own rule
   // (produce): A_hi at column block j, A_lo at kSegmentBlocks + j, B at j.
   template <bool kIsA>
@@ -2248,7 +2260,7 @@ struct GemmSm90 {
         if (warp_idx_in_warpgroup() >= 1) transpose_b<kWalkSplits>(smem, m, ga, sk);
       }
     } else if (wg < kNumMathWGs) {
-      setmaxnreg_inc<kConsumerRegs>();
+      if constexpr (kConsumerRegs > kLaunchRegs) setmaxnreg_inc<kConsumerRegs>();
       consume<kWalkSplits>(smem, tmap_d, tmap_c, tmap_r, wg, 0, m, scales, ea, ga, sk);
     } else if constexpr (kWGSplitK) {
       setmaxnreg_inc<kConsumerRegs>();
