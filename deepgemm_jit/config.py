@@ -1058,11 +1058,28 @@ def _rows64_fp8_block(spec: GemmSpec, m_hint: int) -> bool:
             and SM90_ROWS64_FP8_BLOCK_MIN_N <= spec.n <= SM90_ROWS64_FP8_BLOCK_MAX_N)
 
 
+# 192-row tiles (three consumers) multiply as efficiently as 128-row ones: H200 session 49, one full wave each,
+# 2112x2304x16384 at 192x192 812 TFLOPS, 1536x2816x16384 at 128x256 821; 1050x4096x7168 at 192x192 (one round)
+# 91.5 us and 128x144 (two rounds of the same area) 90.4 (bench/results/*exp-ab-192-row-tiles-s49*). They win
+# where their rounds hold less area: 2304x2112x7168 112.1 -> 92.3 us (192x192), 6144x2112x7168 262.8 -> 247.3,
+# 2048x2112x7168 89.9 -> 86.1 (192x176, cuBLAS 86.0), 576x24576x1536 67.7 -> 64.6. The cost model's (rows +
+# columns) term prices them ~3-8% cheaper per MAC than they are; this factor takes that back (a 192-row pick must
+# save about that much by the model), and below two 192-row blocks nothing was measured.
+SM90_ROWS192_COST = 1.10
+SM90_ROWS192_MIN_M = 384
+
+
+def sm90_rows192_costed(spec: GemmSpec, m_hint: int) -> bool:
+    """Whether the cost model weighs 192-row tiles (three consumer warpgroups) for `spec` at M bucket m_hint: 16-bit
+    nt dense GEMMs (sm90_three_consumer_problem) of at least SM90_ROWS192_MIN_M rows."""
+    return m_hint >= SM90_ROWS192_MIN_M and sm90_three_consumer_problem(spec) is None
+
+
 def sm90_tile_may_split(spec: GemmSpec, m_hint: int, block_m: int) -> bool:
     """Whether a tile of `block_m` rows may run split-K at M bucket m_hint: every tile but the 64-row ones of a
     bucket that weighs them unsplit only (sm90_rows64_unsplit_only: split ones measured slower). The cost model's
     split ranking, sm90_split_config and build's split_k= all ask this."""
-    return not (block_m == 64 and sm90_rows64_unsplit_only(spec, m_hint))
+    return block_m != 192 and not (block_m == 64 and sm90_rows64_unsplit_only(spec, m_hint))
 
 
 def sm90_rows64_unsplit_only(spec: GemmSpec, m_hint: int) -> bool:
@@ -1097,7 +1114,8 @@ def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
-    BLOCK_M in {64, 128} (64 only for small M: a consumer warpgroup idles there) and every BLOCK_N
+    BLOCK_M in {64, 128, 192} (64 only for small M: a consumer warpgroup idles there; 192: sm90_rows192_costed) and
+    every BLOCK_N
     multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds, up to sm90_stage_cap;
     splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
     _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first; at short K and small M,
@@ -1113,8 +1131,10 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     trans_b = sm90_trans_b(spec)
     rows64_min_n = sm90_rows64_unsplit_min_n(spec) if sm90_rows64_unsplit_only(spec, m_hint) else 0
     tiles = []
-    for block_m in (128, 64):
+    for block_m in (192, 128, 64):
         if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
+            continue
+        if block_m == 192 and not sm90_rows192_costed(spec, m_hint):
             continue
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
@@ -1123,7 +1143,7 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue
-            if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)
+            if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec, block_m)
                     or sm90_epilogue_spills(spec, block_m, block_n)):
                 continue
             stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
@@ -1131,7 +1151,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
                                   stages, block_n // 2 if spec.epi.is_gated else None, groups)
-            tiles.append((cost * _trans_b_rows64_cost(spec, m_hint, block_m), block_m, block_n, stages, 1))
+            cost *= SM90_ROWS192_COST if block_m == 192 else _trans_b_rows64_cost(spec, m_hint, block_m)
+            tiles.append((cost, block_m, block_n, stages, 1))
     if not tiles and preferred_only:
         return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
     filler = _sm90_decode_filler(spec, m_hint, num_sms, tiles)
