@@ -1071,8 +1071,10 @@ SM90_ROWS192_MIN_M = 384
 
 def sm90_rows192_costed(spec: GemmSpec, m_hint: int) -> bool:
     """Whether the cost model weighs 192-row tiles (three consumer warpgroups) for `spec` at M bucket m_hint: 16-bit
-    nt dense GEMMs (sm90_three_consumer_problem) of at least SM90_ROWS192_MIN_M rows."""
-    return m_hint >= SM90_ROWS192_MIN_M and sm90_three_consumer_problem(spec) is None
+    nt dense GEMMs (sm90_three_consumer_problem) of at least SM90_ROWS192_MIN_M rows, with a 16-bit or FP32 D
+    (quantize-on-store was not measured with them)."""
+    return (m_hint >= SM90_ROWS192_MIN_M and sm90_three_consumer_problem(spec) is None
+            and spec.epi.quant == "none")
 
 
 def sm90_tile_may_split(spec: GemmSpec, m_hint: int, block_m: int) -> bool:

@@ -509,3 +509,25 @@ def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
     assert config.sm90_block_n_preferred(spec, 64, 256) and not config.sm90_block_n_preferred(spec, 64, 512)
     nt = GemmSpec.create(4608, 3584, dtype="bf16")
     assert config.sm90_block_n_preferred(nt, 64, 4096)  # K-major B: unchanged
+
+
+@pytest.mark.parametrize("kwargs,m,n,k,tile", [
+    (dict(dtype="bf16"), 2048, 2112, 7168, (192, 176)),       # H200 s49: 89.9 -> 86.1 us (128x144 before)
+    (dict(dtype="fp16"), 2304, 2112, 7168, (192, 192)),       # 112.1 -> 92.3 (bf16; 128x96 before)
+    (dict(dtype="bf16", epilogue="bias+swiglu"), 1050, 4096, 7168, (192, 192)),  # 98.0 -> 93.9
+    (dict(dtype="bf16"), 4096, 4096, 7168, (128, 256)),       # 4096 rows: 21.3 blocks of 192, the 128-row tiles stay
+    (dict(dtype="bf16"), 1050, 4096, 7168, (128, 144)),       # equal area per CTA: 91.5 (192x192) vs 90.4
+    (dict(dtype="bf16", epilogue="quant_fp8_tensor"), 1050, 4096, 7168, (128, 96)),  # not measured with 192 rows
+    (dict(dtype="tf32"), 2048, 2112, 7168, None),             # 16-bit inputs only
+    (dict(dtype="fp8", scaling="block"), 2048, 2112, 7168, None),
+    (dict(dtype="bf16"), 256, 2112, 7168, None),              # below SM90_ROWS192_MIN_M
+])
+def test_sm90_192_row_tiles_in_the_cost_model(kwargs, m, n, k, tile):
+    """The cost model picks a 192-row tile (three consumers) only for 16-bit nt dense GEMMs of >= 384 rows with a
+    16-bit / FP32 D, where its rounds hold clearly less area (SM90_ROWS192_COST); None: not a 192-row tile."""
+    cfg = config.choose_config(GemmSpec.create(n, k, **kwargs), m, "sm_90a")
+    if tile is None:
+        assert cfg.block_m != 192, cfg.tag
+    else:
+        assert (cfg.block_m, cfg.block_n) == tile, cfg.tag
+        assert cfg.num_threads == (512 if cfg.block_m == 192 else 384)
