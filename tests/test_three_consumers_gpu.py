@@ -88,3 +88,20 @@ def test_192_row_tile_runs_many_tiles_per_cta():
     ref = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, g.spec.epi, bias)
     err = reference.error(out, ref)
     assert reference.within_bound(err, "bf16"), (g.config.tag, err)
+
+
+def test_heuristic_192_row_pick_serves_calls_at_other_m():
+    """The cost model's 192-row pick (bf16 2048x2112x7168: 192x176) through build() without config=, called at the
+    M it was built for and at others (one row, a partial M block, more tiles than CTAs), out= poisoned each time."""
+    cupy = pytest.importorskip("cupy")
+    n, k = 2112, 7168
+    g = build(2048, n, k, dtype="bf16")
+    assert g.config.block_m == 192 and g.config.num_threads == 512, g.config.tag
+    rng = cupy.random.default_rng(11)
+    b = reference.random_matrix((n, k), "bf16", rng=rng, scale=1.0 / math.sqrt(k))
+    b64 = reference.to_float64(b)
+    for m in (2048, 1, 191, 4100, 2048):
+        a = reference.random_matrix((m, k), "bf16", rng=rng)
+        out = _run(g, a, b, None, None)
+        err = reference.error(out, reference.to_float64(a) @ b64.T)
+        assert reference.within_bound(err, "bf16"), (m, g.config.tag, err)

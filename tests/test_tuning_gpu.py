@@ -22,6 +22,8 @@ TUNED = [
     (256, 1024, 1024, {"dtype": "fp8", "scaling": "block", "epilogue": "quant_fp8_g128"}),
     (256, 1024, 1024, {"dtype": "bf16", "epilogue": "bias+quant_fp8_tensor"}),
     (256, 1024, 1024, {"dtype": "bf16", "epilogue": "relu+quant_int8_tensor"}),
+    (2048, 2112, 1024, {"dtype": "bf16"}),  # candidates with 192-row tiles (three consumers)
+    (1050, 4096, 1024, {"dtype": "fp16", "epilogue": "bias+swiglu"}),
 ]
 
 
