@@ -1113,6 +1113,17 @@ def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
             and epi.has_static_scale)
 
 
+# Tiles of 128+ rows and at most this many columns only where they fit one round of the SMs: over several rounds they
+# ran 1.3-1.7x slower per output than 128x144 (their A + B bytes per MAC are 1.6x), which the cost model's (rows +
+# columns) term does not see. H200 session 49 (bench/results/*gated-thin-tiles*): bf16 2048x2112x7168 128x64 139.3
+# us vs 128x144 90.7; bias+swiglu, where the model picked 128x64, 2048x2112x7168 139.0 -> 84.8 (192x176) and
+# 1024x2112x7168 57.0 -> 48.4 (128x144). In one round (512x2112x7168) 128x64 stays the fastest (27.8 vs 43.3). From
+# SM90_THIN_MIN_M rows on: with one M block A's re-reads are few (TF32 nn at 96-128 rows: 128x64 over 224 rounds of
+# 28672 columns measured fastest, session 29).
+SM90_THIN_MAX_BLOCK_N = 64
+SM90_THIN_MIN_M = 512
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
@@ -1148,6 +1159,9 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec, block_m)
                     or sm90_epilogue_spills(spec, block_m, block_n)):
                 continue
+            if (block_m >= 128 and block_n <= SM90_THIN_MAX_BLOCK_N and m_hint >= SM90_THIN_MIN_M and not spec.grouped
+                    and groups == 1 and -(-m_hint // block_m) * -(-spec.n // block_n) > num_sms):
+                continue  # a thin tile over several rounds (SM90_THIN_MAX_BLOCK_N)
             stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
             if stages < (SM90_TRANS_B_MIN_STAGES if trans_b and preferred_only else 3):
                 continue
