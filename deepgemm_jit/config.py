@@ -743,6 +743,24 @@ def sm90_d_slice_bytes(block_n: int, out_esize: int) -> int:
 # Relative speed of the epilogue by slice width: 16-byte slices cannot be swizzled and take many small
 # TMA stores (4096x32768x512: 128x216 ran at 0.55x cuBLAS where 128x256 ran at 1.07x).
 _SLICE_EFFICIENCY = {128: 1.0, 64: 0.7, 32: 0.7, 16: 0.25}
+# A gated unit's D tile is half as wide as its tile, so a wide tile stores few 16-byte slices (9 at 128x144, 11 at
+# 128x176, against the 27 of the plain 128x216 the table's 0.25 came from): priced at 0.45 from 128 columns and 384
+# rows on. H200 session 49, bias+swiglu, every pick this moves measured against the table's (same-call A/B,
+# bench/results/*gated-slice-rule*, *128x96-picks*, us): bf16 1000x4608x3584 53.5 -> 50.5, 2048x2112x7168 92.5 ->
+# 84.8, 4096x2112x7168 175.1 -> 168.0, 384x14336x4096 70.8 -> 68.1, 1050x4096x7168 94.1 -> 94.2; FP8 per-tensor
+# 1050x4096x7168 60.7 -> 56.1, 1536x7168x16384 305.2 -> 268.2, 2048x2112x7168 63.5 -> 56.0, 2048x7168x16384 366.5
+# -> 335.5, 586x7168x16384 131.0 -> 117.0, 384x7168x2048 18.9 -> 17.6. Left out where it lost: FP8 row / block
+# scales (block 1050x4096x7168 128x176 80.7 against 128x128's 64.4: the tile straddles B's 128-column scale blocks),
+# 256 rows (split 128x176 61.3 vs 57.2), narrow tiles (128x48 at one round 11-12% slower) and decode sizes (2-3%).
+_GATED_16B_SLICE_EFFICIENCY = 0.45
+_GATED_SLICE_MIN_M = 384
+_GATED_CHEAP_SLICES_MIN_BLOCK_N = 128
+
+
+def sm90_few_16b_slices(spec: GemmSpec) -> bool:
+    """Whether the cost model prices the spec's 16-byte D slices as few (_GATED_16B_SLICE_EFFICIENCY): gated units
+    (D tiles half as wide as the tiles) without FP8 row or block scales."""
+    return spec.epi.is_gated and spec.scaling not in ("row", "block")
 # The epilogue of a tile costs about this many K blocks of main loop (fitted, with the constants
 # above and below, to the H200 tile sweeps in docs/NOTES.md).
 _EPILOGUE_K_BLOCKS = 5.5
@@ -791,7 +809,7 @@ SPLIT_MIN_GAIN = 0.88
 
 def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, out_esize: int,
                    num_sms: int, num_stages: int = 8, d_cols: int | None = None, groups: int = 1,
-                   splits: int = 1) -> float:
+                   splits: int = 1, few_16b_slices: bool = False) -> float:
     """Relative time of a tile shape under the persistent schedule (smaller is better).
 
     Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
@@ -799,7 +817,7 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     drops for thin tiles because shared-memory traffic per FLOP is (bm + bn) / (bm * bn), plus
     its epilogue, which weighs more when K is short and when D leaves in narrow slices; a
     pipeline holding fewer than 128 K elements costs 10% more. `d_cols`: D's tile width when it is not
-    block_n (gated units: block_n / 2). `groups`: a grouped GEMM of that many groups of m rows each (every group
+    block_n (gated units: block_n / 2); `few_16b_slices`: sm90_few_16b_slices. `groups`: a grouped GEMM of that many groups of m rows each (every group
     rounds its rows up to whole tiles). `splits` > 1: split-K, each tile's K blocks shared by that many CTAs
     (tiles x splits units in waves, each storing a partial tile; every tile's epilogue, after loading its
     partials, counted in waves of tiles).
@@ -810,7 +828,10 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     area = block_m * block_n
     main_loop = -(-(-(-k // block_k)) // splits) * (area + 24 * (block_m + block_n))
     slice_bytes = sm90_d_slice_bytes(block_n if d_cols is None else d_cols, out_esize)
-    epilogue = _EPILOGUE_K_BLOCKS * area / _SLICE_EFFICIENCY[slice_bytes]
+    efficiency = _SLICE_EFFICIENCY[slice_bytes]
+    if few_16b_slices and slice_bytes == 16 and block_n >= _GATED_CHEAP_SLICES_MIN_BLOCK_N and m >= _GATED_SLICE_MIN_M:
+        efficiency = _GATED_16B_SLICE_EFFICIENCY
+    epilogue = _EPILOGUE_K_BLOCKS * area / efficiency
     if splits == 1:
         cost = waves * (main_loop + epilogue)
     else:  # every tile still has one epilogue, run by its last share after loading the partials
@@ -887,7 +908,8 @@ def sm90_best_splits(spec: GemmSpec, m: int, block_m: int, block_n: int, num_sms
     d_cols = block_n // 2 if spec.epi.is_gated else None
     tiles = -(-m // block_m) * -(-spec.n // block_n)
     return min((sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, block_k, out_esize, num_sms, num_stages, d_cols,
-                               splits=s), s) for s in split_candidates(spec.loop_k, block_k, tiles, num_sms))
+                               splits=s, few_16b_slices=sm90_few_16b_slices(spec)), s)
+               for s in split_candidates(spec.loop_k, block_k, tiles, num_sms))
 
 
 # Split-K exists to give idle SMs a share of the K loop. At decode sizes the cost model still prefers it where an
@@ -1168,7 +1190,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             if stages < (SM90_TRANS_B_MIN_STAGES if trans_b and preferred_only else 3):
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
-                                  stages, block_n // 2 if spec.epi.is_gated else None, groups)
+                                  stages, block_n // 2 if spec.epi.is_gated else None, groups,
+                                  few_16b_slices=sm90_few_16b_slices(spec))
             cost *= SM90_ROWS192_COST if block_m == 192 else _trans_b_rows64_cost(spec, m_hint, block_m)
             tiles.append((cost, block_m, block_n, stages, 1))
     if not tiles and preferred_only:
@@ -1423,7 +1446,8 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
             if stages < 3:
                 continue
             cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms, stages,
-                                  block_n // 2 if spec.epi.is_gated else None, splits=splits)
+                                  block_n // 2 if spec.epi.is_gated else None, splits=splits,
+                                  few_16b_slices=sm90_few_16b_slices(spec))
             if best is None or cost < best[0]:
                 best = (cost, block_m, block_n, stages)
     if best is None:

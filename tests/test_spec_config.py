@@ -515,7 +515,7 @@ def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
 @pytest.mark.parametrize("kwargs,m,n,k,tile", [
     (dict(dtype="bf16"), 2048, 2112, 7168, (192, 176)),       # H200 s49: 89.9 -> 86.1 us (128x144 before)
     (dict(dtype="fp16"), 2304, 2112, 7168, (192, 192)),       # 112.1 -> 92.3 (bf16; 128x96 before)
-    (dict(dtype="bf16", epilogue="bias+swiglu"), 1050, 4096, 7168, (192, 192)),  # 98.0 -> 93.9
+    (dict(dtype="bf16", epilogue="bias+swiglu"), 2048, 2112, 7168, (192, 176)),  # 139.0 -> 84.8 (128x64 before)
     (dict(dtype="bf16"), 4096, 4096, 7168, (128, 256)),       # 4096 rows: 21.3 blocks of 192, the 128-row tiles stay
     (dict(dtype="bf16"), 1050, 4096, 7168, (128, 144)),       # equal area per CTA: 91.5 (192x192) vs 90.4
     (dict(dtype="bf16"), 1050, 4096, 4096, (128, 144)),       # 55.4 (192x192) vs 53.9
@@ -538,10 +538,28 @@ def test_sm90_192_row_tiles_in_the_cost_model(kwargs, m, n, k, tile):
 @pytest.mark.parametrize("m,epilogue,tile", [
     (512, "none", (128, 64)),            # one round: the thin tile is the fastest (27.8 us vs 128x144 43.3)
     (1024, "bias+swiglu", (128, 144)),   # two rounds of 128x64 were 57.0 us, 128x144 48.4
-    (2048, "bias+swiglu", (192, 192)),   # four rounds of 128x64 139.0 us, 192x192 93.0
-    (2048, "geglu", (192, 192)),
+    (2048, "bias+swiglu", (192, 176)),   # four rounds of 128x64 139.0 us, 192x192 93.0, 192x176 84.8
+    (2048, "geglu", (192, 176)),
 ])
 def test_sm90_thin_tiles_only_in_one_round(m, epilogue, tile):
     """128-row tiles of <= 64 columns only where all their tiles fit one round of the SMs (SM90_THIN_MAX_BLOCK_N)."""
     cfg = config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16", epilogue=epilogue), m, "sm_90a")
+    assert (cfg.block_m, cfg.block_n) == tile, cfg.tag
+
+
+@pytest.mark.parametrize("kwargs,m,n,k,tile", [
+    (dict(dtype="bf16"), 1000, 4608, 3584, (128, 144)),                   # 53.5 us at 128x96 -> 50.5
+    (dict(dtype="bf16"), 2048, 2112, 7168, (192, 176)),                   # 92.5 at 192x192 -> 84.8
+    (dict(dtype="bf16"), 4096, 2112, 7168, (128, 176)),                   # 175.1 at 128x192 -> 168.0
+    (dict(dtype="fp8", scaling="tensor"), 1536, 7168, 16384, (128, 176)),  # 305.2 at 128x96 -> 268.2
+    (dict(dtype="fp8", scaling="tensor"), 2048, 2112, 7168, (128, 144)),   # 63.5 at 128x96 -> 56.0
+    (dict(dtype="fp8", scaling="block"), 1050, 4096, 7168, (128, 128)),    # 128x176 80.7 vs 64.4: left out
+    (dict(dtype="bf16"), 384, 7168, 2048, (128, 192)),                    # 176 lost 3%
+    (dict(dtype="bf16"), 128, 37888, 3584, (128, 96)),                    # decode: 144 lost 3%
+])
+def test_sm90_gated_units_price_their_few_16_byte_slices(kwargs, m, n, k, tile):
+    """Gated units' half-width D tiles store few 16-byte slices: the cost model prices them at
+    _GATED_16B_SLICE_EFFICIENCY from 384 rows and 128 columns on, not for FP8 row / block scales (sm90_few_16b_slices);
+    the picks are the measured faster ones (H200 session 49)."""
+    cfg = config.choose_config(GemmSpec.create(n, k, epilogue="bias+swiglu", **kwargs), m, "sm_90a")
     assert (cfg.block_m, cfg.block_n) == tile, cfg.tag
