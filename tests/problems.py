@@ -18,3 +18,19 @@ def fp8_problem(m, n, k, scaling, seed, b_dtype="fp8_e4m3"):
     ref = (reference.dequantize_reference(qa, sa, "fp8_e4m3", ga)
            @ reference.dequantize_reference(qb, sb, b_dtype, gb).T)
     return qa, sa, qb, sb, ref
+
+
+def forced_gemm(m, n, k, tile, **kwargs):
+    """build(m, n, k, **kwargs) with the sm90 tile 'BMxBN[sS][p][rR][k]' (bench --tiles spelling) forced, or why the
+    tile is not legal for the spec (a string: the caller skips, or checks less)."""
+    from bench.suites import forced_tile_config
+    from deepgemm_jit import build
+    from deepgemm_jit.spec import GemmSpec
+
+    spec = GemmSpec.create(n, k, **kwargs)
+    try:
+        cfg = forced_tile_config(spec, tile)
+        cfg.check_for(spec, "sm_90a")
+    except ValueError as exc:
+        return f"tile not legal for this spec: {exc}"
+    return build(m, n, k, config=cfg, weight_streaming=False, **kwargs)

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from bench.suites import forced_tile_config
 from deepgemm_jit import build, config, reference
 from deepgemm_jit.spec import GemmSpec
+from problems import forced_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -21,21 +21,11 @@ TILES = ["128x256r2", "64x96r2", "128x160r3", "64x128pr2", "128x176r4", "128x112
 def _forced(m, n, k, tile, **kwargs):
     """The tile in bench --tiles spelling, 'BMxBN[p]rR' (rR: the ring; r0: the whole tile staged), or a skip where
     it is not legal."""
-    g = _forced_or_none(m, n, k, tile, **kwargs)
+    g = forced_gemm(m, n, k, tile, **kwargs)
     if isinstance(g, str):
         pytest.skip(g)
     return g
 
-
-def _forced_or_none(m, n, k, tile, **kwargs):
-    """_forced's Gemm, or why the tile is not legal for the spec (a string)."""
-    spec = GemmSpec.create(n, k, **kwargs)
-    try:
-        cfg = forced_tile_config(spec, tile)
-        cfg.check_for(spec, "sm_90a")
-    except ValueError as exc:
-        return f"tile not legal for this spec: {exc}"
-    return build(m, n, k, config=cfg, weight_streaming=False, **kwargs)
 
 
 def _run(g, m, n, k, dtype, seed):
@@ -57,7 +47,7 @@ def _check_ring_against_whole_tile(m, n, k, tile, dtype, epilogue, seed):
     tile with D staged whole (r0, as many stages as fit: the ring's stage count may not). Where the whole tile leaves
     no room for a stage (TF32 128x256 with a bias: what the ring is for), the ring is checked against float64 only."""
     ring = _forced(m, n, k, tile, dtype=dtype, epilogue=epilogue)
-    whole = _forced_or_none(m, n, k, re.sub(r"s\d+", "", tile.split("r")[0]) + "r0", dtype=dtype, epilogue=epilogue)
+    whole = forced_gemm(m, n, k, re.sub(r"s\d+", "", tile.split("r")[0]) + "r0", dtype=dtype, epilogue=epilogue)
     assert ring.config.d_ring >= 2, ring.config.tag
     out_ring, ref = _run(ring, m, n, k, dtype, seed=seed)
     err = reference.error(out_ring, ref)

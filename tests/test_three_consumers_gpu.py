@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from bench.suites import forced_tile_config
 from deepgemm_jit import build, reference
-from deepgemm_jit.spec import GemmSpec
+from problems import forced_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -21,21 +20,11 @@ CASES = [("bf16", "bf16", "none"), ("fp16", "fp16", "none"), ("bf16", "fp32", "n
 
 def _forced(m, n, k, tile, **kwargs):
     """The Gemm of the tile in bench --tiles spelling, or a pytest skip naming why the tile is not legal."""
-    g = _forced_or_none(m, n, k, tile, **kwargs)
+    g = forced_gemm(m, n, k, tile, **kwargs)
     if isinstance(g, str):
         pytest.skip(g)
     return g
 
-
-def _forced_or_none(m, n, k, tile, **kwargs):
-    """_forced's Gemm, or why the tile is not legal for the spec (a string)."""
-    spec = GemmSpec.create(n, k, **kwargs)
-    try:
-        cfg = forced_tile_config(spec, tile)
-        cfg.check_for(spec, "sm_90a")
-    except ValueError as exc:
-        return f"tile not legal for this spec: {exc}"
-    return build(m, n, k, config=cfg, weight_streaming=False, **kwargs)
 
 
 def _run(g, a, b, bias, residual):
@@ -68,7 +57,7 @@ def test_192_row_tiles_match_reference_and_128_row_tiles(m, n, k, tile, dtype, o
     err = reference.error(out, ref)
     case = (m, n, k, g.config.tag, dtype, out_dtype, epilogue)
     assert reference.within_bound(err, dtype), (case, err)
-    narrow = _forced_or_none(m, n, k, "128x" + tile.split("x")[1], **kwargs)
+    narrow = forced_gemm(m, n, k, "128x" + tile.split("x")[1], **kwargs)
     if isinstance(narrow, str):
         return  # e.g. a ring the 128-row tile cannot take: checked against float64 only
     assert narrow.config.block_m == 128, narrow.config.tag
