@@ -761,6 +761,8 @@ def sm90_few_16b_slices(spec: GemmSpec) -> bool:
     """Whether the cost model prices the spec's 16-byte D slices as few (_GATED_16B_SLICE_EFFICIENCY): gated units
     (D tiles half as wide as the tiles) without FP8 row or block scales."""
     return spec.epi.is_gated and spec.scaling not in ("row", "block")
+
+
 # The epilogue of a tile costs about this many K blocks of main loop (fitted, with the constants
 # above and below, to the H200 tile sweeps in docs/NOTES.md).
 _EPILOGUE_K_BLOCKS = 5.5
@@ -817,10 +819,10 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     drops for thin tiles because shared-memory traffic per FLOP is (bm + bn) / (bm * bn), plus
     its epilogue, which weighs more when K is short and when D leaves in narrow slices; a
     pipeline holding fewer than 128 K elements costs 10% more. `d_cols`: D's tile width when it is not
-    block_n (gated units: block_n / 2); `few_16b_slices`: sm90_few_16b_slices. `groups`: a grouped GEMM of that many groups of m rows each (every group
-    rounds its rows up to whole tiles). `splits` > 1: split-K, each tile's K blocks shared by that many CTAs
-    (tiles x splits units in waves, each storing a partial tile; every tile's epilogue, after loading its
-    partials, counted in waves of tiles).
+    block_n (gated units: block_n / 2); `few_16b_slices`: sm90_few_16b_slices. `groups`: a grouped GEMM of that
+    many groups of m rows each (every group rounds its rows up to whole tiles). `splits` > 1: split-K, each tile's
+    K blocks shared by that many CTAs (tiles x splits units in waves, each storing a partial tile; every tile's
+    epilogue, after loading its partials, counted in waves of tiles).
     """
     tiles = -(-m // block_m) * -(-n // block_n) * groups
     units = tiles * splits
@@ -829,7 +831,8 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     main_loop = -(-(-(-k // block_k)) // splits) * (area + 24 * (block_m + block_n))
     slice_bytes = sm90_d_slice_bytes(block_n if d_cols is None else d_cols, out_esize)
     efficiency = _SLICE_EFFICIENCY[slice_bytes]
-    if few_16b_slices and slice_bytes == 16 and block_n >= _GATED_CHEAP_SLICES_MIN_BLOCK_N and m >= _GATED_SLICE_MIN_M:
+    if (few_16b_slices and slice_bytes == 16 and block_n >= _GATED_CHEAP_SLICES_MIN_BLOCK_N
+            and m >= _GATED_SLICE_MIN_M):
         efficiency = _GATED_16B_SLICE_EFFICIENCY
     epilogue = _EPILOGUE_K_BLOCKS * area / efficiency
     if splits == 1:
@@ -1152,8 +1155,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
     BLOCK_M in {64, 128, 192} (64 only for small M: a consumer warpgroup idles there; 192: sm90_rows192_costed) and
-    every BLOCK_N
-    multiple of 8 up to 256 that the epilogue can use; stages as many as shared memory holds, up to sm90_stage_cap;
+    every BLOCK_N multiple of 8 up to 256 that the epilogue can use (thin ones in one round only:
+    SM90_THIN_MAX_BLOCK_N); stages as many as shared memory holds, up to sm90_stage_cap;
     splits: the best split-K count at m_hint (non-grouped GEMMs; 1 when it does not pay, or when
     _sm90_decode_filler finds an unsplit tile that fills the SMs, which then comes first; at short K and small M,
     _sm90_decode_short_k's tile comes first). Where no preferred

@@ -24,7 +24,7 @@
 //   * 1 when kBlockM = 64 idle: the kernel has 384 threads so that the register budget at entry
 //                         (65536 / 384 = 168) and the setmaxnreg split (40 / 232) are the same for
 //                         every configuration but one; the idle warpgroup gives its registers back and exits.
-//                         192-row tiles have three consumers and 512 threads (128 at entry, 40 / 152).
+//                         192-row tiles have three consumers and 512 threads (128 registers a thread).
 // Handshake per ring stage s (mbarriers in shared memory):
 //   full[s]  : 1 arrival (producer's arrive.expect_tx) + the TMA transaction bytes of A and B (kBlock: + the
 //              scale warp's 32 cp.async arrivals, + the A scales' bulk-copy bytes when it is used).
@@ -246,7 +246,7 @@ struct GemmSm90 {
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256,
                 "kBlockM must be 64, 128, 192 or 256");
-  // Three consumers hold 152 registers each: plain 16-bit tiles only (no promotion's second set, no converters).
+  // Three consumers hold 128 registers each: plain 16-bit tiles only (no promotion's second set, no converters).
   static_assert(kBlockM != 192 || (!kPingPong && !kPromote && !kIsFP8 && !kIsInt && !kGrouped && !kSplitK &&
                                    kAKMajor && kBKMajor),
                 "192-row tiles (three consumers): 16-bit, layout nt, dense, unsplit, cooperative");
