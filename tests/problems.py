@@ -34,3 +34,13 @@ def forced_gemm(m, n, k, tile, **kwargs):
     except ValueError as exc:
         return f"tile not legal for this spec: {exc}"
     return build(m, n, k, config=cfg, weight_streaming=False, **kwargs)
+
+
+def forced_gemm_or_skip(m, n, k, tile, **kwargs):
+    """forced_gemm's Gemm, or a pytest skip naming why the tile is not legal for the spec."""
+    import pytest
+
+    g = forced_gemm(m, n, k, tile, **kwargs)
+    if isinstance(g, str):
+        pytest.skip(g)
+    return g

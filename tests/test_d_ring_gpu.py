@@ -10,22 +10,12 @@ import pytest
 
 from deepgemm_jit import build, config, reference
 from deepgemm_jit.spec import GemmSpec
-from problems import forced_gemm
+from problems import forced_gemm, forced_gemm_or_skip
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(1, 136, 512), (129, 264, 1000), (300, 520, 2048), (1031, 2112, 7168), (77, 1001, 520)]
 TILES = ["128x256r2", "64x96r2", "128x160r3", "64x128pr2", "128x176r4", "128x112r2"]
-
-
-def _forced(m, n, k, tile, **kwargs):
-    """The tile in bench --tiles spelling, 'BMxBN[p]rR' (rR: the ring; r0: the whole tile staged), or a skip where
-    it is not legal."""
-    g = forced_gemm(m, n, k, tile, **kwargs)
-    if isinstance(g, str):
-        pytest.skip(g)
-    return g
-
 
 
 def _run(g, m, n, k, dtype, seed):
@@ -46,7 +36,7 @@ def _check_ring_against_whole_tile(m, n, k, tile, dtype, epilogue, seed):
     """The forced ring tile ('BMxBN[sS][p]rR') within the dtype's bound of float64, and bit for bit equal to the same
     tile with D staged whole (r0, as many stages as fit: the ring's stage count may not). Where the whole tile leaves
     no room for a stage (TF32 128x256 with a bias: what the ring is for), the ring is checked against float64 only."""
-    ring = _forced(m, n, k, tile, dtype=dtype, epilogue=epilogue)
+    ring = forced_gemm_or_skip(m, n, k, tile, dtype=dtype, epilogue=epilogue)
     whole = forced_gemm(m, n, k, re.sub(r"s\d+", "", tile.split("r")[0]) + "r0", dtype=dtype, epilogue=epilogue)
     assert ring.config.d_ring >= 2, ring.config.tag
     out_ring, ref = _run(ring, m, n, k, dtype, seed=seed)
@@ -101,7 +91,7 @@ def test_tf32_split_k_ring(m, n, k, epilogue):
 def test_bf16_in_fp32_out_ring():
     """Not the heuristic's choice for 16-bit inputs, but a legal config: the same path with BF16 operands."""
     m, n, k = 515, 392, 1000
-    g = _forced(m, n, k, "128x128r2", dtype="bf16", out_dtype="fp32")
+    g = forced_gemm_or_skip(m, n, k, "128x128r2", dtype="bf16", out_dtype="fp32")
     out, ref = _run(g, m, n, k, "bf16", seed=3)
     err = reference.error(out, ref)
     assert reference.within_bound(err, "bf16") and err < 5e-3, (g.config.tag, err)

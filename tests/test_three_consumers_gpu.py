@@ -8,7 +8,7 @@ import math
 import pytest
 
 from deepgemm_jit import build, reference
-from problems import forced_gemm
+from problems import forced_gemm, forced_gemm_or_skip
 
 pytestmark = pytest.mark.gpu
 
@@ -16,15 +16,6 @@ SHAPES = [(1, 200, 512), (193, 264, 1000), (383, 520, 2048), (1050, 2112, 7168),
 TILES = ["192x192", "192x176", "192x128", "192x96", "192x64", "192x192r2"]
 CASES = [("bf16", "bf16", "none"), ("fp16", "fp16", "none"), ("bf16", "fp32", "none"), ("bf16", "bf16", "bias+gelu"),
          ("fp16", "bf16", "bias+silu+residual"), ("bf16", "bf16", "bias+swiglu")]
-
-
-def _forced(m, n, k, tile, **kwargs):
-    """The Gemm of the tile in bench --tiles spelling, or a pytest skip naming why the tile is not legal."""
-    g = forced_gemm(m, n, k, tile, **kwargs)
-    if isinstance(g, str):
-        pytest.skip(g)
-    return g
-
 
 
 def _run(g, a, b, bias, residual):
@@ -43,7 +34,7 @@ def test_192_row_tiles_match_reference_and_128_row_tiles(m, n, k, tile, dtype, o
     if "swiglu" in epilogue and n % 16:
         pytest.skip("gated units take N a multiple of 16")
     kwargs = dict(dtype=dtype, out_dtype=out_dtype, epilogue=epilogue)
-    g = _forced(m, n, k, tile, **kwargs)
+    g = forced_gemm_or_skip(m, n, k, tile, **kwargs)
     assert g.config.block_m == 192 and g.config.num_threads == 512, g.config.tag
     rng = cupy.random.default_rng(m * n + k)
     epi = g.spec.epi
@@ -68,7 +59,7 @@ def test_192_row_tile_runs_many_tiles_per_cta():
     """A problem with more 192-row tiles than SMs (each CTA walks several, the ring's phases carry across tiles)."""
     cupy = pytest.importorskip("cupy")
     m, n, k = 4100, 3000, 1032
-    g = _forced(m, n, k, "192x192", dtype="bf16", epilogue="bias")
+    g = forced_gemm_or_skip(m, n, k, "192x192", dtype="bf16", epilogue="bias")
     rng = cupy.random.default_rng(7)
     a = reference.random_matrix((m, k), "bf16", rng=rng)
     b = reference.random_matrix((n, k), "bf16", rng=rng, scale=1.0 / math.sqrt(k))
