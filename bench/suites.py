@@ -99,35 +99,38 @@ class Case:
         return forced_tile_config(spec, self.tiles)
 
 
-# --tiles: forced sm90 tiles "BMxBN[sS][p][rR]" (s: pipeline stages, else as many as fit; p: ping-pong consumers; r: D
-# through a ring of R slices, r0 the whole tile, else the library's rule), shared
+# --tiles: forced sm90 tiles "BMxBN[sS][p][rR][k][w]" (s: pipeline stages, else as many as fit; p: ping-pong consumers;
+# r: D through a ring of R slices, r0 the whole tile, else the library's rule; k: split-K; w: swapped wgmma operands,
+# KernelConfig.swap_ab), shared
 # by python -m bench (one row per tile) and python -m bench.moe (every tile of a row timed in one interleaved call).
 TILE_WORDS = ("auto", "tuned")
-_TILE_RE = re.compile(r"(\d+)x(\d+)(?:s(\d+))?(p?)(?:r(\d+))?(k?)")
+_TILE_RE = re.compile(r"(\d+)x(\d+)(?:s(\d+))?(p?)(?:r(\d+))?(k?)(w?)")
 
 
-def parse_tile(text: str) -> tuple[int, int, int | None, bool, int | None, bool]:
-    """'128x192s4' -> (block_m 128, block_n 192, stages 4, pingpong False, d_ring None, split_k False); stages None
-    when not given; 'rR' sets KernelConfig.d_ring (D through a ring of R slices; r0: the whole tile staged), None the
-    library's rule; a final 'k' makes it a split-K kernel (grouped: the device-split one). ValueError on anything
-    but BMxBN[sS][p][rR][k]."""
+def parse_tile(text: str) -> tuple[int, int, int | None, bool, int | None, bool, bool]:
+    """'128x192s4' -> (block_m 128, block_n 192, stages 4, pingpong False, d_ring None, split_k False, swap_ab
+    False); stages None when not given; 'rR' sets KernelConfig.d_ring (D through a ring of R slices; r0: the whole
+    tile staged), None the library's rule; 'k' makes it a split-K kernel (grouped: the device-split one), a final 'w'
+    a swapped tile (KernelConfig.swap_ab: 88x192w). ValueError on anything but BMxBN[sS][p][rR][k][w]."""
     match = _TILE_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"tiles={text!r}: write BMxBN[sS][p][rR][k], e.g. 128x256, 128x192s4, 128x128p "
-                         "(p: ping-pong consumers), 128x256s4r2 (r2: D through a ring of 2 slices, r0: whole tile) "
-                         "or 128x128k (a split-K kernel)")
+        raise ValueError(f"tiles={text!r}: write BMxBN[sS][p][rR][k][w], e.g. 128x256, 128x192s4, 128x128p "
+                         "(p: ping-pong consumers), 128x256s4r2 (r2: D through a ring of 2 slices, r0: whole tile), "
+                         "128x128k (a split-K kernel) or 88x192w (swapped wgmma operands)")
     stages = int(match.group(3)) if match.group(3) else None
     d_ring = int(match.group(5)) if match.group(5) else None
-    return int(match.group(1)), int(match.group(2)), stages, bool(match.group(4)), d_ring, bool(match.group(6))
+    return (int(match.group(1)), int(match.group(2)), stages, bool(match.group(4)), d_ring, bool(match.group(6)),
+            bool(match.group(7)))
 
 
 def forced_tile_config(spec, tile: str):
-    """The sm90 KernelConfig of the tile 'BMxBN[sS][p][rR][k]' for `spec` (``config.sm90_config``; not checked
+    """The sm90 KernelConfig of the tile 'BMxBN[sS][p][rR][k][w]' for `spec` (``config.sm90_config``; not checked
     against the spec: ``KernelConfig.check_for`` or the build does that)."""
     from deepgemm_jit import config
 
-    block_m, block_n, stages, pingpong, d_ring, split_k = parse_tile(tile)
-    return config.sm90_config(spec, block_m, block_n, stages, pingpong=pingpong, d_ring=d_ring, split_k=split_k)
+    block_m, block_n, stages, pingpong, d_ring, split_k, swap_ab = parse_tile(tile)
+    return config.sm90_config(spec, block_m, block_n, stages, pingpong=pingpong, d_ring=d_ring, split_k=split_k,
+                              swap_ab=swap_ab)
 
 
 def parse_tiles(text: str | None, words=TILE_WORDS) -> tuple[str, ...]:

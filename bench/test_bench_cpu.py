@@ -157,12 +157,13 @@ def test_write_all_files(tmp_path):
 def test_parse_tiles_shared_by_bench_and_moe():
     assert suites.parse_tiles(None) == () and suites.parse_tiles(" ") == ()
     assert suites.parse_tiles("auto, 128x256,128x192s4,tuned,128x256") == ("auto", "128x256", "128x192s4", "tuned")
-    assert suites.parse_tile("64x176s6p") == (64, 176, 6, True, None, False)
-    assert suites.parse_tile("128x176") == (128, 176, None, False, None, False)
-    assert suites.parse_tile("128x256s4r2") == (128, 256, 4, False, 2, False)
-    assert suites.parse_tile("128x128pr0") == (128, 128, None, True, 0, False)
-    assert suites.parse_tile("128x128k") == (128, 128, None, False, None, True)
-    for bad in ("big", "128x", "128x176s", "128x176q", "128x176r", "128x176r2p"):
+    assert suites.parse_tile("64x176s6p") == (64, 176, 6, True, None, False, False)
+    assert suites.parse_tile("128x176") == (128, 176, None, False, None, False, False)
+    assert suites.parse_tile("128x256s4r2") == (128, 256, 4, False, 2, False, False)
+    assert suites.parse_tile("128x128pr0") == (128, 128, None, True, 0, False, False)
+    assert suites.parse_tile("128x128k") == (128, 128, None, False, None, True, False)
+    assert suites.parse_tile("88x192s5w") == (88, 192, 5, False, None, False, True)
+    for bad in ("big", "128x", "128x176s", "128x176q", "128x176r", "128x176r2p", "88x192ws5"):
         with pytest.raises(ValueError, match="BMxBN"):
             suites.parse_tiles(f"auto,{bad}")
     with pytest.raises(ValueError, match=r"one of \['auto'\]"):

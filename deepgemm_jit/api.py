@@ -675,7 +675,8 @@ def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tu
         return config_mod.choose_config(spec, m_hint, arch, num_sms)
     candidates = config_mod.candidate_configs(spec, m_hint, arch, num_sms)
     make = lambda cfg: Gemm(spec, arch, m_hint, jit.get_kernel(spec, cfg, arch))  # noqa: E731
-    return tuning.tune(tuning.DeviceIdentity.current(), spec, config_mod.m_bucket(m_hint), candidates, make).config
+    return tuning.tune(tuning.DeviceIdentity.current(), spec, config_mod.m_bucket_for(spec, m_hint), candidates,
+                       make).config
 
 
 _functional: dict[tuple, Gemm] = {}
@@ -738,6 +739,8 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     else:
         spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,
                                scaling=scaling, fast_accum=fast_accum, epilogue=epilogue)
+    if isinstance(spec, GemmSpec):  # finer where swapped tiles are weighed
+        bucket = config_mod.m_bucket_for(spec, m)
     key = (spec, arch, device.current_device_id(), bucket)  # built for this GPU (SM count, tuning): one per device
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket

@@ -70,6 +70,10 @@ class KernelConfig:
     # tile.
     # The 64-128 KB a staged FP32 tile takes become pipeline stages (sm90_d_ring says where).
     d_ring: int = 0
+    # sm90: the wgmmas compute each tile transposed (D^T = B A^T): B's rows are the instruction's M (64 per consumer,
+    # block_n 64 / 128 / 192) and A's its N, so block_m may be any multiple of 8 up to 256 (sm90_swap_ab_problem says
+    # which specs). For an M that whole 64-row blocks fit badly.
+    swap_ab: bool = False
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -87,6 +91,11 @@ class KernelConfig:
             raise ValueError(f"split_k must be a bool, got {self.split_k!r}")
         if self.split_k and (self.family != "sm90" or self.pingpong):
             raise ValueError("split_k kernels are sm90 kernels with cooperative tiles (pingpong=False)")
+        if not isinstance(self.swap_ab, bool):
+            raise ValueError(f"swap_ab must be a bool, got {self.swap_ab!r}")
+        if self.swap_ab and (self.family != "sm90" or self.pingpong or self.split_k or self.d_ring):
+            raise ValueError("swap_ab tiles are sm90 kernels with cooperative consumers, unsplit, D staged whole "
+                             "(pingpong=False, split_k=False, d_ring=0)")
         if not isinstance(self.d_ring, int) or isinstance(self.d_ring, bool) or self.d_ring < 0 or self.d_ring == 1:
             raise ValueError(f"d_ring must be 0 (whole-tile staging) or a slice count >= 2, got {self.d_ring!r}")
         if self.d_ring and (self.family != "sm90" or sm90_consumers(self.block_m, self.pingpong)[1] != 64):
@@ -100,7 +109,9 @@ class KernelConfig:
         if self.family != "sm90" and 32 * self.warps_m * self.warps_n > MAX_THREADS_PER_CTA:
             raise ValueError(f"warps_m * warps_n = {self.warps_m * self.warps_n} warps: a CTA holds at most "
                              f"{MAX_THREADS_PER_CTA // 32}")
-        if self.block_m % (16 * self.warps_m):
+        if self.swap_ab and self.block_m % 8:  # the wgmma's N
+            raise ValueError(f"block_m={self.block_m} is not a multiple of 8 (swapped tiles: the wgmmas' N)")
+        if not self.swap_ab and self.block_m % (16 * self.warps_m):
             raise ValueError(f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m}")
         if self.block_n % (8 * self.warps_n):
             raise ValueError(f"block_n={self.block_n} is not a multiple of 8 * warps_n={self.warps_n}")
@@ -111,7 +122,7 @@ class KernelConfig:
     @property
     def num_threads(self) -> int:
         if self.family == "sm90":
-            return sm90_num_threads(self.block_m, self.pingpong)
+            return sm90_num_threads(self.block_m, self.pingpong, self.block_n if self.swap_ab else None)
         return 32 * self.warps_m * self.warps_n
 
     @property
@@ -119,7 +130,7 @@ class KernelConfig:
         if self.family == "sm90":
             return (f"sm90_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}_g{self.group_m}"
                     + ("_pp" if self.pingpong else "") + ("_sk" if self.split_k else "")
-                    + (f"_r{self.d_ring}" if self.d_ring else ""))
+                    + (f"_r{self.d_ring}" if self.d_ring else "") + ("_sw" if self.swap_ab else ""))
         return (f"{self.family}_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_w{self.warps_m}x{self.warps_n}_v{self.vec_a}{self.vec_b}")
 
@@ -198,10 +209,12 @@ def sm90_consumers(block_m: int, pingpong: bool) -> tuple[int, int]:
     return (1, 64) if block_m == 64 else (2, block_m // 2)
 
 
-def sm90_num_threads(block_m: int, pingpong: bool) -> int:
+def sm90_num_threads(block_m: int, pingpong: bool, swapped_block_n: int | None = None) -> int:
     """Threads of an sm90 CTA: the consumers and a producer warpgroup, at least three warpgroups (a 64-row tile's
-    second one idles: the register split stays that of two consumers; mirror of GemmSm90::kNumThreads)."""
-    return max(3, sm90_consumers(block_m, pingpong)[0] + 1) * 128
+    second one idles: the register split stays that of two consumers; mirror of GemmSm90::kNumThreads). A swapped
+    tile (swapped_block_n: its block_n) has a consumer per 64 of its columns."""
+    consumers = sm90_consumers(block_m, pingpong)[0] if swapped_block_n is None else swapped_block_n // 64
+    return max(3, consumers + 1) * 128
 
 
 def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
@@ -650,6 +663,9 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     esize = dtypes.get(spec.dtype).storage_bytes
     if cfg.block_k * esize != 128:
         raise ValueError(f"sm90 block_k must span 128 bytes ({128 // esize} for {spec.dtype}), got {cfg.block_k}")
+    if cfg.swap_ab:
+        _check_sm90_swap_ab(cfg, spec)
+        return
     if cfg.block_m not in (64, 128, 192, 256):
         raise ValueError(f"sm90 block_m must be 64, 128, 192 or 256, got {cfg.block_m}")
     if cfg.block_m == 192:
@@ -689,9 +705,96 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
                          f"{accumulators} accumulator registers per "
                          f"thread; at most {sm90_max_accumulators(spec, cfg.block_m)} fit"
                          + (" (FP8 promotion keeps two sets)" if spec.promote else ""))
+    _check_sm90_smem(cfg, spec)
+
+
+SM90_SWAP_AB_BLOCK_N = (64, 128, 192)
+
+
+# Swapped tiles in the cost model. Their gain is M's granularity: block_m any multiple of 8 fits an M that whole 64-row
+# blocks fit badly (1050 rows: 12 tiles of 88, 1056 rows, against 9 of 128, 1152), so build() weighs them at M rounded
+# up to SM90_SWAP_AB_BUCKET_STEP rows (tile_bucket) instead of the usual bucket, against the usual bucket's pick costed
+# at that M. Each is priced by its consumers (block_n / 64): x1.09 for one (a warpgroup idles), x1.03 for two, x1.12
+# for three (as 192-row tiles). Fitted on H200 session 50 (scripts/exp_ab_rows.sh, bf16, measured / modelled time
+# against the heuristic's pick, bench/results/*swap-ab-rows-s50*): two consumers 0.97-1.03 for block_m >= 136, 1.03-1.07
+# for 80-104; three 1.03-1.17 (176x192 1.04-1.15); one 1.05-1.10. The measured wins, us (heuristic pick -> swapped):
+# 1050x2112x7168 51.1 -> 46.8 (88x192), 1050x4096x7168 90.4 -> 85.5 (136x128) / 87.7 (176x192), 1050x7168x16384
+# 330.3 -> 310.9 (152x128), 1050x7168x2048 48.4 -> 44.9, 586x2112x7168 33.6 -> 30.3 (152x64), 586x4096x7168 52.8 ->
+# 49.3, 586x7168x2048 31.1 -> 29.9 (88x128), 300x4096x7168 34.1 -> 30.9 (80x128), 700x7168x2048 36.2 -> 33.5
+# (104x128), 1200x2112x7168 55.7 -> 51.6 (104x192, modelled even: not picked). Even or slower, hence the fences: K <=
+# 1536 (1050x24576x1536 115.9 -> 113.8 at best, 1050x32768x512 60.8 -> 60.1 at best and 62.6 at the model's 176x128,
+# 586x24576x1536 67.8 -> 67.6 at best and 73.8 at 152x192), and gains under 2% (2048x2112x7168 86.0 -> 86.8 at
+# 176x192, modelled 0.984; 586x7168x16384 199.4 -> 201.8 at 152x128, 210.0 at 88x128, modelled 1.01).
+SM90_SWAP_AB_COST = {64: 1.09, 128: 1.03, 192: 1.12}
+SM90_SWAP_AB_MIN_GAIN = 0.98
+SM90_SWAP_AB_M_RANGE = (256, 2048)  # M in (lo, hi]: below, split-K and 64-row tiles hold the small rows
+SM90_SWAP_AB_MIN_K = 2048
+SM90_SWAP_AB_BUCKET_STEP = 8
+# Three stages only from this K: at K = 2048, 216x128 (s3) lost to the usual picks (420x7168x2048 24.8 -> 25.8 us,
+# 1500x7168x2048 61.8 -> 64.7), while 3-stage tiles won at K >= 4096 (900x28672x4096 232x128 296.0 -> 277.2,
+# 1200x28672x4096 240x128 384.1 -> 368.7, 1050x4096x7168 176x192 90.4 -> 87.7).
+SM90_SWAP_AB_SHALLOW_MIN_K = 4096
+
+
+def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
+    """Whether build() weighs swapped tiles for `spec` at M = m (and chooses its tile for M rounded up to
+    SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): specs they take (sm90_swap_ab_problem), K >= SM90_SWAP_AB_MIN_K,
+    M in SM90_SWAP_AB_M_RANGE."""
+    lo, hi = SM90_SWAP_AB_M_RANGE
+    return lo < m <= hi and spec.k >= SM90_SWAP_AB_MIN_K and sm90_swap_ab_problem(spec) is None
+
+
+def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int, int, int] | None:
+    """(cost, block_m, block_n, stages) of the cheapest swapped tile with at least 3 stages at M = m, priced by
+    SM90_SWAP_AB_COST, or None."""
+    esize = dtypes.get(spec.dtype).storage_bytes
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    best = None
+    for block_n in SM90_SWAP_AB_BLOCK_N:
+        max_block_m = 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if block_n == 192 else 128)
+        for block_m in range(8, max_block_m + 1, 8):
+            stages = _sm90_stages(spec, block_m, block_n, m_hint=m, d_ring=0)
+            if stages < 3 or (stages == 3 and spec.k < SM90_SWAP_AB_SHALLOW_MIN_K):
+                continue
+            cost = SM90_SWAP_AB_COST[block_n] * sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, 128 // esize,
+                                                                out_esize, num_sms, stages)
+            if best is None or cost < best[0]:
+                best = (cost, block_m, block_n, stages)
+    return best
+
+
+def sm90_swap_ab_problem(spec: GemmSpec) -> str | None:
+    """Why a spec cannot run swapped tiles (KernelConfig.swap_ab, mirror of GemmSm90's kSwapAB static_assert), or
+    None: 16-bit inputs and D, layout nt, dense, no fused epilogue (the transposing store is the plain one)."""
+    if spec.dtype not in ("bf16", "fp16") or spec.out_dtype not in ("bf16", "fp16"):
+        return f"dtype {spec.dtype!r} / out_dtype {spec.out_dtype!r} (16-bit inputs and output only)"
+    if not (spec.a_k_major and spec.b_k_major):
+        return f"layout {spec.layout!r} (nt only)"
+    if spec.grouped:
+        return "grouped GEMMs"
+    if spec.epilogue != "none":
+        return f"epilogue {spec.epilogue!r} (plain stores only)"
+    return None
+
+
+def _check_sm90_smem(cfg: KernelConfig, spec: GemmSpec) -> None:
     if cfg.smem_bytes(spec) > SM90_SMEM_BUDGET_BYTES:
         raise ValueError(f"config {cfg.tag} needs {cfg.smem_bytes(spec)} B of shared memory; "
                          f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
+
+
+def _check_sm90_swap_ab(cfg: KernelConfig, spec: GemmSpec) -> None:
+    problem = sm90_swap_ab_problem(spec)
+    if problem is not None:
+        raise ValueError(f"sm90 swapped tiles (swap_ab) cannot take {problem}")
+    if cfg.block_n not in SM90_SWAP_AB_BLOCK_N:
+        raise ValueError(f"sm90 swapped tiles take block_n 64, 128 or 192 (64 columns a consumer), got {cfg.block_n}")
+    # The accumulators: block_m / 2 a thread, within 128 registers (96 with three consumers, as 192-row tiles).
+    max_block_m = 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if cfg.block_n == 192 else 128)
+    if cfg.block_m % 8 or not 8 <= cfg.block_m <= max_block_m:
+        raise ValueError(f"sm90 swapped tiles of {cfg.block_n} columns take block_m a multiple of 8 up to "
+                         f"{max_block_m}, got {cfg.block_m}")
+    _check_sm90_smem(cfg, spec)
 
 
 # Stage cap. Beyond 8 stages a tile gains only where its stages hold few bytes of the weight: at decode sizes
@@ -1371,7 +1474,27 @@ def choose_sm90_config(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 
 def _sm90_pick(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> tuple[KernelConfig, bool]:
     """choose_sm90_config's tile and whether launches of it may split on the device (grouped_launch_splits), decided
     together so that the two cannot drift apart. Memoized: a pure function of its arguments (all hashable, the
-    result frozen), and at 0.65-0.9 ms it was the largest host cost of a warm build (2 cores)."""
+    result frozen), and at 0.65-0.9 ms it was the largest host cost of a warm build (2 cores). Where swapped tiles
+    are weighed (sm90_swap_ab_costed: m_hint is then a bucket of SM90_SWAP_AB_BUCKET_STEP rows), the pick of the
+    usual bucket gives way to the cheapest swapped tile when that costs less by SM90_SWAP_AB_MIN_GAIN at m_hint."""
+    if groups == 1 and sm90_swap_ab_costed(spec, m_hint):
+        cfg, device_splits = _sm90_pick_tile(spec, m_bucket(m_hint), num_sms, groups)
+        if cfg.split_k or cfg.pingpong:
+            return cfg, device_splits
+        esize = dtypes.get(spec.dtype).storage_bytes
+        pick_cost = sm90_tile_cost(m_hint, spec.n, spec.k, cfg.block_m, cfg.block_n, 128 // esize,
+                                   dtypes.get(spec.out_dtype).storage_bytes, num_sms, cfg.num_stages)
+        pick_cost *= SM90_ROWS192_COST if cfg.block_m == 192 else 1.0
+        swapped = _sm90_swap_ab_best(spec, m_hint, num_sms)
+        if swapped is not None and swapped[0] < SM90_SWAP_AB_MIN_GAIN * pick_cost:
+            _, block_m, block_n, stages = swapped
+            return sm90_config(spec, block_m, block_n, stages, swap_ab=True), False
+        return cfg, device_splits
+    return _sm90_pick_tile(spec, m_hint, num_sms, groups)
+
+
+def _sm90_pick_tile(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> tuple[KernelConfig, bool]:
+    """_sm90_pick without swapped tiles, for the usual M bucket m_hint."""
     if groups == 1:
         short_k = _sm90_tf32_short_k_pingpong(spec, m_hint)
         if short_k is not None:
@@ -1418,7 +1541,8 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         for cfg in staples + ranked:
             if len(found) >= limit:
                 break
-            if all((cfg.block_m, cfg.block_n, cfg.pingpong) != (f.block_m, f.block_n, False) for f in found):
+            if all((cfg.block_m, cfg.block_n, cfg.pingpong, cfg.swap_ab) != (f.block_m, f.block_n, False, f.swap_ab)
+                   for f in found):
                 found.append(cfg)
     else:
         for block_m, warps_m in ((128, 2), (64, 1)):
@@ -1462,17 +1586,19 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
 
 def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | None = None,
                 group_m: int = 16, pingpong: bool = False, split_k: bool = False,
-                d_ring: int | None = None, m_hint: int | None = None) -> KernelConfig:
+                d_ring: int | None = None, m_hint: int | None = None, swap_ab: bool = False) -> KernelConfig:
     """An sm90 config for `spec` with the given tile (stages: as many as fit when None; d_ring: the rule of
-    sm90_d_ring at m_hint when None)."""
+    sm90_d_ring at m_hint when None, 0 for swapped tiles)."""
     esize = dtypes.get(spec.dtype).storage_bytes
+    if swap_ab and d_ring is None:
+        d_ring = 0
     if d_ring is None:
         d_ring = sm90_d_ring(spec, block_m, block_n, pingpong, m_hint)
     stages = (_sm90_stages(spec, block_m, block_n, pingpong, split_k, d_ring=d_ring)
               if num_stages is None else num_stages)
     return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
                         num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,
-                        group_m=group_m, pingpong=pingpong, split_k=split_k, d_ring=d_ring)
+                        group_m=group_m, pingpong=pingpong, split_k=split_k, d_ring=d_ring, swap_ab=swap_ab)
 
 
 def max_vector(esize: int, ptr: int, row_stride: int, rows: int) -> int:
@@ -1557,12 +1683,33 @@ def next_m_bucket(bucket: int) -> int:
     return nxt if nxt > bucket else 2 * bucket
 
 
+def m_bucket_for(spec: GemmSpec, m: int) -> int:
+    """The M bucket Gemms of `spec` are chosen, memoized and tuned for: m_bucket, except M rounded up to
+    SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed (sm90_swap_ab_costed: their gain is M's granularity,
+    so a Gemm chosen for 1050 rows must not serve 1100)."""
+    if sm90_swap_ab_costed(spec, m):
+        return -(-m // SM90_SWAP_AB_BUCKET_STEP) * SM90_SWAP_AB_BUCKET_STEP
+    return m_bucket(m)
+
+
+def buckets_within(spec: GemmSpec, bucket: int) -> tuple[int, ...]:
+    """The m_bucket_for buckets of the M that m_bucket rounds up to `bucket` (warmup compiles a kernel for each):
+    `bucket` itself, or its steps of SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed."""
+    lo, hi = SM90_SWAP_AB_M_RANGE
+    if not (bucket > lo and spec.k >= SM90_SWAP_AB_MIN_K and sm90_swap_ab_problem(spec) is None):
+        return (bucket,)
+    first = bucket
+    while first > 1 and m_bucket(first - 1) == bucket:
+        first -= 1
+    return tuple(sorted({m_bucket_for(spec, m) for m in range(first, bucket + 1)}))
+
+
 def tile_bucket(spec: GemmSpec, m_hint: int) -> int:
-    """The M bucket `spec`'s tile is chosen for (choose_config; explain reports it): m_bucket, except that grouped
+    """The M bucket `spec`'s tile is chosen for (choose_config; explain reports it): m_bucket_for, except that grouped
     GEMMs skip DENSE_ONLY_BUCKETS (the 192- and 320-row ones exist for dense 64-row tiles, the 384-row one was
     measured on dense GEMMs) and keep the next bucket's choice (grouped FP8 64x128 lost to 128x128 on 15 of 18 masked
     rows, session 19), and that the 3xTF32 GEMMs skip FP32X3_SKIPPED_BUCKETS."""
-    bucket = m_bucket(m_hint)
+    bucket = m_bucket_for(spec, m_hint)
     while ((spec.grouped and bucket in DENSE_ONLY_BUCKETS)
            or ((spec.promoted or spec.raw_b) and bucket in FP32X3_SKIPPED_BUCKETS)):
         bucket = next_m_bucket(bucket)

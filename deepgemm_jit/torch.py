@@ -43,6 +43,7 @@ from . import dtypes, quantization
 from .arrays import mn_major_storage_shape, mn_major_view
 from .api import Gemm, build
 from .grouped import GroupedGemm, build_grouped
+from .spec import GemmSpec
 from .spec import LAYOUTS
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
@@ -253,6 +254,8 @@ def _built_once(key: tuple, make: Callable[[], object]):
 
 def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
     bucket = config_mod.m_bucket(m)
+    if spec_args.get("dtype") in ("bf16", "fp16"):  # finer where swapped tiles are weighed (config.m_bucket_for)
+        bucket = config_mod.m_bucket_for(GemmSpec.create(n, k, **spec_args), m)
     key = ("gemm", device_index, n, k, bucket, tuple(sorted(spec_args.items())))
     return _built_once(key, lambda: build(bucket, n, k, **spec_args))
 

@@ -100,17 +100,21 @@ def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = No
                  tuned: Callable[[GemmSpec, int, str], KernelConfig | None] | None = None
                  ) -> dict[tuple[GemmSpec, KernelConfig], tuple[int, ...]]:
     """(spec, config) -> the M buckets it serves, in first-seen order (plain GEMMs; grouped ones: plan_grouped).
+    Where swapped tiles are weighed, a bucket stands for its 8-row steps (config.buckets_within): every M that
+    m_bucket rounds to it gets its kernel, whatever M inside the bucket the entry named.
     `tuned` (a warmup for the GPU it runs on: tuning.stored_config): a bucket's stored tuned config, which that GPU's
     builds take, replaces the heuristic's."""
     served: dict[tuple[GemmSpec, KernelConfig], set[int]] = {}
     for entry in entries:
         if entry.spec.grouped:
             continue  # plan_grouped
-        for bucket in entry.m_buckets:
-            spec = entry.spec_at(bucket, arch)
-            cfg = (tuned(spec, bucket, arch) if tuned is not None else None) or config_mod.choose_config(
-                spec, bucket, arch, num_sms)
-            served.setdefault((spec, cfg), set()).add(bucket)
+        for coarse in entry.m_buckets:
+            # (the 8-row buckets inside it where swapped tiles are weighed: config.m_bucket_for)
+            for bucket in config_mod.buckets_within(entry.spec_at(coarse, arch), coarse):
+                spec = entry.spec_at(bucket, arch)
+                cfg = (tuned(spec, bucket, arch) if tuned is not None else None) or config_mod.choose_config(
+                    spec, bucket, arch, num_sms)
+                served.setdefault((spec, cfg), set()).add(bucket)
     return {key: tuple(sorted(b)) for key, b in served.items()}
 
 

@@ -25,7 +25,7 @@ def _variants(spec, tiles: list[str], splits: list[int]):
     from deepgemm_jit import config
 
     for tile in tiles:
-        bm, bn, stages, _, _, _ = suites.parse_tile(tile)
+        bm, bn, stages, *_ = suites.parse_tile(tile)
         for s in splits:
             try:
                 cfg = config.sm90_config(spec, bm, bn, stages, split_k=s > 1)

@@ -71,16 +71,20 @@ def test_explain_fp8_with_epilogue_json(cache_dir, capsys):
 
 
 def test_explain_names_the_m_bucket(cache_dir, capsys):
-    """Between 512 and 4096 rows the tile is chosen for M rounded up to 128 rows (400 rows: 512)."""
-    assert cli.main(["explain", "586", "4096", "7168", "--arch", "sm_90a"]) == 0
+    """Between 512 and 4096 rows the tile is chosen for M rounded up to 128 rows (400 rows: 512), except where
+    swapped tiles are weighed (plain 16-bit, K >= 2048, up to 2048 rows: 8 rows, config.m_bucket_for)."""
+    assert cli.main(["explain", "586", "4096", "1536", "--arch", "sm_90a"]) == 0
     assert "(M hint 586, tile chosen for M bucket 640)" in capsys.readouterr().out
-    assert cli.main(["explain", "400", "4096", "7168", "--arch", "sm_90a", "--json"]) == 0
+    assert cli.main(["explain", "586", "4096", "7168", "--arch", "sm_90a"]) == 0
+    assert "(M hint 586, tile chosen for M bucket 592)" in capsys.readouterr().out
+    assert cli.main(["explain", "400", "4096", "1536", "--arch", "sm_90a", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["m_bucket"] == 512
     # a grouped GEMM hinted at 300 rows per group has its tile chosen at 512 (config.tile_bucket), and says so
     import deepgemm_jit as dg
 
     g = dg.build_grouped(4096, 7168, dtype="bf16", expected_m=300, num_groups=8, arch="sm_90a")
-    assert g.explain()["m_bucket"] == 512 and dg.build(300, 4096, 7168, arch="sm_90a").explain()["m_bucket"] == 320
+    assert g.explain()["m_bucket"] == 512 and dg.build(300, 4096, 1536, arch="sm_90a").explain()["m_bucket"] == 320
+    assert dg.build(300, 4096, 7168, arch="sm_90a").explain()["m_bucket"] == 304
 
 
 def test_explain_text_and_cache_commands(cache_dir, capsys):

@@ -227,6 +227,68 @@ def test_192_row_tiles_rules():
     config.sm90_config(residual, 192, 128).check_for(residual, "sm_90a")
 
 
+SWAP_AB_VARIANTS = [  # (dtype, out_dtype, block_m, block_n): swapped tiles, block_m any multiple of 8
+    ("bf16", "bf16", 88, 192), ("fp16", "fp16", 192, 192), ("bf16", "fp16", 136, 128), ("fp16", "bf16", 256, 128),
+    ("bf16", "bf16", 40, 64), ("bf16", "bf16", 8, 64), ("fp16", "fp16", 152, 64)]
+
+
+@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n", SWAP_AB_VARIANTS)
+def test_swap_ab_variants_compile(dtype, out_dtype, block_m, block_n, shared_cache_dir, monkeypatch):
+    """Swapped tiles (KernelConfig.swap_ab): HGMMA of the instruction N block_m, D staged by transposing stmatrix
+    (STSM, one per two 8-row groups) and stored by one TMA box per consumer; no local memory or wgmma serialisation;
+    the exported layout (D box of 64 columns x block_m rows, a consumer per 64 columns) as config says."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(1000, 2048, dtype=dtype, out_dtype=out_dtype)
+    cfg = config.sm90_config(spec, block_m, block_n, swap_ab=True)
+    cfg.check_for(spec, "sm_90a")
+    art = jit.get_kernel(spec, cfg, "sm_90a")
+    mix = sass.opcode_mix(art.cubin)
+    usage = sass.resource_usage(art.cubin)[art.entry]
+    case = f"{dtype=} {out_dtype=} {cfg.tag}"
+    assert cfg.tag.endswith("_sw") and cfg.d_ring == 0, case
+    assert mix.get("HGMMA", 0) == 4 and mix.get("UTMASTG", 0) == 1 and mix.get("STG", 0) == 0, (case, mix)
+    assert mix.get("STSM", 0) == -(-block_m // 16), (case, mix)
+    assert f"HGMMA.64x{block_m}x16" in sass.disassemble(art.cubin), case
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, (case, usage)
+    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
+    from deepgemm_jit import launch
+    sym = launch.sm90_symbols(art)
+    assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
+    assert sym["num_threads"] == cfg.num_threads == (512 if block_n == 192 else 384), case
+    assert (sym["d_box_cols"], sym["d_box_rows"], sym["d_swizzle_bytes"]) == (64, block_m, 128), case
+    launch.check_layout(art, spec)
+
+
+def test_swap_ab_rules():
+    """Swapped tiles: 16-bit inputs and D, layout nt, dense, no epilogue, cooperative unsplit whole-tile D; block_n
+    64 / 128 / 192 and block_m a multiple of 8 within the accumulators (96 a thread with three consumers), named in
+    the error before anything is compiled."""
+    bf16 = GemmSpec.create(1024, 2048, dtype="bf16")
+    config.sm90_config(bf16, 88, 192, swap_ab=True).check_for(bf16, "sm_90a")
+    config.sm90_config(bf16, 256, 128, swap_ab=True).check_for(bf16, "sm_90a")
+    for bm, bn, match in ((88, 176, "block_n 64, 128 or 192"), (200, 192, "multiple of 8 up to 192"),
+                          (264, 128, "up to 256")):
+        with pytest.raises(ValueError, match=match):
+            config.sm90_config(bf16, bm, bn, 2, swap_ab=True).check_for(bf16, "sm_90a")
+    with pytest.raises(ValueError, match="block_m=84 is not a multiple of 8"):
+        config.sm90_config(bf16, 84, 128, 2, swap_ab=True)
+    for spec, match in ((GemmSpec.create(1024, 2048, dtype="tf32"), "dtype 'tf32'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", out_dtype="fp32"), "out_dtype 'fp32'"),
+                        (GemmSpec.create(1024, 2048, dtype="fp8", scaling="tensor"), "dtype 'fp8_e4m3'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", layout="tn"), "layout 'tn'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", grouped=True), "grouped"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", epilogue="bias"), "epilogue 'bias'")):
+        esize = 4 if spec.dtype == "tf32" else 1 if spec.dtype.startswith("fp8") else 2
+        cfg = config.sm90_config(bf16, 88, 128, 2, swap_ab=True)
+        cfg = dataclasses.replace(cfg, block_k=128 // esize, vec_a=16 // esize, vec_b=16 // esize)
+        with pytest.raises(ValueError, match=f"swapped tiles.*{match}"):
+            cfg.check_for(spec, "sm_90a")
+    ok = config.sm90_config(bf16, 88, 128, 2, swap_ab=True)
+    for kw in (dict(pingpong=True), dict(split_k=True), dict(d_ring=2)):
+        with pytest.raises(ValueError, match="swap_ab tiles"):
+            dataclasses.replace(ok, **kw)
+
+
 def test_templates_dir_override(tmp_path, monkeypatch, cache_dir):
     import shutil
     copy = tmp_path / "tpl"

@@ -283,14 +283,15 @@ def test_m_buckets():
     assert config.choose_config(spec, 586, "sm_90a") != config.choose_config(spec, 1024, "sm_90a")
     # 64-row tiles are weighed up to 128 rows, at the 320-row bucket (SM90_ROWS64_BUCKETS) for 8-bit types only
     # (16-bit ran 128-row tiles faster there once the last M block stopped being zero-filled, session 23), and at the
-    # 192-row bucket unsplit and from 96 columns (SM90_ROWS64_UNSPLIT_BUCKETS), not for FP8 block scaling
-    assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16"), m, "sm_90a").block_m
+    # 192-row bucket unsplit and from 96 columns (SM90_ROWS64_UNSPLIT_BUCKETS), not for FP8 block scaling (a bias
+    # keeps plain bf16's usual buckets: without one, 257-2048 rows weigh swapped tiles, test_sm90_swap_ab_picks)
+    assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias"), m, "sm_90a").block_m
             for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
     assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
             for m in (64, 160, 300, 400)] == [64, 128, 64, 128]
     # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
     # take 128x128
-    bf16 = GemmSpec.create(4096, 7168, dtype="bf16")
+    bf16 = GemmSpec.create(4096, 7168, dtype="bf16", epilogue="bias")
     assert [config.choose_config(bf16, m, "sm_90a").block_n for m in (330, 384, 385, 512)] == [96, 96, 128, 128]
     # grouped GEMMs (measured elsewhere) keep the 512-row bucket's choice there
     grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
@@ -475,10 +476,10 @@ def test_sm90_16bit_d_ring_rule():
     assert "not more than" in config.sm90_d_ring_problem(bf16, 120, 2)  # 240-byte rows: 16-byte slices
     # The dense picks that change are exactly the 3-stage ones, each one stage deeper with the same tile.
     from bench import runner
-    for m in (896, 1792, 2688, 3456):
-        new = config.choose_config(bf16, m, "sm_90a", 132)
+    for m in (896, 1792, 2688, 3456):  # (the usual buckets' picks: a plain bf16 D weighs swapped tiles up to 2048 rows)
+        new = config._sm90_pick_tile(bf16, m, 132)[0]
         with runner.config_constants({"SM90_D_RING_16BIT_MAX_M": 0}):
-            old = config.choose_config(bf16, m, "sm_90a", 132)
+            old = config._sm90_pick_tile(bf16, m, 132)[0]
         assert (new.block_m, new.block_n, new.num_stages, new.d_ring) == (old.block_m, old.block_n, 4, 2), (m, old, new)
 
 
@@ -517,8 +518,10 @@ def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
     (dict(dtype="fp16"), 2304, 2112, 7168, (192, 192)),       # 112.1 -> 92.3 (bf16; 128x96 before)
     (dict(dtype="bf16", epilogue="bias+swiglu"), 2048, 2112, 7168, (192, 176)),  # 139.0 -> 84.8 (128x64 before)
     (dict(dtype="bf16"), 4096, 4096, 7168, (128, 256)),       # 4096 rows: 21.3 blocks of 192, the 128-row tiles stay
-    (dict(dtype="bf16"), 1050, 4096, 7168, (128, 144)),       # equal area per CTA: 91.5 (192x192) vs 90.4
-    (dict(dtype="bf16"), 1050, 4096, 4096, (128, 144)),       # 55.4 (192x192) vs 53.9
+    # equal area per CTA: 91.5 (192x192) vs 90.4, 55.4 vs 53.9 (measured plain; a plain bf16 D takes a swapped tile
+    # there since session 50, test_sm90_swap_ab_picks)
+    (dict(dtype="bf16", epilogue="bias"), 1050, 4096, 7168, (128, 144)),
+    (dict(dtype="bf16", epilogue="bias"), 1050, 4096, 4096, (128, 144)),
     (dict(dtype="bf16", epilogue="quant_fp8_tensor"), 1050, 4096, 7168, (128, 96)),  # not measured with 192 rows
     (dict(dtype="tf32"), 2048, 2112, 7168, None),             # 16-bit inputs only
     (dict(dtype="fp8", scaling="block"), 2048, 2112, 7168, None),
@@ -563,3 +566,61 @@ def test_sm90_gated_units_price_their_few_16_byte_slices(kwargs, m, n, k, tile):
     the picks are the measured faster ones (H200 session 49)."""
     cfg = config.choose_config(GemmSpec.create(n, k, epilogue="bias+swiglu", **kwargs), m, "sm_90a")
     assert (cfg.block_m, cfg.block_n) == tile, cfg.tag
+
+
+@pytest.mark.parametrize("kwargs,m,n,k,tile", [
+    # H200 session 50 (scripts/exp_ab_rows.sh, us, the usual pick -> the swapped one)
+    (dict(dtype="bf16"), 1050, 2112, 7168, (88, 192)),     # 51.1 -> 46.8 (cuBLAS 43.4-44.7)
+    (dict(dtype="fp16"), 1050, 2112, 7168, (88, 192)),     # midm suite: 0.958 x cuBLAS (0.870 before)
+    (dict(dtype="bf16"), 1050, 7168, 16384, (152, 128)),   # 330.3 -> 310.9
+    (dict(dtype="bf16"), 1050, 7168, 2048, (152, 128)),    # 48.4 -> 44.9
+    (dict(dtype="bf16"), 586, 2112, 7168, (152, 64)),      # 33.6 -> 30.3
+    (dict(dtype="bf16"), 586, 4096, 7168, (152, 128)),     # 52.8 -> 49.3
+    (dict(dtype="bf16"), 586, 7168, 2048, (88, 128)),      # 31.1 -> 29.9
+    (dict(dtype="bf16"), 300, 4096, 7168, (80, 128)),      # 34.1 -> 30.9
+    (dict(dtype="bf16"), 700, 7168, 2048, (104, 128)),     # 36.2 -> 33.5
+    (dict(dtype="bf16"), 900, 28672, 4096, (232, 128)),    # 296.0 -> 277.2 (three stages at K >= 4096)
+    (dict(dtype="bf16"), 420, 7168, 2048, None),           # 216x128 s3 (K < 4096): 24.8 -> 25.8
+    (dict(dtype="bf16"), 1500, 7168, 2048, None),          # 216x128 s3: 61.8 -> 64.7
+    (dict(dtype="bf16"), 586, 7168, 16384, None),          # modelled 1.01: 199.4 -> 201.8 (152x128)
+    (dict(dtype="bf16"), 2048, 2112, 7168, None),          # modelled 0.984 (< 2% gain): 86.0 -> 86.8 (176x192)
+    (dict(dtype="bf16"), 1050, 24576, 1536, None),         # K < 2048: 115.9 -> 113.8 at best
+    (dict(dtype="bf16"), 1050, 32768, 512, None),          # 60.8 -> 60.1 at best, 62.6 at the model's 176x128
+    (dict(dtype="bf16"), 4096, 2112, 7168, None),          # above SM90_SWAP_AB_M_RANGE
+    (dict(dtype="bf16"), 200, 2112, 7168, None),           # below it
+    (dict(dtype="bf16", epilogue="bias"), 1050, 2112, 7168, None),   # plain stores only
+    (dict(dtype="bf16", out_dtype="fp32"), 1050, 2112, 7168, None),  # 16-bit D only
+    (dict(dtype="bf16", layout="nn"), 1050, 2112, 7168, None),       # nt only
+    (dict(dtype="fp8", scaling="tensor"), 1050, 2112, 7168, None),
+    (dict(dtype="tf32"), 1050, 2112, 7168, None),
+])
+def test_sm90_swap_ab_picks(kwargs, m, n, k, tile):
+    """Swapped tiles (KernelConfig.swap_ab) where the cost model weighs them (sm90_swap_ab_costed: 16-bit plain nt
+    dense, K >= 2048, 257-2048 rows) and they cost 2% less than the usual bucket's pick at M rounded up to 8 rows;
+    None: not swapped."""
+    spec = GemmSpec.create(n, k, **kwargs)
+    cfg = config.choose_config(spec, m, "sm_90a", 132)
+    if tile is None:
+        assert not cfg.swap_ab, cfg.tag
+    else:
+        assert (cfg.block_m, cfg.block_n, cfg.swap_ab) == (*tile, True), cfg.tag
+        assert cfg.num_stages >= (3 if k >= config.SM90_SWAP_AB_SHALLOW_MIN_K else 4), cfg.tag
+        assert cfg.num_threads == (512 if cfg.block_n == 192 else 384), cfg.tag
+    cfg.check_for(spec, "sm_90a")
+
+
+def test_swap_ab_buckets():
+    """Where swapped tiles are weighed, the tile is chosen for M rounded up to 8 rows (their block_m's step), so that
+    a Gemm built for 1050 rows does not serve 1100 (13 tiles of 88 rows where 12 fit 1050); elsewhere the usual
+    buckets hold. Every M of such a bucket still gets the same config."""
+    plain = GemmSpec.create(2112, 7168, dtype="bf16")
+    assert [config.tile_bucket(plain, m) for m in (1, 256, 257, 1050, 1056, 1057, 2048, 2049)] == \
+        [64, 256, 264, 1056, 1056, 1064, 2048, 2176]
+    short_k = GemmSpec.create(24576, 1536, dtype="bf16")
+    assert [config.tile_bucket(short_k, m) for m in (1050, 2049)] == [1152, 2176]
+    assert config.tile_bucket(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias"), 1050) == 1152
+    assert config.choose_config(plain, 1049, "sm_90a") == config.choose_config(plain, 1056, "sm_90a")
+    assert config.choose_config(plain, 1050, "sm_90a") != config.choose_config(plain, 1100, "sm_90a")
+    # the tuner's candidates: the swapped pick first, the usual tiles after it (an equal tile unswapped too)
+    cands = config.candidate_configs(plain, 1050, "sm_90a", 132)
+    assert cands[0].swap_ab and any(not c.swap_ab for c in cands), [c.tag for c in cands]

@@ -258,7 +258,9 @@ def test_warmup_line_plans_the_tile_of_a_gpu_with_other_sm_counts(capsys):
     args = _args(*line.split()[2:])
     arch, num_sms = warmup._target(args.arch, args.num_sms)
     entries = [warmup.parse_shape(text) for text in args.shape]
-    assert list(warmup.plan_buckets(entries, arch, num_sms)) == [(spec, on_114)]
+    # (and the swapped tiles other M of 512's bucket take: config.buckets_within)
+    plan = warmup.plan_buckets(entries, arch, num_sms)
+    assert (spec, on_114) in plan and all(s == spec for s, _ in plan)
     grouped = warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32,
                                                 "sm_90a", 114)
     assert grouped.startswith("deepgemm-jit warmup --arch sm_90a --num-sms 114 --grouped ")
@@ -553,7 +555,9 @@ def test_plan_keeps_distinct_configs_only():
     spec = GemmSpec.create(7168, 2048, "bf16")
     entries = [warmup.parse_shape("1-16384:7168:2048:bf16"), warmup.parse_shape("4096:7168:2048:bf16")]
     work = [item for item in warmup.plan(entries, "sm_90a") if isinstance(item[0], GemmSpec)]
-    expected = {config.choose_config(spec, m, "sm_90a") for m in ALL_BUCKETS}
+    # every bucket's pick, and where swapped tiles are weighed the pick of each 8-row step (config.m_bucket_for)
+    expected = {config.choose_config(spec, m, "sm_90a") for b in ALL_BUCKETS for m in config.buckets_within(spec, b)}
+    assert any(cfg.swap_ab for cfg in expected)
     assert len(work) == len(expected) < len(ALL_BUCKETS)
     assert set(work) == {(spec, cfg) for cfg in expected}
 

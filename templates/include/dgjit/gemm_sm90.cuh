@@ -111,7 +111,7 @@ struct EdgeMaps {
 // 224 bytes -> 32-byte slices). A slice may never reach into the neighbouring tile's columns, which a
 // fixed 128-byte slice would do for such N. The swizzle makes the epilogue's st.shared pattern (8 rows
 // x 16 bytes per warp instruction) conflict-free; 16-byte rows are conflict-free without one.
-// The host must encode D's tensor map with box = (kSliceCols, kWGRows) and this swizzle.
+// The host must encode D's tensor map with box = (kSliceCols, GemmSm90::kDRows) and this swizzle.
 template <class TD, uint32_t kBlockN>
 struct StoreTraits {
   static constexpr uint32_t kElemBytes = sizeof(TD);
@@ -177,15 +177,24 @@ template <class TA,           // A storage: bfloat16_t, half_t, float (TF32 MMAs
           bool kBKMajor = true,      // B stored (N, K) (K contiguous); false: (K, N), N contiguous (16-bit only)
           uint32_t kDRing = 0,       // D through a ring of this many slices per consumer (0: the whole tile)
           bool kHiLo = false,        // 3xTF32: A and B are [hi | lo] (2/3 of kK wide), see hi_lo_column
-          bool kRawB = false>        // kHiLo with B the raw FP32 weight (kK / 3 wide), see convert_lo
+          bool kRawB = false,        // kHiLo with B the raw FP32 weight (kK / 3 wide), see convert_lo
+          bool kSwapAB = false>      // the wgmmas compute the tile transposed (D^T = B A^T), see below
 struct GemmSm90 {
   // ---- roles and threads -------------------------------------------------------------------------
+  // kSwapAB: the tile's columns are the wgmmas' rows (instruction M, 64 per consumer, from the B stage) and its rows
+  // their columns (instruction N, from the A stage), so kBlockM may be any multiple of 8 up to 256 and the tiles fit
+  // an awkward M (1050 rows: 12 tiles of 88 instead of 9 of 128, whose last one is mostly empty). The scheduler, the
+  // producer and the stages are the kernel's usual ones (tiles of kBlockM x kBlockN of D, A then B per stage); only
+  // the operands of each wgmma swap, and the epilogue stores the transposed accumulators (epilogue_swapped).
+  // kMmaRows / kMmaCols: the tile's extent along the wgmma's M / N.
+  static constexpr uint32_t kMmaRows = kSwapAB ? kBlockN : kBlockM;
+  static constexpr uint32_t kMmaCols = kSwapAB ? kBlockM : kBlockN;
   // 192-row tiles: three consumers of 64 rows and a fourth warpgroup (512 threads), the producer last.
-  static constexpr uint32_t kNumMathWGs = kBlockM == 192 ? 3 : (kPingPong || kBlockM != 64 ? 2 : 1);
+  static constexpr uint32_t kNumMathWGs = kMmaRows == 192 ? 3 : (kPingPong || kMmaRows != 64 ? 2 : 1);
   static constexpr uint32_t kNumWGs = kNumMathWGs == 3 ? 4 : 3;
   static constexpr uint32_t kNumThreads = kNumWGs * kWarpgroupThreads;
   static constexpr uint32_t kProducerWG = kNumWGs - 1;
-  static constexpr uint32_t kWGRows = kPingPong ? kBlockM : kBlockM / kNumMathWGs;
+  static constexpr uint32_t kWGRows = kPingPong ? kBlockM : kMmaRows / kNumMathWGs;
   // First row of a consumer's part of the tile (ping-pong: each consumer owns whole tiles).
   static DGJIT_DEVICE constexpr uint32_t wg_row_offset(uint32_t math_wg) { return kPingPong ? 0 : math_wg * kWGRows; }
   // Arrivals that free a ring stage: each warp of the consumers that read it (kRawB: and each converter warp).
@@ -219,9 +228,9 @@ struct GemmSm90 {
                                     (kScaling == Scaling::kTensor || kScaling == Scaling::kRow);
   static constexpr uint32_t kKStep = kWGSplitK ? 2 : 1;  // K blocks from one of a consumer's blocks to its next
   using TAcc = typename conditional<kIsInt, int32_t, float>::type;
-  using Mma = WgmmaM64<kBlockN>;
+  using Mma = WgmmaM64<kMmaCols>;
   static constexpr uint32_t kMmaK = wgmma_k<kKind>();
-  static constexpr uint32_t kNumAccum = kBlockN / 2;  // fp32 accumulators per thread per m64 slice
+  static constexpr uint32_t kNumAccum = kMmaCols / 2;  // fp32 accumulators per thread per m64 slice
   // A consumer's accumulators moved as a whole (split-K partials in global memory, kWGSplitK's lane buffer in
   // shared memory): 4 per 16-byte word, kAccumWords per thread, word q of thread t at q * 128 + t (a warp's
   // stores and loads are 512 contiguous bytes).
@@ -244,10 +253,12 @@ struct GemmSm90 {
   static constexpr uint32_t kLoopKBlocks = kRawB ? kNumKBlocks / 3 : kNumKBlocks;
   static constexpr uint32_t kNumNBlocks = (kN + kBlockN - 1) / kBlockN;
 
-  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256,
-                "kBlockM must be 64, 128, 192 or 256");
+  static_assert(kSwapAB ? (kBlockM % 8 == 0 && kBlockM >= 8 && kBlockM <= 256 &&
+                           (kBlockN == 64 || kBlockN == 128 || kBlockN == 192))
+                        : (kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256),
+                "kBlockM must be 64, 128, 192 or 256 (kSwapAB: a multiple of 8 up to 256, kBlockN 64, 128 or 192)");
   // Three consumers hold 128 registers each: plain 16-bit tiles only (no promotion's second set, no converters).
-  static_assert(kBlockM != 192 || (!kPingPong && !kPromote && !kIsFP8 && !kIsInt && !kGrouped && !kSplitK &&
+  static_assert(kNumMathWGs != 3 || (!kPingPong && !kPromote && !kIsFP8 && !kIsInt && !kGrouped && !kSplitK &&
                                    kAKMajor && kBKMajor),
                 "192-row tiles (three consumers): 16-bit, layout nt, dense, unsplit, cooperative");
   static_assert(!kPingPong || kBlockM <= 128, "a ping-pong consumer holds a whole tile: kBlockM 64 or 128");
@@ -308,9 +319,12 @@ struct GemmSm90 {
                 "too many accumulators per consumer thread for its registers (promotion doubles them)");
 
   // ---- shared memory (one source of truth; the host reads kSmemBytes from the module) ------------
-  using Store = StoreTraits<TD, kOutCols>;
-  static constexpr uint32_t kSmemDBytesPerWG = kWGRows * kOutCols * sizeof(TD);
-  static constexpr uint32_t kSmemDSliceBytes = kWGRows * Store::kSliceRowBytes;
+  // A consumer's part of the D tile: kDRows rows of kDCols columns (kSwapAB: all rows, its 64 columns).
+  static constexpr uint32_t kDRows = kSwapAB ? kBlockM : kWGRows;
+  static constexpr uint32_t kDCols = kSwapAB ? 64 : kOutCols;
+  using Store = StoreTraits<TD, kDCols>;
+  static constexpr uint32_t kSmemDBytesPerWG = kDRows * kDCols * sizeof(TD);
+  static constexpr uint32_t kSmemDSliceBytes = kDRows * Store::kSliceRowBytes;
   // kRawB: a stage holds A_hi then A_lo (the A part), and the raw B block then its B_lo slot (the B part), which
   // the converter warps fill from the raw block (TMA loads 2 A tiles and 1 B tile).
   static constexpr uint32_t kAOperandsPerStage = kRawB ? 2 : 1;
@@ -344,6 +358,10 @@ struct GemmSm90 {
                 "a D ring holds 2 or more (and fewer than the tile's) slices of a 64-row consumer without C / "
                 "residual, not grouped: FP32 slices of 64 or 128 bytes, 16-bit ones of 32 bytes or more");
   static constexpr uint32_t kSmemDBufBytesPerWG = kRing ? kDRing * kSmemDSliceBytes : kSmemDBytesPerWG;
+  static_assert(!kSwapAB || (k16BitD && (kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16) && !kHasEpilogue &&
+                             !kPingPong && !kGrouped && !kSplitK && !kRing && kAKMajor && kBKMajor),
+                "swapped tiles: 16-bit operands and D, layout nt, no fused epilogue, dense, unsplit, cooperative, D "
+                "staged whole (epilogue_swapped stores 8x8 groups transposed with stmatrix)");
   static constexpr uint32_t kSmemDOffset = 0;
   static constexpr uint32_t kSmemROffset = kSmemDOffset + kNumMathWGs * kSmemDBufBytesPerWG;
   static constexpr uint32_t kSmemRBytes = kLoadC && kLoadR ? kNumMathWGs * kSmemDBytesPerWG : 0;
@@ -711,8 +729,9 @@ struct GemmSm90 {
   template <class T>
   static DGJIT_DEVICE void issue_k_block(const Smem& smem, uint32_t stage, uint32_t math_wg, bool accumulate,
                                          T (&acc)[kNumM64PerWG][kNumAccum], uint32_t phase = 0) {
-    const uint64_t desc_a = desc_a_base(shared_addr(smem.a(stage)), math_wg);
-    const uint64_t desc_b = desc_b_base(shared_addr(kTransB ? smem.b_lo(stage) : smem.b(stage)));
+    // kSwapAB: the wgmma's A operand (rows) is this consumer's 64 rows of the B stage, its B operand the A stage.
+    const uint64_t desc_a = desc_a_base(shared_addr(kSwapAB ? smem.b(stage) : smem.a(stage)), math_wg);
+    const uint64_t desc_b = desc_b_base(shared_addr(kSwapAB ? smem.a(stage) : (kTransB ? smem.b_lo(stage) : smem.b(stage))));
     if constexpr (kTransB) mbarrier_wait(smem.lo_full(stage), phase);
     fence_accumulators(acc);
     wgmma_fence();
@@ -1897,6 +1916,48 @@ struct GemmSm90 {
     }
   }
 
+  // ---- kSwapAB: the transposed accumulators into D ---------------------------------------------------------------
+  // Consumer math_wg holds D^T of the tile's columns [64 math_wg, 64 math_wg + 64) and all kBlockM rows: register
+  // 4j + 2h + e of lane l in warp w is D row 8j + 2(l % 4) + e, column 64 math_wg + 16w + 8h + l / 4. Each 8x8 group
+  // (j, h) is an stmatrix fragment whose rows are D columns; .trans stores it transposed, so the staging tile has D's
+  // own layout: kBlockM rows of the consumer's 64 columns (128 bytes, one swizzled slice: conflict-free, since the
+  // eight rows a matrix writes are consecutive), which one TMA box (64 columns x kBlockM rows) stores, clipped at M
+  // and N. Lane l addresses row l % 8 of matrix l / 8 = 2q + h, i.e. D row 8 (j + q) + l % 8 from column 16w + 8h.
+  static DGJIT_DEVICE void epilogue_swapped(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
+                                            const Tile& tile, const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+    static_assert(kNumM64PerWG == 1 && Store::kNumSlices == 1 && Store::kSliceRowBytes == 128,
+                  "a swapped consumer's D is one 128-byte slice of kBlockM rows");
+    const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
+    const uint32_t barrier_id = 1 + math_wg;
+    // The previous tile's TMA store must have finished reading the buffer before it is overwritten.
+    if (is_store_thread) tma_store_wait_read<0>();
+    named_barrier_sync(barrier_id, kWarpgroupThreads);
+    const uint32_t d_base = shared_addr(smem.d(math_wg));
+    const uint32_t warp = warp_idx_in_warpgroup();
+    const uint32_t lane = lane_idx();
+    const uint32_t q = lane / 16, h = lane / 8 % 2;
+    constexpr uint32_t kGroups = kBlockM / 8;
+#pragma unroll
+    for (uint32_t j = 0; j < kGroups; j += 2) {
+      const auto& a = acc[0];
+      if (j + 1 < kGroups) {
+        stmatrix_x4_trans(d_base + d_offset(8 * (j + q) + lane % 8, 16 * warp + 8 * h),
+                          pack_d(a[4 * j], a[4 * j + 1]), pack_d(a[4 * j + 2], a[4 * j + 3]),
+                          pack_d(a[4 * j + 4], a[4 * j + 5]), pack_d(a[4 * j + 6], a[4 * j + 7]));
+      } else {  // (x2: lanes 16-31 give addresses that are not read)
+        stmatrix_x2_trans(d_base + d_offset(8 * j + lane % 8, 16 * warp + 8 * h), pack_d(a[4 * j], a[4 * j + 1]),
+                          pack_d(a[4 * j + 2], a[4 * j + 3]));
+      }
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(barrier_id, kWarpgroupThreads);
+    const uint32_t col0 = tile.n_block * kBlockN + math_wg * 64;
+    if (is_store_thread && col0 < kN) {
+      tma_store_2d(&tmap_d, smem.d(math_wg), static_cast<int32_t>(col0), static_cast<int32_t>(tile.row0));
+      tma_store_commit();
+    }
+  }
+
   // ---- split-K: the shares of a tile meet in global memory (SplitArgs) -------------------------------------
   // A consumer's partial tile: its threads' accumulators in kAccumWords 16-byte words each (accum_word), word-major
   // with `stride` threads per word. Only threads that hold a row below M store and load theirs: thread t holds rows
@@ -2165,7 +2226,11 @@ struct GemmSm90 {
         // Hand the tensor cores to the other consumer (if a next tile exists) and run our epilogue meanwhile.
         if (scheduler.has_next()) named_barrier_arrive(kTurnBarrier + (math_wg ^ 1), 2 * kWarpgroupThreads);
       }
-      epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, bias_regs, acc);
+      if constexpr (kSwapAB) {
+        epilogue_swapped(smem, tmap_d, math_wg, tile, acc);
+      } else {
+        epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, bias_regs, acc);
+      }
       if constexpr (kScaling == Scaling::kRow) stage_next_row_scales(smem, scales, math_wg, m, scheduler, kPingPong ? 1 : 0);
     }
     // kWGSplitK: lane 0's arrival after its last read (or before its first tile) is lane 1's to take.

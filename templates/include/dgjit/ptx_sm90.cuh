@@ -572,6 +572,16 @@ DGJIT_DEVICE void stmatrix_x4(uint32_t smem_addr, uint32_t m0, uint32_t m1, uint
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" : : "r"(smem_addr), "r"(m0),
                "r"(m1), "r"(m2), "r"(m3) : "memory");
 }
+// .trans: each matrix is stored transposed (the fragment's row l / 4 becomes column l / 4 of the stored matrix): lane
+// 8i + r then addresses row r of the stored matrix i, which holds the fragment's column r.
+DGJIT_DEVICE void stmatrix_x2_trans(uint32_t smem_addr, uint32_t m0, uint32_t m1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" : : "r"(smem_addr), "r"(m0),
+               "r"(m1) : "memory");
+}
+DGJIT_DEVICE void stmatrix_x4_trans(uint32_t smem_addr, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" : : "r"(smem_addr),
+               "r"(m0), "r"(m1), "r"(m2), "r"(m3) : "memory");
+}
 // ldmatrix, stmatrix's mirror (same fragment and address roles); volatile with a memory clobber like the
 // epilogue's other shared loads, so that it stays ordered with its stores.
 DGJIT_DEVICE void ldmatrix_x2(uint32_t smem_addr, uint32_t& m0, uint32_t& m1) {

@@ -1,0 +1,60 @@
+"""Swapped sm90 tiles (KernelConfig.swap_ab: the wgmmas compute each tile transposed, B's rows as the instruction's M)
+on the GPU: forced tiles of block_m 8..256 (multiples of 8 that are not multiples of 64 too) on shapes with partial
+tiles in M and N, M below one tile (A's box shrinks to M), N not a multiple of 8 (staged D), K below one K block, and
+more tiles than CTAs, against float64 references with outputs poisoned, and bit for bit against an unswapped tile
+(each output element is the same dot product of an A row and a B row over the same k16 steps; only the operand each
+feeds differs)."""
+import math
+
+import pytest
+
+from deepgemm_jit import reference
+from problems import forced_gemm, forced_gemm_or_skip
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 200, 512), (77, 1001, 520), (383, 520, 2048), (1050, 2112, 7168), (450, 4096, 1536), (13, 136, 40),
+          (4100, 3000, 1032)]
+TILES = ["88x192w", "176x192w", "192x192w", "136x128w", "256x128w", "40x64w", "8x64w", "152x64w"]
+CASES = [("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp16")]
+
+
+def _run(g, a, b):
+    out = reference.poisoned(g.spec.out_shape(a.shape[0]), g.spec.out_dtype)
+    assert g(a, b, out=out) is out
+    return out
+
+
+@pytest.mark.parametrize("dtype,out_dtype", CASES)
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_swapped_tiles_match_reference_and_unswapped_tiles(m, n, k, tile, dtype, out_dtype):
+    cupy = pytest.importorskip("cupy")
+    g = forced_gemm_or_skip(m, n, k, tile, dtype=dtype, out_dtype=out_dtype)
+    assert g.config.swap_ab and g.config.num_threads == (512 if g.config.block_n == 192 else 384), g.config.tag
+    rng = cupy.random.default_rng(m * n + k + len(tile))
+    a = reference.random_matrix((m, k), dtype, rng=rng)
+    b = reference.random_matrix((n, k), dtype, rng=rng, scale=1.0 / math.sqrt(k))
+    out = _run(g, a, b)
+    err = reference.error(out, reference.to_float64(a) @ reference.to_float64(b).T)
+    case = (m, n, k, g.config.tag, dtype, out_dtype)
+    assert reference.within_bound(err, dtype), (case, err)
+    plain = forced_gemm(m, n, k, "128x" + tile.split("x")[1].rstrip("w"), dtype=dtype, out_dtype=out_dtype)
+    assert not isinstance(plain, str) and not plain.config.swap_ab, plain
+    assert bool((_run(plain, a, b) == out).all()), (case, "swapped and unswapped tiles differ")
+
+
+def test_swapped_tile_serves_calls_at_other_m():
+    """One swapped Gemm called at several M (one row, a partial tile, more tiles than CTAs), out= poisoned each
+    time: M is a run-time argument of the swapped kernel as of any other."""
+    cupy = pytest.importorskip("cupy")
+    n, k = 2112, 7168
+    g = forced_gemm_or_skip(1050, n, k, "88x192w", dtype="bf16")
+    rng = cupy.random.default_rng(5)
+    b = reference.random_matrix((n, k), "bf16", rng=rng, scale=1.0 / math.sqrt(k))
+    b64 = reference.to_float64(b)
+    for m in (1050, 1, 87, 89, 4100, 1050):
+        a = reference.random_matrix((m, k), "bf16", rng=rng)
+        out = _run(g, a, b)
+        err = reference.error(out, reference.to_float64(a) @ b64.T)
+        assert reference.within_bound(err, "bf16"), (m, g.config.tag, err)
