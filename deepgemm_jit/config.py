@@ -734,6 +734,14 @@ SM90_SWAP_AB_BUCKET_STEP = 8
 # 1500x7168x2048 61.8 -> 64.7), while 3-stage tiles won at K >= 4096 (900x28672x4096 232x128 296.0 -> 277.2,
 # 1200x28672x4096 240x128 384.1 -> 368.7, 1050x4096x7168 176x192 90.4 -> 87.7).
 SM90_SWAP_AB_SHALLOW_MIN_K = 4096
+# Tiles of fewer rows than SM90_SWAP_AB_NARROW_BLOCK_M (the wgmmas' N) only up to this K: their wgmmas read more
+# shared memory per MAC (64 + N rows of 32 bytes per 64 x N x 16), which the model's (rows + columns) term underprices
+# once the main loop dominates. 777x3584x18944 88x128 ran 157.5 -> 173.3 us (one round of 128x200 became two of
+# 88x128) and 586x7168x16384 88x128 199.4 -> 210.0, while 333x4096x14336 88x128 ran 60.8 -> 58.9, 1666x3584x18944
+# 120x128 304.3 -> 288.1, and every narrow pick at K <= 8192 won 3-9% (1050x2112x7168 88x192 51.1 -> 46.8,
+# 777x7168x8192 112x128 134.5 -> 122.9).
+SM90_SWAP_AB_NARROW_BLOCK_M = 112
+SM90_SWAP_AB_NARROW_MAX_K = 14336
 
 
 def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
@@ -753,6 +761,8 @@ def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int
     for block_n in SM90_SWAP_AB_BLOCK_N:
         max_block_m = 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if block_n == 192 else 128)
         for block_m in range(8, max_block_m + 1, 8):
+            if block_m < SM90_SWAP_AB_NARROW_BLOCK_M and spec.k > SM90_SWAP_AB_NARROW_MAX_K:
+                continue
             stages = _sm90_stages(spec, block_m, block_n, m_hint=m, d_ring=0)
             if stages < 3 or (stages == 3 and spec.k < SM90_SWAP_AB_SHALLOW_MIN_K):
                 continue
