@@ -645,8 +645,11 @@ def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, split
         raise ValueError(f"split_k > 1 needs the Hopper (sm90) family; this problem runs the {cfg.family} family")
     num_sms = device.num_sms() if on_gpu else config_mod.DEFAULT_SM90_NUM_SMS
     bucket = config_mod.tile_bucket(spec, m_hint)
-    if chosen and not config_mod.sm90_tile_may_split(spec, bucket, cfg.block_m):
+    if chosen and (cfg.swap_ab or not config_mod.sm90_tile_may_split(spec, bucket, cfg.block_m)):
         return config_mod.sm90_split_config(spec, bucket, num_sms, splits)  # the cost model's split tile instead
+    if cfg.swap_ab:
+        raise ValueError(f"config {cfg.tag} is a swapped tile (swap_ab), which does not split K: pass split_k=None "
+                         "or 1, or a config with swap_ab=False")
     out = dataclasses.replace(cfg, split_k=True, pingpong=False)
     if out.smem_bytes(spec) > config_mod.SM90_SMEM_BUDGET_BYTES and out.num_stages > 2:
         out = dataclasses.replace(out, num_stages=out.num_stages - 1)

@@ -744,12 +744,23 @@ SM90_SWAP_AB_NARROW_BLOCK_M = 112
 SM90_SWAP_AB_NARROW_MAX_K = 14336
 
 
+def sm90_swap_ab_sizes(m: int, k: int) -> bool:
+    """M in SM90_SWAP_AB_M_RANGE and K >= SM90_SWAP_AB_MIN_K: the sizes where swapped tiles are weighed (a cheap
+    first test before sm90_swap_ab_costed's spec check)."""
+    lo, hi = SM90_SWAP_AB_M_RANGE
+    return lo < m <= hi and k >= SM90_SWAP_AB_MIN_K
+
+
 def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
     """Whether build() weighs swapped tiles for `spec` at M = m (and chooses its tile for M rounded up to
-    SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): specs they take (sm90_swap_ab_problem), K >= SM90_SWAP_AB_MIN_K,
-    M in SM90_SWAP_AB_M_RANGE."""
-    lo, hi = SM90_SWAP_AB_M_RANGE
-    return lo < m <= hi and spec.k >= SM90_SWAP_AB_MIN_K and sm90_swap_ab_problem(spec) is None
+    SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): sm90_swap_ab_sizes, for specs they take (sm90_swap_ab_problem)."""
+    return sm90_swap_ab_sizes(m, spec.k) and sm90_swap_ab_problem(spec) is None
+
+
+def sm90_swap_ab_max_block_m(block_n: int) -> int:
+    """A swapped tile's most rows: block_m / 2 accumulators a thread within 128 registers (96 with the three
+    consumers of block_n 192, as 192-row tiles)."""
+    return 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if block_n == 192 else 128)
 
 
 def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int, int, int] | None:
@@ -759,8 +770,7 @@ def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int
     out_esize = dtypes.get(spec.out_dtype).storage_bytes
     best = None
     for block_n in SM90_SWAP_AB_BLOCK_N:
-        max_block_m = 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if block_n == 192 else 128)
-        for block_m in range(8, max_block_m + 1, 8):
+        for block_m in range(8, sm90_swap_ab_max_block_m(block_n) + 1, 8):
             if block_m < SM90_SWAP_AB_NARROW_BLOCK_M and spec.k > SM90_SWAP_AB_NARROW_MAX_K:
                 continue
             stages = _sm90_stages(spec, block_m, block_n, m_hint=m, d_ring=0)
@@ -799,9 +809,8 @@ def _check_sm90_swap_ab(cfg: KernelConfig, spec: GemmSpec) -> None:
         raise ValueError(f"sm90 swapped tiles (swap_ab) cannot take {problem}")
     if cfg.block_n not in SM90_SWAP_AB_BLOCK_N:
         raise ValueError(f"sm90 swapped tiles take block_n 64, 128 or 192 (64 columns a consumer), got {cfg.block_n}")
-    # The accumulators: block_m / 2 a thread, within 128 registers (96 with three consumers, as 192-row tiles).
-    max_block_m = 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if cfg.block_n == 192 else 128)
-    if cfg.block_m % 8 or not 8 <= cfg.block_m <= max_block_m:
+    max_block_m = sm90_swap_ab_max_block_m(cfg.block_n)
+    if not 8 <= cfg.block_m <= max_block_m:  # (a multiple of 8: KernelConfig checks that)
         raise ValueError(f"sm90 swapped tiles of {cfg.block_n} columns take block_m a multiple of 8 up to "
                          f"{max_block_m}, got {cfg.block_m}")
     _check_sm90_smem(cfg, spec)
@@ -1705,12 +1714,11 @@ def m_bucket_for(spec: GemmSpec, m: int) -> int:
 def buckets_within(spec: GemmSpec, bucket: int) -> tuple[int, ...]:
     """The m_bucket_for buckets of the M that m_bucket rounds up to `bucket` (warmup compiles a kernel for each):
     `bucket` itself, or its steps of SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed."""
-    lo, hi = SM90_SWAP_AB_M_RANGE
-    if not (bucket > lo and spec.k >= SM90_SWAP_AB_MIN_K and sm90_swap_ab_problem(spec) is None):
-        return (bucket,)
     first = bucket
     while first > 1 and m_bucket(first - 1) == bucket:
         first -= 1
+    if not (sm90_swap_ab_costed(spec, first) or sm90_swap_ab_costed(spec, bucket)):  # (one range: both ends tell)
+        return (bucket,)
     return tuple(sorted({m_bucket_for(spec, m) for m in range(first, bucket + 1)}))
 
 

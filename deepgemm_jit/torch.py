@@ -43,8 +43,7 @@ from . import dtypes, quantization
 from .arrays import mn_major_storage_shape, mn_major_view
 from .api import Gemm, build
 from .grouped import GroupedGemm, build_grouped
-from .spec import GemmSpec
-from .spec import LAYOUTS
+from .spec import LAYOUTS, GemmSpec
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
     raise ImportError(f"deepgemm_jit.torch needs torch >= 2.4 (torch.library.custom_op); found {torch.__version__}")
@@ -254,7 +253,8 @@ def _built_once(key: tuple, make: Callable[[], object]):
 
 def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
     bucket = config_mod.m_bucket(m)
-    if spec_args.get("dtype") in ("bf16", "fp16"):  # finer where swapped tiles are weighed (config.m_bucket_for)
+    if spec_args.get("dtype") in ("bf16", "fp16") and config_mod.sm90_swap_ab_sizes(m, k):
+        # finer where swapped tiles are weighed (config.m_bucket_for; checked cheaply first: this runs per call)
         bucket = config_mod.m_bucket_for(GemmSpec.create(n, k, **spec_args), m)
     key = ("gemm", device_index, n, k, bucket, tuple(sorted(spec_args.items())))
     return _built_once(key, lambda: build(bucket, n, k, **spec_args))

@@ -172,6 +172,13 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
     explicit = config.sm90_config(plain.spec, 128, 256, 3)
     with pytest.raises(ValueError, match="accumulators"):
         build(64, 7168, 16384, dtype="bf16", arch="sm_90a", config=explicit, split_k=2)
+    # A swapped pick (no split-K form) gives way to the cost model's split tile; an explicit one is refused by name.
+    swapped = build(1050, 2112, 7168, dtype="bf16", arch="sm_90a")
+    assert swapped.config.swap_ab
+    forced = build(1050, 2112, 7168, dtype="bf16", arch="sm_90a", split_k=2)
+    assert forced.config.split_k and not forced.config.swap_ab and forced.split_k == 2
+    with pytest.raises(ValueError, match="swapped tile.*does not split K"):
+        build(1050, 2112, 7168, dtype="bf16", arch="sm_90a", config=swapped.config, split_k=2)
 
 
 def test_build_deterministic_argument(shared_cache_dir, monkeypatch):
