@@ -733,7 +733,6 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     m, k = (a_shape[0], a_shape[1]) if layout[0] == "n" else (a_shape[1], a_shape[0])
     n = b_shape[0] if layout[1] == "t" else b_shape[1]
     arch = device.current_arch()
-    bucket = config_mod.m_bucket(m)
     if name == "fp32":
         from .fp32x3 import Fp32Spec
 
@@ -742,8 +741,8 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
     else:
         spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,
                                scaling=scaling, fast_accum=fast_accum, epilogue=epilogue)
-    if isinstance(spec, GemmSpec):  # finer where swapped tiles are weighed
-        bucket = config_mod.m_bucket_for(spec, m)
+    # (finer where swapped tiles are weighed: config.m_bucket_for)
+    bucket = config_mod.m_bucket_for(spec, m) if isinstance(spec, GemmSpec) else config_mod.m_bucket(m)
     key = (spec, arch, device.current_device_id(), bucket)  # built for this GPU (SM count, tuning): one per device
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket

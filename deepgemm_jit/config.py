@@ -1273,6 +1273,16 @@ SM90_THIN_MAX_BLOCK_N = 64
 SM90_THIN_MIN_M = 512
 
 
+def _sm90_priced_cost(spec: GemmSpec, m: int, block_m: int, block_n: int, stages: int, num_sms: int,
+                      groups: int = 1) -> float:
+    """An unsplit (unswapped) tile's price at M = m: sm90_tile_cost for the spec's D (gated units' half-width D,
+    their few 16-byte slices), times the 192-row or trans_b 64-row factor."""
+    cost = sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, 128 // dtypes.get(spec.dtype).storage_bytes,
+                          dtypes.get(spec.out_dtype).storage_bytes, num_sms, stages,
+                          block_n // 2 if spec.epi.is_gated else None, groups, few_16b_slices=sm90_few_16b_slices(spec))
+    return cost * (SM90_ROWS192_COST if block_m == 192 else _trans_b_rows64_cost(spec, m, block_m))
+
+
 def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                         preferred_only: bool = True, groups: int = 1) -> list[tuple[float, int, int, int, int]]:
     """(cost, block_m, block_n, stages, splits) of every sm90 tile with at least 3 stages, cheapest first:
@@ -1287,8 +1297,6 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     Raw-B GEMMs: _raw_b_tiles_by_cost."""
     if spec.raw_b:
         return _raw_b_tiles_by_cost(spec, m_hint, num_sms)
-    esize = dtypes.get(spec.dtype).storage_bytes
-    out_esize = dtypes.get(spec.out_dtype).storage_bytes
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     trans_b = sm90_trans_b(spec)
     rows64_min_n = sm90_rows64_unsplit_min_n(spec) if sm90_rows64_unsplit_only(spec, m_hint) else 0
@@ -1314,11 +1322,8 @@ def _sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             stages = _sm90_stages(spec, block_m, block_n, m_hint=stage_hint)
             if stages < (SM90_TRANS_B_MIN_STAGES if trans_b and preferred_only else 3):
                 continue
-            cost = sm90_tile_cost(m_hint, spec.n, spec.k, block_m, block_n, 128 // esize, out_esize, num_sms,
-                                  stages, block_n // 2 if spec.epi.is_gated else None, groups,
-                                  few_16b_slices=sm90_few_16b_slices(spec))
-            cost *= SM90_ROWS192_COST if block_m == 192 else _trans_b_rows64_cost(spec, m_hint, block_m)
-            tiles.append((cost, block_m, block_n, stages, 1))
+            tiles.append((_sm90_priced_cost(spec, m_hint, block_m, block_n, stages, num_sms, groups),
+                          block_m, block_n, stages, 1))
     if not tiles and preferred_only:
         return _sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
     filler = _sm90_decode_filler(spec, m_hint, num_sms, tiles)
@@ -1500,10 +1505,7 @@ def _sm90_pick(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> tu
         cfg, device_splits = _sm90_pick_tile(spec, m_bucket(m_hint), num_sms, groups)
         if cfg.split_k or cfg.pingpong:
             return cfg, device_splits
-        esize = dtypes.get(spec.dtype).storage_bytes
-        pick_cost = sm90_tile_cost(m_hint, spec.n, spec.k, cfg.block_m, cfg.block_n, 128 // esize,
-                                   dtypes.get(spec.out_dtype).storage_bytes, num_sms, cfg.num_stages)
-        pick_cost *= SM90_ROWS192_COST if cfg.block_m == 192 else 1.0
+        pick_cost = _sm90_priced_cost(spec, m_hint, cfg.block_m, cfg.block_n, cfg.num_stages, num_sms)
         swapped = _sm90_swap_ab_best(spec, m_hint, num_sms)
         if swapped is not None and swapped[0] < SM90_SWAP_AB_MIN_GAIN * pick_cost:
             _, block_m, block_n, stages = swapped
