@@ -139,7 +139,7 @@ class KernelConfig:
         it with the value the sm90 module exports)."""
         if self.family == "sm90":
             return sm90_smem_bytes(spec, self.block_m, self.block_n, self.num_stages, self.pingpong, self.split_k,
-                                   self.d_ring)
+                                   self.d_ring, self.swap_ab)
         esize = dtypes.get(spec.dtype).storage_bytes
         pad = 16 // esize
         a_rows, a_cols = (self.block_m, self.block_k) if spec.a_k_major else (self.block_k, self.block_m)
@@ -217,35 +217,43 @@ def sm90_num_threads(block_m: int, pingpong: bool, swapped_block_n: int | None =
     return max(3, consumers + 1) * 128
 
 
-def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool) -> bool:
+def sm90_wg_split_k(spec: GemmSpec, block_m: int, pingpong: bool, swap_ab: bool = False) -> bool:
     """Whether a 64-row cooperative tile splits its K blocks between two consumer warpgroups (the second would
     otherwise idle), summed through shared memory before the epilogue: promoted FP8 with per-tensor or per-row
-    scales, where it measured 2-9% faster (mirror of GemmSm90::kWGSplitK, which says why not the others)."""
-    return (block_m == 64 and not pingpong and spec.dtype in dtypes.FP8_DTYPES and spec.promote
+    scales, where it measured 2-9% faster (mirror of GemmSm90::kWGSplitK, which says why not the others). Not
+    swapped tiles."""
+    return (block_m == 64 and not pingpong and not swap_ab and spec.dtype in dtypes.FP8_DTYPES and spec.promote
             and spec.scaling in ("tensor", "row"))
 
 
-def sm90_two_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool) -> bool:
+def sm90_two_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool, swap_ab: bool = False) -> bool:
     """Whether a promoted FP8 tile queues K block i + 1's wgmmas into a second partial set before promoting K block
     i (mirror of GemmSm90::kTwoPartialSets): tiles without K lanes whose consumer holds at most 64 accumulators
     per thread (64 / 128-row tiles up to 128 columns, ping-pong or 256-row tiles up to 64), where the extra set
     fits the registers. Measured on the H200 (session 18): FP8 per-tensor 4096x4096x7168 (128x128) 7% faster,
-    fused quant_fp8_g128 (128x128) 3-9%, FP8 block 128x7168x16384 (64x128) 6%."""
+    fused quant_fp8_g128 (128x128) 3-9%, FP8 block 128x7168x16384 (64x128) 6%. A swapped tile's consumer holds
+    block_m / 2: up to 128 rows."""
+    if not (spec.dtype in dtypes.FP8_DTYPES and spec.promote):
+        return False
+    if swap_ab:
+        return block_m // 2 <= 64
     _, rows = sm90_consumers(block_m, pingpong)
-    return (spec.dtype in dtypes.FP8_DTYPES and spec.promote and not sm90_wg_split_k(spec, block_m, pingpong)
-            and (rows // 64) * (block_n // 2) <= 64)
+    return not sm90_wg_split_k(spec, block_m, pingpong) and (rows // 64) * (block_n // 2) <= 64
 
 
-def sm90_half_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool) -> bool:
+def sm90_half_partial_sets(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool, swap_ab: bool = False) -> bool:
     """Whether a promoted per-tensor / per-row FP8 tile too wide for sm90_two_partial_sets issues each K block as two
     halves of block_n / 2 columns into their own partial sets (mirror of GemmSm90::kHalfSets): one m64 slice per
     consumer, halves a multiple of 8 wide, no K lanes and no fused epilogue. Block scaling keeps one set (1% slower
-    with halves, session 19)."""
+    with halves, session 19). Swapped tiles halve block_m (the wgmmas' N), the first half rounded up to 8 rows."""
+    if not (spec.dtype in dtypes.FP8_DTYPES and spec.promote and spec.scaling != "block" and spec.epi.is_identity):
+        return False
+    if sm90_two_partial_sets(spec, block_m, block_n, pingpong, swap_ab):
+        return False
+    if swap_ab:
+        return block_m >= 16
     _, rows = sm90_consumers(block_m, pingpong)
-    return (spec.dtype in dtypes.FP8_DTYPES and spec.promote and spec.scaling != "block"
-            and not sm90_wg_split_k(spec, block_m, pingpong)
-            and not sm90_two_partial_sets(spec, block_m, block_n, pingpong) and rows == 64
-            and (block_n // 2) % 8 == 0 and spec.epi.is_identity)
+    return not sm90_wg_split_k(spec, block_m, pingpong) and rows == 64 and (block_n // 2) % 8 == 0
 
 
 # Narrowest slice (bytes per row) a D ring takes, by D dtype (mirror of GemmSm90::kRingD): FP32 from 16 columns;
@@ -341,14 +349,16 @@ def _sm90_16bit_ring_pays(spec: GemmSpec, block_m: int, block_n: int, pingpong: 
 
 
 def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int, pingpong: bool = False,
-                    split_k: bool = False, d_ring: int = 0) -> int:
+                    split_k: bool = False, d_ring: int = 0, swap_ab: bool = False) -> int:
     """D staging tile per consumer (d_ring: only that many of its column slices) (+ a residual tile when the
     epilogue reads both C and a residual) + stages x (A tile
     + B tile, 128 bytes of K per row; an MN-major operand's 64-wide boxes of block_k rows take the same bytes;
     raw_b: two of each) + full/empty (raw_b: and lo_full) barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer (+ 16 bytes of split-K flags) (+ the second K lane's FP32 sums of a 64-row tile,
-    sm90_wg_split_k) + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh)."""
+    sm90_wg_split_k) + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh). Swapped tiles (swap_ab):
+    block_n / 64 consumers each stage block_m rows of their 64 columns (the same D bytes), and row scaling's
+    buffers hold block_m row and 64 column scales a consumer."""
     num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
     epi = spec.epi
     out_cols = block_n // 2 if epi.is_gated else block_n  # gated units: D tiles are half as wide (kOutCols)
@@ -362,9 +372,9 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
         b_blocks = 1 if 128 % block_n == 0 else (block_n // 128 if block_n % 128 == 0 else block_n // 128 + 2)
         scale_bytes = num_stages * -(-(block_m + b_blocks) // 4) * 16
     if spec.scaling == "row":
-        scale_bytes = num_math_wgs * (wg_rows + block_n) * 4
+        scale_bytes = (block_n // 64 * (block_m + 64) if swap_ab else num_math_wgs * (wg_rows + block_n)) * 4
     split_bytes = 16 if split_k else 0
-    lane_bytes = wg_rows * block_n * 4 if sm90_wg_split_k(spec, block_m, pingpong) else 0
+    lane_bytes = wg_rows * block_n * 4 if sm90_wg_split_k(spec, block_m, pingpong, swap_ab) else 0
     # raw_b: a stage holds A_hi and A_lo, the raw B block and its B_lo slot, and has a third barrier (lo_full);
     # trans_b: the raw (MN-major) B block and its K-major slot, and the third barrier.
     operand_tiles = 2 if spec.raw_b else 1
@@ -725,6 +735,11 @@ SM90_SWAP_AB_BLOCK_N = (64, 128, 192)
 # 1536 (1050x24576x1536 115.9 -> 113.8 at best, 1050x32768x512 60.8 -> 60.1 at best and 62.6 at the model's 176x128,
 # 586x24576x1536 67.8 -> 67.6 at best and 73.8 at 152x192), and gains under 2% (2048x2112x7168 86.0 -> 86.8 at
 # 176x192, modelled 0.984; 586x7168x16384 199.4 -> 201.8 at 152x128, 210.0 at 88x128, modelled 1.01).
+# FP8 with per-tensor / per-row scales (session 51) takes the same prices: all 31 rows of M 300-1666 where they picked
+# a swapped tile ran faster, 0.910x the usual pick's time (geomean; bench/results/*exp-ab-fp8-swap-ab-rows-s51*):
+# per-tensor 1050x7168x16384 184.5 -> 171.9 us, 300x7168x16384 72.6 -> 57.3, 1666x4096x7168 75.1 -> 74.8 (the least);
+# per-row 777x4096x7168 57.9 -> 38.6 (128x176 before). One consumer (x64) ran slower than two on 29 of the 30 rows
+# timed both ways (152x64 258.2 us at 1050x7168x16384), as the x1.09 price has it.
 SM90_SWAP_AB_COST = {64: 1.09, 128: 1.03, 192: 1.12}
 SM90_SWAP_AB_MIN_GAIN = 0.98
 SM90_SWAP_AB_M_RANGE = (256, 2048)  # M in (lo, hi]: below, split-K and 64-row tiles hold the small rows
@@ -751,43 +766,64 @@ def sm90_swap_ab_sizes(m: int, k: int) -> bool:
     return lo < m <= hi and k >= SM90_SWAP_AB_MIN_K
 
 
+def sm90_swap_ab_inputs(dtype: str | None, scaling: str) -> bool:
+    """Whether inputs of this canonical dtype and scaling can run swapped tiles (a cheap first test on build()'s
+    arguments, before a spec exists: sm90_swap_ab_problem says the rest)."""
+    return dtype in ("bf16", "fp16") or (dtype in dtypes.FP8_DTYPES and scaling in ("tensor", "row"))
+
+
 def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
     """Whether build() weighs swapped tiles for `spec` at M = m (and chooses its tile for M rounded up to
     SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): sm90_swap_ab_sizes, for specs they take (sm90_swap_ab_problem)."""
     return sm90_swap_ab_sizes(m, spec.k) and sm90_swap_ab_problem(spec) is None
 
 
-def sm90_swap_ab_max_block_m(block_n: int) -> int:
+def sm90_swap_ab_max_block_m(spec: GemmSpec, block_n: int) -> int:
     """A swapped tile's most rows: block_m / 2 accumulators a thread within 128 registers (96 with the three
-    consumers of block_n 192, as 192-row tiles)."""
-    return 2 * (SM90_THREE_CONSUMER_MAX_ACCUMULATORS if block_n == 192 else 128)
+    consumers of block_n 192, as 192-row tiles; promoted FP8 holds two sets in 176)."""
+    if block_n == 192:
+        return 2 * SM90_THREE_CONSUMER_MAX_ACCUMULATORS
+    return sm90_max_accumulators(spec, 128) // (2 if spec.promote else 1) * 2
+
+
+def _sm90_swap_ab_priced(spec: GemmSpec, m: int, num_sms: int, block_m: int,
+                         block_n: int) -> tuple[float, int, int, int] | None:
+    """(cost, block_m, block_n, stages) of one swapped tile at M = m, priced by SM90_SWAP_AB_COST, or None where the
+    model does not weigh it (fewer than 3 stages, the fences below)."""
+    if block_m < SM90_SWAP_AB_NARROW_BLOCK_M and spec.k > SM90_SWAP_AB_NARROW_MAX_K:
+        return None
+    stages = _sm90_stages(spec, block_m, block_n, m_hint=m, d_ring=0, swap_ab=True)
+    if stages < 3 or (stages == 3 and spec.k < SM90_SWAP_AB_SHALLOW_MIN_K):
+        return None
+    esize = dtypes.get(spec.dtype).storage_bytes
+    out_esize = dtypes.get(spec.out_dtype).storage_bytes
+    cost = SM90_SWAP_AB_COST[block_n] * sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, 128 // esize,
+                                                        out_esize, num_sms, stages)
+    return cost, block_m, block_n, stages
+
+
+def _sm90_swap_ab_tiles(spec: GemmSpec, m: int, num_sms: int) -> list[tuple[float, int, int, int]]:
+    """Every swapped tile the model weighs at M = m (_sm90_swap_ab_priced), cheapest first (ties: fewer columns,
+    then fewer rows)."""
+    priced = (_sm90_swap_ab_priced(spec, m, num_sms, block_m, block_n)
+              for block_n in sm90_swap_ab_block_ns(spec)
+              for block_m in range(8, sm90_swap_ab_max_block_m(spec, block_n) + 1, 8))
+    return sorted((p for p in priced if p is not None), key=lambda p: (p[0], p[2], p[1]))
 
 
 def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int, int, int] | None:
-    """(cost, block_m, block_n, stages) of the cheapest swapped tile with at least 3 stages at M = m, priced by
-    SM90_SWAP_AB_COST, or None."""
-    esize = dtypes.get(spec.dtype).storage_bytes
-    out_esize = dtypes.get(spec.out_dtype).storage_bytes
-    best = None
-    for block_n in SM90_SWAP_AB_BLOCK_N:
-        for block_m in range(8, sm90_swap_ab_max_block_m(block_n) + 1, 8):
-            if block_m < SM90_SWAP_AB_NARROW_BLOCK_M and spec.k > SM90_SWAP_AB_NARROW_MAX_K:
-                continue
-            stages = _sm90_stages(spec, block_m, block_n, m_hint=m, d_ring=0)
-            if stages < 3 or (stages == 3 and spec.k < SM90_SWAP_AB_SHALLOW_MIN_K):
-                continue
-            cost = SM90_SWAP_AB_COST[block_n] * sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, 128 // esize,
-                                                                out_esize, num_sms, stages)
-            if best is None or cost < best[0]:
-                best = (cost, block_m, block_n, stages)
-    return best
+    """(cost, block_m, block_n, stages) of the cheapest swapped tile at M = m, or None."""
+    tiles = _sm90_swap_ab_tiles(spec, m, num_sms)
+    return tiles[0] if tiles else None
 
 
 def sm90_swap_ab_problem(spec: GemmSpec) -> str | None:
     """Why a spec cannot run swapped tiles (KernelConfig.swap_ab, mirror of GemmSm90's kSwapAB static_assert), or
-    None: 16-bit inputs and D, layout nt, dense, no fused epilogue (the transposing store is the plain one)."""
-    if spec.dtype not in ("bf16", "fp16") or spec.out_dtype not in ("bf16", "fp16"):
-        return f"dtype {spec.dtype!r} / out_dtype {spec.out_dtype!r} (16-bit inputs and output only)"
+    None: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, no fused epilogue
+    (the transposing store is the plain one)."""
+    if not sm90_swap_ab_inputs(spec.dtype, spec.scaling) or spec.out_dtype not in ("bf16", "fp16"):
+        return (f"dtype {spec.dtype!r} / out_dtype {spec.out_dtype!r} (16-bit inputs or FP8 with tensor / row "
+                "scales, and a 16-bit output)")
     if not (spec.a_k_major and spec.b_k_major):
         return f"layout {spec.layout!r} (nt only)"
     if spec.grouped:
@@ -803,13 +839,22 @@ def _check_sm90_smem(cfg: KernelConfig, spec: GemmSpec) -> None:
                          f"sm_90a allows {SM90_SMEM_BUDGET_BYTES} B: lower num_stages or the block shape")
 
 
+def sm90_swap_ab_block_ns(spec: GemmSpec) -> tuple[int, ...]:
+    """A swapped tile's block_n for `spec`: 64 columns a consumer, three consumers (192) for 16-bit inputs only
+    (as 192-row tiles: sm90_three_consumer_problem)."""
+    return SM90_SWAP_AB_BLOCK_N if spec.dtype in ("bf16", "fp16") else SM90_SWAP_AB_BLOCK_N[:2]
+
+
 def _check_sm90_swap_ab(cfg: KernelConfig, spec: GemmSpec) -> None:
     problem = sm90_swap_ab_problem(spec)
     if problem is not None:
         raise ValueError(f"sm90 swapped tiles (swap_ab) cannot take {problem}")
-    if cfg.block_n not in SM90_SWAP_AB_BLOCK_N:
-        raise ValueError(f"sm90 swapped tiles take block_n 64, 128 or 192 (64 columns a consumer), got {cfg.block_n}")
-    max_block_m = sm90_swap_ab_max_block_m(cfg.block_n)
+    block_ns = sm90_swap_ab_block_ns(spec)
+    if cfg.block_n not in block_ns:
+        names = ", ".join(map(str, block_ns[:-1])) + f" or {block_ns[-1]}"
+        raise ValueError(f"sm90 swapped tiles of {spec.dtype} take block_n {names} (64 columns a consumer), got "
+                         f"{cfg.block_n}")
+    max_block_m = sm90_swap_ab_max_block_m(spec, cfg.block_n)
     if not 8 <= cfg.block_m <= max_block_m:  # (a multiple of 8: KernelConfig checks that)
         raise ValueError(f"sm90 swapped tiles of {cfg.block_n} columns take block_m a multiple of 8 up to "
                          f"{max_block_m}, got {cfg.block_m}")
@@ -844,12 +889,12 @@ def sm90_stage_cap(block_m: int, block_n: int, m_hint: int | None) -> int:
 
 
 def _sm90_stages(spec: GemmSpec, block_m: int, block_n: int, pingpong: bool = False, split_k: bool = False,
-                 m_hint: int | None = None, d_ring: int | None = None) -> int:
+                 m_hint: int | None = None, d_ring: int | None = None, swap_ab: bool = False) -> int:
     """As many stages as fit, 2 up to sm90_stage_cap (d_ring None: sm90_d_ring's rule)."""
     if d_ring is None:
         d_ring = sm90_d_ring(spec, block_m, block_n, pingpong, m_hint)
     for stages in range(sm90_stage_cap(block_m, block_n, m_hint), 1, -1):
-        if (sm90_smem_bytes(spec, block_m, block_n, stages, pingpong, split_k, d_ring)
+        if (sm90_smem_bytes(spec, block_m, block_n, stages, pingpong, split_k, d_ring, swap_ab)
                 <= SM90_SMEM_BUDGET_BYTES):
             return stages
     return 0
@@ -1615,7 +1660,7 @@ def sm90_config(spec: GemmSpec, block_m: int, block_n: int, num_stages: int | No
         d_ring = 0
     if d_ring is None:
         d_ring = sm90_d_ring(spec, block_m, block_n, pingpong, m_hint)
-    stages = (_sm90_stages(spec, block_m, block_n, pingpong, split_k, d_ring=d_ring)
+    stages = (_sm90_stages(spec, block_m, block_n, pingpong, split_k, d_ring=d_ring, swap_ab=swap_ab)
               if num_stages is None else num_stages)
     return KernelConfig(family="sm90", block_m=block_m, block_n=block_n, block_k=128 // esize,
                         num_stages=stages, warps_m=2, warps_n=1, vec_a=16 // esize, vec_b=16 // esize,

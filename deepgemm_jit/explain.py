@@ -34,7 +34,7 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "split_k": _split_k(gemm),
         # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).
         "k_lanes": (2 if gemm.config.family == "sm90" and config_mod.sm90_wg_split_k(
-            gemm.artifact.spec, gemm.config.block_m, gemm.config.pingpong) else 1),
+            gemm.artifact.spec, gemm.config.block_m, gemm.config.pingpong, gemm.config.swap_ab) else 1),
         # Partial-sum sets of a promoted K loop (2: wgmmas run while one set is promoted: the next K block's,
         # config.sm90_two_partial_sets, or on wide tiles the other half of this one's, sm90_half_partial_sets);
         # 0 without promotion.
@@ -117,7 +117,7 @@ def _partial_sets(gemm) -> int:
     cfg, spec = gemm.config, gemm.artifact.spec
     if cfg.family != "sm90" or not spec.promote:
         return 0
-    args = (spec, cfg.block_m, cfg.block_n, cfg.pingpong)
+    args = (spec, cfg.block_m, cfg.block_n, cfg.pingpong, cfg.swap_ab)
     return 2 if config_mod.sm90_two_partial_sets(*args) or config_mod.sm90_half_partial_sets(*args) else 1
 
 

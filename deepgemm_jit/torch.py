@@ -253,7 +253,8 @@ def _built_once(key: tuple, make: Callable[[], object]):
 
 def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
     bucket = config_mod.m_bucket(m)
-    if spec_args.get("dtype") in ("bf16", "fp16") and config_mod.sm90_swap_ab_sizes(m, k):
+    if (config_mod.sm90_swap_ab_sizes(m, k)
+            and config_mod.sm90_swap_ab_inputs(spec_args.get("dtype"), spec_args.get("scaling", "none"))):
         # finer where swapped tiles are weighed (config.m_bucket_for; checked cheaply first: this runs per call)
         bucket = config_mod.m_bucket_for(GemmSpec.create(n, k, **spec_args), m)
     key = ("gemm", device_index, n, k, bucket, tuple(sorted(spec_args.items())))

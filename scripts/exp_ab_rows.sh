@@ -8,16 +8,8 @@ set -uo pipefail
 rows=$1; outdir=$2; shift 2
 mkdir -p "$outdir"
 n=0; rc=0
-while read -r problem tiles; do
-  case "$problem" in ''|'#'*) continue;; esac
-  n=$((n + 1))
-  trees=()
-  for tile in $tiles; do trees+=(--tree "t$tile=.@$tile"); done
-  python3 -m scripts.exp_ab_templates "${trees[@]}" --problems "$problem" --out "$outdir/row$n" "$@" \
-    > "$outdir/row$n.log" 2>&1 || { rc=1; echo "row $n ($problem) failed: $outdir/row$n.log"; }
-  tail -3 "$outdir/row$n.log"
-done < "$rows"
 # One file for all rows (the device tool brings back few files): {"rows": [...every row's JSON rows...]}.
+merge() {
 python3 - "$outdir" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -30,4 +22,16 @@ if rows:
         print(r["problem"], "bitwise" if r.get("bitwise_equal") else "NOT bitwise",
               " ".join(f"{k} {v:.1f}" for k, v in times.items()), "best", best)
 PY
+}
+while read -r problem tiles; do
+  case "$problem" in ''|'#'*) continue;; esac
+  n=$((n + 1))
+  trees=()
+  for tile in $tiles; do trees+=(--tree "t$tile=.@$tile"); done
+  python3 -m scripts.exp_ab_templates "${trees[@]}" --problems "$problem" --out "$outdir/row$n" "$@" \
+    > "$outdir/row$n.log" 2>&1 || { rc=1; echo "row $n ($problem) failed: $outdir/row$n.log"; }
+  tail -3 "$outdir/row$n.log"
+  merge > /dev/null  # after every row: a call cut short by its time limit keeps the rows it finished
+done < "$rows"
+merge
 exit $rc

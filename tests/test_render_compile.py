@@ -230,39 +230,75 @@ def test_192_row_tiles_rules():
 SWAP_AB_VARIANTS = [  # (dtype, out_dtype, block_m, block_n): swapped tiles, block_m any multiple of 8
     ("bf16", "bf16", 88, 192), ("fp16", "fp16", 192, 192), ("bf16", "fp16", 136, 128), ("fp16", "bf16", 256, 128),
     ("bf16", "bf16", 40, 64), ("bf16", "bf16", 8, 64), ("fp16", "fp16", 152, 64)]
+# FP8 (spec keywords, block_m, block_n, the wgmmas' N per issue): promoted tiles of up to 128 rows keep two partial
+# sets (whole N), wider ones two uneven halves (152: 80 + 72), unpromoted ones one straight K loop; E4M3 x E5M2
+# issues E5M2 x E4M3 (B's rows are the instruction's A).
+SWAP_AB_FP8_VARIANTS = [
+    (dict(scaling="tensor"), 88, 128, {"QGMMA.64x88x32.F32.E4M3.E4M3": 16}),
+    (dict(scaling="row"), 152, 128, {"QGMMA.64x80x32.F32.E4M3.E4M3": 8, "QGMMA.64x72x32.F32.E4M3.E4M3": 8}),
+    (dict(scaling="tensor", out_dtype="fp16"), 176, 64, {"QGMMA.64x88x32.F32.E4M3.E4M3": 16}),
+    (dict(scaling="row", b_dtype="fp8_e5m2"), 8, 64, {"QGMMA.64x8x32.F32.E5M2.E4M3": 16}),
+    (dict(scaling="tensor", fast_accum=True), 200, 128, {"QGMMA.64x200x32.F32.E4M3.E4M3": 4}),
+]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n", SWAP_AB_VARIANTS)
-def test_swap_ab_variants_compile(dtype, out_dtype, block_m, block_n, shared_cache_dir, monkeypatch):
-    """Swapped tiles (KernelConfig.swap_ab): HGMMA of the instruction N block_m, D staged by transposing stmatrix
+def _swap_ab_compiled(spec, block_m, block_n, cache_dir, monkeypatch):
+    """A swapped tile's artifact, after the checks every swapped variant passes: D staged by transposing stmatrix
     (STSM, one per two 8-row groups) and stored by one TMA box per consumer; no local memory or wgmma serialisation;
     the exported layout (D box of 64 columns x block_m rows, a consumer per 64 columns) as config says."""
-    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    spec = GemmSpec.create(1000, 2048, dtype=dtype, out_dtype=out_dtype)
+    from deepgemm_jit import launch
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(cache_dir))
     cfg = config.sm90_config(spec, block_m, block_n, swap_ab=True)
     cfg.check_for(spec, "sm_90a")
     art = jit.get_kernel(spec, cfg, "sm_90a")
     mix = sass.opcode_mix(art.cubin)
     usage = sass.resource_usage(art.cubin)[art.entry]
-    case = f"{dtype=} {out_dtype=} {cfg.tag}"
+    case = f"{spec.dtype=} {spec.out_dtype=} {cfg.tag}"
     assert cfg.tag.endswith("_sw") and cfg.d_ring == 0, case
-    assert mix.get("HGMMA", 0) == 4 and mix.get("UTMASTG", 0) == 1 and mix.get("STG", 0) == 0, (case, mix)
+    assert mix.get("UTMASTG", 0) == 1 and mix.get("STG", 0) == 0, (case, mix)
     assert mix.get("STSM", 0) == -(-block_m // 16), (case, mix)
-    assert f"HGMMA.64x{block_m}x16" in sass.disassemble(art.cubin), case
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, (case, usage)
     assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
-    from deepgemm_jit import launch
     sym = launch.sm90_symbols(art)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
     assert sym["num_threads"] == cfg.num_threads == (512 if block_n == 192 else 384), case
     assert (sym["d_box_cols"], sym["d_box_rows"], sym["d_swizzle_bytes"]) == (64, block_m, 128), case
     launch.check_layout(art, spec)
+    return art, mix, case
+
+
+@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n", SWAP_AB_VARIANTS)
+def test_swap_ab_variants_compile(dtype, out_dtype, block_m, block_n, shared_cache_dir, monkeypatch):
+    """Swapped 16-bit tiles (KernelConfig.swap_ab): HGMMA of the instruction N block_m, and _swap_ab_compiled's
+    checks."""
+    spec = GemmSpec.create(1000, 2048, dtype=dtype, out_dtype=out_dtype)
+    art, mix, case = _swap_ab_compiled(spec, block_m, block_n, shared_cache_dir, monkeypatch)
+    assert mix.get("HGMMA", 0) == 4, (case, mix)
+    assert f"HGMMA.64x{block_m}x16" in sass.disassemble(art.cubin), case
+
+
+@pytest.mark.parametrize("kwargs,block_m,block_n,qgmma", SWAP_AB_FP8_VARIANTS)
+def test_swap_ab_fp8_variants_compile(kwargs, block_m, block_n, qgmma, shared_cache_dir, monkeypatch):
+    """Swapped FP8 tiles with per-tensor / per-row scales: the QGMMA shapes and operand types of their K loop
+    (SWAP_AB_FP8_VARIANTS), and _swap_ab_compiled's checks."""
+    import collections
+    import re
+
+    spec = GemmSpec.create(1000, 2048, dtype="fp8", **kwargs)
+    art, _, case = _swap_ab_compiled(spec, block_m, block_n, shared_cache_dir, monkeypatch)
+    found = collections.Counter(re.findall(r"QGMMA\.[0-9x]+\.F32\.E[0-9M]+\.E[0-9M]+", sass.disassemble(art.cubin)))
+    assert dict(found) == qgmma, (case, found)
+    two = config.sm90_two_partial_sets(spec, block_m, block_n, False, True)
+    half = config.sm90_half_partial_sets(spec, block_m, block_n, False, True)
+    assert (two, half) == (spec.promote and block_m <= 128, spec.promote and block_m > 128), case
 
 
 def test_swap_ab_rules():
-    """Swapped tiles: 16-bit inputs and D, layout nt, dense, no epilogue, cooperative unsplit whole-tile D; block_n
-    64 / 128 / 192 and block_m a multiple of 8 within the accumulators (96 a thread with three consumers), named in
-    the error before anything is compiled."""
+    """Swapped tiles: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, no
+    epilogue, cooperative unsplit whole-tile D; block_n 64 / 128 / 192 (FP8: 64 / 128) and block_m a multiple of 8
+    within the accumulators (96 a thread with three consumers, 176 in two sets for promoted FP8), named in the error
+    before anything is compiled."""
     bf16 = GemmSpec.create(1024, 2048, dtype="bf16")
     config.sm90_config(bf16, 88, 192, swap_ab=True).check_for(bf16, "sm_90a")
     config.sm90_config(bf16, 256, 128, swap_ab=True).check_for(bf16, "sm_90a")
@@ -274,7 +310,9 @@ def test_swap_ab_rules():
         config.sm90_config(bf16, 84, 128, 2, swap_ab=True)
     for spec, match in ((GemmSpec.create(1024, 2048, dtype="tf32"), "dtype 'tf32'"),
                         (GemmSpec.create(1024, 2048, dtype="bf16", out_dtype="fp32"), "out_dtype 'fp32'"),
-                        (GemmSpec.create(1024, 2048, dtype="fp8", scaling="tensor"), "dtype 'fp8_e4m3'"),
+                        (GemmSpec.create(1024, 2048, dtype="fp8", scaling="block"), "dtype 'fp8_e4m3'"),
+                        (GemmSpec.create(1024, 2048, dtype="fp8", scaling="tensor", out_dtype="fp32"),
+                         "out_dtype 'fp32'"),
                         (GemmSpec.create(1024, 2048, dtype="bf16", layout="tn"), "layout 'tn'"),
                         (GemmSpec.create(1024, 2048, dtype="bf16", grouped=True), "grouped"),
                         (GemmSpec.create(1024, 2048, dtype="bf16", epilogue="bias"), "epilogue 'bias'")):
@@ -283,6 +321,15 @@ def test_swap_ab_rules():
         cfg = dataclasses.replace(cfg, block_k=128 // esize, vec_a=16 // esize, vec_b=16 // esize)
         with pytest.raises(ValueError, match=f"swapped tiles.*{match}"):
             cfg.check_for(spec, "sm_90a")
+    # FP8 (per-tensor / per-row): two consumers at most (as 192-row tiles), 176 rows promoted (two accumulator sets)
+    fp8 = GemmSpec.create(1024, 2048, dtype="fp8", scaling="row")
+    fast = GemmSpec.create(1024, 2048, dtype="fp8", scaling="tensor", fast_accum=True)
+    config.sm90_config(fp8, 176, 128, swap_ab=True).check_for(fp8, "sm_90a")
+    config.sm90_config(fast, 256, 64, swap_ab=True).check_for(fast, "sm_90a")
+    for spec, bm, bn, match in ((fp8, 88, 192, "fp8_e4m3 take block_n 64 or 128"), (fp8, 184, 128, "up to 176"),
+                                (fast, 264, 64, "up to 256")):
+        with pytest.raises(ValueError, match=match):
+            config.sm90_config(spec, bm, bn, 2, swap_ab=True).check_for(spec, "sm_90a")
     ok = config.sm90_config(bf16, 88, 128, 2, swap_ab=True)
     for kw in (dict(pingpong=True), dict(split_k=True), dict(d_ring=2)):
         with pytest.raises(ValueError, match="swap_ab tiles"):

@@ -489,15 +489,17 @@ def test_fp8_tensor_mid_m_floor_on_block_n():
     2112 x 7168 ran 75.3 us at 2000 rows where 128x144 ran 50.5); the picks it moves are exactly those."""
     from bench import runner
     spec = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
-    for m in (1000, 2000):
-        assert (config.choose_config(spec, m, "sm_90a", 132).block_n, m) == (144, m)
-        # (SM90_THIN_MIN_M: thin tiles over several rounds are left out for every dtype since session 49)
-        with runner.config_constants({"SM90_FP8_TENSOR_MIN_BLOCK_N": 8, "SM90_THIN_MIN_M": 1 << 30}):
-            assert config.choose_config(spec, m, "sm_90a", 132).block_n == 64
-    assert config.choose_config(spec, 3000, "sm_90a", 132).block_n == 96  # 96 stays allowed
-    assert config.choose_config(spec, 512, "sm_90a", 132).block_n == 64  # below 1024 rows: unchanged
-    narrow_n = GemmSpec.create(1024, 7168, dtype="fp8", scaling="tensor")  # fills the SMs with narrow tiles
-    assert config.choose_config(narrow_n, 1024, "sm_90a", 132).block_n == 64
+    # (the usual buckets' picks: swapped tiles, weighed for per-tensor FP8 up to 2048 rows since session 51, are off)
+    with runner.config_constants({"SM90_SWAP_AB_M_RANGE": (0, 0)}):
+        for m in (1000, 2000):
+            assert (config.choose_config(spec, m, "sm_90a", 132).block_n, m) == (144, m)
+            # (SM90_THIN_MIN_M: thin tiles over several rounds are left out for every dtype since session 49)
+            with runner.config_constants({"SM90_FP8_TENSOR_MIN_BLOCK_N": 8, "SM90_THIN_MIN_M": 1 << 30}):
+                assert config.choose_config(spec, m, "sm_90a", 132).block_n == 64
+        assert config.choose_config(spec, 3000, "sm_90a", 132).block_n == 96  # 96 stays allowed
+        assert config.choose_config(spec, 512, "sm_90a", 132).block_n == 64  # below 1024 rows: unchanged
+        narrow_n = GemmSpec.create(1024, 7168, dtype="fp8", scaling="tensor")  # fills the SMs with narrow tiles
+        assert config.choose_config(narrow_n, 1024, "sm_90a", 132).block_n == 64
 
 
 def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
@@ -595,13 +597,31 @@ def test_sm90_gated_units_price_their_few_16_byte_slices(kwargs, m, n, k, tile):
     (dict(dtype="bf16", epilogue="bias"), 1050, 2112, 7168, None),   # plain stores only
     (dict(dtype="bf16", out_dtype="fp32"), 1050, 2112, 7168, None),  # 16-bit D only
     (dict(dtype="bf16", layout="nn"), 1050, 2112, 7168, None),       # nt only
-    (dict(dtype="fp8", scaling="tensor"), 1050, 2112, 7168, None),
+    # H200 session 51 (scripts/exp_ab_rows.sh, us, the usual pick -> the swapped one; 31 rows, every pick faster)
+    (dict(dtype="fp8", scaling="tensor"), 1050, 2112, 7168, (152, 128)),    # 30.3 -> 29.0
+    (dict(dtype="fp8", scaling="tensor"), 1050, 7168, 16384, (152, 128)),   # 184.5 -> 171.9
+    (dict(dtype="fp8", scaling="tensor"), 1050, 4096, 7168, (136, 128)),    # 51.5 -> 49.3
+    (dict(dtype="fp8", scaling="tensor"), 300, 7168, 16384, (152, 128)),    # 72.6 -> 57.3
+    (dict(dtype="fp8", scaling="tensor"), 300, 2112, 7168, (80, 64)),       # 16.4 -> 15.1
+    (dict(dtype="fp8", scaling="tensor"), 777, 7168, 16384, (112, 128)),    # 140.3 -> 126.1
+    (dict(dtype="fp8", scaling="tensor"), 1666, 2112, 7168, (112, 128)),    # 43.6 -> 40.4
+    (dict(dtype="fp8", scaling="row"), 777, 4096, 7168, (104, 128)),        # 57.9 -> 38.6 (128x176 before)
+    (dict(dtype="fp8", scaling="row"), 777, 2112, 7168, (112, 128)),        # 30.6 -> 23.2
+    (dict(dtype="fp8", scaling="row"), 1050, 4096, 7168, (136, 128)),       # 57.9 -> 50.3
+    (dict(dtype="fp8", scaling="row"), 300, 4096, 7168, (80, 128)),         # 26.4 -> 20.6
+    (dict(dtype="fp8", scaling="row"), 1666, 7168, 16384, (120, 128)),      # 280.8 -> 266.1
+    (dict(dtype="fp8", scaling="tensor"), 2048, 2112, 7168, None),
+    (dict(dtype="fp8", scaling="tensor"), 1050, 24576, 1536, None),         # K < 2048
+    (dict(dtype="fp8", scaling="block"), 1050, 2112, 7168, None),           # per-tensor / per-row scales only
+    (dict(dtype="fp8", scaling="tensor", out_dtype="fp32"), 1050, 2112, 7168, None),  # 16-bit D only
+    (dict(dtype="fp8", scaling="tensor", epilogue="bias"), 1050, 2112, 7168, None),
+    (dict(dtype="int8", scaling="tensor"), 1050, 2112, 7168, None),
     (dict(dtype="tf32"), 1050, 2112, 7168, None),
 ])
 def test_sm90_swap_ab_picks(kwargs, m, n, k, tile):
-    """Swapped tiles (KernelConfig.swap_ab) where the cost model weighs them (sm90_swap_ab_costed: 16-bit plain nt
-    dense, K >= 2048, 257-2048 rows) and they cost 2% less than the usual bucket's pick at M rounded up to 8 rows;
-    None: not swapped."""
+    """Swapped tiles (KernelConfig.swap_ab) where the cost model weighs them (sm90_swap_ab_costed: 16-bit or FP8
+    per-tensor / per-row, plain nt dense, K >= 2048, 257-2048 rows) and they cost 2% less than the usual bucket's pick
+    at M rounded up to 8 rows; None: not swapped."""
     spec = GemmSpec.create(n, k, **kwargs)
     cfg = config.choose_config(spec, m, "sm_90a", 132)
     if tile is None:
@@ -611,6 +631,20 @@ def test_sm90_swap_ab_picks(kwargs, m, n, k, tile):
         assert cfg.num_stages >= (3 if k >= config.SM90_SWAP_AB_SHALLOW_MIN_K else 4), cfg.tag
         assert cfg.num_threads == (512 if cfg.block_n == 192 else 384), cfg.tag
     cfg.check_for(spec, "sm_90a")
+
+
+def test_swap_ab_inputs_precheck_covers_every_swappable_spec():
+    """sm90_swap_ab_inputs (torch's per-call test on build()'s arguments) says yes wherever sm90_swap_ab_problem takes
+    the spec, and no for inputs it never takes: a no there would keep such calls on the coarse M bucket."""
+    from deepgemm_jit import dtypes
+    for dtype in dtypes.INPUT_DTYPES:
+        for scaling in ("none", "tensor", "row", "block"):
+            try:
+                spec = GemmSpec.create(2112, 7168, dtype=dtype, scaling=scaling)
+            except (ValueError, TypeError):
+                continue
+            takes = config.sm90_swap_ab_problem(spec) is None
+            assert config.sm90_swap_ab_inputs(spec.dtype, spec.scaling) == takes, (dtype, scaling)
 
 
 def test_swap_ab_buckets():

@@ -3,13 +3,14 @@ on the GPU: forced tiles of block_m 8..256 (multiples of 8 that are not multiple
 tiles in M and N, M below one tile (A's box shrinks to M), N not a multiple of 8 (staged D), K below one K block, and
 more tiles than CTAs, against float64 references with outputs poisoned, and bit for bit against an unswapped tile
 (each output element is the same dot product of an A row and a B row over the same k16 steps; only the operand each
-feeds differs)."""
+feeds differs). FP8 with per-tensor and per-row scales likewise, promoted (two partial sets up to 128 rows, uneven
+halves of the wgmmas' N above) or not (fast_accum), E4M3 x E5M2 (the instruction's operand types swap too)."""
 import math
 
 import pytest
 
 from deepgemm_jit import reference
-from problems import forced_gemm, forced_gemm_or_skip
+from problems import forced_gemm, forced_gemm_or_skip, fp8_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -58,3 +59,34 @@ def test_swapped_tile_serves_calls_at_other_m():
         out = _run(g, a, b)
         err = reference.error(out, reference.to_float64(a) @ b64.T)
         assert reference.within_bound(err, "bf16"), (m, g.config.tag, err)
+
+
+FP8_SHAPES = [(1, 200, 512), (77, 1001, 528), (383, 520, 2048), (1050, 2112, 7168), (13, 136, 48),
+              (4100, 3000, 1040)]
+FP8_TILES = ["88x128w", "152x128w", "176x64w", "16x64w", "136x64w", "200x128w"]
+FP8_CASES = [("tensor", False, "fp8_e4m3", "bf16"), ("row", False, "fp8_e4m3", "bf16"),
+             ("tensor", True, "fp8_e4m3", "fp16"), ("row", False, "fp8_e5m2", "bf16")]
+
+
+@pytest.mark.parametrize("scaling,fast_accum,b_dtype,out_dtype", FP8_CASES)
+@pytest.mark.parametrize("tile", FP8_TILES)
+@pytest.mark.parametrize("m,n,k", FP8_SHAPES)
+def test_swapped_fp8_tiles_match_reference_and_unswapped_tiles(m, n, k, tile, scaling, fast_accum, b_dtype,
+                                                                out_dtype):
+    qa, sa, qb, sb, ref = fp8_problem(m, n, k, scaling, seed=m * n + k + len(tile), b_dtype=b_dtype)
+    kwargs = dict(dtype="fp8_e4m3", b_dtype=b_dtype, scaling=scaling, fast_accum=fast_accum, out_dtype=out_dtype)
+    g = forced_gemm_or_skip(m, n, k, tile, **kwargs)
+    assert g.config.swap_ab, g.config.tag
+
+    def run(gemm):
+        out = reference.poisoned((m, n), out_dtype)
+        assert gemm(qa, qb, scale_a=sa, scale_b=sb, out=out) is out
+        return out
+
+    out = run(g)
+    err = reference.error(out, ref)
+    case = (m, n, k, g.config.tag, scaling, fast_accum, b_dtype, out_dtype)
+    assert (err < 3e-2 if fast_accum else reference.within_bound(err, "fp8_e4m3")), (case, err)
+    plain = forced_gemm(m, n, k, "128x" + tile.split("x")[1].rstrip("w"), **kwargs)
+    assert not isinstance(plain, str) and not plain.config.swap_ab, plain
+    assert bool((run(plain) == out).all()), (case, "swapped and unswapped tiles differ")

@@ -215,6 +215,8 @@ struct GemmSm90 {
 
   // ---- MMA geometry ------------------------------------------------------------------------------
   static constexpr MmaKind kKind = OperandTraits<TA, TB>::kKind;
+  // The wgmmas' operand types in instruction order: kSwapAB feeds B's rows as the instruction's A (E5M2 x E4M3 then).
+  static constexpr MmaKind kMmaKind = kSwapAB ? OperandTraits<TB, TA>::kKind : kKind;
   static constexpr bool kIsInt = kKind == MmaKind::kS8S8;
   static constexpr bool kIsFP8 = sizeof(TA) == 1 && !kIsInt;
   // Split-K inside the CTA (FP8 with promotion, per-tensor or per-row scales): a cooperative 64-row tile has one
@@ -224,7 +226,7 @@ struct GemmSm90 {
   // per-tensor M = 64/128 2-9% faster (128x2112x7168 15.6 -> 14.2 us); block scaling 1-6% slower and BF16 up to 9%
   // slower (its K loop keeps two K blocks in flight already), so those keep one lane. config.sm90_wg_split_k
   // mirrors this rule.
-  static constexpr bool kWGSplitK = kBlockM == 64 && !kPingPong && kIsFP8 && kPromote &&
+  static constexpr bool kWGSplitK = kBlockM == 64 && !kPingPong && !kSwapAB && kIsFP8 && kPromote &&
                                     (kScaling == Scaling::kTensor || kScaling == Scaling::kRow);
   static constexpr uint32_t kKStep = kWGSplitK ? 2 : 1;  // K blocks from one of a consumer's blocks to its next
   using TAcc = typename conditional<kIsInt, int32_t, float>::type;
@@ -358,10 +360,12 @@ struct GemmSm90 {
                 "a D ring holds 2 or more (and fewer than the tile's) slices of a 64-row consumer without C / "
                 "residual, not grouped: FP32 slices of 64 or 128 bytes, 16-bit ones of 32 bytes or more");
   static constexpr uint32_t kSmemDBufBytesPerWG = kRing ? kDRing * kSmemDSliceBytes : kSmemDBytesPerWG;
-  static_assert(!kSwapAB || (k16BitD && (kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16) && !kHasEpilogue &&
-                             !kPingPong && !kGrouped && !kSplitK && !kRing && kAKMajor && kBKMajor),
-                "swapped tiles: 16-bit operands and D, layout nt, no fused epilogue, dense, unsplit, cooperative, D "
-                "staged whole (epilogue_swapped stores 8x8 groups transposed with stmatrix)");
+  static_assert(!kSwapAB || (k16BitD && (kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16 ||
+                                         (kIsFP8 && (kScaling == Scaling::kTensor || kScaling == Scaling::kRow))) &&
+                             !kHasEpilogue && !kPingPong && !kGrouped && !kSplitK && !kRing && kAKMajor && kBKMajor),
+                "swapped tiles: 16-bit operands or FP8 with per-tensor / per-row scales, 16-bit D, layout nt, no fused "
+                "epilogue, dense, unsplit, cooperative, D staged whole (epilogue_swapped stores 8x8 groups transposed "
+                "with stmatrix)");
   static constexpr uint32_t kSmemDOffset = 0;
   static constexpr uint32_t kSmemROffset = kSmemDOffset + kNumMathWGs * kSmemDBufBytesPerWG;
   static constexpr uint32_t kSmemRBytes = kLoadC && kLoadR ? kNumMathWGs * kSmemDBytesPerWG : 0;
@@ -383,7 +387,11 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemStageScaleBytes =
       kScaling == Scaling::kBlock ? kNumStages * kStageScaleFloats * 4 : 0;
   static constexpr uint32_t kSmemScaleOffset = kSmemStageScaleOffset + kSmemStageScaleBytes;
-  static constexpr uint32_t kSmemScaleFloatsPerWG = kWGRows + kBlockN;
+  // kRow: each consumer's row scales (its rows of the tile; kSwapAB: all kBlockM) and column scales (the tile's;
+  // kSwapAB: its 64).
+  static constexpr uint32_t kScaleRowsPerWG = kSwapAB ? kBlockM : kWGRows;
+  static constexpr uint32_t kScaleColsPerWG = kSwapAB ? 64 : kBlockN;
+  static constexpr uint32_t kSmemScaleFloatsPerWG = kScaleRowsPerWG + kScaleColsPerWG;
   static constexpr uint32_t kSmemScaleBytes =
       kScaling == Scaling::kRow ? kNumMathWGs * kSmemScaleFloatsPerWG * 4 : 0;
   // The tile's bias as FP32, per consumer (its columns, or its rows), zero past N / M.
@@ -450,11 +458,11 @@ struct GemmSm90 {
     DGJIT_DEVICE uint32_t stage_scales(uint32_t stage) const {
       return shared_addr(base + kSmemStageScaleOffset + stage * kStageScaleFloats * 4);
     }
-    // kRow: kWGRows row scales, then kBlockN column scales, per consumer warpgroup.
+    // kRow: kScaleRowsPerWG row scales, then kScaleColsPerWG column scales, per consumer warpgroup.
     DGJIT_DEVICE float* row_scales(uint32_t math_wg) const {
       return reinterpret_cast<float*>(base + kSmemScaleOffset + math_wg * kSmemScaleFloatsPerWG * 4);
     }
-    DGJIT_DEVICE float* col_scales(uint32_t math_wg) const { return row_scales(math_wg) + kWGRows; }
+    DGJIT_DEVICE float* col_scales(uint32_t math_wg) const { return row_scales(math_wg) + kScaleRowsPerWG; }
     DGJIT_DEVICE volatile uint32_t* split_last(uint32_t math_wg) const {
       return reinterpret_cast<volatile uint32_t*>(base + kSmemSplitOffset) + math_wg;
     }
@@ -718,7 +726,7 @@ struct GemmSm90 {
 #pragma unroll
       for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
         // The trans immediates: 1 = the operand is MN-major in shared memory.
-        Mma::template mma<kKind, !kAKMajor, !kBMmaKMajor>(acc[mi], desc_a_at(desc_a, mi, k), desc_b_at(desc_b, k),
+        Mma::template mma<kMmaKind, !kAKMajor, !kBMmaKMajor>(acc[mi], desc_a_at(desc_a, mi, k), desc_b_at(desc_b, k),
                                                           scale_d);
       }
     }
@@ -991,38 +999,44 @@ struct GemmSm90 {
   // with one set (two halves of one set's size); A is read twice per K block. Same additions in the same order as
   // one set: bitwise equal. Measured (docs/NOTES.md, session 19): per-tensor 128x176 4096x7168x16384 2.4% faster,
   // per-row 1.4%; block scaling 1% SLOWER (its per-group FFMAs with the scale products), so kBlock keeps one set.
+  // kSwapAB: the halves split the wgmmas' N (the tile's rows), the first rounded up to a multiple of 8 (152 rows:
+  // 80 + 72), so any swapped tile of 16 rows or more has them.
+  static constexpr uint32_t kHalfN0 = kSwapAB ? (kMmaCols / 2 + 7) / 8 * 8 : kBlockN / 2;
+  static constexpr uint32_t kHalfN1 = kMmaCols - kHalfN0;
   static constexpr bool kHalfSets = kIsFP8 && kPromote && kScaling != Scaling::kBlock && !kWGSplitK &&
-                                    !kTwoPartialSets && kNumM64PerWG == 1 && (kBlockN / 2) % 8 == 0 &&
-                                    !kHasEpilogue;
-  static constexpr uint32_t kHalfN = kBlockN / 2;
-  static constexpr uint32_t kHalfAccum = kNumAccum / 2;
-
-  // Half `kHalf` of a K block's wgmmas (B rows [kHalf kHalfN, (kHalf + 1) kHalfN) of the stage) into `part`.
+                                    !kTwoPartialSets && kNumM64PerWG == 1 &&
+                                    (kSwapAB ? kHalfN1 >= 8 : (kBlockN / 2) % 8 == 0) && !kHasEpilogue;
   template <uint32_t kHalf>
-  static DGJIT_DEVICE void issue_half(const Smem& smem, uint32_t stage, uint32_t math_wg, float (&part)[kHalfAccum]) {
-    const uint64_t desc_a = desc_a_base(shared_addr(smem.a(stage)), math_wg);
-    const uint64_t desc_b = desc_b_base(shared_addr(smem.b(stage)));
+  static constexpr uint32_t kHalfAccum = (kHalf == 0 ? kHalfN0 : kHalfN1) / 2;
+
+  // Half `kHalf` of a K block's wgmmas into `part`: B rows [kHalf kHalfN0, ...) of the stage (kSwapAB: A rows, with
+  // this consumer's 64 B rows as the instruction's A).
+  template <uint32_t kHalf>
+  static DGJIT_DEVICE void issue_half(const Smem& smem, uint32_t stage, uint32_t math_wg,
+                                      float (&part)[kHalfAccum<kHalf>]) {
+    const uint64_t desc_a = desc_a_base(shared_addr(kSwapAB ? smem.b(stage) : smem.a(stage)), math_wg);
+    const uint64_t desc_b = desc_b_base(shared_addr(kSwapAB ? smem.a(stage) : smem.b(stage)));
 #pragma unroll
-    for (uint32_t i = 0; i < kHalfAccum; ++i) fence_operand(part[i]);
+    for (uint32_t i = 0; i < kHalfAccum<kHalf>; ++i) fence_operand(part[i]);
     wgmma_fence();
 #pragma unroll
     for (uint32_t k = 0; k < kBlockK / kMmaK; ++k) {
-      WgmmaM64<kHalfN>::template mma<kKind, false, false>(
+      WgmmaM64<kHalf == 0 ? kHalfN0 : kHalfN1>::template mma<kMmaKind, false, false>(
           part, desc_a_at(desc_a, 0, k),
-          smem_desc_advance(desc_b, operand_offset<kBKMajor>(kHalf * kHalfN, k)), k != 0 ? 1u : 0u);
+          smem_desc_advance(desc_b, operand_offset<true>(kHalf * kHalfN0, k)), k != 0 ? 1u : 0u);  // (K-major)
     }
     wgmma_commit_group();
 #pragma unroll
-    for (uint32_t i = 0; i < kHalfAccum; ++i) fence_operand(part[i]);
+    for (uint32_t i = 0; i < kHalfAccum<kHalf>; ++i) fence_operand(part[i]);
   }
 
   // acc's columns of half `kHalf` += part, once its wgmmas have been waited for.
   template <uint32_t kHalf>
-  static DGJIT_DEVICE void add_half(float (&acc)[kNumM64PerWG][kNumAccum], float (&part)[kHalfAccum]) {
+  static DGJIT_DEVICE void add_half(float (&acc)[kNumM64PerWG][kNumAccum], float (&part)[kHalfAccum<kHalf>]) {
 #pragma unroll
-    for (uint32_t i = 0; i < kHalfAccum; ++i) fence_operand(part[i]);
+    for (uint32_t i = 0; i < kHalfAccum<kHalf>; ++i) fence_operand(part[i]);
 #pragma unroll
-    for (uint32_t i = 0; i < kHalfAccum; ++i) acc[0][kHalf * kHalfAccum + i] += part[i];
+    for (uint32_t i = 0; i < kHalfAccum<kHalf>; ++i) acc[0][kHalf * kHalfAccum<0> + i] += part[i];
   }
 
   template <class Hook>
@@ -1031,7 +1045,7 @@ struct GemmSm90 {
                                               const Hook& after_first_issue) {
     static_assert(kPromoteEvery == 1 && kKStep == 1, "one promotion per K block, every K block this consumer's");
     if (tile.k_begin >= k_end) return;
-    float lo[kHalfAccum], hi[kHalfAccum];
+    float lo[kHalfAccum<0>], hi[kHalfAccum<1>];
     mbarrier_wait(smem.full(state.stage), state.phase);
     issue_half<0>(smem, state.stage, math_wg, lo);
     after_first_issue();
@@ -1324,19 +1338,21 @@ struct GemmSm90 {
   static DGJIT_DEVICE void stage_row_scales(const Smem& smem, const ScaleArgs& scales, uint32_t math_wg,
                                             uint32_t m, const Tile& tile) {
     const uint32_t t = threadIdx.x % kWarpgroupThreads;
-    const uint32_t row0 = tile.row0 + wg_row_offset(math_wg);
-    const uint32_t col0 = tile.n_block * kBlockN;
+    const uint32_t row0 = tile.row0 + (kSwapAB ? 0 : wg_row_offset(math_wg));
+    const uint32_t col0 = tile.n_block * kBlockN + (kSwapAB ? 64 * math_wg : 0);
 #pragma unroll
-    for (uint32_t j = 0; j < (kWGRows + kWarpgroupThreads - 1) / kWarpgroupThreads; ++j) {
+    for (uint32_t j = 0; j < (kScaleRowsPerWG + kWarpgroupThreads - 1) / kWarpgroupThreads; ++j) {
       const uint32_t i = t + j * kWarpgroupThreads;
       const uint32_t row = row0 + i < m ? row0 + i : m - 1;
-      cp_async_4_if(i < kWGRows, shared_addr(smem.row_scales(math_wg) + i), scales.a + row * scales.a_stride_m);
+      cp_async_4_if(i < kScaleRowsPerWG, shared_addr(smem.row_scales(math_wg) + i),
+                    scales.a + row * scales.a_stride_m);
     }
 #pragma unroll
-    for (uint32_t j = 0; j < (kBlockN + kWarpgroupThreads - 1) / kWarpgroupThreads; ++j) {
+    for (uint32_t j = 0; j < (kScaleColsPerWG + kWarpgroupThreads - 1) / kWarpgroupThreads; ++j) {
       const uint32_t i = t + j * kWarpgroupThreads;
       const uint32_t col = col0 + i < kN ? col0 + i : kN - 1;
-      cp_async_4_if(i < kBlockN, shared_addr(smem.col_scales(math_wg) + i), scales.b + col * scales.b_stride_n);
+      cp_async_4_if(i < kScaleColsPerWG, shared_addr(smem.col_scales(math_wg) + i),
+                    scales.b + col * scales.b_stride_n);
     }
     cp_async_commit_group();
   }
@@ -1923,30 +1939,54 @@ struct GemmSm90 {
   // own layout: kBlockM rows of the consumer's 64 columns (128 bytes, one swizzled slice: conflict-free, since the
   // eight rows a matrix writes are consecutive), which one TMA box (64 columns x kBlockM rows) stores, clipped at M
   // and N. Lane l addresses row l % 8 of matrix l / 8 = 2q + h, i.e. D row 8 (j + q) + l % 8 from column 16w + 8h.
+  // FP8: `tensor_scale` (kTensor) or the staged row and column scales (kRow: this thread's two columns in
+  // registers, the two rows of each group j read as one pair) multiply each value as in epilogue().
   static DGJIT_DEVICE void epilogue_swapped(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
-                                            const Tile& tile, const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+                                            const Tile& tile, float tensor_scale,
+                                            const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     static_assert(kNumM64PerWG == 1 && Store::kNumSlices == 1 && Store::kSliceRowBytes == 128,
                   "a swapped consumer's D is one 128-byte slice of kBlockM rows");
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     // The previous tile's TMA store must have finished reading the buffer before it is overwritten.
     if (is_store_thread) tma_store_wait_read<0>();
+    // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
+    if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     const uint32_t d_base = shared_addr(smem.d(math_wg));
     const uint32_t warp = warp_idx_in_warpgroup();
     const uint32_t lane = lane_idx();
     const uint32_t q = lane / 16, h = lane / 8 % 2;
     constexpr uint32_t kGroups = kBlockM / 8;
+    float col_scale[2] = {1.0f, 1.0f};  // kRow: this thread's D columns 16w + l / 4 (+ 8)
+    if constexpr (kScaling == Scaling::kRow) {
+#pragma unroll
+      for (uint32_t c = 0; c < 2; ++c) {
+        col_scale[c] = ld_shared_f32(shared_addr(smem.col_scales(math_wg) + 16 * warp + 8 * c + lane / 4));
+      }
+    }
+    // Register 4j + 2c + e scaled: D row 8j + 2 (l % 4) + e, column 16w + 8c + l / 4.
+    const auto scaled = [&](uint32_t i) {
+      const uint32_t j = i / 4, c = i / 2 % 2;
+      float lo = static_cast<float>(acc[0][i]);
+      float hi = static_cast<float>(acc[0][i + 1]);
+      if constexpr (kScaling == Scaling::kTensor) {
+        lo *= tensor_scale;
+        hi *= tensor_scale;
+      } else if constexpr (kScaling == Scaling::kRow) {
+        const float2 rows = ld_shared_v2_f32(shared_addr(smem.row_scales(math_wg) + 8 * j + 2 * (lane % 4)));
+        lo *= rows.x * col_scale[c];
+        hi *= rows.y * col_scale[c];
+      }
+      return pack_d(lo, hi);
+    };
 #pragma unroll
     for (uint32_t j = 0; j < kGroups; j += 2) {
-      const auto& a = acc[0];
       if (j + 1 < kGroups) {
-        stmatrix_x4_trans(d_base + d_offset(8 * (j + q) + lane % 8, 16 * warp + 8 * h),
-                          pack_d(a[4 * j], a[4 * j + 1]), pack_d(a[4 * j + 2], a[4 * j + 3]),
-                          pack_d(a[4 * j + 4], a[4 * j + 5]), pack_d(a[4 * j + 6], a[4 * j + 7]));
+        stmatrix_x4_trans(d_base + d_offset(8 * (j + q) + lane % 8, 16 * warp + 8 * h), scaled(4 * j),
+                          scaled(4 * j + 2), scaled(4 * j + 4), scaled(4 * j + 6));
       } else {  // (x2: lanes 16-31 give addresses that are not read)
-        stmatrix_x2_trans(d_base + d_offset(8 * j + lane % 8, 16 * warp + 8 * h), pack_d(a[4 * j], a[4 * j + 1]),
-                          pack_d(a[4 * j + 2], a[4 * j + 3]));
+        stmatrix_x2_trans(d_base + d_offset(8 * j + lane % 8, 16 * warp + 8 * h), scaled(4 * j), scaled(4 * j + 2));
       }
     }
     fence_proxy_async_shared();
@@ -2227,7 +2267,7 @@ struct GemmSm90 {
         if (scheduler.has_next()) named_barrier_arrive(kTurnBarrier + (math_wg ^ 1), 2 * kWarpgroupThreads);
       }
       if constexpr (kSwapAB) {
-        epilogue_swapped(smem, tmap_d, math_wg, tile, acc);
+        epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, acc);
       } else {
         epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, bias_regs, acc);
       }
