@@ -678,7 +678,7 @@ def _tuned_or_heuristic(spec: GemmSpec, m_hint: int, arch: str, on_gpu: bool, tu
         return config_mod.choose_config(spec, m_hint, arch, num_sms)
     candidates = config_mod.candidate_configs(spec, m_hint, arch, num_sms)
     make = lambda cfg: Gemm(spec, arch, m_hint, jit.get_kernel(spec, cfg, arch))  # noqa: E731
-    return tuning.tune(tuning.DeviceIdentity.current(), spec, config_mod.m_bucket_for(spec, m_hint), candidates,
+    return tuning.tune(tuning.DeviceIdentity.current(), spec, config_mod.m_bucket_for(spec, m_hint, arch), candidates,
                        make).config
 
 
@@ -742,7 +742,7 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
         spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,
                                scaling=scaling, fast_accum=fast_accum, epilogue=epilogue)
     # (finer where swapped tiles are weighed: config.m_bucket_for)
-    bucket = config_mod.m_bucket_for(spec, m) if isinstance(spec, GemmSpec) else config_mod.m_bucket(m)
+    bucket = config_mod.m_bucket_for(spec, m, arch) if isinstance(spec, GemmSpec) else config_mod.m_bucket(m)
     key = (spec, arch, device.current_device_id(), bucket)  # built for this GPU (SM count, tuning): one per device
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket

@@ -357,8 +357,8 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer (+ 16 bytes of split-K flags) (+ the second K lane's FP32 sums of a 64-row tile,
     sm90_wg_split_k) + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh). Swapped tiles (swap_ab):
-    block_n / 64 consumers each stage block_m rows of their 64 columns (the same D bytes), and row scaling's
-    buffers hold block_m row and 64 column scales a consumer."""
+    block_n / 64 consumers each stage block_m rows of their 64 columns (the same D bytes), and row scaling's and the
+    bias's buffers hold block_m rows and 64 columns a consumer."""
     num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
     epi = spec.epi
     out_cols = block_n // 2 if epi.is_gated else block_n  # gated units: D tiles are half as wide (kOutCols)
@@ -366,7 +366,10 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
     d_row_bytes = d_ring * sm90_d_slice_bytes(out_cols, out_esize) if d_ring else out_cols * out_esize
     d_bytes = num_math_wgs * wg_rows * d_row_bytes
     epi_bytes = (d_bytes if epi.beta and epi.residual else 0) + (16 if epi.beta or epi.residual else 0)
-    epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": num_math_wgs * wg_rows * 4}[epi.bias]
+    if swap_ab:  # a consumer's 64 columns, or all block_m rows
+        epi_bytes += {"none": 0, "col": block_n * 4, "row": block_n // 64 * block_m * 4}[epi.bias]
+    else:
+        epi_bytes += {"none": 0, "col": num_math_wgs * block_n * 4, "row": num_math_wgs * wg_rows * 4}[epi.bias]
     scale_bytes = 0
     if spec.scaling == "block":  # per stage: block_m scales of A, the tile's B blocks, 16-byte slots
         b_blocks = 1 if 128 % block_n == 0 else (block_n // 128 if block_n % 128 == 0 else block_n // 128 + 2)
@@ -534,6 +537,11 @@ SM90_MN_B_MIN_M_NO_64 = 512
 # Rules measured at "M < 256" when the buckets below 256 rows were powers of two up to 128: they hold for the buckets
 # up to this, and the 192-row bucket (session 40) keeps the 256-row bucket's side of them.
 SM90_SMALL_M_BUCKET_MAX = 128
+# FP8 row scaling's preference for 176 / 160 columns (sm90_block_n_preferred, measured at 4096 rows) from this M on;
+# below it the model chooses as for per-tensor scales. H200 session 51: at 256 rows 128x176 ran 0.83-0.92x torch's
+# row-scaled matmul where per-tensor's 128x112 ran 1.04 (bench/results/*midm-fp8-tensor-row-swap-ab-8341b23-s51*), and
+# at 777 rows 128x176 took 57.9 us against 38.6 for the swapped 104x128 (*exp-ab-fp8-swap-ab-rows-s51*).
+SM90_FP8_ROW_WIDE_MIN_M = 1024
 
 
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
@@ -547,9 +555,10 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
       (2112x7168: 1.03 vs 0.89 x torch at 128x128) and on the grouped 4 x 8192 x 4096 x 7168 (6% faster); at
       K = 512 (32768x512) 128x128 was 8% faster, and masked MoE calls of 256-512 rows in all ran 15-20% slower
       at 176 (fewer, wider tiles on an underfilled GPU). Smaller M keeps the BLOCK_N that divide 128.
-    - row scaling takes BLOCK_N = 176 for N >= 1024: best or within 9% on all six shapes, 4% better in geomean than the
-      model's picks (which chose 128 where 176 was 10-15% faster: 24576x1536, 7168x2048); but 160, like per-tensor
-      below, where K <= 2048 and M >= 1024 (session 13, same run, bench/results/*exp-ab-fp8-row-tiles-s13*:
+    - row scaling takes BLOCK_N = 176 for N >= 1024 from SM90_FP8_ROW_WIDE_MIN_M rows (M = 4096 measured; below,
+      176 ran 10-30% slower than the waves model's picks): best or within 9% on all six shapes, 4% better in geomean
+      than the model's picks (which chose 128 where 176 was 10-15% faster: 24576x1536, 7168x2048); but 160, like
+      per-tensor below, where K <= 2048 and M >= 1024 (session 13, same run, bench/results/*exp-ab-fp8-row-tiles-s13*:
       32768x512 149.3 us at 160 vs 162.4 at 176, 7168x2048 94.9 vs 97.4, 24576x1536 247.4 vs 248.8; at K = 7168
       176 stays, 160 was 5% slower).
     - per-tensor scaling (promoted) takes BLOCK_N = 160 for N >= 1024, K <= 2048 and M >= 1024 (session 7 sweep,
@@ -573,7 +582,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
         if spec.n >= 1024 and spec.k >= 1024 and m_hint * groups >= 1024:
             return block_n == 176 or two_sets_128
         return block_n == 128 if spec.n >= 128 else 128 % block_n == 0
-    if spec.scaling == "row" and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024:
+    if (spec.scaling == "row" and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024
+            and m_hint * groups >= SM90_FP8_ROW_WIDE_MIN_M):
         if spec.promote and spec.k <= 2048 and m_hint >= 1024:
             return block_n == 160 or two_sets_128
         return block_n == 176 or two_sets_128
@@ -757,6 +767,21 @@ SM90_SWAP_AB_SHALLOW_MIN_K = 4096
 # 777x7168x8192 112x128 134.5 -> 122.9).
 SM90_SWAP_AB_NARROW_BLOCK_M = 112
 SM90_SWAP_AB_NARROW_MAX_K = 14336
+# With a fused epilogue (a bias and an activation: epilogue_swapped), swapped tiles are weighed for 16-bit inputs from
+# this K only. H200 session 51, bias+gelu, the usual pick -> the model's swapped one (us,
+# bench/results/*exp-ab-swap-ab-epilogue-rows-s51*): bf16 586x2112x7168 37.6 -> 32.1, 1050x7168x16384 342.0 -> 320.2,
+# 586x4096x7168 54.8 -> 51.7, 1666x7168x16384 515.4 -> 503.2, 1050x2112x7168 53.2 -> 52.4, 1050x4096x7168 93.9 -> 94.4,
+# but 586x7168x2048 34.8 -> 37.1 (K = 2048); FP8 per-tensor lost on 7 of 11 rows (1050x4096x7168 58.8 -> 65.6,
+# 1050x2112x7168 33.5 -> 37.1) with half partial sets, and with one set (the rule since) still at 1050x4096x7168
+# (58.5 -> 62.5 us; 1050x2112x7168 33.4 -> 32.7, bench/results/*fp8-swap-ab-epilogue-partial-sets-s51*). Forced
+# swapped tiles take these epilogues for every input they take.
+SM90_SWAP_AB_EPILOGUE_MIN_K = 4096
+# A usual pick of 64 rows (one consumer; FP8 weighs them up to 320 rows) is priced this much higher against swapped
+# tiles: at 257-320 rows the swapped tiles ran 1-22% faster where the model, at 1.0, kept 64x144 / 64x160 (H200
+# session 51, FP8 per-tensor / per-row, us, bench/results/*exp-ab-fp8-swap-ab-rows64-price-s51*, all 14 picks the
+# factor moved in a grid: 320x7168x16384 76.7 -> 60.0 at 160x128, 320x4096x7168 25.0 -> 20.3, 264x3584x18944 45.4 ->
+# 38.2, 288x6144x4096 22.1 -> 21.9 the least; 0.885x in geomean).
+SM90_SWAP_AB_ROWS64_USUAL_COST = 1.1
 
 
 def sm90_swap_ab_sizes(m: int, k: int) -> bool:
@@ -774,8 +799,11 @@ def sm90_swap_ab_inputs(dtype: str | None, scaling: str) -> bool:
 
 def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
     """Whether build() weighs swapped tiles for `spec` at M = m (and chooses its tile for M rounded up to
-    SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): sm90_swap_ab_sizes, for specs they take (sm90_swap_ab_problem)."""
-    return sm90_swap_ab_sizes(m, spec.k) and sm90_swap_ab_problem(spec) is None
+    SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): sm90_swap_ab_sizes, for specs they take (sm90_swap_ab_problem), with
+    a fused epilogue only for 16-bit inputs from SM90_SWAP_AB_EPILOGUE_MIN_K."""
+    if not sm90_swap_ab_sizes(m, spec.k) or sm90_swap_ab_problem(spec) is not None:
+        return False
+    return spec.epi.is_identity or (spec.dtype in ("bf16", "fp16") and spec.k >= SM90_SWAP_AB_EPILOGUE_MIN_K)
 
 
 def sm90_swap_ab_max_block_m(spec: GemmSpec, block_n: int) -> int:
@@ -819,8 +847,9 @@ def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int
 
 def sm90_swap_ab_problem(spec: GemmSpec) -> str | None:
     """Why a spec cannot run swapped tiles (KernelConfig.swap_ab, mirror of GemmSm90's kSwapAB static_assert), or
-    None: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, no fused epilogue
-    (the transposing store is the plain one)."""
+    None: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, and of the fused
+    epilogues a bias (per column or row) and an activation at most (epilogue_swapped: no C / residual tile, gated
+    units or quantize-on-store)."""
     if not sm90_swap_ab_inputs(spec.dtype, spec.scaling) or spec.out_dtype not in ("bf16", "fp16"):
         return (f"dtype {spec.dtype!r} / out_dtype {spec.out_dtype!r} (16-bit inputs or FP8 with tensor / row "
                 "scales, and a 16-bit output)")
@@ -828,8 +857,9 @@ def sm90_swap_ab_problem(spec: GemmSpec) -> str | None:
         return f"layout {spec.layout!r} (nt only)"
     if spec.grouped:
         return "grouped GEMMs"
-    if spec.epilogue != "none":
-        return f"epilogue {spec.epilogue!r} (plain stores only)"
+    epi = spec.epi
+    if epi.beta or epi.residual or epi.is_gated or epi.quant != "none":
+        return f"epilogue {spec.epilogue!r} (a bias and an activation at most)"
     return None
 
 
@@ -1551,6 +1581,8 @@ def _sm90_pick(spec: GemmSpec, m_hint: int, num_sms: int, groups: int = 1) -> tu
         if cfg.split_k or cfg.pingpong:
             return cfg, device_splits
         pick_cost = _sm90_priced_cost(spec, m_hint, cfg.block_m, cfg.block_n, cfg.num_stages, num_sms)
+        if cfg.block_m == 64:
+            pick_cost *= SM90_SWAP_AB_ROWS64_USUAL_COST
         swapped = _sm90_swap_ab_best(spec, m_hint, num_sms)
         if swapped is not None and swapped[0] < SM90_SWAP_AB_MIN_GAIN * pick_cost:
             _, block_m, block_n, stages = swapped
@@ -1749,23 +1781,23 @@ def next_m_bucket(bucket: int) -> int:
     return nxt if nxt > bucket else 2 * bucket
 
 
-def m_bucket_for(spec: GemmSpec, m: int) -> int:
-    """The M bucket Gemms of `spec` are chosen, memoized and tuned for: m_bucket, except M rounded up to
-    SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed (sm90_swap_ab_costed: their gain is M's granularity,
-    so a Gemm chosen for 1050 rows must not serve 1100)."""
-    if sm90_swap_ab_costed(spec, m):
+def m_bucket_for(spec: GemmSpec, m: int, arch: str = "sm_90a") -> int:
+    """The M bucket Gemms of `spec` are chosen, memoized and tuned for on `arch`: m_bucket, except M rounded up to
+    SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed (sm90_swap_ab_costed, Hopper only: their gain is
+    M's granularity, so a Gemm chosen for 1050 rows must not serve 1100)."""
+    if arch == "sm_90a" and sm90_swap_ab_costed(spec, m):
         return -(-m // SM90_SWAP_AB_BUCKET_STEP) * SM90_SWAP_AB_BUCKET_STEP
     return m_bucket(m)
 
 
-def buckets_within(spec: GemmSpec, bucket: int) -> tuple[int, ...]:
+def buckets_within(spec: GemmSpec, bucket: int, arch: str = "sm_90a") -> tuple[int, ...]:
     """The m_bucket_for buckets of the M that m_bucket rounds up to `bucket` (warmup compiles a kernel for each):
-    `bucket` itself, or its steps of SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed."""
+    `bucket` itself, or its steps of SM90_SWAP_AB_BUCKET_STEP rows where swapped tiles are weighed (on Hopper)."""
     first = bucket
     while first > 1 and m_bucket(first - 1) == bucket:
         first -= 1
-    if not (sm90_swap_ab_costed(spec, first) or sm90_swap_ab_costed(spec, bucket)):  # (one range: both ends tell)
-        return (bucket,)
+    if arch != "sm_90a" or not (sm90_swap_ab_costed(spec, first) or sm90_swap_ab_costed(spec, bucket)):
+        return (bucket,)  # (one range: both ends tell)
     return tuple(sorted({m_bucket_for(spec, m) for m in range(first, bucket + 1)}))
 
 

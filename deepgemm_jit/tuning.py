@@ -82,7 +82,7 @@ def stored_config(spec: GemmSpec, m_hint: int, arch: str) -> KernelConfig | None
     """The config a build on the current GPU takes from the store for `spec` at M = m_hint (its M bucket), or None:
     no record, or one that no longer fits the spec (e.g. limits changed since it was tuned). build and warmup ask
     this one question, so a warmup on the GPU compiles the kernels its builds will look up."""
-    stored = lookup(DeviceIdentity.current(), spec, bucket_of(spec, m_hint))
+    stored = lookup(DeviceIdentity.current(), spec, bucket_of(spec, m_hint, arch))
     return stored if stored is not None and stored.fits(spec, arch) else None
 
 

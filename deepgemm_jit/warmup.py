@@ -110,7 +110,7 @@ def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = No
             continue  # plan_grouped
         for coarse in entry.m_buckets:
             # (the 8-row buckets inside it where swapped tiles are weighed: config.m_bucket_for)
-            for bucket in config_mod.buckets_within(entry.spec_at(coarse, arch), coarse):
+            for bucket in config_mod.buckets_within(entry.spec_at(coarse, arch), coarse, arch):
                 spec = entry.spec_at(bucket, arch)
                 cfg = (tuned(spec, bucket, arch) if tuned is not None else None) or config_mod.choose_config(
                     spec, bucket, arch, num_sms)

@@ -4,6 +4,7 @@ weighed for the spec), the swapped pick, and the cheapest swapped tiles of other
 so that one device call measures whether the pick pays and which price the model should have used. No GPU.
 
     python3 -m scripts.swap_ab_rows --dtype fp8_tensor --m 300,586,1050 [--nk deepseek|models|N:K,...] [--alts 2]
+                                    [--epilogue bias+gelu]
 """
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from deepgemm_jit import config
 NUM_SMS = 132  # the H200's
 
 
-def tile_text(block_m: int, block_n: int, stages: int, swap_ab: bool) -> str:
-    """bench --tiles spelling of an unsplit cooperative tile (stages given, D ring by the library's rule)."""
-    return f"{block_m}x{block_n}s{stages}" + ("w" if swap_ab else "")
+def tile_text(cfg) -> str:
+    """bench --tiles spelling of an unsplit cooperative tile, its stages and D ring given."""
+    return f"{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}r{cfg.d_ring}" + ("w" if cfg.swap_ab else "")
 
 
-def row(dtype: str, m: int, n: int, k: int, alts: int) -> str | None:
-    spec = Case(suite="rows", dtype=dtype, layout="nt", m=m, n=n, k=k).make_spec()
+def row(dtype: str, m: int, n: int, k: int, alts: int, epilogue: str | None = None) -> str | None:
+    spec = Case(suite="rows", dtype=dtype, layout="nt", m=m, n=n, k=k, epilogue=epilogue).make_spec()
     bucket = config.m_bucket_for(spec, m)
     if not config.sm90_swap_ab_costed(spec, bucket):
         return None
@@ -30,16 +31,15 @@ def row(dtype: str, m: int, n: int, k: int, alts: int) -> str | None:
     if not pick.swap_ab:
         return None
     usual, _ = config._sm90_pick_tile(spec, config.m_bucket(bucket), NUM_SMS)
-    tiles = [tile_text(usual.block_m, usual.block_n, usual.num_stages, False),
-             tile_text(pick.block_m, pick.block_n, pick.num_stages, True)]
+    tiles = [tile_text(usual), tile_text(pick)]
     widths = {pick.block_n}
     for _, block_m, block_n, stages in config._sm90_swap_ab_tiles(spec, bucket, NUM_SMS):
         if len(tiles) >= 2 + alts:
             break
         if block_n not in widths:  # the cheapest of each other width
             widths.add(block_n)
-            tiles.append(tile_text(block_m, block_n, stages, True))
-    return f"{dtype}:{m}x{n}x{k} " + " ".join(tiles)
+            tiles.append(tile_text(config.sm90_config(spec, block_m, block_n, stages, swap_ab=True)))
+    return f"{dtype}{'+' + epilogue if epilogue else ''}:{m}x{n}x{k} " + " ".join(tiles)
 
 
 def main() -> None:
@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--m", required=True, help="comma-separated M values")
     ap.add_argument("--nk", default="deepseek", help="deepseek, models or N:K,N:K,...")
     ap.add_argument("--alts", type=int, default=1, help="swapped tiles of other widths beside the pick")
+    ap.add_argument("--epilogue", default=None, help="a fused epilogue (bench spelling, e.g. bias+gelu)")
     args = ap.parse_args()
     if args.nk in ("deepseek", "models"):
         nks = _DEEPSEEK_NK if args.nk == "deepseek" else _MODELS_NK
@@ -55,7 +56,7 @@ def main() -> None:
         nks = tuple(tuple(int(v) for v in item.split(":")) for item in args.nk.split(","))
     for m in (int(v) for v in args.m.split(",")):
         for n, k in nks:
-            line = row(args.dtype, m, n, k, args.alts)
+            line = row(args.dtype, m, n, k, args.alts, args.epilogue)
             if line:
                 print(line)
 

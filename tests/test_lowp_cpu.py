@@ -87,6 +87,14 @@ def test_promotion_limits_block_n():
     assert {c.block_n for c in config.sm90_ranked(GemmSpec.create(7168, 2048, "fp8", scaling="row"), 4096, 132)} == {
         128, 160}
     assert len({c.block_n for c in config.sm90_ranked(row, 64, 132)}) > 1
+    # ... and from SM90_FP8_ROW_WIDE_MIN_M rows only: below, the waves model chooses (H200 session 51, us, 128x176 ->
+    # the model's pick; 26 rows of 192-777 rows 0.855x the time, bench/results/*exp-ab-fp8-row-rule-s51*)
+    for (m, n, k), tile in {(256, 7168, 16384): (128, 112),    # 62.5 -> 47.5
+                            (192, 2112, 7168): (128, 32),      # 21.9 -> 15.4
+                            (512, 24576, 1536): (128, 128),    # 42.4 -> 36.9
+                            (777, 32768, 512): (128, 128)}.items():  # 36.7 -> 35.2
+        row_pick = config.choose_config(GemmSpec.create(n, k, "fp8", scaling="row"), m, "sm_90a", 132)
+        assert (row_pick.block_m, row_pick.block_n) == tile, (m, n, k, row_pick.tag)
     with pytest.raises(ValueError, match="accumulator"):
         config.sm90_config(spec, 128, 192).check_for(spec, "sm_90a")
     fast = GemmSpec.create(7168, 16384, "fp8", scaling="tensor", fast_accum=True)

@@ -239,6 +239,9 @@ SWAP_AB_FP8_VARIANTS = [
     (dict(scaling="tensor", out_dtype="fp16"), 176, 64, {"QGMMA.64x88x32.F32.E4M3.E4M3": 16}),
     (dict(scaling="row", b_dtype="fp8_e5m2"), 8, 64, {"QGMMA.64x8x32.F32.E5M2.E4M3": 16}),
     (dict(scaling="tensor", fast_accum=True), 200, 128, {"QGMMA.64x200x32.F32.E4M3.E4M3": 4}),
+    # with an epilogue (a bias and an activation): two sets up to 128 rows, one above (halves ran slower there)
+    (dict(scaling="tensor", epilogue="bias+gelu"), 152, 128, {"QGMMA.64x152x32.F32.E4M3.E4M3": 4}),
+    (dict(scaling="row", epilogue="bias_row+silu"), 88, 64, {"QGMMA.64x88x32.F32.E4M3.E4M3": 16}),
 ]
 
 
@@ -268,11 +271,14 @@ def _swap_ab_compiled(spec, block_m, block_n, cache_dir, monkeypatch):
     return art, mix, case
 
 
-@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n", SWAP_AB_VARIANTS)
-def test_swap_ab_variants_compile(dtype, out_dtype, block_m, block_n, shared_cache_dir, monkeypatch):
+@pytest.mark.parametrize("dtype,out_dtype,block_m,block_n,epilogue", [
+    *(v + ("none",) for v in SWAP_AB_VARIANTS),
+    ("bf16", "bf16", 88, 192, "bias+gelu"), ("fp16", "fp16", 152, 128, "bias_row+gelu_tanh"),
+    ("bf16", "fp16", 256, 128, "relu"), ("bf16", "bf16", 192, 192, "bias+sigmoid"), ("fp16", "fp16", 8, 64, "silu")])
+def test_swap_ab_variants_compile(dtype, out_dtype, block_m, block_n, epilogue, shared_cache_dir, monkeypatch):
     """Swapped 16-bit tiles (KernelConfig.swap_ab): HGMMA of the instruction N block_m, and _swap_ab_compiled's
-    checks."""
-    spec = GemmSpec.create(1000, 2048, dtype=dtype, out_dtype=out_dtype)
+    checks, also with the epilogues they take (a column or row bias, an activation)."""
+    spec = GemmSpec.create(1000, 2048, dtype=dtype, out_dtype=out_dtype, epilogue=epilogue)
     art, mix, case = _swap_ab_compiled(spec, block_m, block_n, shared_cache_dir, monkeypatch)
     assert mix.get("HGMMA", 0) == 4, (case, mix)
     assert f"HGMMA.64x{block_m}x16" in sass.disassemble(art.cubin), case
@@ -291,12 +297,13 @@ def test_swap_ab_fp8_variants_compile(kwargs, block_m, block_n, qgmma, shared_ca
     assert dict(found) == qgmma, (case, found)
     two = config.sm90_two_partial_sets(spec, block_m, block_n, False, True)
     half = config.sm90_half_partial_sets(spec, block_m, block_n, False, True)
-    assert (two, half) == (spec.promote and block_m <= 128, spec.promote and block_m > 128), case
+    assert (two, half) == (spec.promote and block_m <= 128,
+                           spec.promote and block_m > 128 and spec.epi.is_identity), case
 
 
 def test_swap_ab_rules():
-    """Swapped tiles: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, no
-    epilogue, cooperative unsplit whole-tile D; block_n 64 / 128 / 192 (FP8: 64 / 128) and block_m a multiple of 8
+    """Swapped tiles: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, a bias
+    and an activation at most, cooperative unsplit whole-tile D; block_n 64 / 128 / 192 (FP8: 64 / 128) and block_m a multiple of 8
     within the accumulators (96 a thread with three consumers, 176 in two sets for promoted FP8), named in the error
     before anything is compiled."""
     bf16 = GemmSpec.create(1024, 2048, dtype="bf16")
@@ -315,7 +322,12 @@ def test_swap_ab_rules():
                          "out_dtype 'fp32'"),
                         (GemmSpec.create(1024, 2048, dtype="bf16", layout="tn"), "layout 'tn'"),
                         (GemmSpec.create(1024, 2048, dtype="bf16", grouped=True), "grouped"),
-                        (GemmSpec.create(1024, 2048, dtype="bf16", epilogue="bias"), "epilogue 'bias'")):
+                        (GemmSpec.create(1024, 2048, dtype="bf16", epilogue="bias+residual"),
+                         "epilogue 'bias\\+residual'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", epilogue="swiglu"), "epilogue 'swiglu'"),
+                        (GemmSpec.create(1024, 2048, dtype="bf16", epilogue="beta"), "epilogue 'beta'"),
+                        (GemmSpec.create(1024, 2048, dtype="fp8", scaling="tensor", epilogue="quant_fp8_tensor"),
+                         "out_dtype 'fp8_e4m3'")):
         esize = 4 if spec.dtype == "tf32" else 1 if spec.dtype.startswith("fp8") else 2
         cfg = config.sm90_config(bf16, 88, 128, 2, swap_ab=True)
         cfg = dataclasses.replace(cfg, block_k=128 // esize, vec_a=16 // esize, vec_b=16 // esize)

@@ -283,15 +283,15 @@ def test_m_buckets():
     assert config.choose_config(spec, 586, "sm_90a") != config.choose_config(spec, 1024, "sm_90a")
     # 64-row tiles are weighed up to 128 rows, at the 320-row bucket (SM90_ROWS64_BUCKETS) for 8-bit types only
     # (16-bit ran 128-row tiles faster there once the last M block stopped being zero-filled, session 23), and at the
-    # 192-row bucket unsplit and from 96 columns (SM90_ROWS64_UNSPLIT_BUCKETS), not for FP8 block scaling (a bias
-    # keeps plain bf16's usual buckets: without one, 257-2048 rows weigh swapped tiles, test_sm90_swap_ab_picks)
-    assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias"), m, "sm_90a").block_m
-            for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
+    # 192-row bucket unsplit and from 96 columns (SM90_ROWS64_UNSPLIT_BUCKETS), not for FP8 block scaling (a residual
+    # keeps bf16's usual buckets: plain or with a bias, 257-2048 rows weigh swapped tiles, test_sm90_swap_ab_picks)
+    assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias+residual"), m,
+                                 "sm_90a").block_m for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
     assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
             for m in (64, 160, 300, 400)] == [64, 128, 64, 128]
     # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
     # take 128x128
-    bf16 = GemmSpec.create(4096, 7168, dtype="bf16", epilogue="bias")
+    bf16 = GemmSpec.create(4096, 7168, dtype="bf16", epilogue="bias+residual")
     assert [config.choose_config(bf16, m, "sm_90a").block_n for m in (330, 384, 385, 512)] == [96, 96, 128, 128]
     # grouped GEMMs (measured elsewhere) keep the 512-row bucket's choice there
     grouped = GemmSpec.create(2112, 7168, dtype="bf16", grouped=True)
@@ -520,8 +520,7 @@ def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
     (dict(dtype="fp16"), 2304, 2112, 7168, (192, 192)),       # 112.1 -> 92.3 (bf16; 128x96 before)
     (dict(dtype="bf16", epilogue="bias+swiglu"), 2048, 2112, 7168, (192, 176)),  # 139.0 -> 84.8 (128x64 before)
     (dict(dtype="bf16"), 4096, 4096, 7168, (128, 256)),       # 4096 rows: 21.3 blocks of 192, the 128-row tiles stay
-    # equal area per CTA: 91.5 (192x192) vs 90.4, 55.4 vs 53.9 (measured plain; a plain bf16 D takes a swapped tile
-    # there since session 50, test_sm90_swap_ab_picks)
+    # equal area per CTA: 91.5 (192x192) vs 90.4, 55.4 vs 53.9 (measured plain)
     (dict(dtype="bf16", epilogue="bias"), 1050, 4096, 7168, (128, 144)),
     (dict(dtype="bf16", epilogue="bias"), 1050, 4096, 4096, (128, 144)),
     (dict(dtype="bf16", epilogue="quant_fp8_tensor"), 1050, 4096, 7168, (128, 96)),  # not measured with 192 rows
@@ -531,8 +530,11 @@ def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
 ])
 def test_sm90_192_row_tiles_in_the_cost_model(kwargs, m, n, k, tile):
     """The cost model picks a 192-row tile (three consumers) only for 16-bit nt dense GEMMs of >= 384 rows with a
-    16-bit / FP32 D, where its rounds hold clearly less area (SM90_ROWS192_COST); None: not a 192-row tile."""
-    cfg = config.choose_config(GemmSpec.create(n, k, **kwargs), m, "sm_90a")
+    16-bit / FP32 D, where its rounds hold clearly less area (SM90_ROWS192_COST); None: not a 192-row tile. (The usual
+    buckets' picks: swapped tiles, which a plain or bias-only bf16 D weighs up to 2048 rows, are off.)"""
+    from bench import runner
+    with runner.config_constants({"SM90_SWAP_AB_M_RANGE": (0, 0)}):
+        cfg = config.choose_config(GemmSpec.create(n, k, **kwargs), m, "sm_90a")
     if tile is None:
         assert cfg.block_m != 192, cfg.tag
     else:
@@ -594,7 +596,12 @@ def test_sm90_gated_units_price_their_few_16_byte_slices(kwargs, m, n, k, tile):
     (dict(dtype="bf16"), 1050, 32768, 512, None),          # 60.8 -> 60.1 at best, 62.6 at the model's 176x128
     (dict(dtype="bf16"), 4096, 2112, 7168, None),          # above SM90_SWAP_AB_M_RANGE
     (dict(dtype="bf16"), 200, 2112, 7168, None),           # below it
-    (dict(dtype="bf16", epilogue="bias"), 1050, 2112, 7168, None),   # plain stores only
+    # with a bias and an activation (H200 session 51, bias+gelu): 16-bit inputs from K = 4096
+    (dict(dtype="bf16", epilogue="bias+gelu"), 586, 2112, 7168, (152, 64)),     # 37.6 -> 32.1
+    (dict(dtype="bf16", epilogue="bias+gelu"), 1050, 7168, 16384, (152, 128)),  # 342.0 -> 320.2
+    (dict(dtype="bf16", epilogue="bias+gelu"), 1666, 7168, 16384, (240, 128)),  # 515.4 -> 503.2
+    (dict(dtype="bf16", epilogue="bias+gelu"), 586, 7168, 2048, None),          # 88x128: 34.8 -> 37.1
+    (dict(dtype="bf16", epilogue="bias+residual"), 1050, 2112, 7168, None),     # no C / residual tile
     (dict(dtype="bf16", out_dtype="fp32"), 1050, 2112, 7168, None),  # 16-bit D only
     (dict(dtype="bf16", layout="nn"), 1050, 2112, 7168, None),       # nt only
     # H200 session 51 (scripts/exp_ab_rows.sh, us, the usual pick -> the swapped one; 31 rows, every pick faster)
@@ -608,20 +615,27 @@ def test_sm90_gated_units_price_their_few_16_byte_slices(kwargs, m, n, k, tile):
     (dict(dtype="fp8", scaling="row"), 777, 4096, 7168, (104, 128)),        # 57.9 -> 38.6 (128x176 before)
     (dict(dtype="fp8", scaling="row"), 777, 2112, 7168, (112, 128)),        # 30.6 -> 23.2
     (dict(dtype="fp8", scaling="row"), 1050, 4096, 7168, (136, 128)),       # 57.9 -> 50.3
-    (dict(dtype="fp8", scaling="row"), 300, 4096, 7168, (80, 128)),         # 26.4 -> 20.6
+    (dict(dtype="fp8", scaling="row"), 300, 4096, 7168, (80, 128)),         # 26.4 -> 20.6 (64x160: 25.4)
+    # a usual 64-row pick priced x1.1 (SM90_SWAP_AB_ROWS64_USUAL_COST): 14 of 14 moved picks faster
+    (dict(dtype="fp8", scaling="tensor"), 300, 4096, 7168, (80, 128)),      # 25.0 -> 20.2 at 64x160 before
+    (dict(dtype="fp8", scaling="tensor"), 320, 7168, 16384, (160, 128)),    # 76.7 -> 60.0
+    (dict(dtype="fp8", scaling="tensor"), 264, 3584, 18944, (136, 64)),     # 45.4 -> 38.2
     (dict(dtype="fp8", scaling="row"), 1666, 7168, 16384, (120, 128)),      # 280.8 -> 266.1
+    (dict(dtype="fp8", scaling="tensor"), 333, 37888, 3584, (112, 128)),    # 77.6 -> 72.3 (models suite's shapes)
+    (dict(dtype="fp8", scaling="tensor"), 333, 8192, 3584, (168, 128)),     # 22.0 -> 20.5
+    (dict(dtype="fp8", scaling="tensor"), 1234, 1280, 8192, (96, 128)),     # 25.2 -> 23.6
     (dict(dtype="fp8", scaling="tensor"), 2048, 2112, 7168, None),
     (dict(dtype="fp8", scaling="tensor"), 1050, 24576, 1536, None),         # K < 2048
     (dict(dtype="fp8", scaling="block"), 1050, 2112, 7168, None),           # per-tensor / per-row scales only
     (dict(dtype="fp8", scaling="tensor", out_dtype="fp32"), 1050, 2112, 7168, None),  # 16-bit D only
-    (dict(dtype="fp8", scaling="tensor", epilogue="bias"), 1050, 2112, 7168, None),
+    (dict(dtype="fp8", scaling="tensor", epilogue="bias+gelu"), 1050, 4096, 7168, None),  # 58.8 -> 65.6 at 136x128
     (dict(dtype="int8", scaling="tensor"), 1050, 2112, 7168, None),
     (dict(dtype="tf32"), 1050, 2112, 7168, None),
 ])
 def test_sm90_swap_ab_picks(kwargs, m, n, k, tile):
     """Swapped tiles (KernelConfig.swap_ab) where the cost model weighs them (sm90_swap_ab_costed: 16-bit or FP8
-    per-tensor / per-row, plain nt dense, K >= 2048, 257-2048 rows) and they cost 2% less than the usual bucket's pick
-    at M rounded up to 8 rows; None: not swapped."""
+    per-tensor / per-row, nt dense, K >= 2048, 257-2048 rows; a bias and an activation for 16-bit inputs from K =
+    4096) and they cost 2% less than the usual bucket's pick at M rounded up to 8 rows; None: not swapped."""
     spec = GemmSpec.create(n, k, **kwargs)
     cfg = config.choose_config(spec, m, "sm_90a", 132)
     if tile is None:
@@ -656,7 +670,10 @@ def test_swap_ab_buckets():
         [64, 256, 264, 1056, 1056, 1064, 2048, 2176]
     short_k = GemmSpec.create(24576, 1536, dtype="bf16")
     assert [config.tile_bucket(short_k, m) for m in (1050, 2049)] == [1152, 2176]
-    assert config.tile_bucket(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias"), 1050) == 1152
+    assert config.tile_bucket(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias+residual"), 1050) == 1152
+    # Hopper only: elsewhere no swapped tile exists, so the usual buckets hold (and warmup plans them alone)
+    assert [config.m_bucket_for(plain, m, "sm_80") for m in (257, 1050, 2048)] == [320, 1152, 2048]
+    assert config.buckets_within(plain, 1152, "sm_80") == (1152,) and len(config.buckets_within(plain, 1152)) == 16
     assert config.choose_config(plain, 1049, "sm_90a") == config.choose_config(plain, 1056, "sm_90a")
     assert config.choose_config(plain, 1050, "sm_90a") != config.choose_config(plain, 1100, "sm_90a")
     # the tuner's candidates: the swapped pick first, the usual tiles after it (an equal tile unswapped too)

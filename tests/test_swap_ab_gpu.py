@@ -4,7 +4,9 @@ tiles in M and N, M below one tile (A's box shrinks to M), N not a multiple of 8
 more tiles than CTAs, against float64 references with outputs poisoned, and bit for bit against an unswapped tile
 (each output element is the same dot product of an A row and a B row over the same k16 steps; only the operand each
 feeds differs). FP8 with per-tensor and per-row scales likewise, promoted (two partial sets up to 128 rows, uneven
-halves of the wgmmas' N above) or not (fast_accum), E4M3 x E5M2 (the instruction's operand types swap too)."""
+halves of the wgmmas' N above) or not (fast_accum), E4M3 x E5M2 (the instruction's operand types swap too). And the
+epilogues they take: a column or row bias and an activation, against the unfused float64 reference and bit for bit
+against the unswapped tile with the same epilogue."""
 import math
 
 import pytest
@@ -87,6 +89,52 @@ def test_swapped_fp8_tiles_match_reference_and_unswapped_tiles(m, n, k, tile, sc
     err = reference.error(out, ref)
     case = (m, n, k, g.config.tag, scaling, fast_accum, b_dtype, out_dtype)
     assert (err < 3e-2 if fast_accum else reference.within_bound(err, "fp8_e4m3")), (case, err)
+    plain = forced_gemm(m, n, k, "128x" + tile.split("x")[1].rstrip("w"), **kwargs)
+    assert not isinstance(plain, str) and not plain.config.swap_ab, plain
+    assert bool((run(plain) == out).all()), (case, "swapped and unswapped tiles differ")
+
+
+EPI_SHAPES = [(77, 1001, 528), (1050, 2112, 7168), (4100, 3000, 1040), (13, 136, 48)]
+EPI_CASES = [  # (build keywords, tile)
+    (dict(dtype="bf16", epilogue="bias+gelu"), "88x192w"),
+    (dict(dtype="fp16", epilogue="bias_row+silu"), "152x128w"),
+    (dict(dtype="bf16", out_dtype="fp16", epilogue="relu"), "256x128w"),
+    (dict(dtype="bf16", epilogue="bias+sigmoid"), "40x64w"),
+    (dict(dtype="fp8_e4m3", scaling="tensor", epilogue="bias+gelu"), "152x128w"),
+    (dict(dtype="fp8_e4m3", scaling="row", epilogue="bias_row+gelu_tanh"), "88x128w"),
+    (dict(dtype="fp8_e4m3", scaling="tensor", fast_accum=True, epilogue="bias"), "200x128w"),
+]
+
+
+@pytest.mark.parametrize("kwargs,tile", EPI_CASES)
+@pytest.mark.parametrize("m,n,k", EPI_SHAPES)
+def test_swapped_tiles_with_epilogues(m, n, k, kwargs, tile):
+    import cupy
+
+    g = forced_gemm_or_skip(m, n, k, tile, **kwargs)
+    assert g.config.swap_ab, g.config.tag
+    epi, out_dtype = g.spec.epi, g.spec.out_dtype
+    rng = cupy.random.default_rng(m + n + k + len(tile))
+    fp8 = kwargs["dtype"].startswith("fp8")
+    if fp8:
+        qa, sa, qb, sb, acc = fp8_problem(m, n, k, kwargs["scaling"], seed=m + n + k)
+        operands, bound = dict(a=qa, b=qb, scale_a=sa, scale_b=sb), "fp8_e4m3"
+    else:
+        a = reference.random_matrix((m, k), kwargs["dtype"], rng)
+        b = reference.random_matrix((n, k), kwargs["dtype"], rng, scale=1.0 / math.sqrt(k))
+        acc = reference.to_float64(a) @ reference.to_float64(b).T
+        operands, bound = dict(a=a, b=b), kwargs["dtype"]
+    bias = reference.random_matrix((n if epi.bias == "col" else m,), out_dtype, rng) if epi.bias != "none" else None
+
+    def run(gemm):
+        out = reference.poisoned((m, n), out_dtype)
+        assert gemm(**operands, bias=bias, out=out) is out
+        return out
+
+    out = run(g)
+    err = reference.error(out, reference.unfused_epilogue(acc, epi, bias, None, None, 1.0, 1.0))
+    case = (m, n, k, g.config.tag, kwargs)
+    assert (err < 3e-2 if kwargs.get("fast_accum") else reference.within_bound(err, bound)), (case, err)
     plain = forced_gemm(m, n, k, "128x" + tile.split("x")[1].rstrip("w"), **kwargs)
     assert not isinstance(plain, str) and not plain.config.swap_ab, plain
     assert bool((run(plain) == out).all()), (case, "swapped and unswapped tiles differ")

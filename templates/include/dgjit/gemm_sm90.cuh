@@ -362,10 +362,11 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemDBufBytesPerWG = kRing ? kDRing * kSmemDSliceBytes : kSmemDBytesPerWG;
   static_assert(!kSwapAB || (k16BitD && (kKind == MmaKind::kBF16 || kKind == MmaKind::kFP16 ||
                                          (kIsFP8 && (kScaling == Scaling::kTensor || kScaling == Scaling::kRow))) &&
-                             !kHasEpilogue && !kPingPong && !kGrouped && !kSplitK && !kRing && kAKMajor && kBKMajor),
-                "swapped tiles: 16-bit operands or FP8 with per-tensor / per-row scales, 16-bit D, layout nt, no fused "
-                "epilogue, dense, unsplit, cooperative, D staged whole (epilogue_swapped stores 8x8 groups transposed "
-                "with stmatrix)");
+                             !kPrefetch && !kGated && Epi::kQuant == QuantKind::kNone && !kPingPong && !kGrouped &&
+                             !kSplitK && !kRing && kAKMajor && kBKMajor),
+                "swapped tiles: 16-bit operands or FP8 with per-tensor / per-row scales, 16-bit D, layout nt, a bias "
+                "and an activation at most, dense, unsplit, cooperative, D staged whole (epilogue_swapped stores 8x8 "
+                "groups transposed with stmatrix)");
   static constexpr uint32_t kSmemDOffset = 0;
   static constexpr uint32_t kSmemROffset = kSmemDOffset + kNumMathWGs * kSmemDBufBytesPerWG;
   static constexpr uint32_t kSmemRBytes = kLoadC && kLoadR ? kNumMathWGs * kSmemDBytesPerWG : 0;
@@ -395,8 +396,10 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemScaleBytes =
       kScaling == Scaling::kRow ? kNumMathWGs * kSmemScaleFloatsPerWG * 4 : 0;
   // The tile's bias as FP32, per consumer (its columns, or its rows), zero past N / M.
+  // kSwapAB: a consumer's 64 columns, or all kBlockM rows.
   static constexpr uint32_t kBiasFloatsPerWG =
-      Epi::kBias == BiasKind::kCol ? kBlockN : (Epi::kBias == BiasKind::kRow ? kWGRows : 0);
+      Epi::kBias == BiasKind::kCol ? (kSwapAB ? 64 : kBlockN)
+                                   : (Epi::kBias == BiasKind::kRow ? (kSwapAB ? kBlockM : kWGRows) : 0);
   static constexpr uint32_t kSmemBiasOffset = kSmemScaleOffset + kSmemScaleBytes;
   static constexpr uint32_t kSmemBiasBytes = kNumMathWGs * kBiasFloatsPerWG * 4;
   // Split-K: one word per consumer, where its thread 0 tells the others whether they arrived last; grouped, then
@@ -1000,7 +1003,8 @@ struct GemmSm90 {
   // one set: bitwise equal. Measured (docs/NOTES.md, session 19): per-tensor 128x176 4096x7168x16384 2.4% faster,
   // per-row 1.4%; block scaling 1% SLOWER (its per-group FFMAs with the scale products), so kBlock keeps one set.
   // kSwapAB: the halves split the wgmmas' N (the tile's rows), the first rounded up to a multiple of 8 (152 rows:
-  // 80 + 72), so any swapped tile of 16 rows or more has them.
+  // 80 + 72), so any swapped tile of 16 rows or more has them. Not with an epilogue there either: FP8 bias+gelu
+  // 136x128 ran 65.2 us with halves, 62.5 with one set (1050x4096x7168; 152x128 at 1050x2112x7168 37.2 / 32.7).
   static constexpr uint32_t kHalfN0 = kSwapAB ? (kMmaCols / 2 + 7) / 8 * 8 : kBlockN / 2;
   static constexpr uint32_t kHalfN1 = kMmaCols - kHalfN0;
   static constexpr bool kHalfSets = kIsFP8 && kPromote && kScaling != Scaling::kBlock && !kWGSplitK &&
@@ -1385,11 +1389,23 @@ struct GemmSm90 {
     for (uint32_t i = 0; i < kBiasPerThread; ++i) {
       const uint32_t idx = t + i * kWarpgroupThreads;
       if constexpr (Epi::kBias == BiasKind::kCol) {
-        const uint32_t col = tile.n_block * kBlockN + idx;
-        out[i] = idx < kBlockN && col < kN ? load_as_float(bias + col) : 0.0f;
+        const uint32_t col = tile.n_block * kBlockN + (kSwapAB ? 64 * math_wg : 0) + idx;
+        out[i] = idx < kBiasFloatsPerWG && col < kN ? load_as_float(bias + col) : 0.0f;
       } else if constexpr (Epi::kBias == BiasKind::kRow) {
-        const uint32_t row = tile.row0 + wg_row_offset(math_wg) + idx;
-        out[i] = idx < kWGRows && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
+        const uint32_t row = tile.row0 + (kSwapAB ? 0 : wg_row_offset(math_wg)) + idx;
+        out[i] = idx < kBiasFloatsPerWG && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
+      }
+    }
+  }
+
+  // The tile's bias from registers into this consumer's buffer, before the epilogue's first barrier (after the
+  // previous epilogue's last one every thread of the consumer has read the old values).
+  static DGJIT_DEVICE void stage_bias(const Smem& smem, uint32_t math_wg, const BiasRegs& bias_regs) {
+    if constexpr (Epi::kBias != BiasKind::kNone) {
+#pragma unroll
+      for (uint32_t i = 0; i < kBiasPerThread; ++i) {
+        const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
+        if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = bias_regs[i];
       }
     }
   }
@@ -1707,13 +1723,7 @@ struct GemmSm90 {
     if (is_store_thread) tma_store_wait_read<0>();
     // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
     if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
-    if constexpr (Epi::kBias != BiasKind::kNone) {
-#pragma unroll
-      for (uint32_t i = 0; i < kBiasPerThread; ++i) {
-        const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
-        if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = bias_regs[i];
-      }
-    }
+    stage_bias(smem, math_wg, bias_regs);
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     if constexpr (kPrefetch) {
       if (wait_operands) {
@@ -1940,9 +1950,10 @@ struct GemmSm90 {
   // eight rows a matrix writes are consecutive), which one TMA box (64 columns x kBlockM rows) stores, clipped at M
   // and N. Lane l addresses row l % 8 of matrix l / 8 = 2q + h, i.e. D row 8 (j + q) + l % 8 from column 16w + 8h.
   // FP8: `tensor_scale` (kTensor) or the staged row and column scales (kRow: this thread's two columns in
-  // registers, the two rows of each group j read as one pair) multiply each value as in epilogue().
+  // registers, the two rows of each group j read as one pair) multiply each value, then the bias is added (a column
+  // bias from registers, a row bias as a pair per group) and the activation applied, in epilogue()'s order.
   static DGJIT_DEVICE void epilogue_swapped(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
-                                            const Tile& tile, float tensor_scale,
+                                            const Tile& tile, float tensor_scale, const BiasRegs& bias_regs,
                                             const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     static_assert(kNumM64PerWG == 1 && Store::kNumSlices == 1 && Store::kSliceRowBytes == 128,
                   "a swapped consumer's D is one 128-byte slice of kBlockM rows");
@@ -1952,6 +1963,7 @@ struct GemmSm90 {
     if (is_store_thread) tma_store_wait_read<0>();
     // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
     if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
+    stage_bias(smem, math_wg, bias_regs);
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     const uint32_t d_base = shared_addr(smem.d(math_wg));
     const uint32_t warp = warp_idx_in_warpgroup();
@@ -1959,11 +1971,13 @@ struct GemmSm90 {
     const uint32_t q = lane / 16, h = lane / 8 % 2;
     constexpr uint32_t kGroups = kBlockM / 8;
     float col_scale[2] = {1.0f, 1.0f};  // kRow: this thread's D columns 16w + l / 4 (+ 8)
-    if constexpr (kScaling == Scaling::kRow) {
+    float col_bias[2] = {0.0f, 0.0f};   // a column bias of the same columns
 #pragma unroll
-      for (uint32_t c = 0; c < 2; ++c) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      if constexpr (kScaling == Scaling::kRow) {
         col_scale[c] = ld_shared_f32(shared_addr(smem.col_scales(math_wg) + 16 * warp + 8 * c + lane / 4));
       }
+      if constexpr (Epi::kBias == BiasKind::kCol) col_bias[c] = smem.bias(math_wg)[16 * warp + 8 * c + lane / 4];
     }
     // Register 4j + 2c + e scaled: D row 8j + 2 (l % 4) + e, column 16w + 8c + l / 4.
     const auto scaled = [&](uint32_t i) {
@@ -1978,7 +1992,15 @@ struct GemmSm90 {
         lo *= rows.x * col_scale[c];
         hi *= rows.y * col_scale[c];
       }
-      return pack_d(lo, hi);
+      if constexpr (Epi::kBias == BiasKind::kCol) {
+        lo += col_bias[c];
+        hi += col_bias[c];
+      } else if constexpr (Epi::kBias == BiasKind::kRow) {
+        const float2 rows = *reinterpret_cast<const float2*>(smem.bias(math_wg) + 8 * j + 2 * (lane % 4));
+        lo += rows.x;
+        hi += rows.y;
+      }
+      return pack_d(activate<Epi::kAct, kGeluDegree>(lo), activate<Epi::kAct, kGeluDegree>(hi));
     };
 #pragma unroll
     for (uint32_t j = 0; j < kGroups; j += 2) {
@@ -2267,7 +2289,7 @@ struct GemmSm90 {
         if (scheduler.has_next()) named_barrier_arrive(kTurnBarrier + (math_wg ^ 1), 2 * kWarpgroupThreads);
       }
       if constexpr (kSwapAB) {
-        epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, acc);
+        epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, bias_regs, acc);
       } else {
         epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, bias_regs, acc);
       }
