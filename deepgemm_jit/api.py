@@ -644,7 +644,7 @@ def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, split
     if cfg.family != "sm90" or spec.grouped:
         raise ValueError(f"split_k > 1 needs the Hopper (sm90) family; this problem runs the {cfg.family} family")
     num_sms = device.num_sms() if on_gpu else config_mod.DEFAULT_SM90_NUM_SMS
-    bucket = config_mod.tile_bucket(spec, m_hint)
+    bucket = config_mod.usual_tile_bucket(spec, m_hint)  # (split tiles are unswapped)
     if chosen and (cfg.swap_ab or not config_mod.sm90_tile_may_split(spec, bucket, cfg.block_m)):
         return config_mod.sm90_split_config(spec, bucket, num_sms, splits)  # the cost model's split tile instead
     if cfg.swap_ab:

@@ -1629,7 +1629,7 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
     if first.family == "sm90":
         if first.num_stages > 3:
             found.append(dataclasses.replace(first, num_stages=first.num_stages - 1))
-        ranked = sm90_ranked(spec, tile_bucket(spec, m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
+        ranked = sm90_ranked(spec, usual_tile_bucket(spec, m_hint), num_sms or DEFAULT_SM90_NUM_SMS)
         # The tiles that won somewhere in the H200 sweeps, then the model's order.
         staples = [cfg for cfg in ranked if (cfg.block_m, cfg.block_n) in ((128, 256), (128, 128), (64, 128))]
         if _sm90_pingpong_fits(spec) and _sm90_stages(spec, 128, 128, True) >= 3:
@@ -1799,6 +1799,12 @@ def buckets_within(spec: GemmSpec, bucket: int, arch: str = "sm_90a") -> tuple[i
     if arch != "sm_90a" or not (sm90_swap_ab_costed(spec, first) or sm90_swap_ab_costed(spec, bucket)):
         return (bucket,)  # (one range: both ends tell)
     return tuple(sorted({m_bucket_for(spec, m) for m in range(first, bucket + 1)}))
+
+
+def usual_tile_bucket(spec: GemmSpec, m_hint: int) -> int:
+    """The bucket unswapped tiles are weighed at: tile_bucket, rounded up to its usual M bucket where swapped tiles
+    made it finer (as _sm90_pick prices the usual pick; the rules that weigh 64-row tiles name usual buckets)."""
+    return m_bucket(tile_bucket(spec, m_hint))
 
 
 def tile_bucket(spec: GemmSpec, m_hint: int) -> int:

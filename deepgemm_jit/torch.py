@@ -41,6 +41,7 @@ import torch
 from . import config as config_mod
 from . import dtypes, quantization
 from .arrays import mn_major_storage_shape, mn_major_view
+from .device import arch_of_capability
 from .api import Gemm, build
 from .grouped import GroupedGemm, build_grouped
 from .spec import LAYOUTS, GemmSpec
@@ -256,7 +257,8 @@ def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
     if (config_mod.sm90_swap_ab_sizes(m, k)
             and config_mod.sm90_swap_ab_inputs(spec_args.get("dtype"), spec_args.get("scaling", "none"))):
         # finer where swapped tiles are weighed (config.m_bucket_for; checked cheaply first: this runs per call)
-        bucket = config_mod.m_bucket_for(GemmSpec.create(n, k, **spec_args), m)
+        arch = arch_of_capability(*torch.cuda.get_device_capability(device_index))
+        bucket = config_mod.m_bucket_for(GemmSpec.create(n, k, **spec_args), m, arch)
     key = ("gemm", device_index, n, k, bucket, tuple(sorted(spec_args.items())))
     return _built_once(key, lambda: build(bucket, n, k, **spec_args))
 

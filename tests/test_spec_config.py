@@ -679,3 +679,12 @@ def test_swap_ab_buckets():
     # the tuner's candidates: the swapped pick first, the usual tiles after it (an equal tile unswapped too)
     cands = config.candidate_configs(plain, 1050, "sm_90a", 132)
     assert cands[0].swap_ab and any(not c.swap_ab for c in cands), [c.tag for c in cands]
+    # ... ranked at the usual bucket (config.usual_tile_bucket), where the rules for 64-row tiles name their buckets:
+    # FP8 at 300 rows (bucket 304) keeps the 64-row tiles of bucket 320 as candidates and as split-K tiles
+    from deepgemm_jit import api
+    fp8 = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
+    assert (config.tile_bucket(fp8, 300), config.usual_tile_bucket(fp8, 300)) == (304, 320)
+    cands = config.candidate_configs(fp8, 300, "sm_90a", 132)
+    assert cands[0].swap_ab and any(c.block_m == 64 for c in cands), [c.tag for c in cands]
+    split = api.build(300, 2112, 7168, dtype="fp8", scaling="tensor", arch="sm_90a", split_k=2)
+    assert split.config == config.sm90_split_config(fp8, 320, 132, 2) and split.config.block_m == 64, split.config.tag
