@@ -66,7 +66,7 @@ def main() -> None:
         def make(cfg, kw=kw, m=m, n=n, k=k):
             return deepgemm_jit.build(m, n, k, config=cfg, **kw)
 
-        result = tuning.tune(identity, spec, C.m_bucket(m), cands, make)
+        result = tuning.tune(identity, spec, C.m_bucket_for(spec, m, arch), cands, make)  # (build's tuning key)
         print(f"## {case.describe()}", flush=True)
         best = min((r["median_us"] for r in result.table if r["median_us"]), default=None)
         for row in result.table:

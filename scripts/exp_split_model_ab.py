@@ -47,7 +47,7 @@ def _pick(spec, m: int, arch: str, num_sms: int, values: dict | None):
     with runner.config_constants(values or {}):
         splitk.num_splits.cache_clear()
         ks = config.kernel_spec(spec, arch, m)
-        cfg = config.choose_config(ks, config.m_bucket(m), arch, num_sms)
+        cfg = config.choose_config(ks, m, arch, num_sms)  # (it buckets M itself: config.tile_bucket)
         shares = splitk.num_splits(ks, cfg, m, num_sms) if cfg.split_k else 1
     splitk.num_splits.cache_clear()
     return cfg, shares

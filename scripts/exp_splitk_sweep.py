@@ -26,7 +26,7 @@ def _unsplit_heuristic(spec, m, num_sms):
     from deepgemm_jit import config
 
     with runner.config_constants({"SPLIT_MAX_M": 0}):
-        return config.choose_sm90_config(spec, config.m_bucket(m), num_sms)
+        return config.choose_sm90_config(spec, config.tile_bucket(spec, m), num_sms)
 
 
 def main() -> int:
@@ -74,7 +74,7 @@ def main() -> int:
                     cfg = dataclasses.replace(auto.config, split_k=True, pingpong=False)
                     cfg.check_for(spec, "sm_90a")
                 except ValueError:
-                    cfg = config.sm90_split_config(spec, config.m_bucket(m), num_sms, 4)
+                    cfg = config.sm90_split_config(spec, config.usual_tile_bucket(spec, m), num_sms, 4)
                 split_cfgs.append(cfg)
             split_cfg = split_cfgs[0]
             gemms = {"old": dg.build(m, n, k, config=_unsplit_heuristic(spec, m, num_sms), weight_streaming=False,
