@@ -6,9 +6,10 @@ import re
 import numpy as np
 import pytest
 
-from deepgemm_jit import (Epilogue, GemmSpec, compiler, config, deinterleave_gate_up, interleave_gate_up, jit, launch,
+from deepgemm_jit import (Epilogue, GemmSpec, config, deinterleave_gate_up, interleave_gate_up, jit, launch,
                           reference, sass)
 from deepgemm_jit.epilogue import canonical
+from sm90_kernels import compiled_clean
 
 
 def test_parse_and_canonical_text():
@@ -76,13 +77,8 @@ def _compile_and_check(spec, m_hint=4096):
     satisfy: no local memory or stack, no wgmma serialisation warning, tensor-core MMAs of the input type. Returns
     (cfg, artifact, opcode mix, case label)."""
     cfg = config.choose_config(spec, m_hint, "sm_90a")
-    art = jit.get_kernel(spec, cfg, "sm_90a")
-    usage = sass.resource_usage(art.cubin)[art.entry]
-    mix = sass.opcode_mix(art.cubin)
-    case = f"{spec.tag} {cfg.tag}"
-    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
-    log = art.meta["log"]
-    assert not compiler.serialization_warnings(log) and "C7508" not in log, (case, log)
+    art, mix, case = compiled_clean(spec, cfg)
+    assert "C7508" not in art.meta["log"], (case, art.meta["log"])
     # No front-end warning either (#549-D "used before its value is set" sat in every sm90 build log for a while).
     assert re.search(r"warning #\d+-D", art.meta["log"]) is None, (case, art.meta["log"])
     mma = "IGMMA" if spec.dtype == "int8" else "QGMMA" if spec.dtype.startswith("fp8") else "HGMMA"
@@ -184,12 +180,7 @@ def test_pingpong_variants_compile(dtype, scaling, epilogue, tile, shared_cache_
     out_dtype = "fp32" if dtype == "tf32" else "bf16"
     spec = GemmSpec.create(1000, 2048, dtype, out_dtype=out_dtype, scaling=scaling, epilogue=epilogue)
     cfg = config.sm90_config(spec, *tile, pingpong=True)
-    cfg.check_for(spec, "sm_90a")
-    art = jit.get_kernel(spec, cfg, "sm_90a")
-    usage = sass.resource_usage(art.cubin)[art.entry]
-    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, cfg.tag
-    assert not compiler.serialization_warnings(art.meta["log"]), art.meta["log"]
-    mix = sass.opcode_mix(art.cubin)
+    art, mix, _ = compiled_clean(spec, cfg)
     assert mix.get("IGMMA" if dtype == "int8" else "QGMMA" if dtype == "fp8" else "HGMMA", 0) > 0
     assert (mix.get("UBLKCP", 0) > 0) == (scaling == "block"), cfg.tag
     # The config's shared-memory mirror is what the kernel computes (checked on the GPU before each launch;

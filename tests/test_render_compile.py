@@ -5,7 +5,8 @@ import itertools
 import jinja2
 import pytest
 
-from deepgemm_jit import GemmSpec, build, compiler, config, jit, render, sass
+from deepgemm_jit import GemmSpec, build, config, jit, render, sass
+from sm90_kernels import compiled_clean
 
 DTYPES = ("fp16", "bf16", "tf32")
 LAYOUTS = ("nt", "nn", "tn", "tt")
@@ -139,22 +140,15 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     stages = config._sm90_stages(spec, block_m, block_n, d_ring=d_ring)
     cfg = config.KernelConfig("sm90", block_m, block_n, 128 // esize, min(stages, 4), 2, 1, 16 // esize,
                               16 // esize, group_m=16, d_ring=d_ring)
-    cfg.check_for(spec, "sm_90a")
-    art = jit.get_kernel(spec, cfg, "sm_90a")
-    mix = sass.opcode_mix(art.cubin)
-    usage = sass.resource_usage(art.cubin)[art.entry]
-    case = f"{dtype=} {out_dtype=} {cfg.tag}"
+    art, mix, case = compiled_clean(spec, cfg)
     assert mix.get("HGMMA", 0) > 0 and mix.get("UTMALDG", 0) > 0, case
     assert mix.get("UTMASTG", 0) > 0 and mix.get("STG", 0) == 0, (case, mix)
     out_esize = 4 if out_dtype == "fp32" else 2
     if d_ring:  # the slices' stores are issued from the epilogue's column loop, one per slice
         assert mix["UTMASTG"] == block_n * out_esize // config.sm90_d_slice_bytes(block_n, out_esize), (case, mix)
     assert sass.tma_loads(art.cubin)[1] == 1, case  # B's box in its evict-first form (kStreamBMaxReaders)
-    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     assert mix.get("ACQBULK", 0) == 1, case  # griddepcontrol.wait: staged calls launch it programmatically
-    # ptxas serialised the wgmmas (C7514: accumulators touched inside a pipeline stage, a silent 2x slowdown).
-    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
     from deepgemm_jit import launch
     sym = launch.sm90_symbols(art)
@@ -191,13 +185,8 @@ def test_192_row_tiles_with_epilogues_compile(dtype, epilogue, block_n, shared_c
     serialisation (192x192 with C or a residual kept 24-136 bytes on the stack: config.sm90_max_accumulators)."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     spec = GemmSpec.create(4096, 7168, dtype=dtype, epilogue=epilogue)
-    cfg = config.sm90_config(spec, 192, block_n)
-    cfg.check_for(spec, "sm_90a")
-    art = jit.get_kernel(spec, cfg, "sm_90a")
-    usage = sass.resource_usage(art.cubin)[art.entry]
-    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, (cfg.tag, usage)
-    assert not compiler.serialization_warnings(art.meta["log"]), (cfg.tag, art.meta["log"])
-    assert sass.opcode_mix(art.cubin).get("HGMMA", 0) > 0, cfg.tag
+    _, mix, case = compiled_clean(spec, config.sm90_config(spec, 192, block_n))
+    assert mix.get("HGMMA", 0) > 0, case
 
 
 def test_192_row_tiles_rules():
@@ -246,23 +235,17 @@ SWAP_AB_FP8_VARIANTS = [
 
 
 def _swap_ab_compiled(spec, block_m, block_n, cache_dir, monkeypatch):
-    """A swapped tile's artifact, after the checks every swapped variant passes: D staged by transposing stmatrix
-    (STSM, one per two 8-row groups) and stored by one TMA box per consumer; no local memory or wgmma serialisation;
+    """A swapped tile's artifact, after the checks every swapped variant passes (compiled_clean's too): D staged by
+    transposing stmatrix (STSM, one per two 8-row groups) and stored by one TMA box per consumer;
     the exported layout (D box of 64 columns x block_m rows, a consumer per 64 columns) as config says."""
     from deepgemm_jit import launch
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(cache_dir))
     cfg = config.sm90_config(spec, block_m, block_n, swap_ab=True)
-    cfg.check_for(spec, "sm_90a")
-    art = jit.get_kernel(spec, cfg, "sm_90a")
-    mix = sass.opcode_mix(art.cubin)
-    usage = sass.resource_usage(art.cubin)[art.entry]
-    case = f"{spec.dtype=} {spec.out_dtype=} {cfg.tag}"
+    art, mix, case = compiled_clean(spec, cfg)
     assert cfg.tag.endswith("_sw") and cfg.d_ring == 0, case
     assert mix.get("UTMASTG", 0) == 1 and mix.get("STG", 0) == 0, (case, mix)
     assert mix.get("STSM", 0) == -(-block_m // 16), (case, mix)
-    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, (case, usage)
-    assert not compiler.serialization_warnings(art.meta["log"]), (case, art.meta["log"])
     sym = launch.sm90_symbols(art)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
     assert sym["num_threads"] == cfg.num_threads == (512 if block_n == 192 else 384), case
