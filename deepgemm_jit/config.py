@@ -786,15 +786,9 @@ SM90_SWAP_AB_ROWS64_USUAL_COST = 1.1
 
 def sm90_swap_ab_sizes(m: int, k: int) -> bool:
     """M in SM90_SWAP_AB_M_RANGE and K >= SM90_SWAP_AB_MIN_K: the sizes where swapped tiles are weighed (a cheap
-    first test before sm90_swap_ab_costed's spec check)."""
+    first test before sm90_swap_ab_costed's spec check, also per call in the torch ops)."""
     lo, hi = SM90_SWAP_AB_M_RANGE
     return lo < m <= hi and k >= SM90_SWAP_AB_MIN_K
-
-
-def sm90_swap_ab_inputs(dtype: str | None, scaling: str) -> bool:
-    """Whether inputs of this canonical dtype and scaling can run swapped tiles (a cheap first test on build()'s
-    arguments, before a spec exists: sm90_swap_ab_problem says the rest)."""
-    return dtype in ("bf16", "fp16") or (dtype in dtypes.FP8_DTYPES and scaling in ("tensor", "row"))
 
 
 def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
@@ -850,7 +844,8 @@ def sm90_swap_ab_problem(spec: GemmSpec) -> str | None:
     None: 16-bit inputs or FP8 with per-tensor / per-row scales, a 16-bit D, layout nt, dense, and of the fused
     epilogues a bias (per column or row) and an activation at most (epilogue_swapped: no C / residual tile, gated
     units or quantize-on-store)."""
-    if not sm90_swap_ab_inputs(spec.dtype, spec.scaling) or spec.out_dtype not in ("bf16", "fp16"):
+    fp8 = spec.dtype in dtypes.FP8_DTYPES and spec.scaling in ("tensor", "row")
+    if (spec.dtype not in ("bf16", "fp16") and not fp8) or spec.out_dtype not in ("bf16", "fp16"):
         return (f"dtype {spec.dtype!r} / out_dtype {spec.out_dtype!r} (16-bit inputs or FP8 with tensor / row "
                 "scales, and a 16-bit output)")
     if not (spec.a_k_major and spec.b_k_major):

@@ -32,6 +32,7 @@ that fit, another stream's.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -252,14 +253,20 @@ def _built_once(key: tuple, make: Callable[[], object]):
     return g
 
 
+@functools.lru_cache(maxsize=1024)
+def _spec_and_arch(device_index: int, n: int, k: int, spec_items: tuple) -> tuple[GemmSpec, str]:
+    """The spec of an op's problem and its device's arch, made once per problem (not per call)."""
+    return (GemmSpec.create(n, k, **dict(spec_items)),
+            arch_of_capability(*torch.cuda.get_device_capability(device_index)))
+
+
 def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
+    items = tuple(sorted(spec_args.items()))
     bucket = config_mod.m_bucket(m)
-    if (config_mod.sm90_swap_ab_sizes(m, k)
-            and config_mod.sm90_swap_ab_inputs(spec_args.get("dtype"), spec_args.get("scaling", "none"))):
-        # finer where swapped tiles are weighed (config.m_bucket_for; checked cheaply first: this runs per call)
-        arch = arch_of_capability(*torch.cuda.get_device_capability(device_index))
-        bucket = config_mod.m_bucket_for(GemmSpec.create(n, k, **spec_args), m, arch)
-    key = ("gemm", device_index, n, k, bucket, tuple(sorted(spec_args.items())))
+    if config_mod.sm90_swap_ab_sizes(m, k):  # finer where swapped tiles are weighed (config.m_bucket_for)
+        spec, arch = _spec_and_arch(device_index, n, k, items)
+        bucket = config_mod.m_bucket_for(spec, m, arch)
+    key = ("gemm", device_index, n, k, bucket, items)
     return _built_once(key, lambda: build(bucket, n, k, **spec_args))
 
 

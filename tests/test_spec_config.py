@@ -647,20 +647,6 @@ def test_sm90_swap_ab_picks(kwargs, m, n, k, tile):
     cfg.check_for(spec, "sm_90a")
 
 
-def test_swap_ab_inputs_precheck_covers_every_swappable_spec():
-    """sm90_swap_ab_inputs (torch's per-call test on build()'s arguments) says yes wherever sm90_swap_ab_problem takes
-    the spec, and no for inputs it never takes: a no there would keep such calls on the coarse M bucket."""
-    from deepgemm_jit import dtypes
-    for dtype in dtypes.INPUT_DTYPES:
-        for scaling in ("none", "tensor", "row", "block"):
-            try:
-                spec = GemmSpec.create(2112, 7168, dtype=dtype, scaling=scaling)
-            except (ValueError, TypeError):
-                continue
-            takes = config.sm90_swap_ab_problem(spec) is None
-            assert config.sm90_swap_ab_inputs(spec.dtype, spec.scaling) == takes, (dtype, scaling)
-
-
 def test_swap_ab_buckets():
     """Where swapped tiles are weighed, the tile is chosen for M rounded up to 8 rows (their block_m's step), so that
     a Gemm built for 1050 rows does not serve 1100 (13 tiles of 88 rows where 12 fit 1050); elsewhere the usual
