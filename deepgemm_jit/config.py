@@ -768,7 +768,8 @@ SM90_SWAP_AB_SHALLOW_MIN_K = 4096
 SM90_SWAP_AB_NARROW_BLOCK_M = 112
 SM90_SWAP_AB_NARROW_MAX_K = 14336
 # With a fused epilogue (a bias and an activation: epilogue_swapped), swapped tiles are weighed for 16-bit inputs from
-# this K only. H200 session 51, bias+gelu, the usual pick -> the model's swapped one (us,
+# this K only (FP8: see SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N). H200 session 51, bias+gelu, the usual pick -> the model's
+# swapped one (us,
 # bench/results/*exp-ab-swap-ab-epilogue-rows-s51*): bf16 586x2112x7168 37.6 -> 32.1, 1050x7168x16384 342.0 -> 320.2,
 # 586x4096x7168 54.8 -> 51.7, 1666x7168x16384 515.4 -> 503.2, 1050x2112x7168 53.2 -> 52.4, 1050x4096x7168 93.9 -> 94.4,
 # but 586x7168x2048 34.8 -> 37.1 (K = 2048); FP8 per-tensor lost on 7 of 11 rows (1050x4096x7168 58.8 -> 65.6,
@@ -776,6 +777,14 @@ SM90_SWAP_AB_NARROW_MAX_K = 14336
 # (58.5 -> 62.5 us; 1050x2112x7168 33.4 -> 32.7, bench/results/*fp8-swap-ab-epilogue-partial-sets-s51*). Forced
 # swapped tiles take these epilogues for every input they take.
 SM90_SWAP_AB_EPILOGUE_MIN_K = 4096
+# FP8 (per-tensor / per-row) with a fused epilogue: swapped tiles of two consumers only, at any K. Session 51's losses
+# above were the bias read ahead of the main loop (its wgmma descriptors then sat in vector registers); with it read
+# in the epilogue (session 52) bias+gelu, usual pick -> swapped, us (bench/results/*exp-ab-fp8-swap-ab-epilogue-s52*):
+# 20 of 22 DeepSeek rows at 586-1666 rows faster or even (per-row 1050x4096x7168 62.6 -> 52.7, 1666x4096x7168 91.0 ->
+# 79.1, 1050x7168x16384 191.3 -> 174.9; per-tensor 1666x2112x7168 47.3 -> 43.5, 1050x7168x2048 35.8 -> 34.2), but the
+# one-consumer 152x64 at 586x2112x7168 lost 21.6 -> 27.5 (per-row 21.9 -> 27.1): with an epilogue the promoted
+# swapped tile has one partial set, and one consumer leaves the tensor cores idle while it promotes.
+SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N = (128,)
 # A usual pick of 64 rows (one consumer; FP8 weighs them up to 320 rows) is priced this much higher against swapped
 # tiles: at 257-320 rows the swapped tiles ran 1-22% faster where the model, at 1.0, kept 64x144 / 64x160 (H200
 # session 51, FP8 per-tensor / per-row, us, bench/results/*exp-ab-fp8-swap-ab-rows64-price-s51*, all 14 picks the
@@ -794,10 +803,11 @@ def sm90_swap_ab_sizes(m: int, k: int) -> bool:
 def sm90_swap_ab_costed(spec: GemmSpec, m: int) -> bool:
     """Whether build() weighs swapped tiles for `spec` at M = m (and chooses its tile for M rounded up to
     SM90_SWAP_AB_BUCKET_STEP rows, tile_bucket): sm90_swap_ab_sizes, for specs they take (sm90_swap_ab_problem), with
-    a fused epilogue only for 16-bit inputs from SM90_SWAP_AB_EPILOGUE_MIN_K."""
+    a fused epilogue for FP8 (two-consumer tiles: _sm90_swap_ab_costed_block_ns) and for 16-bit inputs from
+    SM90_SWAP_AB_EPILOGUE_MIN_K."""
     if not sm90_swap_ab_sizes(m, spec.k) or sm90_swap_ab_problem(spec) is not None:
         return False
-    return spec.epi.is_identity or (spec.dtype in ("bf16", "fp16") and spec.k >= SM90_SWAP_AB_EPILOGUE_MIN_K)
+    return spec.epi.is_identity or spec.dtype not in ("bf16", "fp16") or spec.k >= SM90_SWAP_AB_EPILOGUE_MIN_K
 
 
 def sm90_swap_ab_max_block_m(spec: GemmSpec, block_n: int) -> int:
@@ -828,9 +838,18 @@ def _sm90_swap_ab_tiles(spec: GemmSpec, m: int, num_sms: int) -> list[tuple[floa
     """Every swapped tile the model weighs at M = m (_sm90_swap_ab_priced), cheapest first (ties: fewer columns,
     then fewer rows)."""
     priced = (_sm90_swap_ab_priced(spec, m, num_sms, block_m, block_n)
-              for block_n in sm90_swap_ab_block_ns(spec)
+              for block_n in _sm90_swap_ab_costed_block_ns(spec)
               for block_m in range(8, sm90_swap_ab_max_block_m(spec, block_n) + 1, 8))
     return sorted((p for p in priced if p is not None), key=lambda p: (p[0], p[2], p[1]))
+
+
+def _sm90_swap_ab_costed_block_ns(spec: GemmSpec) -> tuple[int, ...]:
+    """The swapped tiles' widths the model weighs: sm90_swap_ab_block_ns, FP8 with a fused epilogue
+    SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N of them (forced tiles may take the others)."""
+    block_ns = sm90_swap_ab_block_ns(spec)
+    if spec.dtype in ("bf16", "fp16") or spec.epi.is_identity:
+        return block_ns
+    return tuple(b for b in block_ns if b in SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N)
 
 
 def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int, int, int] | None:
@@ -1323,10 +1342,12 @@ def sm90_rows64_unsplit_min_n(spec: GemmSpec) -> int:
 
 
 def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
-    """Whether ptxas keeps 8 bytes on the stack for this tile's epilogue: a 64-row tile at least 240 columns wide
+    """Whether ptxas keeps bytes on the stack for this tile's epilogue: a 64-row tile at least 240 columns wide
     that adds a column bias, activates and quantizes to a static scale (bf16 / fp16 / tf32, relu / gelu / silu /
     sigmoid, FP8 and INT8 alike, offline compiles of 2026-12-01; 224 columns, 128-row tiles, a row bias, gated units
-    and 16-bit D did not). The cost model never ranked such a tile first; the tuner offered it as a candidate."""
+    and 16-bit D did not). Since the bias is read in the epilogue (2026-12-04) 64x240 nt keeps 16 bytes (bf16 / fp16
+    / tf32 / int8) and 64x256 none. The cost model never ranked such a tile first; the tuner offered it as a
+    candidate."""
     epi = spec.epi
     return (block_m == 64 and block_n >= 240 and epi.bias == "col" and epi.activation != "none"
             and epi.has_static_scale)

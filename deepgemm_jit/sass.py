@@ -6,6 +6,7 @@ CUDA toolkit on PATH; no GPU is needed.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 import shutil
@@ -53,6 +54,7 @@ def _run(args: list[str], cubin: bytes) -> str:
     return proc.stdout
 
 
+@functools.lru_cache(maxsize=8)  # the checks of one kernel each read its listing
 def disassemble(cubin: bytes) -> str:
     return _run(["-sass"], cubin)
 
@@ -85,6 +87,30 @@ def yield_mix(cubin: bytes, opcodes: tuple[str, ...] = ("FFMA", "FADD")) -> tupl
         else:
             cleared += 1
     return cleared, set_
+
+
+_INSTR_TEXT = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_UR = re.compile(r"\bUR(\d+)\b")
+
+
+def wgmma_vector_descriptors(cubin: bytes) -> int:
+    """wgmma instructions (HGMMA, QGMMA, ...) with a descriptor register last written by R2UR: the descriptors
+    were computed in vector registers and moved over before the issue. ptxas did that for a whole main loop when a
+    global load was in flight across it (the bias read ahead of the loop): an R2UR chain before every wgmma, FP8
+    bias+gelu 6-15% slower on the H200 (docs/NOTES.md, session 52). Kernels keep them in uniform registers."""
+    writer: dict[int, str] = {}
+    count = 0
+    for match in _INSTR_TEXT.finditer(disassemble(cubin)):
+        opcode, operands = match.group(1).split(".")[0], match.group(2)
+        registers = [int(r) for r in _UR.findall(operands)]
+        if opcode.endswith("GMMA") and "gdesc[" in operands:
+            base = int(_UR.search(operands[operands.index("gdesc["):]).group(1))
+            count += any(writer.get(base + i) == "R2UR" for i in range(4))
+        elif registers and operands.lstrip().startswith("UR"):
+            writer[registers[0]] = opcode  # the destination (uniform 64-bit writes name their first register)
+            if opcode.endswith(".64") or ".64" in match.group(1):
+                writer[registers[0] + 1] = opcode
+    return count
 
 
 def tma_loads(cubin: bytes) -> tuple[int, int]:

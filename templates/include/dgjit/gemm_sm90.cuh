@@ -1003,8 +1003,9 @@ struct GemmSm90 {
   // one set: bitwise equal. Measured (docs/NOTES.md, session 19): per-tensor 128x176 4096x7168x16384 2.4% faster,
   // per-row 1.4%; block scaling 1% SLOWER (its per-group FFMAs with the scale products), so kBlock keeps one set.
   // kSwapAB: the halves split the wgmmas' N (the tile's rows), the first rounded up to a multiple of 8 (152 rows:
-  // 80 + 72), so any swapped tile of 16 rows or more has them. Not with an epilogue there either: FP8 bias+gelu
-  // 136x128 ran 65.2 us with halves, 62.5 with one set (1050x4096x7168; 152x128 at 1050x2112x7168 37.2 / 32.7).
+  // 80 + 72), so any swapped tile of 16 rows or more has them. Not with an epilogue (session 52, the bias read in
+  // the epilogue): FP8 bias+gelu halves / one set, us: 4096x2112x7168 (128x176) 94.4 / 94.2, 4096x7168x16384 675.4 /
+  // 676.3, swapped 136x128 at 1050x4096x7168 53.0 / 53.3 (per-row 52.7 / 51.7); before that fix halves lost 4-12%.
   static constexpr uint32_t kHalfN0 = kSwapAB ? (kMmaCols / 2 + 7) / 8 * 8 : kBlockN / 2;
   static constexpr uint32_t kHalfN1 = kMmaCols - kHalfN0;
   static constexpr bool kHalfSets = kIsFP8 && kPromote && kScaling != Scaling::kBlock && !kWGSplitK &&
@@ -1373,39 +1374,36 @@ struct GemmSm90 {
     if (peek.next(next)) stage_row_scales(smem, scales, math_wg, m, next);
   }
 
-  // ---- epilogue operands: the bias through registers, C and the residual by TMA ------------------
+  // ---- epilogue operands: the bias through shared memory, C and the residual by TMA --------------
   static constexpr uint32_t kBiasPerThread = (kBiasFloatsPerWG + kWarpgroupThreads - 1) / kWarpgroupThreads;
-  using BiasRegs = float[kBiasPerThread > 0 ? kBiasPerThread : 1];
 
-  // The tile's bias is read from global memory at the start of the tile, so the loads' latency hides
-  // behind the main loop; the epilogue parks the values in shared memory (as FP32, zero past N or M),
-  // where every thread finds the ones of its columns or rows.
-  // Grouped GEMMs: a column bias per group, (G, N) (B_g's rows).
-  static DGJIT_DEVICE void load_bias(const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg, BiasRegs& out) {
-    const uint32_t t = threadIdx.x % kWarpgroupThreads;
-    const TBias* bias = static_cast<const TBias*>(ea.bias);
-    if constexpr (kGrouped && Epi::kBias == BiasKind::kCol) bias += static_cast<uint64_t>(tile.group) * kN;
-#pragma unroll
-    for (uint32_t i = 0; i < kBiasPerThread; ++i) {
-      const uint32_t idx = t + i * kWarpgroupThreads;
-      if constexpr (Epi::kBias == BiasKind::kCol) {
-        const uint32_t col = tile.n_block * kBlockN + (kSwapAB ? 64 * math_wg : 0) + idx;
-        out[i] = idx < kBiasFloatsPerWG && col < kN ? load_as_float(bias + col) : 0.0f;
-      } else if constexpr (Epi::kBias == BiasKind::kRow) {
-        const uint32_t row = tile.row0 + (kSwapAB ? 0 : wg_row_offset(math_wg)) + idx;
-        out[i] = idx < kBiasFloatsPerWG && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
-      }
-    }
-  }
-
-  // The tile's bias from registers into this consumer's buffer, before the epilogue's first barrier (after the
-  // previous epilogue's last one every thread of the consumer has read the old values).
-  static DGJIT_DEVICE void stage_bias(const Smem& smem, uint32_t math_wg, const BiasRegs& bias_regs) {
+  // The tile's bias from global memory into this consumer's buffer (as FP32, zero past N or M), where every thread
+  // finds the ones of its columns or rows; before the epilogue's first barrier (after the previous epilogue's last
+  // one every thread of the consumer has read the old values). Grouped GEMMs: a column bias per group, (G, N).
+  // Read here, in the epilogue, not ahead of the main loop: a load in flight across the main loop made ptxas keep
+  // the loop's wgmma descriptors in vector registers (an R2UR before every wgmma, as kRow's copies did in session 7;
+  // sass.wgmma_vector_descriptors, checked by the tests' compiled_clean), which cost FP8 bias+gelu 6-15%
+  // (docs/NOTES.md, session 52). Here the load's latency overlaps the wait for the previous tile's store.
+  static DGJIT_DEVICE void stage_bias(const Smem& smem, const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg) {
     if constexpr (Epi::kBias != BiasKind::kNone) {
+      const TBias* bias = static_cast<const TBias*>(ea.bias);
+      if constexpr (kGrouped && Epi::kBias == BiasKind::kCol) bias += static_cast<uint64_t>(tile.group) * kN;
+      float values[kBiasPerThread];
 #pragma unroll
       for (uint32_t i = 0; i < kBiasPerThread; ++i) {
         const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
-        if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = bias_regs[i];
+        if constexpr (Epi::kBias == BiasKind::kCol) {
+          const uint32_t col = tile.n_block * kBlockN + (kSwapAB ? 64 * math_wg : 0) + idx;
+          values[i] = idx < kBiasFloatsPerWG && col < kN ? load_as_float(bias + col) : 0.0f;
+        } else {
+          const uint32_t row = tile.row0 + (kSwapAB ? 0 : wg_row_offset(math_wg)) + idx;
+          values[i] = idx < kBiasFloatsPerWG && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (uint32_t i = 0; i < kBiasPerThread; ++i) {
+        const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
+        if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = values[i];
       }
     }
   }
@@ -1712,7 +1710,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                     const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
-                                    const BiasRegs& bias_regs, TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+                                    TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     const uint32_t n_block = tile.n_block;
@@ -1723,7 +1721,7 @@ struct GemmSm90 {
     if (is_store_thread) tma_store_wait_read<0>();
     // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
     if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
-    stage_bias(smem, math_wg, bias_regs);
+    stage_bias(smem, ea, tile, math_wg);
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     if constexpr (kPrefetch) {
       if (wait_operands) {
@@ -1953,7 +1951,7 @@ struct GemmSm90 {
   // registers, the two rows of each group j read as one pair) multiply each value, then the bias is added (a column
   // bias from registers, a row bias as a pair per group) and the activation applied, in epilogue()'s order.
   static DGJIT_DEVICE void epilogue_swapped(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
-                                            const Tile& tile, float tensor_scale, const BiasRegs& bias_regs,
+                                            const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                             const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     static_assert(kNumM64PerWG == 1 && Store::kNumSlices == 1 && Store::kSliceRowBytes == 128,
                   "a swapped consumer's D is one 128-byte slice of kBlockM rows");
@@ -1963,7 +1961,7 @@ struct GemmSm90 {
     if (is_store_thread) tma_store_wait_read<0>();
     // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
     if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
-    stage_bias(smem, math_wg, bias_regs);
+    stage_bias(smem, ea, tile, math_wg);
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     const uint32_t d_base = shared_addr(smem.d(math_wg));
     const uint32_t warp = warp_idx_in_warpgroup();
@@ -2210,11 +2208,6 @@ struct GemmSm90 {
           continue;
         }
       }
-      // Per-consumer buffers and registers: safe to fill before our turn (kRow's scales: see stage_row_scales).
-      BiasRegs bias_regs;
-      if constexpr (Epi::kBias != BiasKind::kNone) {
-        if (owns_tile) load_bias(ea, tile, math_wg, bias_regs);
-      }
       if constexpr (kPingPong) {
         // Wait until the other consumer has left its previous tile's main loop (it arrives on our barrier
         // then): the ring's stages of our tile are filled after its, so waiting on them earlier could
@@ -2289,9 +2282,9 @@ struct GemmSm90 {
         if (scheduler.has_next()) named_barrier_arrive(kTurnBarrier + (math_wg ^ 1), 2 * kWarpgroupThreads);
       }
       if constexpr (kSwapAB) {
-        epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, bias_regs, acc);
+        epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, ea, acc);
       } else {
-        epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, bias_regs, acc);
+        epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, acc);
       }
       if constexpr (kScaling == Scaling::kRow) stage_next_row_scales(smem, scales, math_wg, m, scheduler, kPingPong ? 1 : 0);
     }
