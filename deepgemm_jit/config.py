@@ -769,8 +769,8 @@ SM90_SWAP_AB_NARROW_BLOCK_M = 112
 SM90_SWAP_AB_NARROW_MAX_K = 14336
 # With a fused epilogue (a bias and an activation: epilogue_swapped), swapped tiles are weighed for 16-bit inputs from
 # this K only (FP8: see SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N). H200 session 51, bias+gelu, the usual pick -> the model's
-# swapped one (us,
-# bench/results/*exp-ab-swap-ab-epilogue-rows-s51*): bf16 586x2112x7168 37.6 -> 32.1, 1050x7168x16384 342.0 -> 320.2,
+# swapped one (us, bench/results/*exp-ab-swap-ab-epilogue-rows-s51*): bf16 586x2112x7168 37.6 -> 32.1,
+# 1050x7168x16384 342.0 -> 320.2,
 # 586x4096x7168 54.8 -> 51.7, 1666x7168x16384 515.4 -> 503.2, 1050x2112x7168 53.2 -> 52.4, 1050x4096x7168 93.9 -> 94.4,
 # but 586x7168x2048 34.8 -> 37.1 (K = 2048); FP8 per-tensor lost on 7 of 11 rows (1050x4096x7168 58.8 -> 65.6,
 # 1050x2112x7168 33.5 -> 37.1) with half partial sets, and with one set (the rule since) still at 1050x4096x7168
@@ -779,7 +779,7 @@ SM90_SWAP_AB_NARROW_MAX_K = 14336
 SM90_SWAP_AB_EPILOGUE_MIN_K = 4096
 # FP8 (per-tensor / per-row) with a fused epilogue: swapped tiles of two consumers only, at any K. Session 51's losses
 # above were the bias read ahead of the main loop (its wgmma descriptors then sat in vector registers); with it read
-# in the epilogue (session 52) bias+gelu, usual pick -> swapped, us (bench/results/*exp-ab-fp8-swap-ab-epilogue-s52*):
+# in the epilogue (session 52) bias+gelu, usual pick -> swapped, us (bench/results/*exp-ab-fp8-swap-ab-epilogue-*s52*):
 # 20 of 22 DeepSeek rows at 586-1666 rows faster or even (per-row 1050x4096x7168 62.6 -> 52.7, 1666x4096x7168 91.0 ->
 # 79.1, 1050x7168x16384 191.3 -> 174.9; per-tensor 1666x2112x7168 47.3 -> 43.5, 1050x7168x2048 35.8 -> 34.2), but the
 # one-consumer 152x64 at 586x2112x7168 lost 21.6 -> 27.5 (per-row 21.9 -> 27.1): with an epilogue the promoted
@@ -834,15 +834,6 @@ def _sm90_swap_ab_priced(spec: GemmSpec, m: int, num_sms: int, block_m: int,
     return cost, block_m, block_n, stages
 
 
-def _sm90_swap_ab_tiles(spec: GemmSpec, m: int, num_sms: int) -> list[tuple[float, int, int, int]]:
-    """Every swapped tile the model weighs at M = m (_sm90_swap_ab_priced), cheapest first (ties: fewer columns,
-    then fewer rows)."""
-    priced = (_sm90_swap_ab_priced(spec, m, num_sms, block_m, block_n)
-              for block_n in _sm90_swap_ab_costed_block_ns(spec)
-              for block_m in range(8, sm90_swap_ab_max_block_m(spec, block_n) + 1, 8))
-    return sorted((p for p in priced if p is not None), key=lambda p: (p[0], p[2], p[1]))
-
-
 def _sm90_swap_ab_costed_block_ns(spec: GemmSpec) -> tuple[int, ...]:
     """The swapped tiles' widths the model weighs: sm90_swap_ab_block_ns, FP8 with a fused epilogue
     SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N of them (forced tiles may take the others)."""
@@ -850,6 +841,15 @@ def _sm90_swap_ab_costed_block_ns(spec: GemmSpec) -> tuple[int, ...]:
     if spec.dtype in ("bf16", "fp16") or spec.epi.is_identity:
         return block_ns
     return tuple(b for b in block_ns if b in SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N)
+
+
+def _sm90_swap_ab_tiles(spec: GemmSpec, m: int, num_sms: int) -> list[tuple[float, int, int, int]]:
+    """Every swapped tile the model weighs at M = m (_sm90_swap_ab_priced), cheapest first (ties: fewer columns,
+    then fewer rows)."""
+    priced = (_sm90_swap_ab_priced(spec, m, num_sms, block_m, block_n)
+              for block_n in _sm90_swap_ab_costed_block_ns(spec)
+              for block_m in range(8, sm90_swap_ab_max_block_m(spec, block_n) + 1, 8))
+    return sorted((p for p in priced if p is not None), key=lambda p: (p[0], p[2], p[1]))
 
 
 def _sm90_swap_ab_best(spec: GemmSpec, m: int, num_sms: int) -> tuple[float, int, int, int] | None:

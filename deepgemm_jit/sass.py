@@ -108,7 +108,7 @@ def wgmma_vector_descriptors(cubin: bytes) -> int:
             count += any(writer.get(base + i) == "R2UR" for i in range(4))
         elif registers and operands.lstrip().startswith("UR"):
             writer[registers[0]] = opcode  # the destination (uniform 64-bit writes name their first register)
-            if opcode.endswith(".64") or ".64" in match.group(1):
+            if ".64" in match.group(1):
                 writer[registers[0] + 1] = opcode
     return count
 
