@@ -803,8 +803,11 @@ def test_unfused_reference_on_numpy():
 @pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+gelu+residual", "bias+gelu_tanh", "bias_row+silu",
                                       "relu+residual", "beta+bias+sigmoid", "beta", "bias+relu", "bias+swiglu",
                                       "geglu+residual"])
+@pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.torch
-def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
+def test_torch_unfused_computes_the_reference_on_cpu(epilogue, scaled):
+    """torch_unfused_call against the float64 unfused reference; `scaled`: with a given product (FP8's scaled matmul,
+    here a plain mm standing in for it), after which C and the bias are separate ops."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     from deepgemm_jit import reference as epilogue_ref
@@ -822,17 +825,20 @@ def test_torch_unfused_computes_the_reference_on_cpu(epilogue):
                               residual=draw(m, n // 2 if epi.is_gated else n) if epi.residual else None,
                               alpha=0.75 if epi.beta else 1.0, beta=0.5 if epi.beta else 1.0)
     out = torch.full((m, n), float("nan"))
-    label, call = bl.torch_unfused_call(torch, epi, a, b.t(), ops, out)
+    product = ("scaled_mm", lambda: torch.mm(a, b.t(), out=out)) if scaled else None
+    label, call = bl.torch_unfused_call(torch, epi, None if scaled else a, None if scaled else b.t(), ops, out,
+                                        scaled_product=product)
     got = call().double().numpy()
     acc = a.double().numpy() @ b.double().numpy().T
     as_np = {name: None if getattr(ops, name) is None else getattr(ops, name).numpy() for name in ("bias", "c",
                                                                                                     "residual")}
     want = epilogue_ref.unfused_epilogue(acc, epi, alpha=ops.alpha, beta=ops.beta, **as_np)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{epilogue}: {label}")
-    assert ("F.linear(bias)" in label) == (epi.bias == "col" and not epi.beta)
+    assert ("F.linear(bias)" in label) == (epi.bias == "col" and not epi.beta and not scaled)
+    assert label.startswith("scaled_mm") == scaled
     assert ("F.gelu" in label) == (epi.activation.startswith("gelu") or epi.gate == "geglu")
     assert ("add(residual)" in label) == epi.residual and ("(gate) * up" in label) == epi.is_gated
-    assert label.startswith("addmm(C") == epi.beta
+    assert label.startswith("addmm(C") == (epi.beta and not scaled)
     # twice in a row (the timed loop): same result, no state carried over
     np.testing.assert_allclose(call().double().numpy(), got, rtol=0, atol=0)
     assert set(bl.EpilogueOperands(**{kk: getattr(ops, kk) for kk in ("bias", "c", "residual")},
@@ -853,7 +859,11 @@ def test_epilogue_specs_bind_only_the_unfused_kind():
     assert base is None and reasons == ["no baseline kind in ['torch', 'cupy'] computes bf16 with epilogue "
                                         "'bias+gelu'"]
     fp8 = GemmSpec.create(256, 512, dtype="fp8_e4m3", scaling="block", epilogue="bias+gelu")
-    assert not [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(fp8)]
+    assert [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(fp8)] == ["torch_scaled_unfused"]
+    quant = GemmSpec.create(256, 512, dtype="fp8_e4m3", scaling="block", epilogue="bias+gelu+quant_fp8_tensor")
+    assert not [k for k in bl.DEFAULT_ORDER if bl.KINDS[k].covers(quant)]  # torch writes no FP8 D after ops
+    with pytest.raises(bl.BaselineUnavailable, match="needs its operands"):
+        bl.TorchScaledUnfused().bind(fp8, None, None)
     with pytest.raises(bl.BaselineUnavailable, match="needs its operands"):
         bl.TorchUnfused().bind(epi, None, None)
 

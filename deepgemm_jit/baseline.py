@@ -5,7 +5,8 @@ A baseline kind is a class with ``name``, ``covers(spec)``, ``available()`` and
 ``torch`` (``torch.mm``: fp16/bf16/tf32/fp32), ``torch_scaled`` (FP8: ``torch._scaled_mm`` per-tensor and
 row-wise, ``torch.nn.functional.scaled_mm`` 1x128 x 128x128 block-wise), ``torch_int`` (INT8:
 ``torch._int_mm``), ``cupy`` (``cupy.matmul``) and, for GEMMs with a fused epilogue, ``torch_unfused`` (cuBLAS
-then separate torch ops, as a user writes them). docs/fp8-baselines.md records the torch API facts (scale
+then separate torch ops, as a user writes them) and ``torch_scaled_unfused`` (FP8: torch's scaled matmul, then
+separate torch ops). docs/fp8-baselines.md records the torch API facts (scale
 layouts, size rules) and where in torch's source they come from.
 
 ``Bound.fn()`` runs the product on the current CuPy stream, so that the events of ``timing.py`` bracket it;
@@ -26,7 +27,7 @@ from typing import Callable
 from . import dtypes, env, reference
 from .spec import GemmSpec
 
-DEFAULT_ORDER = ("torch", "torch_scaled", "torch_int", "cupy", "torch_unfused")
+DEFAULT_ORDER = ("torch", "torch_scaled", "torch_int", "cupy", "torch_unfused", "torch_scaled_unfused")
 # torch's FP32 matmul mode around the call: tf32 must run on TF32 tensor cores, fp32 (3xTF32) against IEEE.
 _TORCH_TF32 = {"tf32": True, "fp32": False}
 _SAME_WIDTH_INT = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
@@ -439,29 +440,7 @@ class TorchScaledMM:
     def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None) -> Bound:
         if not self.covers(spec):
             raise BaselineUnavailable(f"torch scaled matmul multiplies fp8, not {spec.dtype}")
-        if scaling is None:
-            raise BaselineUnavailable("fp8 needs scales: pass scaling=Scaling(recipe, scale_a, scale_b)")
-        spec_scaling = getattr(spec, "scaling", scaling.recipe)
-        if spec_scaling != scaling.recipe:
-            raise ValueError(f"the spec scales {spec_scaling!r}, the scales given are {scaling.recipe!r}")
-        if spec.layout != "nt":
-            raise BaselineUnavailable(f"torch scaled matmul takes a (M, K) and b (N, K) K-contiguous (layout nt), "
-                                      f"not {spec.layout}")
-        m, n, k = a.shape[0], spec.n, spec.k
-        scaling.check(m, n, k)
-        why = scaled_mm_refusal(m, n, k)
-        if why:
-            raise BaselineUnavailable(why)
-        torch = _torch()
-        ta = _torch_operand(a, getattr(torch, dtypes.get(spec.dtype).numpy_name))
-        tb = _torch_operand(b, getattr(torch, dtypes.get(getattr(spec, "b_dtype", None) or spec.dtype).numpy_name))
-        on_stream = _on_cupy_stream(torch)
-        with on_stream():  # the scale copies too: they read what the CuPy stream wrote
-            out = torch.empty((m, n), dtype=getattr(torch, dtypes.get(spec.out_dtype).numpy_name), device=ta.device)
-            calls = torch_scaled_mm_calls(torch, ta, tb, scaling.recipe, cupy_to_torch(scaling.scale_a),
-                                          cupy_to_torch(scaling.scale_b), out,
-                                          use_fast_accum=bool(getattr(spec, "fast_accum", False)))
-            label, call = first_that_runs(calls, f"{scaling.recipe}-scaled {spec.dtype} at M={m} N={n} K={k}")
+        torch, on_stream, out, label, call = _scaled_product(spec, a, b, scaling)
         last = [out]
 
         def fn() -> None:
@@ -473,6 +452,35 @@ class TorchScaledMM:
                 return _to_cupy_f64(torch, last[0])
 
         return Bound(label, fn, result_f64)
+
+
+def _scaled_product(spec: GemmSpec, a, b, scaling: Scaling | None):
+    """(torch, on_stream, out, label, call returning D) of the FP8 product of `spec` through torch (the first of
+    torch_scaled_mm_calls that runs), bound to the CuPy operands a (M, K), b (N, K) and `scaling`'s scales."""
+    if scaling is None:
+        raise BaselineUnavailable("fp8 needs scales: pass scaling=Scaling(recipe, scale_a, scale_b)")
+    spec_scaling = getattr(spec, "scaling", scaling.recipe)
+    if spec_scaling != scaling.recipe:
+        raise ValueError(f"the spec scales {spec_scaling!r}, the scales given are {scaling.recipe!r}")
+    if spec.layout != "nt":
+        raise BaselineUnavailable(f"torch scaled matmul takes a (M, K) and b (N, K) K-contiguous (layout nt), "
+                                  f"not {spec.layout}")
+    m, n, k = a.shape[0], spec.n, spec.k
+    scaling.check(m, n, k)
+    why = scaled_mm_refusal(m, n, k)
+    if why:
+        raise BaselineUnavailable(why)
+    torch = _torch()
+    ta = _torch_operand(a, getattr(torch, dtypes.get(spec.dtype).numpy_name))
+    tb = _torch_operand(b, getattr(torch, dtypes.get(getattr(spec, "b_dtype", None) or spec.dtype).numpy_name))
+    on_stream = _on_cupy_stream(torch)
+    with on_stream():  # the scale copies too: they read what the CuPy stream wrote
+        out = torch.empty((m, n), dtype=getattr(torch, dtypes.get(spec.out_dtype).numpy_name), device=ta.device)
+        calls = torch_scaled_mm_calls(torch, ta, tb, scaling.recipe, cupy_to_torch(scaling.scale_a),
+                                      cupy_to_torch(scaling.scale_b), out,
+                                      use_fast_accum=bool(getattr(spec, "fast_accum", False)))
+        label, call = first_that_runs(calls, f"{scaling.recipe}-scaled {spec.dtype} at M={m} N={n} K={k}")
+    return torch, on_stream, out, label, call
 
 
 class TorchIntMM:
@@ -520,10 +528,14 @@ class TorchIntMM:
 
 
 # ------------------------------------------------------------------------- torch: cuBLAS, then separate ops
-def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[str, Callable[[], object]]:
+def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out,
+                       scaled_product: tuple[str, Callable[[], object]] | None = None
+                       ) -> tuple[str, Callable[[], object]]:
     """(label, call returning D) of D = act(alpha * A @ B + beta * C + bias) + residual, as a user writes it in
     torch: one cuBLAS call for the product (and C, and the bias where the GEMM takes it), then one kernel per op.
     Gated units (swiglu / geglu): act(gate) * up of the interleaved product's halves, (M, N / 2), then the residual.
+    `scaled_product` (label, call returning the product): FP8's scaled matmul instead of A @ B (A and B unused);
+    C and the bias are then separate ops too (torch's scaled matmuls take no C, and their bias is per-tensor only).
 
     A (M, K) and B (K, N) are math-order torch views, `out` a preallocated (M, N) tensor of the output dtype,
     the operands of `ops` torch tensors of that dtype, `epi` an ``Epilogue``. ``F.linear(x, w, bias)`` is
@@ -533,7 +545,13 @@ def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[st
     """
     F = torch.nn.functional
     steps: list[str] = []
-    if epi.beta:
+    if scaled_product is not None:
+        steps.append(scaled_product[0])
+        if epi.beta:
+            steps.append(f"mul({ops.alpha:g}) + add(C, alpha={ops.beta:g})")
+        if epi.bias != "none":
+            steps.append("add(bias)" if epi.bias == "col" else "add(bias_row)")
+    elif epi.beta:
         steps.append(f"addmm(C, beta={ops.beta:g}, alpha={ops.alpha:g})")
         if epi.bias != "none":
             steps.append("add(bias)" if epi.bias == "col" else "add(bias_row)")
@@ -553,6 +571,11 @@ def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out) -> tuple[st
     bias = None if ops.bias is None else (ops.bias if epi.bias == "col" else ops.bias[:, None])
 
     def product():
+        if scaled_product is not None:
+            y = scaled_product[1]()
+            if epi.beta:
+                y.mul_(ops.alpha).add_(ops.c, alpha=ops.beta)
+            return y.add_(bias) if bias is not None else y
         if epi.beta:
             torch.addmm(ops.c, A, B, beta=ops.beta, alpha=ops.alpha, out=out)
             if bias is not None:
@@ -621,9 +644,7 @@ class TorchUnfused:
             raise BaselineUnavailable(f"torch.addmm keeps the input dtype: {spec.dtype} -> {spec.out_dtype} is "
                                       "not one call")
         A, B = math_operands(spec, ta, tb)
-        ops = EpilogueOperands(*(None if x is None else cupy_to_torch(x)
-                                 for x in (epilogue.bias, epilogue.c, epilogue.residual)),
-                               alpha=epilogue.alpha, beta=epilogue.beta)
+        ops = _torch_epilogue_operands(epilogue)
         out = torch.empty((A.shape[0], B.shape[1]), dtype=out_dtype, device=ta.device)
         label, call = torch_unfused_call(torch, spec.epi, A, B, ops, out)
         allow_tf32 = _TORCH_TF32.get(spec.dtype)
@@ -641,6 +662,53 @@ class TorchUnfused:
                 return _to_cupy_f64(torch, last[0])
 
         return Bound(f"torch: {label}", fn, result_f64)
+
+
+class TorchScaledUnfused:
+    """An FP8 GEMM with a fused epilogue, unfused: torch's scaled matmul for the product (TorchScaledMM's call),
+    then C, the bias, the activation and the residual as separate torch ops (``torch_unfused_call``), on the CuPy
+    stream. Outputs of 16 or 32 bits (no quantize-on-store)."""
+
+    name = "torch_scaled_unfused"
+
+    def covers(self, spec: GemmSpec) -> bool:
+        return (spec.dtype in dtypes.FP8_DTYPES and _epilogue_text(spec) != "none"
+                and spec.out_dtype in ("bf16", "fp16", "fp32"))
+
+    def available(self) -> str | None:
+        return _torch_cuda_missing()
+
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None,
+             epilogue: EpilogueOperands | None = None) -> Bound:
+        if not self.covers(spec):
+            raise BaselineUnavailable(f"torch scaled matmul + separate ops cover fp8 GEMMs with an epilogue and a "
+                                      f"16/32-bit output, not {spec.dtype} -> {spec.out_dtype} with "
+                                      f"{_epilogue_text(spec)!r}")
+        if epilogue is None:
+            raise BaselineUnavailable(f"epilogue {spec.epilogue!r} needs its operands: pass epilogue="
+                                      "EpilogueOperands(...)")
+        torch, on_stream, out, product_label, product = _scaled_product(spec, a, b, scaling)
+        ops = _torch_epilogue_operands(epilogue)
+        label, call = torch_unfused_call(torch, spec.epi, None, None, ops, out,
+                                         scaled_product=(product_label, product))
+        last = [out]
+
+        def fn() -> None:
+            with on_stream():
+                last[0] = call()
+
+        def result_f64():
+            with on_stream():
+                return _to_cupy_f64(torch, last[0])
+
+        return Bound(f"torch: {label}", fn, result_f64)
+
+
+def _torch_epilogue_operands(epilogue: EpilogueOperands) -> EpilogueOperands:
+    """`epilogue`'s CuPy operands as torch views (alpha and beta as they are)."""
+    return EpilogueOperands(*(None if x is None else cupy_to_torch(x)
+                              for x in (epilogue.bias, epilogue.c, epilogue.residual)),
+                            alpha=epilogue.alpha, beta=epilogue.beta)
 
 
 # ------------------------------------------------------------------------------------------------------- CuPy
@@ -675,7 +743,8 @@ class CupyMatmul:
         return Bound(f"cupy.matmul({spec.dtype})", fn, lambda: out.astype(cupy.float64))
 
 
-KINDS = {k.name: k for k in (TorchMatmul(), TorchScaledMM(), TorchIntMM(), CupyMatmul(), TorchUnfused())}
+KINDS = {k.name: k for k in (TorchMatmul(), TorchScaledMM(), TorchIntMM(), CupyMatmul(), TorchUnfused(),
+                             TorchScaledUnfused())}
 
 
 def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER, *, scaling: Scaling | None = None,
@@ -684,7 +753,7 @@ def bind(spec: GemmSpec, a, b, order: tuple[str, ...] = DEFAULT_ORDER, *, scalin
 
     Kinds that do not cover the dtype at all (torch.mm for fp8, ...) are passed over without a reason.
     `scaling` carries FP8 scales in the library's layout (see ``Scaling``); a spec with a fused epilogue binds
-    only kinds that compute it (``torch_unfused``), with its operands in `epilogue`.
+    only kinds that compute it (``torch_unfused``, ``torch_scaled_unfused``), with its operands in `epilogue`.
 
     >>> base, reasons = bind(g.spec, a, b)      # base.fn() runs cuBLAS on a and b, into its own output
     >>> base, reasons = bind(g.spec, qa, qb, scaling=Scaling("row", sa, sb))
