@@ -535,7 +535,9 @@ def torch_unfused_call(torch, epi, A, B, ops: EpilogueOperands, out,
     torch: one cuBLAS call for the product (and C, and the bias where the GEMM takes it), then one kernel per op.
     Gated units (swiglu / geglu): act(gate) * up of the interleaved product's halves, (M, N / 2), then the residual.
     `scaled_product` (label, call returning the product): FP8's scaled matmul instead of A @ B (A and B unused);
-    C and the bias are then separate ops too (torch's scaled matmuls take no C, and their bias is per-tensor only).
+    C and the bias are then separate ops too (torch's scaled matmuls take no C; the bias is added as its own op for
+    every recipe alike, although ``torch._scaled_mm`` takes a ``bias=`` with some recipes: a slightly slower
+    baseline there).
 
     A (M, K) and B (K, N) are math-order torch views, `out` a preallocated (M, N) tensor of the output dtype,
     the operands of `ops` torch tensors of that dtype, `epi` an ``Epilogue``. ``F.linear(x, w, bias)`` is
