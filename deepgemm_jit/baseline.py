@@ -254,7 +254,7 @@ class TorchMatmul:
         label = "torch.mm" if allow_tf32 is None else f"torch.mm({'tf32' if allow_tf32 else 'ieee'})"
         if out_dtype == ta.dtype:
             def product():
-                torch.mm(A, B, out=out)
+                return torch.mm(A, B, out=out)
         else:
             # e.g. bf16 inputs, fp32 output: torch >= 2.8 has out_dtype; else mm then a cast (timed, and labelled).
             try:
@@ -262,24 +262,14 @@ class TorchMatmul:
                 label += f"(out_dtype={out_name})"
 
                 def product():
-                    out.copy_(torch.mm(A, B, out_dtype=out_dtype))
+                    return out.copy_(torch.mm(A, B, out_dtype=out_dtype))
             except (TypeError, RuntimeError):
                 label += f"+cast({out_name})"
 
                 def product():
-                    out.copy_(torch.mm(A, B))
+                    return out.copy_(torch.mm(A, B))
 
-        on_stream = _on_cupy_stream(torch)
-
-        def fn() -> None:
-            with torch_fp32_mode(torch, allow_tf32), on_stream():
-                product()
-
-        def result_f64():
-            with on_stream():
-                return _to_cupy_f64(torch, out)
-
-        return Bound(label, fn, result_f64)
+        return _torch_bound(label, torch, _on_cupy_stream(torch), out, product, allow_tf32)
 
 
 # ---------------------------------------------------------------------------- torch FP8: scale layouts, calls
@@ -441,17 +431,24 @@ class TorchScaledMM:
         if not self.covers(spec):
             raise BaselineUnavailable(f"torch scaled matmul multiplies fp8, not {spec.dtype}")
         torch, on_stream, out, label, call = _scaled_product(spec, a, b, scaling)
-        last = [out]
+        return _torch_bound(label, torch, on_stream, out, call)
 
-        def fn() -> None:
-            with on_stream():
-                last[0] = call()
 
-        def result_f64():
-            with on_stream():
-                return _to_cupy_f64(torch, last[0])
+def _torch_bound(label: str, torch, on_stream, out, call: Callable[[], object],
+                 allow_tf32: bool | None = None) -> Bound:
+    """A Bound whose fn() runs `call` (returning D, which may be a fresh tensor) on the CuPy stream in torch's FP32
+    matmul mode for `allow_tf32` (torch_fp32_mode), and whose result_f64 reads the last D (`out` before any run)."""
+    last = [out]
 
-        return Bound(label, fn, result_f64)
+    def fn() -> None:
+        with torch_fp32_mode(torch, allow_tf32), on_stream():
+            last[0] = call()
+
+    def result_f64():
+        with on_stream():
+            return _to_cupy_f64(torch, last[0])
+
+    return Bound(label, fn, result_f64)
 
 
 def _scaled_product(spec: GemmSpec, a, b, scaling: Scaling | None):
@@ -652,18 +649,7 @@ class TorchUnfused:
         allow_tf32 = _TORCH_TF32.get(spec.dtype)
         if allow_tf32 is not None:
             label += f" ({'tf32' if allow_tf32 else 'ieee'})"
-        on_stream = _on_cupy_stream(torch)
-        last = [out]
-
-        def fn() -> None:
-            with torch_fp32_mode(torch, allow_tf32), on_stream():
-                last[0] = call()
-
-        def result_f64():
-            with on_stream():
-                return _to_cupy_f64(torch, last[0])
-
-        return Bound(f"torch: {label}", fn, result_f64)
+        return _torch_bound(f"torch: {label}", torch, _on_cupy_stream(torch), out, call, allow_tf32)
 
 
 class TorchScaledUnfused:
@@ -693,17 +679,7 @@ class TorchScaledUnfused:
         ops = _torch_epilogue_operands(epilogue)
         label, call = torch_unfused_call(torch, spec.epi, None, None, ops, out,
                                          scaled_product=(product_label, product))
-        last = [out]
-
-        def fn() -> None:
-            with on_stream():
-                last[0] = call()
-
-        def result_f64():
-            with on_stream():
-                return _to_cupy_f64(torch, last[0])
-
-        return Bound(f"torch: {label}", fn, result_f64)
+        return _torch_bound(f"torch: {label}", torch, on_stream, out, call)
 
 
 def _torch_epilogue_operands(epilogue: EpilogueOperands) -> EpilogueOperands:
