@@ -8,6 +8,7 @@ import pytest
 
 from bench import metrics, report, suites
 from bench import dtypes as bench_dtypes
+from deepgemm_jit import sm90_tiles
 
 
 def _row(dtype="bf16", m=4096, n=4096, k=4096, us=200.0, base_us=190.0, status="ok", err=3e-3):
@@ -678,9 +679,7 @@ def test_run_case_fp32_rows_build_the_3xtf32_gemm_on_cpu(cpu_runner):
     decode = suites.Case("deepseek", "fp32", "nt", 64, 7168, 2048, "64x112")
     spec = decode.make_spec()
     cfg = decode.forced_config(spec)
-    from deepgemm_jit import config
-
-    assert spec.raw_b and cfg.smem_bytes(spec) <= config.SM90_SMEM_BUDGET_BYTES
+    assert spec.raw_b and cfg.smem_bytes(spec) <= sm90_tiles.SM90_SMEM_BUDGET_BYTES
     cfg.check_for(spec, "sm_90a")
     cases = suites.expand(("seed",), ("fp32",), suites.LAYOUTS, epilogues=("bias+gelu",))
     assert len(cases) == 3 * 4   # every layout takes epilogues here: the TF32 GEMM behind them is nt
@@ -761,7 +760,7 @@ def test_epilogue_arguments_cases_and_default_unchanged(capsys):
     assert case.make_spec().epilogue == "bias+gelu"
     assert suites.Case("deepseek", "bf16", "nt", 1, 8, 8, epilogue="none").epilogue is None
     # what the library's spec refuses is not expanded: int8 -> int32 output (bf16 and tf32 take epilogues in every
-    # layout: MN-major operands read by the Hopper kernel, or transposed for it, config.kernel_spec)
+    # layout: MN-major operands read by the Hopper kernel, or transposed for it, sm90_rules.kernel_spec)
     both = suites.expand(("seed",), ("bf16", "tf32", "int8"), suites.LAYOUTS, epilogues=(None, "bias+relu"))
     with_epi = [c for c in both if c.epilogue]
     assert {(c.dtype, c.layout) for c in with_epi} == {(d, x) for d in ("bf16", "tf32") for x in suites.LAYOUTS}
@@ -1153,6 +1152,11 @@ def moe_cpu(monkeypatch):
         x.view(np.uint8)[...] = reference.POISON_BYTE
         return x
     monkeypatch.setattr(reference, "poisoned", poisoned)
+
+    def poison(x, stream=None):     # the timed calls' outputs are poisoned again (moe._run_case)
+        x.view(np.uint8)[...] = reference.POISON_BYTE
+        return x
+    monkeypatch.setattr(reference, "poison", poison)
     monkeypatch.setattr(deepgemm_jit, "quantize", lambda x, dtype, gran: reference.quantize_reference(x, dtype, gran))
 
     def to_torch(x):
