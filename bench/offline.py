@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from deepgemm_jit import sm90_rules
 
 ARCH = "sm_90a"
 NUM_SMS = 132  # the H200's: what build(arch=...) and warmup assume for sm_90a
@@ -38,7 +39,7 @@ def _forced(spec, m: int, n: int, k: int, tiles: str, notes: list[str]):
     try:
         cfg = (config.choose_config(spec, m, ARCH, NUM_SMS) if tiles == "auto"
                else suites.forced_tile_config(spec, tiles))
-        kspec = config.kernel_spec(spec, ARCH, m) if cfg.family == "sm90" else spec  # what build() compiles
+        kspec = sm90_rules.kernel_spec(spec, ARCH, m) if cfg.family == "sm90" else spec  # what build() compiles
         cfg.check_for(kspec, ARCH)
     except ValueError as exc:
         notes.append(f"{m}x{n}x{k} tile {tiles}: {exc}")

@@ -32,7 +32,7 @@ from typing import Callable
 
 import cupy
 
-from deepgemm_jit import baseline, dtypes, reference, timing, trial
+from deepgemm_jit import baseline, dtypes, reference, sm90_tiles, timing, trial
 
 from . import dtypes as bench_dtypes
 from . import metrics
@@ -126,19 +126,27 @@ def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 
 
 @contextlib.contextmanager
 def config_constants(values: dict):
-    """For experiment scripts: deepgemm_jit.config's module constants set to `values` (name -> value) inside the
-    block, e.g. another rule's thresholds, with the heuristic's memo cleared on the way in and out."""
-    from deepgemm_jit import config
+    """For experiment scripts: the heuristic's module constants (config and the modules it builds on: buckets,
+    sm90_tiles, sm90_rules, sm90_swap_ab) set to `values` (name -> value) inside the block, e.g. another rule's
+    thresholds, with the heuristic's memo cleared on the way in and out. A constant is set in every one of those
+    modules that binds the name (a module that imports it holds its own binding)."""
+    from deepgemm_jit import buckets, config, sm90_rules, sm90_swap_ab, sm90_tiles
 
-    saved = {name: getattr(config, name) for name in values}
+    modules = (buckets, sm90_tiles, sm90_rules, sm90_swap_ab, config)
+    saved = []
     for name, value in values.items():
-        setattr(config, name, value)
+        holders = [module for module in modules if hasattr(module, name)]
+        if not holders:
+            raise AttributeError(f"no heuristic module defines {name!r}")
+        for module in holders:
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
     config.choose_sm90_config.cache_clear()
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
         config.choose_sm90_config.cache_clear()
 
 
@@ -416,10 +424,10 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     g, row["build_s"] = _build(case, ctx)
     row["family"], row["config"], row["config_fields"] = _config_strings(g)
     if m <= getattr(g, "weight_streaming_max_m", 0):  # the call runs a decode kernel, not g.config's
-        from deepgemm_jit import config, device, gemv, gemv_kn
+        from deepgemm_jit import device, gemv, gemv_kn
 
         kernel = (gemv.kernel_for(g.spec, m, g.arch) if g.weight_streaming_kernel is gemv else
-                  gemv_kn.GemvKnSpec.for_gemm(g.spec, device.num_sms_or(config.DEFAULT_SM90_NUM_SMS)))
+                  gemv_kn.GemvKnSpec.for_gemm(g.spec, device.num_sms_or(sm90_tiles.DEFAULT_SM90_NUM_SMS)))
         row["family"], row["config"] = "gemv", kernel.tag
     # An epilogue row also builds the same GEMM without the epilogue: the time the epilogue is measured against.
     g_plain = _build(dataclasses.replace(case, epilogue=None), ctx)[0] if case.epilogue else None

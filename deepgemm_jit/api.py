@@ -14,6 +14,7 @@ from .arrays import (MatrixView, ScaleView, array_kind, check_writable, has_dist
                      new_mn_major_scales, out_view, overlaps, scalar_signature, scale_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
 from .spec import LAYOUTS, GemmSpec
+from . import buckets, sm90_rules, sm90_tiles
 
 _MAX_M = 2**31 - 1
 OFFLINE_DECODE_RETRY_S = 5.0  # how long a decode kernel found missing (offline mode) is not looked up again
@@ -72,7 +73,7 @@ class Gemm:
         self.config = artifact.config
         self.artifact = artifact
         # The spec the kernel was compiled for: `spec`, or its nt (tn at small M: nn) twin, whose calls transpose
-        # MN-major TF32 operands into K-major staging buffers first (config.kernel_spec, copies.py).
+        # MN-major TF32 operands into K-major staging buffers first (sm90_rules.kernel_spec, copies.py).
         self.kernel_spec = artifact.spec
         self._transposes = artifact.spec.layout != spec.layout
         # The operands those calls transpose: MN-major in `spec`, K-major in the kernel's; empty for every other Gemm.
@@ -93,7 +94,7 @@ class Gemm:
         if weight_streaming and spec.b_k_major:
             self.weight_streaming_max_m = gemv.max_m(spec, arch)
         elif weight_streaming:  # gemv_kn's rule counts waves of CTAs: this GPU's SMs (an H200's where none is here)
-            num_sms = device.num_sms_or(config_mod.DEFAULT_SM90_NUM_SMS)
+            num_sms = device.num_sms_or(sm90_tiles.DEFAULT_SM90_NUM_SMS)
             self.weight_streaming_max_m = gemv_kn.max_m(spec, arch, num_sms)
         self._out_dtype = dtypes.numpy_dtype(spec.out_dtype)
         self._out_dtypes = _accepted_dtypes(spec.out_dtype)  # FP8 outputs (quantize-on-store) also as uint8
@@ -409,17 +410,17 @@ class Gemm:
     def _staged_roles(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView, epi: launch.EpilogueOperands,
                       cu_stream) -> frozenset[str] | None:
         """None when a call of the Hopper kernel reads its operands in place; else it runs on staged copies
-        (_staged_plan) of MN-major TF32 operands (always transposed, config.sm90_transposes), of every operand TMA
+        (_staged_plan) of MN-major TF32 operands (always transposed, sm90_rules.sm90_transposes), of every operand TMA
         cannot describe, of a D whose rows end inside a 16-byte chunk (launch.tma_store_legal: a TMA store would
         overwrite the chunk's rest, which is not ours), and of the returned roles: A / B that TMA can read but whose
-        rows start off 32-byte sectors, where their copies pay (config.sm90_realign_roles). The portable kernel is
-        2-4x slower on operands TMA cannot describe even with 2- or 4-element loads (config.sm90_supports), so it serves
+        rows start off 32-byte sectors, where their copies pay (sm90_rules.sm90_realign_roles). The portable kernel is
+        2-4x slower on operands TMA cannot describe even with 2- or 4-element loads (sm90_tiles.sm90_supports), so it serves
         only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA
         graph before the staging buffers hold these operands (staging.py allocates outside a capture); such a
         capture reads rows off sectors in place."""
         off_sector = {role: v.rows * v.cols * v.itemsize for role, v in (("a", va), ("b", vb))
                       if role not in self.transposed_operands and launch.tma_legal(v) and staging.off_sector(v)}
-        realigned = config_mod.sm90_realign_roles(m, self.spec.n, self.config.block_m, self.config.block_n,
+        realigned = sm90_rules.sm90_realign_roles(m, self.spec.n, self.config.block_m, self.config.block_n,
                                                   off_sector)
         must = (self._transposes or not all(map(launch.tma_legal, (va, vb) + epi.views()))
                 or not launch.tma_store_legal(vd))
@@ -556,9 +557,9 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
             raise TypeError(f"{arg} must be True, False or None, got {type(value).__name__} {value!r}")
     target = device.target_arch(arch)
     # The spec the kernel is compiled for: `spec`, or its twin where calls transpose MN-major TF32 operands
-    # (config.kernel_spec: nt, or for tn at small M nn, whose kernel transposes B); a forced portable config keeps
+    # (sm90_rules.kernel_spec: nt, or for tn at small M nn, whose kernel transposes B); a forced portable config keeps
     # the caller's layout.
-    kspec = config_mod.kernel_spec(spec, target, m_hint)
+    kspec = sm90_rules.kernel_spec(spec, target, m_hint)
     if isinstance(config, config_mod.KernelConfig) and config.family != "sm90":
         kspec = spec
     if config is None:
@@ -583,7 +584,7 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
         # that an offline build without them fails now, with its warmup line.
         if kspec is not spec:
             copies.get_kernel(copies.CopySpec("transpose", dtypes.get(spec.dtype).storage_bytes), target)
-        if cfg.family == "sm90" and (config_mod.sm90_unaligned_rows(kspec) or config_mod.sm90_off_sector_rows(kspec)):
+        if cfg.family == "sm90" and (sm90_tiles.sm90_unaligned_rows(kspec) or sm90_tiles.sm90_off_sector_rows(kspec)):
             copies.get_kernel(copies.ROWS, target)
         return Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming),
                     forced_splits, bool(deterministic))
@@ -643,15 +644,15 @@ def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, split
         return cfg
     if cfg.family != "sm90" or spec.grouped:
         raise ValueError(f"split_k > 1 needs the Hopper (sm90) family; this problem runs the {cfg.family} family")
-    num_sms = device.num_sms() if on_gpu else config_mod.DEFAULT_SM90_NUM_SMS
+    num_sms = device.num_sms() if on_gpu else sm90_tiles.DEFAULT_SM90_NUM_SMS
     bucket = config_mod.usual_tile_bucket(spec, m_hint)  # (split tiles are unswapped)
-    if chosen and (cfg.swap_ab or not config_mod.sm90_tile_may_split(spec, bucket, cfg.block_m)):
+    if chosen and (cfg.swap_ab or not sm90_rules.sm90_tile_may_split(spec, bucket, cfg.block_m)):
         return config_mod.sm90_split_config(spec, bucket, num_sms, splits)  # the cost model's split tile instead
     if cfg.swap_ab:
         raise ValueError(f"config {cfg.tag} is a swapped tile (swap_ab), which does not split K: pass split_k=None "
                          "or 1, or a config with swap_ab=False")
     out = dataclasses.replace(cfg, split_k=True, pingpong=False)
-    if out.smem_bytes(spec) > config_mod.SM90_SMEM_BUDGET_BYTES and out.num_stages > 2:
+    if out.smem_bytes(spec) > sm90_tiles.SM90_SMEM_BUDGET_BYTES and out.num_stages > 2:
         out = dataclasses.replace(out, num_stages=out.num_stages - 1)
     try:
         out.check_for(spec, arch)
@@ -742,7 +743,7 @@ def gemm(a, b, *, dtype: str | None = None, out_dtype: str | None = None, layout
         spec = GemmSpec.create(n, k, dtype=name, out_dtype=out_dtype, layout=layout, b_dtype=b_dtype,
                                scaling=scaling, fast_accum=fast_accum, epilogue=epilogue)
     # (finer where swapped tiles are weighed: config.m_bucket_for)
-    bucket = config_mod.m_bucket_for(spec, m, arch) if isinstance(spec, GemmSpec) else config_mod.m_bucket(m)
+    bucket = config_mod.m_bucket_for(spec, m, arch) if isinstance(spec, GemmSpec) else buckets.m_bucket(m)
     key = (spec, arch, device.current_device_id(), bucket)  # built for this GPU (SM count, tuning): one per device
     g = _functional.get(key)
     if g is None:  # built for the bucket's representative M, which serves every M of the bucket

@@ -7,7 +7,7 @@ the transposing copy of TF32 GEMMs with MN-major operands.
   16-byte loads and funnel shifts and stores as wide as the destination allows. One launch makes up to
   MAX_ROW_COPIES copies (a call's A, B, C, residual): at tiny sizes each launch costs ~3 us.
 - ``transpose``: Hopper's TF32 WGMMA reads K-major operands only, so a TF32 GEMM in layouts nn / tn / tt builds the
-  Hopper kernel of its nt twin (``config.kernel_spec``; at small M nn's own kernel, tn's nn twin, which transpose B
+  Hopper kernel of its nt twin (``sm90_rules.kernel_spec``; at small M nn's own kernel, tn's nn twin, which transpose B
   in shared memory) and every call copies the MN-major operands that kernel cannot read, (K, M) / (K, N), into
   K-major buffers with this kernel first: 32 x 32 tiles through shared memory.
 

@@ -100,7 +100,7 @@ def no_a_edge() -> bool:
 
 
 def no_d_ring() -> bool:
-    """Experiments (same-run A/B of config.sm90_d_ring's rule); read when a config is chosen, and choices are
+    """Experiments (same-run A/B of sm90_rules.sm90_d_ring's rule); read when a config is chosen, and choices are
     memoized per process, so set it before the first build."""
     return env_bool("DEEPGEMM_JIT_NO_D_RING")
 

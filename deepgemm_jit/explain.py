@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import config as config_mod
-from . import compiler, cubin, gemv, gemv_kn, gemv_rows, launch, sass, splitk
+from . import compiler, cubin, gemv, gemv_kn, gemv_rows, launch, sass, sm90_rules, sm90_tiles, splitk
 
 
 def describe(gemm, *, with_sass: bool = True) -> dict:
@@ -32,11 +32,11 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         "wgmma_serialized": compiler.serialization_warnings(art.meta.get("log") or ""),
         "weight_streaming": _weight_streaming(gemm),
         "split_k": _split_k(gemm),
-        # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, config.sm90_wg_split_k).
-        "k_lanes": (2 if gemm.config.family == "sm90" and config_mod.sm90_wg_split_k(
+        # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, sm90_tiles.sm90_wg_split_k).
+        "k_lanes": (2 if gemm.config.family == "sm90" and sm90_tiles.sm90_wg_split_k(
             gemm.artifact.spec, gemm.config.block_m, gemm.config.pingpong, gemm.config.swap_ab) else 1),
         # Partial-sum sets of a promoted K loop (2: wgmmas run while one set is promoted: the next K block's,
-        # config.sm90_two_partial_sets, or on wide tiles the other half of this one's, sm90_half_partial_sets);
+        # sm90_tiles.sm90_two_partial_sets, or on wide tiles the other half of this one's, sm90_half_partial_sets);
         # 0 without promotion.
         "partial_sets": _partial_sets(gemm),
         "b_evict_first": _b_evict_first(gemm),
@@ -56,38 +56,38 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
 def _staging(gemm) -> dict | None:
     """Whether packed (contiguous) operands of this spec are read in place by TMA or copied into aligned buffers on
     every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes), and which ones
-    calls may copy (rows an odd multiple of 16 bytes: config.sm90_realign_roles); an MN-major A's rows are M long (per
+    calls may copy (rows an odd multiple of 16 bytes: sm90_rules.sm90_realign_roles); an MN-major A's rows are M long (per
     call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
     kspec = gemm.artifact.spec
-    if kspec.layout != gemm.spec.layout:  # config.kernel_spec: the nt twin, or tn's nn twin at small M
+    if kspec.layout != gemm.spec.layout:  # sm90_rules.kernel_spec: the nt twin, or tn's nn twin at small M
         moved = list(gemm.transposed_operands)
-        rows = [role for role in config_mod.sm90_unaligned_rows(kspec) if role not in moved]
+        rows = [role for role in sm90_tiles.sm90_unaligned_rows(kspec) if role not in moved]
         info = {"packed_staged": sorted(moved + rows), "transposed": moved, "kernel_spec": kspec.tag,
                 "kernel_layout": kspec.layout,
                 "note": f"{' and '.join(moved)} (MN-major TF32) transposed into K-major buffers on every call "
                         "(copies.py): Hopper's TF32 WGMMA reads K-major operands only"
                         + (f"; {', '.join(rows)} copied into 128-byte-pitched buffers" if rows else "")}
     else:
-        rows = config_mod.sm90_unaligned_rows(kspec)
+        rows = sm90_tiles.sm90_unaligned_rows(kspec)
         info = {"packed_staged": rows, "note": ("copied into 128-byte-pitched buffers on every call: pad these rows "
                                                 "to a multiple of 32 bytes to skip the copies")
                 if rows else "read in place"}
-    if config_mod.sm90_trans_b(kspec):  # TF32 nn (or tn's nn twin) at small M (config.SM90_TF32_TRANS_B_MAX_M)
+    if sm90_tiles.sm90_trans_b(kspec):  # TF32 nn (or tn's nn twin) at small M (sm90_rules.SM90_TF32_TRANS_B_MAX_M)
         info["transposed_in_kernel"] = ["b"]
         info["transpose_note"] = ("b (TF32, stored (K, N)) read as stored and transposed in shared memory by the "
                                   "kernel's converter warps, one stage each in turn; builds for more than "
-                                  f"{config_mod.SM90_TF32_TRANS_B_MAX_M} rows run the nt kernel on per-call copies")
+                                  f"{sm90_rules.SM90_TF32_TRANS_B_MAX_M} rows run the nt kernel on per-call copies")
     if "kernel_spec" in info:  # the twin's calls copy its MN-major operands: no off-sector reads to speak of
         return info
-    off_sector = config_mod.sm90_off_sector_rows(kspec)
+    off_sector = sm90_tiles.sm90_off_sector_rows(kspec)
     if off_sector:
         info["realigned"] = off_sector
         info["realign_note"] = (
             f"{' and '.join(off_sector)}: rows an odd multiple of 16 bytes, which TMA reads ~1.5x slower; a call "
             "copies those whose copy pays into 128-byte-pitched buffers (B is re-read by every M block, A by every N "
-            "block; tiles wider than 128 x 160 copy one at most: config.sm90_realign_roles); rows padded to a "
+            "block; tiles wider than 128 x 160 copy one at most: sm90_rules.sm90_realign_roles); rows padded to a "
             "multiple of 32 bytes need neither the copies nor the slow reads")
     return info
 
@@ -118,7 +118,7 @@ def _partial_sets(gemm) -> int:
     if cfg.family != "sm90" or not spec.promote:
         return 0
     args = (spec, cfg.block_m, cfg.block_n, cfg.pingpong, cfg.swap_ab)
-    return 2 if config_mod.sm90_two_partial_sets(*args) or config_mod.sm90_half_partial_sets(*args) else 1
+    return 2 if sm90_tiles.sm90_two_partial_sets(*args) or sm90_tiles.sm90_half_partial_sets(*args) else 1
 
 
 def _b_evict_first(gemm) -> dict | None:
@@ -153,7 +153,7 @@ def _num_sms() -> int:
     """The current GPU's SM count, or 132 (the H200's) without a GPU: launch shapes depend on it."""
     from . import device
 
-    return device.num_sms_or(config_mod.DEFAULT_SM90_NUM_SMS)
+    return device.num_sms_or(sm90_tiles.DEFAULT_SM90_NUM_SMS)
 
 
 # The M values explain() shows the split-K rule at (grouped: tile counts of a launch).

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cubin, device, dtypes, env, jit, runtime, sass
+from . import cubin, device, dtypes, env, jit, runtime, sass, sm90_tiles
 from . import epilogue as epilogue_mod
 from .arrays import MatrixView, array_kind, matrix_view, new_array, out_view, scalar_signature, signature
 from .config import KernelConfig
@@ -149,11 +149,9 @@ class Fp32Spec(OperandLayout):
     def inner_at(self, m_hint: int, arch: str) -> GemmSpec:
         """The TF32 GEMM build_fp32 builds at M = m_hint for `arch`: `inner`, or its raw_b form at decode sizes
         (raw_b_applies) where the Hopper family takes it."""
-        from . import config
-
         if raw_b_applies(self, m_hint):
             raw = dataclasses.replace(self._inner, raw_b=True)
-            if config.sm90_supports(raw, arch):
+            if sm90_tiles.sm90_supports(raw, arch):
                 return raw
         return self._inner
 

@@ -58,7 +58,7 @@ TILES_MIN_N = 7168
 TILES_MIN_K_16BIT = 2048
 TILES_MIN_K_FP8 = 1536
 # FP8 weights with N >= TILES_MIN_N and a K row of at most TILES_MAX_SHORT_K_FP8 bytes go to the tiles as well, which
-# run 64x64 there (config._sm90_decode_short_k): same-call A/B on the H200, session 19 (bench/results/
+# run 64x64 there (sm90_rules._sm90_decode_short_k): same-call A/B on the H200, session 19 (bench/results/
 # *exp-ab-fp8-32768x512-gemv-vs-64x64-s19*): 32768x512 block M = 1 11.23 vs 11.57 us, M = 8 11.49 vs 12.00; per-tensor
 # M = 8 11.34 vs 11.55 (session 11's 4-11% for weight streaming there was against the wider tiles of that time).
 TILES_MAX_SHORT_K_FP8 = 512

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config, cubin, device, dtypes, jit
+from . import cubin, device, dtypes, jit, sm90_tiles
 from . import launch as launch_mod
 from .arrays import MatrixView
 from .launch import LaunchPlan
@@ -152,7 +152,7 @@ def fills_its_last_wave(n: int, k: int, element_bytes: int, num_sms: int) -> boo
     return col_blocks / (slots * -(-col_blocks // slots)) >= MIN_LAST_WAVE
 
 
-def max_m(spec: GemmSpec, arch: str, num_sms: int = config.DEFAULT_SM90_NUM_SMS) -> int:
+def max_m(spec: GemmSpec, arch: str, num_sms: int = sm90_tiles.DEFAULT_SM90_NUM_SMS) -> int:
     """The largest M for which a Gemm of `spec` compiled for `arch` runs this kernel on a GPU of `num_sms` SMs
     (0: never): the module docstring's rule."""
     if spec.layout not in ("nn", "tn") or spec.epilogue != "none" or spec.grouped or spec.hi_lo or spec.raw_b:

@@ -39,7 +39,7 @@ import threading
 import numpy as np
 
 from . import config as config_mod
-from . import device, dtypes, jit, launch, runtime, splitk
+from . import device, dtypes, jit, launch, runtime, sm90_tiles, splitk
 from .api import _MAX_M as _MAX_ROWS
 from .api import _accepted_dtypes, _check_m, _common_kind
 from .arrays import (MatrixView, ScaleView, array_fields, check_writable, has_distinct_elements, new_array,
@@ -204,7 +204,7 @@ class GroupedGemm:
         # kernels serve only their stream, whose workspaces (segments, split partials) they write.
         self._plans = launch.KeptPlans(_MAX_LAUNCH_PLANS)
         self._lock = threading.Lock()
-        # Device-split kernels (config.grouped_split_tile): the most K shares per tile, how they meet (as Gemm's
+        # Device-split kernels (sm90_rules.grouped_split_tile): the most K shares per tile, how they meet (as Gemm's
         # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid. One
         # share where the kernel was chosen for its speed alone (`launch_splits` False:
         # config.grouped_launch_splits): such launches never split and take no workspace.
@@ -449,7 +449,7 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     Where the expected tiles make a few waves (a few groups of up to a thousand rows: FP8 up to 2 waves; 16-bit up
     to 8 waves of 128x128 tiles, which then replace the cost model's wider ones), the kernel splits the K of the
     tiles of the last, partial wave between CTAs when the realised group sizes would leave half the SMs idle there
-    (decided on the device, ``splitk.tail_split``; ``config.grouped_split_tile`` has the rule, epilogues with a bias
+    (decided on the device, ``splitk.tail_split``; ``sm90_rules.grouped_split_tile`` has the rule, epilogues with a bias
     keep the plain kernel; FP8 128x128 tiles without an epilogue always compile the device-split kernel, which was
     faster, and split only where that rule says; a forced device-split ``config`` splits wherever the realised
     groups leave SMs idle); ``deterministic`` as for :func:`deepgemm_jit.build` (False: the shares add atomically,
@@ -464,7 +464,7 @@ def build_grouped(N: int, K: int, dtype: str = "bf16", out_dtype: str | None = N
     if config is None:  # every group rounds its rows up to whole tiles: the cost model counts them per group
         num_sms = device.num_sms() if arch is None else None
         cfg = config_mod.choose_config(spec, expected, target, num_sms, groups=groups)
-        launch_splits = config_mod.grouped_launch_splits(spec, expected, num_sms or config_mod.DEFAULT_SM90_NUM_SMS,
+        launch_splits = config_mod.grouped_launch_splits(spec, expected, num_sms or sm90_tiles.DEFAULT_SM90_NUM_SMS,
                                                          groups)
     elif isinstance(config, config_mod.KernelConfig):
         cfg = config

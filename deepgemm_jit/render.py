@@ -192,9 +192,10 @@ def _with_labels(paths: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 # The package's modules whose code shapes a rendered source beyond the fields of the render context: the
-# filters here, the spec/config/epilogue properties templates read, dtype tables, the template choice.
+# filters here, the spec/config/epilogue properties templates read, dtype tables, the template choice, and the tile
+# arithmetic KernelConfig's methods take from sm90_tiles (threads, shared memory: stored beside each cubin).
 # source_digest skips any installed without its source.
-_RENDERING_MODULES = ("render.py", "spec.py", "config.py", "epilogue.py", "dtypes.py", "jit.py")
+_RENDERING_MODULES = ("render.py", "spec.py", "config.py", "sm90_tiles.py", "epilogue.py", "dtypes.py", "jit.py")
 
 # Per process: templates root -> (the files source_digest() covers, the template directories' settled stat
 # signatures taken before they were listed, or None), listed once: adding a file to the templates is not an

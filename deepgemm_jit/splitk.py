@@ -14,14 +14,14 @@ of a consumer's 128 threads store and load theirs).
 
 Dispatch:
 
-- ``config.choose_sm90_config`` compiles a split-K kernel when the cost model (``config.sm90_tile_cost`` with
+- ``config.choose_sm90_config`` compiles a split-K kernel when the cost model (``sm90_rules.sm90_tile_cost`` with
   ``splits``) finds a split count above 1 cheaper than every unsplit tile at the M bucket of ``build``'s M (only
-  for buckets up to ``config.SPLIT_MAX_M``, non-grouped GEMMs);
+  for buckets up to ``sm90_rules.SPLIT_MAX_M``, non-grouped GEMMs);
 - each call then picks the count for its own M (:func:`num_splits`): 1 where splitting does not pay or M is past
   ``SPLIT_MAX_M`` (a split-K kernel with one share is the plain kernel plus a branch);
 - ``build(..., split_k=S)`` forces S shares on every call (``split_k=1``: never split);
 - grouped GEMMs decide on the device (:func:`tail_split`, at most ``GroupedGemm.max_splits`` shares): the
-  heuristic's device-split kernels of ``config.grouped_split_tile`` may split; the FP8 128x128 ones it compiles for
+  heuristic's device-split kernels of ``sm90_rules.grouped_split_tile`` may split; the FP8 128x128 ones it compiles for
   their speed alone (``config.grouped_launch_splits`` False) get one share and no workspace.
 
 Workspace (:class:`Workspace`): one per ``Gemm``, device and stream (``stream_buffers.py``: calls of one Gemm on
@@ -43,8 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config as config_mod
-from . import stream_buffers
+from . import sm90_rules, stream_buffers
 from .config import KernelConfig
 from .spec import GemmSpec
 
@@ -65,9 +64,9 @@ def num_splits(spec: GemmSpec, cfg: KernelConfig, m: int, num_sms: int, forced: 
     k_blocks = -(-spec.loop_k // cfg.block_k)
     if forced is not None:
         return max(1, min(forced, k_blocks))
-    if m > config_mod.SPLIT_MAX_M:  # the rule's range, as for the kernel choice
+    if m > sm90_rules.SPLIT_MAX_M:  # the rule's range, as for the kernel choice
         return 1
-    return config_mod.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
+    return sm90_rules.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
 
 
 def adds_atomically(spec: GemmSpec, deterministic: bool) -> bool:
@@ -97,13 +96,13 @@ def workspace_bytes(spec: GemmSpec, cfg: KernelConfig, m: int, splits: int) -> t
 
 
 def grouped_max_splits(spec: GemmSpec, cfg: KernelConfig) -> int:
-    """The most K shares a grouped split-K kernel may give a tile (config.grouped_split_tile, or a forced config,
+    """The most K shares a grouped split-K kernel may give a tile (sm90_rules.grouped_split_tile, or a forced config,
     compiles one): the kernel picks its own count from the realised tiles (tail_split); 1 for other grouped kernels.
     (build_grouped passes 1 instead where the heuristic chose the split kernel for its speed alone:
     config.grouped_launch_splits.)"""
     if not cfg.split_k:
         return 1
-    return min(config_mod.GROUPED_MAX_SPLITS, max(config_mod.split_candidates(spec.loop_k, cfg.block_k)))
+    return min(sm90_rules.GROUPED_MAX_SPLITS, max(sm90_rules.split_candidates(spec.loop_k, cfg.block_k)))
 
 
 GROUPED_SCAN_WAVES = 8  # GroupedTileScheduler::kScanWaves

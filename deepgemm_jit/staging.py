@@ -42,7 +42,7 @@ def pitch_bytes(view: MatrixView) -> int:
 def off_sector(view: MatrixView) -> bool:
     """Whether some row of `view` starts off a SECTOR_BYTES boundary (its base, or every other row of a pitch that
     is an odd multiple of 16 bytes): TMA reads such rows (at 16-byte alignment) ~1.5x slower, so calls copy such
-    operands where that pays (config.sm90_realign_roles)."""
+    operands where that pays (sm90_rules.sm90_realign_roles)."""
     return view.ptr % SECTOR_BYTES != 0 or (view.rows > 1 and view.row_stride * view.itemsize % SECTOR_BYTES != 0)
 
 

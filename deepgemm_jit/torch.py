@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import torch
 
 from . import config as config_mod
-from . import dtypes, quantization
+from . import buckets, dtypes, quantization, sm90_swap_ab
 from .arrays import mn_major_storage_shape, mn_major_view
 from .device import arch_of_capability
 from .api import Gemm, build
@@ -262,8 +262,8 @@ def _spec_and_arch(device_index: int, n: int, k: int, spec_items: tuple) -> tupl
 
 def _gemm_for(device_index: int, m: int, n: int, k: int, **spec_args) -> Gemm:
     items = tuple(sorted(spec_args.items()))
-    bucket = config_mod.m_bucket(m)
-    if config_mod.sm90_swap_ab_sizes(m, k):  # finer where swapped tiles are weighed (config.m_bucket_for)
+    bucket = buckets.m_bucket(m)
+    if sm90_swap_ab.sm90_swap_ab_sizes(m, k):  # finer where swapped tiles are weighed (config.m_bucket_for)
         spec, arch = _spec_and_arch(device_index, n, k, items)
         bucket = config_mod.m_bucket_for(spec, m, arch)
     key = ("gemm", device_index, n, k, bucket, items)
@@ -394,7 +394,7 @@ def gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
 
 # -- grouped GEMMs (mixture of experts) ----------------------------------------------------------------------------
 def _grouped_for(device_index: int, n: int, k: int, expected_m: int, num_groups: int, **spec_args) -> GroupedGemm:
-    bucket = config_mod.m_bucket(max(1, expected_m))
+    bucket = buckets.m_bucket(max(1, expected_m))
     key = ("grouped", device_index, n, k, bucket, num_groups, tuple(sorted(spec_args.items())))
     return _built_once(key, lambda: build_grouped(n, k, expected_m=bucket, num_groups=num_groups, **spec_args))
 

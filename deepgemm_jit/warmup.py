@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import config as config_mod
-from . import copies, device, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization, tuning
+from . import copies, device, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization, sm90_rules, sm90_tiles, tuning
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -165,7 +165,7 @@ def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
     threads follow K), and gemv_kn's cluster size for N, K on `num_sms` SMs (None: the arch's usual count), so a model needs
     only a few."""
     found: list[GemvSpec | GemvRowsSpec | GemvKnSpec] = []
-    num_sms = num_sms or config_mod.DEFAULT_SM90_NUM_SMS
+    num_sms = num_sms or sm90_tiles.DEFAULT_SM90_NUM_SMS
     for entry in entries:
         if entry.spec.grouped or not entry.m_buckets or entry.m_buckets[0] != 64:  # grouped: its own kernel always
             continue
@@ -182,17 +182,17 @@ def plan_gemv(entries: list[WarmupEntry], arch: str, num_sms: int | None = None
 
 def plan_copies(entries: list[WarmupEntry], arch: str) -> list[copies.CopySpec]:
     """The staging copies (copies.py) the entries' Hopper GEMMs run: the row copy where packed operands are
-    misaligned (config.sm90_unaligned_rows) or off 32-byte sectors (config.sm90_off_sector_rows: calls copy one
+    misaligned (sm90_tiles.sm90_unaligned_rows) or off 32-byte sectors (sm90_tiles.sm90_off_sector_rows: calls copy one
     of them where it pays; calls on misaligned views of aligned specs load it on first use) and where a kernel
     reads an MN-major A (rows of M elements, staged by the calls whose M leaves them misaligned or off sectors: an
-    M bucket holds such M), the transpose for TF32 entries with MN-major operands (config.sm90_transposes)."""
+    M bucket holds such M), the transpose for TF32 entries with MN-major operands (sm90_rules.sm90_transposes)."""
     if arch != "sm_90a":
         return []
     plain = [e for e in entries if not e.spec.grouped]
     specs = [e.spec_at(e.m_buckets[0] if e.m_buckets else 64, arch) for e in plain]
-    rows = any(config_mod.sm90_unaligned_rows(s) or config_mod.sm90_off_sector_rows(s) for s in specs)
+    rows = any(sm90_tiles.sm90_unaligned_rows(s) or sm90_tiles.sm90_off_sector_rows(s) for s in specs)
     rows = rows or any(not e.spec_at(bucket, arch).a_k_major for e in plain for bucket in (e.m_buckets or (64,)))
-    transposes = any(e.fp32 is None and config_mod.sm90_transposes(e.spec, arch, bucket)
+    transposes = any(e.fp32 is None and sm90_rules.sm90_transposes(e.spec, arch, bucket)
                      for e in plain for bucket in (e.m_buckets or (None,)))
     return [copies.ROWS] * rows + [copies.CopySpec("transpose", 4)] * transposes
 

@@ -16,7 +16,7 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   (null: as dtype), ``scaling`` (null: fp8 block, int8 none), ``fast_accum`` (false), ``layout`` (nt),
   ``out_dtype`` (null: ``GemmSpec.create``'s default) as in ``build()``. ``m`` is an inclusive range
   ``[lo, hi]`` (default ``[1, 16384]``) or one integer; ``m_values`` (instead of ``m``) lists single M
-  values. Either becomes the M buckets it touches (``config.m_bucket``: 64, 128, steps of 64 rows up to 384 and
+  values. Either becomes the M buckets it touches (``buckets.m_bucket``: 64, 128, steps of 64 rows up to 384 and
   of 128 rows from 512 up to 4096, powers of two up to 16384; every M of a bucket shares one kernel). ``name`` is
   a free label. ``epilogue`` (null: none) is the fused
   epilogue of ``build(..., epilogue=...)`` (``"bias+gelu"``, ``"swiglu+quant_fp8_g128"``; words of
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import config as config_mod
-from . import dtypes, fp32x3, model_shapes, quantization
+from . import buckets, dtypes, fp32x3, model_shapes, quantization, sm90_rules, sm90_tiles
 from . import epilogue as epilogue_mod
 from .grouped import DEFAULT_NUM_GROUPS
 from .quantization import QuantKernelSpec
@@ -95,12 +95,10 @@ class WarmupEntry:
     fp32: "fp32x3.Fp32Spec | None" = None
 
     def spec_at(self, bucket: int, arch: str) -> GemmSpec:
-        """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch` (config.kernel_spec: the nt twin
+        """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch` (sm90_rules.kernel_spec: the nt twin
         of a TF32 spec with MN-major operands on Hopper, except at small M nn itself and tn's nn twin, whose kernels
         transpose B)."""
-        from . import config
-
-        return config.kernel_spec(self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch), arch, bucket)
+        return sm90_rules.kernel_spec(self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch), arch, bucket)
 
 
 @dataclass(frozen=True)
@@ -122,18 +120,18 @@ class GemmType:
 
 # -- M ranges -----------------------------------------------------------------------------------------
 def m_buckets(lo: int, hi: int) -> tuple[int, ...]:
-    """The buckets every M in [lo, hi] falls in: m_bucket(lo), then config.next_m_bucket up to m_bucket(hi)."""
+    """The buckets every M in [lo, hi] falls in: m_bucket(lo), then buckets.next_m_bucket up to m_bucket(hi)."""
     for name, value in (("lo", lo), ("hi", hi)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"M range {name} must be a positive integer, got {value!r}")
     if lo > hi:
         raise ValueError(f"M range [{lo}, {hi}] is empty (lo > hi)")
-    buckets, bucket = [], config_mod.m_bucket(lo)
-    last = config_mod.m_bucket(hi)
+    found, bucket = [], buckets.m_bucket(lo)
+    last = buckets.m_bucket(hi)
     while bucket <= last:
-        buckets.append(bucket)
-        bucket = config_mod.next_m_bucket(bucket)
-    return tuple(buckets)
+        found.append(bucket)
+        bucket = buckets.next_m_bucket(bucket)
+    return tuple(found)
 
 
 def parse_m(text: str) -> tuple[int, ...]:
@@ -251,7 +249,7 @@ def target_flags(arch: str, num_sms: int | None) -> str:
     """``--arch`` and, where the build chose its tile for a GPU of another SM count than the arch's usual one (an
     H100 PCIe's 114), ``--num-sms``: warmup then plans the same tile."""
     flags = f"--arch {arch}"
-    if num_sms is not None and num_sms != config_mod.DEFAULT_SM90_NUM_SMS:
+    if num_sms is not None and num_sms != sm90_tiles.DEFAULT_SM90_NUM_SMS:
         flags += f" --num-sms {num_sms}"
     return flags
 

@@ -5,7 +5,7 @@ cuBLAS, in one interleaved run.
                                      [--against rows|RULE] [--tiles 128x128s6,256x128,...] [--epilogue EPI]
                                      [--layout nt] [--out DIR] [--offline]
 
-`build(M)` picks its kernel for config.m_bucket(M). "bucket" = that kernel; the other contender (--against):
+`build(M)` picks its kernel for buckets.m_bucket(M). "bucket" = that kernel; the other contender (--against):
 - rows: config.choose_sm90_config at M rounded up to 128 rows (what 128-row buckets give; session 21's first sweeps,
   when buckets were powers of two: 586 x 4096 x 7168 BF16 ran the 1024-row bucket's 128x256 at 76.4 us, 128x160 at
   52.0, cuBLAS 49.3);
@@ -48,7 +48,7 @@ RULES = {
     "no384": {"M_BUCKET_STEPS": ((128, 320, 64), (512, 4096, 128))},  # 321-384 rows in the 512 bucket (sessions 21-23)
     # 129-192 rows in a bucket of their own with every 64-row tile costed there (three M blocks, none wasted at 192
     # rows, where 128-row tiles compute 256): session 39's sweep ran 192 x 4096 x 28672 bf16 at 85.4 us on 64x192 x 2
-    # against the 256-row bucket's 108.2 (cuBLAS 82.5). Session 40 measured it (config.SM90_ROWS64_UNSPLIT_BUCKETS).
+    # against the 256-row bucket's 108.2 (cuBLAS 82.5). Session 40 measured it (sm90_rules.SM90_ROWS64_UNSPLIT_BUCKETS).
     # (and the constants that later moved under it, so that it builds what that run measured)
     "rows64at192": {"M_BUCKET_STEPS": ((128, 384, 64), (512, 4096, 128)), "SM90_ROWS64_MAX_M": 192,
                     "SM90_ROWS64_UNSPLIT_BUCKETS": (), "SM90_D_RING_MIN_M": 256, "SM90_SMALL_M_BUCKET_MAX": 255,

@@ -22,6 +22,7 @@ import math
 import sys
 
 from bench import report
+from deepgemm_jit import sm90_rules
 
 NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (2048, 7168),
       (1536, 7168), (3072, 4096), (1024, 4096), (4096, 14336), (4096, 28672)]
@@ -46,7 +47,7 @@ def _pick(spec, m: int, arch: str, num_sms: int, values: dict | None):
 
     with runner.config_constants(values or {}):
         splitk.num_splits.cache_clear()
-        ks = config.kernel_spec(spec, arch, m)
+        ks = sm90_rules.kernel_spec(spec, arch, m)
         cfg = config.choose_config(ks, m, arch, num_sms)  # (it buckets M itself: config.tile_bucket)
         shares = splitk.num_splits(ks, cfg, m, num_sms) if cfg.split_k else 1
     splitk.num_splits.cache_clear()

@@ -1,10 +1,10 @@
-"""Experiment (GPU): TF32 nn (B stored (K, N)) with B transposed in the kernel's shared memory (config.sm90_trans_b)
-against the nt kernel on per-call K-major copies of B (config.sm90_transposes) and cuBLAS, in one interleaved run.
+"""Experiment (GPU): TF32 nn (B stored (K, N)) with B transposed in the kernel's shared memory (sm90_tiles.sm90_trans_b)
+against the nt kernel on per-call K-major copies of B (sm90_rules.sm90_transposes) and cuBLAS, in one interleaved run.
 
     python3 -m scripts.exp_tf32_trans_b [--ms 1,64,256,1000,4096] [--nk 4096x7168,7168x2048] [--reps 20]
                                         [--tree NAME=DIR ...] [--out DIR]
 
-"kernel" is build()'s Gemm with config.SM90_TF32_TRANS_B_MAX_M lifted (every M transposes in the kernel), "copies"
+"kernel" is build()'s Gemm with sm90_rules.SM90_TF32_TRANS_B_MAX_M lifted (every M transposes in the kernel), "copies"
 the same with it at 0 (every M copies B), "built" build()'s own choice; each the cost model's tile for its spec
 (the nn spec's tiles are multiples of 32 columns). Outputs are checked against a float64 reference before timing
 (L2 flushed, medians); the row says where the rule's bound (SM90_TF32_TRANS_B_MAX_M) should sit. Each --tree

@@ -12,7 +12,7 @@ import argparse
 
 from bench import dtypes as bench_dtypes
 from bench.suites import Case, _DEEPSEEK_NK, _MODELS_NK
-from deepgemm_jit import config
+from deepgemm_jit import buckets, config, sm90_swap_ab
 
 NUM_SMS = 132  # the H200's
 
@@ -25,15 +25,15 @@ def tile_text(cfg) -> str:
 def row(dtype: str, m: int, n: int, k: int, alts: int, epilogue: str | None = None) -> str | None:
     spec = Case(suite="rows", dtype=dtype, layout="nt", m=m, n=n, k=k, epilogue=epilogue).make_spec()
     bucket = config.m_bucket_for(spec, m)
-    if not config.sm90_swap_ab_costed(spec, bucket):
+    if not sm90_swap_ab.sm90_swap_ab_costed(spec, bucket):
         return None
     pick, _ = config._sm90_pick(spec, bucket, NUM_SMS)
     if not pick.swap_ab:
         return None
-    usual, _ = config._sm90_pick_tile(spec, config.m_bucket(bucket), NUM_SMS)
+    usual, _ = config._sm90_pick_tile(spec, buckets.m_bucket(bucket), NUM_SMS)
     tiles = [tile_text(usual), tile_text(pick)]
     widths = {pick.block_n}
-    for _, block_m, block_n, stages in config._sm90_swap_ab_tiles(spec, bucket, NUM_SMS):
+    for _, block_m, block_n, stages in sm90_swap_ab.sm90_swap_ab_tiles(spec, bucket, NUM_SMS):
         if len(tiles) >= 2 + alts:
             break
         if block_n not in widths:  # the cheapest of each other width

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from deepgemm_jit import api
+from deepgemm_jit import api, sm90_rules, sm90_tiles
 from deepgemm_jit import config as config_mod
 from deepgemm_jit import dtypes
 from deepgemm_jit import reference, trial
@@ -147,8 +147,8 @@ class FuzzCase:
         times and a user may pick), None for the heuristic's."""
         if not self.candidate:
             return None
-        kspec = config_mod.kernel_spec(self.spec(), ARCH, self.m)
-        found = config_mod.candidate_configs(kspec, self.m, ARCH, config_mod.DEFAULT_SM90_NUM_SMS)
+        kspec = sm90_rules.kernel_spec(self.spec(), ARCH, self.m)
+        found = config_mod.candidate_configs(kspec, self.m, ARCH, sm90_tiles.DEFAULT_SM90_NUM_SMS)
         return found[min(self.candidate, len(found) - 1)]
 
     def spec(self) -> GemmSpec | Fp32Spec:
@@ -373,7 +373,7 @@ def accepted(case: FuzzCase) -> bool:
     except ValueError:
         return False
     inner = spec.inner_at(case.m, ARCH) if isinstance(spec, Fp32Spec) else spec
-    kspec = config_mod.kernel_spec(inner, ARCH, case.m)
+    kspec = sm90_rules.kernel_spec(inner, ARCH, case.m)
     cfg = config_mod.choose_config(kspec, case.m, ARCH)
     cfg.check_for(kspec, ARCH)
     forced = case.forced_config()

@@ -207,7 +207,7 @@ def test_explicit_config(cache_dir):
     sm90 = dg.KernelConfig("sm90", 128, 64, 64, 4, 2, 1, 8, 8, group_m=8)
     with pytest.raises(ValueError, match="block_k"):  # TF32 K blocks are 32 wide (128 bytes)
         dg.build(100, 64, 64, dtype="tf32", layout="nn", arch="sm_90a", config=sm90)
-    # MN-major TF32 with a Hopper config: the nt twin's kernel, calls transpose the operands (config.kernel_spec;
+    # MN-major TF32 with a Hopper config: the nt twin's kernel, calls transpose the operands (sm90_rules.kernel_spec;
     # nn at small M: its own kernel, which transposes B in shared memory)
     g = dg.build(100, 64, 64, dtype="tf32", layout="tt", arch="sm_90a", config=dataclasses.replace(sm90, block_k=32))
     assert g.family == "sm90" and g.kernel_spec.layout == "nt" and g.spec.layout == "tt"

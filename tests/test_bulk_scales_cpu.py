@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from deepgemm_jit import arrays, config, grouped, jit, launch
+from deepgemm_jit import arrays, config, grouped, jit, launch, sm90_rules, sm90_tiles
 from deepgemm_jit.arrays import scale_view
 from deepgemm_jit.spec import GemmSpec
 from fakes import BASE, FakeDeviceArray
@@ -360,9 +360,9 @@ def test_stage_slot_unchanged():
     """The A part of a stage's scale slot is kBlockM floats, what a bulk copy writes at most; the slot (and so the
     shared-memory mirror) is what it was, which keeps older template trees comparable through this host code."""
     for block_m, block_n, b_blocks in ((128, 128, 1), (128, 176, 3), (64, 256, 2), (256, 112, 2)):
-        # fast_accum: no promotion, so 64-row tiles keep one K lane (no lane buffer, config.sm90_wg_split_k).
+        # fast_accum: no promotion, so 64-row tiles keep one K lane (no lane buffer, sm90_tiles.sm90_wg_split_k).
         plain = GemmSpec.create(512, 1024, dtype="fp8", scaling="tensor", fast_accum=True)
-        extra = config.sm90_smem_bytes(BLOCK, block_m, block_n, 4) - config.sm90_smem_bytes(plain, block_m, block_n, 4)
+        extra = sm90_tiles.sm90_smem_bytes(BLOCK, block_m, block_n, 4) - sm90_tiles.sm90_smem_bytes(plain, block_m, block_n, 4)
         assert extra == 4 * -(-(block_m + b_blocks) // 4) * 16, (block_m, block_n, extra)
         assert bulk_bytes(True, 0, 10**6, block_m) == 4 * block_m
 
@@ -391,7 +391,7 @@ def test_bulk_copy_issuer(n, k, m, grouped_, split, scale_warp, shared_cache_dir
         assert cfg.split_k == grouped_, cfg.tag  # the heuristic's grouped pick is the split-K kernel
     else:
         cfg = config.sm90_config(spec, cfg.block_m, cfg.block_n, split_k=split)
-    text = sass.disassemble(jit.get_kernel(config.kernel_spec(spec, "sm_90a", m), cfg, "sm_90a").cubin)
+    text = sass.disassemble(jit.get_kernel(sm90_rules.kernel_spec(spec, "sm_90a", m), cfg, "sm_90a").cubin)
     # One issuer, not both; a grouped split-K kernel holds the roles twice (the walk with shares and the plain one).
     assert text.count("UBLKCP") == (2 if cfg.split_k and grouped_ else 1), cfg.tag
     assert ("ARRIVE.TRANS64.RED.A0TR" in text) == scale_warp, cfg.tag

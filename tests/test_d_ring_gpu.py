@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from deepgemm_jit import build, config, reference
+from deepgemm_jit import build, config, reference, sm90_rules
 from deepgemm_jit.spec import GemmSpec
 from problems import forced_gemm, forced_gemm_or_skip
 
@@ -99,6 +99,6 @@ def test_bf16_in_fp32_out_ring():
 
 def test_heuristic_rings_tf32():
     g = build(4096, 4096, 4096, dtype="tf32")
-    assert g.config.family == "sm90" and g.config.d_ring == config.SM90_D_RING, g.config.tag
+    assert g.config.family == "sm90" and g.config.d_ring == sm90_rules.SM90_D_RING, g.config.tag
     out, ref = _run(g, 1000, 4096, 4096, "tf32", seed=11)
     assert reference.within_bound(reference.error(out, ref), "tf32")

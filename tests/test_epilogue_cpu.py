@@ -10,6 +10,7 @@ from deepgemm_jit import (Epilogue, GemmSpec, config, deinterleave_gate_up, inte
                           reference, sass)
 from deepgemm_jit.epilogue import canonical
 from sm90_kernels import compiled_clean
+from deepgemm_jit import sm90_rules, sm90_tiles
 
 
 def test_parse_and_canonical_text():
@@ -125,9 +126,9 @@ def test_tf32_nn_split_tiles_with_epilogues_compile(epilogue, shared_cache_dir, 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     for layout, m, n, k, block_m in (("nn", 1, 4272, 5221, 64), ("nn", 64, 4272, 5221, 64),
                                      ("tn", 141, 1392, 2128, 128)):
-        spec = config.kernel_spec(GemmSpec.create(n, k, "tf32", layout=layout, epilogue=epilogue), "sm_90a", m)
+        spec = sm90_rules.kernel_spec(GemmSpec.create(n, k, "tf32", layout=layout, epilogue=epilogue), "sm_90a", m)
         cfg, _, _, case = _compile_and_check(spec, m)
-        assert spec.layout == "nn" and config.sm90_trans_b(spec) and cfg.block_m == block_m, case
+        assert spec.layout == "nn" and sm90_tiles.sm90_trans_b(spec) and cfg.block_m == block_m, case
         assert cfg.split_k or block_m == 128, case
 
 
@@ -273,7 +274,7 @@ def test_gated_and_quant_tile_legality():
         assert not cfg.pingpong and cfg.block_n == (256 if spec.epi.is_gated else 128), cfg.tag
     # D staging is half as wide for gated units and one byte per element for quantized outputs.
     plain = GemmSpec.create(1024, 512, "bf16")
-    assert (config.sm90_smem_bytes(plain, 128, 256, 3) - config.sm90_smem_bytes(gated, 128, 256, 3)
+    assert (sm90_tiles.sm90_smem_bytes(plain, 128, 256, 3) - sm90_tiles.sm90_smem_bytes(gated, 128, 256, 3)
             == 128 * 256 * 2 - 128 * 128 * 1)
 
 

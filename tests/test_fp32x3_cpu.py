@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import compiler, config, device, fp32x3, render, sass
+from deepgemm_jit import compiler, config, device, fp32x3, render, sass, sm90_rules, sm90_tiles
 from deepgemm_jit.arrays import matrix_view
 from deepgemm_jit.errors import KernelNotCachedError, NoGPUError
 from deepgemm_jit.spec import GemmSpec
@@ -758,7 +758,7 @@ def test_raw_b_gemm_warms_up_for_offline_builds(cache_dir, monkeypatch):
     (512, 2112, 7168, (128, 64), 1),     # 201.9; 128x96 (88 CTAs) 218.3
 ])
 def test_raw_b_tile_rule_picks_the_measured_tiles(m, n, k, tile, splits):
-    """The raw-B GEMM's tile and split count (config.raw_b_tile_cost) on rows where the H200 measured them."""
+    """The raw-B GEMM's tile and split count (sm90_rules.raw_b_tile_cost) on rows where the H200 measured them."""
     from deepgemm_jit import splitk
 
     spec = fp32x3.Fp32Spec.create(n, k).inner_at(m, ARCH)
@@ -766,9 +766,9 @@ def test_raw_b_tile_rule_picks_the_measured_tiles(m, n, k, tile, splits):
     cfg = config.choose_sm90_config(spec, m, 132)
     assert (cfg.block_m, cfg.block_n) == tile, cfg.tag
     assert splitk.num_splits(spec, cfg, m, 132) == splits, cfg.tag
-    assert cfg.smem_bytes(spec) <= config.SM90_SMEM_BUDGET_BYTES
+    assert cfg.smem_bytes(spec) <= sm90_tiles.SM90_SMEM_BUDGET_BYTES
     if cfg.block_n >= 96:  # D leaves through the ring at every M here (unpromoted TF32 keeps it to M >= 256)
-        assert cfg.d_ring == config.SM90_D_RING, cfg.tag
+        assert cfg.d_ring == sm90_rules.SM90_D_RING, cfg.tag
 
 
 def _cupy_over(shape, ptr):

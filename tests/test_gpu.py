@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import reference
+from deepgemm_jit import reference, sm90_rules
 from graphs import capture_call, replay_with_fresh_a
 
 pytestmark = pytest.mark.gpu
@@ -132,11 +132,9 @@ def test_odd_k_runs_the_hopper_kernel_on_staged_copies():
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
     """TF32 with MN-major operands runs the nt Hopper kernel on K-major copies (copies.py; nn built for more than
-    config.SM90_TF32_TRANS_B_MAX_M rows): odd sizes, sliced views, a fused epilogue, and a CUDA graph captured
+    sm90_rules.SM90_TF32_TRANS_B_MAX_M rows): odd sizes, sliced views, a fused epilogue, and a CUDA graph captured
     after a first call, replayed on fresh inputs."""
-    from deepgemm_jit import config
-
-    big = 2 * config.SM90_TF32_TRANS_B_MAX_M
+    big = 2 * sm90_rules.SM90_TF32_TRANS_B_MAX_M
     g = dg.build(big, 1001, 1003, dtype="tf32", layout=layout, weight_streaming=False)
     assert g.family == "sm90" and g.kernel_spec.layout == "nt"
     for m in (1000, 1, 17, 129, 2049):
@@ -165,7 +163,7 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
                                                    (128, 4096, 7168, None)])
 def test_tf32_nn_b_transposed_in_the_kernel(m_build, n, k, epilogue):
     """TF32 nn at small M: the Hopper kernel reads B as stored (K, N) and its converter warps transpose every stage
-    in shared memory (config.sm90_trans_b): awkward sizes (N and K tails, N = 1001 whose rows are copied to 16-byte
+    in shared memory (sm90_tiles.sm90_trans_b): awkward sizes (N and K tails, N = 1001 whose rows are copied to 16-byte
     pitches, split-K at M = 1 / 128: 128x96 x 3 converter warps over 4 stages, where a converter that skipped stages
     once waited a phase behind and hung), every M from 1 to past the build's, a fused epilogue, sliced views, and a
     CUDA graph captured after a first call, replayed on fresh inputs."""
@@ -202,7 +200,7 @@ def test_tf32_nn_b_transposed_in_the_kernel(m_build, n, k, epilogue):
 def test_large_calls_realign_rows_off_sectors(dtype, layout):
     """K = 2056 in 16 bits or 2052 in TF32 (rows an odd multiple of 16 bytes: TMA-legal, every other row off a
     32-byte sector): a call of 4096 rows copies B (re-read by every M block) into a 128-byte-pitched buffer
-    (config.sm90_realign_roles), one of 64 rows reads A and B in place; 256 x 7168 copies A (re-read by every N
+    (sm90_rules.sm90_realign_roles), one of 64 rows reads A and B in place; 256 x 7168 copies A (re-read by every N
     block). fp16 nn: B's rows are N = 2056 long."""
     n, k = (2056, 2048) if layout == "nn" else (2048, 2056 if dtype != "tf32" else 2052)
     g = dg.build(4096, n, k, dtype=dtype, layout=layout)
@@ -217,7 +215,7 @@ def test_large_calls_realign_rows_off_sectors(dtype, layout):
 
 
 def test_tf32_tn_small_m_copies_a_and_transposes_b_in_the_kernel():
-    """TF32 tn at small M runs the nn twin's kernel (config.kernel_spec): each call copies only A (M x K, small)
+    """TF32 tn at small M runs the nn twin's kernel (sm90_rules.kernel_spec): each call copies only A (M x K, small)
     transposed, the kernel transposes B as stored (K, N) in shared memory; awkward M, a sliced A, a graph replay."""
     g = dg.build(64, 4096, 7168, dtype="tf32", layout="tn")
     assert g.kernel_spec.layout == "nn" and g.transposed_operands == ("a",)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import compiler, config, grouped, jit, sass
+from deepgemm_jit import compiler, config, grouped, jit, sass, sm90_rules
 from deepgemm_jit.errors import NoGPUError
 from deepgemm_jit.spec import GemmSpec
 from fakes import BASE, FakeDeviceArray
@@ -294,13 +294,13 @@ def test_grouped_fp8_split_kernel_for_speed(cache, n, k, epilogue, split_kernel)
 ])
 def test_grouped_split_kernel_rule(cache, n, k, dtype, expected_m, groups, split):
     """`split`: whether launches may split. FP8 128x128 tiles compile the split-K kernel everywhere (its scale warp's
-    A-scale copy made it the fastest grouped kernel, config._grouped_fp8_split_kernel); only where the split rule
+    A-scale copy made it the fastest grouped kernel, sm90_rules.grouped_fp8_split_kernel); only where the split rule
     chose it do launches count and split (max_splits > 1), elsewhere they pass one share and no workspace."""
     g = dg.build_grouped(n, k, dtype=dtype, arch="sm_90a", expected_m=expected_m, num_groups=groups)
     assert g.config.split_k == (split or dtype == "fp8") and (g.max_splits > 1) == split, g
     assert config.grouped_launch_splits(g.spec, expected_m, 132, groups) == split, g
     if split and dtype != "fp8":
-        assert (g.config.block_m, g.config.block_n) == config.GROUPED_SPLIT_TILE_16BIT, g
+        assert (g.config.block_m, g.config.block_n) == sm90_rules.GROUPED_SPLIT_TILE_16BIT, g
     if split:
         usage = sass.resource_usage(g.artifact.cubin)[g.artifact.entry]
         assert usage["LOCAL"] == 0 and usage["STACK"] == 0, usage

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass
+from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass, sm90_tiles
 from deepgemm_jit.arrays import scale_view
 from fakes import FakeDeviceArray
 from sm90_kernels import compiled_clean
@@ -69,7 +69,7 @@ def test_promotion_limits_block_n():
     128 on the other DeepSeek rows, as measured (bench/results/*fp8-m4096-tiles-two-sets-s18*)."""
     spec = GemmSpec.create(7168, 16384, "fp8")
     ranked = config.sm90_ranked(spec, 4096, 132)
-    assert ranked and all(config.sm90_accumulators(c.block_m, c.block_n, True) <= 176 for c in ranked)
+    assert ranked and all(sm90_tiles.sm90_accumulators(c.block_m, c.block_n, True) <= 176 for c in ranked)
     assert {c.block_n for c in ranked} == {128, 176}
     want = {(2112, 7168): 176, (24576, 1536): 128, (32768, 512): 128, (7168, 16384): 176, (4096, 7168): 128,
             (7168, 2048): 128}
@@ -122,8 +122,8 @@ def test_choose_config_8bit():
 def test_row_scaling_smem_mirror():
     plain = GemmSpec.create(4096, 4096, "fp8", scaling="tensor")
     row = GemmSpec.create(4096, 4096, "fp8", scaling="row")
-    assert config.sm90_smem_bytes(row, 128, 128, 4) - config.sm90_smem_bytes(plain, 128, 128, 4) == (128 + 2 * 128) * 4
-    assert config.sm90_smem_bytes(row, 64, 96, 4) - config.sm90_smem_bytes(plain, 64, 96, 4) == (64 + 96) * 4
+    assert sm90_tiles.sm90_smem_bytes(row, 128, 128, 4) - sm90_tiles.sm90_smem_bytes(plain, 128, 128, 4) == (128 + 2 * 128) * 4
+    assert sm90_tiles.sm90_smem_bytes(row, 64, 96, 4) - sm90_tiles.sm90_smem_bytes(plain, 64, 96, 4) == (64 + 96) * 4
 
 
 # ---------------------------------------------------------------------------------------------- scales
@@ -187,11 +187,11 @@ def test_lowp_variant_matrix(dtype, b_dtype, scaling, fast, out_dtype, block_m, 
     # Each K block is 4 k32 instructions per m64 slice; more means the K loop was unrolled (code bloat). Block
     # scaling with tiles that straddle 128-column scale blocks compiles one K loop per offset a tile can start at
     # inside a block (multiples of gcd(block_n, 128) columns).
-    # Two partial sets (config.sm90_two_partial_sets) issue each K block from 4 places (first block, the loop's two,
+    # Two partial sets (sm90_tiles.sm90_two_partial_sets) issue each K block from 4 places (first block, the loop's two,
     # the tail) and wait with one group left in flight (DEPBAR 0x1); one-set promoted kernels always drain (0x0).
     loops = 128 // math.gcd(block_n, 128) if scaling == "block" and block_n % 128 and 128 % block_n else 1
-    two_sets = (config.sm90_two_partial_sets(spec, block_m, block_n, False)
-                or config.sm90_half_partial_sets(spec, block_m, block_n, False))
+    two_sets = (sm90_tiles.sm90_two_partial_sets(spec, block_m, block_n, False)
+                or sm90_tiles.sm90_half_partial_sets(spec, block_m, block_n, False))
     sites = 4 if two_sets else 1
     assert 0 < mix.get(mma, 0) <= 4 * (block_m // 64) * loops * sites and mix.get("HGMMA", 0) == 0, (case, mix.get(mma))
     if spec.promote:
@@ -215,22 +215,22 @@ def test_build_offline_fp8_explain(shared_cache_dir, monkeypatch):
 
 def test_wg_split_k_rule_and_kernel(shared_cache_dir, monkeypatch):
     """64-row FP8 tiles with promotion and per-tensor / per-row scales split their K blocks between two consumer
-    warpgroups (config.sm90_wg_split_k mirrors GemmSm90::kWGSplitK; the shared-memory mirror counts the lane
+    warpgroups (sm90_tiles.sm90_wg_split_k mirrors GemmSm90::kWGSplitK; the shared-memory mirror counts the lane
     buffer): the kernel compiles without serialised wgmmas and meets through named barriers 5 and 6."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     split = {}
     for dtype, scaling, fast in (("fp8", "tensor", False), ("fp8", "row", False), ("fp8", "block", False),
                                  ("fp8", "tensor", True), ("bf16", None, False), ("int8", None, False)):
         spec = GemmSpec.create(2112, 7168, dtype=dtype, scaling=scaling, fast_accum=fast)
-        split[(dtype, scaling, fast)] = [config.sm90_wg_split_k(spec, bm, pp)
+        split[(dtype, scaling, fast)] = [sm90_tiles.sm90_wg_split_k(spec, bm, pp)
                                          for bm, pp in ((64, False), (64, True), (128, False))]
     assert split == {("fp8", "tensor", False): [True, False, False], ("fp8", "row", False): [True, False, False],
                      ("fp8", "block", False): [False] * 3, ("fp8", "tensor", True): [False] * 3,
                      ("bf16", None, False): [False] * 3, ("int8", None, False): [False] * 3}
     spec = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
-    plain = config.sm90_smem_bytes(GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor", fast_accum=True),
+    plain = sm90_tiles.sm90_smem_bytes(GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor", fast_accum=True),
                                    64, 32, 8)
-    assert config.sm90_smem_bytes(spec, 64, 32, 8) - plain == 64 * 32 * 4  # lane 1's FP32 sums
+    assert sm90_tiles.sm90_smem_bytes(spec, 64, 32, 8) - plain == 64 * 32 * 4  # lane 1's FP32 sums
     cfg = config.sm90_config(spec, 64, 32)
     art = jit.get_kernel(spec, cfg, "sm_90a")
     launch.check_layout(art, spec)
@@ -249,7 +249,7 @@ def test_two_partial_sets_rule():
     block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
     tensor = GemmSpec.create(7168, 16384, dtype="fp8", scaling="tensor")
     fast = GemmSpec.create(7168, 16384, dtype="fp8", scaling="tensor", fast_accum=True)
-    rule = config.sm90_two_partial_sets
+    rule = sm90_tiles.sm90_two_partial_sets
     assert [rule(block, bm, bn, False) for bm, bn in ((64, 32), (64, 128), (64, 144), (128, 128), (128, 176))] == [
         True, True, False, True, False]
     assert not rule(tensor, 64, 64, False)  # K lanes: two chains already
@@ -260,7 +260,7 @@ def test_two_partial_sets_rule():
                  config=config.sm90_config(block, 64, 128)).explain()["partial_sets"] == 2
     # Wider per-tensor / per-row tiles: two halves of one set's width (no fused epilogue), else one set; block
     # scaling keeps one set, and 64-row per-tensor tiles have K lanes instead.
-    half = config.sm90_half_partial_sets
+    half = sm90_tiles.sm90_half_partial_sets
     row = GemmSpec.create(7168, 16384, dtype="fp8", scaling="row")
     assert [half(tensor, bm, bn, False) for bm, bn in ((128, 176), (128, 160), (64, 144), (128, 128), (128, 168))] == [
         True, True, False, False, False]

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import compiler, config, dtypes, launch, sass
+from deepgemm_jit import compiler, config, dtypes, launch, sass, sm90_rules, sm90_tiles
 from deepgemm_jit.arrays import MatrixView
 from deepgemm_jit.spec import GemmSpec, OperandLayout
 from probes import assert_probe_ties
@@ -69,7 +69,7 @@ class KernelModel(OperandLayout):
 
     @property
     def consumers(self) -> tuple[int, int]:
-        return config.sm90_consumers(self.block_m, self.pingpong)
+        return sm90_tiles.sm90_consumers(self.block_m, self.pingpong)
 
     def wg_row_offset(self, wg: int) -> int:
         return 0 if self.pingpong else wg * self.consumers[1]
@@ -381,7 +381,7 @@ def test_compile_variants(layout, dtype, out_dtype, block_m, block_n, pingpong, 
         assert sass.tma_loads(art.cubin) == (a_boxes + b_boxes, b_boxes), (case, sass.tma_loads(art.cubin))
     assert "STL" not in mix and "LDL" not in mix, case
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
-    launch.check_layout(art, spec)  # config.sm90_smem_bytes == the kernel's exported kSmemBytes
+    launch.check_layout(art, spec)  # sm90_tiles.sm90_smem_bytes == the kernel's exported kSmemBytes
 
 
 def test_compile_split_k_variant(shared_cache_dir, monkeypatch):
@@ -411,14 +411,14 @@ def test_build_chooses_sm90(layout, dtype, shared_cache_dir, monkeypatch):
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, shared_cache_dir, monkeypatch):
     """TF32 with MN-major operands (nn: above SM90_TF32_TRANS_B_MAX_M rows): the Hopper kernel of the nt twin
-    (config.kernel_spec) and the transpose kernel its calls run first (copies.py), neither with local memory; explain
+    (sm90_rules.kernel_spec) and the transpose kernel its calls run first (copies.py), neither with local memory; explain
     says which operands are transposed."""
     from deepgemm_jit import copies
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
-    g = dg.build(2 * config.SM90_TF32_TRANS_B_MAX_M, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
+    g = dg.build(2 * sm90_rules.SM90_TF32_TRANS_B_MAX_M, 1001, 1003, dtype="tf32", layout=layout, arch=ARCH)
     assert g.family == "sm90" and g.spec.layout == layout
-    assert g.kernel_spec == config.kernel_spec(g.spec, ARCH, g.m_hint)
+    assert g.kernel_spec == sm90_rules.kernel_spec(g.spec, ARCH, g.m_hint)
     assert g.kernel_spec.layout == "nt" and g._transposes
     assert g.transposed_operands == tuple(r for r, k_major in zip("ab", (g.spec.a_k_major, g.spec.b_k_major))
                                           if not k_major)
@@ -459,9 +459,9 @@ def test_heuristic_picks_sm90_for_tma_legal_shapes(layout):
 @pytest.mark.parametrize("m,n,k,epilogue", [(1, 2112, 7168, None), (64, 4096, 7168, None), (100, 1000, 1003, None),
                                              (256, 7168, 2048, "bias+gelu"), (200, 4096, 4096, None)])
 def test_build_tf32_nn_transposes_b_in_the_kernel(m, n, k, epilogue, shared_cache_dir, monkeypatch):
-    """TF32 nn up to SM90_TF32_TRANS_B_MAX_M rows: the Hopper kernel of the nn spec itself (config.sm90_trans_b),
+    """TF32 nn up to SM90_TF32_TRANS_B_MAX_M rows: the Hopper kernel of the nn spec itself (sm90_tiles.sm90_trans_b),
     whose converter warps transpose each B stage in shared memory (LDS + 16-byte STS beside the HGMMAs), no local
-    memory, its shared-memory layout as config.sm90_smem_bytes mirrors it, no copies of B per call."""
+    memory, its shared-memory layout as sm90_tiles.sm90_smem_bytes mirrors it, no copies of B per call."""
     from deepgemm_jit import launch
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
@@ -480,12 +480,12 @@ def test_build_tf32_nn_transposes_b_in_the_kernel(m, n, k, epilogue, shared_cach
 
 
 def test_build_tf32_tn_small_m_copies_a_and_runs_the_nn_kernel(shared_cache_dir, monkeypatch):
-    """TF32 tn up to SM90_TF32_TRANS_B_MAX_M rows: the kernel of the nn twin (config.kernel_spec), so calls copy
+    """TF32 tn up to SM90_TF32_TRANS_B_MAX_M rows: the kernel of the nn twin (sm90_rules.kernel_spec), so calls copy
     only A (M x K, small there) transposed and the kernel transposes B; explain names both and the twin's layout."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     g = dg.build(32, 1000, 1003, dtype="tf32", layout="tn", arch=ARCH)
     assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.transposed_operands == ("a",)
-    assert config.sm90_trans_b(g.kernel_spec) and g.config.block_n % 32 == 0 and not g.config.pingpong
+    assert sm90_tiles.sm90_trans_b(g.kernel_spec) and g.config.block_n % 32 == 0 and not g.config.pingpong
     staging = g.explain()["staging"]
     assert staging["transposed"] == ["a"] and staging["transposed_in_kernel"] == ["b"], staging
     assert staging["kernel_layout"] == "nn" and staging["kernel_spec"] == g.kernel_spec.tag, staging
@@ -499,12 +499,12 @@ def test_heuristic_rules_per_layout():
     for layout in ("nn", "tn", "tt"):
         assert fam(4096, 4100, layout) == fam(4100, 4096, layout, out="fp32") == "sm90", layout
     # TF32 has no MN-major WGMMA: an MN-major A only in the portable kernel; a B stored (K, N) transposed in the
-    # Hopper kernel's shared memory (config.sm90_trans_b)
+    # Hopper kernel's shared memory (sm90_tiles.sm90_trans_b)
     assert fam(4096, 4096, "nn", dtype="tf32") == "sm90"
     assert fam(4096, 4096, "tn", dtype="tf32") == "sm80"
-    assert config.sm90_block_n_legal(GemmSpec.create(4096, 4096, dtype="tf32", layout="nn"), 96)  # 3 boxes of 32
-    assert not config.sm90_block_n_legal(GemmSpec.create(4096, 4096, layout="nn"), 96)
-    assert config.sm90_block_n_legal(GemmSpec.create(4096, 4096, layout="tt"), 96)  # B K-major in tt
+    assert sm90_tiles.sm90_block_n_legal(GemmSpec.create(4096, 4096, dtype="tf32", layout="nn"), 96)  # 3 boxes of 32
+    assert not sm90_tiles.sm90_block_n_legal(GemmSpec.create(4096, 4096, layout="nn"), 96)
+    assert sm90_tiles.sm90_block_n_legal(GemmSpec.create(4096, 4096, layout="tt"), 96)  # B K-major in tt
 
 
 def test_split_k_tiles_respect_mn_major_b():
@@ -539,7 +539,7 @@ def test_config_errors():
     config.sm90_config(tf32_nn, 128, 96, 3).check_for(tf32_nn, ARCH)
     with pytest.raises(ValueError, match="multiple of 32"):
         config.sm90_config(tf32_nn, 128, 80, 3).check_for(tf32_nn, ARCH)
-    # build() with a Hopper config for a TF32 MN-major spec compiles it for its twin (config.kernel_spec): at 64 rows
+    # build() with a Hopper config for a TF32 MN-major spec compiles it for its twin (sm90_rules.kernel_spec): at 64 rows
     # tn's nn twin (A copied transposed, B transposed in the kernel), at 2048 its nt twin
     g = dg.build(64, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
     assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.spec.layout == "tn"
@@ -553,9 +553,9 @@ def test_epilogue_rules():
         for dtype in ("bf16", "fp16"):
             spec = GemmSpec.create(1024, 1000, dtype=dtype, layout=layout, epilogue="bias+gelu")
             assert config.choose_config(spec, 4096, ARCH).family == "sm90"
-        # TF32: the nt twin's kernel on transposed copies (config.kernel_spec)
+        # TF32: the nt twin's kernel on transposed copies (sm90_rules.kernel_spec)
         tf32 = GemmSpec.create(1024, 1000, dtype="tf32", layout=layout, epilogue="relu")
-        assert config.choose_config(config.kernel_spec(tf32, ARCH), 4096, ARCH).family == "sm90"
+        assert config.choose_config(sm90_rules.kernel_spec(tf32, ARCH), 4096, ARCH).family == "sm90"
         with pytest.raises(ValueError, match="fp8_e4m3 operands K-major only"):
             GemmSpec.create(1024, 1024, dtype="fp8", scaling="tensor", layout=layout, epilogue="relu")
     with pytest.raises(ValueError, match="Hopper"):  # epilogues still have no portable kernel

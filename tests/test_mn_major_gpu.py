@@ -68,7 +68,7 @@ def hopper_serves(g, a, b, out) -> bool:
 
 def expected_hopper(spec: GemmSpec, m: int) -> bool:
     """(16-bit types) Every call runs the Hopper kernel: in place when TMA can describe its operands, on aligned
-    copies otherwise (config.sm90_supports, Gemm._staged_roles); the portable kernel only serves graph captures
+    copies otherwise (sm90_tiles.sm90_supports, Gemm._staged_roles); the portable kernel only serves graph captures
     before the staging buffers were sized (tests/test_gpu.py)."""
     return True
 

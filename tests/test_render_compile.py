@@ -5,7 +5,7 @@ import itertools
 import jinja2
 import pytest
 
-from deepgemm_jit import GemmSpec, build, config, jit, render, sass
+from deepgemm_jit import GemmSpec, build, config, jit, render, sass, sm90_rules, sm90_tiles
 from sm90_kernels import compiled_clean
 
 DTYPES = ("fp16", "bf16", "tf32")
@@ -73,13 +73,13 @@ def test_compile_sm90a_no_local_memory(dt, layout, shared_cache_dir, monkeypatch
         if (m, n, k) == (4096, 4096, 4096) and g.family == "sm80":
             assert info["sass"].get("LDGSTS", 0) > 0, case  # cp.async pipeline
         # Hopper takes every problem on sm_90a (misaligned rows copied per call, Gemm._stages; TF32 MN-major
-        # operands transposed for the nt kernel, config.kernel_spec, except at small M an nn B, which the kernel
+        # operands transposed for the nt kernel, sm90_rules.kernel_spec, except at small M an nn B, which the kernel
         # transposes, and tn, which runs that nn kernel on a transposed copy of A); the portable kernel only when
         # forced here.
         assert g.family == ("sm90" if cfg is None else "sm80"), case
         expected = layout
         if dt == "tf32" and cfg is None and layout != "nt":
-            expected = "nn" if layout in ("nn", "tn") and m <= config.SM90_TF32_TRANS_B_MAX_M else "nt"
+            expected = "nn" if layout in ("nn", "tn") and m <= sm90_rules.SM90_TF32_TRANS_B_MAX_M else "nt"
         assert g.kernel_spec.layout == expected, case
         assert g.artifact.cubin[:4] == b"\x7fELF"
 
@@ -137,7 +137,7 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     spec = GemmSpec.create(1024, 2048, dtype=dtype, out_dtype=out_dtype)
     esize = 4 if dtype == "tf32" else 2
-    stages = config._sm90_stages(spec, block_m, block_n, d_ring=d_ring)
+    stages = sm90_rules.sm90_stages(spec, block_m, block_n, d_ring=d_ring)
     cfg = config.KernelConfig("sm90", block_m, block_n, 128 // esize, min(stages, 4), 2, 1, 16 // esize,
                               16 // esize, group_m=16, d_ring=d_ring)
     art, mix, case = compiled_clean(spec, cfg)
@@ -145,16 +145,16 @@ def test_sm90_variant_matrix(dtype, out_dtype, block_m, block_n, d_ring, shared_
     assert mix.get("UTMASTG", 0) > 0 and mix.get("STG", 0) == 0, (case, mix)
     out_esize = 4 if out_dtype == "fp32" else 2
     if d_ring:  # the slices' stores are issued from the epilogue's column loop, one per slice
-        assert mix["UTMASTG"] == block_n * out_esize // config.sm90_d_slice_bytes(block_n, out_esize), (case, mix)
+        assert mix["UTMASTG"] == block_n * out_esize // sm90_tiles.sm90_d_slice_bytes(block_n, out_esize), (case, mix)
     assert sass.tma_loads(art.cubin)[1] == 1, case  # B's box in its evict-first form (kStreamBMaxReaders)
     assert mix.get("USETMAXREG", 0) > 0 and "C7508" not in art.meta["log"], case
     assert mix.get("ACQBULK", 0) == 1, case  # griddepcontrol.wait: staged calls launch it programmatically
     # Python's view of the layout and the compiled kernel's agree (read from the cubin on the host).
     from deepgemm_jit import launch
     sym = launch.sm90_symbols(art)
-    slice_bytes = config.sm90_d_slice_bytes(block_n, out_esize)
+    slice_bytes = sm90_tiles.sm90_d_slice_bytes(block_n, out_esize)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
-    assert cfg.smem_bytes(spec) < config.sm90_smem_bytes(spec, block_m, block_n, cfg.num_stages) or not d_ring, case
+    assert cfg.smem_bytes(spec) < sm90_tiles.sm90_smem_bytes(spec, block_m, block_n, cfg.num_stages) or not d_ring, case
     assert sym["num_threads"] == cfg.num_threads == (512 if block_m == 192 else 384), case  # 192: three consumers
     assert sym["d_box_cols"] * out_esize == slice_bytes, case
     assert sym["d_box_rows"] == (64 if block_m in (64, 192) else block_m // 2), case
@@ -182,7 +182,7 @@ def test_sm90_rejections():
     ("fp16", "beta+bias", 128)])
 def test_192_row_tiles_with_epilogues_compile(dtype, epilogue, block_n, shared_cache_dir, monkeypatch):
     """Three consumers with fused epilogues at the widest tile config allows: no local memory, stack or wgmma
-    serialisation (192x192 with C or a residual kept 24-136 bytes on the stack: config.sm90_max_accumulators)."""
+    serialisation (192x192 with C or a residual kept 24-136 bytes on the stack: sm90_tiles.sm90_max_accumulators)."""
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     spec = GemmSpec.create(4096, 7168, dtype=dtype, epilogue=epilogue)
     _, mix, case = compiled_clean(spec, config.sm90_config(spec, 192, block_n))
@@ -195,8 +195,8 @@ def test_192_row_tiles_rules():
     bf16 = GemmSpec.create(1024, 2048, dtype="bf16")
     ok = config.sm90_config(bf16, 192, 192)
     ok.check_for(bf16, "sm_90a")
-    assert ok.num_threads == 512 and config.sm90_consumers(192, False) == (3, 64)
-    assert config.sm90_accumulators(192, 192, False) == 96
+    assert ok.num_threads == 512 and sm90_tiles.sm90_consumers(192, False) == (3, 64)
+    assert sm90_tiles.sm90_accumulators(192, 192, False) == 96
     with pytest.raises(ValueError, match="accumulator"):
         config.sm90_config(bf16, 192, 208, 2).check_for(bf16, "sm_90a")
     for spec, match in ((GemmSpec.create(1024, 2048, dtype="tf32"), "dtype 'tf32'"),
@@ -278,8 +278,8 @@ def test_swap_ab_fp8_variants_compile(kwargs, block_m, block_n, qgmma, shared_ca
     art, _, case = _swap_ab_compiled(spec, block_m, block_n, shared_cache_dir, monkeypatch)
     found = collections.Counter(re.findall(r"QGMMA\.[0-9x]+\.F32\.E[0-9M]+\.E[0-9M]+", sass.disassemble(art.cubin)))
     assert dict(found) == qgmma, (case, found)
-    two = config.sm90_two_partial_sets(spec, block_m, block_n, False, True)
-    half = config.sm90_half_partial_sets(spec, block_m, block_n, False, True)
+    two = sm90_tiles.sm90_two_partial_sets(spec, block_m, block_n, False, True)
+    half = sm90_tiles.sm90_half_partial_sets(spec, block_m, block_n, False, True)
     assert (two, half) == (spec.promote and block_m <= 128,
                            spec.promote and block_m > 128 and spec.epi.is_identity), case
 

@@ -1,6 +1,6 @@
 import pytest
 
-from deepgemm_jit import GemmSpec, KernelConfig, config, device
+from deepgemm_jit import GemmSpec, KernelConfig, buckets, config, device, sm90_rules, sm90_swap_ab, sm90_tiles
 
 
 def test_spec_defaults_and_tag():
@@ -119,7 +119,7 @@ def test_family_selection():
     assert fam(4096, 4096) == "sm90"
     assert fam(4096, 4096, dtype="tf32") == "sm90"
     assert fam(4096, 4096, layout="nn") == "sm90"       # MN-major 16-bit operands (WGMMA's trans immediates)
-    # TF32 WGMMA reads K-major operands only: an MN-major B (nn) is transposed in the kernel (config.sm90_trans_b),
+    # TF32 WGMMA reads K-major operands only: an MN-major B (nn) is transposed in the kernel (sm90_tiles.sm90_trans_b),
     # an MN-major A (tn) is not read by any Hopper kernel as stored (build runs the nt twin on copies)
     assert fam(4096, 4096, layout="nn", dtype="tf32") == "sm90"
     assert fam(4096, 4096, layout="tn", dtype="tf32") == "sm80"
@@ -131,38 +131,38 @@ def test_family_selection():
 
 def test_tf32_mn_major_layouts_run_the_nt_kernel_on_transposed_copies():
     """Hopper's TF32 WGMMA reads K-major operands only: a TF32 spec with MN-major operands compiles its nt twin's
-    kernel (config.kernel_spec) and calls transpose those operands first, except nn up to
-    SM90_TF32_TRANS_B_MAX_M rows, whose kernel transposes B in shared memory (config.sm90_trans_b); 16-bit types and
+    kernel (sm90_rules.kernel_spec) and calls transpose those operands first, except nn up to
+    SM90_TF32_TRANS_B_MAX_M rows, whose kernel transposes B in shared memory (sm90_tiles.sm90_trans_b); 16-bit types and
     other archs keep their layout, and so do grouped and 3xTF32 (hi_lo) specs."""
-    big = 2 * config.SM90_TF32_TRANS_B_MAX_M
+    big = 2 * sm90_rules.SM90_TF32_TRANS_B_MAX_M
     for layout in ("nn", "tn", "tt"):
         spec = GemmSpec.create(1001, 1003, dtype="tf32", layout=layout)
         twin = GemmSpec.create(1001, 1003, dtype="tf32", layout="nt")
         for m in (None, big):
-            assert config.sm90_transposes(spec, "sm_90a", m) and config.kernel_spec(spec, "sm_90a", m) == twin
-        small = config.kernel_spec(spec, "sm_90a", 64)
+            assert sm90_rules.sm90_transposes(spec, "sm_90a", m) and sm90_rules.kernel_spec(spec, "sm_90a", m) == twin
+        small = sm90_rules.kernel_spec(spec, "sm_90a", 64)
         # nn: its own kernel; tn: the nn twin (A copied, B transposed in the kernel); tt: the nt twin (A copied)
         expect = {"nn": spec, "tn": GemmSpec.create(1001, 1003, dtype="tf32", layout="nn"), "tt": twin}[layout]
         assert small == expect, layout
-        assert config.sm90_trans_b(spec) == (layout == "nn")
-        assert config.kernel_spec(spec, "sm_80") is spec
+        assert sm90_tiles.sm90_trans_b(spec) == (layout == "nn")
+        assert sm90_rules.kernel_spec(spec, "sm_80") is spec
         assert config.choose_config(spec, 1000, "sm_90a").family == ("sm90" if layout == "nn" else "sm80")
         half = GemmSpec.create(1001, 1003, dtype="bf16", layout=layout)
-        assert not config.sm90_transposes(half, "sm_90a", 64) and config.kernel_spec(half, "sm_90a", 64) is half
+        assert not sm90_rules.sm90_transposes(half, "sm_90a", 64) and sm90_rules.kernel_spec(half, "sm_90a", 64) is half
     nt = GemmSpec.create(1001, 1003, dtype="tf32")
-    assert config.kernel_spec(nt, "sm_90a", 64) is nt and not config.sm90_trans_b(nt)
-    assert not config.sm90_trans_b(GemmSpec.create(1001, 1003, dtype="tf32", layout="nn", promoted=True))
+    assert sm90_rules.kernel_spec(nt, "sm_90a", 64) is nt and not sm90_tiles.sm90_trans_b(nt)
+    assert not sm90_tiles.sm90_trans_b(GemmSpec.create(1001, 1003, dtype="tf32", layout="nn", promoted=True))
 
 
 def test_tf32_trans_b_tiles_are_whole_boxes_and_cooperative():
     """A TF32 B stored (K, N) arrives in TMA boxes of 32 columns (128 bytes): block_n a multiple of 32; its
     converter warps serve cooperative consumers only (no ping-pong), and its stages hold the raw and the
-    transposed B (config.sm90_smem_bytes)."""
+    transposed B (sm90_tiles.sm90_smem_bytes)."""
     nn = GemmSpec.create(4096, 7168, dtype="tf32", layout="nn")
     nt = GemmSpec.create(4096, 7168, dtype="tf32")
-    assert config.sm90_block_n_legal(nn, 32) and not config.sm90_block_n_legal(nn, 48)
+    assert sm90_tiles.sm90_block_n_legal(nn, 32) and not sm90_tiles.sm90_block_n_legal(nn, 48)
     # + the transposed B per stage, + a third barrier per stage (8 x 8 bytes)
-    assert config.sm90_smem_bytes(nn, 64, 32, 8) == config.sm90_smem_bytes(nt, 64, 32, 8) + 8 * 32 * 128 + 64
+    assert sm90_tiles.sm90_smem_bytes(nn, 64, 32, 8) == sm90_tiles.sm90_smem_bytes(nt, 64, 32, 8) + 8 * 32 * 128 + 64
     for m in (1, 64, 256, 1024):
         cfg = config.choose_sm90_config(nn, config.tile_bucket(nn, m), 132)
         assert cfg.block_n % 32 == 0 and not cfg.pingpong, (m, cfg.tag)
@@ -186,7 +186,7 @@ def test_tf32_trans_b_128_row_tiles_above_64_rows():
     assert pick(64, 28672, 4096)[0] == pick(64, 4096, 7168)[0] == 64
     # Off the Hopper kTransB kernel (nt, 16-bit nn) nothing changes.
     nt = GemmSpec.create(4096, 7168, dtype="tf32")
-    assert config._trans_b_rows64_cost(nt, 128, 64) == 1.0
+    assert sm90_rules._trans_b_rows64_cost(nt, 128, 64) == 1.0
 
 
 def test_sm90_heuristic_follows_waves():
@@ -204,7 +204,7 @@ def test_sm90_heuristic_follows_waves():
     for m, n, k in ((4096, 24576, 1536), (128, 2112, 7168), (1, 4096, 4096)):
         cfg = pick(m, n, k)
         assert cfg.num_stages >= 3
-        assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= config.SM90_SMEM_BUDGET_BYTES
+        assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= sm90_tiles.SM90_SMEM_BUDGET_BYTES
 
 
 def test_192_row_bucket():
@@ -225,7 +225,7 @@ def test_192_row_bucket():
     tf32 = pick(GemmSpec.create(4096, 28672, dtype="tf32"), 160)
     assert (tf32.block_m, tf32.block_n, tf32.d_ring) == (64, 96, 0)
     tf32_128 = pick(GemmSpec.create(2112, 7168, dtype="tf32"), 160)  # a 128-row pick keeps the ring it had at 256
-    assert (tf32_128.block_m, tf32_128.d_ring) == (128, config.SM90_D_RING)
+    assert (tf32_128.block_m, tf32_128.d_ring) == (128, sm90_rules.SM90_D_RING)
     # FP8 per-tensor up to 4096 columns takes narrow 64-row tiles there (its 128-row picks of 32-64 columns lost)
     fp8_tensor = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
     assert [(c.block_m, c.block_n) for c in (pick(fp8_tensor, m) for m in (150, 256))] == [(64, 48), (128, 32)]
@@ -270,11 +270,11 @@ def test_192_row_bucket():
 def test_m_buckets():
     """Powers of two up to 128 rows, then whole 64-row blocks up to 384 (192 for (128, 192], 256, 320, 384), 512,
     then whole 128-row blocks up to 4096 and powers of two above (M_BUCKET_STEPS)."""
-    assert [config.m_bucket(m) for m in (1, 64, 65, 128, 129, 192, 193, 257, 300, 320, 321, 384, 385, 512, 513, 586,
+    assert [buckets.m_bucket(m) for m in (1, 64, 65, 128, 129, 192, 193, 257, 300, 320, 321, 384, 385, 512, 513, 586,
                                          640, 641, 3000, 4096, 4097, 10**6)] == \
         [64, 64, 128, 128, 192, 192, 256, 320, 320, 320, 384, 384, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192,
          16384]
-    assert [config.next_m_bucket(b) for b in (64, 128, 192, 256, 320, 384, 512, 640, 3968, 4096, 8192)] == \
+    assert [buckets.next_m_bucket(b) for b in (64, 128, 192, 256, 320, 384, 512, 640, 3968, 4096, 8192)] == \
         [128, 192, 256, 320, 384, 512, 640, 768, 4096, 8192, 16384]
     spec = GemmSpec.create(4096, 7168, dtype="bf16")
     # Every M of a bucket gets the same config (and so the same compiled kernel) ...
@@ -302,14 +302,14 @@ def test_m_buckets():
 
 
 def test_d_slice_widths_mirror_the_kernel():
-    assert [config.sm90_d_slice_bytes(bn, 2) for bn in (256, 224, 176, 216, 8)] == [128, 64, 32, 16, 16]
-    assert config.sm90_d_slice_bytes(216, 4) == 32
+    assert [sm90_tiles.sm90_d_slice_bytes(bn, 2) for bn in (256, 224, 176, 216, 8)] == [128, 64, 32, 16, 16]
+    assert sm90_tiles.sm90_d_slice_bytes(216, 4) == 32
 
 
 def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
     """Deeper than 8 stages only where 8 hold less than 64 KB of B per column tile (H200 session 10: 64x32 and
     M = 128's 64x64 gained, 64x64 at M <= 64 lost); no M hint, large M and grouped GEMMs keep 8."""
-    cap = config.sm90_stage_cap
+    cap = sm90_rules.sm90_stage_cap
     assert cap(64, 32, 32) == 16 and cap(64, 32, 128) == 16
     assert cap(64, 64, 64) == 8 and cap(64, 64, 128) == 16
     assert cap(64, 56, 32) == 10
@@ -320,7 +320,7 @@ def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
     block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
     assert config.choose_sm90_config(block, 64, 132).num_stages == 8  # 64x64: 13 stages were 5% slower
     grouped = GemmSpec.create(4096, 7168, dtype="fp8", scaling="block", grouped=True)
-    assert all(t[3] <= 8 for t in config._sm90_tiles_by_cost(grouped, 32, 132, groups=4))
+    assert all(t[3] <= 8 for t in sm90_rules.sm90_tiles_by_cost(grouped, 32, 132, groups=4))
 
 
 @pytest.mark.parametrize("kwargs,m,n,k,pick", [
@@ -331,11 +331,11 @@ def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
     (dict(dtype="fp8", scaling="tensor"), 128, 4096, 28672, (64, 64, 1)),  # 128x128 x4: 46.3 -> 40.2
 ])
 def test_sm90_split_picks_count_the_last_shares_partial_loads(kwargs, m, n, k, pick):
-    """The last share loads every other share's FP32 partial on its one SM (config._SPLIT_LOAD_K_BLOCKS)."""
+    """The last share loads every other share's FP32 partial on its one SM (sm90_rules._SPLIT_LOAD_K_BLOCKS)."""
     from deepgemm_jit import splitk
 
     spec = GemmSpec.create(n, k, **kwargs)
-    cfg = config.choose_config(config.kernel_spec(spec, "sm_90a", m), m, "sm_90a", 132)
+    cfg = config.choose_config(sm90_rules.kernel_spec(spec, "sm_90a", m), m, "sm_90a", 132)
     shares = splitk.num_splits(spec, cfg, m, 132) if cfg.split_k else 1
     assert (cfg.block_m, cfg.block_n, shares) == pick, cfg.tag
 
@@ -343,7 +343,7 @@ def test_sm90_split_picks_count_the_last_shares_partial_loads(kwargs, m, n, k, p
 def test_sm90_cost_ties_go_to_the_64_row_tile_at_decode_sizes():
     """128x64 and 64x128 cost the same in the model; at M <= 128 the 64-row tile measured faster (H200)."""
     block = GemmSpec.create(7168, 16384, dtype="fp8", scaling="block")
-    tied = [t for t in config._sm90_tiles_by_cost(block, 128, 132) if (t[1], t[2]) in ((128, 64), (64, 128))]
+    tied = [t for t in sm90_rules.sm90_tiles_by_cost(block, 128, 132) if (t[1], t[2]) in ((128, 64), (64, 128))]
     assert len(tied) == 2 and tied[0][0] == tied[1][0]
     cfg = config.choose_sm90_config(block, 128, 132)
     assert (cfg.block_m, cfg.block_n) == (64, 128)
@@ -388,30 +388,30 @@ def test_sm90_short_k_decode_tile(kwargs, m, n, k, tile):
     """At M <= 64 and a K row of at most 3072 bytes, 64x64 at the stage cap comes first (H200, session 11); at
     M = 65..128, 64x128 for 16-bit types (session 17)."""
     spec = GemmSpec.create(n, k, **kwargs)
-    rule = config._sm90_decode_short_k(spec, m, 132)
+    rule = sm90_rules._sm90_decode_short_k(spec, m, 132)
     cfg = config.choose_sm90_config(spec, m, 132)
     if tile is None:
         assert rule is None
     else:
         assert rule is not None and (cfg.block_m, cfg.block_n) == tile and not cfg.split_k, cfg.tag
-        assert cfg.num_stages == config.sm90_stage_cap(*tile, config.m_bucket(m)), cfg.tag
+        assert cfg.num_stages == sm90_rules.sm90_stage_cap(*tile, buckets.m_bucket(m)), cfg.tag
 
 
 def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
     """TF32 with FP32 D at M >= 256 (also promoted: 3xTF32) stores D through a ring of 2 slices (sessions 14-15),
     which frees the whole staged tile's shared memory for stages; everything else keeps the whole staged tile."""
     tf32 = GemmSpec.create(4096, 4096, dtype="tf32")
-    assert config.sm90_d_ring(tf32, 128, 256, m_hint=4096) == config.SM90_D_RING == 2
-    assert config.sm90_d_ring(tf32, 128, 256) == 2  # no hint: large M
-    assert config.sm90_d_ring(tf32, 128, 256, m_hint=128) == 0  # decode sizes keep their measured tiles
-    assert config.sm90_d_ring(tf32, 128, 128, pingpong=True) == 0  # a 128-row consumer walks two m64 slices
-    assert config.sm90_d_ring(tf32, 128, 136) == 0  # 544-byte rows: 32-byte slices
-    assert config.sm90_d_ring(GemmSpec.create(4096, 4096, dtype="tf32", promoted=True), 128, 176) == 2  # 3xTF32
+    assert sm90_rules.sm90_d_ring(tf32, 128, 256, m_hint=4096) == sm90_rules.SM90_D_RING == 2
+    assert sm90_rules.sm90_d_ring(tf32, 128, 256) == 2  # no hint: large M
+    assert sm90_rules.sm90_d_ring(tf32, 128, 256, m_hint=128) == 0  # decode sizes keep their measured tiles
+    assert sm90_rules.sm90_d_ring(tf32, 128, 128, pingpong=True) == 0  # a 128-row consumer walks two m64 slices
+    assert sm90_rules.sm90_d_ring(tf32, 128, 136) == 0  # 544-byte rows: 32-byte slices
+    assert sm90_rules.sm90_d_ring(GemmSpec.create(4096, 4096, dtype="tf32", promoted=True), 128, 176) == 2  # 3xTF32
     for spec in (GemmSpec.create(4096, 4096, dtype="bf16", out_dtype="fp32"),
                  GemmSpec.create(4096, 4096, dtype="tf32", out_dtype="bf16"),
                  GemmSpec.create(4096, 4096, dtype="tf32", epilogue="beta")):
-        assert config.sm90_d_ring(spec, 128, 256) == 0, spec
-        assert config.sm90_d_ring(spec, 128, 256, m_hint=1024) == 0, spec
+        assert sm90_rules.sm90_d_ring(spec, 128, 256) == 0, spec
+        assert sm90_rules.sm90_d_ring(spec, 128, 256, m_hint=1024) == 0, spec
     ring = config.sm90_config(tf32, 128, 256, 4, m_hint=4096)
     whole = config.sm90_config(tf32, 128, 256, 4, d_ring=0)
     assert (ring.d_ring, ring.tag) == (2, "sm90_m128n256k32_s4_g16_r2") and whole.d_ring == 0
@@ -434,7 +434,7 @@ def test_sm90_d_ring_rule_and_shared_memory(monkeypatch):
     with pytest.raises(ValueError, match="out_dtype"):
         config.sm90_config(int8, 128, 256, 3, d_ring=2).check_for(int8, "sm_90a")
     monkeypatch.setenv("DEEPGEMM_JIT_NO_D_RING", "1")
-    assert config.sm90_d_ring(tf32, 128, 256) == 0
+    assert sm90_rules.sm90_d_ring(tf32, 128, 256) == 0
 
 
 @pytest.mark.parametrize("m,n,k,tag", [
@@ -450,30 +450,30 @@ def test_sm90_16bit_d_ring_rule():
     """16-bit D through the ring (session 22) only where it adds a stage to a wide cooperative tile held to 3 stages by
     its staged D tile, at mid M (256..3968 rows), without a gated unit, C or residual, and K >= 2048 unless M <= 512."""
     bf16 = GemmSpec.create(4096, 7168, dtype="bf16")
-    assert config.sm90_d_ring(bf16, 128, 240, m_hint=896) == config.SM90_D_RING
+    assert sm90_rules.sm90_d_ring(bf16, 128, 240, m_hint=896) == sm90_rules.SM90_D_RING
     assert config.sm90_config(bf16, 128, 240, m_hint=896).tag == "sm90_m128n240k64_s4_g16_r2"
     assert config.sm90_config(bf16, 128, 240, d_ring=0).num_stages == 3
-    assert config.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="fp16"), 128, 256, m_hint=2048) == 2
+    assert sm90_rules.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="fp16"), 128, 256, m_hint=2048) == 2
     for m_hint in (None, 128, 4096, 8192):  # large M is power-bound (ring -2..+4%); decode keeps its measured tiles
-        assert config.sm90_d_ring(bf16, 128, 240, m_hint=m_hint) == 0, m_hint
-    assert config.sm90_d_ring(bf16, 128, 176, m_hint=1024) == 0  # 4 stages already: 4 -> 5 measured 0..-3%
-    assert config.sm90_d_ring(bf16, 128, 240, pingpong=True, m_hint=1024) == 0
-    assert config.sm90_d_ring(bf16, 128, 128, m_hint=1024) == 0  # 6 stages; and two slices only: no ring
+        assert sm90_rules.sm90_d_ring(bf16, 128, 240, m_hint=m_hint) == 0, m_hint
+    assert sm90_rules.sm90_d_ring(bf16, 128, 176, m_hint=1024) == 0  # 4 stages already: 4 -> 5 measured 0..-3%
+    assert sm90_rules.sm90_d_ring(bf16, 128, 240, pingpong=True, m_hint=1024) == 0
+    assert sm90_rules.sm90_d_ring(bf16, 128, 128, m_hint=1024) == 0  # 6 stages; and two slices only: no ring
     short_k = GemmSpec.create(24576, 1536, dtype="bf16")
-    assert config.sm90_d_ring(short_k, 128, 256, m_hint=512) == 2
-    assert config.sm90_d_ring(short_k, 128, 256, m_hint=640) == 0  # short K from 1000 rows: 0..+3% slower
+    assert sm90_rules.sm90_d_ring(short_k, 128, 256, m_hint=512) == 2
+    assert sm90_rules.sm90_d_ring(short_k, 128, 256, m_hint=640) == 0  # short K from 1000 rows: 0..+3% slower
     for epi in ("bias", "bias+gelu", "bias_row+silu"):
-        assert config.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="bf16", epilogue=epi), 128, 240, m_hint=896) == 2
+        assert sm90_rules.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="bf16", epilogue=epi), 128, 240, m_hint=896) == 2
     for spec in (GemmSpec.create(4096, 7168, dtype="bf16", epilogue="swiglu"),
                  GemmSpec.create(4096, 7168, dtype="bf16", epilogue="residual"),
                  GemmSpec.create(4096, 7168, dtype="bf16", out_dtype="fp32"),
                  GemmSpec.create(4096, 7168, dtype="fp8", scaling="tensor"),
                  GemmSpec.create(4096, 7168, dtype="bf16", grouped=True)):
-        assert config.sm90_d_ring(spec, 128, 240, m_hint=896) == 0, spec
+        assert sm90_rules.sm90_d_ring(spec, 128, 240, m_hint=896) == 0, spec
     # A 16-bit ring's slices are 32 bytes or wider, and more than the ring: 128 bf16 columns are two 128-byte slices.
-    assert config.sm90_d_ring_problem(bf16, 240, 2) is None
-    assert "not more than 2 slices" in config.sm90_d_ring_problem(bf16, 128, 2)
-    assert "not more than" in config.sm90_d_ring_problem(bf16, 120, 2)  # 240-byte rows: 16-byte slices
+    assert sm90_tiles.sm90_d_ring_problem(bf16, 240, 2) is None
+    assert "not more than 2 slices" in sm90_tiles.sm90_d_ring_problem(bf16, 128, 2)
+    assert "not more than" in sm90_tiles.sm90_d_ring_problem(bf16, 120, 2)  # 240-byte rows: 16-byte slices
     # The dense picks that change are exactly the 3-stage ones, each one stage deeper with the same tile.
     from bench import runner
     for m in (896, 1792, 2688, 3456):  # (the usual buckets' picks: a plain bf16 D weighs swapped tiles up to 2048 rows)
@@ -482,6 +482,27 @@ def test_sm90_16bit_d_ring_rule():
             old = config._sm90_pick_tile(bf16, m, 132)[0]
         assert (new.block_m, new.block_n, new.num_stages, new.d_ring) == (old.block_m, old.block_n, 4, 2), (m, old, new)
 
+
+
+def test_config_constants_sets_every_binding_and_restores_them():
+    """bench.runner.config_constants (the experiment scripts' rule switch) sets a constant in every heuristic module
+    that binds it (sm90_tiles defines the shared-memory budget, sm90_rules and config import it), restores them all,
+    and refuses a name no module defines instead of inventing one."""
+    from bench import runner
+    budget = sm90_tiles.SM90_SMEM_BUDGET_BYTES
+    spec = GemmSpec.create(4096, 7168)
+    usual = config.choose_config(spec, 4096, "sm_90a", 132)
+    with runner.config_constants({"SM90_SMEM_BUDGET_BYTES": 100 * 1024}):
+        assert sm90_tiles.SM90_SMEM_BUDGET_BYTES == sm90_rules.SM90_SMEM_BUDGET_BYTES == 100 * 1024
+        assert config.SM90_SMEM_BUDGET_BYTES == 100 * 1024
+        small = config.choose_config(spec, 4096, "sm_90a", 132)
+        assert small.smem_bytes(spec) <= 100 * 1024 < usual.smem_bytes(spec)
+    assert sm90_tiles.SM90_SMEM_BUDGET_BYTES == sm90_rules.SM90_SMEM_BUDGET_BYTES == config.SM90_SMEM_BUDGET_BYTES
+    assert sm90_tiles.SM90_SMEM_BUDGET_BYTES == budget
+    assert config.choose_config(spec, 4096, "sm_90a", 132) == usual
+    with pytest.raises(AttributeError, match="SM90_NO_SUCH_RULE"):
+        with runner.config_constants({"SM90_NO_SUCH_RULE": 1}):
+            pass
 
 
 def test_fp8_tensor_mid_m_floor_on_block_n():
@@ -503,16 +524,16 @@ def test_fp8_tensor_mid_m_floor_on_block_n():
 
 
 def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
-    """config.SM90_MN_B_MIN_M_NO_64: with an MN-major B (nn, tn) the cost model chose 128x64 where it saved a wave of
+    """sm90_rules.SM90_MN_B_MIN_M_NO_64: with an MN-major B (nn, tn) the cost model chose 128x64 where it saved a wave of
     128x128, and ran 1.4-2.2x slower than 128 / 192 columns (H200 session 24); from 512 rows 64 is not preferred."""
     for layout in ("nn", "tn"):
         for m, n, k in ((1000, 4608, 3584), (4096, 1280, 8192)):
             spec = GemmSpec.create(n, k, dtype="bf16", layout=layout)
             assert config.choose_config(spec, m, "sm_90a", 132).block_n == 192, (layout, m, n, k)
     spec = GemmSpec.create(4608, 3584, dtype="bf16", layout="nn")
-    assert config.sm90_block_n_preferred(spec, 64, 256) and not config.sm90_block_n_preferred(spec, 64, 512)
+    assert sm90_rules.sm90_block_n_preferred(spec, 64, 256) and not sm90_rules.sm90_block_n_preferred(spec, 64, 512)
     nt = GemmSpec.create(4608, 3584, dtype="bf16")
-    assert config.sm90_block_n_preferred(nt, 64, 4096)  # K-major B: unchanged
+    assert sm90_rules.sm90_block_n_preferred(nt, 64, 4096)  # K-major B: unchanged
 
 
 @pytest.mark.parametrize("kwargs,m,n,k,tile", [
@@ -646,7 +667,7 @@ def test_sm90_swap_ab_picks(kwargs, m, n, k, tile):
         assert not cfg.swap_ab, cfg.tag
     else:
         assert (cfg.block_m, cfg.block_n, cfg.swap_ab) == (*tile, True), cfg.tag
-        assert cfg.num_stages >= (3 if k >= config.SM90_SWAP_AB_SHALLOW_MIN_K else 4), cfg.tag
+        assert cfg.num_stages >= (3 if k >= sm90_swap_ab.SM90_SWAP_AB_SHALLOW_MIN_K else 4), cfg.tag
         assert cfg.num_threads == (512 if cfg.block_n == 192 else 384), cfg.tag
     cfg.check_for(spec, "sm_90a")
 

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from deepgemm_jit import build, config, launch, splitk, stream_buffers
+from deepgemm_jit import build, config, launch, sm90_rules, sm90_tiles, splitk, stream_buffers
 from deepgemm_jit.config import KernelConfig
 from deepgemm_jit.spec import GemmSpec
 from sm90_kernels import compiled_clean
@@ -78,7 +78,7 @@ def test_share_partition_matches_the_kernel():
 
 def test_dispatch_rule_decode_and_large_m():
     """Small M of a decode shape whose tiles leave SMs idle gets a split-K kernel and several shares per call
-    (7168x16384 no longer does: 64x56 tiles fill the SMs, config._sm90_decode_filler); M = 4096 keeps the measured
+    (7168x16384 no longer does: 64x56 tiles fill the SMs, sm90_rules._sm90_decode_filler); M = 4096 keeps the measured
     unsplit tiles; each call's count follows its own M."""
     spec = GemmSpec.create(2112, 7168, dtype="bf16")
     cfg = config.choose_config(spec, 64, "sm_90a", 132)
@@ -97,13 +97,13 @@ def test_dispatch_rule_decode_and_large_m():
 
 def test_cost_model_split_terms():
     """Splitting pays when tiles are few and K is long, and not when the tiles already fill the GPU."""
-    few = config.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=1)
-    assert config.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=7) < few / 3
-    many = config.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=1)
-    assert config.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=2) > many
-    assert list(config.split_candidates(512, 64)) == [1, 2]
-    assert list(config.split_candidates(100, 64)) == [1]
-    assert max(config.split_candidates(16384, 64)) == config.MAX_SPLITS
+    few = sm90_rules.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=1)
+    assert sm90_rules.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=7) < few / 3
+    many = sm90_rules.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=1)
+    assert sm90_rules.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=2) > many
+    assert list(sm90_rules.split_candidates(512, 64)) == [1, 2]
+    assert list(sm90_rules.split_candidates(100, 64)) == [1]
+    assert max(sm90_rules.split_candidates(16384, 64)) == sm90_rules.MAX_SPLITS
 
 
 def test_workspace_bytes():
@@ -160,12 +160,12 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
     # Forcing shares on a tile that cannot hold them moves the heuristic to a split-K tile; 1 turns splitting off.
     g = build(4096, 4096, 4096, dtype="bf16", arch="sm_90a", split_k=2)
     assert g.config.split_k and g.split_k == 2
-    assert config.sm90_accumulators(g.config.block_m, g.config.block_n, False) <= config.SPLIT_MAX_ACCUMULATORS
+    assert sm90_tiles.sm90_accumulators(g.config.block_m, g.config.block_n, False) <= sm90_tiles.SPLIT_MAX_ACCUMULATORS
     # Gated quant_fp8_g128 needs 256-column tiles (128 accumulators): forced shares cannot have one.
     with pytest.raises(ValueError, match="split_k=5: no split-K tile"):
         build(64, 2000, 4592, dtype="fp16", epilogue="geglu+quant_fp8_g128", arch="sm_90a", split_k=5)
     with_bias = build(4096, 4096, 4096, dtype="bf16", epilogue="bias", arch="sm_90a", split_k=2)
-    assert config.sm90_accumulators(with_bias.config.block_m, with_bias.config.block_n, False) <= 100
+    assert sm90_tiles.sm90_accumulators(with_bias.config.block_m, with_bias.config.block_n, False) <= 100
     with pytest.raises(ValueError, match="accumulators"):
         config.sm90_config(with_bias.spec, 128, 224, 3, split_k=True).check_for(with_bias.spec, "sm_90a")
     plain = build(64, 7168, 16384, dtype="bf16", arch="sm_90a", split_k=1)
@@ -270,7 +270,7 @@ def test_promoted_tf32_spec():
         S.create(1024, 3072, dtype="bf16", promoted=True)
     with pytest.raises(TypeError, match="promoted must be a bool"):
         S(1024, 3072, dtype="tf32", out_dtype="fp32", promoted=1)
-    assert config.sm90_max_accumulators(spec) == 176
+    assert sm90_tiles.sm90_max_accumulators(spec) == 176
 
 
 class _Buf:

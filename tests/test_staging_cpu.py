@@ -3,7 +3,7 @@ CUDA graph is captured (allocation and copies replaced by fakes)."""
 import numpy as np
 import pytest
 
-from deepgemm_jit import staging, stream_buffers
+from deepgemm_jit import sm90_rules, sm90_tiles, staging, stream_buffers
 from deepgemm_jit.arrays import MatrixView
 
 
@@ -135,7 +135,7 @@ def test_row_copy_and_transpose_launches():
 
 def test_realign_copies_legal_views_off_sectors(fakes):
     """Rows TMA can read but that start 16 bytes into a 32-byte sector (staging.off_sector) are copied only when
-    the caller asks (realign=True: calls where config.sm90_realign_roles picks it)."""
+    the caller asks (realign=True: calls where sm90_rules.sm90_realign_roles picks it)."""
     grown, _, _ = fakes
     bufs = staging.StagingBuffers()
     legal = view(100, 4104, 4104)  # 8208-byte rows: 16-byte multiples, every other row off a 32-byte sector
@@ -148,7 +148,7 @@ def test_realign_copies_legal_views_off_sectors(fakes):
 
 
 def test_transposed_copies_take_the_transposed_shape(fakes):
-    """MN-major TF32 operands (config.sm90_transposes) are staged transposed, even when TMA could read them."""
+    """MN-major TF32 operands (sm90_rules.sm90_transposes) are staged transposed, even when TMA could read them."""
     grown, _, _ = fakes
     bufs = staging.StagingBuffers()
     b = view(1003, 1024, 1024, dtype=np.float32)  # (K, N), TMA-legal rows
@@ -159,12 +159,10 @@ def test_transposed_copies_take_the_transposed_shape(fakes):
 
 
 def test_realign_roles_copy_what_pays():
-    """config.sm90_realign_roles against session 27's interleaved runs (in place / A / B / both copied): on wide
+    """sm90_rules.sm90_realign_roles against session 27's interleaved runs (in place / A / B / both copied): on wide
     tiles the best single copy, on narrow ones every copy that pays, nothing where no copy can pay."""
-    from deepgemm_jit import config
-
     def pick(m, n, k, bm, bn, esize=2, roles="ab"):
-        return "".join(sorted(config.sm90_realign_roles(m, n, bm, bn, {r: (m if r == "a" else n) * k * esize
+        return "".join(sorted(sm90_rules.sm90_realign_roles(m, n, bm, bn, {r: (m if r == "a" else n) * k * esize
                                                                           for r in roles})))
 
     assert pick(8192, 1024, 4104, 128, 256) == "b"  # in place 147.3 us, A 161.7, B 102.3, both 132.9
@@ -182,13 +180,13 @@ def test_realign_roles_copy_what_pays():
 
 def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
     """Gemm._staged_roles: of A and B off sectors, a large call copies the one whose copy saves most
-    (config.sm90_realign_roles), a small call reads them in place; inside a CUDA graph capture, realigned only when
+    (sm90_rules.sm90_realign_roles), a small call reads them in place; inside a CUDA graph capture, realigned only when
     the buffer was sized before, else in place."""
     import deepgemm_jit as dg
-    from deepgemm_jit import config, launch
+    from deepgemm_jit import launch
 
     g = dg.build(4096, 2048, 2056, dtype="bf16", arch="sm_90a")
-    assert config.sm90_off_sector_rows(g.artifact.spec) == ["a", "b"]
+    assert sm90_tiles.sm90_off_sector_rows(g.artifact.spec) == ["a", "b"]
     _, _, capturing = fakes
     a, b = view(4096, 2056, 2056), view(2048, 2056, 2056)
     d = view(4096, 2048, 2048)

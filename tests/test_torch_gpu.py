@@ -13,8 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import deepgemm_jit as dg  # noqa: E402
-from deepgemm_jit import config as config_mod  # noqa: E402
-from deepgemm_jit import dtypes, reference  # noqa: E402
+from deepgemm_jit import buckets, dtypes, reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -579,7 +578,7 @@ def test_fp8_ops_match_the_library_bitwise():
         qw, sw = dgt.quantize(w, "fp8", w_gran)
         lib_qx, lib_sx = dg.quantize(x, "fp8", x_gran)
         d = dgt.gemm_fp8(qx, qw, sx, sw, scaling)
-        g = dg.build(config_mod.m_bucket(300), 520, 1024, dtype="fp8", scaling=scaling)   # as the op builds it
+        g = dg.build(buckets.m_bucket(300), 520, 1024, dtype="fp8", scaling=scaling)   # as the op builds it
         lib_d = g(lib_qx, qw, scale_a=lib_sx, scale_b=sw)
         torch.cuda.synchronize()
         assert cupy.array_equal(to_cupy(qx), to_cupy(lib_qx)) and cupy.array_equal(to_cupy(sx), to_cupy(lib_sx)), case

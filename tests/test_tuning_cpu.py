@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from deepgemm_jit import GemmSpec, config, tuning
+from deepgemm_jit import GemmSpec, buckets, config, sm90_tiles, tuning
 
 IDENTITY = tuning.DeviceIdentity(name="NVIDIA H200", num_sms=132, capability="9.0", driver=13000, nvrtc="13.0")
 SPEC = GemmSpec.create(7168, 2048, dtype="bf16")
@@ -52,7 +52,7 @@ def test_candidates_start_with_the_heuristic_and_are_valid():
 
 
 def test_tiles_whose_epilogue_spills_are_not_ranked(shared_cache_dir, monkeypatch):
-    """config.sm90_epilogue_spills: a 64x240 tile with a column bias, an activation and a static quantize keeps 16
+    """sm90_tiles.sm90_epilogue_spills: a 64x240 tile with a column bias, an activation and a static quantize keeps 16
     bytes on the stack (if this compile stops spilling, the rule can go); such tiles are no longer candidates, and
     the candidates of such a spec compile without local memory."""
     from deepgemm_jit import jit, sass
@@ -64,10 +64,10 @@ def test_tiles_whose_epilogue_spills_are_not_ranked(shared_cache_dir, monkeypatc
         use = sass.resource_usage(art.cubin)[art.entry]
         return use.get("LOCAL", 0) + use.get("STACK", 0)
 
-    assert config.sm90_epilogue_spills(spec, 64, 240)
+    assert sm90_tiles.sm90_epilogue_spills(spec, 64, 240)
     assert local_bytes(config.sm90_config(spec, 64, 240, 4, m_hint=416)) > 0
     cands = config.candidate_configs(spec, 416, "sm_90a", 132)
-    assert not any(config.sm90_epilogue_spills(spec, c.block_m, c.block_n) for c in cands)
+    assert not any(sm90_tiles.sm90_epilogue_spills(spec, c.block_m, c.block_n) for c in cands)
     assert all(local_bytes(c) == 0 for c in cands), [c.tag for c in cands]
 
 
@@ -159,7 +159,7 @@ def test_warmup_on_the_gpu_plans_the_stored_tuned_config(cache_dir, monkeypatch)
     from deepgemm_jit import warmup, warmup_sources
 
     monkeypatch.setattr(tuning.DeviceIdentity, "current", classmethod(lambda cls: IDENTITY))
-    bucket = config.m_bucket(4096)
+    bucket = buckets.m_bucket(4096)
     heuristic = config.choose_config(SPEC, bucket, "sm_90a", 132)
     tuned = config.sm90_config(SPEC, 128, 128, 4)
     assert tuned != heuristic

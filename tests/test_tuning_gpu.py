@@ -4,7 +4,7 @@ A and B alone, so each of these builds raised "no candidate config ran correctly
 import pytest
 
 import deepgemm_jit as dg
-from deepgemm_jit import jit, trial, tuning
+from deepgemm_jit import buckets, jit, trial, tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -92,7 +92,7 @@ def test_warmup_on_the_gpu_compiles_the_tuned_kernel_an_offline_build_takes(tmp_
     spec = dg.GemmSpec.create(n, k, dtype="bf16")
     heuristic = dg.build(m, n, k, dtype="bf16").config
     tuned = next(c for c in config.candidate_configs(spec, m, "sm_90a", device.num_sms()) if c != heuristic)
-    key = tuning.tuning_key(tuning.DeviceIdentity.current(), spec, config.m_bucket(m))
+    key = tuning.tuning_key(tuning.DeviceIdentity.current(), spec, buckets.m_bucket(m))
     (tmp_path / "cache" / "tuning").mkdir(parents=True, exist_ok=True)
     (tmp_path / "cache" / "tuning" / f"{key}.json").write_text(json.dumps({"config": dataclasses.asdict(tuned)}))
     assert cli.main(["cache", "clear", "--yes"]) == 0

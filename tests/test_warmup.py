@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from deepgemm_jit import config, model_shapes, quantization, warmup
+from deepgemm_jit import buckets, config, model_shapes, quantization, warmup
 from deepgemm_jit.quantization import QuantKernelSpec
 from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
-# config.m_bucket: 64, 128, then whole 64-row blocks up to 384, whole 128-row blocks from 512 to 4096, powers of two
+# buckets.m_bucket: 64, 128, then whole 64-row blocks up to 384, whole 128-row blocks from 512 to 4096, powers of two
 ALL_BUCKETS = (64, 128, 192, 256, 320, 384, 512, *range(640, 4097, 128), 8192, 16384)
 BUCKETS_TO_4096 = ALL_BUCKETS[:-2]
 
@@ -239,7 +239,7 @@ def test_warmup_command_round_trip(spec):
         assert args.arch == "sm_90a"
         [back] = [warmup.parse_shape(text) for text in args.shape]
         assert back.spec == spec, f"{line=} {back.spec=}"
-        assert back.m_buckets == (config.m_bucket(m),)
+        assert back.m_buckets == (buckets.m_bucket(m),)
         assert warmup.parse_type(warmup.type_text(spec)).spec(spec.n, spec.k, spec.out_dtype, spec.layout,
                                                               epilogue=spec.epilogue) == spec
         assert (":epilogue=" in line) == (spec.epilogue != "none")
@@ -400,7 +400,7 @@ def test_plan_gemv_kn_for_tf32_weights_stored_k_n():
 
 def test_helper_kernels_of_fp32_and_mn_major_tf32(capsys):
     """fp32 entries need their layout's split kernel and TF32 entries with MN-major operands the transpose kernel
-    (their GEMM is the nt twin's, config.kernel_spec; nn at small M transposes B in the kernel instead); the command
+    (their GEMM is the nt twin's, sm90_rules.kernel_spec; nn at small M transposes B in the kernel instead); the command
     compiles both (before session 25 it left the split kernels out: an offline fp32 build then found none cached)."""
     from deepgemm_jit import copies
 
@@ -707,7 +707,7 @@ def test_hf_config_dry_run_counts(capsys):
                              "--m", "4096", "--dtype", "bf16", "--dry-run")) == 0
     out = capsys.readouterr().out
     # BF16 experts: one group of 4096 rows x 4096 x 7168 makes under 8 waves of 128x128 tiles, so it takes the
-    # device-split 128x128 kernel (config.grouped_split_tile); more groups keep the cost model's 128x256
+    # device-split 128x128 kernel (sm90_rules.grouped_split_tile); more groups keep the cost model's 128x256
     assert "warmup plan: 15 kernels for sm_90a (11 bf16, 3 grouped bf16, 1 group_segments); dry run" in out
     assert "sm90_m128n128k64_s6_g16_sk       G 1 at M 4096" in out
 
@@ -830,7 +830,7 @@ def test_grouped_option_and_command_round_trip():
         line = warmup.grouped_warmup_command_for(spec, m, groups, "sm_90a")
         assert line.startswith("deepgemm-jit warmup --arch sm_90a --grouped ")
         back = warmup.parse_grouped(line.split("--grouped ")[1])
-        assert (back.spec, back.m_buckets, back.num_groups) == (spec, (config.m_bucket(m),), (groups,))
+        assert (back.spec, back.m_buckets, back.num_groups) == (spec, (buckets.m_bucket(m),), (groups,))
         assert (":epilogue=" in line) == (spec.epilogue != "none")
     assert (warmup.grouped_warmup_command_for(GemmSpec.create(4096, 7168, "fp8", grouped=True), 300, 32, "sm_90a")
             == "deepgemm-jit warmup --arch sm_90a --grouped 32:300:4096:7168:fp8_e4m3/block")

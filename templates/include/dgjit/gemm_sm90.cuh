@@ -224,7 +224,7 @@ struct GemmSm90 {
   // owner's (lane 0) through shared memory before the owner's epilogue (reduce_k_lanes). Two promotion chains are
   // then in flight per tile instead of one. Measured on the H200 (session 9, same stages with and without): FP8
   // per-tensor M = 64/128 2-9% faster (128x2112x7168 15.6 -> 14.2 us); block scaling 1-6% slower and BF16 up to 9%
-  // slower (its K loop keeps two K blocks in flight already), so those keep one lane. config.sm90_wg_split_k
+  // slower (its K loop keeps two K blocks in flight already), so those keep one lane. sm90_tiles.sm90_wg_split_k
   // mirrors this rule.
   static constexpr bool kWGSplitK = kBlockM == 64 && !kPingPong && !kSwapAB && kIsFP8 && kPromote &&
                                     (kScaling == Scaling::kTensor || kScaling == Scaling::kRow);
@@ -272,7 +272,7 @@ struct GemmSm90 {
   // kTransB (TF32 with B stored (K, N), layout nn): TF32 wgmma reads K-major operands only, so B arrives MN-major
   // by TMA into the stage's raw slot and the converter warps (those of kRawB) transpose it into the stage's second
   // B slot, laid out as a K-major TMA box would be (transpose_b); the consumers read that slot. For small M, where
-  // the kernel streams the weight and shared memory has bandwidth to spare (config.sm90_trans_b,
+  // the kernel streams the weight and shared memory has bandwidth to spare (sm90_tiles.sm90_trans_b,
   // SM90_TF32_TRANS_B_MAX_M).
   static constexpr bool kTransB = !kBKMajor && kKind == MmaKind::kTF32;
   static constexpr bool kBMmaKMajor = kBKMajor || kTransB;  // how the wgmmas read B
@@ -337,7 +337,7 @@ struct GemmSm90 {
   static constexpr uint32_t kStageTxBytes = kSmemABytesPerStage + kSmemBBoxBytes;
   static_assert((kAKMajor || kSmemABytesPerStage == kBlockM / kMnBlockElems * kMnBlockBytes) &&
                     (kBKMajor || kSmemBBytesPerStage == (kTransB ? 2 : 1) * kBlockN / kMnBlockElems * kMnBlockBytes),
-                "an MN-major stage occupies what the K-major one does (config.sm90_smem_bytes mirrors one formula)");
+                "an MN-major stage occupies what the K-major one does (sm90_tiles.sm90_smem_bytes mirrors one formula)");
   // Epilogue operands of a whole tile are loaded by TMA while the tile's main loop runs, into the buffer
   // the epilogue then overwrites with D in place (each thread reads exactly the addresses it writes): C
   // into the D buffer, the residual too unless C is there, then into a second buffer of the same shape.
@@ -500,7 +500,7 @@ struct GemmSm90 {
   // at M 256..4096 faster or within 0.5%), while 64-row tiles (M <= 128) ran 1-2% slower. Grouped: the split-K
   // kernel with the scale warp's copy was the fastest on the MoE rows (4 x 8192 x 4096 x 7168 1638 us; plain kernel
   // with the TMA thread's copy 1740, split-K kernel with it 1776), the plain kernel with the scale warp's copy the
-  // slowest (1871), so config.py gives FP8 grouped 128x128 tiles the split-K kernel (_grouped_fp8_split_kernel).
+  // slowest (1871), so sm90_rules.grouped_fp8_split_kernel gives FP8 grouped 128x128 tiles the split-K kernel.
   static constexpr bool kScaleWarpBulkA = kScaling == Scaling::kBlock && (!kGrouped || kSplitK) && kBlockM >= 128;
   static_assert(kBlockM % 4 == 0, "a bulk copy of kBlockM A scales must be whole 16-byte units");
 
@@ -938,7 +938,7 @@ struct GemmSm90 {
   // per-tensor 4096x4096x7168 (128x128) 177 -> 165 us, fused quant_fp8_g128 (128x128) 3-9% faster, FP8 block
   // 128x7168x16384 (64x128) 43.2 -> 40.2 us; 64x32 / 64x64 decode tiles within +-2%. The second set costs
   // kNumM64PerWG x kNumAccum registers, so tiles with more than 64 accumulators per thread (128x176 ...) keep one;
-  // kWGSplitK tiles have two chains already (the K lanes). config.sm90_two_partial_sets mirrors the rule.
+  // kWGSplitK tiles have two chains already (the K lanes). sm90_tiles.sm90_two_partial_sets mirrors the rule.
   static constexpr bool kTwoPartialSets = kIsFP8 && kPromote && !kWGSplitK && kNumM64PerWG * kNumAccum <= 64;
 
   // The promoted K loop of kTwoPartialSets kernels (called by mainloop_promoted_at, which zeroed acc).
