@@ -413,10 +413,10 @@ class Gemm:
         (_staged_plan) of MN-major TF32 operands (always transposed, sm90_rules.sm90_transposes), of every operand TMA
         cannot describe, of a D whose rows end inside a 16-byte chunk (launch.tma_store_legal: a TMA store would
         overwrite the chunk's rest, which is not ours), and of the returned roles: A / B that TMA can read but whose
-        rows start off 32-byte sectors, where their copies pay (sm90_rules.sm90_realign_roles). The portable kernel is
-        2-4x slower on operands TMA cannot describe even with 2- or 4-element loads (sm90_tiles.sm90_supports), so it serves
-        only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a CUDA
-        graph before the staging buffers hold these operands (staging.py allocates outside a capture); such a
+        rows start off 32-byte sectors, where their copies pay (sm90_rules.sm90_realign_roles). The portable kernel
+        is 2-4x slower on operands TMA cannot describe even with 2- or 4-element loads (sm90_tiles.sm90_supports), so
+        it serves only kernels that have one (no 8-bit types or fused epilogues) and only while the stream captures a
+        CUDA graph before the staging buffers hold these operands (staging.py allocates outside a capture); such a
         capture reads rows off sectors in place."""
         off_sector = {role: v.rows * v.cols * v.itemsize for role, v in (("a", va), ("b", vb))
                       if role not in self.transposed_operands and launch.tma_legal(v) and staging.off_sector(v)}

@@ -56,8 +56,8 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
 def _staging(gemm) -> dict | None:
     """Whether packed (contiguous) operands of this spec are read in place by TMA or copied into aligned buffers on
     every call (staging.py: rows of K, an MN-major B's N or D's N_out not a multiple of 16 bytes), and which ones
-    calls may copy (rows an odd multiple of 16 bytes: sm90_rules.sm90_realign_roles); an MN-major A's rows are M long (per
-    call). None for the portable family."""
+    calls may copy (rows an odd multiple of 16 bytes: sm90_rules.sm90_realign_roles); an MN-major A's rows are M
+    long (per call). None for the portable family."""
     if gemm.config.family != "sm90":
         return None
     kspec = gemm.artifact.spec

@@ -98,7 +98,8 @@ class WarmupEntry:
         """The spec build() (build_fp32) compiles at M bucket `bucket` for `arch` (sm90_rules.kernel_spec: the nt twin
         of a TF32 spec with MN-major operands on Hopper, except at small M nn itself and tn's nn twin, whose kernels
         transpose B)."""
-        return sm90_rules.kernel_spec(self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch), arch, bucket)
+        spec = self.spec if self.fp32 is None else self.fp32.inner_at(bucket, arch)
+        return sm90_rules.kernel_spec(spec, arch, bucket)
 
 
 @dataclass(frozen=True)

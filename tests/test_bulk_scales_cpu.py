@@ -362,7 +362,8 @@ def test_stage_slot_unchanged():
     for block_m, block_n, b_blocks in ((128, 128, 1), (128, 176, 3), (64, 256, 2), (256, 112, 2)):
         # fast_accum: no promotion, so 64-row tiles keep one K lane (no lane buffer, sm90_tiles.sm90_wg_split_k).
         plain = GemmSpec.create(512, 1024, dtype="fp8", scaling="tensor", fast_accum=True)
-        extra = sm90_tiles.sm90_smem_bytes(BLOCK, block_m, block_n, 4) - sm90_tiles.sm90_smem_bytes(plain, block_m, block_n, 4)
+        extra = (sm90_tiles.sm90_smem_bytes(BLOCK, block_m, block_n, 4)
+                 - sm90_tiles.sm90_smem_bytes(plain, block_m, block_n, 4))
         assert extra == 4 * -(-(block_m + b_blocks) // 4) * 16, (block_m, block_n, extra)
         assert bulk_bytes(True, 0, 10**6, block_m) == 4 * block_m
 

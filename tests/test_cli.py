@@ -35,7 +35,8 @@ def test_explain_says_which_packed_operands_are_staged(cache_dir, capsys):
 
 def test_explain_says_which_packed_operands_calls_may_realign(cache_dir, capsys):
     """BF16 K = 4104: 8208-byte rows, TMA-legal but every other one 16 bytes into a 32-byte sector, so calls
-    may copy A or B (sm90_rules.sm90_realign_roles); K = 4112 (a 32-byte multiple) and TF32 K = 4104 are read in place."""
+    may copy A or B (sm90_rules.sm90_realign_roles); K = 4112 (a 32-byte multiple) and TF32 K = 4104 are read in
+    place."""
     for argv, dtype, realigned in ((["4096", "4096", "4104"], "bf16", ["a", "b"]),
                                    (["4096", "4096", "4112"], "bf16", []), (["4096", "4096", "4104"], "tf32", [])):
         assert cli.main(["explain", *argv, "--dtype", dtype, "--arch", "sm_90a", "--json"]) == 0

@@ -122,8 +122,9 @@ def test_choose_config_8bit():
 def test_row_scaling_smem_mirror():
     plain = GemmSpec.create(4096, 4096, "fp8", scaling="tensor")
     row = GemmSpec.create(4096, 4096, "fp8", scaling="row")
-    assert sm90_tiles.sm90_smem_bytes(row, 128, 128, 4) - sm90_tiles.sm90_smem_bytes(plain, 128, 128, 4) == (128 + 2 * 128) * 4
-    assert sm90_tiles.sm90_smem_bytes(row, 64, 96, 4) - sm90_tiles.sm90_smem_bytes(plain, 64, 96, 4) == (64 + 96) * 4
+    smem = sm90_tiles.sm90_smem_bytes
+    assert smem(row, 128, 128, 4) - smem(plain, 128, 128, 4) == (128 + 2 * 128) * 4
+    assert smem(row, 64, 96, 4) - smem(plain, 64, 96, 4) == (64 + 96) * 4
 
 
 # ---------------------------------------------------------------------------------------------- scales

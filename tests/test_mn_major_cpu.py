@@ -411,8 +411,8 @@ def test_build_chooses_sm90(layout, dtype, shared_cache_dir, monkeypatch):
 @pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
 def test_build_tf32_mn_major_compiles_the_nt_kernel_and_the_transpose(layout, shared_cache_dir, monkeypatch):
     """TF32 with MN-major operands (nn: above SM90_TF32_TRANS_B_MAX_M rows): the Hopper kernel of the nt twin
-    (sm90_rules.kernel_spec) and the transpose kernel its calls run first (copies.py), neither with local memory; explain
-    says which operands are transposed."""
+    (sm90_rules.kernel_spec) and the transpose kernel its calls run first (copies.py), neither with local memory;
+    explain says which operands are transposed."""
     from deepgemm_jit import copies
 
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
@@ -539,8 +539,8 @@ def test_config_errors():
     config.sm90_config(tf32_nn, 128, 96, 3).check_for(tf32_nn, ARCH)
     with pytest.raises(ValueError, match="multiple of 32"):
         config.sm90_config(tf32_nn, 128, 80, 3).check_for(tf32_nn, ARCH)
-    # build() with a Hopper config for a TF32 MN-major spec compiles it for its twin (sm90_rules.kernel_spec): at 64 rows
-    # tn's nn twin (A copied transposed, B transposed in the kernel), at 2048 its nt twin
+    # build() with a Hopper config for a TF32 MN-major spec compiles it for its twin (sm90_rules.kernel_spec): at 64
+    # rows tn's nn twin (A copied transposed, B transposed in the kernel), at 2048 its nt twin
     g = dg.build(64, 1024, 2048, dtype="tf32", layout="tn", arch=ARCH, config=config.sm90_config(tf32, 128, 128, 3))
     assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.spec.layout == "tn"
     assert g.transposed_operands == ("a",)

@@ -463,7 +463,8 @@ def test_sm90_16bit_d_ring_rule():
     assert sm90_rules.sm90_d_ring(short_k, 128, 256, m_hint=512) == 2
     assert sm90_rules.sm90_d_ring(short_k, 128, 256, m_hint=640) == 0  # short K from 1000 rows: 0..+3% slower
     for epi in ("bias", "bias+gelu", "bias_row+silu"):
-        assert sm90_rules.sm90_d_ring(GemmSpec.create(4096, 7168, dtype="bf16", epilogue=epi), 128, 240, m_hint=896) == 2
+        spec = GemmSpec.create(4096, 7168, dtype="bf16", epilogue=epi)
+        assert sm90_rules.sm90_d_ring(spec, 128, 240, m_hint=896) == 2
     for spec in (GemmSpec.create(4096, 7168, dtype="bf16", epilogue="swiglu"),
                  GemmSpec.create(4096, 7168, dtype="bf16", epilogue="residual"),
                  GemmSpec.create(4096, 7168, dtype="bf16", out_dtype="fp32"),
@@ -524,8 +525,9 @@ def test_fp8_tensor_mid_m_floor_on_block_n():
 
 
 def test_mn_major_b_leaves_64_wide_tiles_out_from_512_rows():
-    """sm90_rules.SM90_MN_B_MIN_M_NO_64: with an MN-major B (nn, tn) the cost model chose 128x64 where it saved a wave of
-    128x128, and ran 1.4-2.2x slower than 128 / 192 columns (H200 session 24); from 512 rows 64 is not preferred."""
+    """sm90_rules.SM90_MN_B_MIN_M_NO_64: with an MN-major B (nn, tn) the cost model chose 128x64 where it saved a
+    wave of 128x128, and ran 1.4-2.2x slower than 128 / 192 columns (H200 session 24); from 512 rows 64 is not
+    preferred."""
     for layout in ("nn", "tn"):
         for m, n, k in ((1000, 4608, 3584), (4096, 1280, 8192)):
             spec = GemmSpec.create(n, k, dtype="bf16", layout=layout)
