@@ -47,6 +47,16 @@ SM90_SWAP_AB_SHALLOW_MIN_K = 4096
 # 777x7168x8192 112x128 134.5 -> 122.9).
 SM90_SWAP_AB_NARROW_BLOCK_M = 112
 SM90_SWAP_AB_NARROW_MAX_K = 14336
+# FP8 swapped tiles of fewer rows than this are not weighed for N >= SM90_SWAP_AB_FP8_NARROW_MIN_N: the model priced
+# the 40-72-row ones below 128-row or wider swapped tiles, and they ran slower at every K (2048-8192). H200 session 53,
+# same call, two rounds, the old pick -> the pick without them, us (bench/results/*exp-ab-fp8-swapped-min-80-rows*):
+# 13 rows 0.957x the old time, then 14 held-out rows 0.959x; 20 of 27 faster by more than 1% (per-tensor 441x6144x4096
+# 56x128 27.2 -> 24.0 at 128x96, 473x7168x2048 72x128 19.0 -> 17.1 at 128x112, 417x7168x2048 64x128 18.6 -> 17.0 at
+# 112x128, 433x7168x8192 49.8 -> 45.8; per-row 297x6144x4096 21.9 -> 19.9), 4 slower by 1.6-3.8% (bias+gelu
+# 273x4096x7168 72x128 20.2 -> 20.9 at 80x128; per-row 305x6144x4096 21.7 -> 22.6 at 64x128 unswapped). N = 1280
+# (1280x8192, few row blocks) was mixed, 1.011x over 5 rows (353 rows 15.7 -> 16.7 at 128x32), and keeps them.
+SM90_SWAP_AB_FP8_MIN_BLOCK_M = 80
+SM90_SWAP_AB_FP8_NARROW_MIN_N = 2048
 # With a fused epilogue (a bias and an activation: epilogue_swapped), swapped tiles are weighed for 16-bit inputs from
 # this K only (FP8: see SM90_SWAP_AB_FP8_EPILOGUE_BLOCK_N). H200 session 51, bias+gelu, the usual pick -> the model's
 # swapped one (us, bench/results/*exp-ab-swap-ab-epilogue-rows-s51*): bf16 586x2112x7168 37.6 -> 32.1,
@@ -101,8 +111,11 @@ def sm90_swap_ab_max_block_m(spec: GemmSpec, block_n: int) -> int:
 def _sm90_swap_ab_priced(spec: GemmSpec, m: int, num_sms: int, block_m: int,
                          block_n: int) -> tuple[float, int, int, int] | None:
     """(cost, block_m, block_n, stages) of one swapped tile at M = m, priced by SM90_SWAP_AB_COST, or None where the
-    model does not weigh it (fewer than 3 stages, the fences below)."""
+    model does not weigh it (fewer than 3 stages, narrow tiles at long K, narrow FP8 tiles of wide N)."""
     if block_m < SM90_SWAP_AB_NARROW_BLOCK_M and spec.k > SM90_SWAP_AB_NARROW_MAX_K:
+        return None
+    if (spec.dtype in dtypes.FP8_DTYPES and block_m < SM90_SWAP_AB_FP8_MIN_BLOCK_M
+            and spec.n >= SM90_SWAP_AB_FP8_NARROW_MIN_N):
         return None
     stages = sm90_stages(spec, block_m, block_n, m_hint=m, d_ring=0, swap_ab=True)
     if stages < 3 or (stages == 3 and spec.k < SM90_SWAP_AB_SHALLOW_MIN_K):
