@@ -5,7 +5,7 @@ copies (staging.py) and cuBLAS, in one interleaved run.
     python3 -m scripts.exp_staging --pitch128 --roles none/a/b/a,b ...   # one staged contender per role set
 
 "built" is build()'s Gemm: Gemm._staged_roles stages operands TMA cannot read in place, and at large sizes
-(config.sm90_realigns) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel of the
+(sm90_rules.sm90_realign_roles) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel of the
 same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied whenever
 their pitch is not a 128-byte multiple), to ask where those rules' lines should be. Outputs are checked
 against a float64 reference before timing (L2 flushed, medians). With --pitch128, --roles may list several role sets
@@ -56,7 +56,7 @@ def main() -> int:
     def forced_roles(pitch_roles):
         def roles_of_call(m, va, vb, vd, *_rest):
             """Gemm._staged_roles of a "staged" contender: every call staged; with --pitch128 also every TMA-legal
-            A / B of `pitch_roles` whose pitch is not a 128-byte multiple (config.sm90_realigns' rule left out), with
+            A / B of `pitch_roles` whose pitch is not a 128-byte multiple (sm90_rules.sm90_realign_roles' rule left out), with
             --realign-d D. An empty set with every operand TMA-legal reads them in place (None)."""
             roles = set()
             if args.pitch128:
