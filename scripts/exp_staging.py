@@ -5,8 +5,8 @@ copies (staging.py) and cuBLAS, in one interleaved run.
     python3 -m scripts.exp_staging --pitch128 --roles none/a/b/a,b ...   # one staged contender per role set
 
 "built" is build()'s Gemm: Gemm._staged_roles stages operands TMA cannot read in place, and at large sizes
-(sm90_rules.sm90_realign_roles) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel of the
-same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied whenever
+(sm90_rules.sm90_realign_roles) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel
+of the same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied whenever
 their pitch is not a 128-byte multiple), to ask where those rules' lines should be. Outputs are checked
 against a float64 reference before timing (L2 flushed, medians). With --pitch128, --roles may list several role sets
 separated by "/" ("none" = read in place): one contender "staged-SET" per set, in the same interleaved run.
@@ -56,8 +56,8 @@ def main() -> int:
     def forced_roles(pitch_roles):
         def roles_of_call(m, va, vb, vd, *_rest):
             """Gemm._staged_roles of a "staged" contender: every call staged; with --pitch128 also every TMA-legal
-            A / B of `pitch_roles` whose pitch is not a 128-byte multiple (sm90_rules.sm90_realign_roles' rule left out), with
-            --realign-d D. An empty set with every operand TMA-legal reads them in place (None)."""
+            A / B of `pitch_roles` whose pitch is not a 128-byte multiple (sm90_rules.sm90_realign_roles' rule left
+            out), with --realign-d D. An empty set with every operand TMA-legal reads them in place (None)."""
             roles = set()
             if args.pitch128:
                 roles |= {role for role, v in (("a", va), ("b", vb)) if role in pitch_roles
