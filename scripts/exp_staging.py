@@ -6,8 +6,8 @@ copies (staging.py) and cuBLAS, in one interleaved run.
 
 "built" is build()'s Gemm: Gemm._staged_roles stages operands TMA cannot read in place, and at large sizes
 (sm90_rules.sm90_realign_roles) TMA-legal A / B whose rows start off 32-byte sectors. "staged" is the Hopper kernel
-of the same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied whenever
-their pitch is not a 128-byte multiple), to ask where those rules' lines should be. Outputs are checked
+of the same spec (the cost model's tile for M's bucket) whose every call is staged (with --pitch128, A / B copied
+whenever their pitch is not a 128-byte multiple), to ask where those rules' lines should be. Outputs are checked
 against a float64 reference before timing (L2 flushed, medians). With --pitch128, --roles may list several role sets
 separated by "/" ("none" = read in place): one contender "staged-SET" per set, in the same interleaved run.
 """
