@@ -18,9 +18,16 @@ from __future__ import annotations
 # TF32 1.129x, FP8 block 1.013x (the one changed row 1.205x), none slower; fp32's raw-B GEMM 8-37% faster than the
 # 512-row bucket's tiles on 5 shapes (*exp-fp32-384-bucket-*). At 400 / 448 rows the cost model's picks equal the
 # 512-row bucket's on the same shapes. M in (128, 192] has its own bucket since session 40, for the 64-row tiles of
-# SM90_ROWS64_UNSPLIT_BUCKETS. Small M otherwise keeps powers of two (the decode rules were measured on them); above
-# 4096 a 128-row block is under 3% of M.
-M_BUCKET_STEPS = ((128, 384, 64), (512, 4096, 128))
+# SM90_ROWS64_UNSPLIT_BUCKETS. Small M otherwise keeps powers of two (the decode rules were measured on them). The
+# 128-row steps reach 16384 rows since session 54: with powers of two above 4096, every M of (4096, 8192] took the
+# tile priced for 8192 rows, whose last wave can be nearly empty at the M that runs (128x256 at 6537 x 4608: 936
+# tiles, 7.1 waves). H200, same-call A/B of the 8192 / 16384-row bucket's pick against the 128-row bucket's on 38
+# random problems where they differ (scripts/bucket_rows.py, M 4265-15803, bf16 / fp16 / FP8 tensor, row and block,
+# DeepSeek and models-suite shapes; bench/results/*exp-ab-m-buckets-above-4096*): geomean 0.963 of the old time, 31
+# rows faster by more than 1% (bf16 4399 x 2112 x 7168 209.2 -> 172.0 us, 4390 x 4096 x 4096 216.1 -> 197.0, fp16
+# 11562 x 4096 x 14336 2073 -> 1976), 3 slower by 1.8-4.7% (FP8 block 128x176 at K >= 14336, 15124 x 3584 x 18944
+# 1754 -> 1836). Above 16384 rows a 128-row block is under 1% of M, and every M takes the 16384-row bucket's tile.
+M_BUCKET_STEPS = ((128, 384, 64), (512, 16384, 128))
 
 
 def m_bucket(m: int) -> int:

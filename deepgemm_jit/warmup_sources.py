@@ -17,7 +17,7 @@ Where problems come from (the format in full: ``docs/warmup.md``):
   ``out_dtype`` (null: ``GemmSpec.create``'s default) as in ``build()``. ``m`` is an inclusive range
   ``[lo, hi]`` (default ``[1, 16384]``) or one integer; ``m_values`` (instead of ``m``) lists single M
   values. Either becomes the M buckets it touches (``buckets.m_bucket``: 64, 128, steps of 64 rows up to 384 and
-  of 128 rows from 512 up to 4096, powers of two up to 16384; every M of a bucket shares one kernel). ``name`` is
+  of 128 rows from 512 up to 16384, 16384 above; every M of a bucket shares one kernel). ``name`` is
   a free label. ``epilogue`` (null: none) is the fused
   epilogue of ``build(..., epilogue=...)`` (``"bias+gelu"``, ``"swiglu+quant_fp8_g128"``; words of
   ``epilogue.py``, any order, kept in canonical form). ``"grouped": true`` makes the entry a grouped GEMM

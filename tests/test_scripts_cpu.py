@@ -2,7 +2,7 @@
 from bench import runner, suites
 from deepgemm_jit import config
 
-from scripts import cost_model_audit
+from scripts import bucket_rows, cost_model_audit
 
 
 def test_cost_model_audit_rows_name_real_alternatives():
@@ -23,3 +23,22 @@ def test_cost_model_audit_rows_name_real_alternatives():
             cfg = suites.forced_tile_config(spec, tile)
             cfg.check_for(spec, "sm_90a")
             assert (cfg.block_m, cfg.block_n, cfg.swap_ab) != (pick.block_m, pick.block_n, pick.swap_ab), line
+
+
+def test_bucket_rows_name_the_old_and_new_picks():
+    """Every line is "PROBLEM OLD NEW": NEW is build()'s pick at the problem's M, OLD the pick of the power-of-two
+    bucket above 4096 rows (session 54's change), the two differ, both fit the spec, and M_BUCKET_STEPS is left as
+    it was."""
+    steps = bucket_rows.buckets.M_BUCKET_STEPS
+    # fp16 6537 x 4608 x 3584: the 8192-row bucket's 128x256 (7.1 waves at 6537 rows), 128x192 at 6656 rows
+    rows = [bucket_rows.bucket_row("fp16", 6537, 4608, 3584, 4096)]
+    assert rows[0] == "fp16:6537x4608x3584 128x256s3r0 128x192s4r0", rows
+    assert bucket_rows.bucket_row("bf16", 4096, 4096, 7168, 4096) is None  # a bucket of both tables: one pick
+    rows += bucket_rows.bucket_rows(6, 5, ["bf16", "fp8_block"], (4097, 16384), 4096)
+    assert bucket_rows.buckets.M_BUCKET_STEPS == steps
+    for line in rows:
+        problem, old, new = line.split()
+        m, _, _, _, spec, _, _ = runner.parse_problem(problem)
+        assert old != new, line
+        assert suites.forced_tile_config(spec, new) == config.choose_config(spec, m, "sm_90a", 132), line
+        suites.forced_tile_config(spec, old).check_for(spec, "sm_90a")

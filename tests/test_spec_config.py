@@ -269,13 +269,13 @@ def test_192_row_bucket():
 
 def test_m_buckets():
     """Powers of two up to 128 rows, then whole 64-row blocks up to 384 (192 for (128, 192], 256, 320, 384), 512,
-    then whole 128-row blocks up to 4096 and powers of two above (M_BUCKET_STEPS)."""
+    then whole 128-row blocks up to 16384, and 16384 above (M_BUCKET_STEPS)."""
     assert [buckets.m_bucket(m) for m in (1, 64, 65, 128, 129, 192, 193, 257, 300, 320, 321, 384, 385, 512, 513, 586,
-                                         640, 641, 3000, 4096, 4097, 10**6)] == \
-        [64, 64, 128, 128, 192, 192, 256, 320, 320, 320, 384, 384, 512, 512, 640, 640, 640, 768, 3072, 4096, 8192,
-         16384]
-    assert [buckets.next_m_bucket(b) for b in (64, 128, 192, 256, 320, 384, 512, 640, 3968, 4096, 8192)] == \
-        [128, 192, 256, 320, 384, 512, 640, 768, 4096, 8192, 16384]
+                                         640, 641, 3000, 4096, 4097, 6537, 16384, 16385, 10**6)] == \
+        [64, 64, 128, 128, 192, 192, 256, 320, 320, 320, 384, 384, 512, 512, 640, 640, 640, 768, 3072, 4096, 4224,
+         6656, 16384, 16384, 16384]
+    assert [buckets.next_m_bucket(b) for b in (64, 128, 192, 256, 320, 384, 512, 640, 3968, 4096, 8192, 16384)] == \
+        [128, 192, 256, 320, 384, 512, 640, 768, 4096, 4224, 8320, 32768]
     spec = GemmSpec.create(4096, 7168, dtype="bf16")
     # Every M of a bucket gets the same config (and so the same compiled kernel) ...
     assert config.choose_config(spec, 2945, "sm_90a") == config.choose_config(spec, 3072, "sm_90a")

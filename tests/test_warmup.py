@@ -13,9 +13,9 @@ from deepgemm_jit.quantization import QuantKernelSpec
 from deepgemm_jit.spec import GemmSpec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
-# buckets.m_bucket: 64, 128, then whole 64-row blocks up to 384, whole 128-row blocks from 512 to 4096, powers of two
-ALL_BUCKETS = (64, 128, 192, 256, 320, 384, 512, *range(640, 4097, 128), 8192, 16384)
-BUCKETS_TO_4096 = ALL_BUCKETS[:-2]
+# buckets.m_bucket: 64, 128, then whole 64-row blocks up to 384, whole 128-row blocks from 512 to 16384
+ALL_BUCKETS = (64, 128, 192, 256, 320, 384, 512, *range(640, 16385, 128))
+BUCKETS_TO_4096 = ALL_BUCKETS[:ALL_BUCKETS.index(4096) + 1]
 
 
 def _config(name: str) -> dict:
@@ -142,7 +142,7 @@ def test_shapes_file(tmp_path):
     assert e[1].spec == GemmSpec(4096, 7168, "fp16", "fp32", "nt") and e[1].m_buckets == (128, 192, 256)
     assert e[1].source == "experts"
     assert e[2].spec == GemmSpec(96, 64, "tf32", "fp32", "tn") and e[2].m_buckets == (128,)
-    assert e[3].m_buckets == (64, 3072, 8192)  # 3000 rows: a 128-row bucket; 5000: a power of two
+    assert e[3].m_buckets == (64, 3072, 5120)  # 3000 and 5000 rows: 128-row buckets
     block = GemmSpec(7168, 2048, "fp8_e4m3", "bf16", "nt", scaling="block")
     assert e[4].spec == block and e[4].m_buckets == BUCKETS_TO_4096
     assert e[5].spec == block  # fp8's default scaling is block
@@ -880,7 +880,7 @@ def test_shapes_file_grouped_entries(tmp_path):
     assert (first.spec, first.num_groups, first.m_buckets) == (GemmSpec.create(4096, 7168, "fp8", grouped=True),
                                                                (256, 32), BUCKETS_TO_4096)
     assert (second.spec, second.num_groups, second.m_buckets) == (GemmSpec.create(7168, 2048, grouped=True), (8,),
-                                                                  (64, 8192))
+                                                                  (64, 5120))
     assert plain.spec == GemmSpec.create(7168, 2048) and plain.num_groups == ()
     for item, message in [({"n": 64, "k": 64, "num_groups": 8}, "num_groups is a hint of grouped GEMMs"),
                           ({"n": 64, "k": 64, "grouped": "yes"}, "grouped must be true or false"),

@@ -1,0 +1,78 @@
+"""Rows for scripts/exp_ab_rows.sh where the 128-row M buckets above OLD_TOP rows change the pick: each line is
+"DTYPE:MxNxK OLD NEW" for a random problem with M in the range, OLD the pick with buckets.M_BUCKET_STEPS' last
+range ending at OLD_TOP (powers of two above it: before session 54, every M of (4096, 8192] took the tile chosen for
+8192 rows) and NEW the pick under M_BUCKET_STEPS as it stands, both with stages and D ring, so that one device call
+shows which bucket's pick runs faster at the problem's own M. Problems whose picks agree, or where either pick is
+split-K or ping-pong, are skipped. No GPU. Session 54's run: --rows 24 --seed 54 --m 4097-8192, then --rows 14
+--seed 55 --m 8193-16384.
+
+    python3 -m scripts.bucket_rows [--rows 24] [--seed 54] [--dtypes bf16,fp16,fp8_tensor,fp8_block,fp8_row]
+                                   [--m 4097-16384] [--old-top 4096] [--out ROWS_FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+
+from bench.suites import _DEEPSEEK_NK, _MODELS_NK, Case
+from deepgemm_jit import buckets, config
+
+from .swap_ab_rows import NUM_SMS, tile_text
+
+
+def pick_with_steps(spec, m: int, steps: tuple) -> config.KernelConfig:
+    """choose_config's pick at M = m with buckets.M_BUCKET_STEPS set to `steps` for the call."""
+    saved = buckets.M_BUCKET_STEPS
+    buckets.M_BUCKET_STEPS = steps
+    try:
+        return config.choose_config(spec, m, "sm_90a", NUM_SMS)
+    finally:
+        buckets.M_BUCKET_STEPS = saved
+
+
+def bucket_row(dtype: str, m: int, n: int, k: int, old_top: int) -> str | None:
+    """The A/B line of one problem, or None where the two picks agree or either is split-K or ping-pong."""
+    spec = Case(suite="buckets", dtype=dtype, layout="nt", m=m, n=n, k=k).make_spec()
+    lo, _, step = buckets.M_BUCKET_STEPS[-1]
+    old = pick_with_steps(spec, m, buckets.M_BUCKET_STEPS[:-1] + ((lo, old_top, step),))
+    new = pick_with_steps(spec, m, buckets.M_BUCKET_STEPS)
+    if old == new or any(cfg.split_k or cfg.pingpong for cfg in (old, new)):
+        return None
+    return f"{dtype}:{m}x{n}x{k} {tile_text(old)} {tile_text(new)}"
+
+
+def bucket_rows(count: int, seed: int, dtypes: list[str], m_range: tuple[int, int], old_top: int) -> list[str]:
+    """`count` lines of random (dtype, M, (N, K)) drawn with `seed` (the DeepSeek and models suites' shapes)."""
+    rng = random.Random(seed)
+    rows: list[str] = []
+    for _ in range(200 * count):
+        if len(rows) == count:
+            break
+        dtype = rng.choice(dtypes)
+        n, k = rng.choice(_DEEPSEEK_NK + _MODELS_NK)
+        line = bucket_row(dtype, rng.randint(*m_range), n, k, old_top)
+        if line is not None:
+            rows.append(line)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=54)
+    ap.add_argument("--dtypes", default="bf16,fp16,fp8_tensor,fp8_block,fp8_row")
+    ap.add_argument("--m", default="4097-16384", help="M range lo-hi")
+    ap.add_argument("--old-top", type=int, default=4096, help="where the old 128-row buckets ended")
+    ap.add_argument("--out", default=None, help="rows file for scripts/exp_ab_rows.sh (default: print)")
+    args = ap.parse_args()
+    lo, hi = (int(x) for x in args.m.split("-"))
+    text = "\n".join(bucket_rows(args.rows, args.seed, args.dtypes.split(","), (lo, hi), args.old_top)) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
