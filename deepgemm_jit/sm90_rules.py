@@ -187,8 +187,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     # Since session 18 a promoted FP8 128x128 tile keeps two partial sets (sm90_two_partial_sets) and ran 1-6% faster
     # than the 176 / 160 below on most M = 4096 rows (bench/results/*fp8-m4096-tiles-two-sets-s18*); 128 is
     # preferred beside them from 1024 rows on, and the waves model decides: it picks 176 where that tile fills the
-    # waves much better (2112x7168: 19% faster) or K is long (7168x16384: 2.5-6%), 128 on the other rows, as
-    # measured.
+    # waves much better (2112x7168: 19% faster), 128 on the other rows, as measured (7168x16384 took 176 until
+    # session 54, 2.5-6% faster in session 18, even in session 54: SM90_BLOCK_STRADDLE_MAIN_LOOP_COST).
     two_sets_128 = (block_n == 128 and m_hint * groups >= 1024 and spec.promote
                     and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024)
     if spec.scaling == "block":
@@ -335,7 +335,7 @@ SPLIT_MIN_GAIN = 0.88
 
 def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, out_esize: int,
                    num_sms: int, num_stages: int = 8, d_cols: int | None = None, groups: int = 1,
-                   splits: int = 1, few_16b_slices: bool = False) -> float:
+                   splits: int = 1, few_16b_slices: bool = False, main_loop_scale: float = 1.0) -> float:
     """Relative time of a tile shape under the persistent schedule (smaller is better).
 
     Waves: every SM runs ceil(tiles / SMs) tiles, so a last wave that is barely used costs a
@@ -346,13 +346,14 @@ def sm90_tile_cost(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     block_n (gated units: block_n / 2); `few_16b_slices`: sm90_few_16b_slices. `groups`: a grouped GEMM of that
     many groups of m rows each (every group rounds its rows up to whole tiles). `splits` > 1: split-K, each tile's
     K blocks shared by that many CTAs (tiles x splits units in waves, each storing a partial tile; every tile's
-    epilogue, after loading its partials, counted in waves of tiles).
+    epilogue, after loading its partials, counted in waves of tiles). `main_loop_scale`: the main loop's price per K
+    block relative to the usual one (SM90_BLOCK_STRADDLE_MAIN_LOOP_COST).
     """
     tiles = -(-m // block_m) * -(-n // block_n) * groups
     units = tiles * splits
     waves = -(-units // num_sms)
     area = block_m * block_n
-    main_loop = -(-(-(-k // block_k)) // splits) * (area + 24 * (block_m + block_n))
+    main_loop = -(-(-(-k // block_k)) // splits) * (area + 24 * (block_m + block_n)) * main_loop_scale
     slice_bytes = sm90_d_slice_bytes(block_n if d_cols is None else d_cols, out_esize)
     efficiency = _SLICE_EFFICIENCY[slice_bytes]
     if (few_16b_slices and slice_bytes == 16 and block_n >= _GATED_CHEAP_SLICES_MIN_BLOCK_N
@@ -665,13 +666,28 @@ SM90_THIN_MAX_BLOCK_N = 64
 SM90_THIN_MIN_M = 512
 
 
+# FP8 block scaling: the main loop of a tile whose width straddles B's 128-column scale blocks (176) costs this much
+# per K block more than the waves model's area term says. H200 session 54: in the A/B of finer M buckets above 4096
+# rows (buckets.M_BUCKET_STEPS) 128x128 beat or tied 128x176 on all 12 FP8 block rows, by more the longer K (the
+# model's price of 176 / 128 against the measured time: 6-8% too low at K >= 14336, 0-3% at K <= 8192). Priced at
+# 1.05, checked on 18 other rows where the pick moves (bench/results/*exp-ab-fp8-block-straddle-cost-s54*, same-call
+# A/B, two rounds, us): geomean 0.982 of the 176 time, 10 faster by more than 1% (4429 x 7168 x 16384 858.7 ->
+# 828.2, 7000 x 4096 x 14336 709.8 -> 689.2; bias+gelu 4096 x 7168 x 16384 876.4 -> 810.0), 2 slower (16384 x 2112
+# x 7168 371.3 -> 378.6, 1536 x 7168 x 2048 42.8 -> 43.4), 4096 x 7168 x 16384 even (727.7 / 728.1); at 4096 x 2112
+# x 7168 176 stays (12 column blocks against 128's 17).
+SM90_BLOCK_STRADDLE_MAIN_LOOP_COST = 1.05
+
+
 def sm90_priced_cost(spec: GemmSpec, m: int, block_m: int, block_n: int, stages: int, num_sms: int,
                       groups: int = 1) -> float:
     """An unsplit (unswapped) tile's price at M = m: sm90_tile_cost for the spec's D (gated units' half-width D,
-    their few 16-byte slices), times the 192-row or trans_b 64-row factor."""
+    their few 16-byte slices; FP8 block scaling's straddling tiles: SM90_BLOCK_STRADDLE_MAIN_LOOP_COST), times the
+    192-row or trans_b 64-row factor."""
+    straddles = spec.scaling == "block" and block_n % 128 != 0 and 128 % block_n != 0
     cost = sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, 128 // dtypes.get(spec.dtype).storage_bytes,
                           dtypes.get(spec.out_dtype).storage_bytes, num_sms, stages,
-                          block_n // 2 if spec.epi.is_gated else None, groups, few_16b_slices=sm90_few_16b_slices(spec))
+                          block_n // 2 if spec.epi.is_gated else None, groups, few_16b_slices=sm90_few_16b_slices(spec),
+                          main_loop_scale=SM90_BLOCK_STRADDLE_MAIN_LOOP_COST if straddles else 1.0)
     return cost * (SM90_ROWS192_COST if block_m == 192 else _trans_b_rows64_cost(spec, m, block_m))
 
 

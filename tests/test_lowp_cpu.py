@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass, sm90_tiles
+from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass, sm90_rules, sm90_tiles
 from deepgemm_jit.arrays import scale_view
 from fakes import FakeDeviceArray
 from sm90_kernels import compiled_clean
@@ -63,10 +63,28 @@ def test_recipe_granularities_produce_the_scales_the_gemm_takes(scaling):
 
 
 # ---------------------------------------------------------------------------------------------- config
+def test_block_scaling_prices_straddling_tiles_main_loop():
+    """FP8 block scaling prices 176-wide tiles' main loop SM90_BLOCK_STRADDLE_MAIN_LOOP_COST higher (H200 session 54:
+    128x128 beat 176 at long K), so 15353 x 4096 x 14336 takes 128 (176 was 6.5% slower) while 4096 x 2112 x 7168
+    keeps 176 (12 column blocks against 17); per-tensor / row scales and 128-wide tiles are priced as before."""
+    block = GemmSpec.create(4096, 14336, "fp8", scaling="block")
+    assert config.choose_config(block, 15353, "sm_90a", 132).block_n == 128
+    assert config.choose_config(GemmSpec.create(2112, 7168, "fp8", scaling="block"), 4096, "sm_90a", 132).block_n == 176
+    row = GemmSpec.create(4096, 14336, "fp8", scaling="row")
+    for spec, block_n, scale in ((block, 176, sm90_rules.SM90_BLOCK_STRADDLE_MAIN_LOOP_COST), (block, 128, 1.0),
+                                 (row, 176, 1.0)):
+        priced = sm90_rules.sm90_priced_cost(spec, 15360, 128, block_n, 4, 132)
+        plain = sm90_rules.sm90_tile_cost(15360, 4096, 14336, 128, block_n, 128, 2, 132, 4, main_loop_scale=scale)
+        assert priced == pytest.approx(plain), (spec.scaling, block_n)
+    assert sm90_rules.SM90_BLOCK_STRADDLE_MAIN_LOOP_COST > 1.0
+
+
 def test_promotion_limits_block_n():
     """Promoted FP8 tile choices at large M (H200 sweeps): 176 (block, row) or 160 (K <= 2048: tensor, row) beside
     128, whose K loop keeps two partial sets (session 18); the waves model picks 176 at 2112x7168 and 7168x16384,
-    128 on the other DeepSeek rows, as measured (bench/results/*fp8-m4096-tiles-two-sets-s18*)."""
+    128 on the other DeepSeek rows, as measured (bench/results/*fp8-m4096-tiles-two-sets-s18*); block scaling's
+    7168x16384 takes 128 since session 54 (SM90_BLOCK_STRADDLE_MAIN_LOOP_COST: 176 ran even there, 7.6% slower
+    with bias+gelu)."""
     spec = GemmSpec.create(7168, 16384, "fp8")
     ranked = config.sm90_ranked(spec, 4096, 132)
     assert ranked and all(sm90_tiles.sm90_accumulators(c.block_m, c.block_n, True) <= 176 for c in ranked)
@@ -76,6 +94,8 @@ def test_promotion_limits_block_n():
     for scaling in ("block", "row", "tensor"):
         for (n, k), block_n in want.items():
             chosen = config.choose_sm90_config(GemmSpec.create(n, k, "fp8", scaling=scaling), 4096, 132)
+            if (scaling, n, k) == ("block", 7168, 16384):
+                block_n = 128
             assert (chosen.block_m, chosen.block_n) == (128, block_n), (scaling, n, k, chosen.tag)
     assert all(128 % c.block_n == 0 for c in config.sm90_ranked(spec, 64, 132))
     # Grouped (MoE) calls: 176 or 128 only once the groups hold >= 1024 rows in all (masked calls of 256-512 rows
