@@ -2,7 +2,7 @@
 from bench import runner, suites
 from deepgemm_jit import config
 
-from scripts import bucket_rows, cost_model_audit
+from scripts import bucket_rows, cost_model_audit, heuristic_snapshot
 
 
 def test_cost_model_audit_rows_name_real_alternatives():
@@ -42,3 +42,22 @@ def test_bucket_rows_name_the_old_and_new_picks():
         assert old != new, line
         assert suites.forced_tile_config(spec, new) == config.choose_config(spec, m, "sm_90a", 132), line
         suites.forced_tile_config(spec, old).check_for(spec, "sm_90a")
+
+
+def test_heuristic_snapshot_diff_sees_a_moved_pick(tmp_path, monkeypatch):
+    """The refactor check: two snapshots of the same rules diff clean (exit 0); a rule constant changed between them
+    shows as moved picks (exit 1). A reduced grid keeps it quick."""
+    monkeypatch.setattr(heuristic_snapshot, "KINDS", (("fp8", "block", "nt", "none", False, 1),))
+    monkeypatch.setattr(heuristic_snapshot, "M_VALUES", (4096, 15353))
+    monkeypatch.setattr(heuristic_snapshot, "ODD_NK", ())
+    paths = [tmp_path / name for name in ("a.json", "b.json", "c.json")]
+    for path in paths[:2]:
+        monkeypatch.setattr("sys.argv", ["heuristic_snapshot", str(path)])
+        assert heuristic_snapshot.main() == 0
+    with runner.config_constants({"SM90_BLOCK_STRADDLE_MAIN_LOOP_COST": 1.0}):
+        monkeypatch.setattr("sys.argv", ["heuristic_snapshot", str(paths[2])])
+        assert heuristic_snapshot.main() == 0
+    monkeypatch.setattr("sys.argv", ["heuristic_snapshot", "--diff", str(paths[0]), str(paths[1])])
+    assert heuristic_snapshot.main() == 0
+    monkeypatch.setattr("sys.argv", ["heuristic_snapshot", "--diff", str(paths[0]), str(paths[2])])
+    assert heuristic_snapshot.main() == 1
