@@ -127,12 +127,12 @@ def operands(info: bench_dtypes.BenchDtype, spec, m: int, rng, b_scale: float = 
 @contextlib.contextmanager
 def config_constants(values: dict):
     """For experiment scripts: the heuristic's module constants (config and the modules it builds on: buckets,
-    sm90_tiles, sm90_rules, sm90_swap_ab) set to `values` (name -> value) inside the block, e.g. another rule's
-    thresholds, with the heuristic's memo cleared on the way in and out. A constant is set in every one of those
-    modules that binds the name (a module that imports it holds its own binding)."""
-    from deepgemm_jit import buckets, config, sm90_rules, sm90_swap_ab, sm90_tiles
+    sm90_tiles, sm90_cost, sm90_rules, sm90_swap_ab) set to `values` (name -> value) inside the block, e.g. another
+    rule's thresholds, with the heuristic's memo cleared on the way in and out. A constant is set in every one of
+    those modules that binds the name (a module that imports it holds its own binding)."""
+    from deepgemm_jit import buckets, config, sm90_cost, sm90_rules, sm90_swap_ab, sm90_tiles
 
-    modules = (buckets, sm90_tiles, sm90_rules, sm90_swap_ab, config)
+    modules = (buckets, sm90_tiles, sm90_cost, sm90_rules, sm90_swap_ab, config)
     saved = []
     for name, value in values.items():
         holders = [module for module in modules if hasattr(module, name)]

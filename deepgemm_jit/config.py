@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from . import dtypes
 from .buckets import m_bucket, next_m_bucket
+from .sm90_cost import sm90_few_16b_slices, sm90_tile_cost
 from .sm90_rules import (SM90_BLOCK_N, grouped_fp8_split_kernel, grouped_split_tile, sm90_block_n_preferred,
-                         sm90_d_ring, sm90_few_16b_slices, sm90_pingpong_fits, sm90_pingpong_pays, sm90_priced_cost,
-                         sm90_rows64_costed, sm90_stages, sm90_tile_cost, sm90_tile_may_split, sm90_tiles_by_cost)
+                         sm90_d_ring, sm90_pingpong_fits, sm90_pingpong_pays, sm90_priced_cost, sm90_rows64_costed,
+                         sm90_stages, sm90_tile_may_split, sm90_tiles_by_cost)
 from .sm90_swap_ab import (SM90_SWAP_AB_BUCKET_STEP, SM90_SWAP_AB_MIN_GAIN, SM90_SWAP_AB_ROWS64_USUAL_COST,
                            sm90_swap_ab_best, sm90_swap_ab_block_ns, sm90_swap_ab_costed, sm90_swap_ab_max_block_m,
                            sm90_swap_ab_problem)

@@ -5,7 +5,8 @@ pick at mid M (pure Python, no GPU).
 from __future__ import annotations
 
 from . import dtypes
-from .sm90_rules import sm90_stages, sm90_tile_cost
+from .sm90_cost import sm90_tile_cost
+from .sm90_rules import sm90_stages
 from .sm90_tiles import SM90_THREE_CONSUMER_MAX_ACCUMULATORS, sm90_max_accumulators
 from .spec import GemmSpec
 

@@ -14,7 +14,7 @@ of a consumer's 128 threads store and load theirs).
 
 Dispatch:
 
-- ``config.choose_sm90_config`` compiles a split-K kernel when the cost model (``sm90_rules.sm90_tile_cost`` with
+- ``config.choose_sm90_config`` compiles a split-K kernel when the cost model (``sm90_cost.sm90_tile_cost`` with
   ``splits``) finds a split count above 1 cheaper than every unsplit tile at the M bucket of ``build``'s M (only
   for buckets up to ``sm90_rules.SPLIT_MAX_M``, non-grouped GEMMs);
 - each call then picks the count for its own M (:func:`num_splits`): 1 where splitting does not pay or M is past
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import sm90_rules, stream_buffers
+from . import sm90_cost, sm90_rules, stream_buffers
 from .config import KernelConfig
 from .spec import GemmSpec
 
@@ -66,7 +66,7 @@ def num_splits(spec: GemmSpec, cfg: KernelConfig, m: int, num_sms: int, forced: 
         return max(1, min(forced, k_blocks))
     if m > sm90_rules.SPLIT_MAX_M:  # the rule's range, as for the kernel choice
         return 1
-    return sm90_rules.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
+    return sm90_cost.sm90_best_splits(spec, m, cfg.block_m, cfg.block_n, num_sms, cfg.num_stages)[1]
 
 
 def adds_atomically(spec: GemmSpec, deterministic: bool) -> bool:
@@ -102,7 +102,7 @@ def grouped_max_splits(spec: GemmSpec, cfg: KernelConfig) -> int:
     config.grouped_launch_splits.)"""
     if not cfg.split_k:
         return 1
-    return min(sm90_rules.GROUPED_MAX_SPLITS, max(sm90_rules.split_candidates(spec.loop_k, cfg.block_k)))
+    return min(sm90_rules.GROUPED_MAX_SPLITS, max(sm90_cost.split_candidates(spec.loop_k, cfg.block_k)))
 
 
 GROUPED_SCAN_WAVES = 8  # GroupedTileScheduler::kScanWaves

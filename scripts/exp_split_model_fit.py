@@ -14,7 +14,7 @@ over the row's measured best is the row's regret. Variants:
 - load L: `_SPLIT_LOAD_K_BLOCKS` (the last share's load of each partial, in K blocks of the tile).
 
 Printed: per variant, the geomean regret, the rows within 2% of their best, and the worst rows. Only share counts
-the heuristic would consider (sm90_rules.split_candidates: one wave) compete; the decode filler and ping-pong rules are
+the heuristic would consider (sm90_cost.split_candidates: one wave) compete; the decode filler and ping-pong rules are
 not modelled, and the oldest sweeps measured older kernels (session 10's "old" decode tiles ran 2x today's).
 
 Session 39 (90 rows): the cost alone, as merged (load 1, no floor), regrets 1.026 geomean, 62 rows within 2%; load 2
@@ -62,7 +62,7 @@ def contenders(row: dict) -> dict[str, tuple[tuple[int, int, int, int], int]]:
 
 
 def _one_wave(m: int, n: int, k: int, tile, shares: int, num_sms: int = 132) -> bool:
-    """Whether the heuristic would consider this share count (sm90_rules.split_candidates: one wave, long shares)."""
+    """Whether the heuristic would consider this share count (sm90_cost.split_candidates: one wave, long shares)."""
     from deepgemm_jit import config as c
 
     block_m, block_n, block_k, _ = tile
@@ -72,7 +72,7 @@ def _one_wave(m: int, n: int, k: int, tile, shares: int, num_sms: int = 132) -> 
 
 def cost(m: int, n: int, k: int, tile, splits: int, esize: int, out_esize: int, floor: float, load: float,
          min_k: int | None = None, num_sms: int = 132) -> float:
-    """sm90_rules.sm90_tile_cost with a memory floor under the main loop and `load` K blocks per partial loaded."""
+    """sm90_cost.sm90_tile_cost with a memory floor under the main loop and `load` K blocks per partial loaded."""
     from deepgemm_jit import config as c
 
     block_m, block_n, block_k, stages = tile

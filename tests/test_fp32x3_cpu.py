@@ -758,7 +758,7 @@ def test_raw_b_gemm_warms_up_for_offline_builds(cache_dir, monkeypatch):
     (512, 2112, 7168, (128, 64), 1),     # 201.9; 128x96 (88 CTAs) 218.3
 ])
 def test_raw_b_tile_rule_picks_the_measured_tiles(m, n, k, tile, splits):
-    """The raw-B GEMM's tile and split count (sm90_rules.raw_b_tile_cost) on rows where the H200 measured them."""
+    """The raw-B GEMM's tile and split count (sm90_cost.raw_b_tile_cost) on rows where the H200 measured them."""
     from deepgemm_jit import splitk
 
     spec = fp32x3.Fp32Spec.create(n, k).inner_at(m, ARCH)

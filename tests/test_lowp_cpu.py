@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass, sm90_rules, sm90_tiles
+from deepgemm_jit import GemmSpec, build, compiler, config, jit, launch, sass, sm90_cost, sm90_rules, sm90_tiles
 from deepgemm_jit.arrays import scale_view
 from fakes import FakeDeviceArray
 from sm90_kernels import compiled_clean
@@ -74,7 +74,7 @@ def test_block_scaling_prices_straddling_tiles_main_loop():
     for spec, block_n, scale in ((block, 176, sm90_rules.SM90_BLOCK_STRADDLE_MAIN_LOOP_COST), (block, 128, 1.0),
                                  (row, 176, 1.0)):
         priced = sm90_rules.sm90_priced_cost(spec, 15360, 128, block_n, 4, 132)
-        plain = sm90_rules.sm90_tile_cost(15360, 4096, 14336, 128, block_n, 128, 2, 132, 4, main_loop_scale=scale)
+        plain = sm90_cost.sm90_tile_cost(15360, 4096, 14336, 128, block_n, 128, 2, 132, 4, main_loop_scale=scale)
         assert priced == pytest.approx(plain), (spec.scaling, block_n)
     assert sm90_rules.SM90_BLOCK_STRADDLE_MAIN_LOOP_COST > 1.0
 

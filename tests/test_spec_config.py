@@ -331,7 +331,7 @@ def test_sm90_stage_cap_keeps_64k_of_the_weight_in_flight_at_decode_sizes():
     (dict(dtype="fp8", scaling="tensor"), 128, 4096, 28672, (64, 64, 1)),  # 128x128 x4: 46.3 -> 40.2
 ])
 def test_sm90_split_picks_count_the_last_shares_partial_loads(kwargs, m, n, k, pick):
-    """The last share loads every other share's FP32 partial on its one SM (sm90_rules._SPLIT_LOAD_K_BLOCKS)."""
+    """The last share loads every other share's FP32 partial on its one SM (sm90_cost._SPLIT_LOAD_K_BLOCKS)."""
     from deepgemm_jit import splitk
 
     spec = GemmSpec.create(n, k, **kwargs)

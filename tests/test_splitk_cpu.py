@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from deepgemm_jit import build, config, launch, sm90_rules, sm90_tiles, splitk, stream_buffers
+from deepgemm_jit import build, config, launch, sm90_cost, sm90_tiles, splitk, stream_buffers
 from deepgemm_jit.config import KernelConfig
 from deepgemm_jit.spec import GemmSpec
 from sm90_kernels import compiled_clean
@@ -97,13 +97,13 @@ def test_dispatch_rule_decode_and_large_m():
 
 def test_cost_model_split_terms():
     """Splitting pays when tiles are few and K is long, and not when the tiles already fill the GPU."""
-    few = sm90_rules.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=1)
-    assert sm90_rules.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=7) < few / 3
-    many = sm90_rules.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=1)
-    assert sm90_rules.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=2) > many
-    assert list(sm90_rules.split_candidates(512, 64)) == [1, 2]
-    assert list(sm90_rules.split_candidates(100, 64)) == [1]
-    assert max(sm90_rules.split_candidates(16384, 64)) == sm90_rules.MAX_SPLITS
+    few = sm90_cost.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=1)
+    assert sm90_cost.sm90_tile_cost(64, 2112, 7168, 64, 128, 64, 2, 132, splits=7) < few / 3
+    many = sm90_cost.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=1)
+    assert sm90_cost.sm90_tile_cost(4096, 4096, 7168, 128, 256, 64, 2, 132, splits=2) > many
+    assert list(sm90_cost.split_candidates(512, 64)) == [1, 2]
+    assert list(sm90_cost.split_candidates(100, 64)) == [1]
+    assert max(sm90_cost.split_candidates(16384, 64)) == sm90_cost.MAX_SPLITS
 
 
 def test_workspace_bytes():
