@@ -4,7 +4,8 @@ range ending at OLD_TOP (powers of two above it: before session 54, every M of (
 8192 rows) and NEW the pick under M_BUCKET_STEPS as it stands, both with stages and D ring, so that one device call
 shows which bucket's pick runs faster at the problem's own M. Problems whose picks agree, or where either pick is
 split-K or ping-pong, are skipped. No GPU. Session 54's run: --rows 24 --seed 54 --m 4097-8192, then --rows 14
---seed 55 --m 8193-16384.
+--seed 55 --m 8193-16384 (before the FP8 block straddle price, sm90_rules.SM90_BLOCK_STRADDLE_MAIN_LOOP_COST, which
+changed the new picks of some FP8 block rows: the same seeds now draw other rows there).
 
     python3 -m scripts.bucket_rows [--rows 24] [--seed 54] [--dtypes bf16,fp16,fp8_tensor,fp8_block,fp8_row]
                                    [--m 4097-16384] [--old-top 4096] [--out ROWS_FILE]
@@ -12,11 +13,11 @@ split-K or ping-pong, are skipped. No GPU. Session 54's run: --rows 24 --seed 54
 from __future__ import annotations
 
 import argparse
-import random
 
-from bench.suites import _DEEPSEEK_NK, _MODELS_NK, Case
+from bench.suites import Case
 from deepgemm_jit import buckets, config
 
+from .random_rows import add_arguments, draw_rows, write_rows
 from .swap_ab_rows import NUM_SMS, tile_text
 
 
@@ -42,36 +43,16 @@ def bucket_row(dtype: str, m: int, n: int, k: int, old_top: int) -> str | None:
 
 
 def bucket_rows(count: int, seed: int, dtypes: list[str], m_range: tuple[int, int], old_top: int) -> list[str]:
-    """`count` lines of random (dtype, M, (N, K)) drawn with `seed` (the DeepSeek and models suites' shapes)."""
-    rng = random.Random(seed)
-    rows: list[str] = []
-    for _ in range(200 * count):
-        if len(rows) == count:
-            break
-        dtype = rng.choice(dtypes)
-        n, k = rng.choice(_DEEPSEEK_NK + _MODELS_NK)
-        line = bucket_row(dtype, rng.randint(*m_range), n, k, old_top)
-        if line is not None:
-            rows.append(line)
-    return rows
+    """`count` lines of random (dtype, M, (N, K)) drawn with `seed` (random_rows.draw_rows)."""
+    return draw_rows(count, seed, dtypes, m_range, lambda dtype, m, n, k: bucket_row(dtype, m, n, k, old_top))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=24)
-    ap.add_argument("--seed", type=int, default=54)
-    ap.add_argument("--dtypes", default="bf16,fp16,fp8_tensor,fp8_block,fp8_row")
-    ap.add_argument("--m", default="4097-16384", help="M range lo-hi")
+    add_arguments(ap, rows=24, seed=54, dtypes="bf16,fp16,fp8_tensor,fp8_block,fp8_row", m="4097-16384")
     ap.add_argument("--old-top", type=int, default=4096, help="where the old 128-row buckets ended")
-    ap.add_argument("--out", default=None, help="rows file for scripts/exp_ab_rows.sh (default: print)")
     args = ap.parse_args()
-    lo, hi = (int(x) for x in args.m.split("-"))
-    text = "\n".join(bucket_rows(args.rows, args.seed, args.dtypes.split(","), (lo, hi), args.old_top)) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text, end="")
-    return 0
+    return write_rows(args, lambda dtype, m, n, k: bucket_row(dtype, m, n, k, args.old_top))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ pick). No GPU. Session 53's audit (seed 53, 16 rows): the pick best or within 0.
 from __future__ import annotations
 
 import argparse
-import random
 
-from bench.suites import _DEEPSEEK_NK, _MODELS_NK, Case
+from bench.suites import Case
 from deepgemm_jit import config, sm90_swap_ab
 
+from .random_rows import add_arguments, draw_rows, write_rows
 from .swap_ab_rows import NUM_SMS, tile_text
 
 
@@ -40,33 +40,14 @@ def audit_row(dtype: str, m: int, n: int, k: int) -> str | None:
 
 
 def audit_rows(count: int, seed: int, dtypes: list[str], m_range: tuple[int, int]) -> list[str]:
-    """`count` audit lines of random (dtype, M, (N, K)) drawn with `seed` (the DeepSeek and models suites' shapes)."""
-    rng = random.Random(seed)
-    rows: list[str] = []
-    while len(rows) < count:
-        dtype = rng.choice(dtypes)
-        n, k = rng.choice(_DEEPSEEK_NK + _MODELS_NK)
-        line = audit_row(dtype, rng.randint(*m_range), n, k)
-        if line is not None:
-            rows.append(line)
-    return rows
+    """`count` audit lines of random (dtype, M, (N, K)) drawn with `seed` (random_rows.draw_rows)."""
+    return draw_rows(count, seed, dtypes, m_range, audit_row)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=53)
-    ap.add_argument("--dtypes", default="bf16,fp8_tensor,fp8_block,fp8_row")
-    ap.add_argument("--m", default="257-3000", help="M range lo-hi")
-    ap.add_argument("--out", default=None, help="rows file for scripts/exp_ab_rows.sh (default: print)")
-    args = ap.parse_args()
-    lo, hi = (int(x) for x in args.m.split("-"))
-    text = "\n".join(audit_rows(args.rows, args.seed, args.dtypes.split(","), (lo, hi))) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text, end="")
-    return 0
+    add_arguments(ap, rows=16, seed=53, dtypes="bf16,fp8_tensor,fp8_block,fp8_row", m="257-3000")
+    return write_rows(ap.parse_args(), audit_row)
 
 
 if __name__ == "__main__":
