@@ -189,8 +189,9 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     # Since session 18 a promoted FP8 128x128 tile keeps two partial sets (sm90_two_partial_sets) and ran 1-6% faster
     # than the 176 / 160 below on most M = 4096 rows (bench/results/*fp8-m4096-tiles-two-sets-s18*); 128 is
     # preferred beside them from 1024 rows on, and the waves model decides: it picks 176 where that tile fills the
-    # waves much better (2112x7168: 19% faster), 128 on the other rows, as measured (7168x16384 took 176 until
-    # session 54, 2.5-6% faster in session 18, even in session 54: SM90_BLOCK_STRADDLE_MAIN_LOOP_COST).
+    # waves much better (2112x7168: 19% faster) or K is long (7168x16384: 2.5-6%, row and per-tensor scales), 128
+    # on the other rows, as measured (block scaling's 7168x16384 takes 128 since session 54, where 176 ran even:
+    # SM90_BLOCK_STRADDLE_MAIN_LOOP_COST).
     two_sets_128 = (block_n == 128 and m_hint * groups >= 1024 and spec.promote
                     and spec.dtype in dtypes.FP8_DTYPES and spec.n >= 1024)
     if spec.scaling == "block":
@@ -544,7 +545,9 @@ SM90_THIN_MIN_M = 512
 # A/B, two rounds, us): geomean 0.982 of the 176 time, 10 faster by more than 1% (4429 x 7168 x 16384 858.7 ->
 # 828.2, 7000 x 4096 x 14336 709.8 -> 689.2; bias+gelu 4096 x 7168 x 16384 876.4 -> 810.0), 2 slower (16384 x 2112
 # x 7168 371.3 -> 378.6, 1536 x 7168 x 2048 42.8 -> 43.4), 4096 x 7168 x 16384 even (727.7 / 728.1); at 4096 x 2112
-# x 7168 176 stays (12 column blocks against 128's 17).
+# x 7168 176 stays (12 column blocks against 128's 17). Why (SASS, docs/NOTES.md session 54): the 176 loop keeps one
+# partial set, so its promotion must end before the next K block's wgmmas (128x128 keeps two), and it reads more
+# scales per K block: 177 instructions per K block against 128x128's 115.5, 1.01 against 0.90 per column.
 SM90_BLOCK_STRADDLE_MAIN_LOOP_COST = 1.05
 
 
