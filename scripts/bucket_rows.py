@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from bench import runner
 from bench.suites import Case
 from deepgemm_jit import buckets, config
 
@@ -22,13 +23,10 @@ from .swap_ab_rows import NUM_SMS, tile_text
 
 
 def pick_with_steps(spec, m: int, steps: tuple) -> config.KernelConfig:
-    """choose_config's pick at M = m with buckets.M_BUCKET_STEPS set to `steps` for the call."""
-    saved = buckets.M_BUCKET_STEPS
-    buckets.M_BUCKET_STEPS = steps
-    try:
+    """choose_config's pick at M = m with buckets.M_BUCKET_STEPS set to `steps` for the call (the experiments' rule
+    switch, bench.runner.config_constants)."""
+    with runner.config_constants({"M_BUCKET_STEPS": steps}):
         return config.choose_config(spec, m, "sm_90a", NUM_SMS)
-    finally:
-        buckets.M_BUCKET_STEPS = saved
 
 
 def bucket_row(dtype: str, m: int, n: int, k: int, old_top: int) -> str | None:
