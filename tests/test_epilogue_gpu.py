@@ -2,9 +2,11 @@
 operations in float64) within the output dtype's bound. Odd shapes (staged operands included); outputs poisoned."""
 import math
 
+import numpy
 import pytest
 
-from deepgemm_jit import build, reference, staging
+from deepgemm_jit import build, config, reference, staging
+from deepgemm_jit.spec import GemmSpec
 
 pytestmark = pytest.mark.gpu
 
@@ -92,22 +94,30 @@ def test_relu_keeps_nan_and_clamps(out_dtype, epilogue):
     assert reference.within_bound(err, "bf16"), (epilogue, out_dtype, err)
 
 
+@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.parametrize("out_dtype, rel_bound, abs_bound", [
     # half an ulp of the output relative to the value (at most 2^-8 for bf16's 8 significant bits, 2^-11 for
-    # fp16's 11) + the polynomial's bound (gelu_erf: degree 3 for bf16, 5 for fp16), with 10% slack; fp16's
-    # absolute term covers its subnormal step (GELU's negative tail underflows there).
-    ("bf16", 1.1 * (2.0 ** -8 + 3.1e-4), 1e-37),
+    # fp16's 11) + the larger of the two forms' bounds (gelu_erf; bf16: 5.2e-4 one-MUFU, 3.1e-4 rational; fp16:
+    # 5.5e-6, 2.7e-5), with 10% slack; the absolute terms: bf16's flush of h below 2^-126 (|results| below
+    # 13 * 2^-126 = 1.6e-37 are 0), fp16's subnormal step (GELU's negative tail underflows there; past the one-MUFU
+    # form's cap of 6 the kernel gives -5.9e-9).
+    ("bf16", 1.1 * (2.0 ** -8 + 5.2e-4), 1.6e-37),
     ("fp16", 1.1 * (2.0 ** -11 + 2.7e-5), 2.0 ** -25),
 ])
-def test_gelu_accuracy_narrow_outputs(out_dtype, rel_bound, abs_bound):
-    """GELU into a 16-bit D takes a shorter polynomial (degree 3 for bf16, 5 for fp16): element by element, the
-    fused output is within half an ulp of D plus the polynomial's own bound of float64 GELU of the same kernel's
-    FP32 accumulators (the plain GEMM with the same tile, bitwise the same sums). A wrong coefficient gives ~1e-2."""
+def test_gelu_accuracy_narrow_outputs(out_dtype, rel_bound, abs_bound, pingpong):
+    """GELU into a 16-bit D, in both of its forms (gelu_erf: one MUFU on cooperative tiles, rational on ping-pong
+    ones): element by element, the fused output is within half an ulp of D plus the form's own bound of float64 GELU
+    of the same kernel's FP32 accumulators (the plain GEMM with the same tile, bitwise the same sums). A wrong
+    coefficient gives ~1e-2."""
     import cupy
 
     m, n, k = 256, 264, 128
-    fused = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue="gelu")
-    plain = build(m, n, k, dtype="bf16", out_dtype="fp32", config=fused.config)
+    def tile(**kwargs):  # the same 128x128 tile and K order (bitwise the same sums), stages as D's staging allows
+        spec = GemmSpec.create(n, k, dtype="bf16", **kwargs)
+        return build(m, n, k, dtype="bf16", **kwargs, weight_streaming=False,
+                     config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
+
+    fused, plain = tile(out_dtype=out_dtype, epilogue="gelu"), tile(out_dtype="fp32")
     rng = cupy.random.default_rng(12)
     a = reference.random_matrix((m, k), "bf16", rng, scale=3.0)  # |acc| up to ~15: both tails
     b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
@@ -123,25 +133,30 @@ def test_gelu_accuracy_narrow_outputs(out_dtype, rel_bound, abs_bound):
                                                                               fused.config.tag)
 
 
-def test_gelu_at_infinities():
-    """GELU(+inf) = +inf and GELU(-inf) = 0 (its limit), large finite values pass through or vanish, no NaN:
-    the kernel forms x Phi(x) as max(x, 0) - |x| h with |x| capped where h = 0."""
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("out_dtype, big", [("fp32", 1e30), ("bf16", 1e30), ("fp16", 1e4)])
+def test_gelu_at_infinities(out_dtype, big, pingpong):
+    """GELU(+inf) = +inf and GELU(-inf) = 0 (its limit), large finite values pass through or vanish, NaN stays NaN,
+    in every form (gelu_erf): x Phi(x) as max(x, 0) - a h with a = |x| capped (one-MUFU forms: where the polynomial
+    ends, with min.NaN, as a plain min would turn NaN into the cap; rational forms: at FLT_MAX, where h = 0)."""
     import cupy
 
-    m, n, k = 2, 8, 8
-    g = build(m, n, k, dtype="bf16", out_dtype="fp32", epilogue="gelu")
+    m, n, k = 3, 8, 8
+    spec = GemmSpec.create(n, k, dtype="bf16", out_dtype=out_dtype, epilogue="gelu")
+    g = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue="gelu", weight_streaming=False,
+              config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
     a = cupy.zeros((m, k), dtype=cupy.float32)
-    a[0, 0], a[1, 0] = cupy.inf, 1e30
+    a[0, 0], a[1, 0], a[2, 0] = cupy.inf, big, cupy.nan
     b = cupy.zeros((n, k), dtype=cupy.float32)
     b[:, 0] = cupy.asarray([1, -1, 2, -2, 1, -1, 1, -1], dtype=cupy.float32)  # never 0: inf * 0 would be NaN
     a16, b16 = (reference._to_storage(x, "bf16") for x in (a, b))
-    out = reference.poisoned((m, n), "fp32")
+    out = reference.poisoned((m, n), out_dtype)
     g(a16, b16, out=out)
-    got = cupy.asnumpy(out)
+    got = cupy.asnumpy(reference.to_float64(out))
     big = float(reference.to_float64(a16)[1, 0])
     assert got[0, 0] == float("inf") and got[0, 1] == 0.0, got[0]
-    assert got[1, 0] == pytest.approx(big, rel=1e-6) and got[1, 1] == 0.0, got[1]
-    assert not bool(cupy.isnan(out).any()), got
+    assert got[1, 0] == pytest.approx(big, rel=1e-2 if out_dtype != "fp32" else 1e-6) and got[1, 1] == 0.0, got[1]
+    assert bool(numpy.isnan(got[2]).all()) and not bool(numpy.isnan(got[:2]).any()), got
 
 
 def test_beta_with_c_aliasing_out():

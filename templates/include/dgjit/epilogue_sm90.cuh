@@ -71,70 +71,115 @@ DGJIT_DEVICE float times_sigmoid(float v, float u) {
   return v * rcp_approx(1.0f + ex2_approx(-1.44269504088896341f * u));
 }
 
-// GELU (erf form) as x * Phi(x), Phi the normal CDF: with z = |x| / sqrt(2) and h = erfc(z) / 2, Phi = 1 - h for
-// x >= 0 and h for x < 0, so x * Phi(x) = max(x, 0) - |x| h for either sign. erfc(z) = t * exp(P(t) - z^2),
-// t = 1 / (1 + z / 2), P a polynomial fitted for this kernel (least squares, reweighted toward the largest errors,
-// on ln(erfc(z) / t) + z^2 over z in [0, 10.5]); the coefficients below are P's times log2(e), the constant term
-// minus 1 (the factor 1/2 of h), so h = t * exp2(P2(t) - z^2 log2(e)). |x| is capped at FLT_MAX in the product so
-// that x = +inf (h = 0) gives inf, not inf * 0; x = -inf gives 0, the limit.
-// P's degree follows D's precision (GeluDegree): BF16 D: degree 3, relative error of the result below 3.1e-4 in
-// float32 (bf16's half-ulp is 2e-3..3.9e-3 of the value; ~2% of outputs then round to the neighbour of the
-// correctly rounded value, as unfused bf16 GEMM + GELU's double rounding does), 10 FP32 instructions and 2 MUFU per
-// element. FP16 and 8-bit D: degree 5, below 2.7e-5 (a fp16 half-ulp is at most 4.9e-4; quantize-on-store's scales
-// are checked to 1e-4), 12 FP32 instructions. FP32 D: degree 9, absolute error below 2.4e-7, 16 FP32 instructions.
-// Each FFMA matters where the epilogue bounds the tile: at 4096 x 32768 x 512 (ping-pong) bias+gelu ran ~40 us
-// longer than bias+silu for ~9 more instructions per element, and degree 3 instead of 5 took it from 260.6 to
-// 247.7 us (docs/NOTES.md sessions 12 and 31).
-enum class GeluDegree : uint32_t { k3 = 3, k5 = 5, k9 = 9 };
-template <class TD>
-constexpr GeluDegree gelu_degree_for() {
-  return sizeof(TD) == 4 ? GeluDegree::k9 : (is_same<TD, bfloat16_t>::value ? GeluDegree::k3 : GeluDegree::k5);
+// GELU (erf form) as x * Phi(x), Phi the normal CDF: with a = |x| and h = Phi(-a) = erfc(a / sqrt(2)) / 2,
+// x * Phi(x) = max(x, 0) - a h for either sign of x. h has two forms (GeluForm, chosen by gelu_form_for):
+//
+// kErfcN, rational: h = t * exp(P(t) - z^2) with z = a / sqrt(2), t = 1 / (1 + z / 2), P a polynomial of degree N
+// fitted to ln(erfc(z) / t) + z^2 over z in [0, 10.5] (least squares reweighted toward the largest errors; the
+// coefficients below are P's times log2(e), the constant term minus 1 for the factor 1/2 of h). Two MUFU (rcp,
+// ex2) and N + 7 FP32 instructions per element; a is capped at FLT_MAX in the product so that x = +inf (h = 0)
+// gives inf, not inf * 0. Error in float32: N = 3 relative below 3.1e-4, N = 5 below 2.7e-5, N = 9 absolute below
+// 2.4e-7.
+//
+// kLog2*, one MUFU: h = exp2(Q(min(a, cap))), Q a polynomial in a fitted the same way to log2 Phi(-a) on [0, cap]
+// (coefficients rounded to float32 one at a time from the top, the lower ones refitted after each); degree + 3 FP32
+// instructions. Relative error of h, so of the result, in float32 (Horner in a, on a 2e6-point grid):
+//   kLog2Bf16: degree 7, cap 13, below 5.2e-4. Q(13) = -126.9: ex2.approx.ftz gives h = 0 from there on (results
+//     below 2^-126 flush to zero, so |results| below 13 * 2^-126 = 1.6e-37 are 0), and x -> -inf gives 0.
+//   kLog2Fp16: degree 7, cap 6, below 5.5e-6. Past the cap the result is -6 Phi(-6) = -5.9e-9 instead of something
+//     smaller: both round to fp16's zero (half its smallest subnormal is 3e-8).
+//   kLog2Byte (quantize-on-store): degree 9, cap 13, below 3.9e-5.
+// min.NaN keeps a NaN x NaN (min.f32 would return the cap); +inf gives max(x, 0) - cap * 0 = inf.
+//
+// Which form is cheaper depends on what bounds the epilogue (same-call A/B, session 55, us old -> new). Where both
+// consumers run it between their tiles' wgmmas (cooperative tiles), MUFU's 16 results per clock and SM do:
+// 4096 x 32768 x 512 FP8 bias+gelu ran ~89 us longer than the plain GEMM, ~2 MUFU per element at 1.5 GHz, and the
+// one-MUFU form took it from 217.2 to 207.1 (FP8 block 237.6 -> 225.9, 24576 x 1536 298.7 -> 290.2). Where it
+// overlaps the other consumer's wgmmas (ping-pong tiles), the one-MUFU form was slower at the same FP32 count
+// (bf16 4096 x 32768 x 512: 248.4 -> 254.6, 24576 x 1536 439.9 -> 450.6): those keep the rational form. Both forms
+// are well inside the output's rounding (bf16's half-ulp is 2e-3..3.9e-3 of the value, fp16's at most 4.9e-4;
+// quantize-on-store's scales are checked to 1e-4); FP32 D always takes kErfc9.
+enum class GeluForm : uint32_t { kErfc3, kErfc5, kErfc9, kLog2Bf16, kLog2Fp16, kLog2Byte };
+template <class TD, bool kOverlapsMma>
+constexpr GeluForm gelu_form_for() {
+  constexpr bool bf16 = is_same<TD, bfloat16_t>::value, fp16 = is_same<TD, half_t>::value;
+  return sizeof(TD) == 4 ? GeluForm::kErfc9
+         : kOverlapsMma  ? (bf16 ? GeluForm::kErfc3 : GeluForm::kErfc5)
+                         : (bf16 ? GeluForm::kLog2Bf16 : fp16 ? GeluForm::kLog2Fp16 : GeluForm::kLog2Byte);
 }
 
-template <GeluDegree kDegree>
+DGJIT_DEVICE float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Horner's rule, highest coefficient first; the constant arrays fold into the FFMAs' immediates.
+template <int kN>
+DGJIT_DEVICE float horner(float x, const float (&c)[kN]) {
+  float p = c[0];
+#pragma unroll
+  for (int i = 1; i < kN; ++i) p = fmaf(p, x, c[i]);
+  return p;
+}
+
+template <GeluForm kForm>
 DGJIT_DEVICE float gelu_erf(float x) {
-  const float t = rcp_approx(fmaf(fabsf(x), 0.35355339059327376f, 1.0f));  // 1 / (1 + z / 2)
-  float p;
-  if constexpr (kDegree == GeluDegree::k3) {
-    p = -0.4968442916870117f;
-    p = fmaf(p, t, 0.9914038181304932f);
-    p = fmaf(p, t, 1.3207887411117554f);
-    p = fmaf(p, t, -2.814920425415039f);
-  } else if constexpr (kDegree == GeluDegree::k5) {
-    p = 0.3301486074924469f;
-    p = fmaf(p, t, -1.0233557224273682f);
-    p = fmaf(p, t, 0.6847704648971558f);
-    p = fmaf(p, t, 0.36697718501091003f);
-    p = fmaf(p, t, 1.4687057733535767f);
-    p = fmaf(p, t, -2.827234983444214f);
+  if constexpr (kForm == GeluForm::kErfc3 || kForm == GeluForm::kErfc5 || kForm == GeluForm::kErfc9) {
+    const float t = rcp_approx(fmaf(fabsf(x), 0.35355339059327376f, 1.0f));  // 1 / (1 + z / 2)
+    float p;
+    if constexpr (kForm == GeluForm::kErfc3) {
+      constexpr float kP[] = {-0.4968442916870117f, 0.9914038181304932f, 1.3207887411117554f, -2.814920425415039f};
+      p = horner(t, kP);
+    } else if constexpr (kForm == GeluForm::kErfc5) {
+      constexpr float kP[] = {0.3301486074924469f,  -1.0233557224273682f, 0.6847704648971558f,
+                              0.36697718501091003f, 1.4687057733535767f,  -2.827234983444214f};
+      p = horner(t, kP);
+    } else {
+      constexpr float kP[] = {0.21358460187911987f, -1.0068010091781616f,   1.7269014120101929f,
+                              -1.082167148590088f,  -0.05122573301196098f,  -0.032682936638593674f,
+                              0.06172822788357735f, 0.5553191304206848f,    1.4410135746002197f,
+                              -2.825670003890991f};
+      p = horner(t, kP);
+    }
+    const float xs = x * 0.84932180028801904f;  // xs^2 = z^2 log2(e): one product fewer than z, z^2, then the scaling
+    // (p - xs^2 by quant::fnma_rn: written as fmaf(xs, -xs, p), NVVM made -xs a second FMUL instead of the FFMA's
+    // negation modifier.)
+    const float h = t * ex2_approx(quant::fnma_rn(xs, xs, p));
+    return fmaf(-fminf(fabsf(x), 3.40282347e38f), h, fmaxf(x, 0.0f));
   } else {
-    static_assert(kDegree == GeluDegree::k9, "GELU polynomial degrees: 3, 5, 9");
-    p = 0.21358460187911987f;
-    p = fmaf(p, t, -1.0068010091781616f);
-    p = fmaf(p, t, 1.7269014120101929f);
-    p = fmaf(p, t, -1.082167148590088f);
-    p = fmaf(p, t, -0.05122573301196098f);
-    p = fmaf(p, t, -0.032682936638593674f);
-    p = fmaf(p, t, 0.06172822788357735f);
-    p = fmaf(p, t, 0.5553191304206848f);
-    p = fmaf(p, t, 1.4410135746002197f);
-    p = fmaf(p, t, -2.825670003890991f);
+    float q;
+    const float a = min_nan(fabsf(x), kForm == GeluForm::kLog2Fp16 ? 6.0f : 13.0f);
+    if constexpr (kForm == GeluForm::kLog2Bf16) {
+      constexpr float kQ[] = {-3.3647080499576987e-07f, 1.852557215897832e-05f, -0.00042996081174351275f,
+                              0.005547397304326296f,    -0.044775426387786865f, -0.47225138545036316f,
+                              -1.143412709236145f,      -1.0007290840148926f};
+      q = horner(a, kQ);
+    } else if constexpr (kForm == GeluForm::kLog2Fp16) {
+      constexpr float kQ[] = {-1.8348129060541396e-06f, 6.159832264529541e-05f, -0.0009305250714533031f,
+                              0.008507891558110714f,    -0.05396007001399994f, -0.4584643840789795f,
+                              -1.1512510776519775f,     -0.9999952912330627f};
+      q = horner(a, kQ);
+    } else {
+      static_assert(kForm == GeluForm::kLog2Byte, "GELU forms: kErfc3 / 5 / 9, kLog2Bf16 / Fp16 / Byte");
+      constexpr float kQ[] = {-2.0123944732830523e-09f, 1.4528770009292202e-07f, -4.617325885192258e-06f,
+                              8.55300750117749e-05f,    -0.0010343975154682994f, 0.008723311126232147f,
+                              -0.05408887192606926f,    -0.4586363136768341f,   -1.1510511636734009f,
+                              -1.0000252723693848f};
+      q = horner(a, kQ);
+    }
+    return fmaf(-a, ex2_approx(q), fmaxf(x, 0.0f));
   }
-  const float xs = x * 0.84932180028801904f;  // xs^2 = z^2 log2(e): one product fewer than z, z^2, then the scaling
-  // (p - xs^2 by quant::fnma_rn: written as fmaf(xs, -xs, p), NVVM made -xs a second FMUL instead of the FFMA's
-  // negation modifier.)
-  const float h = t * ex2_approx(quant::fnma_rn(xs, xs, p));
-  return fmaf(-fminf(fabsf(x), 3.40282347e38f), h, fmaxf(x, 0.0f));
 }
 
 // The gate's activation of a gated unit (the up projection multiplies it).
-template <GateKind kGate, GeluDegree kDegree>
+template <GateKind kGate, GeluForm kGelu>
 DGJIT_DEVICE float gate_activate(float g) {
   if constexpr (kGate == GateKind::kSwiGlu) {
     return times_sigmoid(g, g);
   } else {
     static_assert(kGate == GateKind::kGeGlu, "gated units: swiglu or geglu");
-    return gelu_erf<kDegree>(g);
+    return gelu_erf<kGelu>(g);
   }
 }
 
@@ -154,8 +199,8 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
   }
 }
 
-// kDegree: GELU's polynomial for D's precision (gelu_erf).
-template <Activation kAct, GeluDegree kDegree>
+// kGelu: GELU's form (gelu_erf).
+template <Activation kAct, GeluForm kGelu>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
     // max.NaN: a NaN stays NaN, as torch.relu and the float64 reference give (fmaxf's max.f32 returns the
@@ -164,7 +209,7 @@ DGJIT_DEVICE float activate(float v) {
     asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(v), "f"(0.0f));
     return r;
   } else if constexpr (kAct == Activation::kGelu) {
-    return gelu_erf<kDegree>(v);
+    return gelu_erf<kGelu>(v);
   } else if constexpr (kAct == Activation::kGeluTanh) {
     // 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3).
     return times_sigmoid(v, 1.5957691216057308f * fmaf(0.044715f * v, v * v, v));
