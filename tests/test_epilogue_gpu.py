@@ -94,40 +94,52 @@ def test_relu_keeps_nan_and_clamps(out_dtype, epilogue):
     assert reference.within_bound(err, "bf16"), (epilogue, out_dtype, err)
 
 
+# Each form's own relative error (epilogue_sm90.cuh): GELU one-MUFU / rational: bf16 D 5.2e-4 / 3.1e-4, fp16 D
+# 5.5e-6 / 2.7e-5; silu and sigmoid one-MUFU 6.5e-6 (Newton), two-MUFU (and gelu_tanh) ~1e-7.
+FORM_BOUND = {("gelu", "bf16"): 5.2e-4, ("gelu", "fp16"): 2.7e-5}
+
+
 @pytest.mark.parametrize("pingpong", [False, True])
-@pytest.mark.parametrize("out_dtype, rel_bound, abs_bound", [
+@pytest.mark.parametrize("activation", ["gelu", "silu", "sigmoid", "gelu_tanh"])
+@pytest.mark.parametrize("out_dtype, half_ulp, abs_bound", [
     # half an ulp of the output relative to the value (at most 2^-8 for bf16's 8 significant bits, 2^-11 for
-    # fp16's 11) + the larger of the two forms' bounds (gelu_erf; bf16: 5.2e-4 one-MUFU, 3.1e-4 rational; fp16:
-    # 5.5e-6, 2.7e-5), with 10% slack; the absolute terms: bf16's flush of h below 2^-126 (|results| below
-    # 13 * 2^-126 = 1.6e-37 are 0), fp16's subnormal step (GELU's negative tail underflows there; past the one-MUFU
-    # form's cap of 6 the kernel gives -5.9e-9).
-    ("bf16", 1.1 * (2.0 ** -8 + 5.2e-4), 1.6e-37),
-    ("fp16", 1.1 * (2.0 ** -11 + 2.7e-5), 2.0 ** -25),
+    # fp16's 11); the absolute terms: bf16's flushes below 2^-126 (GELU: |results| below 13 * 2^-126 = 1.6e-37 are
+    # 0), fp16's subnormal step (negative tails underflow there; past the one-MUFU GELU's cap of 6 the kernel gives
+    # -5.9e-9).
+    ("bf16", 2.0 ** -8, 1.6e-37),
+    ("fp16", 2.0 ** -11, 2.0 ** -25),
 ])
-def test_gelu_accuracy_narrow_outputs(out_dtype, rel_bound, abs_bound, pingpong):
-    """GELU into a 16-bit D, in both of its forms (gelu_erf: one MUFU on cooperative tiles, rational on ping-pong
-    ones): element by element, the fused output is within half an ulp of D plus the form's own bound of float64 GELU
-    of the same kernel's FP32 accumulators (the plain GEMM with the same tile, bitwise the same sums). A wrong
-    coefficient gives ~1e-2."""
+def test_activation_accuracy_narrow_outputs(out_dtype, half_ulp, abs_bound, activation, pingpong):
+    """Activations into a 16-bit D, in both of their forms (ActivationForms: one MUFU on cooperative tiles, two on
+    ping-pong ones): element by element, the fused output is within half an ulp of D plus the form's own bound (with
+    10% slack) of the float64 activation of the same kernel's FP32 accumulators (the plain GEMM with the same tile,
+    bitwise the same sums). A wrong coefficient or Newton step gives ~1e-2."""
     import cupy
 
     m, n, k = 256, 264, 128
+
     def tile(**kwargs):  # the same 128x128 tile and K order (bitwise the same sums), stages as D's staging allows
         spec = GemmSpec.create(n, k, dtype="bf16", **kwargs)
         return build(m, n, k, dtype="bf16", **kwargs, weight_streaming=False,
                      config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
 
-    fused, plain = tile(out_dtype=out_dtype, epilogue="gelu"), tile(out_dtype="fp32")
+    fused, plain = tile(out_dtype=out_dtype, epilogue=activation), tile(out_dtype="fp32")
     rng = cupy.random.default_rng(12)
     a = reference.random_matrix((m, k), "bf16", rng, scale=3.0)  # |acc| up to ~15: both tails
     b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
     out, acc = reference.poisoned((m, n), out_dtype), reference.poisoned((m, n), "fp32")
     fused(a, b, out=out)
     plain(a, b, out=acc)
-    from cupyx.scipy.special import erfc
-
     x = reference.to_float64(acc)
-    ref = 0.5 * x * erfc(-x / math.sqrt(2.0))  # the erfc form: 1 + erf(x / sqrt(2)) cancels in the negative tail
+    if activation == "gelu":
+        from cupyx.scipy.special import erfc
+
+        ref = 0.5 * x * erfc(-x / math.sqrt(2.0))  # the erfc form: 1 + erf(x / sqrt(2)) cancels in the negative tail
+    elif activation == "gelu_tanh":  # 0.5 x (1 + tanh(u)) as x sigmoid(2u): 1 + tanh(u) cancels for x << 0
+        ref = x / (1.0 + cupy.exp(-2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    else:
+        ref = reference.activation_reference(activation, x)
+    rel_bound = 1.1 * (half_ulp + FORM_BOUND.get((activation, out_dtype), 6.5e-6))
     excess = cupy.abs(reference.to_float64(out) - ref) - (rel_bound * cupy.abs(ref) + abs_bound)
     assert not bool(cupy.isnan(excess).any()) and float(excess.max()) <= 0.0, (out_dtype, float(excess.max()),
                                                                               fused.config.tag)
@@ -157,6 +169,35 @@ def test_gelu_at_infinities(out_dtype, big, pingpong):
     assert got[0, 0] == float("inf") and got[0, 1] == 0.0, got[0]
     assert got[1, 0] == pytest.approx(big, rel=1e-2 if out_dtype != "fp32" else 1e-6) and got[1, 1] == 0.0, got[1]
     assert bool(numpy.isnan(got[2]).all()) and not bool(numpy.isnan(got[:2]).any()), got
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("out_dtype, big", [("fp32", 1e30), ("bf16", 1e30), ("fp16", 1e4)])
+def test_sigmoid_forms_at_infinities(out_dtype, big, pingpong):
+    """Both forms of v * sigmoid(u) (times_sigmoid; one MUFU: the Newton reciprocal with d capped where its seed is
+    0) at the infinities: sigmoid(+inf) = 1, sigmoid(-inf) = 0, silu(+inf) = inf, silu(-big) = 0, silu(-inf) = NaN
+    (-inf * 0, as the float64 reference and torch), NaN stays NaN."""
+    import cupy
+
+    m, n, k = 3, 8, 8
+    a = cupy.zeros((m, k), dtype=cupy.float32)
+    a[0, 0], a[1, 0], a[2, 0] = cupy.inf, big, cupy.nan
+    b = cupy.zeros((n, k), dtype=cupy.float32)
+    b[:, 0] = cupy.asarray([1, -1, 2, -2, 1, -1, 1, -1], dtype=cupy.float32)
+    a16, b16 = (reference._to_storage(x, "bf16") for x in (a, b))
+    got = {}
+    for act in ("sigmoid", "silu"):
+        spec = GemmSpec.create(n, k, dtype="bf16", out_dtype=out_dtype, epilogue=act)
+        g = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue=act, weight_streaming=False,
+                  config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
+        out = reference.poisoned((m, n), out_dtype)
+        g(a16, b16, out=out)
+        got[act] = cupy.asnumpy(reference.to_float64(out))
+    sig, silu = got["sigmoid"], got["silu"]
+    assert (sig[0, 0], sig[0, 1], sig[1, 0], sig[1, 1]) == (1.0, 0.0, 1.0, 0.0), sig[:2]
+    assert silu[0, 0] == float("inf") and numpy.isnan(silu[0, 1]), silu[0]
+    assert silu[1, 1] == 0.0 and silu[1, 0] == pytest.approx(float(reference.to_float64(a16)[1, 0]), rel=1e-2)
+    assert bool(numpy.isnan(sig[2]).all()) and bool(numpy.isnan(silu[2]).all()), (sig[2], silu[2])
 
 
 def test_beta_with_c_aliasing_out():

@@ -65,10 +65,33 @@ DGJIT_DEVICE float rcp_approx(float x) {
   return y;
 }
 
-// v / (1 + exp(-u)), i.e. v * sigmoid(u), with the hardware exp2 and reciprocal (relative error ~1e-7;
-// exp(-u) = inf for u << 0 gives v * 0 = 0, its limit).
+// min(a, b), NaN if either is (min.f32 would return the other operand).
+DGJIT_DEVICE float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// v / (1 + exp(-u)), i.e. v * sigmoid(u), in one of two forms (SigmoidForm, chosen with GELU's by
+// ActivationForms). kTwoMufu: the hardware exp2 and reciprocal, relative error ~1e-7. kOneMufu: the reciprocal of
+// d = 1 + exp(-u) by two Newton steps y += y (1 - d y) from a seed read off d's bits (0x7EF311C3 - bits(d): relative
+// error below 5.1%, then 2.6e-3, then 6.5e-6 in float32), on the FP32 pipe instead of MUFU's; d is capped (min.NaN)
+// at the float whose bits are that constant, where the seed is 0. Either way exp(-u) = inf for u << 0 gives v * 0 =
+// 0, its limit, and a NaN stays NaN.
+enum class SigmoidForm : uint32_t { kTwoMufu, kOneMufu };
+template <SigmoidForm kForm>
 DGJIT_DEVICE float times_sigmoid(float v, float u) {
-  return v * rcp_approx(1.0f + ex2_approx(-1.44269504088896341f * u));
+  const float d = 1.0f + ex2_approx(-1.44269504088896341f * u);
+  if constexpr (kForm == SigmoidForm::kTwoMufu) {
+    return v * rcp_approx(d);
+  } else {
+    constexpr int32_t kSeed = 0x7EF311C3;
+    const float dc = min_nan(d, __int_as_float(kSeed));
+    float y = __int_as_float(kSeed - __float_as_int(dc));
+    y = fmaf(y, fmaf(-dc, y, 1.0f), y);
+    y = fmaf(y, fmaf(-dc, y, 1.0f), y);
+    return v * y;
+  }
 }
 
 // GELU (erf form) as x * Phi(x), Phi the normal CDF: with a = |x| and h = Phi(-a) = erfc(a / sqrt(2)) / 2,
@@ -108,11 +131,19 @@ constexpr GeluForm gelu_form_for() {
                          : (bf16 ? GeluForm::kLog2Bf16 : fp16 ? GeluForm::kLog2Fp16 : GeluForm::kLog2Byte);
 }
 
-DGJIT_DEVICE float min_nan(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
+// The activations' forms for D's type TD and the tile's schedule (kOverlapsMma: ping-pong tiles, whose epilogue
+// overlaps the other consumer's wgmmas): one MUFU per element where MUFU bounds the epilogue (cooperative tiles,
+// 16-bit and 8-bit D), the shorter FP32 sequences with two MUFU elsewhere (FP32 D: the precise forms). kSigmoid
+// serves silu and sigmoid: same-call A/B (session 55, us two MUFU -> one): FP8 tensor bias+silu 4096 x 32768 x 512
+// 206.7 -> 194.0, FP8 block 227.3 -> 214.6, 24576 x 1536 291.0 -> 284.6. gelu_tanh (four more FP32 instructions
+// before the sigmoid: 189.9 -> 192.5 at 4096 x 32768 x 512 FP8) and the swiglu gate (FP8 block 4096 x 4096 x 7168
+// 183.4 -> 188.6; FP8 tensor and bf16 gained < 1%) keep two.
+template <class TD, bool kOverlapsMma>
+struct ActivationForms {
+  static constexpr GeluForm kGelu = gelu_form_for<TD, kOverlapsMma>();
+  static constexpr SigmoidForm kSigmoid =
+      sizeof(TD) == 4 || kOverlapsMma ? SigmoidForm::kTwoMufu : SigmoidForm::kOneMufu;
+};
 
 // Horner's rule, highest coefficient first; the constant arrays fold into the FFMAs' immediates.
 template <int kN>
@@ -173,13 +204,13 @@ DGJIT_DEVICE float gelu_erf(float x) {
 }
 
 // The gate's activation of a gated unit (the up projection multiplies it).
-template <GateKind kGate, GeluForm kGelu>
+template <GateKind kGate, class Forms>
 DGJIT_DEVICE float gate_activate(float g) {
   if constexpr (kGate == GateKind::kSwiGlu) {
-    return times_sigmoid(g, g);
+    return times_sigmoid<SigmoidForm::kTwoMufu>(g, g);  // see ActivationForms
   } else {
     static_assert(kGate == GateKind::kGeGlu, "gated units: swiglu or geglu");
-    return gelu_erf<kGelu>(g);
+    return gelu_erf<Forms::kGelu>(g);
   }
 }
 
@@ -199,8 +230,8 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
   }
 }
 
-// kGelu: GELU's form (gelu_erf).
-template <Activation kAct, GeluForm kGelu>
+// Forms: the activations' forms (ActivationForms).
+template <Activation kAct, class Forms>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
     // max.NaN: a NaN stays NaN, as torch.relu and the float64 reference give (fmaxf's max.f32 returns the
@@ -209,14 +240,14 @@ DGJIT_DEVICE float activate(float v) {
     asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(v), "f"(0.0f));
     return r;
   } else if constexpr (kAct == Activation::kGelu) {
-    return gelu_erf<kGelu>(v);
+    return gelu_erf<Forms::kGelu>(v);
   } else if constexpr (kAct == Activation::kGeluTanh) {
     // 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3).
-    return times_sigmoid(v, 1.5957691216057308f * fmaf(0.044715f * v, v * v, v));
+    return times_sigmoid<SigmoidForm::kTwoMufu>(v, 1.5957691216057308f * fmaf(0.044715f * v, v * v, v));
   } else if constexpr (kAct == Activation::kSilu) {
-    return times_sigmoid(v, v);
+    return times_sigmoid<Forms::kSigmoid>(v, v);
   } else if constexpr (kAct == Activation::kSigmoid) {
-    return times_sigmoid(1.0f, v);
+    return times_sigmoid<Forms::kSigmoid>(1.0f, v);
   } else {
     return v;
   }

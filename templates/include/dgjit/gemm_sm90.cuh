@@ -1540,9 +1540,9 @@ struct GemmSm90 {
   // the ping-pong GELU rows without kBatchMath (K > 1024) lost 4-5% (429 -> 452 us at 24576x1536) and read them
   // at use.
   static constexpr bool kBiasAhead = kBatchMath || kPlainMath;
-  // GELU's form for D's precision and this schedule (gelu_form_for: one MUFU per element where the epilogue does
-  // not overlap the other consumer's wgmmas).
-  static constexpr GeluForm kGelu = gelu_form_for<TD, kPingPong>();
+  // The activations' forms for D's precision and this schedule (ActivationForms: one MUFU per element where the
+  // epilogue does not overlap the other consumer's wgmmas).
+  using Forms = ActivationForms<TD, kPingPong>;
   // kRow: column-scale pairs held in registers at a time (epilogue()).
   static constexpr uint32_t kColBatch = kScaling == Scaling::kRow ? 8 : 1;
 
@@ -1865,14 +1865,14 @@ struct GemmSm90 {
                   const float2 up = pre_activation(acc[mi], 8 * j + 4 + 2 * h, tensor_scale, row_scale[h],
                                                    col_batch[kScaling == Scaling::kRow ? (2 * j + 1) % kColBatch : 0],
                                                    ea, read_c, c_in[jj][h], col_bias[jj][kBiasPerGroup - 1], row_bias[h]);
-                  lo = gate_activate<Epi::kGate, kGelu>(gate.x) * up.x;
-                  hi = gate_activate<Epi::kGate, kGelu>(gate.y) * up.y;
+                  lo = gate_activate<Epi::kGate, Forms>(gate.x) * up.x;
+                  hi = gate_activate<Epi::kGate, Forms>(gate.y) * up.y;
                 } else {
                   const float2 v = pre_activation(acc[mi], 4 * j + 2 * h, tensor_scale, row_scale[h],
                                                   col_batch[kScaling == Scaling::kRow ? j % kColBatch : 0],
                                                   ea, read_c, c_in[jj][h], col_bias[jj][0], row_bias[h]);
-                  lo = activate<Epi::kAct, kGelu>(v.x);
-                  hi = activate<Epi::kAct, kGelu>(v.y);
+                  lo = activate<Epi::kAct, Forms>(v.x);
+                  hi = activate<Epi::kAct, Forms>(v.y);
                 }
                 if constexpr (kLoadR) {
                   lo += r_in[jj][h].x;
@@ -1999,7 +1999,7 @@ struct GemmSm90 {
         lo += rows.x;
         hi += rows.y;
       }
-      return pack_d(activate<Epi::kAct, kGelu>(lo), activate<Epi::kAct, kGelu>(hi));
+      return pack_d(activate<Epi::kAct, Forms>(lo), activate<Epi::kAct, Forms>(hi));
     };
 #pragma unroll
     for (uint32_t j = 0; j < kGroups; j += 2) {
