@@ -94,6 +94,30 @@ def test_relu_keeps_nan_and_clamps(out_dtype, epilogue):
     assert reference.within_bound(err, "bf16"), (epilogue, out_dtype, err)
 
 
+def _forced_128x128(m, n, k, pingpong, **kwargs):
+    """A bf16 GEMM on the sm90 128x128 tile, ping-pong or cooperative (which picks the activations' forms:
+    ActivationForms), stages as D's staging allows; the K order, so the sums, are the same across D types."""
+    spec = GemmSpec.create(n, k, dtype="bf16", **kwargs)
+    return build(m, n, k, dtype="bf16", **kwargs, weight_streaming=False,
+                 config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
+
+
+def _activation_at_infinities(activation, out_dtype, big, pingpong):
+    """D (float64, host) of a 3x8 bf16 GEMM whose rows are +inf, `big` and NaN times the weights (1, -1, 2, -2, ...:
+    never 0, as inf * 0 would be NaN), through `activation`; and `big` as bf16 stores it."""
+    import cupy
+
+    m, n, k = 3, 8, 8
+    a = cupy.zeros((m, k), dtype=cupy.float32)
+    a[0, 0], a[1, 0], a[2, 0] = cupy.inf, big, cupy.nan
+    b = cupy.zeros((n, k), dtype=cupy.float32)
+    b[:, 0] = cupy.asarray([1, -1, 2, -2, 1, -1, 1, -1], dtype=cupy.float32)
+    a16, b16 = (reference._to_storage(x, "bf16") for x in (a, b))
+    out = reference.poisoned((m, n), out_dtype)
+    _forced_128x128(m, n, k, pingpong, out_dtype=out_dtype, epilogue=activation)(a16, b16, out=out)
+    return cupy.asnumpy(reference.to_float64(out)), float(reference.to_float64(a16)[1, 0])
+
+
 # Each form's own bounds (epilogue_sm90.cuh), by (activation, D, ping-pong): relative error, and the absolute term
 # of bf16's flushes below 2^-126 (one-MUFU GELU: |results| below 13 * 2^-126 = 1.6e-37 are 0). GELU one-MUFU /
 # rational: bf16 D 5.2e-4 / 3.1e-4, fp16 D 5.5e-6 / 2.7e-5. The sigmoid-based ones: one-MUFU silu and sigmoid 6.5e-6
@@ -125,13 +149,8 @@ def test_activation_accuracy_narrow_outputs(out_dtype, half_ulp, subnormal_step,
     import cupy
 
     m, n, k = 256, 264, 128
-
-    def tile(**kwargs):  # the same 128x128 tile and K order (bitwise the same sums), stages as D's staging allows
-        spec = GemmSpec.create(n, k, dtype="bf16", **kwargs)
-        return build(m, n, k, dtype="bf16", **kwargs, weight_streaming=False,
-                     config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
-
-    fused, plain = tile(out_dtype=out_dtype, epilogue=activation), tile(out_dtype="fp32")
+    fused = _forced_128x128(m, n, k, pingpong, out_dtype=out_dtype, epilogue=activation)
+    plain = _forced_128x128(m, n, k, pingpong, out_dtype="fp32")
     rng = cupy.random.default_rng(12)
     a = reference.random_matrix((m, k), "bf16", rng, scale=3.0)  # |acc| up to ~15: both tails
     b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
@@ -160,21 +179,7 @@ def test_gelu_at_infinities(out_dtype, big, pingpong):
     """GELU(+inf) = +inf and GELU(-inf) = 0 (its limit), large finite values pass through or vanish, NaN stays NaN,
     in every form (gelu_erf): x Phi(x) as max(x, 0) - a h with a = |x| capped (one-MUFU forms: where the polynomial
     ends, with min.NaN, as a plain min would turn NaN into the cap; rational forms: at FLT_MAX, where h = 0)."""
-    import cupy
-
-    m, n, k = 3, 8, 8
-    spec = GemmSpec.create(n, k, dtype="bf16", out_dtype=out_dtype, epilogue="gelu")
-    g = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue="gelu", weight_streaming=False,
-              config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
-    a = cupy.zeros((m, k), dtype=cupy.float32)
-    a[0, 0], a[1, 0], a[2, 0] = cupy.inf, big, cupy.nan
-    b = cupy.zeros((n, k), dtype=cupy.float32)
-    b[:, 0] = cupy.asarray([1, -1, 2, -2, 1, -1, 1, -1], dtype=cupy.float32)  # never 0: inf * 0 would be NaN
-    a16, b16 = (reference._to_storage(x, "bf16") for x in (a, b))
-    out = reference.poisoned((m, n), out_dtype)
-    g(a16, b16, out=out)
-    got = cupy.asnumpy(reference.to_float64(out))
-    big = float(reference.to_float64(a16)[1, 0])
+    got, big = _activation_at_infinities("gelu", out_dtype, big, pingpong)
     assert got[0, 0] == float("inf") and got[0, 1] == 0.0, got[0]
     assert got[1, 0] == pytest.approx(big, rel=1e-2 if out_dtype != "fp32" else 1e-6) and got[1, 1] == 0.0, got[1]
     assert bool(numpy.isnan(got[2]).all()) and not bool(numpy.isnan(got[:2]).any()), got
@@ -186,26 +191,11 @@ def test_sigmoid_forms_at_infinities(out_dtype, big, pingpong):
     """Both forms of v * sigmoid(u) (times_sigmoid; one MUFU: the Newton reciprocal with d capped where its seed is
     0) at the infinities: sigmoid(+inf) = 1, sigmoid(-inf) = 0, silu(+inf) = inf, silu(-big) = 0, silu(-inf) = NaN
     (-inf * 0, as the float64 reference and torch), NaN stays NaN."""
-    import cupy
-
-    m, n, k = 3, 8, 8
-    a = cupy.zeros((m, k), dtype=cupy.float32)
-    a[0, 0], a[1, 0], a[2, 0] = cupy.inf, big, cupy.nan
-    b = cupy.zeros((n, k), dtype=cupy.float32)
-    b[:, 0] = cupy.asarray([1, -1, 2, -2, 1, -1, 1, -1], dtype=cupy.float32)
-    a16, b16 = (reference._to_storage(x, "bf16") for x in (a, b))
-    got = {}
-    for act in ("sigmoid", "silu"):
-        spec = GemmSpec.create(n, k, dtype="bf16", out_dtype=out_dtype, epilogue=act)
-        g = build(m, n, k, dtype="bf16", out_dtype=out_dtype, epilogue=act, weight_streaming=False,
-                  config=config.sm90_config(spec, 128, 128, pingpong=pingpong))
-        out = reference.poisoned((m, n), out_dtype)
-        g(a16, b16, out=out)
-        got[act] = cupy.asnumpy(reference.to_float64(out))
-    sig, silu = got["sigmoid"], got["silu"]
+    sig, _ = _activation_at_infinities("sigmoid", out_dtype, big, pingpong)
+    silu, big = _activation_at_infinities("silu", out_dtype, big, pingpong)
     assert (sig[0, 0], sig[0, 1], sig[1, 0], sig[1, 1]) == (1.0, 0.0, 1.0, 0.0), sig[:2]
     assert silu[0, 0] == float("inf") and numpy.isnan(silu[0, 1]), silu[0]
-    assert silu[1, 1] == 0.0 and silu[1, 0] == pytest.approx(float(reference.to_float64(a16)[1, 0]), rel=1e-2)
+    assert silu[1, 1] == 0.0 and silu[1, 0] == pytest.approx(big, rel=1e-2), silu[1]
     assert bool(numpy.isnan(sig[2]).all()) and bool(numpy.isnan(silu[2]).all()), (sig[2], silu[2])
 
 

@@ -65,10 +65,15 @@ DGJIT_DEVICE float rcp_approx(float x) {
   return y;
 }
 
-// min(a, b), NaN if either is (min.f32 would return the other operand).
+// min(a, b) / max(a, b), NaN if either is (min.f32 / max.f32 would return the other operand). One FMNMX each.
 DGJIT_DEVICE float min_nan(float a, float b) {
   float r;
   asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+DGJIT_DEVICE float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
 
@@ -154,6 +159,13 @@ DGJIT_DEVICE float horner(float x, const float (&c)[kN]) {
   return p;
 }
 
+// The one-MUFU forms: max(x, 0) - a exp2(Q(a)) with a = min(|x|, cap), Q's coefficients highest first.
+template <int kN>
+DGJIT_DEVICE float gelu_log2(float x, float cap, const float (&q)[kN]) {
+  const float a = min_nan(fabsf(x), cap);
+  return fmaf(-a, ex2_approx(horner(a, q)), fmaxf(x, 0.0f));
+}
+
 template <GeluForm kForm>
 DGJIT_DEVICE float gelu_erf(float x) {
   if constexpr (kForm == GeluForm::kErfc3 || kForm == GeluForm::kErfc5 || kForm == GeluForm::kErfc9) {
@@ -178,28 +190,23 @@ DGJIT_DEVICE float gelu_erf(float x) {
     // negation modifier.)
     const float h = t * ex2_approx(quant::fnma_rn(xs, xs, p));
     return fmaf(-fminf(fabsf(x), 3.40282347e38f), h, fmaxf(x, 0.0f));
+  } else if constexpr (kForm == GeluForm::kLog2Bf16) {
+    constexpr float kQ[] = {-3.3647080499576987e-07f, 1.852557215897832e-05f, -0.00042996081174351275f,
+                            0.005547397304326296f,    -0.044775426387786865f, -0.47225138545036316f,
+                            -1.143412709236145f,      -1.0007290840148926f};
+    return gelu_log2(x, 13.0f, kQ);
+  } else if constexpr (kForm == GeluForm::kLog2Fp16) {
+    constexpr float kQ[] = {-1.8348129060541396e-06f, 6.159832264529541e-05f, -0.0009305250714533031f,
+                            0.008507891558110714f,    -0.05396007001399994f, -0.4584643840789795f,
+                            -1.1512510776519775f,     -0.9999952912330627f};
+    return gelu_log2(x, 6.0f, kQ);
   } else {
-    float q;
-    const float a = min_nan(fabsf(x), kForm == GeluForm::kLog2Fp16 ? 6.0f : 13.0f);
-    if constexpr (kForm == GeluForm::kLog2Bf16) {
-      constexpr float kQ[] = {-3.3647080499576987e-07f, 1.852557215897832e-05f, -0.00042996081174351275f,
-                              0.005547397304326296f,    -0.044775426387786865f, -0.47225138545036316f,
-                              -1.143412709236145f,      -1.0007290840148926f};
-      q = horner(a, kQ);
-    } else if constexpr (kForm == GeluForm::kLog2Fp16) {
-      constexpr float kQ[] = {-1.8348129060541396e-06f, 6.159832264529541e-05f, -0.0009305250714533031f,
-                              0.008507891558110714f,    -0.05396007001399994f, -0.4584643840789795f,
-                              -1.1512510776519775f,     -0.9999952912330627f};
-      q = horner(a, kQ);
-    } else {
-      static_assert(kForm == GeluForm::kLog2Byte, "GELU forms: kErfc3 / 5 / 9, kLog2Bf16 / Fp16 / Byte");
-      constexpr float kQ[] = {-2.0123944732830523e-09f, 1.4528770009292202e-07f, -4.617325885192258e-06f,
-                              8.55300750117749e-05f,    -0.0010343975154682994f, 0.008723311126232147f,
-                              -0.05408887192606926f,    -0.4586363136768341f,   -1.1510511636734009f,
-                              -1.0000252723693848f};
-      q = horner(a, kQ);
-    }
-    return fmaf(-a, ex2_approx(q), fmaxf(x, 0.0f));
+    static_assert(kForm == GeluForm::kLog2Byte, "GELU forms: kErfc3 / 5 / 9, kLog2Bf16 / Fp16 / Byte");
+    constexpr float kQ[] = {-2.0123944732830523e-09f, 1.4528770009292202e-07f, -4.617325885192258e-06f,
+                            8.55300750117749e-05f,    -0.0010343975154682994f, 0.008723311126232147f,
+                            -0.05408887192606926f,    -0.4586363136768341f,   -1.1510511636734009f,
+                            -1.0000252723693848f};
+    return gelu_log2(x, 13.0f, kQ);
   }
 }
 
@@ -235,10 +242,8 @@ template <Activation kAct, class Forms>
 DGJIT_DEVICE float activate(float v) {
   if constexpr (kAct == Activation::kRelu) {
     // max.NaN: a NaN stays NaN, as torch.relu and the float64 reference give (fmaxf's max.f32 returns the
-    // operand that is not NaN: 0). One FMNMX either way.
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(v), "f"(0.0f));
-    return r;
+    // operand that is not NaN: 0).
+    return max_nan(v, 0.0f);
   } else if constexpr (kAct == Activation::kGelu) {
     return gelu_erf<Forms::kGelu>(v);
   } else if constexpr (kAct == Activation::kGeluTanh) {
