@@ -262,7 +262,7 @@ def problem_inputs(problem: str) -> ProblemInputs:
     io_bytes = (metrics.gemm_io_bytes(m, n, k, inputs.a.dtype.itemsize, inputs.b.dtype.itemsize, 0)
                 + out_rows * out_cols * dtypes.get(spec.out_dtype).storage_bytes + inputs.scale_bytes)
     if epilogue:
-        epi_ops = epilogue_operands(spec.epi, m, n, spec.epilogue_operand_dtype, rng)
+        epi_ops = epilogue_operands(spec, m, rng)
         inputs.ref = apply_epilogue(inputs.ref, spec.epi, epi_ops)
         kwargs.update(epi_ops.call_kwargs(spec.epi))
         io_bytes += epi_ops.num_bytes
@@ -443,7 +443,7 @@ def _run_case(case: Case, ctx: RunContext, index: int, row: dict) -> None:
     epi_ops = None
     if case.epilogue:
         epi = g.spec.epi
-        epi_ops = epilogue_operands(epi, m, n, g.spec.epilogue_operand_dtype, rng)
+        epi_ops = epilogue_operands(g.spec, m, rng)
         ops.ref = apply_epilogue(ops.ref, epi, epi_ops)
         ops.ref_cos = apply_epilogue(ops.ref_cos, epi, epi_ops)
         plain_kwargs = dict(call_kwargs)

@@ -147,7 +147,7 @@ def trial_call(spec: GemmSpec, m: int, rng=None) -> TrialCall:
         a = reference.random_matrix(spec.a_shape(m), spec.dtype, rng)
         b = reference.random_matrix(spec.b_shape(), spec.dtype, rng, scale=b_scale)
         product = reference.reference(spec, a, b)
-    ops = epilogue_operands(epi, m, spec.n, spec.epilogue_operand_dtype, rng)
+    ops = epilogue_operands(spec, m, rng)
     kwargs.update(ops.call_kwargs(epi))
     value = reference.unfused_epilogue(product, epi, ops.bias, ops.c, ops.residual, ops.alpha, ops.beta)
     if epi.has_static_scale:  # a scale that keeps the largest value inside the 8-bit range
@@ -157,12 +157,14 @@ def trial_call(spec: GemmSpec, m: int, rng=None) -> TrialCall:
     return TrialCall(spec, m, a, b, kwargs, value)
 
 
-def epilogue_operands(epi, m: int, n: int, dtype: str, rng) -> baseline.EpilogueOperands:
-    """Fresh N(0, 1) bias / C / residual in `dtype` (the spec's epilogue_operand_dtype), and ALPHA / BETA, as the
-    Epilogue `epi` of an (M, N) GEMM takes them (gated units: the bias has the weight's N entries, the residual D's
-    N / 2 columns). The benchmarks and the fuzz draw theirs here too."""
+def epilogue_operands(spec, m: int, rng) -> baseline.EpilogueOperands:
+    """Fresh N(0, 1) bias / C / residual in the spec's epilogue_operand_dtype (D's type, float32 beside a quantized
+    D), and ALPHA / BETA, as the epilogue of `spec` at M = m takes them (gated units: the bias has the weight's N
+    entries, the residual D's N / 2 columns). The benchmarks and the fuzz draw theirs here too."""
+    epi, n = spec.epi, spec.n
+
     def draw(shape):
-        return reference.random_matrix(shape, dtype, rng)
+        return reference.random_matrix(shape, spec.epilogue_operand_dtype, rng)
 
     return baseline.EpilogueOperands(
         bias=None if epi.bias == "none" else draw((n,) if epi.bias == "col" else (m,)),

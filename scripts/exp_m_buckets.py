@@ -150,7 +150,7 @@ def main() -> int:
         n, k = spec.n, spec.k
         rng = cupy.random.default_rng(m * 7 + n + k)
         inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
-        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
+        epi_ops = runner.epilogue_operands(spec, m, rng) if args.epilogue else None
         bucket = dg.build(m, n, k, **kw)
         other_cfg = _other_config(spec, m, num_sms, other)
         gemms = {"bucket": bucket}

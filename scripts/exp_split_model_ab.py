@@ -103,7 +103,7 @@ def main() -> int:
     for dname, info, kw, spec, n, k, m, picks in work:
         rng = cupy.random.default_rng(m * 7 + n + k)
         inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
-        epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
+        epi_ops = runner.epilogue_operands(spec, m, rng) if args.epilogue else None
         gemms, seen = {}, {}
         for name, (cfg, shares) in picks.items():
             key = (cfg.tag, shares)

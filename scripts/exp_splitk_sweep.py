@@ -60,7 +60,7 @@ def main() -> int:
             spec = GemmSpec.create(n, k, **kw)
             rng = cupy.random.default_rng(m * 7 + n + k)
             inputs = runner.operands(info, spec, m, rng, 1.0 / k ** 0.5 if args.epilogue else 1.0)
-            epi_ops = runner.epilogue_operands(spec.epi, m, n, spec.out_dtype, rng) if args.epilogue else None
+            epi_ops = runner.epilogue_operands(spec, m, rng) if args.epilogue else None
             auto = dg.build(m, n, k, weight_streaming=False, **kw)
             split_cfgs = []
             if args.tiles:

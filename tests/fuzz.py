@@ -566,7 +566,7 @@ def _prepare(case: FuzzCase, spec, m: int, rng) -> _Call:
     a, b, product, kwargs = _operands(case, spec, m, rng, b_scale)
     # The bench's epilogue operands (N(0, 1) bias / C / residual, alpha / beta), in the epilogue's operand type
     # (float32 beside a quantized D).
-    epi_ops = runner.epilogue_operands(epi, m, spec.n, spec.epilogue_operand_dtype, rng)
+    epi_ops = runner.epilogue_operands(spec, m, rng)
     value = runner.apply_epilogue(product, epi, epi_ops)
     ops = {name: _padded(x, 0, rng, case.lead) if isinstance(x, cupy.ndarray) else x
            for name, x in epi_ops.call_kwargs(epi).items()}

@@ -68,7 +68,7 @@ def test_edge_tiles_match_reference_and_whole_rows(name, tile, epilogue, extra):
     g = build(m, n, K, dtype=info.lib, scaling=info.scaling, epilogue=epilogue, config=cfg, weight_streaming=False)
     rng = cupy.random.default_rng(1000 * extra + block_n)
     inputs = runner.operands(info, spec, m_whole, rng, b_scale=1.0 / K ** 0.5)
-    ops = runner.epilogue_operands(spec.epi, m_whole, n, spec.out_dtype, rng)
+    ops = runner.epilogue_operands(spec, m_whole, rng)
     rows = EpilogueOperands(bias=ops.bias, c=None if ops.c is None else ops.c[:m],
                             residual=None if ops.residual is None else ops.residual[:m], alpha=ops.alpha, beta=ops.beta)
     if quant:  # (q, scales): poisoned, against float64 within the FP8 bound, and bit for bit the whole-rows call's
