@@ -1376,19 +1376,22 @@ struct GemmSm90 {
 
   // ---- epilogue operands: the bias through shared memory, C and the residual by TMA --------------
   static constexpr uint32_t kBiasPerThread = (kBiasFloatsPerWG + kWarpgroupThreads - 1) / kWarpgroupThreads;
+  static constexpr uint32_t kBiasRegs = kBiasPerThread > 0 ? kBiasPerThread : 1;  // (arrays of no bias)
 
   // The tile's bias from global memory into this consumer's buffer (as FP32, zero past N or M), where every thread
-  // finds the ones of its columns or rows; before the epilogue's first barrier (after the previous epilogue's last
-  // one every thread of the consumer has read the old values). Grouped GEMMs: a column bias per group, (G, N).
-  // Read here, in the epilogue, not ahead of the main loop: a load in flight across the main loop made ptxas keep
-  // the loop's wgmma descriptors in vector registers (an R2UR before every wgmma, as kRow's copies did in session 7;
-  // sass.wgmma_vector_descriptors, checked by the tests' compiled_clean), which cost FP8 bias+gelu 6-15%
-  // (docs/NOTES.md, session 52). Here the load's latency overlaps the wait for the previous tile's store.
-  static DGJIT_DEVICE void stage_bias(const Smem& smem, const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg) {
+  // finds the ones of its columns or rows: read_bias into registers, park_bias into the buffer before the
+  // epilogue's first barrier (after the previous epilogue's last one every thread of the consumer has read the old
+  // values). Grouped GEMMs: a column bias per group, (G, N).
+  // When to read it (consume's kBiasEarly): not ahead of the main loop, where a load in flight across it made ptxas
+  // keep the loop's wgmma descriptors in vector registers (an R2UR before every wgmma, as kRow's copies did in
+  // session 7; sass.wgmma_vector_descriptors, checked by the tests' compiled_clean), which cost FP8 bias+gelu 6-15%
+  // (docs/NOTES.md, session 52); on cooperative tiles once the tile's first wgmmas are queued, so that its latency
+  // passes under them; elsewhere at the epilogue's start (stage_bias: both steps there).
+  static DGJIT_DEVICE void read_bias(const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg,
+                                     float (&values)[kBiasRegs]) {
     if constexpr (Epi::kBias != BiasKind::kNone) {
       const TBias* bias = static_cast<const TBias*>(ea.bias);
       if constexpr (kGrouped && Epi::kBias == BiasKind::kCol) bias += static_cast<uint64_t>(tile.group) * kN;
-      float values[kBiasPerThread];
 #pragma unroll
       for (uint32_t i = 0; i < kBiasPerThread; ++i) {
         const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
@@ -1400,12 +1403,21 @@ struct GemmSm90 {
           values[i] = idx < kBiasFloatsPerWG && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
         }
       }
+    }
+  }
+  static DGJIT_DEVICE void park_bias(const Smem& smem, uint32_t math_wg, const float (&values)[kBiasRegs]) {
+    if constexpr (Epi::kBias != BiasKind::kNone) {
 #pragma unroll
       for (uint32_t i = 0; i < kBiasPerThread; ++i) {
         const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
         if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = values[i];
       }
     }
+  }
+  static DGJIT_DEVICE void stage_bias(const Smem& smem, const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg) {
+    float values[kBiasRegs];
+    read_bias(ea, tile, math_wg, values);
+    park_bias(smem, math_wg, values);
   }
 
   // D column slices of tile n_block that start inside N (the others are neither loaded nor stored).
@@ -1708,10 +1720,12 @@ struct GemmSm90 {
                  static_cast<int32_t>(row0));
   }
 
+  // kBiasRead: the main loop read the tile's bias into `bias` (consume's kBiasEarly); else it is read here.
+  template <bool kBiasRead>
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                     const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
-                                    TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
+                                    TAcc (&acc)[kNumM64PerWG][kNumAccum], const float (&bias)[kBiasRegs]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     const uint32_t n_block = tile.n_block;
@@ -1722,7 +1736,11 @@ struct GemmSm90 {
     if (is_store_thread) tma_store_wait_read<0>();
     // kRow: this thread's scale copies have landed; the barrier makes everyone's visible.
     if constexpr (kScaling == Scaling::kRow) cp_async_wait_all();
-    stage_bias(smem, ea, tile, math_wg);
+    if constexpr (kBiasRead) {
+      park_bias(smem, math_wg, bias);
+    } else {
+      stage_bias(smem, ea, tile, math_wg);
+    }
     named_barrier_sync(barrier_id, kWarpgroupThreads);
     if constexpr (kPrefetch) {
       if (wait_operands) {
@@ -2186,6 +2204,15 @@ struct GemmSm90 {
     if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
     // Split-K's share handling, where this launch's walk hands out shares.
     constexpr bool kShares = kSplitK && kWalkSplits;
+    // The tile's bias read once its first wgmmas are queued (after_first_issue below), parked for the epilogue in
+    // registers: read at the epilogue's start, its global load latency (and the wait before the epilogue's math)
+    // was exposed once per tile. Same-call A/B, session 56 (us, bitwise equal): FP8 tensor bias+gelu 4096 x 32768 x
+    // 512 207.5 -> 190.6, 24576 x 1536 299.2 -> 278.2, FP8 block 226.0 -> 205.1, bias only 155.9 -> 145.3; bf16
+    // 128x256 even. Not on tiles whose epilogue overlaps the other consumer's MMAs (ping-pong: bf16 bias+gelu
+    // 242.2 -> 252.5 with it), swapped tiles (1050 x 4096 x 7168 FP8 60.1 -> 60.9), split shares (the last share's
+    // epilogue only) or K lanes (lane 0 owns the tile's epilogue).
+    constexpr bool kBiasEarly =
+        Epi::kBias != BiasKind::kNone && !kShares && !kWGSplitK && !kPingPong && !kSwapAB;
     Walk<kWalkSplits> scheduler(m, ga, sk);
     State state;
     uint32_t operand_phase = 0;
@@ -2216,6 +2243,7 @@ struct GemmSm90 {
         if (scheduler.tiles_done() > 1) named_barrier_sync(kTurnBarrier + math_wg, 2 * kWarpgroupThreads);
       }
       const bool wait_operands = owns_tile && loads_epilogue_operands(ea, tile, math_wg);
+      float bias[kBiasRegs] = {};  // kBiasEarly
       const auto prefetch = [&]() {
         if constexpr (kPrefetch) {
           if (wait_operands) prefetch_epilogue_operands(smem, tmap_c, tmap_r, ea, math_wg, tile);
@@ -2225,6 +2253,7 @@ struct GemmSm90 {
       // operands are loaded then.
       const auto after_first_issue = [&]() {
         if constexpr (!kShares) prefetch();
+        if constexpr (kBiasEarly) read_bias(ea, tile, math_wg, bias);
       };
       // kWGSplitK: this lane's K blocks are those at ring positions of its parity, from `first` on (none when the
       // tile has one block and it is the other lane's); the ring then moves past the whole tile.
@@ -2285,7 +2314,8 @@ struct GemmSm90 {
       if constexpr (kSwapAB) {
         epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, ea, acc);
       } else {
-        epilogue(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, acc);
+        epilogue<kBiasEarly>(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, acc,
+                             bias);
       }
       if constexpr (kScaling == Scaling::kRow) stage_next_row_scales(smem, scales, math_wg, m, scheduler, kPingPong ? 1 : 0);
     }
