@@ -40,14 +40,23 @@ struct EpilogueArgs {
   int64_t scales_stride_m = 0, scales_stride_g = 0;
 };
 
-DGJIT_DEVICE float load_as_float(const float* p) { return *p; }
-DGJIT_DEVICE float load_as_float(const bfloat16_t* p) {
-  return __uint_as_float(static_cast<uint32_t>(p->bits) << 16);
-}
-DGJIT_DEVICE float load_as_float(const half_t* p) {
-  float x;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(p->bits));
-  return x;
+// A float, bf16 or fp16 value as its bits (load_bits) and those bits as FP32 (bits_as_float): split so that a load
+// can be issued long before its value is used (the bias read under the main loop, gemm_sm90.cuh's read_bias).
+DGJIT_DEVICE uint32_t load_bits(const float* p) { return __float_as_uint(*p); }
+DGJIT_DEVICE uint32_t load_bits(const bfloat16_t* p) { return p->bits; }
+DGJIT_DEVICE uint32_t load_bits(const half_t* p) { return p->bits; }
+template <class T>
+DGJIT_DEVICE float bits_as_float(uint32_t bits) {
+  if constexpr (is_same<T, bfloat16_t>::value) {
+    return __uint_as_float(bits << 16);
+  } else if constexpr (is_same<T, half_t>::value) {
+    float x;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(static_cast<uint16_t>(bits)));
+    return x;
+  } else {
+    static_assert(is_same<T, float>::value, "bias types: float, bf16, fp16");
+    return __uint_as_float(bits);
+  }
 }
 
 DGJIT_DEVICE float ex2_approx(float x) {

@@ -1379,45 +1379,48 @@ struct GemmSm90 {
   static constexpr uint32_t kBiasRegs = kBiasPerThread > 0 ? kBiasPerThread : 1;  // (arrays of no bias)
 
   // The tile's bias from global memory into this consumer's buffer (as FP32, zero past N or M), where every thread
-  // finds the ones of its columns or rows: read_bias into registers, park_bias into the buffer before the
-  // epilogue's first barrier (after the previous epilogue's last one every thread of the consumer has read the old
-  // values). Grouped GEMMs: a column bias per group, (G, N).
+  // finds the ones of its columns or rows: read_bias loads this thread's values as they are stored (bits: 0 past N
+  // or M), park_bias converts them into the buffer before the epilogue's first barrier (after the previous
+  // epilogue's last one every thread of the consumer has read the old values). Grouped GEMMs: a column bias per
+  // group, (G, N).
   // When to read it (consume's kBiasEarly): not ahead of the main loop, where a load in flight across it made ptxas
   // keep the loop's wgmma descriptors in vector registers (an R2UR before every wgmma, as kRow's copies did in
   // session 7; sass.wgmma_vector_descriptors, checked by the tests' compiled_clean), which cost FP8 bias+gelu 6-15%
   // (docs/NOTES.md, session 52); on cooperative tiles once the tile's first wgmmas are queued, so that its latency
-  // passes under them; elsewhere at the epilogue's start (stage_bias: both steps there).
+  // passes under the main loop (nothing uses the bits before park_bias: a conversion there waited for the load
+  // before the next K block); elsewhere at the epilogue's start (stage_bias: both steps there).
   static DGJIT_DEVICE void read_bias(const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg,
-                                     float (&values)[kBiasRegs]) {
+                                     uint32_t (&bits)[kBiasRegs]) {
     if constexpr (Epi::kBias != BiasKind::kNone) {
       const TBias* bias = static_cast<const TBias*>(ea.bias);
       if constexpr (kGrouped && Epi::kBias == BiasKind::kCol) bias += static_cast<uint64_t>(tile.group) * kN;
 #pragma unroll
       for (uint32_t i = 0; i < kBiasPerThread; ++i) {
         const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
+        bits[i] = 0;  // (the bits of 0.0 in every bias type)
         if constexpr (Epi::kBias == BiasKind::kCol) {
           const uint32_t col = tile.n_block * kBlockN + (kSwapAB ? 64 * math_wg : 0) + idx;
-          values[i] = idx < kBiasFloatsPerWG && col < kN ? load_as_float(bias + col) : 0.0f;
+          if (idx < kBiasFloatsPerWG && col < kN) bits[i] = load_bits(bias + col);
         } else {
           const uint32_t row = tile.row0 + (kSwapAB ? 0 : wg_row_offset(math_wg)) + idx;
-          values[i] = idx < kBiasFloatsPerWG && row < tile.row_end ? load_as_float(bias + row) : 0.0f;
+          if (idx < kBiasFloatsPerWG && row < tile.row_end) bits[i] = load_bits(bias + row);
         }
       }
     }
   }
-  static DGJIT_DEVICE void park_bias(const Smem& smem, uint32_t math_wg, const float (&values)[kBiasRegs]) {
+  static DGJIT_DEVICE void park_bias(const Smem& smem, uint32_t math_wg, const uint32_t (&bits)[kBiasRegs]) {
     if constexpr (Epi::kBias != BiasKind::kNone) {
 #pragma unroll
       for (uint32_t i = 0; i < kBiasPerThread; ++i) {
         const uint32_t idx = threadIdx.x % kWarpgroupThreads + i * kWarpgroupThreads;
-        if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = values[i];
+        if (idx < kBiasFloatsPerWG) smem.bias(math_wg)[idx] = bits_as_float<TBias>(bits[i]);
       }
     }
   }
   static DGJIT_DEVICE void stage_bias(const Smem& smem, const EpilogueArgs& ea, const Tile& tile, uint32_t math_wg) {
-    float values[kBiasRegs];
-    read_bias(ea, tile, math_wg, values);
-    park_bias(smem, math_wg, values);
+    uint32_t bits[kBiasRegs];
+    read_bias(ea, tile, math_wg, bits);
+    park_bias(smem, math_wg, bits);
   }
 
   // D column slices of tile n_block that start inside N (the others are neither loaded nor stored).
@@ -1725,7 +1728,7 @@ struct GemmSm90 {
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                     const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
-                                    TAcc (&acc)[kNumM64PerWG][kNumAccum], const float (&bias)[kBiasRegs]) {
+                                    TAcc (&acc)[kNumM64PerWG][kNumAccum], const uint32_t (&bias)[kBiasRegs]) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     const uint32_t n_block = tile.n_block;
@@ -2243,7 +2246,7 @@ struct GemmSm90 {
         if (scheduler.tiles_done() > 1) named_barrier_sync(kTurnBarrier + math_wg, 2 * kWarpgroupThreads);
       }
       const bool wait_operands = owns_tile && loads_epilogue_operands(ea, tile, math_wg);
-      float bias[kBiasRegs] = {};  // kBiasEarly
+      uint32_t bias[kBiasRegs] = {};  // kBiasEarly: the tile's bias bits (read_bias)
       const auto prefetch = [&]() {
         if constexpr (kPrefetch) {
           if (wait_operands) prefetch_epilogue_operands(smem, tmap_c, tmap_r, ea, math_wg, tile);
