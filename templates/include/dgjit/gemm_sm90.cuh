@@ -1555,6 +1555,14 @@ struct GemmSm90 {
   // the ping-pong GELU rows without kBatchMath (K > 1024) lost 4-5% (429 -> 452 us at 24576x1536) and read them
   // at use.
   static constexpr bool kBiasAhead = kBatchMath || kPlainMath;
+  // kBiasAll: all of this thread's column biases (up to 16 pairs) read from the buffer at once, after the barrier,
+  // instead of a chunk ahead: the short epilogues still waited on each chunk's loads (ncu, FP8 bias only at
+  // 4096 x 32768 x 512: 10% of the stall samples, short scoreboard). Same call, session 56, us: FP8 tensor bias
+  // only 135.4 -> 133.0, bias+gelu 183.7 -> 179.5, FP8 block bias+gelu 196.2 -> 195.2, 16-bit cooperative rows
+  // even. Not on ping-pong tiles (bf16 bias+gelu 24576 x 1536 431.8 -> 454.4, fp16 7168 x 2048 176.5 -> 183.8) nor
+  // with silu / sigmoid (FP8 bias+silu 171.0 -> 173.0 both rounds).
+  static constexpr bool kBiasAll = Epi::kBias == BiasKind::kCol && !kPingPong && kNumPairCols * kBiasPerGroup <= 16 &&
+                                   Epi::kAct != Activation::kSilu && Epi::kAct != Activation::kSigmoid;
   // The activations' forms for D's precision and this schedule (ActivationForms: one MUFU per element where the
   // epilogue does not overlap the other consumer's wgmmas).
   using Forms = ActivationForms<TD, kPingPong>;
@@ -1768,18 +1776,28 @@ struct GemmSm90 {
     uint32_t amax_bits = 0;  // per-tensor quantization with amax_out: this thread's max |x| inside (M, N_out)
     // Column biases (the same for every m64 slice), read one chunk ahead where kBiasAhead says so.
     float2 col_bias_next[kChunk][kBiasPerGroup] = {};
+    // (gated: gate columns 16j + ..., up columns 8 further; else 8j + ...)
+    const auto col_bias_pair = [&](uint32_t j, uint32_t q) {
+      return *reinterpret_cast<const float2*>(smem.bias(math_wg) + (kGated ? 16 * j + 8 * q : 8 * j) + 2 * (lane % 4));
+    };
     auto load_col_bias = [&](uint32_t j0, float2 (&b)[kChunk][kBiasPerGroup]) {
       if constexpr (Epi::kBias == BiasKind::kCol) {
 #pragma unroll
         for (uint32_t jj = 0; jj < kChunk; ++jj)
 #pragma unroll
           for (uint32_t q = 0; q < kBiasPerGroup; ++q)
-            if (j0 + jj < kNumPairCols)  // gated: gate columns 16j + ..., up columns 8 further; else 8j + ...
-              b[jj][q] = *reinterpret_cast<const float2*>(
-                  smem.bias(math_wg) + (kGated ? 16 * (j0 + jj) + 8 * q : 8 * (j0 + jj)) + 2 * (lane % 4));
+            if (j0 + jj < kNumPairCols) b[jj][q] = col_bias_pair(j0 + jj, q);
       }
     };
-    if constexpr (kBiasAhead) load_col_bias(0, col_bias_next);
+    float2 col_bias_all[kBiasAll ? kNumPairCols : 1][kBiasPerGroup];
+    if constexpr (kBiasAll) {
+#pragma unroll
+      for (uint32_t j = 0; j < kNumPairCols; ++j)
+#pragma unroll
+        for (uint32_t q = 0; q < kBiasPerGroup; ++q) col_bias_all[j][q] = col_bias_pair(j, q);
+    } else if constexpr (kBiasAhead) {
+      load_col_bias(0, col_bias_next);
+    }
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
       float row_bias[2] = {0.0f, 0.0f};
@@ -1796,7 +1814,13 @@ struct GemmSm90 {
       for (uint32_t j0 = 0; j0 < kNumPairCols; j0 += kChunk) {
         // Gather the chunk's operands (and the next chunk's column biases).
         float2 col_bias[kChunk][kBiasPerGroup] = {};
-        if constexpr (kBiasAhead) {
+        if constexpr (kBiasAll) {
+#pragma unroll
+          for (uint32_t jj = 0; jj < kChunk; ++jj)
+#pragma unroll
+            for (uint32_t q = 0; q < kBiasPerGroup; ++q)
+              if (j0 + jj < kNumPairCols) col_bias[jj][q] = col_bias_all[j0 + jj][q];
+        } else if constexpr (kBiasAhead) {
 #pragma unroll
           for (uint32_t jj = 0; jj < kChunk; ++jj)
 #pragma unroll
