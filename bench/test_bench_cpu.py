@@ -744,6 +744,9 @@ def test_epilogue_arguments_cases_and_default_unchanged(capsys):
     assert parse_args([]).epilogue is None
     assert suites.parse_epilogues(None) == (None,) and suites.parse_epilogues("") == (None,)
     assert suites.parse_epilogues("gelu+bias, bias+gelu+residual,none") == ("bias+gelu", "bias+gelu+residual", None)
+    for quantized in ("quant_fp8_tensor", "bias+gelu+quant_fp8_g128", "quant_int8_tensor"):
+        with pytest.raises(ValueError, match="bench.quant_epilogue"):
+            suites.parse_epilogues(quantized)
     with pytest.raises(ValueError, match="unknown word"):
         suites.parse_epilogues("bias+swish")
     plain = suites.expand(("deepseek",), ("bf16",))
