@@ -2231,12 +2231,12 @@ struct GemmSm90 {
     if constexpr (kScaling == Scaling::kTensor) tensor_scale = ld_global_nc_f32(scales.a) * ld_global_nc_f32(scales.b);
     // Split-K's share handling, where this launch's walk hands out shares.
     constexpr bool kShares = kSplitK && kWalkSplits;
-    // The tile's bias read once its first wgmmas are queued (after_first_issue below), parked for the epilogue in
-    // registers: read at the epilogue's start, its global load latency (and the wait before the epilogue's math)
-    // was exposed once per tile. Same-call A/B, session 56 (us, bitwise equal): FP8 tensor bias+gelu 4096 x 32768 x
-    // 512 207.5 -> 190.6, 24576 x 1536 299.2 -> 278.2, FP8 block 226.0 -> 205.1, bias only 155.9 -> 145.3; bf16
-    // 128x256 even. Not on tiles whose epilogue overlaps the other consumer's MMAs (ping-pong: bf16 bias+gelu
-    // 242.2 -> 252.5 with it), swapped tiles (1050 x 4096 x 7168 FP8 60.1 -> 60.9), split shares (the last share's
+    // The tile's bias read once its first wgmmas are queued (after_first_issue below), its bits kept in registers
+    // until the epilogue parks them: read at the epilogue's start, its global load latency was exposed once per
+    // tile. Same-call A/B, session 56 (us, bitwise equal): FP8 tensor bias+gelu 4096 x 32768 x 512 207.4 -> 182.3,
+    // FP8 block 226.5 -> 194.9, bias only 157.1 -> 135.6, 24576 x 1536 289.6 -> 269.1; bf16 128x256 even. Not on
+    // tiles whose epilogue overlaps the other consumer's MMAs (ping-pong: bf16 bias+gelu 240.9 -> 247.3 with it),
+    // swapped tiles (mixed: 586 x 7168 x 2048 FP8 -6%, 300 x 7168 x 16384 +1.7%), split shares (the last share's
     // epilogue only) or K lanes (lane 0 owns the tile's epilogue).
     constexpr bool kBiasEarly =
         Epi::kBias != BiasKind::kNone && !kShares && !kWGSplitK && !kPingPong && !kSwapAB;
