@@ -1376,7 +1376,8 @@ struct GemmSm90 {
 
   // ---- epilogue operands: the bias through shared memory, C and the residual by TMA --------------
   static constexpr uint32_t kBiasPerThread = (kBiasFloatsPerWG + kWarpgroupThreads - 1) / kWarpgroupThreads;
-  static constexpr uint32_t kBiasRegs = kBiasPerThread > 0 ? kBiasPerThread : 1;  // (arrays of no bias)
+  // Length of the bias register arrays: kBiasPerThread, at least 1 (kernels without a bias still declare them).
+  static constexpr uint32_t kBiasRegs = kBiasPerThread > 0 ? kBiasPerThread : 1;
 
   // The tile's bias from global memory into this consumer's buffer (as FP32, zero past N or M), where every thread
   // finds the ones of its columns or rows: read_bias loads this thread's values as they are stored (bits: 0 past N
