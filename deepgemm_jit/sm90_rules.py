@@ -159,11 +159,22 @@ SM90_SMALL_M_BUCKET_MAX = 128
 SM90_FP8_ROW_WIDE_MIN_M = 1024
 
 
+def _group_quant_two_groups(spec: GemmSpec, block_n: int) -> bool:
+    """Whether a quant_fp8_g128 tile BLOCK_N wide holds two 1x128 groups per row (256 columns of D).
+    bench.quant_epilogue, bf16, same call (bench/results/*quant-256-columns-s57*): at M = 4096 faster than 128 columns on 9 of 10 rows
+    (24576x1536 455.9 -> 431.2 us, 4096x7168 331.3 -> 311.1); at M = 64 / 128, where they make one wave of tiles with
+    twice the epilogue each, slower (64 x 32768x512 bias+gelu 18.0 -> 21.1, 128 x 32768x512 19.0 -> 20.2)."""
+    out_cols = block_n // 2 if spec.epi.is_gated else block_n
+    return spec.epi.has_group_scales and out_cols == 256
+
+
 def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: int = 1) -> bool:
     """Tiles the heuristic considers (others stay legal for explicit configs and the tuner). Measured exceptions to
     the waves model for FP8 above SM90_SMALL_M_BUCKET_MAX rows (H200 sweeps, bench/results/*probe-block-row-tiles*,
     and as cited; measured when 129-256 rows were one 256-row bucket):
 
+    - quant_fp8_g128 takes two groups per tile row (256 columns of D) only above SM90_SMALL_M_BUCKET_MAX rows
+      (_group_quant_two_groups).
     - block scaling takes BLOCK_N = 176 when N and K >= 1024 and the problem has >= 1024 rows in all (m_hint x
       groups), else 128: since the promotion resolves which scale blocks a straddling tile touches at compile time
       (session 6), 128x176 was the fastest or within 1% of it on five of the six M = 4096 DeepSeek shapes
@@ -183,6 +194,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
       model's picks of at least SM90_FP8_TENSOR_MIN_BLOCK_N columns (session 22: 128x64 lost up to 1.49x).
     """
     if not spec.b_k_major and block_n == SM90_MN_BLOCK and m_hint >= SM90_MN_B_MIN_M_NO_64:
+        return False
+    if m_hint <= SM90_SMALL_M_BUCKET_MAX and _group_quant_two_groups(spec, block_n):
         return False
     if m_hint <= SM90_SMALL_M_BUCKET_MAX:
         return spec.scaling != "block" or 128 % block_n == 0

@@ -212,16 +212,14 @@ def sm90_trans_b(spec: GemmSpec) -> bool:
 def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
     """Why the fused epilogue cannot use tiles BLOCK_N wide, or None when it can (mirror of GemmSm90's
     static_asserts): gated units pair 8 gate with 8 up columns (BLOCK_N multiple of 16), quant_fp8_g128 needs tiles
-    that cover one whole 1x128 group of D (128 output columns: the group's amax is reduced inside the tile),
+    of whole 1x128 groups of D (128 or 256 output columns: a group's amax is reduced inside the tile),
     and a D tile row must be whole 16-byte chunks (TMA store boxes; 1-byte outputs need 16 columns)."""
     epi = spec.epi
     if epi.is_gated and block_n % 16:
         return f"gated units ({epi.gate}) need block_n to be a multiple of 16, got {block_n}"
     out_cols = block_n // 2 if epi.is_gated else block_n
-    if epi.has_group_scales and out_cols != 128:
-        # 256 output columns would park 128 values per thread for the second pass, which spilled (with the
-        # division's slow-path calls); 128 covers one group per tile row.
-        return (f"quant_fp8_g128 needs D tiles of 128 columns (one whole 1x128 group), got {out_cols}"
+    if epi.has_group_scales and out_cols not in (128, 256):
+        return (f"quant_fp8_g128 needs D tiles of 128 or 256 columns (whole 1x128 groups), got {out_cols}"
                 + (" (block_n / 2: gated)" if epi.is_gated else ""))
     if (out_cols * dtypes.get(spec.out_dtype).storage_bytes) % 16:
         return f"a D tile row of {out_cols} {spec.out_dtype} columns is not a whole number of 16-byte chunks"

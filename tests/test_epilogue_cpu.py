@@ -284,7 +284,8 @@ def test_gated_and_quant_tile_legality():
     g128 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_g128")
     gated = GemmSpec.create(1024, 512, "bf16", epilogue="swiglu+quant_fp8_g128")
     tensor8 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_tensor")
-    for spec, tile, ok in ((g128, (128, 128), True), (g128, (128, 256), False), (g128, (128, 64), False),
+    for spec, tile, ok in ((g128, (128, 128), True), (g128, (128, 256), True), (g128, (64, 256), True),
+                           (g128, (128, 192), False), (g128, (128, 64), False),
                            (gated, (128, 256), True), (gated, (128, 128), False),
                            (tensor8, (128, 112), True), (tensor8, (128, 120), False)):
         cfg = config.sm90_config(spec, *tile, num_stages=3)
@@ -293,12 +294,15 @@ def test_gated_and_quant_tile_legality():
         else:
             with pytest.raises(ValueError, match="cannot run epilogue"):
                 cfg.check_for(spec, "sm_90a")
-    # The heuristic only picks legal tiles, also where the preferred tile is not (FP8 row scaling prefers 176),
-    # and never the ping-pong tile for group scales.
-    for spec in (g128, gated, GemmSpec.create(4096, 1536, "fp8", scaling="row", epilogue="bias+gelu+quant_fp8_g128")):
+    # The heuristic only picks legal tiles, also where the preferred tile is not (FP8 row scaling prefers 176; its
+    # promoted sums leave no registers for 256 columns), and never the ping-pong tile for group scales. 16-bit
+    # GEMMs take two groups per tile row where the plain GEMM's 128x256 pays (as for the plain GEMM).
+    fp8_row = GemmSpec.create(4096, 1536, "fp8", scaling="row", epilogue="bias+gelu+quant_fp8_g128")
+    wide = GemmSpec.create(4096, 7168, "bf16", epilogue="bias+gelu+quant_fp8_g128")
+    for spec, block_n in ((g128, 256), (gated, 256), (fp8_row, 128), (wide, 256)):
         cfg = config.choose_config(spec, 4096, "sm_90a")
         cfg.check_for(spec, "sm_90a")
-        assert not cfg.pingpong and cfg.block_n == (256 if spec.epi.is_gated else 128), cfg.tag
+        assert not cfg.pingpong and cfg.block_n == block_n, cfg.tag
     # D staging is half as wide for gated units and one byte per element for quantized outputs.
     plain = GemmSpec.create(1024, 512, "bf16")
     assert (sm90_tiles.sm90_smem_bytes(plain, 128, 256, 3) - sm90_tiles.sm90_smem_bytes(gated, 128, 256, 3)

@@ -396,6 +396,64 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert fresh[1] is not scales and bool(cupy.array_equal(fresh[1], scales)), case
 
 
+@pytest.mark.parametrize("dtype,m,n,k,epilogue,tile", [
+    ("bf16", 301, 1000, 520, "bias+gelu+quant_fp8_g128", (128, 256, False)),  # last tile: groups 768-895 partial
+    ("bf16", 131, 880, 777, "quant_fp8_g128", (64, 256, False)),               # last tile: second group past N
+    ("bf16", 257, 1280, 512, "bias+sigmoid+quant_fp8_g128", (64, 256, True)),  # ping-pong; sigmoid(0) masked
+    ("fp16", 200, 1536, 1024, "bias_row+silu+quant_fp8_g128", (128, 256, False)),
+    ("tf32", 130, 640, 300, "bias+gelu+quant_fp8_g128", (64, 256, False)),
+    ("int8", 257, 1000, 1024, "bias+silu+quant_fp8_g128", (128, 256, False)),  # int32 sums parked as floats
+])
+def test_quant_group128_on_256_column_tiles(dtype, m, n, k, epilogue, tile):
+    """Tiles of two 1x128 groups per row (the heuristic's pick for 16-bit GEMMs at M >= 128 on wide N): both
+    groups' amax reduced inside the tile, columns past N excluded from the second group, scales and q of every
+    group equal the float64 reference's quantization (q within one FP8 ulp)."""
+    import cupy
+
+    rng = cupy.random.default_rng(m * n + k)
+    kwargs = {"scaling": "row"} if dtype == "int8" else {}
+    spec = GemmSpec.create(n, k, dtype=dtype, epilogue=epilogue, **kwargs)
+    block_m, block_n, pingpong = tile
+    g = build(m, n, k, dtype=dtype, epilogue=epilogue, weight_streaming=False, **kwargs,
+              config=config.sm90_config(spec, block_m, block_n, pingpong=pingpong))
+    epi = g.spec.epi
+    x = reference.random_matrix((m, k), "fp32", rng)
+    w = reference.random_matrix((n, k), "fp32", rng, scale=1.0 / math.sqrt(k))
+    if dtype == "int8":
+        qa, sa = reference.quantize_reference(x, "int8", "row")
+        qb, sb = reference.quantize_reference(w, "int8", "row")
+        args, call = (qa, qb), {"scale_a": sa, "scale_b": sb}
+        acc = (reference.dequantize_reference(qa, sa, "int8", "row")
+               @ reference.dequantize_reference(qb, sb, "int8", "row").T)
+    else:
+        storage = "fp32" if dtype == "tf32" else dtype
+        a, b = reference.random_matrix((m, k), storage, rng), reference.random_matrix((n, k), storage, rng, 0.05)
+        if dtype == "tf32":  # values TF32 holds exactly (the tensor cores read 19 bits): exact float64 products
+            a, b = ((x.view(cupy.uint32) & cupy.uint32(0xFFFFE000)).view(cupy.float32) for x in (a, b))
+        args, call = (a, b), {}
+        acc = reference.to_float64(a) @ reference.to_float64(b).T
+    bias = None
+    if epi.bias != "none":
+        bias = reference.random_matrix((m,) if epi.bias == "row" else (n,), "fp32", rng)
+        if epi.bias == "col":
+            bias[n // 128 * 128:] -= 8.0  # the partial group's amax must not see the columns past N
+    q = cupy.full((m, n), 0xFF, dtype=cupy.uint8)
+    groups = -(-n // 128)
+    # The scales are a view with a NaN column and row around them: a group wholly past N (the last tile's second
+    # group where N % 256 <= 128) must write no scale, here into the next row's first one.
+    frame = cupy.full((m + 1, groups + 1), cupy.nan, dtype=cupy.float32)
+    scales = frame[:m, :groups]
+    g(*args, bias=bias, out=q, scales_out=scales, **call)
+    case = (dtype, epilogue, m, n, k, g.config.tag)
+    assert bool(cupy.isnan(frame[m]).all()) and bool(cupy.isnan(frame[:, groups]).all()), case
+    assert g.config.block_n == block_n and g.config.pingpong == pingpong, case
+    q_ref, s_ref = reference.quantized_epilogue_reference(reference.unfused_epilogue(acc, epi, bias=bias), epi)
+    assert not bool(cupy.isnan(scales).any()), case
+    assert bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
+    assert not bool((q == 0xFF).any()), case
+    _check_quantized_q(q, q_ref, "fp8_e4m3", case)
+
+
 def test_quant_tensor_fp8_with_amax_and_int8():
     """Static per-tensor scales: FP8 (a scale small enough that the largest values saturate) with amax_out,
     and INT8 from an INT8 row-scaled GEMM; q within one ulp of the reference, amax equal to max |x|."""

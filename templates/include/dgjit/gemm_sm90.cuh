@@ -1659,7 +1659,9 @@ struct GemmSm90 {
             }
           }
           const float scale = quant::scale_of<quant::Format::kE4M3>(quant::reduce_max_lanes<4>(amax));
-          if (lane % 4 == 0 && global_row < tile.row_end) {
+          // A 256-column tile's second group can lie wholly past N (N = 2112: groups 0-16): it has no scale column.
+          const bool group_in_n = kOutN % kOutCols == 0 || n_block * kOutCols + g * 128 < kOutN;
+          if (lane % 4 == 0 && global_row < tile.row_end && group_in_n) {
             ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128 + g) * ea.scales_stride_g] = scale;
           }
           const quant::Divisor divisor = quant::make_divisor(scale);
