@@ -161,7 +161,7 @@ SM90_FP8_ROW_WIDE_MIN_M = 1024
 
 def _group_quant_two_groups(spec: GemmSpec, block_n: int) -> bool:
     """Whether a quant_fp8_g128 tile BLOCK_N wide holds two 1x128 groups per row (256 columns of D).
-    bench.quant_epilogue, bf16, same call (bench/results/*quant-256-columns-s57*): at M = 4096 faster than 128 columns on 9 of 10 rows
+    bench.quant_epilogue, bf16, same call (bench/results/*quant-256-columns-*s57*): at M = 4096 faster than 128 columns on 9 of 10 rows
     (24576x1536 455.9 -> 431.2 us, 4096x7168 331.3 -> 311.1); at M = 64 / 128, where they make one wave of tiles with
     twice the epilogue each, slower (64 x 32768x512 bias+gelu 18.0 -> 21.1, 128 x 32768x512 19.0 -> 20.2)."""
     out_cols = block_n // 2 if spec.epi.is_gated else block_n
@@ -666,7 +666,9 @@ def sm90_pingpong_pays(spec: GemmSpec, m_hint: int, num_sms: int, block_m: int, 
     2112 columns at 128x128 need 5 waves where 128x176 needs 3 (measured 21% slower)."""
     if not sm90_pingpong_fits(spec) or spec.k > _PINGPONG_MAX_K or m_hint <= SM90_SMALL_M_BUCKET_MAX:
         return False
-    if spec.epi.has_group_scales:  # a ping-pong consumer's 128 rows of parked values + the division's calls spilled
+    # Group quantization: compiles clean since 2026-12-04 (it spilled before), but ran 0-15% slower than the
+    # cooperative picks (bench/results/*quant-pingpong-*s57*: bf16 bias+gelu+quant 4096 x 32768x512 324 -> 333 us).
+    if spec.epi.has_group_scales:
         return False
     waves = -(-(-(-m_hint // block_m) * -(-spec.n // block_n)) // num_sms)
     pp_waves = -(-(-(-m_hint // 128) * -(-spec.n // 128)) // num_sms)

@@ -403,11 +403,13 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     ("fp16", 200, 1536, 1024, "bias_row+silu+quant_fp8_g128", (128, 256, False)),
     ("tf32", 130, 640, 300, "bias+gelu+quant_fp8_g128", (64, 256, False)),
     ("int8", 257, 1000, 1024, "bias+silu+quant_fp8_g128", (128, 256, False)),  # int32 sums parked as floats
+    ("bf16", 300, 1000, 1536, "bias+gelu+quant_fp8_g128", (128, 128, True)),   # 128 rows per ping-pong consumer
 ])
-def test_quant_group128_on_256_column_tiles(dtype, m, n, k, epilogue, tile):
-    """Tiles of two 1x128 groups per row (the heuristic's pick for 16-bit GEMMs at M >= 128 on wide N): both
-    groups' amax reduced inside the tile, columns past N excluded from the second group, scales and q of every
-    group equal the float64 reference's quantization (q within one FP8 ulp)."""
+def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
+    """Tiles of two 1x128 groups per row (the heuristic's pick for 16-bit GEMMs above 128 rows on wide N) and
+    ping-pong tiles (128 rows of parked values per consumer): each group's amax reduced inside the tile, columns
+    past N excluded, scales and q of every group equal the float64 reference's quantization (q within one FP8
+    ulp), no scale written outside the (M, groups) view."""
     import cupy
 
     rng = cupy.random.default_rng(m * n + k)
