@@ -161,9 +161,10 @@ SM90_FP8_ROW_WIDE_MIN_M = 1024
 
 def _group_quant_two_groups(spec: GemmSpec, block_n: int) -> bool:
     """Whether a quant_fp8_g128 tile BLOCK_N wide holds two 1x128 groups per row (256 columns of D).
-    bench.quant_epilogue, bf16, same call (bench/results/*quant-256-columns-*s57*): at M = 4096 faster than 128 columns on 9 of 10 rows
-    (24576x1536 455.9 -> 431.2 us, 4096x7168 331.3 -> 311.1); at M = 64 / 128, where they make one wave of tiles with
-    twice the epilogue each, slower (64 x 32768x512 bias+gelu 18.0 -> 21.1, 128 x 32768x512 19.0 -> 20.2)."""
+    bench.quant_epilogue, bf16, same call (bench/results/*quant-256-columns-*s57*): from 256 rows on faster than 128
+    columns or even (M = 4096: 24576x1536 455.9 -> 431.2 us, 4096x7168 331.3 -> 311.1); at M = 64 / 128, where they
+    make one wave of tiles with twice the epilogue each, slower (64 x 32768x512 bias+gelu 18.0 -> 21.1, 128 x
+    32768x512 19.0 -> 20.2)."""
     out_cols = block_n // 2 if spec.epi.is_gated else block_n
     return spec.epi.has_group_scales and out_cols == 256
 
