@@ -328,15 +328,18 @@ def test_all_zero_group_gets_scale_one(src, q_name, gran):
 _DIVIDE_SRC = r"""
 #include "dgjit/quantize.cuh"
 using namespace dgjit;
-// Per pair i: div.rn's quotient and quant::divide's, each also rounded to E4M3, E5M2 and INT8 as the quantizers do.
+// Per pair i: div.rn's quotient, quant::divide's and quant::divide_bounded's, the first two also rounded to E4M3,
+// E5M2 and INT8 as the quantizers do.
 extern "C" __global__ void dgjit_test_divide(const float* x, const float* s, unsigned long long n, float* quotients,
                                             unsigned int* codes) {
   const unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float want = quant::div_rn(x[i], s[i]);
-  const float got = quant::divide(x[i], quant::make_divisor(s[i]));
-  quotients[2 * i] = want;
-  quotients[2 * i + 1] = got;
+  const quant::Divisor d = quant::make_divisor(s[i]);
+  const float got = quant::divide(x[i], d);
+  quotients[3 * i] = want;
+  quotients[3 * i + 1] = got;
+  quotients[3 * i + 2] = quant::divide_bounded(x[i], d);
   const unsigned int e4m3 = quant::cvt_fp8x2_satfinite<quant::Format::kE4M3>(got, want);
   const unsigned int e5m2 = quant::cvt_fp8x2_satfinite<quant::Format::kE5M2>(got, want);
   int r[2] = {quant::cvt_rni_s32(want), quant::cvt_rni_s32(got)};
@@ -353,8 +356,9 @@ def test_divisor_matches_div_rn():
     """quant::divide (Markstein's correction from one reciprocal per divisor, what the quantizers and the
     quantize-on-store epilogues divide with) against div.rn.f32: the same E4M3, E5M2 and INT8 codes for every pair,
     and the same float32 quotient bit for bit where it decides a code (2^-10 <= |x / s| <= 2^16; below, every code is
-    0, above, saturated). Pairs: random bit patterns (subnormals, huge values, inf, NaN), quantizer-like pairs
-    (|x| <= 448 s, s over 2^-149..2^127) and a grid of special values."""
+    0, above, saturated). quant::divide_bounded (the group quantize-on-store's) equals divide wherever the quotient
+    does not overflow and s is not 0. Pairs: random bit patterns (subnormals, huge values, inf, NaN),
+    quantizer-like pairs (|x| <= 448 s, s over 2^-149..2^127) and a grid of special values."""
     from deepgemm_jit import render
 
     module = cupy.RawModule(code=_DIVIDE_SRC, options=("-std=c++17", f"-I{render.templates_dir() / 'include'}"))
@@ -371,14 +375,20 @@ def test_divisor_matches_div_rn():
     x = np.concatenate([random_bits[0], x_like, gx, random_bits[0][: n // 4]])
     s = np.concatenate([random_bits[1], s_like, gs, s_like[: n // 4]])
     total = x.size
-    quotients = cupy.empty(2 * total, dtype=cupy.float32)
+    quotients = cupy.empty(3 * total, dtype=cupy.float32)
     codes = cupy.empty(3 * total, dtype=cupy.uint32)
     threads = 256
     kernel(((total + threads - 1) // threads,), (threads,),
            (cupy.asarray(x), cupy.asarray(s), np.uint64(total), quotients, codes))
-    q = quotients.get().reshape(total, 2)
+    q = quotients.get().reshape(total, 3)
     c = codes.get().reshape(total, 3)
-    want, got = q[:, 0], q[:, 1]
+    want, got, bounded = q[:, 0], q[:, 1], q[:, 2]
+    # divide_bounded: divide's float bit for bit wherever x / s does not overflow and s is not 0 (NaN as NaN).
+    in_bounds = (s != 0) & (np.isnan(want) | (np.abs(want) <= 2.0 ** 100))
+    same = (bounded.view(np.uint32) == got.view(np.uint32)) | (np.isnan(bounded) & np.isnan(got))
+    assert in_bounds.sum() > total // 2 and np.isinf(s[in_bounds]).any() and np.isnan(want[in_bounds]).any()
+    off = np.flatnonzero(in_bounds & ~same)
+    assert off.size == 0, [(x[i], s[i], got[i], bounded[i]) for i in off[:5]]
     both_nan = np.isnan(want) & np.isnan(got)
     deciding = (np.abs(want) >= 2.0 ** -10) & (np.abs(want) <= 2.0 ** 16)
     differs = deciding & ~both_nan & (want.view(np.uint32) != got.view(np.uint32))

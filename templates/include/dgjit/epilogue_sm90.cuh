@@ -233,9 +233,11 @@ DGJIT_DEVICE float gate_activate(float g) {
 // Two floats x / s -> two 8-bit values in one 16-bit word (element `lo` at the lower address), with the
 // quantizer's contract (quantize.cuh): IEEE division (quant::divide, bit-identical to div.rn), E4M3
 // round-to-nearest-even saturated to +-448, or INT8 round-half-to-even saturated to [-127, 127].
-template <QuantKind kQuant>
+// kBounded: quant::divide_bounded (no quotient overflows: group scales, see there).
+template <QuantKind kQuant, bool kBounded = false>
 DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s) {
-  const float ylo = quant::divide(lo, s), yhi = quant::divide(hi, s);
+  const float ylo = kBounded ? quant::divide_bounded(lo, s) : quant::divide(lo, s);
+  const float yhi = kBounded ? quant::divide_bounded(hi, s) : quant::divide(hi, s);
   if constexpr (kQuant == QuantKind::kInt8Tensor) {
     int32_t rlo = quant::cvt_rni_s32(ylo), rhi = quant::cvt_rni_s32(yhi);
     rlo = rlo < -quant::kInt8Max ? -quant::kInt8Max : (rlo > quant::kInt8Max ? quant::kInt8Max : rlo);

@@ -1666,12 +1666,14 @@ struct GemmSm90 {
           }
           const quant::Divisor divisor = quant::make_divisor(scale);
           // The group's 16 pairs are quantized before any is stored (a store's "memory" clobber would keep each
-          // next pair's math behind it, see kBatchMath).
+          // next pair's math behind it, see kBatchMath). Bounded division: no value inside N exceeds 448 s (those
+          // past N may come out NaN instead of saturated; TMA does not store them).
           uint16_t q[16];
 #pragma unroll
           for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
             const uint32_t i = park_index(j, h);
-            q[j - 16 * g] = quantize_pair<Epi::kQuant>(parked(acc[mi][i]), parked(acc[mi][i + 1]), divisor);
+            q[j - 16 * g] =
+                quantize_pair<Epi::kQuant, true>(parked(acc[mi][i]), parked(acc[mi][i + 1]), divisor);
           }
 #pragma unroll
           for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {

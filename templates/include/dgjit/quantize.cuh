@@ -108,7 +108,10 @@ DGJIT_DEVICE Divisor make_divisor(float s) {
   const float magnitude = __uint_as_float(__float_as_uint(s) ^ sign);
   const float scale = magnitude < 0x1p-60f ? 0x1p64f : (magnitude > 0x1p60f ? 0x1p-64f : 1.0f);
   const float scaled = mul_rn(magnitude, scale);
-  return Divisor{scaled, rcp_rn(scaled), __uint_as_float(__float_as_uint(scale) | sign)};
+  // An infinite divisor keeps s = 0 (y is 0 either way): q s - x is then -x instead of NaN, and q - e y = q, the
+  // quotient (+-0, or NaN for an infinite x) that divide's fallback returned for it, without the fallback.
+  return Divisor{scaled == __uint_as_float(0x7F800000u) ? 0.0f : scaled, rcp_rn(scaled),
+                 __uint_as_float(__float_as_uint(scale) | sign)};
 }
 DGJIT_DEVICE float divide(float x, const Divisor& d) {
   const float a = mul_rn(x, d.pre);
@@ -116,6 +119,14 @@ DGJIT_DEVICE float divide(float x, const Divisor& d) {
   const float e = fms_rn(q, d.s, a);           // q s - x, exactly
   const float corrected = fnma_rn(e, d.y, q);  // q - e y
   return corrected != corrected ? q : corrected;
+}
+// divide(x, d) without the NaN fallback, bit for bit where x / s does not overflow and s is not 0: q and e are then
+// finite unless an operand is NaN or both are infinite, where the quotient is NaN too. Four instructions instead of
+// six. The group quantizer divides by s = amax / kMax, so |x / s| <= kMax for every element of the group.
+DGJIT_DEVICE float divide_bounded(float x, const Divisor& d) {
+  const float a = mul_rn(x, d.pre);
+  const float q = mul_rn(a, d.y);
+  return fnma_rn(fms_rn(q, d.s, a), d.y, q);
 }
 
 // float -> int32, round half to even (NaN -> 0; out-of-range saturates to the int32 range).
