@@ -508,10 +508,13 @@ SM90_ROWS192_MIN_M = 384
 
 def sm90_rows192_costed(spec: GemmSpec, m_hint: int) -> bool:
     """Whether the cost model weighs 192-row tiles (three consumer warpgroups) for `spec` at M bucket m_hint: 16-bit
-    nt dense GEMMs (sm90_three_consumer_problem) of at least SM90_ROWS192_MIN_M rows, with a 16-bit or FP32 D
-    (quantize-on-store was not measured with them)."""
+    nt dense GEMMs (sm90_three_consumer_problem) of at least SM90_ROWS192_MIN_M rows, with a 16-bit or FP32 D or
+    quant_fp8_g128 (static-scale quantize-on-store was not measured with them). Group quantization needs tiles of
+    whole 128-column groups, so N = 2112 had 128x128 (4.1 waves at M = 4096) or 128x256 (72 tiles at M = 1024);
+    192x128 ran 4096 x 2112x7168 quant_fp8_g128 196.3 -> 175.5 us and 1024 rows 75.2 -> 59.4 (bf16, same call,
+    bench/results/*quant-rows192-*s57*)."""
     return (m_hint >= SM90_ROWS192_MIN_M and sm90_three_consumer_problem(spec) is None
-            and spec.epi.quant == "none")
+            and spec.epi.quant in ("none", "fp8_g128"))
 
 
 def sm90_tile_may_split(spec: GemmSpec, m_hint: int, block_m: int) -> bool:

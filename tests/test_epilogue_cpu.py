@@ -303,6 +303,11 @@ def test_gated_and_quant_tile_legality():
         cfg = config.choose_config(spec, 4096, "sm_90a")
         cfg.check_for(spec, "sm_90a")
         assert not cfg.pingpong and cfg.block_n == block_n, cfg.tag
+    # N = 2112 (16.5 groups): three consumers of 128-column tiles fill the waves (measured 11-21% faster).
+    for m in (1024, 4096):
+        spec = GemmSpec.create(2112, 7168, "bf16", epilogue="bias+gelu+quant_fp8_g128")
+        cfg = config.choose_config(spec, m, "sm_90a")
+        assert (cfg.block_m, cfg.block_n) == (192, 128), cfg.tag
     # D staging is half as wide for gated units and one byte per element for quantized outputs.
     plain = GemmSpec.create(1024, 512, "bf16")
     assert (sm90_tiles.sm90_smem_bytes(plain, 128, 256, 3) - sm90_tiles.sm90_smem_bytes(gated, 128, 256, 3)

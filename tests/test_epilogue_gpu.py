@@ -404,6 +404,7 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     ("tf32", 130, 640, 300, "bias+gelu+quant_fp8_g128", (64, 256, False)),
     ("int8", 257, 1000, 1024, "bias+silu+quant_fp8_g128", (128, 256, False)),  # int32 sums parked as floats
     ("bf16", 300, 1000, 1536, "bias+gelu+quant_fp8_g128", (128, 128, True)),   # 128 rows per ping-pong consumer
+    ("bf16", 451, 1000, 1024, "bias+gelu+quant_fp8_g128", (192, 128, False)),  # three consumers
 ])
 def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
     """Tiles of two 1x128 groups per row (the heuristic's pick for 16-bit GEMMs above 128 rows on wide N) and
