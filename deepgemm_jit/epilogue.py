@@ -36,9 +36,10 @@ round to nearest even, saturating; E4M3 for ``quant_fp8_*``):
 
 - ``quant_fp8_g128``: s = amax(|x| over the group) / 448 per row and 128 output columns (an all-zero group gets
   s = 1); the call returns ``(q, scales)``: q (M, N_out) E4M3 and scales (M, ceil(N_out / 128)) float32, exactly the
-  A operand (and scale_a) of a ``scaling="block"`` FP8 GEMM. Each tile covers one whole group (output tile width
-  128: the amax is reduced inside the tile), so FP8 inputs with FP32 promotion cannot combine it with a gated unit
-  (256 accumulator columns of two sets exceed the registers); quantize those separately or use fast_accum=True.
+  A operand (and scale_a) of a ``scaling="block"`` FP8 GEMM. Each tile covers whole groups (output tile width
+  128 or 256: the amax is reduced inside the tile), so FP8 inputs with FP32 promotion cannot combine it with a gated
+  unit (256 accumulator columns of two sets exceed the registers); quantize those separately or use
+  fast_accum=True.
 - ``quant_fp8_tensor`` / ``quant_int8_tensor``: static per-tensor scale, ``quant_scale=`` a float32 device array of
   one element, read by the kernel (no host sync); INT8 saturates to [-127, 127]. Optionally ``amax_out=`` (float32
   device scalar) receives max(|x|) over the whole (M, N_out) result by an atomic max: the caller zeroes it first
