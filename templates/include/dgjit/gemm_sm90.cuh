@@ -1647,18 +1647,19 @@ struct GemmSm90 {
         const uint32_t n_block = tile.n_block;
 #pragma unroll
         for (uint32_t g = 0; g < kOutCols / 128; ++g) {
-          uint32_t amax = 0;
+          float amax = 0.0f;
 #pragma unroll
           for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
 #pragma unroll
             for (uint32_t e = 0; e < 2; ++e) {
               const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
               if (kOutN % kOutCols == 0 || col < kOutN) {
-                amax = quant::max_u32(amax, quant::accumulator_abs_bits(parked(acc[mi][park_index(j, h) + e])));
+                amax = quant::max_abs_nan(amax, parked(acc[mi][park_index(j, h) + e]));
               }
             }
           }
-          const float scale = quant::scale_of<quant::Format::kE4M3>(quant::reduce_max_lanes<4>(amax));
+          const float scale =
+              quant::scale_of<quant::Format::kE4M3>(quant::reduce_max_lanes<4>(__float_as_uint(amax)));
           // A 256-column tile's second group can lie wholly past N (N = 2112: groups 0-16): it has no scale column.
           const bool group_in_n = kOutN % kOutCols == 0 || n_block * kOutCols + g * 128 < kOutN;
           if (lane % 4 == 0 && global_row < tile.row_end && group_in_n) {

@@ -245,6 +245,14 @@ DGJIT_DEVICE uint32_t accumulator_abs_bits(float x) {
   return bits & 0x7FFFFFFFu;
 }
 DGJIT_DEVICE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+// max(m, |x|) for a running amax m >= 0, NaN if either is NaN (max.NaN, sm_80+); the abs inside the asm (fabsf can
+// become abs.ftz.f32, flushing a subnormal x). ptxas folds the abs into the FMNMX operand: one instruction per
+// element where abs bits and an integer max took 1.5. Bits of the result order as abs_bits do (NaN's above inf).
+DGJIT_DEVICE float max_abs_nan(float m, float x) {
+  float r;
+  asm("{\n .reg .f32 t;\n abs.f32 t, %2;\n max.NaN.f32 %0, %1, t;\n}" : "=f"(r) : "f"(m), "f"(x));
+  return r;
+}
 
 template <int kElems>
 DGJIT_DEVICE uint32_t chunk_amax_bits(const float (&v)[kElems]) {
