@@ -196,10 +196,8 @@ def sm90_block_n_preferred(spec: GemmSpec, block_n: int, m_hint: int, groups: in
     """
     if not spec.b_k_major and block_n == SM90_MN_BLOCK and m_hint >= SM90_MN_B_MIN_M_NO_64:
         return False
-    if m_hint <= SM90_SMALL_M_BUCKET_MAX and _group_quant_two_groups(spec, block_n):
-        return False
     if m_hint <= SM90_SMALL_M_BUCKET_MAX:
-        return spec.scaling != "block" or 128 % block_n == 0
+        return not _group_quant_two_groups(spec, block_n) and (spec.scaling != "block" or 128 % block_n == 0)
     # Since session 18 a promoted FP8 128x128 tile keeps two partial sets (sm90_two_partial_sets) and ran 1-6% faster
     # than the 176 / 160 below on most M = 4096 rows (bench/results/*fp8-m4096-tiles-two-sets-s18*); 128 is
     # preferred beside them from 1024 rows on, and the waves model decides: it picks 176 where that tile fills the

@@ -235,19 +235,12 @@ DGJIT_DEVICE void load_chunk(const T* __restrict__ row, uint32_t col, uint32_t l
 }
 
 DGJIT_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
-// abs_bits of a GEMM accumulator, through an asm move: with __float_as_uint on the accumulators of a group-quantized
-// tile the compiler carried them through the K loop as integers (a copy after each K block's wgmmas), and ptxas then
-// waited for the wgmmas there (C7517, a warpgroup.wait injected), serialising the main loop. (Not for every use:
-// elsewhere the opaque move cost registers, e.g. an 8-byte stack frame in INT8 sigmoid + quant_int8_tensor.)
-DGJIT_DEVICE uint32_t accumulator_abs_bits(float x) {
-  uint32_t bits;
-  asm("mov.b32 %0, %1;" : "=r"(bits) : "f"(x));
-  return bits & 0x7FFFFFFFu;
-}
 DGJIT_DEVICE uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 // max(m, |x|) for a running amax m >= 0, NaN if either is NaN (max.NaN, sm_80+); the abs inside the asm (fabsf can
 // become abs.ftz.f32, flushing a subnormal x). ptxas folds the abs into the FMNMX operand: one instruction per
 // element where abs bits and an integer max took 1.5. Bits of the result order as abs_bits do (NaN's above inf).
+// For GEMM accumulators (the group quantizer): __float_as_uint on them made the compiler carry them through the K
+// loop as integers, and ptxas waited for the wgmmas there (C7517); this stays in floats.
 DGJIT_DEVICE float max_abs_nan(float m, float x) {
   float r;
   asm("{\n .reg .f32 t;\n abs.f32 t, %2;\n max.NaN.f32 %0, %1, t;\n}" : "=f"(r) : "f"(m), "f"(x));
