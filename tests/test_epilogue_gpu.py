@@ -407,10 +407,11 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     ("bf16", 451, 1000, 1024, "bias+gelu+quant_fp8_g128", (192, 128, False)),  # three consumers
 ])
 def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
-    """Tiles of two 1x128 groups per row (the heuristic's pick for 16-bit GEMMs above 128 rows on wide N) and
-    ping-pong tiles (128 rows of parked values per consumer): each group's amax reduced inside the tile, columns
-    past N excluded, scales and q of every group equal the float64 reference's quantization (q within one FP8
-    ulp), no scale written outside the (M, groups) view."""
+    """Tiles the heuristic picks for group quantization besides 128x128: two 1x128 groups per row (16-bit GEMMs
+    above 128 rows on wide N), 192 rows (three consumers, N = 2112), and ping-pong tiles (128 rows of parked values
+    per consumer, tuner only): each group's amax reduced inside the tile, columns past N excluded, scales and q of
+    every group equal the float64 reference's quantization (q within one FP8 ulp), no scale written outside the
+    (M, groups) view."""
     import cupy
 
     rng = cupy.random.default_rng(m * n + k)
@@ -432,7 +433,7 @@ def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
         storage = "fp32" if dtype == "tf32" else dtype
         a, b = reference.random_matrix((m, k), storage, rng), reference.random_matrix((n, k), storage, rng, 0.05)
         if dtype == "tf32":  # values TF32 holds exactly (the tensor cores read 19 bits): exact float64 products
-            a, b = ((x.view(cupy.uint32) & cupy.uint32(0xFFFFE000)).view(cupy.float32) for x in (a, b))
+            a, b = ((v.view(cupy.uint32) & cupy.uint32(0xFFFFE000)).view(cupy.float32) for v in (a, b))
         args, call = (a, b), {}
         acc = reference.to_float64(a) @ reference.to_float64(b).T
     bias = None
@@ -449,7 +450,7 @@ def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
     g(*args, bias=bias, out=q, scales_out=scales, **call)
     case = (dtype, epilogue, m, n, k, g.config.tag)
     assert bool(cupy.isnan(frame[m]).all()) and bool(cupy.isnan(frame[:, groups]).all()), case
-    assert g.config.block_n == block_n and g.config.pingpong == pingpong, case
+    assert (g.config.block_m, g.config.block_n, g.config.pingpong) == tile, case
     q_ref, s_ref = reference.quantized_epilogue_reference(reference.unfused_epilogue(acc, epi, bias=bias), epi)
     assert not bool(cupy.isnan(scales).any()), case
     assert bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
