@@ -69,6 +69,22 @@ def dense_work(cases) -> tuple[list, list[str]]:
     return _distinct(warmup.plan(entries, ARCH, NUM_SMS) + extra), notes
 
 
+def quant_epilogue_work(rows) -> tuple[list, list[str]]:
+    """The same for bench.quant_epilogue rows ((M, N, K, epilogue, GEMM dtype)): the fused GEMM, the GEMM without
+    the quantization (and the plain one), the standalone group quantize of the unfused pair and the quantize
+    kernels that make the FP8 operands."""
+    from deepgemm_jit import warmup
+
+    from . import quant_epilogue
+    from .suites import Case
+
+    cases = [Case("quant_epilogue", dt, "nt", m, n, k, epilogue=e) for m, n, k, epi, dt in rows
+             for e in (epi, quant_epilogue.unfused_epilogue(epi))]
+    work, notes = dense_work(cases)
+    quantize = [warmup.parse_quantize(f"bf16:fp8_e4m3/{g}") for g in ("group128", "block128", "tensor")]
+    return _distinct(work + warmup.plan([], ARCH, NUM_SMS, quantize)), notes
+
+
 def grouped_work(cases, tiles: tuple[str, ...] = ()) -> tuple[list, list[str]]:
     """The same for bench.moe rows (``build_grouped(N, K, dtype, expected_m=rows, num_groups=groups)``), with the
     forced grouped tiles of ``--tiles``."""

@@ -234,7 +234,7 @@ def parse_epilogues(text: str | None) -> tuple[str | None, ...]:
         epi = epilogue_mod.Epilogue.parse(word)
         if epi.quant != "none":  # an 8-bit D with its own scales: neither this bench's check nor its baselines
             raise ValueError(f"epilogue {word!r}: quantize-on-store rows are not timed here; python -m "
-                             "bench.quant_epilogue times quant_fp8_g128 (the static-scale quants have no bench yet)")
+                             "bench.quant_epilogue times them")
         items.append(None if epi.text == "none" else epi.text)
     return tuple(dict.fromkeys(items))
 

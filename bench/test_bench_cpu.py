@@ -950,6 +950,40 @@ def test_quant_epilogue_rows_and_unfused_pair(capsys):
         qe.cases((64,), ("bias+gelu",))
     assert qe.main(["--list", "--m", "128"]) == 0
     assert capsys.readouterr().out.strip().endswith("12 rows")
+    # Static-scale quantizations have rows too (no unfused pair of ours: the library has no static quantize).
+    static = qe.cases((4096,), ("quant_fp8_tensor", "bias+gelu+quant_int8_tensor"), ("fp8_tensor",))
+    assert len(static) == 12 and static[6] == (4096, 2112, 7168, "bias+gelu+quant_int8_tensor", "fp8_tensor")
+    assert qe.unfused_epilogue("bias+silu+quant_int8_tensor") == "bias+silu"
+    assert qe.quant_word("bias+quant_fp8_tensor") == "quant_fp8_tensor" and qe.quant_word("bias+gelu") is None
+    # --offline plans the fused GEMM, the GEMM without the quantization and the quantize kernels of every row
+    from bench import offline
+    work, _ = offline.quant_epilogue_work([(128, 2112, 7168, "bias+gelu+quant_fp8_g128", "fp8_block")])
+    epilogues = {getattr(spec, "epilogue", None) for spec, cfg in work if cfg is not None}
+    assert {"bias+gelu+quant_fp8_g128", "bias+gelu"} <= epilogues
+    assert any(cfg is None and getattr(spec, "granularity", "") == "group128" for spec, cfg in work)
+
+
+def test_quant_epilogue_markdown_and_geomeans():
+    from bench import quant_epilogue as qe
+
+    def row(m, n, fused, gemm, torch_us, unfused=None, epilogue="quant_fp8_g128"):
+        r = {"m": m, "n": n, "k": 512, "epilogue": epilogue, "dtype": "bf16", "status": "ok", "fused_us": fused,
+             "gemm_us": gemm, "torch_us": torch_us, "overhead": fused / gemm, "vs_torch": torch_us / fused,
+             "torch": "torch: mm + div(s) + clamp + to(e4m3)"}
+        if unfused is not None:
+            r.update(unfused_us=unfused, ratio=unfused / fused, ceiling=unfused / gemm)
+        return r
+
+    rows = [row(64, 2112, 10.0, 9.0, 20.0, 12.0), row(64, 4096, 10.0, 9.0, 40.0, 13.0),
+            row(64, 2112, 5.0, 4.0, 10.0, epilogue="quant_fp8_tensor"),
+            {"m": 64, "n": 7168, "k": 512, "epilogue": "quant_fp8_tensor", "dtype": "bf16", "status": "wrong",
+             "error": "torch_err 1.00e+00"}]
+    text = qe.markdown(rows)
+    assert text.count("\n| bf16 |") == 4 and "torch contenders: `torch: mm + div(s)" in text
+    # geomean of 1.2 and 1.3; the static group has no ratio, and the wrong row is in no geomean
+    assert f"ratio {math.sqrt(1.2 * 1.3):.3f}, overhead 1.111, vs_torch {math.sqrt(2 * 4):.3f}" in text
+    assert "**bf16 quant_fp8_tensor M=64** (1 rows): geomean overhead 1.250, vs_torch 2.000" in text
+    assert "| - | - |" in text.splitlines()[4]  # the static row: no GEMM + quantize, no ratio
 
 
 # ------------------------------------------------------------------------------ bench.moe (issue 8: grouped GEMMs)

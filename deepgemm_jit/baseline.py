@@ -6,7 +6,9 @@ A baseline kind is a class with ``name``, ``covers(spec)``, ``available()`` and
 row-wise, ``torch.nn.functional.scaled_mm`` 1x128 x 128x128 block-wise), ``torch_int`` (INT8:
 ``torch._int_mm``), ``cupy`` (``cupy.matmul``) and, for GEMMs with a fused epilogue, ``torch_unfused`` (cuBLAS
 then separate torch ops, as a user writes them) and ``torch_scaled_unfused`` (FP8: torch's scaled matmul, then
-separate torch ops). docs/fp8-baselines.md records the torch API facts (scale
+separate torch ops); for quantize-on-store epilogues ``torch_quantized`` (the same, then the quantization as torch
+ops, or cuBLASLt's FP8 output; its bind takes the static scale, so it is not one of ``KINDS``: bench.quant_epilogue
+binds it). docs/fp8-baselines.md records the torch API facts (scale
 layouts, size rules) and where in torch's source they come from.
 
 ``Bound.fn()`` runs the product on the current CuPy stream, so that the events of ``timing.py`` bracket it;
@@ -451,9 +453,10 @@ def _torch_bound(label: str, torch, on_stream, out, call: Callable[[], object],
     return Bound(label, fn, result_f64)
 
 
-def _scaled_product(spec: GemmSpec, a, b, scaling: Scaling | None):
+def _scaled_product(spec: GemmSpec, a, b, scaling: Scaling | None, out_dtype: str | None = None):
     """(torch, on_stream, out, label, call returning D) of the FP8 product of `spec` through torch (the first of
-    torch_scaled_mm_calls that runs), bound to the CuPy operands a (M, K), b (N, K) and `scaling`'s scales."""
+    torch_scaled_mm_calls that runs), bound to the CuPy operands a (M, K), b (N, K) and `scaling`'s scales; D of
+    `out_dtype` (default the spec's)."""
     if scaling is None:
         raise BaselineUnavailable("fp8 needs scales: pass scaling=Scaling(recipe, scale_a, scale_b)")
     spec_scaling = getattr(spec, "scaling", scaling.recipe)
@@ -472,7 +475,8 @@ def _scaled_product(spec: GemmSpec, a, b, scaling: Scaling | None):
     tb = _torch_operand(b, getattr(torch, dtypes.get(getattr(spec, "b_dtype", None) or spec.dtype).numpy_name))
     on_stream = _on_cupy_stream(torch)
     with on_stream():  # the scale copies too: they read what the CuPy stream wrote
-        out = torch.empty((m, n), dtype=getattr(torch, dtypes.get(spec.out_dtype).numpy_name), device=ta.device)
+        out = torch.empty((m, n), dtype=getattr(torch, dtypes.get(out_dtype or spec.out_dtype).numpy_name),
+                          device=ta.device)
         calls = torch_scaled_mm_calls(torch, ta, tb, scaling.recipe, cupy_to_torch(scaling.scale_a),
                                       cupy_to_torch(scaling.scale_b), out,
                                       use_fast_accum=bool(getattr(spec, "fast_accum", False)))
@@ -687,6 +691,140 @@ def _torch_epilogue_operands(epilogue: EpilogueOperands) -> EpilogueOperands:
     return EpilogueOperands(*(None if x is None else cupy_to_torch(x)
                               for x in (epilogue.bias, epilogue.c, epilogue.residual)),
                             alpha=epilogue.alpha, beta=epilogue.beta)
+
+
+# ------------------------------------------------------------------- torch: quantize-on-store as separate ops
+def torch_quantize_call(torch, quant: str, quant_scale=None) -> tuple[str, Callable[[], object]]:
+    """(label, quantize(y) -> (q, scales or None)) of the quantize-on-store kind `quant` (epilogue.QUANTS) as a torch
+    user writes it after the GEMM: separate ops on the (M, N) 16/32-bit product y, in float32, one kernel each.
+
+    - ``fp8_g128``: per row and 128 columns (a partial last group padded with zeros), s = amax / 448 (1 where the
+      group is all zero), q = E4M3(clamp(x / s, -448, 448)); scales (M, ceil(N/128)) float32, row-major;
+    - ``fp8_tensor`` / ``int8_tensor``: q = E4M3 / INT8 of x / s for the static (1,) float32 tensor `quant_scale`
+      (INT8 rounded half to even and saturated to [-127, 127], as the kernel does).
+    y may be overwritten (float32 products are divided in place)."""
+    F = torch.nn.functional
+    fp8_max = dtypes.QUANT_MAX["fp8_e4m3"]
+    if quant == "fp8_g128":
+        def quantize(y):
+            m, n = y.shape
+            x = y.float()
+            pad = -n % SCALE_BLOCK
+            groups = (F.pad(x, (0, pad)) if pad else x).view(m, -1, SCALE_BLOCK)
+            amax = groups.abs().amax(dim=2)
+            s = torch.where(amax > 0, amax / fp8_max, torch.ones_like(amax))
+            q = groups.div_(s.unsqueeze(2)).clamp_(-fp8_max, fp8_max).to(torch.float8_e4m3fn).view(m, -1)
+            return (q[:, :n] if pad else q), s
+
+        return "amax(1x128) + div + clamp + to(e4m3)", quantize
+    if quant not in ("fp8_tensor", "int8_tensor"):
+        raise ValueError(f"quant {quant!r}: no torch quantization for it")
+    if quant_scale is None:
+        raise BaselineUnavailable(f"quant_{quant} needs its static scale: pass quant_scale=")
+    is_int8 = quant == "int8_tensor"
+    limit = dtypes.QUANT_MAX["int8"] if is_int8 else fp8_max
+    target = torch.int8 if is_int8 else torch.float8_e4m3fn
+
+    def quantize_static(y):
+        x = y.float().div_(quant_scale)
+        if is_int8:
+            x.round_()
+        return x.clamp_(-limit, limit).to(target), None
+
+    return f"div(s){' + round' if is_int8 else ''} + clamp + to({'int8' if is_int8 else 'e4m3'})", quantize_static
+
+
+def _unquantized_dtype(spec: GemmSpec) -> str:
+    """The dtype a torch user's product has before quantizing: 16-bit inputs keep theirs, TF32 / FP32 give
+    float32, FP8 products are asked for in BF16."""
+    return spec.dtype if spec.dtype in ("fp16", "bf16") else "fp32" if spec.dtype in _FLOAT_DTYPES else "bf16"
+
+
+class TorchQuantized:
+    """A GEMM with quantize-on-store, unfused: the product and the epilogue's operations before the quantization
+    as ``torch_unfused`` / ``torch_scaled_unfused`` compute them (into the input's 16-bit type, FP32 for TF32 / FP32,
+    BF16 for FP8), then the quantization as separate torch ops (``torch_quantize_call``). An FP8 per-tensor GEMM
+    whose only epilogue is quant_fp8_tensor gets cuBLASLt's own FP8 output instead, one call:
+    ``torch._scaled_mm(out_dtype=float8_e4m3fn, scale_result=1 / s)`` (cuBLASLt multiplies by the reciprocal, so
+    a q may sit one FP8 step from ours). ``result_f64`` is the dequantized q (q · s) as float64."""
+
+    name = "torch_quantized"
+
+    def covers(self, spec: GemmSpec) -> bool:
+        epi = getattr(spec, "epi", None)
+        return (epi is not None and epi.quant != "none"
+                and spec.dtype in _FLOAT_DTYPES + dtypes.FP8_DTYPES and spec.layout == "nt")
+
+    def available(self) -> str | None:
+        return _torch_cuda_missing()
+
+    def bind(self, spec: GemmSpec, a, b, scaling: Scaling | None = None,
+             epilogue: EpilogueOperands | None = None, quant_scale=None) -> Bound:
+        if not self.covers(spec):
+            raise BaselineUnavailable(f"torch quantized baselines cover float and fp8 GEMMs (layout nt) with a "
+                                      f"quantize-on-store epilogue, not {spec.dtype} {spec.layout} with "
+                                      f"{_epilogue_text(spec)!r}")
+        epi = spec.epi
+        before = dataclasses.replace(epi, quant="none")   # what runs before the quantization
+        product_dtype = _unquantized_dtype(spec)
+        scale_t = None if quant_scale is None else cupy_to_torch(quant_scale)
+        ops = _torch_epilogue_operands(epilogue or EpilogueOperands())  # in the product's dtype (bias included)
+        if spec.dtype in dtypes.FP8_DTYPES:
+            torch, on_stream, out, product_label, product = _scaled_product(spec, a, b, scaling, product_dtype)
+            if epi.quant == "fp8_tensor" and before.is_identity and scaling.recipe == "tensor" and scale_t is not None:
+                return self._lt_fp8_output(torch, on_stream, a, b, scaling, scale_t)
+            label, call = torch_unfused_call(torch, before, None, None, ops, out,
+                                             scaled_product=(product_label, product))
+        else:
+            torch = _torch()
+            on_stream = _on_cupy_stream(torch)
+            A, B = math_operands(spec, cupy_to_torch(a), cupy_to_torch(b))
+            out = torch.empty((A.shape[0], B.shape[1]), dtype=getattr(torch, dtypes.get(product_dtype).numpy_name),
+                              device=A.device)
+            label, call = torch_unfused_call(torch, before, A, B, ops, out)
+        quant_label, quantize = torch_quantize_call(torch, epi.quant, scale_t)
+        last = [None]
+
+        def fn() -> None:
+            with torch_fp32_mode(torch, _TORCH_TF32.get(spec.dtype)), on_stream():
+                last[0] = quantize(call())
+
+        def result_f64():
+            with on_stream():
+                q, s = last[0]
+            return _dequantized_f64(torch, epi.quant, q, s if s is not None else scale_t)
+
+        return Bound(f"torch: {label} + {quant_label}", fn, result_f64)
+
+    @staticmethod
+    def _lt_fp8_output(torch, on_stream, a, b, scaling: Scaling, scale_t) -> Bound:
+        ta, tb = (_torch_operand(x, torch.float8_e4m3fn) for x in (a, b))
+        with on_stream():
+            sa, sb = torch_tensorwise_scales(cupy_to_torch(scaling.scale_a), cupy_to_torch(scaling.scale_b))
+            inverse = torch.reciprocal(scale_t.reshape(())).float()
+        last = [None]
+
+        def fn() -> None:
+            with on_stream():
+                last[0] = torch._scaled_mm(ta, tb.t(), sa, sb, scale_result=inverse, out_dtype=torch.float8_e4m3fn)
+
+        def result_f64():
+            return _dequantized_f64(torch, "fp8_tensor", last[0], scale_t)
+
+        return Bound("torch._scaled_mm(tensor, e4m3 out, scale_result=1/s)", fn, result_f64)
+
+
+def _dequantized_f64(torch, quant: str, q, scales):
+    """float64 CuPy q · s of a torch result quantized as `quant` (scales (1,) for a static scale, (M, G) for
+    1x128 groups)."""
+    import cupy
+
+    is_int8 = quant == "int8_tensor"
+    bits = cupy.from_dlpack(q.contiguous().view(torch.int8 if is_int8 else torch.uint8))
+    if quant == "fp8_g128":
+        return reference.dequantize_reference(bits, cupy.from_dlpack(scales.contiguous()), "fp8_e4m3", "group128")
+    values = bits.astype(cupy.float64) if is_int8 else reference.decode_fp8(bits, "fp8_e4m3")
+    return values * float(cupy.from_dlpack(scales.reshape(1)).get()[0])
 
 
 # ------------------------------------------------------------------------------------------------------- CuPy

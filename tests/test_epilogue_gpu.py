@@ -538,3 +538,57 @@ def test_quant_argument_errors():
         g2(a, b, amax_out=cupy.zeros(1, cupy.float32))
     with pytest.raises(TypeError, match="out has dtype"):
         g2(a, b, out=cupy.empty((m, n), cupy.int8))
+
+
+@pytest.mark.parametrize("dtype,scaling,epilogue,m,n,k", [
+    ("bf16", None, "quant_fp8_g128", 130, 2112, 512),              # N = 16.5 groups: the padded last group
+    ("bf16", None, "bias+gelu+quant_int8_tensor", 96, 384, 768),
+    ("fp8", "tensor", "quant_fp8_tensor", 256, 512, 1024),          # cuBLASLt's own FP8 output
+    ("fp8", "block", "bias+silu+quant_fp8_tensor", 200, 640, 896),
+])
+def test_torch_quantized_baseline_matches_reference(dtype, scaling, epilogue, m, n, k):
+    """bench.quant_epilogue's torch contender (baseline.TorchQuantized: cuBLAS, torch ops, then the quantization as
+    torch ops or cuBLASLt's FP8 output) against the float64 reference quantization of the same values: within one
+    quantization step, so its times in the bench are of a correct computation."""
+    pytest.importorskip("torch")
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import baseline, dtypes
+    from deepgemm_jit.quantization import recipe_granularities
+
+    g = build(m, n, k, dtype=dtype, epilogue=epilogue, **({"scaling": scaling} if scaling else {}))
+    epi = g.spec.epi
+    rng = cupy.random.default_rng(58)
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    a64, b64, scales = reference.to_float64(a), reference.to_float64(b), None
+    if scaling:
+        gran_a, gran_b = recipe_granularities(scaling)
+        (a, sa), (b, sb) = dg.quantize(a, "fp8", gran_a), dg.quantize(b, "fp8", gran_b)
+        scales = baseline.Scaling(scaling, sa, sb)
+        a64, b64 = (reference.dequantize_reference(x, s, "fp8_e4m3", gr)
+                    for x, s, gr in ((a, sa, gran_a), (b, sb, gran_b)))
+    bias16 = reference.random_matrix((n,), "bf16", rng) if epi.bias != "none" else None
+    bias32 = None if bias16 is None else reference.to_float64(bias16).astype(cupy.float32)  # the same values
+    value = reference.unfused_epilogue(a64 @ b64.T, epi, bias=bias32)
+    quant_scale = None
+    if epi.has_static_scale:
+        amax = float(cupy.max(cupy.abs(value)))
+        quant_scale = cupy.asarray([amax / dtypes.QUANT_MAX[epi.quant_dtype]], dtype=cupy.float32)
+    q_ref, s_ref = reference.quantized_epilogue_reference(value, epi, quant_scale)
+    gran = "group128" if epi.has_group_scales else "tensor"
+    deq_ref = reference.dequantize_reference(q_ref, s_ref if epi.has_group_scales else quant_scale,
+                                             epi.quant_dtype, gran)
+    base = baseline.TorchQuantized().bind(g.spec, a, b, scaling=scales, quant_scale=quant_scale,
+                                          epilogue=baseline.EpilogueOperands(bias=bias16))
+    base.fn()
+    got = base.result_f64()
+    assert got.shape == (m, n)
+    # The torch product is rounded to BF16 before quantizing: q moves by one step where the value sits near a
+    # rounding boundary (~3% of INT8 values at s = amax / 127): a relative error of ~6e-3 against the reference
+    # quantization. Against the float64 values the quantization's own error adds (INT8 ~1.2e-2, FP8 ~2e-2).
+    err, err_value = reference.error(got, deq_ref), reference.error(got, value)
+    assert err < 1.5e-2 and err_value < 3e-2, (base.name, err, err_value)
+    if scaling == "tensor":
+        assert base.name.startswith("torch._scaled_mm(tensor, e4m3 out")
