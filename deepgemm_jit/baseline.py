@@ -745,8 +745,10 @@ class TorchQuantized:
     as ``torch_unfused`` / ``torch_scaled_unfused`` compute them (into the input's 16-bit type, FP32 for TF32 / FP32,
     BF16 for FP8), then the quantization as separate torch ops (``torch_quantize_call``). An FP8 per-tensor GEMM
     whose only epilogue is quant_fp8_tensor gets cuBLASLt's own FP8 output instead, one call:
-    ``torch._scaled_mm(out_dtype=float8_e4m3fn, scale_result=1 / s)`` (cuBLASLt multiplies by the reciprocal, so
-    a q may sit one FP8 step from ours). ``result_f64`` is the dequantized q (q · s) as float64."""
+    ``torch._scaled_mm(out_dtype=float8_e4m3fn)`` with 1 / s folded into A's scale (scale_a / s, made once at bind).
+    ``scale_result=1 / s`` would be the natural form, but torch 2.10 and 2.11 drop it on the FP8-output path
+    (pytorch/pytorch#190449: the output came back unscaled on the H200, session 58). cuBLASLt multiplies by the
+    folded factor, so a q may sit one FP8 step from ours. ``result_f64`` is the dequantized q (q · s) as float64."""
 
     name = "torch_quantized"
 
@@ -801,17 +803,17 @@ class TorchQuantized:
         ta, tb = (_torch_operand(x, torch.float8_e4m3fn) for x in (a, b))
         with on_stream():
             sa, sb = torch_tensorwise_scales(cupy_to_torch(scaling.scale_a), cupy_to_torch(scaling.scale_b))
-            inverse = torch.reciprocal(scale_t.reshape(())).float()
+            sa_over_s = (sa / scale_t.reshape(sa.shape)).float()
         last = [None]
 
         def fn() -> None:
             with on_stream():
-                last[0] = torch._scaled_mm(ta, tb.t(), sa, sb, scale_result=inverse, out_dtype=torch.float8_e4m3fn)
+                last[0] = torch._scaled_mm(ta, tb.t(), sa_over_s, sb, out_dtype=torch.float8_e4m3fn)
 
         def result_f64():
             return _dequantized_f64(torch, "fp8_tensor", last[0], scale_t)
 
-        return Bound("torch._scaled_mm(tensor, e4m3 out, scale_result=1/s)", fn, result_f64)
+        return Bound("torch._scaled_mm(tensor, e4m3 out, scale_a / s)", fn, result_f64)
 
 
 def _dequantized_f64(torch, quant: str, q, scales):
