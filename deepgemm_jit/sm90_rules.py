@@ -12,7 +12,7 @@ from . import dtypes, env
 from .buckets import m_bucket
 from .sm90_cost import RAW_B_BLOCK_N, sm90_best_splits, sm90_few_16b_slices, sm90_tile_cost
 from .sm90_tiles import (SM90_MN_BLOCK, SM90_SMEM_BUDGET_BYTES, sm90_accumulators, sm90_block_n_legal, sm90_consumers,
-                         sm90_d_ring_problem, sm90_epilogue_block_n_problem, sm90_epilogue_spills,
+                         sm90_d_ring_problem, sm90_epilogue_block_n_problem,
                          sm90_max_accumulators, sm90_smem_bytes, sm90_three_consumer_problem, sm90_trans_b,
                          sm90_two_partial_sets, sm90_wg_split_k, split_max_accumulators)
 from .spec import GemmSpec
@@ -609,8 +609,7 @@ def sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue
-            if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec, block_m)
-                    or sm90_epilogue_spills(spec, block_m, block_n)):
+            if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec, block_m):
                 continue
             if (block_m >= 128 and block_n <= SM90_THIN_MAX_BLOCK_N and m_hint >= SM90_THIN_MIN_M and not spec.grouped
                     and groups == 1 and -(-m_hint // block_m) * -(-spec.n // block_n) > num_sms):

@@ -288,15 +288,3 @@ SPLIT_MAX_ACCUMULATORS_BIAS = 100
 def split_max_accumulators(spec: GemmSpec) -> int:
     """Accumulators per thread a split-K tile of `spec` may hold (SPLIT_MAX_ACCUMULATORS[_BIAS])."""
     return SPLIT_MAX_ACCUMULATORS if spec.epi.bias == "none" else SPLIT_MAX_ACCUMULATORS_BIAS
-
-
-def sm90_epilogue_spills(spec: GemmSpec, block_m: int, block_n: int) -> bool:
-    """Whether ptxas keeps bytes on the stack for this tile's epilogue: a 64-row tile at least 240 columns wide
-    that adds a column bias, activates and quantizes to a static scale (bf16 / fp16 / tf32, relu / gelu / silu /
-    sigmoid, FP8 and INT8 alike, offline compiles of 2026-12-01; 224 columns, 128-row tiles, a row bias, gated units
-    and 16-bit D did not). Since the bias is read in the epilogue (2026-12-04) 64x240 nt keeps 16 bytes (bf16 / fp16
-    / tf32 / int8) and 64x256 none. The cost model never ranked such a tile first; the tuner offered it as a
-    candidate."""
-    epi = spec.epi
-    return (block_m == 64 and block_n >= 240 and epi.bias == "col" and epi.activation != "none"
-            and epi.has_static_scale)

@@ -495,6 +495,47 @@ def test_quant_tensor_fp8_with_amax_and_int8():
     _check_quantized_q(q8, q8_ref, "int8", "int8_tensor")
 
 
+@pytest.mark.parametrize("dtype,scaling", [("bf16", None), ("fp8", "tensor")])
+def test_quant_int8_tensor_saturates_both_ways_and_nan_is_zero(dtype, scaling):
+    """INT8 quantize-on-store with a static scale a quarter of the range: values past +-127.5 s saturate to +-127
+    (never -128), a NaN row (NaN in A) stores 0, the rest within one step of the float64 reference; with and
+    without amax_out (two code paths of the epilogue), the same q."""
+    import cupy
+
+    from deepgemm_jit import quantize
+
+    rng = cupy.random.default_rng(58)
+    m, n, k = 190, 1040, 640
+    g = build(m, n, k, dtype=dtype, epilogue="quant_int8_tensor", **({"scaling": scaling} if scaling else {}))
+    x = rng.standard_normal((m, k), dtype=cupy.float32)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    kwargs = {}
+    if scaling:
+        (a, sa), (b, sb) = quantize(reference._to_storage(x, "bf16"), "fp8", "tensor"), quantize(b, "fp8", "tensor")
+        a[7, 3] = 0x7F  # an E4M3 NaN (after the quantization, whose scale it would poison)
+        kwargs = {"scale_a": sa, "scale_b": sb}
+        a64 = reference.dequantize_reference(a, sa, "fp8_e4m3", "tensor")
+        b64 = reference.dequantize_reference(b, sb, "fp8_e4m3", "tensor")
+    else:
+        x[7, 3] = cupy.nan
+        a = reference._to_storage(x, "bf16")
+        a64, b64 = reference.to_float64(a), reference.to_float64(b)
+    v = a64 @ b64.T
+    finite = cupy.isfinite(v)
+    assert not bool(finite[7].any()) and bool(finite[8:].all())  # the NaN row, and only it
+    scale = cupy.asarray([float(cupy.abs(v[finite]).max()) / 127.0 / 4.0], dtype=cupy.float32)
+    q_ref, _ = reference.quantized_epilogue_reference(v, g.spec.epi, scale)
+    assert bool((q_ref == 127).any()) and bool((q_ref == -127).any()) and not bool((q_ref[7] != 0).any())
+    got = []
+    for amax in (None, cupy.zeros(1, dtype=cupy.float32)):
+        q = cupy.full((m, n), -128, dtype=cupy.int8)  # never produced
+        g(a, b, quant_scale=scale, amax_out=amax, out=q, **kwargs)
+        assert not bool((q == -128).any()) and not bool((q[7] != 0).any())
+        _check_quantized_q(q, q_ref, "int8", f"{dtype} amax_out={amax is not None}")
+        got.append(q)
+    assert bool(cupy.array_equal(got[0], got[1]))
+
+
 def test_chain_quant_group128_into_block_fp8():
     """gemm1 (bf16, bias+gelu, quantized on store into 1x128 groups) feeds gemm2 (FP8 block scaling) directly:
     the chain equals the unfused float64 chain within the FP8 bound."""

@@ -239,10 +239,7 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
   const float ylo = kBounded ? quant::divide_bounded(lo, s) : quant::divide(lo, s);
   const float yhi = kBounded ? quant::divide_bounded(hi, s) : quant::divide(hi, s);
   if constexpr (kQuant == QuantKind::kInt8Tensor) {
-    int32_t rlo = quant::cvt_rni_s32(ylo), rhi = quant::cvt_rni_s32(yhi);
-    rlo = rlo < -quant::kInt8Max ? -quant::kInt8Max : (rlo > quant::kInt8Max ? quant::kInt8Max : rlo);
-    rhi = rhi < -quant::kInt8Max ? -quant::kInt8Max : (rhi > quant::kInt8Max ? quant::kInt8Max : rhi);
-    return static_cast<uint16_t>((static_cast<uint32_t>(rlo) & 0xFFu) | ((static_cast<uint32_t>(rhi) & 0xFFu) << 8));
+    return quant::cvt_int8x2_sat(yhi, ylo);
   } else {
     return quant::cvt_fp8x2_satfinite<quant::Format::kE4M3>(yhi, ylo);
   }

@@ -1738,7 +1738,11 @@ struct GemmSm90 {
   }
 
   // kBiasRead: the main loop read the tile's bias into `bias` (consume's kBiasEarly); else it is read here.
-  template <bool kBiasRead>
+  // kAmax: per-tensor quantization with amax_out (the caller branches on ea.amax once per tile). A run-time test
+  // per pair instead made every pair its own branch region (36 BSSY/BSYNC in the FP8 tensor kernel), so no two
+  // pairs' divisions overlapped: quant_fp8_tensor cost more than the dynamic group quantizer (4096x32768x512 FP8
+  // tensor 191.5 us against 125.2 for BF16 D, session 58).
+  template <bool kBiasRead, bool kAmax = false>
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                     const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
@@ -1880,7 +1884,7 @@ struct GemmSm90 {
           } else if constexpr (kQuantTensor) {
             const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
             const uint32_t global_col = n_block * kOutCols + col;
-            if (ea.amax != nullptr && global_row < tile.row_end) {
+            if (kAmax && global_row < tile.row_end) {
               if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
               if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
             }
@@ -1963,7 +1967,7 @@ struct GemmSm90 {
     if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, tile, ea, acc);
     if constexpr (kQuantTensor) {
       // One atomic per warp and tile; max of non-negative float bits is the float maximum (NaN wins).
-      if (ea.amax != nullptr) {
+      if constexpr (kAmax) {
         const uint32_t warp_amax = quant::reduce_max_lanes<32>(amax_bits);
         if (lane == 0) atomicMax(ea.amax, warp_amax);
       }
@@ -2346,6 +2350,9 @@ struct GemmSm90 {
       }
       if constexpr (kSwapAB) {
         epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, ea, acc);
+      } else if (kQuantTensor && ea.amax != nullptr) {
+        epilogue<kBiasEarly, kQuantTensor>(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands,
+                                           operand_phase, acc, bias);
       } else {
         epilogue<kBiasEarly>(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, acc,
                              bias);
