@@ -112,6 +112,7 @@ class Gemm:
         # (a miss costs a render and a disk lookup, ~0.3 ms; misses are not memoized since warmup may fill the cache)
         self._decode_retry_at = 0.0
         self._lock = threading.Lock()
+        self._amax_twin: Gemm | None = None  # static-scale quantization: the amax_out kernel (_amax_gemm)
         # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M), how they meet (deterministic:
         # in split order; else atomic adds, splitk.adds_atomically) and the partial-tile workspace (one mode per
         # Gemm, so it stays zeroed), one per stream: calls on two streams may overlap (stream_buffers.py).
@@ -320,8 +321,12 @@ class Gemm:
         float32, M-major as :func:`deepgemm_jit.quantize` returns group128 scales (so they feed a block-scaled FP8
         GEMM's fast path), into ``out=`` / ``scales_out=`` when given (scales_out any strides, e.g. row-major);
         ``quant_fp8_tensor`` / ``quant_int8_tensor`` take ``quant_scale=`` (float32, one element, on the device) and
-        optionally ``amax_out=`` (float32, one element, zeroed by the caller: the kernel max-reduces into it) and
-        return q. Gated epilogues (swiglu / geglu) return (M, N/2)."""
+        optionally ``amax_out=`` (float32, one element, zeroed by the caller: the kernel max-reduces into it; such a
+        call runs the Gemm's amax twin, epilogue.py says why) and return q. Gated epilogues (swiglu / geglu) return (M, N/2)."""
+        if amax_out is not None and self._epi.has_static_scale and not self._epi.amax:
+            return self._amax_gemm()(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,
+                                     alpha=alpha, beta=beta, out=out, stream=stream, quant_scale=quant_scale,
+                                     amax_out=amax_out, scales_out=scales_out)
         key = None
         if out is not None:
             key = (signature(a), signature(b), signature(out), signature(scale_a), signature(scale_b),
@@ -391,6 +396,21 @@ class Gemm:
         bound = cu_stream.ptr if split is not None and split.partials else None  # the stream's split workspace
         self._remember_plan(key if replayable else None, plan, kind, bound)
         return result
+
+    def _amax_gemm(self) -> "Gemm":
+        """The twin of this static-scale quantizing Gemm whose kernel also max-reduces |x| into amax_out (the
+        epilogue's amax word; epilogue.py says why it is a kernel of its own): the same tiles, built on the first
+        call that passes amax_out (warmup plans it too)."""
+        twin = self._amax_twin
+        if twin is None:
+            with self._lock:
+                if self._amax_twin is None:
+                    spec = dataclasses.replace(self.spec, epilogue=dataclasses.replace(self._epi, amax=True).text)
+                    self._amax_twin = build_spec(spec, self.m_hint, arch=self.arch, config=self.config,
+                                                 weight_streaming=self.weight_streaming_max_m > 0,
+                                                 split_k=self.split_k, deterministic=self.deterministic)
+                twin = self._amax_twin
+        return twin
 
     def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int, cu_stream
                         ) -> splitk.SplitOperands | None:

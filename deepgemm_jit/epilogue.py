@@ -43,7 +43,10 @@ round to nearest even, saturating; E4M3 for ``quant_fp8_*``):
 - ``quant_fp8_tensor`` / ``quant_int8_tensor``: static per-tensor scale, ``quant_scale=`` a float32 device array of
   one element, read by the kernel (no host sync); INT8 saturates to [-127, 127]. Optionally ``amax_out=`` (float32
   device scalar) receives max(|x|) over the whole (M, N_out) result by an atomic max: the caller zeroes it first
-  (it accumulates over calls otherwise, which delayed-scaling recipes may want).
+  (it accumulates over calls otherwise, which delayed-scaling recipes may want). The amax is computed by its own
+  kernel, the epilogue's ``amax`` word (``"quant_fp8_tensor+amax"``): a call with ``amax_out=`` on a Gemm built
+  without it runs that twin (compiled on first use; warmup plans both), since a run-time test per pair in the one
+  kernel cost every call 3-30% (session 58). Built with it, amax_out= may still be left out.
 
 Quantized outputs do not combine with ``beta`` or ``residual`` (their operands would have an 8-bit type).
 """
@@ -61,7 +64,7 @@ _WORDS = {"bias": ("bias", "col"), "bias_col": ("bias", "col"), "bias_row": ("bi
           "residual": ("residual", True), "beta": ("beta", True), "alpha_beta": ("beta", True),
           **{a: ("activation", a) for a in ACTIVATIONS if a != "none"},
           **{g: ("gate", g) for g in GATES if g != "none"},
-          **{"quant_" + q: ("quant", q) for q in QUANTS if q != "none"}}
+          **{"quant_" + q: ("quant", q) for q in QUANTS if q != "none"}, "amax": ("amax", True)}
 _HINTS = {"quant_fp8": "say quant_fp8_g128 (dynamic 1x128 group scales) or quant_fp8_tensor (static scale)",
           "quant_int8": "say quant_int8_tensor (static scale)"}
 
@@ -74,6 +77,7 @@ class Epilogue:
     beta: bool = False          # alpha * acc + beta * C
     gate: str = "none"          # one of GATES: gated unit over interleaved gate/up columns (D has N/2 columns)
     quant: str = "none"         # one of QUANTS: quantize-on-store
+    amax: bool = False          # static-scale quantization: the kernel also max-reduces |x| into amax_out
 
     def __post_init__(self):
         if self.bias not in BIASES:
@@ -84,7 +88,7 @@ class Epilogue:
             raise ValueError(f"Epilogue gate={self.gate!r}: choose one of {', '.join(GATES)}")
         if self.quant not in QUANTS:
             raise ValueError(f"Epilogue quant={self.quant!r}: choose one of {', '.join(QUANTS)}")
-        for name in ("residual", "beta"):
+        for name in ("residual", "beta", "amax"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Epilogue {name} must be a bool")
         if self.gate != "none" and self.activation != "none":
@@ -92,6 +96,9 @@ class Epilogue:
                              f"{self.activation!r}")
         if self.gate != "none" and self.beta:
             raise ValueError(f"epilogue: beta (C) does not combine with the gated unit {self.gate}")
+        if self.amax and not self.has_static_scale:
+            raise ValueError("epilogue: amax belongs to a static-scale quantization (quant_fp8_tensor or "
+                             "quant_int8_tensor); quant_fp8_g128 writes its scales instead")
         if self.quant != "none" and (self.beta or self.residual):
             raise ValueError(f"epilogue: quant_{self.quant} does not combine with beta or residual (their operands "
                              "would have the quantized 8-bit type)")
@@ -154,6 +161,8 @@ class Epilogue:
             words.append("residual")
         if self.quant != "none":
             words.append("quant_" + self.quant)
+        if self.amax:
+            words.append("amax")
         return "+".join(words) or "none"
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -103,7 +104,8 @@ def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = No
     Where swapped tiles are weighed, a bucket stands for its 8-row steps (config.buckets_within): every M that
     m_bucket rounds to it gets its kernel, whatever M inside the bucket the entry named.
     `tuned` (a warmup for the GPU it runs on: tuning.stored_config): a bucket's stored tuned config, which that GPU's
-    builds take, replaces the heuristic's."""
+    builds take, replaces the heuristic's. A static-scale quantizing GEMM brings its amax twin (the same config, the
+    epilogue's amax word: what a call with amax_out= runs, Gemm._amax_gemm)."""
     served: dict[tuple[GemmSpec, KernelConfig], set[int]] = {}
     for entry in entries:
         if entry.spec.grouped:
@@ -115,6 +117,9 @@ def plan_buckets(entries: list[WarmupEntry], arch: str, num_sms: int | None = No
                 cfg = (tuned(spec, bucket, arch) if tuned is not None else None) or config_mod.choose_config(
                     spec, bucket, arch, num_sms)
                 served.setdefault((spec, cfg), set()).add(bucket)
+                if spec.epi.has_static_scale and not spec.epi.amax:
+                    twin = dataclasses.replace(spec, epilogue=dataclasses.replace(spec.epi, amax=True).text)
+                    served.setdefault((twin, cfg), set()).add(bucket)
     return {key: tuple(sorted(b)) for key, b in served.items()}
 
 

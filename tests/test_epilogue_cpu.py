@@ -228,6 +228,24 @@ def test_gated_and_quant_words():
     assert canonical("residual+geglu") == "geglu+residual"
 
 
+def test_amax_word_and_its_twin():
+    """amax: only with a static-scale quantization, canonical last; warmup plans a static-scale GEMM's amax twin with
+    the same config; a Gemm's amax twin (what a call with amax_out= runs) keeps the tiles and differs by the word."""
+    from deepgemm_jit import build, warmup
+
+    assert Epilogue.parse("amax+bias+quant_int8_tensor").text == "bias+quant_int8_tensor+amax"
+    for text in ("amax", "bias+gelu+amax", "quant_fp8_g128+amax"):
+        with pytest.raises(ValueError, match="amax belongs to a static-scale"):
+            Epilogue.parse(text)
+    plan = warmup.plan([warmup.parse_shape("4096:7168:2048:bf16:epilogue=bias+gelu+quant_fp8_tensor")], "sm_90a", 132)
+    gemms = {(spec.epilogue, cfg) for spec, cfg in plan if cfg is not None}
+    assert {e for e, _ in gemms} == {"bias+gelu+quant_fp8_tensor", "bias+gelu+quant_fp8_tensor+amax"}
+    assert len({cfg for _, cfg in gemms}) == len(gemms) // 2  # each config twice
+    g = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_fp8_tensor", arch="sm_90a")
+    twin = g._amax_gemm()
+    assert twin is g._amax_gemm() and twin.spec.epilogue == "quant_fp8_tensor+amax" and twin.config == g.config
+
+
 def test_interleave_gate_up_roundtrip():
     rng = np.random.default_rng(0)
     w_gate, w_up = rng.standard_normal((24, 5)), rng.standard_normal((24, 5))
@@ -315,7 +333,7 @@ def test_gated_and_quant_tile_legality():
 
 
 NEW_EPILOGUES = ["bias+swiglu+quant_fp8_g128", "geglu+residual", "bias+gelu+quant_fp8_g128",
-                 "bias_row+swiglu+quant_fp8_tensor", "sigmoid+quant_int8_tensor"]
+                 "bias_row+swiglu+quant_fp8_tensor", "sigmoid+quant_int8_tensor+amax"]
 
 
 @pytest.mark.parametrize("family,epilogue", list(itertools.product(FAMILIES, NEW_EPILOGUES)))
@@ -340,9 +358,12 @@ def test_every_family_and_new_epilogue_compiles(family, epilogue, shared_cache_d
     out_cols = cfg.block_n // (2 if spec.epi.is_gated else 1)
     assert sym["smem_bytes"] == cfg.smem_bytes(spec), case
     assert sym["d_box_cols"] * (out_cols // sym["d_box_cols"]) == out_cols, case
-    # Group scales leave by plain global stores, the per-tensor amax by one atomic per warp.
+    # Group scales leave by plain global stores, the per-tensor amax (its own kernel: the amax word) by one atomic
+    # per warp. Without it no branch region per stored pair (a run-time amax test made 36, session 58).
     assert (mix.get("STG", 0) > 0) == ("g128" in epilogue), case
-    assert (mix.get("ATOMG", 0) + mix.get("REDG", 0) > 0) == ("tensor" in epilogue), case
+    assert (mix.get("ATOMG", 0) + mix.get("REDG", 0) > 0) == spec.epi.amax, case
+    if spec.epi.has_static_scale and not spec.epi.amax:
+        assert mix.get("BSSY", 0) <= 12, (case, mix.get("BSSY"))
     # Quantize-on-store divides by quant::divide, not div.rn: div.rn's range check (FCHK) and slow-path call sat
     # around every element's division and kept them from overlapping. What remains is per group or per tile (the
     # scale's own division and the reciprocal), a few, not one per stored pair.

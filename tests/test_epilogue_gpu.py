@@ -499,7 +499,7 @@ def test_quant_tensor_fp8_with_amax_and_int8():
 def test_quant_int8_tensor_saturates_both_ways_and_nan_is_zero(dtype, scaling):
     """INT8 quantize-on-store with a static scale a quarter of the range: values past +-127.5 s saturate to +-127
     (never -128), a NaN row (NaN in A) stores 0, the rest within one step of the float64 reference; with and
-    without amax_out (two code paths of the epilogue), the same q."""
+    without amax_out (two kernels: the call with it runs the Gemm's amax twin), the same q."""
     import cupy
 
     from deepgemm_jit import quantize
@@ -534,6 +534,7 @@ def test_quant_int8_tensor_saturates_both_ways_and_nan_is_zero(dtype, scaling):
         _check_quantized_q(q, q_ref, "int8", f"{dtype} amax_out={amax is not None}")
         got.append(q)
     assert bool(cupy.array_equal(got[0], got[1]))
+    assert g._amax_twin is not None and g._amax_twin.spec.epi.amax
 
 
 def test_chain_quant_group128_into_block_fp8():

@@ -26,6 +26,7 @@ struct EpilogueNone {
   static constexpr bool kResidual = false;
   static constexpr GateKind kGate = GateKind::kNone;
   static constexpr QuantKind kQuant = QuantKind::kNone;
+  static constexpr bool kAmax = false;  // per-tensor kinds: max |x| into the amax argument (when not null)
 };
 
 // Run-time operands of the epilogue besides the tensor maps of C and the residual: the bias vector (D's
@@ -239,7 +240,10 @@ DGJIT_DEVICE uint16_t quantize_pair(float lo, float hi, const quant::Divisor& s)
   const float ylo = kBounded ? quant::divide_bounded(lo, s) : quant::divide(lo, s);
   const float yhi = kBounded ? quant::divide_bounded(hi, s) : quant::divide(hi, s);
   if constexpr (kQuant == QuantKind::kInt8Tensor) {
-    return quant::cvt_int8x2_sat(yhi, ylo);
+    int32_t rlo = quant::cvt_rni_s32(ylo), rhi = quant::cvt_rni_s32(yhi);
+    rlo = rlo < -quant::kInt8Max ? -quant::kInt8Max : (rlo > quant::kInt8Max ? quant::kInt8Max : rlo);
+    rhi = rhi < -quant::kInt8Max ? -quant::kInt8Max : (rhi > quant::kInt8Max ? quant::kInt8Max : rhi);
+    return static_cast<uint16_t>((static_cast<uint32_t>(rlo) & 0xFFu) | ((static_cast<uint32_t>(rhi) & 0xFFu) << 8));
   } else {
     return quant::cvt_fp8x2_satfinite<quant::Format::kE4M3>(yhi, ylo);
   }

@@ -1738,11 +1738,7 @@ struct GemmSm90 {
   }
 
   // kBiasRead: the main loop read the tile's bias into `bias` (consume's kBiasEarly); else it is read here.
-  // kAmax: per-tensor quantization with amax_out (the caller branches on ea.amax once per tile). A run-time test
-  // per pair instead made every pair its own branch region (36 BSSY/BSYNC in the FP8 tensor kernel), so no two
-  // pairs' divisions overlapped: quant_fp8_tensor cost more than the dynamic group quantizer (4096x32768x512 FP8
-  // tensor 191.5 us against 125.2 for BF16 D, session 58).
-  template <bool kBiasRead, bool kAmax = false>
+  template <bool kBiasRead>
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                     const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
@@ -1783,7 +1779,7 @@ struct GemmSm90 {
     float row_scale[2] = {1.0f, 1.0f};
     float2 col_batch[kColBatch];
     col_batch[0] = make_float2(1.0f, 1.0f);
-    uint32_t amax_bits = 0;  // per-tensor quantization with amax_out: this thread's max |x| inside (M, N_out)
+    uint32_t amax_bits = 0;  // Epi::kAmax: this thread's max |x| inside (M, N_out) (float bits; NaN wins)
     // Column biases (the same for every m64 slice), read one chunk ahead where kBiasAhead says so.
     float2 col_bias_next[kChunk][kBiasPerGroup] = {};
     // (gated: gate columns 16j + ..., up columns 8 further; else 8j + ...)
@@ -1884,7 +1880,11 @@ struct GemmSm90 {
           } else if constexpr (kQuantTensor) {
             const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
             const uint32_t global_col = n_block * kOutCols + col;
-            if (kAmax && global_row < tile.row_end) {
+            // Epi::kAmax: its own kernel (the epilogue's amax word). A run-time test per pair made every pair its
+            // own branch region (36 BSSY/BSYNC), so no two pairs' divisions overlapped (FP8 tensor 4096x32768x512
+            // 191.5 us against 125.2 for BF16 D); a run-time branch per tile into two copies of the epilogue
+            // still cost 3-30% (code size: bf16 bias+gelu 128 x 32768x512 22.1 -> 29.2 us; session 58).
+            if (Epi::kAmax && global_row < tile.row_end) {
               if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
               if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
             }
@@ -1967,7 +1967,7 @@ struct GemmSm90 {
     if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, tile, ea, acc);
     if constexpr (kQuantTensor) {
       // One atomic per warp and tile; max of non-negative float bits is the float maximum (NaN wins).
-      if constexpr (kAmax) {
+      if (Epi::kAmax && ea.amax != nullptr) {
         const uint32_t warp_amax = quant::reduce_max_lanes<32>(amax_bits);
         if (lane == 0) atomicMax(ea.amax, warp_amax);
       }
@@ -2350,9 +2350,6 @@ struct GemmSm90 {
       }
       if constexpr (kSwapAB) {
         epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, ea, acc);
-      } else if (kQuantTensor && ea.amax != nullptr) {
-        epilogue<kBiasEarly, kQuantTensor>(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands,
-                                           operand_phase, acc, bias);
       } else {
         epilogue<kBiasEarly>(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, acc,
                              bias);
