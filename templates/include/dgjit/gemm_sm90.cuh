@@ -1585,6 +1585,25 @@ struct GemmSm90 {
            Store::swizzle(row * Store::kSliceRowBytes + (col % Store::kSliceCols) * sizeof(TD));
   }
 
+  // d_offset(row, col) for a row this thread owns in the accumulator layout (row = lane / 4 modulo 8), as a row part
+  // plus a column part: the swizzle's XOR term then depends on the lane only (`swz`, d_lane_swizzle), not on the
+  // row (rows 8 apart differ by whole 128-byte lines, a multiple of the swizzle period), and touches the column
+  // bytes only. So the column part of each column group is one XOR per thread and tile, shared by every row, where
+  // d_offset's full form cost about two instructions per stored pair (8-bit D: 16-bit stores; session 58).
+  static DGJIT_DEVICE uint32_t d_lane_swizzle(uint32_t lane) {
+    const uint32_t first_row = (lane / 4) * Store::kSliceRowBytes;
+    return Store::swizzle(first_row) ^ first_row;
+  }
+  static DGJIT_DEVICE uint32_t d_offset_owned(uint32_t row, uint32_t col, uint32_t swz) {
+    static_assert(Store::kSwizzleBytes == 0 || (8 * Store::kSliceRowBytes) % (8 * Store::kSwizzleBytes) == 0,
+                  "rows 8 apart must be whole swizzle periods apart");
+    static_assert(Store::kSwizzleBytes == 0 || Store::kSwizzleBytes <= Store::kSliceRowBytes,
+                  "the swizzle's XOR term stays inside a row's bytes");
+    const uint32_t slice = kRing ? col / Store::kSliceCols % kDRing : col / Store::kSliceCols;
+    return slice * kSmemDSliceBytes + row * Store::kSliceRowBytes +
+           (((col % Store::kSliceCols) * static_cast<uint32_t>(sizeof(TD))) ^ swz);
+  }
+
   // The accumulator register holding the first element of D pair (j, h) once parked (kQuantGroup).
   static DGJIT_DEVICE constexpr uint32_t park_index(uint32_t j, uint32_t h) { return 4 * (kGated ? 2 * j : j) + 2 * h; }
   static DGJIT_DEVICE void park(TAcc& slot, float v) {
@@ -1638,6 +1657,7 @@ struct GemmSm90 {
                                            const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
     const uint32_t warp = warp_idx_in_warpgroup();
     const uint32_t lane = lane_idx();
+    const uint32_t swz = d_lane_swizzle(lane);
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
 #pragma unroll
@@ -1678,7 +1698,7 @@ struct GemmSm90 {
           }
 #pragma unroll
           for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
-            st_shared_b16(d_base + d_offset(row, j * 8 + 2 * (lane % 4)), q[j - 16 * g]);
+            st_shared_b16(d_base + d_offset_owned(row, j * 8 + 2 * (lane % 4), swz), q[j - 16 * g]);
           }
         }
       }
@@ -1888,7 +1908,9 @@ struct GemmSm90 {
               if (global_col < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(lo));
               if (global_col + 1 < kOutN) amax_bits = quant::max_u32(amax_bits, quant::abs_bits(hi));
             }
-            st_shared_b16(addr, quantize_pair<Epi::kQuant>(lo, hi, quant_divisor));
+            // (the amax kernels keep d_offset: the int8-row ping-pong one kept 8 stack bytes with the split form)
+            st_shared_b16(Epi::kAmax ? addr : d_base + d_offset_owned(row, col, d_lane_swizzle(lane)),
+                          quantize_pair<Epi::kQuant>(lo, hi, quant_divisor));
           } else if constexpr (is_same<TD, float>::value) {
             st_shared_v2_f32(addr, lo, hi);
           }  // (16-bit D: stmatrix after the chunk's math, kStMatrix; this lambda is not called for it)
