@@ -1910,7 +1910,7 @@ struct GemmSm90 {
             }
             // (the amax kernels keep d_offset: the int8-row ping-pong one kept 8 stack bytes with the split form)
             st_shared_b16(Epi::kAmax ? addr : d_base + d_offset_owned(row, col, d_lane_swizzle(lane)),
-                          quantize_pair<Epi::kQuant>(lo, hi, quant_divisor));
+                          quantize_pair<Epi::kQuant, false, !Epi::kAmax>(lo, hi, quant_divisor));
           } else if constexpr (is_same<TD, float>::value) {
             st_shared_v2_f32(addr, lo, hi);
           }  // (16-bit D: stmatrix after the chunk's math, kStMatrix; this lambda is not called for it)

@@ -136,6 +136,21 @@ DGJIT_DEVICE int32_t cvt_rni_s32(float x) {
   return r;
 }
 
+// Two floats -> two INT8 values in one 16-bit word (`hi` in the upper byte), round half to even, saturated to
+// [-127, 127], NaN -> 0: what cvt_rni_s32 and a clamp to [-127, 127] give. cvt.rni.sat.s8 saturates to [-128, 127]
+// and takes NaN to 0 itself, so one integer max per value is left, and one byte permute packs the pair (instead of
+// two integer min/max per value and three logic ops per pair).
+DGJIT_DEVICE uint16_t cvt_int8x2_sat(float hi, float lo) {
+  int32_t a, b;
+  asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(a) : "f"(lo));
+  asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(b) : "f"(hi));
+  a = a < -kInt8Max ? -kInt8Max : a;
+  b = b < -kInt8Max ? -kInt8Max : b;
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, 0x0040;" : "=r"(r) : "r"(a), "r"(b));  // byte 0: a's byte 0; byte 1: b's byte 0
+  return static_cast<uint16_t>(r);
+}
+
 // Two floats -> two FP8 values in one 16-bit word, round to nearest even, saturating to the largest
 // finite value: `hi` lands in the upper byte, `lo` in the lower one (lower address in memory).
 template <Format F>
