@@ -208,7 +208,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         f = (lambda key, fmt: format(r[key], fmt) if r.get(key) is not None else "-")
         lines.append(f"| {r.get('dtype', 'bf16')} | {r['epilogue']} | {r['m']} | {r['n']} | {r['k']} | "
-                     f"{f('fused_us', '.1f')} | {f('unfused_us', '.1f')} | {f('ratio', '.3f')} | {f('gemm_us', '.1f')} | "
+                     f"{f('fused_us', '.1f')} | {f('unfused_us', '.1f')} | {f('ratio', '.3f')} | "
+                     f"{f('gemm_us', '.1f')} | "
                      f"{f('overhead', '.3f')} | {f('quantize_us', '.1f')} | {f('ceiling', '.3f')} | "
                      f"{f('torch_us', '.1f')} | {f('vs_torch', '.3f')} | {f('fused_err', '.1e')} | "
                      f"{r.get('fused_config', '-')} | {r.get('plain_config', '-')} | "

@@ -322,7 +322,8 @@ class Gemm:
         GEMM's fast path), into ``out=`` / ``scales_out=`` when given (scales_out any strides, e.g. row-major);
         ``quant_fp8_tensor`` / ``quant_int8_tensor`` take ``quant_scale=`` (float32, one element, on the device) and
         optionally ``amax_out=`` (float32, one element, zeroed by the caller: the kernel max-reduces into it; such a
-        call runs the Gemm's amax twin, epilogue.py says why) and return q. Gated epilogues (swiglu / geglu) return (M, N/2)."""
+        call runs the Gemm's amax twin, epilogue.py says why) and return q. Gated epilogues (swiglu / geglu) return
+        (M, N/2)."""
         if amax_out is not None and self._epi.has_static_scale and not self._epi.amax:
             return self._amax_gemm()(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,
                                      alpha=alpha, beta=beta, out=out, stream=stream, quant_scale=quant_scale,

@@ -537,6 +537,30 @@ def test_quant_int8_tensor_saturates_both_ways_and_nan_is_zero(dtype, scaling):
     assert g._amax_twin is not None and g._amax_twin.spec.epi.amax
 
 
+def test_amax_word_built_up_front_with_and_without_amax_out():
+    """A Gemm built with the amax word runs its own kernel with or without amax_out (without: nothing is written
+    there); q equals the plain static-quant Gemm's bit for bit, and the amax is max |x| of the float64 result."""
+    import cupy
+
+    rng = cupy.random.default_rng(5858)
+    m, n, k = 300, 520, 768
+    a = reference.random_matrix((m, k), "bf16", rng)
+    b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
+    bias = reference.random_matrix((n,), "fp32", rng)
+    g = build(m, n, k, dtype="bf16", epilogue="bias+silu+quant_fp8_tensor+amax")
+    plain = build(m, n, k, dtype="bf16", epilogue="bias+silu+quant_fp8_tensor")
+    assert g.spec.epi.amax
+    v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, g.spec.epi, bias=bias)
+    scale = cupy.asarray([float(cupy.abs(v).max()) / 448.0], dtype=cupy.float32)
+    q_plain = plain(a, b, bias=bias, quant_scale=scale)
+    q = g(a, b, bias=bias, quant_scale=scale)
+    amax = cupy.zeros(1, dtype=cupy.float32)
+    q2 = g(a, b, bias=bias, quant_scale=scale, amax_out=amax)
+    assert g._amax_twin is None  # the built kernel already computes it
+    assert bool(cupy.array_equal(q, q_plain)) and bool(cupy.array_equal(q2, q_plain))
+    assert bool(cupy.allclose(amax, cupy.abs(v).max(), rtol=1e-5, atol=0)), (float(amax[0]), float(cupy.abs(v).max()))
+
+
 def test_chain_quant_group128_into_block_fp8():
     """gemm1 (bf16, bias+gelu, quantized on store into 1x128 groups) feeds gemm2 (FP8 block scaling) directly:
     the chain equals the unfused float64 chain within the FP8 bound."""
