@@ -14,7 +14,8 @@ per-tensor or 1x128 x 128x128 block scales, the GEMMs of an FP8 model whose next
   this library runs without the fused epilogue (the library has no static-scale quantize);
 - torch: what a torch user runs (``baseline.TorchQuantized``): cuBLAS(Lt) for the product (and the bias), the
   activation as a torch op, then the quantization as torch ops; for an FP8 per-tensor GEMM with
-  ``quant_fp8_tensor`` alone, cuBLASLt's own FP8 output (``torch._scaled_mm(out_dtype=e4m3, scale_result=1/s)``).
+  ``quant_fp8_tensor`` alone, cuBLASLt's own FP8 output (``torch._scaled_mm(out_dtype=e4m3)``, 1/s folded into A's
+  scale).
 
 Static-scale rows quantize with s = max |value| / 448 (FP8) or / 127 (INT8) of the float64 result, the scale a
 delayed-scaling recipe would hold when the range does not move. All contenders start from the same fresh random
@@ -38,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from deepgemm_jit.trial import INT8_POISON
+
 from . import report
 from .suites import _DEEPSEEK_NK
 
@@ -49,7 +52,7 @@ GEMM_DTYPES = {"bf16": {"dtype": "bf16"}, "fp8_tensor": {"dtype": "fp8", "scalin
 QUANT_WORD = "quant_fp8_g128"   # the dynamic group quantization of the bar
 QUANT_WORDS = (QUANT_WORD, "quant_fp8_tensor", "quant_int8_tensor")
 # Poison of q before a timed call: a byte the kernel never writes (an E4M3 NaN; INT8 saturates to [-127, 127]).
-Q_POISON = {"fp8_e4m3": 0xFF, "int8": -128}
+Q_POISON = {"fp8_e4m3": 0xFF, "int8": INT8_POISON}
 
 
 def quant_word(epilogue: str) -> str | None:
@@ -71,8 +74,9 @@ def cases(ms, epilogues, gemm_dtypes=("bf16",)) -> list[tuple[int, int, int, str
 
 
 def unfused_epilogue(epilogue: str) -> str:
-    """The epilogue of the unfused GEMM: the fused one without its quantization ("none" when nothing is left)."""
-    words = [w for w in epilogue.split("+") if w not in QUANT_WORDS]
+    """The epilogue of the unfused GEMM: the fused one without its quantization and its amax ("none" when nothing
+    is left)."""
+    words = [w for w in epilogue.split("+") if w not in QUANT_WORDS + ("amax",)]
     return "+".join(words) or "none"
 
 

@@ -954,6 +954,7 @@ def test_quant_epilogue_rows_and_unfused_pair(capsys):
     static = qe.cases((4096,), ("quant_fp8_tensor", "bias+gelu+quant_int8_tensor"), ("fp8_tensor",))
     assert len(static) == 12 and static[6] == (4096, 2112, 7168, "bias+gelu+quant_int8_tensor", "fp8_tensor")
     assert qe.unfused_epilogue("bias+silu+quant_int8_tensor") == "bias+silu"
+    assert qe.unfused_epilogue("quant_fp8_tensor+amax") == "none"  # amax belongs to the quantization
     assert qe.quant_word("bias+quant_fp8_tensor") == "quant_fp8_tensor" and qe.quant_word("bias+gelu") is None
     # --offline plans the fused GEMM, the GEMM without the quantization and the quantize kernels of every row
     from bench import offline

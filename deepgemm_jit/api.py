@@ -113,6 +113,7 @@ class Gemm:
         self._decode_retry_at = 0.0
         self._lock = threading.Lock()
         self._amax_twin: Gemm | None = None  # static-scale quantization: the amax_out kernel (_amax_gemm)
+        self._amax_needs_twin = self._epi.has_static_scale and not self._epi.amax  # calls with amax_out run it
         # Split-K kernels (splitk.py): K shares per call (None: chosen per call's M), how they meet (deterministic:
         # in split order; else atomic adds, splitk.adds_atomically) and the partial-tile workspace (one mode per
         # Gemm, so it stays zeroed), one per stream: calls on two streams may overlap (stream_buffers.py).
@@ -324,7 +325,7 @@ class Gemm:
         optionally ``amax_out=`` (float32, one element, zeroed by the caller: the kernel max-reduces into it; such a
         call runs the Gemm's amax twin, epilogue.py says why) and return q. Gated epilogues (swiglu / geglu) return
         (M, N/2)."""
-        if amax_out is not None and self._epi.has_static_scale and not self._epi.amax:
+        if amax_out is not None and self._amax_needs_twin:
             return self._amax_gemm()(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,
                                      alpha=alpha, beta=beta, out=out, stream=stream, quant_scale=quant_scale,
                                      amax_out=amax_out, scales_out=scales_out)
@@ -407,9 +408,17 @@ class Gemm:
             with self._lock:
                 if self._amax_twin is None:
                     spec = dataclasses.replace(self.spec, epilogue=dataclasses.replace(self._epi, amax=True).text)
-                    self._amax_twin = build_spec(spec, self.m_hint, arch=self.arch, config=self.config,
-                                                 weight_streaming=self.weight_streaming_max_m > 0,
-                                                 split_k=self.split_k, deterministic=self.deterministic)
+                    try:
+                        self._amax_twin = build_spec(spec, self.m_hint, arch=self.arch, config=self.config,
+                                                     weight_streaming=self.weight_streaming_max_m > 0,
+                                                     split_k=self.split_k, deterministic=self.deterministic)
+                    except KernelNotCachedError as exc:
+                        # build_spec names no warmup line for a forced config, but warmup of this Gemm's own
+                        # shape plans the twin with the heuristic's config (warmup.plan_buckets)
+                        from .warmup_sources import warmup_command_for
+
+                        raise exc.with_warmup_command(warmup_command_for(self.spec, self.m_hint, self.arch),
+                                                      note="") from None
                 twin = self._amax_twin
         return twin
 

@@ -772,6 +772,8 @@ class TorchQuantized:
         scale_t = None if quant_scale is None else cupy_to_torch(quant_scale)
         ops = _torch_epilogue_operands(epilogue or EpilogueOperands())  # in the product's dtype (bias included)
         if spec.dtype in dtypes.FP8_DTYPES:
+            # (the product runs once here even where cuBLASLt's FP8 output replaces it: _scaled_product's
+            # first_that_runs is how torch's acceptance of these operands and scales is checked)
             torch, on_stream, out, product_label, product = _scaled_product(spec, a, b, scaling, product_dtype)
             if epi.quant == "fp8_tensor" and before.is_identity and scaling.recipe == "tensor" and scale_t is not None:
                 return self._lt_fp8_output(torch, on_stream, a, b, scaling, scale_t)

@@ -246,6 +246,22 @@ def test_amax_word_and_its_twin():
     assert twin is g._amax_gemm() and twin.spec.epilogue == "quant_fp8_tensor+amax" and twin.config == g.config
 
 
+def test_amax_twin_missing_offline_names_the_warmup_that_plans_it(tmp_path, monkeypatch):
+    """DEEPGEMM_JIT_OFFLINE and an amax twin not in the cache: the error's warmup line is the one of the Gemm's own
+    shape (whose plan brings the twin), not build_spec's "warmup cannot plan a forced config" note."""
+    from deepgemm_jit import build
+    from deepgemm_jit.errors import KernelNotCachedError
+    from deepgemm_jit.warmup_sources import warmup_command_for
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path))
+    g = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_int8_tensor", arch="sm_90a")
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    with pytest.raises(KernelNotCachedError) as info:
+        g._amax_gemm()
+    assert info.value.warmup_command == warmup_command_for(g.spec, 4096, "sm_90a")
+    assert "cannot plan" not in str(info.value) and g._amax_twin is None
+
+
 def test_interleave_gate_up_roundtrip():
     rng = np.random.default_rng(0)
     w_gate, w_up = rng.standard_normal((24, 5)), rng.standard_normal((24, 5))
