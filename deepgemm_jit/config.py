@@ -28,8 +28,9 @@ from .sm90_swap_ab import (SM90_SWAP_AB_BUCKET_STEP, SM90_SWAP_AB_MIN_GAIN, SM90
                            sm90_swap_ab_problem)
 from .sm90_tiles import (DEFAULT_SM90_NUM_SMS, SM90_SMEM_BUDGET_BYTES, sm90_accumulators, sm90_block_n_legal,
                          sm90_consumers, sm90_d_ring_problem, sm90_epilogue_block_n_problem, sm90_layout_problem,
-                         sm90_max_accumulators, sm90_mn_block, sm90_num_threads, sm90_smem_bytes, sm90_supports,
-                         sm90_three_consumer_problem, sm90_trans_b, split_max_accumulators)
+                         sm90_max_accumulators, sm90_mn_block, sm90_num_threads, sm90_quant_cluster_problem,
+                         sm90_smem_bytes, sm90_supports, sm90_three_consumer_problem, sm90_trans_b,
+                         split_max_accumulators)
 from .spec import GemmSpec
 
 FAMILIES = ("sm80", "sm90")
@@ -232,7 +233,8 @@ def _check_sm90(cfg: KernelConfig, spec: GemmSpec, arch: str) -> None:
     if not sm90_block_n_legal(spec, cfg.block_n):
         raise ValueError(f"sm90 block_n must be a multiple of 8 in [8, 256] (int8: 8, 16, 24 or a multiple of 16), "
                          f"got {cfg.block_n}")
-    problem = sm90_epilogue_block_n_problem(spec, cfg.block_n)
+    problem = (sm90_epilogue_block_n_problem(spec, cfg.block_n)
+               or sm90_quant_cluster_problem(spec, cfg.block_n, cfg.pingpong, cfg.split_k))
     if problem is not None:
         raise ValueError(f"config {cfg.tag} cannot run epilogue {spec.epilogue!r}: {problem}")
     if cfg.pingpong and spec.grouped:
@@ -412,6 +414,7 @@ def sm90_split_config(spec: GemmSpec, m_hint: int, num_sms: int, splits: int) ->
             continue
         for block_n in SM90_BLOCK_N:
             if (not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None
+                    or sm90_quant_cluster_problem(spec, block_n, split_k=True) is not None
                     or not sm90_tile_may_split(spec, m_hint, block_m)
                     or not sm90_block_n_preferred(spec, block_n, m_hint)
                     or sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)

@@ -22,6 +22,7 @@ from . import render as render_mod
 from .config import KernelConfig
 from .errors import KernelNotCachedError
 from .render import RenderedSource, render
+from .sm90_tiles import sm90_quant_cluster
 from .spec import GemmSpec
 
 _INDEX_FORMAT = 1  # bump when what render_id / the index digest covers changes
@@ -125,7 +126,8 @@ _memo: Memo[KernelArtifact] = Memo()
 
 def render_kernel(spec: GemmSpec, config: KernelConfig) -> RenderedSource:
     template, entry = _TEMPLATES[config.family]
-    return render(template, entry, spec=spec, cfg=config, tag=f"{spec.tag}_{config.tag}")
+    cluster_n = sm90_quant_cluster(spec, config.block_n) if config.family == "sm90" else 1
+    return render(template, entry, spec=spec, cfg=config, cluster_n=cluster_n, tag=f"{spec.tag}_{config.tag}")
 
 
 def get_kernel(spec: GemmSpec, config: KernelConfig, arch: str) -> KernelArtifact:

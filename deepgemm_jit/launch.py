@@ -17,6 +17,7 @@ from . import arrays, device, env, runtime, tma
 from .arrays import MatrixView, ScaleView
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
+from .sm90_tiles import sm90_quant_cluster
 from .spec import GemmSpec
 from .splitk import SplitOperands
 from .stream_buffers import stream_key
@@ -392,6 +393,16 @@ def persistent_grid(units: int, sms: int, balanced: bool = False) -> int:
     return -(-units // rounds)
 
 
+def cluster_grid(kernel: LoadedKernel, spec: GemmSpec, cfg, m: int, cluster: int, num_threads: int,
+                 device_id: int) -> int:
+    """Clusters of a kernel whose CTAs work in clusters of `cluster` along N (sm90_quant_cluster): one per cluster
+    tile (an M block by `cluster` N blocks), at most as many as the device keeps resident at once (a GPC holds whole
+    clusters only: runtime.LoadedKernel.max_active_clusters) and as SMs allow."""
+    cluster_tiles = -(-m // cfg.block_m) * -(-(-(-spec.n // cfg.block_n)) // cluster)
+    resident = min(num_sms(device_id) // cluster, kernel.max_active_clusters(cluster, (num_threads, 1, 1)))
+    return persistent_grid(cluster_tiles, resident, balanced=spec.scaling == "block")
+
+
 def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,
          vb: MatrixView, vd: MatrixView, device_id: int, sa: ScaleView | None = None,
          sb: ScaleView | None = None, epi: EpilogueOperands = NO_EPILOGUE,
@@ -421,7 +432,11 @@ def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int,
         # A grouped kernel's tile count depends on the group sizes on the device: every CTA starts and walks.
         tiles = -(-m // cfg.block_m) * -(-spec.n // cfg.block_n) if group is None else num_sms(device_id)
         units = tiles * (split.num_splits if split is not None else 1)
-        grid = (persistent_grid(units, num_sms(device_id), balanced=spec.scaling == "block"), 1, 1)
+        cluster = sm90_quant_cluster(spec, cfg.block_n)
+        if cluster > 1:  # the walk is over cluster tiles, one cluster of CTAs each (TileScheduler)
+            grid = (cluster * cluster_grid(kernel, spec, cfg, m, cluster, sym["num_threads"], device_id), 1, 1)
+        else:
+            grid = (persistent_grid(units, num_sms(device_id), balanced=spec.scaling == "block"), 1, 1)
         args = maps + (np.uint32(m),) + scale_args(sa, sb) + epi.scalar_args()
         if spec.epi.quant != "none":  # only such kernels take the quantize-on-store arguments
             args += epi.quant_args()

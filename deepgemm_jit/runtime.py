@@ -28,6 +28,7 @@ class LoadedKernel:
         self.function = self.module.get_function(artifact.entry)
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self._programmatic: dict[tuple, ProgrammaticLaunch] = {}  # programmatic_launch's, per (grid, block)
+        self._active_clusters: dict[tuple, int] = {}  # max_active_clusters', per (cluster, block)
         if dynamic_smem_bytes > _DEFAULT_SMEM_LIMIT:
             cupy.cuda.driver.funcSetAttribute(
                 self.function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -42,6 +43,23 @@ class LoadedKernel:
             if len(self._programmatic) >= 256:
                 self._programmatic.clear()
             found = self._programmatic[key] = ProgrammaticLaunch(self, grid, block)
+        return found
+
+    def max_active_clusters(self, cluster: int, block: tuple[int, ...]) -> int:
+        """How many clusters of this kernel (compiled with __cluster_dims__(cluster, 1, 1)) the device runs at once
+        (cuOccupancyMaxActiveClusters, asked once per block shape): a GPC holds only whole clusters, so a persistent
+        grid of one CTA per SM may not all be resident. Raises LaunchError when the driver cannot tell."""
+        key = (cluster, tuple(block))
+        found = self._active_clusters.get(key)
+        if found is None:
+            config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(*block),
+                                   self.dynamic_smem_bytes, None, None, 0)
+            count = ctypes.c_int(0)
+            code = _cu_occupancy_max_active_clusters()(ctypes.byref(count), ctypes.c_void_p(self.function.ptr),
+                                                       ctypes.byref(config))
+            if code != 0 or count.value < 1:
+                raise LaunchError(code, (cluster, 1, 1), block, "cuOccupancyMaxActiveClusters")
+            found = self._active_clusters[key] = count.value
         return found
 
     def bind(self, grid: tuple[int, ...], block: tuple[int, ...]) -> tuple:
@@ -102,10 +120,11 @@ class ProgrammaticLaunch:
 
 
 class LaunchError(RuntimeError):
-    """cuLaunchKernel failed (the CUresult and its name are in the message)."""
+    """cuLaunchKernel (or the driver call `call` that prepares a launch) failed (the CUresult and its name are in the
+    message)."""
 
-    def __init__(self, code: int, grid, block):
-        super().__init__(f"cuLaunchKernel failed with {code} ({driver.error_name(code)}); grid {tuple(grid)}, "
+    def __init__(self, code: int, grid, block, call: str = "cuLaunchKernel"):
+        super().__init__(f"{call} failed with {code} ({driver.error_name(code)}); grid {tuple(grid)}, "
                          f"block {tuple(block)}")
         self.code = code
 
@@ -189,6 +208,14 @@ def _cu_launch_kernel_ex():
     fn = driver.libcuda().cuLaunchKernelEx
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _cu_occupancy_max_active_clusters():
+    fn = driver.libcuda().cuOccupancyMaxActiveClusters
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
     return fn
 
 

@@ -12,8 +12,9 @@ from . import dtypes, env
 from .buckets import m_bucket
 from .sm90_cost import RAW_B_BLOCK_N, sm90_best_splits, sm90_few_16b_slices, sm90_tile_cost
 from .sm90_tiles import (SM90_MN_BLOCK, SM90_SMEM_BUDGET_BYTES, sm90_accumulators, sm90_block_n_legal, sm90_consumers,
-                         sm90_d_ring_problem, sm90_epilogue_block_n_problem,
-                         sm90_max_accumulators, sm90_smem_bytes, sm90_three_consumer_problem, sm90_trans_b,
+                         sm90_cluster_sms, sm90_d_ring_problem, sm90_epilogue_block_n_problem,
+                         sm90_max_accumulators, sm90_quant_cluster, sm90_quant_cluster_problem, sm90_smem_bytes,
+                         sm90_three_consumer_problem, sm90_trans_b,
                          sm90_two_partial_sets, sm90_wg_split_k, split_max_accumulators)
 from .spec import GemmSpec
 
@@ -314,7 +315,8 @@ def _raw_b_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int) -> list[tupl
     for block_m in (64, 128) if m_hint > 64 else (64,):
         for block_n in RAW_B_BLOCK_N:
             if (sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec)
-                    or sm90_epilogue_block_n_problem(spec, block_n) is not None):  # e.g. 56 INT8 columns of D
+                    or sm90_epilogue_block_n_problem(spec, block_n) is not None  # e.g. 56 INT8 columns of D
+                    or sm90_quant_cluster(spec, block_n) > 1):  # (it may split: clusters do not)
                 continue
             cost, splits = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms)
             stages = sm90_stages(spec, block_m, block_n, split_k=splits > 1, m_hint=m_hint)
@@ -515,6 +517,22 @@ def sm90_rows192_costed(spec: GemmSpec, m_hint: int) -> bool:
             and spec.epi.quant in ("none", "fp8_g128"))
 
 
+def sm90_quant_cluster_costed(spec: GemmSpec, m_hint: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """Whether the cost model weighs a tile BLOCK_N wide for `spec` at M bucket m_hint, where it quantizes across a
+    cluster (sm90_quant_cluster): always for other tiles; for those, FP8 operands (INT8 was not measured) and every
+    cluster resident at once (one round: sm90_cluster_sms). H200, quant_fp8_g128 at M = 64 / 128, every tile
+    forced in one timing (bench/results/*exp-quant-cluster-tiles-st-async-s59*): FP8 block 64 x 2112x7168 at 64x32
+    15.6 us against 18.4 for the best 128-column tile (64x128 split), 64 / 128 x 4096x7168 at 64x64 18.6 / 19.1
+    against 19.3 / 19.8; BF16 tied or lost (128 x 4096x7168 64x64 29.3 vs 27.8), and past one round the exchange
+    between tiles cost up to 1.6x (FP8 128 x 24576x1536 64x64 25.9 vs 19.2 at 64x128; 64 x 4096x7168 at 64x32, 32
+    clusters of 4 of which 30 are resident: 24.0 vs 18.6)."""
+    cluster = sm90_quant_cluster(spec, block_n)
+    if cluster == 1:
+        return True
+    cluster_tiles = -(-m_hint // block_m) * -(-(-(-spec.n // block_n)) // cluster)
+    return spec.dtype in dtypes.FP8_DTYPES and cluster_tiles * cluster <= sm90_cluster_sms(cluster, num_sms)
+
+
 def sm90_tile_may_split(spec: GemmSpec, m_hint: int, block_m: int) -> bool:
     """Whether a tile of `block_m` rows may run split-K at M bucket m_hint: every tile but the 64-row ones of a
     bucket that weighs them unsplit only (sm90_rows64_unsplit_only: split ones measured slower). The cost model's
@@ -569,9 +587,11 @@ SM90_BLOCK_STRADDLE_MAIN_LOOP_COST = 1.05
 def sm90_priced_cost(spec: GemmSpec, m: int, block_m: int, block_n: int, stages: int, num_sms: int,
                       groups: int = 1) -> float:
     """An unsplit (unswapped) tile's price at M = m: sm90_tile_cost for the spec's D (gated units' half-width D,
-    their few 16-byte slices; FP8 block scaling's straddling tiles: SM90_BLOCK_STRADDLE_MAIN_LOOP_COST), times the
-    192-row or trans_b 64-row factor."""
+    their few 16-byte slices; FP8 block scaling's straddling tiles: SM90_BLOCK_STRADDLE_MAIN_LOOP_COST; tiles that
+    quantize across a cluster: the SMs its clusters keep busy, sm90_cluster_sms), times the 192-row or trans_b
+    64-row factor."""
     straddles = spec.scaling == "block" and block_n % 128 != 0 and 128 % block_n != 0
+    num_sms = sm90_cluster_sms(sm90_quant_cluster(spec, block_n), num_sms)
     cost = sm90_tile_cost(m, spec.n, spec.k, block_m, block_n, 128 // dtypes.get(spec.dtype).storage_bytes,
                           dtypes.get(spec.out_dtype).storage_bytes, num_sms, stages,
                           block_n // 2 if spec.epi.is_gated else None, groups, few_16b_slices=sm90_few_16b_slices(spec),
@@ -607,6 +627,8 @@ def sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
                 continue
             if block_m == 64 and block_n < rows64_min_n:
                 continue
+            if not sm90_quant_cluster_costed(spec, m_hint, block_m, block_n, num_sms):
+                continue
             if preferred_only and not sm90_block_n_preferred(spec, block_n, m_hint, groups):
                 continue
             if sm90_accumulators(block_m, block_n, spec.promote) > sm90_max_accumulators(spec, block_m):
@@ -622,12 +644,17 @@ def sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     if not tiles and preferred_only:
         return sm90_tiles_by_cost(spec, m_hint, num_sms, preferred_only=False, groups=groups)
     filler = _sm90_decode_filler(spec, m_hint, num_sms, tiles)
-    if not spec.grouped and m_hint <= SPLIT_MAX_M and tiles:
+    # Group quantization with tiles that quantize across a cluster in one round (FP8): those fill the SMs,
+    # and split-K lost to them or tied (FP8 block 64 x 2112x7168 18.4 us at 64x128 split vs 15.6 at 64x32, 64 x
+    # 7168x2048 15.0 vs 12.1 at 64x64; sm90_quant_cluster_costed), the split's last share running the epilogue alone.
+    cluster_fills = any(sm90_quant_cluster(spec, t[2]) > 1 for t in tiles)
+    if not spec.grouped and m_hint <= SPLIT_MAX_M and tiles and not cluster_fills:
         # Split-K versions of the tiles, where one beats every unsplit tile by SPLIT_MIN_GAIN.
         unsplit_best = min(t[0] for t in tiles)
         for i, (cost, block_m, block_n, stages, _) in enumerate(tiles):
             if (sm90_accumulators(block_m, block_n, False) > split_max_accumulators(spec)
-                    or not sm90_tile_may_split(spec, m_hint, block_m)):
+                    or not sm90_tile_may_split(spec, m_hint, block_m)
+                    or sm90_quant_cluster_problem(spec, block_n, split_k=True) is not None):
                 continue
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
             split_cost *= _trans_b_rows64_cost(spec, m_hint, block_m)

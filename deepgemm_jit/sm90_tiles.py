@@ -120,7 +120,8 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
     raw_b: two of each) + full/empty (raw_b: and lo_full) barriers (+ 16 bytes of epilogue-operand barriers) +
     (block scaling) each stage's scales + (row scaling) each consumer's row and column scales + (bias) the
     tile's bias as FP32 per consumer (+ 16 bytes of split-K flags) (+ the second K lane's FP32 sums of a 64-row tile,
-    sm90_wg_split_k) + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh). Swapped tiles (swap_ab):
+    sm90_wg_split_k) (+ a cluster's amax exchange, sm90_quant_cluster: 16 bytes of barriers and two buffers of
+    cluster x block_m words) + 1 KiB alignment slack: the layout of GemmSm90 (gemm_sm90.cuh). Swapped tiles (swap_ab):
     block_n / 64 consumers each stage block_m rows of their 64 columns (the same D bytes), and row scaling's and the
     bias's buffers hold block_m rows and 64 columns a consumer."""
     num_math_wgs, wg_rows = sm90_consumers(block_m, pingpong)
@@ -142,13 +143,15 @@ def sm90_smem_bytes(spec: GemmSpec, block_m: int, block_n: int, num_stages: int,
         scale_bytes = (block_n // 64 * (block_m + 64) if swap_ab else num_math_wgs * (wg_rows + block_n)) * 4
     split_bytes = 16 if split_k else 0
     lane_bytes = wg_rows * block_n * 4 if sm90_wg_split_k(spec, block_m, pingpong, swap_ab) else 0
+    cluster = sm90_quant_cluster(spec, block_n)
+    exchange_bytes = 16 + 2 * cluster * block_m * 4 if cluster > 1 else 0
     # raw_b: a stage holds A_hi and A_lo, the raw B block and its B_lo slot, and has a third barrier (lo_full);
     # trans_b: the raw (MN-major) B block and its K-major slot, and the third barrier.
     operand_tiles = 2 if spec.raw_b else 1
     trans_b = sm90_trans_b(spec)
     barrier_bytes = -(-(3 if spec.raw_b or trans_b else 2) * num_stages * 8 // 16) * 16
     return (d_bytes + num_stages * (operand_tiles * (block_m + block_n) + (block_n if trans_b else 0)) * 128
-            + barrier_bytes + scale_bytes + epi_bytes + split_bytes + lane_bytes + 1024)
+            + barrier_bytes + scale_bytes + epi_bytes + split_bytes + lane_bytes + exchange_bytes + 1024)
 
 
 def sm90_max_accumulators(spec: GemmSpec, block_m: int = 128) -> int:
@@ -209,17 +212,64 @@ def sm90_trans_b(spec: GemmSpec) -> bool:
             and not spec.hi_lo and not spec.raw_b)
 
 
+# D tile widths (columns of D) whose quant_fp8_g128 tiles run in thread-block clusters of 128 / width CTAs along N,
+# which exchange their rows' partial amax through distributed shared memory (GemmSm90's kCluster): small M needs
+# tiles this narrow to give every SM one (64 x 4096x7168: 128 tiles of 64x32 where 128-column ones make 32).
+SM90_QUANT_CLUSTER_COLS = (16, 32, 64)
+
+
+def sm90_quant_cluster(spec: GemmSpec, block_n: int) -> int:
+    """CTAs per thread-block cluster of the spec's Hopper kernel with tiles BLOCK_N wide (GemmSm90::kClusterN): 128 /
+    D tile columns for quant_fp8_g128 tiles of SM90_QUANT_CLUSTER_COLS, else 1. Such tiles are dense, unsplit and
+    cooperative (sm90_quant_cluster_problem)."""
+    out_cols = block_n // 2 if spec.epi.is_gated else block_n
+    return 128 // out_cols if spec.epi.has_group_scales and out_cols in SM90_QUANT_CLUSTER_COLS else 1
+
+
+# Clusters of 2 / 4 / 8 CTAs (one per SM) that the H200 keeps resident at once (cuOccupancyMaxActiveClusters on the
+# 64x64 / 64x32 / 64x16 quant_fp8_g128 kernels, bf16 and FP8 block alike; scripts/cluster_residency.py, session 59):
+# a GPC runs whole clusters only, so clusters of 4 or 8 fill 120 of the 132 SMs.
+SM90_CLUSTER_RESIDENT_132 = {2: 66, 4: 30, 8: 15}
+
+
+def sm90_cluster_sms(cluster: int, num_sms: int) -> int:
+    """The SMs a persistent walk of clusters of `cluster` CTAs keeps busy on a GPU of num_sms SMs (the cost model's
+    SM count for such tiles; launches ask the driver: launch.cluster_grid). Other SM counts than the H200's 132 scale
+    its residency."""
+    if cluster == 1:
+        return num_sms
+    resident = SM90_CLUSTER_RESIDENT_132.get(cluster, 132 // (2 * cluster)) * num_sms // 132
+    return max(1, min(num_sms // cluster, resident)) * cluster
+
+
+def sm90_quant_cluster_problem(spec: GemmSpec, block_n: int, pingpong: bool = False, split_k: bool = False,
+                               swap_ab: bool = False) -> str | None:
+    """Why a tile BLOCK_N wide whose group quantization runs across a cluster (sm90_quant_cluster) cannot take this
+    kind of tile, or None (mirror of GemmSm90's static_assert: dense, unsplit, cooperative)."""
+    if sm90_quant_cluster(spec, block_n) == 1:
+        return None
+    for flag, what in ((spec.grouped, "grouped GEMMs"), (pingpong, "ping-pong tiles"), (split_k, "split-K tiles"),
+                       (swap_ab, "swapped tiles")):
+        if flag:
+            return (f"quant_fp8_g128 tiles narrower than a 1x128 group quantize across a thread-block cluster, "
+                    f"which {what} do not run")
+    return None
+
+
 def sm90_epilogue_block_n_problem(spec: GemmSpec, block_n: int) -> str | None:
     """Why the fused epilogue cannot use tiles BLOCK_N wide, or None when it can (mirror of GemmSm90's
     static_asserts): gated units pair 8 gate with 8 up columns (BLOCK_N multiple of 16), quant_fp8_g128 needs tiles
-    of whole 1x128 groups of D (128 or 256 output columns: a group's amax is reduced inside the tile),
-    and a D tile row must be whole 16-byte chunks (TMA store boxes; 1-byte outputs need 16 columns)."""
+    of whole 1x128 groups of D (128 or 256 output columns: a group's amax is reduced inside the tile) or, in dense
+    GEMMs, of 16, 32 or 64 (a cluster's CTAs reduce it together: sm90_quant_cluster), and a D tile row must be whole
+    16-byte chunks (TMA store boxes; 1-byte outputs need 16 columns)."""
     epi = spec.epi
     if epi.is_gated and block_n % 16:
         return f"gated units ({epi.gate}) need block_n to be a multiple of 16, got {block_n}"
     out_cols = block_n // 2 if epi.is_gated else block_n
-    if epi.has_group_scales and out_cols not in (128, 256):
-        return (f"quant_fp8_g128 needs D tiles of 128 or 256 columns (whole 1x128 groups), got {out_cols}"
+    widths = (128, 256) if spec.grouped else (*SM90_QUANT_CLUSTER_COLS, 128, 256)
+    if epi.has_group_scales and out_cols not in widths:
+        return (f"quant_fp8_g128 needs D tiles of {', '.join(map(str, widths[:-1]))} or {widths[-1]} columns "
+                f"(whole 1x128 groups{', or parts of one in a cluster' if not spec.grouped else ''}), got {out_cols}"
                 + (" (block_n / 2: gated)" if epi.is_gated else ""))
     if (out_cols * dtypes.get(spec.out_dtype).storage_bytes) % 16:
         return f"a D tile row of {out_cols} {spec.out_dtype} columns is not a whole number of 16-byte chunks"

@@ -129,7 +129,8 @@ def test_tf32_nn_split_tiles_with_epilogues_compile(epilogue, shared_cache_dir, 
         spec = sm90_rules.kernel_spec(GemmSpec.create(n, k, "tf32", layout=layout, epilogue=epilogue), "sm_90a", m)
         cfg, _, _, case = _compile_and_check(spec, m)
         assert spec.layout == "nn" and sm90_tiles.sm90_trans_b(spec) and cfg.block_m == block_m, case
-        assert cfg.split_k or block_m == 128, case
+        # (quant_fp8_g128 may take an unsplit tile narrower than a group, quantized across a cluster)
+        assert cfg.split_k or block_m == 128 or sm90_tiles.sm90_quant_cluster(spec, cfg.block_n) > 1, case
 
 
 @pytest.mark.parametrize("tile", ["128x240s4r2", "128x176s5r2", "128x112r3"])
@@ -319,8 +320,8 @@ def test_gated_and_quant_tile_legality():
     gated = GemmSpec.create(1024, 512, "bf16", epilogue="swiglu+quant_fp8_g128")
     tensor8 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_tensor")
     for spec, tile, ok in ((g128, (128, 128), True), (g128, (128, 256), True), (g128, (64, 256), True),
-                           (g128, (128, 192), False), (g128, (128, 64), False),
-                           (gated, (128, 256), True), (gated, (128, 128), False),
+                           (g128, (128, 192), False), (g128, (128, 48), False), (g128, (128, 64), True),
+                           (gated, (128, 256), True), (gated, (128, 128), True), (gated, (128, 96), False),
                            (tensor8, (128, 112), True), (tensor8, (128, 120), False)):
         cfg = config.sm90_config(spec, *tile, num_stages=3)
         if ok:
@@ -346,6 +347,80 @@ def test_gated_and_quant_tile_legality():
     plain = GemmSpec.create(1024, 512, "bf16")
     assert (sm90_tiles.sm90_smem_bytes(plain, 128, 256, 3) - sm90_tiles.sm90_smem_bytes(gated, 128, 256, 3)
             == 128 * 256 * 2 - 128 * 128 * 1)
+
+
+def test_quant_cluster_rules():
+    """quant_fp8_g128 tiles narrower than a 1x128 group run in clusters of 128 / D columns (gated: block_n / 2),
+    dense, unsplit and cooperative only; the cost model weighs them for 8-bit GEMMs whose clusters are all resident
+    at once (H200: clusters of 4 or 8 fill 120 SMs), and then no split-K tile."""
+    bf16 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_g128")
+    gated = GemmSpec.create(1024, 512, "bf16", epilogue="swiglu+quant_fp8_g128")
+    static = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_tensor")
+    assert [sm90_tiles.sm90_quant_cluster(bf16, bn) for bn in (16, 32, 64, 128, 256)] == [8, 4, 2, 1, 1]
+    assert sm90_tiles.sm90_quant_cluster(gated, 64) == 4 and sm90_tiles.sm90_quant_cluster(static, 32) == 1
+    assert [sm90_tiles.sm90_cluster_sms(c, 132) for c in (1, 2, 4, 8)] == [132, 132, 120, 120]
+    for kwargs, what in (({"pingpong": True}, "ping-pong"), ({"split_k": True}, "split-K")):
+        with pytest.raises(ValueError, match=f"cluster, which {what} tiles do not run"):
+            config.sm90_config(bf16, 64, 32, num_stages=4, **kwargs).check_for(bf16, "sm_90a")
+    grouped = GemmSpec.create(1024, 512, "bf16", epilogue="quant_fp8_g128", grouped=True)
+    with pytest.raises(ValueError, match="cannot run epilogue"):
+        config.sm90_config(grouped, 128, 64, num_stages=4).check_for(grouped, "sm_90a")
+    fp8 = GemmSpec.create(2112, 7168, "fp8", scaling="block", epilogue="quant_fp8_g128")
+    picks = {m: config.choose_config(fp8, m, "sm_90a") for m in (64, 128)}
+    assert [(c.block_m, c.block_n, c.split_k) for c in picks.values()] == [(64, 32, False), (64, 64, False)]
+    # BF16 (tied or lost on the H200) and clusters past one round (24576 columns) keep 128-column tiles.
+    for spec in (GemmSpec.create(2112, 7168, "bf16", epilogue="quant_fp8_g128"),
+                 GemmSpec.create(24576, 1536, "fp8", scaling="block", epilogue="quant_fp8_g128")):
+        assert config.choose_config(spec, 64, "sm_90a").block_n >= 128, spec.tag
+
+
+class _FakeClusterKernel:
+    def __init__(self, resident):
+        self.resident = resident
+
+    def max_active_clusters(self, cluster, block):
+        return self.resident
+
+
+def test_cluster_grid_counts_resident_clusters(monkeypatch):
+    """A cluster kernel's persistent grid: one cluster per cluster tile, at most as many as the driver says are
+    resident at once (whole clusters per GPC) and as the SMs allow, block scaling's balanced rounds in clusters."""
+    monkeypatch.setattr(launch, "num_sms", lambda device_id: 132)
+    spec = GemmSpec.create(4096, 7168, "bf16", epilogue="quant_fp8_g128")
+    cfg = config.sm90_config(spec, 64, 32, num_stages=4)
+    assert launch.cluster_grid(_FakeClusterKernel(30), spec, cfg, 64, 4, 384, 0) == 30  # 32 cluster tiles
+    assert launch.cluster_grid(_FakeClusterKernel(40), spec, cfg, 64, 4, 384, 0) == 32
+    assert launch.cluster_grid(_FakeClusterKernel(99), spec, cfg, 640, 4, 384, 0) == 33  # 132 SMs / 4
+    narrow = GemmSpec.create(600, 640, "fp8", scaling="block", epilogue="quant_fp8_g128")  # 19 N blocks: 5 clusters
+    cfg = config.sm90_config(narrow, 64, 32, num_stages=4)
+    assert launch.cluster_grid(_FakeClusterKernel(30), narrow, cfg, 70, 4, 384, 0) == 10
+    assert launch.cluster_grid(_FakeClusterKernel(30), narrow, cfg, 64 * 13, 4, 384, 0) == 22  # 65: 3 rounds of 22
+
+
+@pytest.mark.parametrize("dtype,scaling,epilogue,tile", [
+    ("bf16", None, "quant_fp8_g128", (64, 16)),
+    ("bf16", None, "bias+gelu+quant_fp8_g128", (64, 32)),
+    ("fp8", "block", "bias+gelu+quant_fp8_g128", (64, 32)),
+    ("fp8", "block", "quant_fp8_g128", (64, 64)),
+    ("fp8", "tensor", "bias+sigmoid+quant_fp8_g128", (64, 16)),   # K lanes: the second warpgroup only sums
+    ("bf16", None, "swiglu+quant_fp8_g128", (128, 64)),           # gated: 32 D columns, two consumers
+    ("int8", "row", "quant_fp8_g128", (64, 32)),
+])
+def test_quant_cluster_tiles_compile(dtype, scaling, epilogue, tile, shared_cache_dir, monkeypatch):
+    """Each cluster size and consumer layout compiles clean (no local memory, no wgmma serialisation), declares its
+    cluster, exchanges the partial amaxes by st.async (no per-tile MEMBAR.ALL.GPU: only the start's and the end's
+    cluster barriers fence), and exports the shared memory the host's mirror computes."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    spec = GemmSpec.create(2112, 1024, dtype, scaling=scaling, epilogue=epilogue)
+    cfg = config.sm90_config(spec, *tile, num_stages=4)
+    cluster = sm90_tiles.sm90_quant_cluster(spec, cfg.block_n)
+    assert cluster == 128 // (tile[1] // (2 if spec.epi.is_gated else 1))
+    source = jit.render_kernel(spec, cfg).source
+    assert f"__cluster_dims__({cluster}, 1, 1)" in source
+    art, mix, case = compiled_clean(spec, cfg)
+    assert launch.sm90_symbols(art)["smem_bytes"] == cfg.smem_bytes(spec), case
+    assert mix.get("STAS", 0) > 0, case
+    assert sass.disassemble(art.cubin).count("MEMBAR.ALL.GPU") == 2, case
 
 
 NEW_EPILOGUES = ["bias+swiglu+quant_fp8_g128", "geglu+residual", "bias+gelu+quant_fp8_g128",

@@ -405,17 +405,27 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     ("int8", 257, 1000, 1024, "bias+silu+quant_fp8_g128", (128, 256, False)),  # int32 sums parked as floats
     ("bf16", 300, 1000, 1536, "bias+gelu+quant_fp8_g128", (128, 128, True)),   # 128 rows per ping-pong consumer
     ("bf16", 451, 1000, 1024, "bias+gelu+quant_fp8_g128", (192, 128, False)),  # three consumers
+    # Narrower than a group: clusters of 128 / D columns CTAs exchange partial amaxes (sm90_quant_cluster). N blocks
+    # that the cluster size does not divide leave the last cluster tile ranks past N.
+    ("bf16", 64, 600, 520, "bias+gelu+quant_fp8_g128", (64, 32, False)),       # 19 N blocks in clusters of 4
+    ("bf16", 77, 4096, 1000, "quant_fp8_g128", (64, 64, False)),               # 2 M blocks, clusters of 2
+    ("bf16", 129, 1040, 512, "swiglu+quant_fp8_g128", (128, 64, False)),       # 32 D columns, two consumers
+    ("fp8_block", 70, 600, 640, "bias+sigmoid+quant_fp8_g128", (64, 32, False)),  # B scale blocks of ranks past N
+    ("fp8_tensor", 100, 1000, 1024, "bias+gelu+quant_fp8_g128", (64, 16, False)),  # K lanes; clusters of 8
+    ("fp16", 60, 2112, 7168, "quant_fp8_g128", (64, 16, False)),               # 132 N blocks: 17 cluster tiles
 ])
 def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
     """Tiles the heuristic picks for group quantization besides 128x128: two 1x128 groups per row (16-bit GEMMs
-    above 128 rows on wide N), 192 rows (three consumers, N = 2112), and ping-pong tiles (128 rows of parked values
-    per consumer, tuner only): each group's amax reduced inside the tile, columns past N excluded, scales and q of
-    every group equal the float64 reference's quantization (q within one FP8 ulp), no scale written outside the
-    (M, groups) view."""
+    above 128 rows on wide N), 192 rows (three consumers, N = 2112), ping-pong tiles (128 rows of parked values
+    per consumer, tuner only) and tiles narrower than a group (small M; a cluster's CTAs reduce each group's amax
+    together): each group's amax reduced over its columns inside N, scales and q of every group equal the float64
+    reference's quantization (q within one FP8 ulp), no scale written outside the (M, groups) view."""
     import cupy
 
     rng = cupy.random.default_rng(m * n + k)
     kwargs = {"scaling": "row"} if dtype == "int8" else {}
+    if dtype.startswith("fp8_"):
+        dtype, kwargs = "fp8", {"scaling": dtype[4:]}
     spec = GemmSpec.create(n, k, dtype=dtype, epilogue=epilogue, **kwargs)
     block_m, block_n, pingpong = tile
     g = build(m, n, k, dtype=dtype, epilogue=epilogue, weight_streaming=False, **kwargs,
@@ -423,12 +433,14 @@ def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
     epi = g.spec.epi
     x = reference.random_matrix((m, k), "fp32", rng)
     w = reference.random_matrix((n, k), "fp32", rng, scale=1.0 / math.sqrt(k))
-    if dtype == "int8":
-        qa, sa = reference.quantize_reference(x, "int8", "row")
-        qb, sb = reference.quantize_reference(w, "int8", "row")
+    if dtype in ("int8", "fp8"):
+        a_gran, b_gran = {"row": ("row", "row"), "block": ("group128", "block128"),
+                          "tensor": ("tensor", "tensor")}[kwargs["scaling"]]
+        qa, sa = reference.quantize_reference(x, dtype, a_gran)
+        qb, sb = reference.quantize_reference(w, dtype, b_gran)
         args, call = (qa, qb), {"scale_a": sa, "scale_b": sb}
-        acc = (reference.dequantize_reference(qa, sa, "int8", "row")
-               @ reference.dequantize_reference(qb, sb, "int8", "row").T)
+        acc = (reference.dequantize_reference(qa, sa, dtype, a_gran)
+               @ reference.dequantize_reference(qb, sb, dtype, b_gran).T)
     else:
         storage = "fp32" if dtype == "tf32" else dtype
         a, b = reference.random_matrix((m, k), storage, rng), reference.random_matrix((n, k), storage, rng, 0.05)
@@ -441,8 +453,9 @@ def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
         bias = reference.random_matrix((m,) if epi.bias == "row" else (n,), "fp32", rng)
         if epi.bias == "col":
             bias[n // 128 * 128:] -= 8.0  # the partial group's amax must not see the columns past N
-    q = cupy.full((m, n), 0xFF, dtype=cupy.uint8)
-    groups = -(-n // 128)
+    n_out = g.spec.n_out
+    q = cupy.full((m, n_out), 0xFF, dtype=cupy.uint8)
+    groups = -(-n_out // 128)
     # The scales are a view with a NaN column and row around them: a group wholly past N (the last tile's second
     # group where N % 256 <= 128) must write no scale, here into the next row's first one.
     frame = cupy.full((m + 1, groups + 1), cupy.nan, dtype=cupy.float32)
@@ -453,9 +466,19 @@ def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
     assert (g.config.block_m, g.config.block_n, g.config.pingpong) == tile, case
     q_ref, s_ref = reference.quantized_epilogue_reference(reference.unfused_epilogue(acc, epi, bias=bias), epi)
     assert not bool(cupy.isnan(scales).any()), case
-    assert bool(cupy.allclose(scales, s_ref, rtol=1e-4, atol=0)), case
+    # FP8 products accumulate in the tensor cores' reduced precision between promotions (sums of K = 640 off by
+    # ~2e-4 here): the scales carry that error, ~1.5e-4 relative where sigmoid(x - 8) has d log s / dx ~ 1.
+    rtol = 2e-3 if dtype == "fp8" else 1e-4
+    assert bool(cupy.allclose(scales, s_ref, rtol=rtol, atol=0)), (case, float(cupy.abs(scales / s_ref - 1).max()))
     assert not bool((q == 0xFF).any()), case
-    _check_quantized_q(q, q_ref, "fp8_e4m3", case)
+    if dtype == "fp8":
+        # ... and moves values near zero by several FP8 ulps (subnormals, 2^-9 of a group's max): the dequantized
+        # values are held to the FP8 bound instead, as bench.quant_epilogue holds them.
+        deq = reference.dequantize_reference(q, scales, "fp8_e4m3", "group128")
+        err = reference.error(deq, reference.dequantize_reference(q_ref, s_ref, "fp8_e4m3", "group128"))
+        assert reference.within_bound(err, "fp8_e4m3"), (case, err)
+    else:
+        _check_quantized_q(q, q_ref, "fp8_e4m3", case)
 
 
 def test_quant_tensor_fp8_with_amax_and_int8():

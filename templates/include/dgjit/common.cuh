@@ -91,6 +91,23 @@ DGJIT_DEVICE constexpr uint32_t hi_lo_stored_block(uint32_t k_block, uint32_t se
 }
 
 template <class T> DGJIT_DEVICE T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+// ---- thread-block clusters (sm_90; 1-D along x: gemv_kn's K split, the sm90 GEMM's group quantization) ----
+// This CTA's rank in its cluster (0 outside clusters and before sm_90).
+DGJIT_DEVICE uint32_t cluster_rank() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+// Every thread of every CTA of the cluster; shared-memory writes before it are visible to all of them after it.
+// .aligned: every lane of a warp executes it together (a warp whose lanes diverged runs __syncwarp first).
+DGJIT_DEVICE void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" : : : "memory");
+#endif
+}
 template <class T> constexpr T ceil_div_c(T a, T b) { return (a + b - 1) / b; }
 constexpr int min_c(int a, int b) { return a < b ? a : b; }
 

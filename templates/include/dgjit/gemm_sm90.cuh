@@ -305,8 +305,16 @@ struct GemmSm90 {
   static_assert(!kGated || (Epi::kAct == Activation::kNone && !Epi::kBeta), "the gate's activation replaces act");
   static constexpr bool kQuantGroup = Epi::kQuant == QuantKind::kFp8Group128;
   static constexpr bool kQuantTensor = Epi::kQuant == QuantKind::kFp8Tensor || Epi::kQuant == QuantKind::kInt8Tensor;
-  static_assert(!kQuantGroup || kOutCols == 128 || kOutCols == 256,
-                "1x128 group scales are reduced inside a tile: D tiles of 128 or 256 columns");
+  // 1x128 group scales: a tile of 128 or 256 columns of D reduces its groups' amax itself; a narrower one (16, 32 or
+  // 64 columns, which small M needs to fill the SMs) is one of the kClusterN = 128 / kOutCols CTAs of a thread-block
+  // cluster that take the group's tiles together and exchange their rows' partial amax (quantize_groups_cluster).
+  static_assert(!kQuantGroup || kOutCols == 128 || kOutCols == 256 || kOutCols == 64 || kOutCols == 32 ||
+                    kOutCols == 16,
+                "1x128 group scales: D tiles of 128 or 256 columns, or of 16, 32 or 64 in a cluster along N");
+  static constexpr uint32_t kClusterN = kQuantGroup && kOutCols < 128 ? 128 / kOutCols : 1;
+  static constexpr bool kCluster = kClusterN > 1;
+  static_assert(!kCluster || (!kPingPong && !kSplitK && !kGrouped && !kSwapAB),
+                "group quantization across a cluster: dense, unsplit, cooperative tiles");
   static_assert((Epi::kQuant == QuantKind::kNone) ||
                     (Epi::kQuant == QuantKind::kInt8Tensor ? is_same<TD, int8_t>::value
                                                            : is_same<TD, float_e4m3_t>::value),
@@ -410,7 +418,11 @@ struct GemmSm90 {
   static constexpr uint32_t kSmemRedOffset = kSmemSplitOffset + kSmemSplitBytes;
   static constexpr uint32_t kSmemRedBytes = kWGSplitK ? kAccumWords * kWarpgroupThreads * 16 : 0;
   static_assert(kSmemRedOffset % 16 == 0, "the K-lane buffer is written in 16-byte words");
-  static constexpr uint32_t kSmemBytes = kSmemRedOffset + kSmemRedBytes + 1024;
+  // kCluster: two exchange barriers (16 bytes), then two buffers (tiles alternate) of kClusterN x kBlockM partial
+  // amaxes, one row of kBlockM per sending rank (quantize_groups_cluster).
+  static constexpr uint32_t kSmemExchOffset = kSmemRedOffset + kSmemRedBytes;
+  static constexpr uint32_t kSmemExchBytes = kCluster ? 16 + 2 * kClusterN * kBlockM * 4 : 0;
+  static constexpr uint32_t kSmemBytes = kSmemExchOffset + kSmemExchBytes + 1024;
   static_assert(kSmemDSliceBytes % 1024 == 0 && kSmemABytesPerStage % 1024 == 0 &&
                     kSmemBBytesPerStage % 1024 == 0 && kSmemDBytesPerWG % 1024 == 0,
                 "every swizzled buffer must start on a 1024-byte boundary");
@@ -423,7 +435,7 @@ struct GemmSm90 {
   // kWalkSplits: the walk hands out K shares (split-K kernels; grouped ones only in launches whose plan splits).
   template <bool kWalkSplits>
   using Walk = typename conditional<kGrouped, GroupedTileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks, kWalkSplits>,
-                                    TileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks>>::type;
+                                    TileScheduler<kBlockM, kNumNBlocks, kGroupM, kLoopKBlocks, kClusterN>>::type;
   // Split-K: ping-pong consumers take turns by tile count. Grouped walks choose which tiles to split, and how far,
   // on the device (GroupedTileScheduler), the host's count the most they may use.
   static_assert(!kSplitK || !kPingPong, "split-K runs cooperative tiles");
@@ -474,6 +486,13 @@ struct GemmSm90 {
     }
 
     DGJIT_DEVICE uint32_t red() const { return shared_addr(base + kSmemRedOffset); }
+    // kCluster: exchange buffer `buf`'s barrier, and its row of partial amaxes (float bits) from rank `rank`.
+    DGJIT_DEVICE uint64_t* exch_full(uint32_t buf) const {
+      return reinterpret_cast<uint64_t*>(base + kSmemExchOffset) + buf;
+    }
+    DGJIT_DEVICE uint32_t* exch(uint32_t buf, uint32_t rank) const {
+      return reinterpret_cast<uint32_t*>(base + kSmemExchOffset + 16) + (buf * kClusterN + rank) * kBlockM;
+    }
   };
 
   // ---- kBlock: A scales by bulk copy (ScaleArgs::is_a_bulk) ---------------------------------------
@@ -1426,6 +1445,7 @@ struct GemmSm90 {
 
   // D column slices of tile n_block that start inside N (the others are neither loaded nor stored).
   static DGJIT_DEVICE uint32_t slices_in_n(uint32_t n_block) {
+    if (kCluster && n_block * kOutCols >= kOutN) return 0;  // a cluster tile's rank past N (TileScheduler)
     const uint32_t cols_left = kOutN - n_block * kOutCols;
     const uint32_t slices = (cols_left + Store::kSliceCols - 1) / Store::kSliceCols;
     return slices < Store::kNumSlices ? slices : Store::kNumSlices;
@@ -1705,6 +1725,92 @@ struct GemmSm90 {
     }
   }
 
+  // kCluster: the tile is kOutCols of a 1x128 group's columns; the cluster's kClusterN CTAs hold the others (same rows,
+  // TileScheduler's cluster walk). Each row's amax over this tile's columns (inside N) is reduced in its quad; the
+  // quad's first lane (a sender) writes its two rows' partials (h = 0, 1) into slot [rank] of exchange buffer
+  // `exchange % 2` of every CTA of the cluster, its own included, by st.async, which completes 8 bytes on that
+  // CTA's barrier; thread 0 of each CTA announces the kClusterN x kBlockM x 4 bytes its buffer receives (the
+  // barrier's one arrival). The thread in the same place of every CTA holds the same rows, so a partial's slot is
+  // its sender's place (exch_slot), where the receiving thread finds all kClusterN of its rows' partials. Then the
+  // group's amax, its scale (written by rank 0, whose tile starts the group) and q of this tile's columns follow. A
+  // buffer is written again two tiles later, after every CTA's sends of the tile in between, which each makes only
+  // after reading this tile's partials: two buffers and one barrier each suffice.
+  static DGJIT_DEVICE constexpr uint32_t exch_slot(uint32_t math_wg, uint32_t mi, uint32_t warp, uint32_t lane) {
+    return (((math_wg * kNumM64PerWG + mi) * 4 + warp) * 8 + lane / 4) * 2;
+  }
+  static_assert(!kCluster || exch_slot(kNumMathWGs, 0, 0, 0) == kBlockM, "one slot per tile row");
+  static DGJIT_DEVICE void quantize_groups_cluster(const Smem& smem, uint32_t d_base, uint32_t math_wg,
+                                                   const Tile& tile, const EpilogueArgs& ea,
+                                                   const TAcc (&acc)[kNumM64PerWG][kNumAccum], uint32_t exchange) {
+    const uint32_t warp = warp_idx_in_warpgroup();
+    const uint32_t lane = lane_idx();
+    const uint32_t rank = cluster_rank();
+    const uint32_t buf = exchange % 2;
+    const uint32_t n_block = tile.n_block;
+    if (threadIdx.x == 0) mbarrier_arrive_expect_tx(smem.exch_full(buf), kClusterN * kBlockM * 4);
+    uint32_t partial[kNumM64PerWG][2];
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        float amax = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < kOutCols / 8; ++j) {
+#pragma unroll
+          for (uint32_t e = 0; e < 2; ++e) {
+            const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
+            if (kOutN % 128 == 0 || col < kOutN) amax = quant::max_abs_nan(amax, parked(acc[mi][park_index(j, h) + e]));
+          }
+        }
+        partial[mi][h] = quant::reduce_max_lanes<4>(__float_as_uint(amax));
+      }
+    }
+    if (lane % 4 == 0) {
+      const uint32_t bar = shared_addr(smem.exch_full(buf));
+#pragma unroll
+      for (uint32_t r = 0; r < kClusterN; ++r) {
+#pragma unroll
+        for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+          const uint32_t slot = shared_addr(smem.exch(buf, rank) + exch_slot(math_wg, mi, warp, lane));
+          st_async_cluster_v2(cluster_shared_addr(slot, r), partial[mi][0], partial[mi][1],
+                              cluster_shared_addr(bar, r));
+        }
+      }
+    }
+    mbarrier_wait(smem.exch_full(buf), (exchange / 2) % 2);
+    const uint32_t swz = d_lane_swizzle(lane);
+#pragma unroll
+    for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
+        const uint32_t tile_row = wg_row_offset(math_wg) + row;
+        uint32_t amax_bits = 0;  // max of non-negative float bits (NaN wins), as reduce_max_lanes
+#pragma unroll
+        for (uint32_t r = 0; r < kClusterN; ++r) {
+          amax_bits = quant::max_u32(amax_bits, smem.exch(buf, r)[exch_slot(math_wg, mi, warp, lane) + h]);
+        }
+        const float scale = quant::scale_of<quant::Format::kE4M3>(amax_bits);
+        const uint32_t global_row = tile.row0 + tile_row;
+        if (rank == 0 && lane % 4 == 0 && global_row < tile.row_end) {
+          ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128) * ea.scales_stride_g] = scale;
+        }
+        const quant::Divisor divisor = quant::make_divisor(scale);
+        // (as quantize_groups: the pairs are quantized before any is stored; bounded division)
+        uint16_t q[kOutCols / 8];
+#pragma unroll
+        for (uint32_t j = 0; j < kOutCols / 8; ++j) {
+          const uint32_t i = park_index(j, h);
+          q[j] = quantize_pair<Epi::kQuant, true>(parked(acc[mi][i]), parked(acc[mi][i + 1]), divisor);
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < kOutCols / 8; ++j) {
+          st_shared_b16(d_base + d_offset_owned(row, j * 8 + 2 * (lane % 4), swz), q[j]);
+        }
+      }
+    }
+  }
+
   // Grouped GEMMs: rows [row0, row0 + rows) of this consumer's D buffer, stored by its threads in 16-byte chunks
   // (element by element where a chunk crosses N). A tile ending inside its group cannot go out by TMA: the box
   // would overwrite the next group's first rows. The epilogue's barrier made the buffer visible; the next
@@ -1762,7 +1868,8 @@ struct GemmSm90 {
   static DGJIT_DEVICE void epilogue(const Smem& smem, const CUtensorMap& tmap_d, uint32_t math_wg,
                                     uint32_t m, const Tile& tile, float tensor_scale, const EpilogueArgs& ea,
                                     const GroupArgs& ga, bool wait_operands, uint32_t& operand_phase,
-                                    TAcc (&acc)[kNumM64PerWG][kNumAccum], const uint32_t (&bias)[kBiasRegs]) {
+                                    TAcc (&acc)[kNumM64PerWG][kNumAccum], const uint32_t (&bias)[kBiasRegs],
+                                    uint32_t exchange = 0) {
     const bool is_store_thread = threadIdx.x % kWarpgroupThreads == 0;
     const uint32_t barrier_id = 1 + math_wg;
     const uint32_t n_block = tile.n_block;
@@ -1986,7 +2093,11 @@ struct GemmSm90 {
         }
       }
     }
-    if constexpr (kQuantGroup) quantize_groups(d_base, math_wg, tile, ea, acc);
+    if constexpr (kCluster) {
+      quantize_groups_cluster(smem, d_base, math_wg, tile, ea, acc, exchange);
+    } else if constexpr (kQuantGroup) {
+      quantize_groups(d_base, math_wg, tile, ea, acc);
+    }
     if constexpr (kQuantTensor) {
       // One atomic per warp and tile; max of non-negative float bits is the float maximum (NaN wins).
       if (Epi::kAmax && ea.amax != nullptr) {
@@ -2277,6 +2388,7 @@ struct GemmSm90 {
     uint32_t operand_phase = 0;
     Tile tile;
     uint32_t turn = 0;  // ping-pong: the consumer whose tile comes next
+    uint32_t exchanges = 0;  // kCluster: the tiles whose amaxes this consumer exchanged (quantize_groups_cluster)
     // kWGSplitK: lane 0 owns the tile (bias, epilogue operands, kRow's scales, the epilogue); lane 1 only sums.
     const bool owns_tile = !kWGSplitK || k_lane == 0;
     uint32_t ring_parity = 0;  // kWGSplitK: parity of the ring position of the tile's first K block
@@ -2374,7 +2486,7 @@ struct GemmSm90 {
         epilogue_swapped(smem, tmap_d, math_wg, tile, tensor_scale, ea, acc);
       } else {
         epilogue<kBiasEarly>(smem, tmap_d, math_wg, m, tile, tensor_scale, ea, ga, wait_operands, operand_phase, acc,
-                             bias);
+                             bias, exchanges++);
       }
       if constexpr (kScaling == Scaling::kRow) stage_next_row_scales(smem, scales, math_wg, m, scheduler, kPingPong ? 1 : 0);
     }
@@ -2427,6 +2539,9 @@ struct GemmSm90 {
         mbarrier_init(smem.empty(s), kStageReaders + kConverterArrivals);
         if constexpr (kConverts) mbarrier_init(smem.lo_full(s), kConverterArrivals);
       }
+      if constexpr (kCluster) {
+        for (uint32_t b = 0; b < 2; ++b) mbarrier_init(smem.exch_full(b), 1);  // thread 0's expect_tx
+      }
       fence_mbarrier_init();
       fence_proxy_async_shared();
     }
@@ -2437,6 +2552,8 @@ struct GemmSm90 {
       if (threadIdx.x / 32 == kProducerWG * 4 + 1) Walk<true>::plan(ga, m, sk.num_splits, smem.split_plan());
     }
     __syncthreads();
+    // kCluster: no CTA sends to a peer's exchange barrier before the peer has initialised it.
+    if constexpr (kCluster) cluster_sync();
     if constexpr (kGrouped && kSplitK) {
       sk.whole_tiles = smem.split_plan()[0];
       sk.num_splits = smem.split_plan()[1];
@@ -2446,6 +2563,12 @@ struct GemmSm90 {
       }
     }
     roles<!kGrouped>(smem, wg, tmap_a, tmap_b, tmap_d, tmap_c, tmap_r, m, scales, ea, ga, sk, a_box_rows, edges);
+    // kCluster: every exchange into this CTA's shared memory was waited for by its consumers, but its own last
+    // sends to its peers may still be in flight: no CTA leaves before all of them are done.
+    if constexpr (kCluster) {
+      __syncwarp();
+      cluster_sync();
+    }
   }
 
   // The CTA's roles, each walking the tiles (kWalkSplits: with K shares; grouped kernels only where run() found a

@@ -76,19 +76,7 @@ DGJIT_DEVICE uint32_t activation(const T* x, long long x_sm, long long x_sk, uin
   }
 }
 
-// ---- distributed shared memory (sm_90 clusters) --------------------------------------------------------------
-DGJIT_DEVICE uint32_t cluster_rank() {
-  uint32_t r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-DGJIT_DEVICE void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" : : : "memory");
-#endif
-}
+// ---- distributed shared memory (sm_90 clusters; cluster_rank and cluster_sync are common.cuh's) ----------------
 DGJIT_DEVICE float ld_cluster_f32(const float* local, uint32_t rank) {
   float v = 0.f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -128,6 +128,22 @@ DGJIT_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t phase) {
   } while (done == 0);
 }
 
+// ---- stores into another CTA of a thread-block cluster (distributed shared memory) ----
+// The address of the same shared-memory location in the CTA of rank `cta_rank` of this cluster.
+DGJIT_DEVICE uint32_t cluster_shared_addr(uint32_t addr, uint32_t cta_rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(cta_rank));
+  return remote;
+}
+// Two words into another CTA's shared memory (`remote_addr`, 8-byte aligned), completing 8 bytes of transactions on
+// its barrier `remote_bar` (both cluster_shared_addr) once written: the receiver's wait on that barrier then sees
+// them. No fence: a release at cluster scope (mbarrier.arrive.release.cluster after st.shared::cluster) compiled to
+// MEMBAR.ALL.GPU, and the acquiring wait to an L1 invalidation (CCTL.IVALL), on every use.
+DGJIT_DEVICE void st_async_cluster_v2(uint32_t remote_addr, uint32_t lo, uint32_t hi, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
+               : : "r"(remote_addr), "r"(lo), "r"(hi), "r"(remote_bar) : "memory");
+}
+
 // ------------------------------------------------------------------------------------------------
 // Proxy fences
 // ------------------------------------------------------------------------------------------------

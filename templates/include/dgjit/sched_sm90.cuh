@@ -106,35 +106,45 @@ DGJIT_DEVICE void group_rows(const GroupArgs& ga, uint32_t m, uint32_t g, uint32
 // Persistent tile walk: CTA b takes units b, b + gridDim.x, ... Unit u is split u % num_splits of tile
 // u / num_splits in the raster order (num_splits = 1 without split-K: units are tiles), so the shares of a tile
 // run on neighbouring CTAs at the same time.
-template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks>
+// kClusterN > 1 (thread-block clusters of kClusterN CTAs along x, GemmSm90's kCluster): the walk is over cluster
+// tiles, one M block by kClusterN adjacent N blocks, taken by cluster c = b / kClusterN at units c, c + clusters,
+// ...; the CTA of rank r takes N block kClusterN * n + r of cluster tile n, so every CTA of a cluster walks as many
+// tiles as the others, in step. Where kClusterN does not divide the N blocks, the last cluster tile's ranks past
+// them get N blocks past N (their loads are zero-filled, nothing of them is stored).
+template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks, uint32_t kClusterN = 1>
 struct TileScheduler {
+  static constexpr uint32_t kWalkNBlocks = (kNumNBlocks + kClusterN - 1) / kClusterN;
   uint32_t m;
   uint32_t num_m_blocks;
   uint32_t num_splits;
   uint32_t num_units;
   uint32_t next_unit;
 
+  static DGJIT_DEVICE uint32_t first_unit() { return blockIdx.x / kClusterN; }
+  static DGJIT_DEVICE uint32_t stride() { return gridDim.x / kClusterN; }
+
   DGJIT_DEVICE TileScheduler(uint32_t m_, const GroupArgs&, const SplitArgs& sk)
       : m(m_), num_m_blocks((m_ + kBlockM - 1) / kBlockM), num_splits(sk.num_splits),
-        num_units(num_m_blocks * kNumNBlocks * sk.num_splits), next_unit(blockIdx.x) {}
+        num_units(num_m_blocks * kWalkNBlocks * sk.num_splits), next_unit(first_unit()) {}
 
   DGJIT_DEVICE bool next(Tile& tile) {
     if (next_unit >= num_units) return false;
     const uint32_t t = next_unit / num_splits;
     const uint32_t split = next_unit - t * num_splits;
-    uint32_t m_block;
-    raster<kGroupM, kNumNBlocks>(t, num_m_blocks, m_block, tile.n_block);
+    uint32_t m_block, walk_n_block;
+    raster<kGroupM, kWalkNBlocks>(t, num_m_blocks, m_block, walk_n_block);
+    tile.n_block = kClusterN * walk_n_block + blockIdx.x % kClusterN;
     tile.row0 = m_block * kBlockM;
     tile.row_end = m;
     tile.group = 0;
     tile.set_share<kNumKBlocks>(split, num_splits, t);
-    next_unit += gridDim.x;
+    next_unit += stride();
     return true;
   }
   // Tiles that read the B rows of the tile next() just returned (one per M block).
   DGJIT_DEVICE uint32_t b_readers() const { return num_m_blocks; }
   // Units handed out so far, counting the one next() just returned.
-  DGJIT_DEVICE uint32_t tiles_done() const { return (next_unit - blockIdx.x) / gridDim.x; }
+  DGJIT_DEVICE uint32_t tiles_done() const { return (next_unit - first_unit()) / stride(); }
   DGJIT_DEVICE bool has_next() const { return next_unit < num_units; }
 };
 
