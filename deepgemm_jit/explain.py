@@ -35,6 +35,10 @@ def describe(gemm, *, with_sass: bool = True) -> dict:
         # Consumer warpgroups sharing each tile's K blocks (2: a 64-row FP8 tile's K lanes, sm90_tiles.sm90_wg_split_k).
         "k_lanes": (2 if gemm.config.family == "sm90" and sm90_tiles.sm90_wg_split_k(
             gemm.artifact.spec, gemm.config.block_m, gemm.config.pingpong, gemm.config.swap_ab) else 1),
+        # CTAs per thread-block cluster (quant_fp8_g128 tiles narrower than a 1x128 group quantize across one:
+        # sm90_tiles.sm90_quant_cluster); 1 elsewhere.
+        "cluster": (sm90_tiles.sm90_quant_cluster(gemm.artifact.spec, gemm.config.block_n)
+                    if gemm.config.family == "sm90" else 1),
         # Partial-sum sets of a promoted K loop (2: wgmmas run while one set is promoted: the next K block's,
         # sm90_tiles.sm90_two_partial_sets, or on wide tiles the other half of this one's, sm90_half_partial_sets);
         # 0 without promotion.

@@ -304,6 +304,14 @@ SPLIT_MAX_M = 1024
 # 4096x7168, 7168x16384 at M <= 64); 0.90 a 10% loss (7168x16384 at M = 128, where 128 unsplit 64x112 tiles already
 # stream the weight at full bandwidth).
 SPLIT_MIN_GAIN = 0.88
+# Group quantization (quant_fp8_g128): the last share runs the whole epilogue after summing the partials, and the
+# model's split gains were far from the H200's (BF16, tiles forced in one timing, and the heuristic's picks against
+# HEAD: bench/results/*exp-quant-cluster-tiles-st-async-s59*, *exp-ab-quant-split-shares-fp8-tensor-vs-head-s59*;
+# model split cost / best unsplit cost -> measured time ratio): 0.21 -> 0.85 (64 x 2112x7168, 7 shares), 0.38 ->
+# 0.84 (128 x 2112x7168), 0.30 -> 0.98 (64 x 4096x7168) won; 0.51 -> 1.03 (64 x 7168x16384), 0.53 / 0.54 -> 1.10
+# (128 x 4096x7168, 64x128 2 shares / 128x128 4 shares), 0.60 -> 1.22 (64 x 7168x2048) lost. Such splits must be
+# this much cheaper instead.
+SPLIT_MIN_GAIN_GROUP_QUANT = 0.45
 
 
 SM90_BLOCK_N = tuple(range(256, 7, -8))
@@ -659,7 +667,8 @@ def sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
             split_cost, best = sm90_best_splits(spec, m_hint, block_m, block_n, num_sms, stages)
             split_cost *= _trans_b_rows64_cost(spec, m_hint, block_m)
             split_stages = sm90_stages(spec, block_m, block_n, split_k=True, m_hint=stage_hint)
-            if best > 1 and split_cost < SPLIT_MIN_GAIN * unsplit_best and split_stages >= 3:
+            min_gain = SPLIT_MIN_GAIN_GROUP_QUANT if spec.epi.has_group_scales else SPLIT_MIN_GAIN
+            if best > 1 and split_cost < min_gain * unsplit_best and split_stages >= 3:
                 tiles[i] = (split_cost, block_m, block_n, split_stages, best)
     # Stable: ties keep the wider tile first; at decode sizes a 64-row tile wins a tie (see SM90_DECODE_TIE_M).
     tiles.sort(key=lambda t: (t[0], t[1] != 64 if m_hint <= SM90_DECODE_TIE_M else False))

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from deepgemm_jit import (Epilogue, GemmSpec, config, deinterleave_gate_up, interleave_gate_up, jit, launch,
+from deepgemm_jit import (Epilogue, GemmSpec, build, config, deinterleave_gate_up, interleave_gate_up, jit, launch,
                           reference, sass)
 from deepgemm_jit.epilogue import canonical
 from sm90_kernels import compiled_clean
@@ -349,10 +349,11 @@ def test_gated_and_quant_tile_legality():
             == 128 * 256 * 2 - 128 * 128 * 1)
 
 
-def test_quant_cluster_rules():
+def test_quant_cluster_rules(shared_cache_dir, monkeypatch):
     """quant_fp8_g128 tiles narrower than a 1x128 group run in clusters of 128 / D columns (gated: block_n / 2),
     dense, unsplit and cooperative only; the cost model weighs them for 8-bit GEMMs whose clusters are all resident
     at once (H200: clusters of 4 or 8 fill 120 SMs), and then no split-K tile."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
     bf16 = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_g128")
     gated = GemmSpec.create(1024, 512, "bf16", epilogue="swiglu+quant_fp8_g128")
     static = GemmSpec.create(1000, 512, "bf16", epilogue="quant_fp8_tensor")
@@ -368,10 +369,26 @@ def test_quant_cluster_rules():
     fp8 = GemmSpec.create(2112, 7168, "fp8", scaling="block", epilogue="quant_fp8_g128")
     picks = {m: config.choose_config(fp8, m, "sm_90a") for m in (64, 128)}
     assert [(c.block_m, c.block_n, c.split_k) for c in picks.values()] == [(64, 32, False), (64, 64, False)]
+    g = build(64, 2112, 7168, dtype="fp8", scaling="block", epilogue="quant_fp8_g128", arch="sm_90a")
+    assert g.explain()["cluster"] == 4 and build(64, 2112, 7168, dtype="fp8", arch="sm_90a").explain()["cluster"] == 1
     # BF16 (tied or lost on the H200) and clusters past one round (24576 columns) keep 128-column tiles.
     for spec in (GemmSpec.create(2112, 7168, "bf16", epilogue="quant_fp8_g128"),
                  GemmSpec.create(24576, 1536, "fp8", scaling="block", epilogue="quant_fp8_g128")):
         assert config.choose_config(spec, 64, "sm_90a").block_n >= 128, spec.tag
+
+
+def test_group_quant_split_gain():
+    """Group quantization splits K only where the model expects the split far cheaper (SPLIT_MIN_GAIN_GROUP_QUANT):
+    BF16 at M = 64 splits N = 2112 (17 tiles of 64x128) but not 7168x2048 (56 tiles; 2 shares measured 1.22x
+    slower), and 128 x 4096x7168 runs 64x128 unsplit."""
+    def pick(n, k, m):
+        cfg = config.choose_config(GemmSpec.create(n, k, "bf16", epilogue="bias+gelu+quant_fp8_g128"), m, "sm_90a")
+        return cfg.block_m, cfg.block_n, cfg.split_k
+
+    assert pick(2112, 7168, 64) == (64, 128, True)
+    assert pick(7168, 2048, 64) == (64, 128, False) and pick(7168, 16384, 64) == (64, 128, False)
+    assert pick(4096, 7168, 128) == (64, 128, False)
+    assert sm90_rules.SPLIT_MIN_GAIN_GROUP_QUANT < sm90_rules.SPLIT_MIN_GAIN
 
 
 class _FakeClusterKernel:
