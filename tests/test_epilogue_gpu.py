@@ -481,6 +481,48 @@ def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
         _check_quantized_q(q, q_ref, "fp8_e4m3", case)
 
 
+def test_quant_cluster_tiles_in_a_cuda_graph():
+    """The heuristic's cluster tile (FP8 block at M = 64: 64x32 in clusters of 4, sized from the driver's resident
+    clusters) on a non-blocking stream, then captured in a CUDA graph: each replay writes the eager call's (q,
+    scales) bit for bit into poisoned buffers, and those match the float64 reference."""
+    import cupy
+
+    m, n, k = 64, 2112, 7168
+    rng = cupy.random.default_rng(59)
+    g = build(m, n, k, dtype="fp8", scaling="block", epilogue="bias+gelu+quant_fp8_g128")
+    assert g.explain()["cluster"] > 1, g.config.tag
+    x = reference.random_matrix((m, k), "fp32", rng)
+    w = reference.random_matrix((n, k), "fp32", rng, scale=1.0 / math.sqrt(k))
+    qa, sa = reference.quantize_reference(x, "fp8", "group128")
+    qb, sb = reference.quantize_reference(w, "fp8", "block128")
+    bias = reference.random_matrix((n,), "fp32", rng)
+    q = cupy.full((m, n), 0xFF, dtype=cupy.uint8)
+    scales = cupy.full((m, -(-n // 128)), cupy.nan, dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        g(qa, qb, scale_a=sa, scale_b=sb, bias=bias, out=q, scales_out=scales, stream=stream)
+        stream.synchronize()
+        q_eager, s_eager = q.copy(), scales.copy()
+        stream.begin_capture()
+        g(qa, qb, scale_a=sa, scale_b=sb, bias=bias, out=q, scales_out=scales, stream=stream)
+        graph = stream.end_capture()
+    acc = (reference.dequantize_reference(qa, sa, "fp8", "group128")
+           @ reference.dequantize_reference(qb, sb, "fp8", "block128").T)
+    q_ref, s_ref = reference.quantized_epilogue_reference(reference.unfused_epilogue(acc, g.spec.epi, bias=bias),
+                                                          g.spec.epi)
+    assert bool(cupy.allclose(s_eager, s_ref, rtol=2e-3, atol=0)), g.config.tag
+    err = reference.error(reference.dequantize_reference(q_eager, s_eager, "fp8_e4m3", "group128"),
+                          reference.dequantize_reference(q_ref, s_ref, "fp8_e4m3", "group128"))
+    assert reference.within_bound(err, "fp8_e4m3"), (g.config.tag, err)
+    for _ in range(2):
+        q.fill(0xFF)
+        scales.fill(cupy.nan)
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        assert bool(cupy.array_equal(q, q_eager)) and bool(cupy.array_equal(scales, s_eager)), g.config.tag
+
+
 def test_quant_tensor_fp8_with_amax_and_int8():
     """Static per-tensor scales: FP8 (a scale small enough that the largest values saturate) with amax_out,
     and INT8 from an INT8 row-scaled GEMM; q within one ulp of the reference, amax equal to max |x|."""
