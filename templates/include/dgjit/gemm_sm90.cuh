@@ -1670,8 +1670,44 @@ struct GemmSm90 {
     return make_float2(lo, hi);
   }
 
-  // kQuantGroup, second pass: per row and 128-column group, the amax (columns past N excluded: a bias or an
-  // activation such as sigmoid makes TMA's zero columns nonzero), the scale (written for rows inside M by the
+  // Group quantization of a thread's D row (m64 slice `acc`, half h): max |x| over its pairs [j0, j0 + kPairs) inside
+  // N (a bias or an activation such as sigmoid makes TMA's zero columns past N nonzero), reduced over the quad that
+  // holds the row: float bits, NaN wins. (Columns past N exist where N is not whole tiles, or, across a cluster,
+  // where the last cluster tile has ranks past N.)
+  template <uint32_t kPairs>
+  static DGJIT_DEVICE uint32_t group_row_amax(const TAcc (&acc)[kNumAccum], uint32_t h, uint32_t n_block, uint32_t j0,
+                                              uint32_t lane) {
+    constexpr bool kPastN = kOutN % (kCluster ? 128 : kOutCols) != 0;
+    float amax = 0.0f;
+#pragma unroll
+    for (uint32_t j = j0; j < j0 + kPairs; ++j) {
+#pragma unroll
+      for (uint32_t e = 0; e < 2; ++e) {
+        const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
+        if (!kPastN || col < kOutN) amax = quant::max_abs_nan(amax, parked(acc[park_index(j, h) + e]));
+      }
+    }
+    return quant::reduce_max_lanes<4>(__float_as_uint(amax));
+  }
+  // q of the same pairs into the D tile's row `row` (swz: d_lane_swizzle). All are quantized before any is stored (a
+  // store's "memory" clobber would keep each next pair's math behind it, see kBatchMath). Bounded division: no value
+  // inside N exceeds 448 s (those past N may come out NaN instead of saturated; TMA does not store them).
+  template <uint32_t kPairs>
+  static DGJIT_DEVICE void store_group_row(uint32_t d_base, const TAcc (&acc)[kNumAccum], uint32_t h, uint32_t row,
+                                           uint32_t j0, uint32_t lane, uint32_t swz, const quant::Divisor& divisor) {
+    uint16_t q[kPairs];
+#pragma unroll
+    for (uint32_t j = 0; j < kPairs; ++j) {
+      const uint32_t i = park_index(j0 + j, h);
+      q[j] = quantize_pair<Epi::kQuant, true>(parked(acc[i]), parked(acc[i + 1]), divisor);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < kPairs; ++j) {
+      st_shared_b16(d_base + d_offset_owned(row, (j0 + j) * 8 + 2 * (lane % 4), swz), q[j]);
+    }
+  }
+
+  // kQuantGroup, second pass: per row and 128-column group, the amax, the scale (written for rows inside M by the
   // quad's first lane) and q into the D tile.
   static DGJIT_DEVICE void quantize_groups(uint32_t d_base, uint32_t math_wg, const Tile& tile, const EpilogueArgs& ea,
                                            const TAcc (&acc)[kNumM64PerWG][kNumAccum]) {
@@ -1687,39 +1723,14 @@ struct GemmSm90 {
         const uint32_t n_block = tile.n_block;
 #pragma unroll
         for (uint32_t g = 0; g < kOutCols / 128; ++g) {
-          float amax = 0.0f;
-#pragma unroll
-          for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
-#pragma unroll
-            for (uint32_t e = 0; e < 2; ++e) {
-              const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
-              if (kOutN % kOutCols == 0 || col < kOutN) {
-                amax = quant::max_abs_nan(amax, parked(acc[mi][park_index(j, h) + e]));
-              }
-            }
-          }
           const float scale =
-              quant::scale_of<quant::Format::kE4M3>(quant::reduce_max_lanes<4>(__float_as_uint(amax)));
+              quant::scale_of<quant::Format::kE4M3>(group_row_amax<16>(acc[mi], h, n_block, 16 * g, lane));
           // A 256-column tile's second group can lie wholly past N (N = 2112: groups 0-16): it has no scale column.
           const bool group_in_n = kOutN % kOutCols == 0 || n_block * kOutCols + g * 128 < kOutN;
           if (lane % 4 == 0 && global_row < tile.row_end && group_in_n) {
             ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128 + g) * ea.scales_stride_g] = scale;
           }
-          const quant::Divisor divisor = quant::make_divisor(scale);
-          // The group's 16 pairs are quantized before any is stored (a store's "memory" clobber would keep each
-          // next pair's math behind it, see kBatchMath). Bounded division: no value inside N exceeds 448 s (those
-          // past N may come out NaN instead of saturated; TMA does not store them).
-          uint16_t q[16];
-#pragma unroll
-          for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
-            const uint32_t i = park_index(j, h);
-            q[j - 16 * g] =
-                quantize_pair<Epi::kQuant, true>(parked(acc[mi][i]), parked(acc[mi][i + 1]), divisor);
-          }
-#pragma unroll
-          for (uint32_t j = 16 * g; j < 16 * g + 16; ++j) {
-            st_shared_b16(d_base + d_offset_owned(row, j * 8 + 2 * (lane % 4), swz), q[j - 16 * g]);
-          }
+          store_group_row<16>(d_base, acc[mi], h, row, 16 * g, lane, swz, quant::make_divisor(scale));
         }
       }
     }
@@ -1752,18 +1763,7 @@ struct GemmSm90 {
 #pragma unroll
     for (uint32_t mi = 0; mi < kNumM64PerWG; ++mi) {
 #pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        float amax = 0.0f;
-#pragma unroll
-        for (uint32_t j = 0; j < kOutCols / 8; ++j) {
-#pragma unroll
-          for (uint32_t e = 0; e < 2; ++e) {
-            const uint32_t col = n_block * kOutCols + j * 8 + 2 * (lane % 4) + e;
-            if (kOutN % 128 == 0 || col < kOutN) amax = quant::max_abs_nan(amax, parked(acc[mi][park_index(j, h) + e]));
-          }
-        }
-        partial[mi][h] = quant::reduce_max_lanes<4>(__float_as_uint(amax));
-      }
+      for (uint32_t h = 0; h < 2; ++h) partial[mi][h] = group_row_amax<kOutCols / 8>(acc[mi], h, n_block, 0, lane);
     }
     if (lane % 4 == 0) {
       const uint32_t bar = shared_addr(smem.exch_full(buf));
@@ -1784,29 +1784,17 @@ struct GemmSm90 {
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
         const uint32_t row = mi * 64 + warp * 16 + lane / 4 + 8 * h;
-        const uint32_t tile_row = wg_row_offset(math_wg) + row;
         uint32_t amax_bits = 0;  // max of non-negative float bits (NaN wins), as reduce_max_lanes
 #pragma unroll
         for (uint32_t r = 0; r < kClusterN; ++r) {
           amax_bits = quant::max_u32(amax_bits, smem.exch(buf, r)[exch_slot(math_wg, mi, warp, lane) + h]);
         }
         const float scale = quant::scale_of<quant::Format::kE4M3>(amax_bits);
-        const uint32_t global_row = tile.row0 + tile_row;
+        const uint32_t global_row = tile.row0 + wg_row_offset(math_wg) + row;
         if (rank == 0 && lane % 4 == 0 && global_row < tile.row_end) {
           ea.quant[global_row * ea.scales_stride_m + (n_block * kOutCols / 128) * ea.scales_stride_g] = scale;
         }
-        const quant::Divisor divisor = quant::make_divisor(scale);
-        // (as quantize_groups: the pairs are quantized before any is stored; bounded division)
-        uint16_t q[kOutCols / 8];
-#pragma unroll
-        for (uint32_t j = 0; j < kOutCols / 8; ++j) {
-          const uint32_t i = park_index(j, h);
-          q[j] = quantize_pair<Epi::kQuant, true>(parked(acc[mi][i]), parked(acc[mi][i + 1]), divisor);
-        }
-#pragma unroll
-        for (uint32_t j = 0; j < kOutCols / 8; ++j) {
-          st_shared_b16(d_base + d_offset_owned(row, j * 8 + 2 * (lane % 4), swz), q[j]);
-        }
+        store_group_row<kOutCols / 8>(d_base, acc[mi], h, row, 0, lane, swz, quant::make_divisor(scale));
       }
     }
   }
