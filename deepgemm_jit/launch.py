@@ -17,7 +17,7 @@ from . import arrays, device, env, runtime, tma
 from .arrays import MatrixView, ScaleView
 from .jit import KernelArtifact
 from .runtime import LoadedKernel
-from .sm90_tiles import sm90_quant_cluster
+from .sm90_tiles import sm90_cluster_tiles, sm90_quant_cluster
 from .spec import GemmSpec
 from .splitk import SplitOperands
 from .stream_buffers import stream_key
@@ -398,9 +398,9 @@ def cluster_grid(kernel: LoadedKernel, spec: GemmSpec, cfg, m: int, cluster: int
     """Clusters of a kernel whose CTAs work in clusters of `cluster` along N (sm90_quant_cluster): one per cluster
     tile (an M block by `cluster` N blocks), at most as many as the device keeps resident at once (a GPC holds whole
     clusters only: runtime.LoadedKernel.max_active_clusters) and as SMs allow."""
-    cluster_tiles = -(-m // cfg.block_m) * -(-(-(-spec.n // cfg.block_n)) // cluster)
     resident = min(num_sms(device_id) // cluster, kernel.max_active_clusters(cluster, (num_threads, 1, 1)))
-    return persistent_grid(cluster_tiles, resident, balanced=spec.scaling == "block")
+    return persistent_grid(sm90_cluster_tiles(spec, m, cfg.block_m, cfg.block_n), resident,
+                           balanced=spec.scaling == "block")
 
 
 def plan(kernel: LoadedKernel, artifact: KernelArtifact, spec: GemmSpec, m: int, va: MatrixView,

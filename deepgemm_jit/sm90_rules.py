@@ -12,7 +12,7 @@ from . import dtypes, env
 from .buckets import m_bucket
 from .sm90_cost import RAW_B_BLOCK_N, sm90_best_splits, sm90_few_16b_slices, sm90_tile_cost
 from .sm90_tiles import (SM90_MN_BLOCK, SM90_SMEM_BUDGET_BYTES, sm90_accumulators, sm90_block_n_legal, sm90_consumers,
-                         sm90_cluster_sms, sm90_d_ring_problem, sm90_epilogue_block_n_problem,
+                         sm90_cluster_sms, sm90_cluster_tiles, sm90_d_ring_problem, sm90_epilogue_block_n_problem,
                          sm90_max_accumulators, sm90_quant_cluster, sm90_quant_cluster_problem, sm90_smem_bytes,
                          sm90_three_consumer_problem, sm90_trans_b,
                          sm90_two_partial_sets, sm90_wg_split_k, split_max_accumulators)
@@ -537,8 +537,8 @@ def sm90_quant_cluster_costed(spec: GemmSpec, m_hint: int, block_m: int, block_n
     cluster = sm90_quant_cluster(spec, block_n)
     if cluster == 1:
         return True
-    cluster_tiles = -(-m_hint // block_m) * -(-(-(-spec.n // block_n)) // cluster)
-    return spec.dtype in dtypes.FP8_DTYPES and cluster_tiles * cluster <= sm90_cluster_sms(cluster, num_sms)
+    return (spec.dtype in dtypes.FP8_DTYPES
+            and sm90_cluster_tiles(spec, m_hint, block_m, block_n) * cluster <= sm90_cluster_sms(cluster, num_sms))
 
 
 def sm90_tile_may_split(spec: GemmSpec, m_hint: int, block_m: int) -> bool:

@@ -242,6 +242,13 @@ def sm90_cluster_sms(cluster: int, num_sms: int) -> int:
     return max(1, min(num_sms // cluster, resident)) * cluster
 
 
+def sm90_cluster_tiles(spec: GemmSpec, m: int, block_m: int, block_n: int) -> int:
+    """Cluster tiles of M rows for tiles BLOCK_N wide (TileScheduler's cluster walk): M blocks x the N blocks in
+    groups of sm90_quant_cluster (the last group may reach past N); the tile count where there is no cluster."""
+    cluster = sm90_quant_cluster(spec, block_n)
+    return -(-m // block_m) * -(-(-(-spec.n // block_n)) // cluster)
+
+
 def sm90_quant_cluster_problem(spec: GemmSpec, block_n: int, pingpong: bool = False, split_k: bool = False,
                                swap_ab: bool = False) -> str | None:
     """Why a tile BLOCK_N wide whose group quantization runs across a cluster (sm90_quant_cluster) cannot take this
