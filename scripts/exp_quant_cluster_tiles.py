@@ -1,7 +1,9 @@
 """Experiment (session 59): quant_fp8_g128 at small M on forced tiles, the cluster tiles (narrower than a 1x128
 group, sm90_tiles.sm90_quant_cluster) against 128-column ones and the heuristic's pick, beside our plain GEMM and
-GEMM + quantize, interleaved in one timing (L2 flushed before every call). One JSON line per row.
-    python3 scripts/exp_quant_cluster_tiles.py --m 64,128 [--dtype bf16,fp8_block] [--epilogue quant_fp8_g128]"""
+GEMM + quantize, interleaved in one timing (L2 flushed before every call). One JSON line per row. Session 60 added
+INT8 (row-scaled) and FP8 per-tensor operands.
+    python3 scripts/exp_quant_cluster_tiles.py --m 64,128 [--dtype bf16,fp8_block,fp8_tensor,int8]
+        [--epilogue quant_fp8_g128]"""
 import argparse
 import json
 import math
@@ -9,6 +11,11 @@ import math
 TILES = ((64, 16, False), (64, 32, False), (64, 64, False), (64, 128, False), (64, 128, True), (128, 32, False),
          (128, 64, False), (128, 128, False))
 ROWS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+# build() keywords and (A, B) quantize granularities of each --dtype word
+OPERANDS = {"bf16": ({"dtype": "bf16"}, None),
+            "fp8_block": ({"dtype": "fp8", "scaling": "block"}, ("group128", "block128")),
+            "fp8_tensor": ({"dtype": "fp8", "scaling": "tensor"}, ("tensor", "tensor")),
+            "int8": ({"dtype": "int8", "scaling": "row"}, ("row", "row"))}
 
 
 def run(m, n, k, dtype, epilogue, reps):
@@ -18,14 +25,14 @@ def run(m, n, k, dtype, epilogue, reps):
     from deepgemm_jit import config, reference, timing
     from deepgemm_jit.spec import GemmSpec
 
-    kw = {"dtype": "bf16"} if dtype == "bf16" else {"dtype": "fp8", "scaling": "block"}
+    kw, grans = OPERANDS[dtype]
     rng = cupy.random.default_rng(m + n + k)
     a = reference.random_matrix((m, k), "bf16", rng)
     b = reference.random_matrix((n, k), "bf16", rng, scale=1.0 / math.sqrt(k))
     ops = {}
-    if dtype != "bf16":
-        a, sa = dg.quantize(a, "fp8", "group128")
-        b, sb = dg.quantize(b, "fp8", "block128")
+    if grans is not None:
+        a, sa = dg.quantize(a, kw["dtype"], grans[0])
+        b, sb = dg.quantize(b, kw["dtype"], grans[1])
         ops = {"scale_a": sa, "scale_b": sb}
     spec = GemmSpec.create(n, k, epilogue=epilogue, **kw)
     plain_kw, bias = dict(ops), None
@@ -84,7 +91,7 @@ def precompile(args) -> int:
     """The forced tiles' kernels, compiled in parallel (NVRTC takes ~1-2 s a kernel)."""
     from multiprocessing import Pool
 
-    jobs = [(n, k, {"dtype": "bf16"} if dtype == "bf16" else {"dtype": "fp8", "scaling": "block"}, epilogue, m, tile)
+    jobs = [(n, k, OPERANDS[dtype][0], epilogue, m, tile)
             for dtype in args.dtype.split(",") for epilogue in args.epilogue.split(",")
             for m in map(int, args.m.split(",")) for n, k in ROWS for tile in TILES]
     with Pool(16) as pool:

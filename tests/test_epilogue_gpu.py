@@ -413,6 +413,13 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     ("fp8_block", 70, 600, 640, "bias+sigmoid+quant_fp8_g128", (64, 32, False)),  # B scale blocks of ranks past N
     ("fp8_tensor", 100, 1000, 1024, "bias+gelu+quant_fp8_g128", (64, 16, False)),  # K lanes; clusters of 8
     ("fp16", 60, 2112, 7168, "quant_fp8_g128", (64, 16, False)),               # 132 N blocks: 17 cluster tiles
+    ("int8", 70, 600, 640, "bias+gelu+quant_fp8_g128", (64, 32, False)),        # INT8 row scales, clusters of 4
+    ("int8", 200, 1000, 1024, "quant_fp8_g128", (64, 64, False)),               # 4 M blocks, clusters of 2
+    # Many cluster tiles per cluster (launch.cluster_grid sizes the grid to the resident clusters): both exchange
+    # buffers and both parities of their barriers cycle several times.
+    ("bf16", 256, 4096, 256, "quant_fp8_g128", (64, 32, False)),               # 128 tiles on 30 clusters of 4
+    ("fp8_block", 300, 3000, 512, "quant_fp8_g128", (64, 16, False)),          # 120 tiles on 15 of 8, ranks past N
+    ("fp16", 333, 5008, 384, "swiglu+quant_fp8_g128", (64, 64, False)),        # gated: 32 D columns, 120 tiles
 ])
 def test_quant_group128_on_forced_tiles(dtype, m, n, k, epilogue, tile):
     """Tiles the heuristic picks for group quantization besides 128x128: two 1x128 groups per row (16-bit GEMMs
