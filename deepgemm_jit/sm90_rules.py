@@ -448,8 +448,17 @@ def _sm90_decode_short_k(spec: GemmSpec, m_hint: int, num_sms: int) -> tuple | N
 # x 260 / 300 rows): 16-bit now runs 128-row tiles 1.072x faster in geomean (0.988-1.226; 300 x 7168 x 16384 150.3 ->
 # 122.6 us, 300 x 2112 x 7168 27.4 -> 24.8), so only 8-bit types (FP8 block: 64-row tiles still 1.074x faster, 300 x
 # 3072 x 7168 20.8 vs 27.0 us) keep 64-row tiles there. TF32 was measured neither way and goes with 16-bit.
+# Session 60 added the 256-row bucket (193-256 rows) for 8-bit types, tiles up to SM90_ROWS64_NARROW_MAX_N columns
+# there (scripts/exp_m_buckets.py --against rows64at256, M 200 / 224 / 256 x 6 (N, K), FP8 block / per-tensor / row
+# and INT8, plain and FP8 bias+gelu, bench/results/*exp-m-buckets-vs-rows64at256-s60*): the 128-row picks fill half
+# the SMs or split K at N <= 4096 (FP8 block 256 x 4096 x 7168 128x128 split 24.5 -> 64x128 22.0 us, 256 x 1280 x
+# 8192 20.1 -> 17.1; FP8 row 256 x 1536 x 7168 128x48 split 15.1 -> 64x48 13.9; INT8 256 x 2112 x 7168 15.8 -> 14.8):
+# 45 of 46 changed rows ran 0-16% faster, ties within 1.3%; the one loss was INT8 (INT32 out) 7168 x 2048 at 64x224 (4
+# stages), 13.2 -> 14.1 us, hence the width cap.
 SM90_ROWS64_MAX_M = 128
-SM90_ROWS64_BUCKETS = (320,)
+SM90_ROWS64_BUCKETS = (256, 320)
+SM90_ROWS64_NARROW_BUCKETS = (256,)
+SM90_ROWS64_NARROW_MAX_N = 128
 # 129-192 rows (their own bucket since session 40): there 128-row tiles compute 256 rows, a quarter to half of them
 # idle, against three 64-row blocks. H200 session 40, first run (scripts/exp_m_buckets.py --against rows64at192, every
 # 64-row tile costed there, 4 types x 12 (N, K) x M 160 / 192, bench/results/*exp-m-buckets-rows64at192-s40*): the
@@ -624,6 +633,7 @@ def sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
     stage_hint = None if spec.grouped or groups > 1 else m_hint  # deeper stages measured on dense GEMMs only
     trans_b = sm90_trans_b(spec)
     rows64_min_n = sm90_rows64_unsplit_min_n(spec) if sm90_rows64_unsplit_only(spec, m_hint) else 0
+    rows64_max_n = SM90_ROWS64_NARROW_MAX_N if m_hint in SM90_ROWS64_NARROW_BUCKETS else max(SM90_BLOCK_N)
     tiles = []
     for block_m in (192, 128, 64):
         if block_m == 64 and not sm90_rows64_costed(spec, m_hint):
@@ -633,7 +643,7 @@ def sm90_tiles_by_cost(spec: GemmSpec, m_hint: int, num_sms: int,
         for block_n in SM90_BLOCK_N:
             if not sm90_block_n_legal(spec, block_n) or sm90_epilogue_block_n_problem(spec, block_n) is not None:
                 continue
-            if block_m == 64 and block_n < rows64_min_n:
+            if block_m == 64 and (block_n < rows64_min_n or block_n > rows64_max_n):
                 continue
             if not sm90_quant_cluster_costed(spec, m_hint, block_m, block_n, num_sms):
                 continue

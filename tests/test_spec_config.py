@@ -207,7 +207,7 @@ def test_sm90_heuristic_follows_waves():
         assert cfg.smem_bytes(GemmSpec.create(n, k, dtype="bf16")) <= sm90_tiles.SM90_SMEM_BUDGET_BYTES
 
 
-def test_192_row_bucket():
+def test_192_row_bucket(monkeypatch):
     """M in (128, 192]: 64-row tiles compete unsplit, at K >= 1024, from 96 columns (FP8 per-tensor: any width up to
     N = 4096), for 16-bit, TF32 nt and FP8 row / tensor scales (SM90_ROWS64_UNSPLIT_BUCKETS, measured session 40); FP8
     block scaling at N 512..2112 weighs every 64-row tile; 16-bit K <= 512 from N = 4096 takes the short-K 64x128
@@ -228,7 +228,7 @@ def test_192_row_bucket():
     assert (tf32_128.block_m, tf32_128.d_ring) == (128, sm90_rules.SM90_D_RING)
     # FP8 per-tensor up to 4096 columns takes narrow 64-row tiles there (its 128-row picks of 32-64 columns lost)
     fp8_tensor = GemmSpec.create(2112, 7168, dtype="fp8", scaling="tensor")
-    assert [(c.block_m, c.block_n) for c in (pick(fp8_tensor, m) for m in (150, 256))] == [(64, 48), (128, 32)]
+    assert [(c.block_m, c.block_n) for c in (pick(fp8_tensor, m) for m in (150, 256))] == [(64, 48), (64, 64)]
     # 16-bit 64-row tiles narrower than 96 columns or split lost to 128-row split-K tiles: 2112 x 7168 keeps 128x64 x s
     narrow = GemmSpec.create(2112, 7168, dtype="bf16")
     assert all((c.block_m, c.block_n, c.split_k) == (128, 64, True) for c in (pick(narrow, m) for m in (129, 192)))
@@ -240,6 +240,14 @@ def test_192_row_bucket():
     for dtype in ("bf16", "fp16"):
         picks = [pick(GemmSpec.create(32768, k, dtype=dtype), 160) for k in (512, 1024)]
         assert [(c.block_m, c.block_n, c.split_k) for c in picks] == [(64, 128, False), (64, 256, False)]
+    def pick_256_before_s60(spec):  # the 256-row bucket's pick before session 60 weighed 8-bit 64-row tiles there
+        with monkeypatch.context() as mp:
+            mp.setattr(sm90_rules, "SM90_ROWS64_BUCKETS", (320,))
+            config.choose_sm90_config.cache_clear()
+            cfg = pick(spec, 256)
+        config.choose_sm90_config.cache_clear()
+        return cfg
+
     # the kernels that were measured at 129-256 rows before the bucket keep their picks there: FP8 block scaling past
     # 2112 columns, below 512 or at K < 1024, INT8 (also at narrow N), the TF32 kernel that transposes B, 16-bit at
     # K = 512 with an epilogue, below 4096 columns or at 512 < K < 1024, FP8 per-tensor past 4096 columns, grouped
@@ -253,7 +261,7 @@ def test_192_row_bucket():
                  GemmSpec.create(7168, 2048, dtype="fp8", scaling="tensor"), GemmSpec.create(2112, 7168, dtype="tf32"),
                  GemmSpec.create(4096, 7168, dtype="bf16", grouped=True)):
         for m in (129, 160, 192):
-            assert pick(spec, m) == pick(spec, 256), (spec.tag, m)
+            assert pick(spec, m) == pick_256_before_s60(spec), (spec.tag, m)
     # and so do the 3xTF32 GEMMs of dtype fp32 (raw B at these M for nt, [hi | lo] for nn): they skip the bucket
     for layout in ("nt", "nn"):
         for n, k in ((2112, 7168), (7168, 2048), (4096, 28672)):
@@ -288,7 +296,14 @@ def test_m_buckets():
     assert [config.choose_config(GemmSpec.create(2112, 7168, dtype="bf16", epilogue="bias+residual"), m,
                                  "sm_90a").block_m for m in (64, 200, 300, 400)] == [64, 128, 128, 128]
     assert [config.choose_config(GemmSpec.create(3072, 7168, dtype="fp8", scaling="block"), m, "sm_90a").block_m
-            for m in (64, 160, 300, 400)] == [64, 128, 64, 128]
+            for m in (64, 160, 200, 256, 300, 400)] == [64, 128, 64, 64, 64, 128]
+    # ... and at the 256-row bucket for 8-bit types up to 128 columns (SM90_ROWS64_NARROW_MAX_N; session 60: INT8
+    # 7168 x 2048 lost at 64x224), while 16-bit keeps 128-row tiles there
+    assert config.choose_config(GemmSpec.create(3072, 7168, dtype="bf16"), 256, "sm_90a").block_m == 128
+    int8_wide = config.choose_config(GemmSpec.create(7168, 2048, dtype="int8"), 256, "sm_90a")
+    assert (int8_wide.block_m, int8_wide.block_n) == (128, 112)
+    assert all(config.choose_config(GemmSpec.create(n, 7168, dtype="int8"), 256, "sm_90a").block_m == 64
+               for n in (1536, 2112, 3072))
     # 321-384 rows: the cost model's picks for 384 rows (session 24), e.g. BF16 4096 x 7168 128x96 where 512 rows
     # take 128x128
     bf16 = GemmSpec.create(4096, 7168, dtype="bf16", epilogue="bias+residual")
