@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import threading
 import time
@@ -173,6 +174,9 @@ class Gemm:
         for arg, v in (("alpha", alpha), ("beta", beta)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
                 raise TypeError(f"{arg} must be a number, got {type(v).__name__}")
+            if not _fits_float32(v):  # the kernel takes it as a float32: a finite value must stay finite
+                text = str(v) if len(str(v)) <= 24 else str(v)[:20] + "..."
+                raise ValueError(f"{arg}={text} is outside the float32 range the kernel takes it in")
             if float(v) != 1.0 and not epi.beta:
                 raise TypeError(f"{arg}={v} needs the 'beta' epilogue (D = alpha * acc + beta * C)")
         out_dtype = self._out_dtype
@@ -182,8 +186,10 @@ class Gemm:
             what = "one per output " + ("column (N)" if epi.bias == "col" else "row (M)")
             if epi.is_gated and epi.bias == "col":
                 what = "one per weight row (N), gate and up interleaved like the weight"
-            view = scale_view(bias, "bias", (length,), what,
-                              dtypes.numpy_dtype(self.spec.epilogue_operand_dtype))
+            bias_dtype = dtypes.numpy_dtype(self.spec.epilogue_operand_dtype)
+            why = (f"it must be {bias_dtype} like the output" if self.spec.epilogue_operand_dtype == self.spec.out_dtype
+                   else f"this epilogue adds it in {bias_dtype}")
+            view = scale_view(bias, "bias", (length,), what, bias_dtype, why)
             if length > 1 and view.stride_i != 1:
                 raise ValueError("bias must be contiguous")
             if view.device != va.device:
@@ -326,6 +332,10 @@ class Gemm:
         call runs the Gemm's amax twin, epilogue.py says why) and return q. Gated epilogues (swiglu / geglu) return
         (M, N/2)."""
         if amax_out is not None and self._amax_needs_twin:
+            if self._amax_twin is None:  # the arguments are checked before the twin is built (a compile, or offline
+                # a KernelNotCachedError that would hide a wrong argument)
+                self._checked_operands(a, b, out, scale_a, scale_b, bias, c, residual, alpha, beta, quant_scale,
+                                       amax_out, scales_out)
             return self._amax_gemm()(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, c=c, residual=residual,
                                      alpha=alpha, beta=beta, out=out, stream=stream, quant_scale=quant_scale,
                                      amax_out=amax_out, scales_out=scales_out)
@@ -339,14 +349,8 @@ class Gemm:
                 plan, cu_stream = hit
                 plan.run(cu_stream)
                 return (out, scales_out) if self._returns_scales else out
-        kind = _common_kind(a, b, out)
-        m, va, vb, vd = self._operands(a, b, out)
-        sa, sb = self._scales(m, va, vd, scale_a, scale_b)
-        epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
-        if self._epi.quant != "none" or quant_scale is not None or amax_out is not None or scales_out is not None:
-            reads = {"a": va, "b": vb, "scale_a": sa, "scale_b": sb, "bias": epi.bias_view, "c": epi.c,
-                     "residual": epi.residual}
-            epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out, reads)
+        kind, m, va, vb, vd, sa, sb, epi = self._checked_operands(a, b, out, scale_a, scale_b, bias, c, residual,
+                                                                  alpha, beta, quant_scale, amax_out, scales_out)
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:
@@ -398,6 +402,19 @@ class Gemm:
         bound = cu_stream.ptr if split is not None and split.partials else None  # the stream's split workspace
         self._remember_plan(key if replayable else None, plan, kind, bound)
         return result
+
+    def _checked_operands(self, a, b, out, scale_a, scale_b, bias, c, residual, alpha, beta, quant_scale, amax_out,
+                          scales_out):
+        """Every operand of a call validated (nothing launched or allocated): (kind, m, va, vb, vd, sa, sb, epi)."""
+        kind = _common_kind(a, b, out)
+        m, va, vb, vd = self._operands(a, b, out)
+        sa, sb = self._scales(m, va, vd, scale_a, scale_b)
+        epi = self._epilogue_operands(m, va, vd, bias, c, residual, alpha, beta)
+        if self._epi.quant != "none" or quant_scale is not None or amax_out is not None or scales_out is not None:
+            reads = {"a": va, "b": vb, "scale_a": sa, "scale_b": sb, "bias": epi.bias_view, "c": epi.c,
+                     "residual": epi.residual}
+            epi = self._quant_operands(m, va, vd, epi, quant_scale, amax_out, scales_out, reads)
+        return kind, m, va, vb, vd, sa, sb, epi
 
     def _amax_gemm(self) -> "Gemm":
         """The twin of this static-scale quantizing Gemm whose kernel also max-reduces |x| into amax_out (the
@@ -651,6 +668,18 @@ def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_str
 
 
 _MAX_SPLIT_K = 64
+
+
+def _fits_float32(v) -> bool:
+    """Whether the number v converts to float32 without a finite value becoming inf (inf and NaN pass as given)."""
+    try:
+        x = float(v)
+    except OverflowError:  # an int beyond float64
+        return False
+    if not math.isfinite(x):
+        return True
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(x)))
 
 
 def _check_split_k(split_k: object) -> int | None:

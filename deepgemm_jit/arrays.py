@@ -277,14 +277,13 @@ class ScaleView:
 
 
 def scale_view(x: object, arg: str, shape: tuple[int, ...], what: str,
-               dtype_wanted: np.dtype = np.dtype(np.float32)) -> ScaleView:
-    """Validate a scale array (or another small operand, of `dtype_wanted`) against its logical `shape` ((1,),
-    (n,) or (r, c)): any strides (row- or column-major), extra unit dimensions allowed for vectors ((n, 1) or
-    (1, n)); `what` says in the error what the shape means."""
+               dtype_wanted: np.dtype = np.dtype(np.float32), dtype_why: str = "scales are float32") -> ScaleView:
+    """Validate a scale array (or another small operand, of `dtype_wanted`, which `dtype_why` explains in the
+    error) against its logical `shape` ((1,), (n,) or (r, c)): any strides (row- or column-major), extra unit
+    dimensions allowed for vectors ((n, 1) or (1, n)); `what` says in the error what the shape means."""
     fshape, fstrides, dtype, ptr, device = array_fields(x, arg)
     if dtype != dtype_wanted:
-        raise TypeError(f"{arg} has dtype {dtype}; " + ("scales are float32" if dtype_wanted == np.float32
-                                                         else f"it must be {dtype_wanted} like the output"))
+        raise TypeError(f"{arg} has dtype {dtype}; {dtype_why}")
     if any(s < 0 for s in fstrides):
         raise ValueError(f"{arg} has negative strides {fstrides}; pass a copy")
     size = np.dtype(dtype_wanted).itemsize
@@ -331,7 +330,10 @@ def scalar_signature(value) -> str | None:
     equals 1.0 and would find the plan of alpha=1.0, an unhashable value broke the key."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         return None
-    return float(value).hex()
+    try:
+        return float(value).hex()
+    except OverflowError:  # an int beyond float64: validation names it
+        return None
 
 
 def signature(x: object):
@@ -345,6 +347,8 @@ def signature(x: object):
         return (x.data.ptr, x.shape, x.strides, x.dtype)
     tensor = _torch_tensor_type()
     if tensor is not None and isinstance(x, tensor):
+        if x.is_neg() or x.is_conj():  # lazy views that matrix_view refuses: their memory holds other values
+            return None
         return (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
     return None
 

@@ -416,15 +416,18 @@ class Fp32Gemm:
         vd = out_view(out, self._out_dtypes, f"{self._out_dtypes[0]} ({spec.out_dtype})", spec.out_shape(m), va, vb)
         return m, va, vb, vd
 
-    def _check_epilogue_operands(self, m: int, va: MatrixView, vd: MatrixView | None, ops: dict) -> None:
+    def _check_epilogue_operands(self, m: int, va: MatrixView, vb: MatrixView, vd: MatrixView | None,
+                                 ops: dict) -> None:
         """The TF32 Gemm's own checks of the epilogue's operands, run here before the split is launched (the Gemm
-        runs them again when it is called on the split operands; they are host-side and cheap)."""
+        runs them again when it is called on the split operands; they are host-side and cheap), the written ones
+        also against the caller's a and b (read by the split; a raw-B GEMM reads b itself)."""
         inner = self.gemm
         checked = inner._epilogue_operands(m, va, vd, ops["bias"], ops["c"], ops["residual"], ops["alpha"],
                                            ops["beta"])
         quant = (ops["quant_scale"], ops["amax_out"], ops["scales_out"])
         if self.spec.epi.quant != "none" or any(x is not None for x in quant):
-            inner._quant_operands(m, va, vd, checked, *quant)
+            reads = {"a": va, "b": vb, "bias": checked.bias_view, "c": checked.c, "residual": checked.residual}
+            inner._quant_operands(m, va, vd, checked, *quant, reads)
 
     # -- the split ------------------------------------------------------------------
     def _split_launch(self, m: int, va: MatrixView, vb: MatrixView, dev: int, split_b: bool) -> "_SplitLaunch | None":
@@ -467,7 +470,7 @@ class Fp32Gemm:
         a call with out=, see __call__): the plan that later calls with the same key replay."""
         kind = _common_kind(a, b, out)
         m, va, vb, vd = self._operands(a, b, out)
-        self._check_epilogue_operands(m, va, vd, ops)
+        self._check_epilogue_operands(m, va, vb, vd, ops)
         dev = device.device_for_call(self.arch, self._ready_devices, va.device, "Fp32Gemm")
         cu_stream = runtime.stream_for(kind, stream, dev)
         if out is None:

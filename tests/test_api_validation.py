@@ -379,3 +379,66 @@ def test_plan_keys_leave_validation_to_refuse_odd_scalars(g, fake_gpu_memory):
     for alpha in ([1.0], True):
         with pytest.raises(TypeError, match="alpha must be a number"):
             g(a, b, out=out, alpha=alpha)
+
+
+def test_scalars_outside_float32_are_refused_by_name(shared_cache_dir, fake_gpu_memory, monkeypatch):
+    """alpha / beta reach the kernel as float32: 1e39 became inf silently, and an int past float64 (10**400) raised
+    a bare OverflowError from the plan key (review, session 60). inf and NaN pass as given (BLAS semantics)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    assert arrays.scalar_signature(10**400) is None
+    g = dg.build(64, 48, 40, dtype="fp16", epilogue="beta", arch="sm_90a")
+    a, b = FakeDeviceArray((5, 40), F16, ptr=BASE), FakeDeviceArray((48, 40), F16, ptr=BASE + 4096)
+    c, out = FakeDeviceArray((5, 48), F16, ptr=BASE + 65536), FakeDeviceArray((5, 48), F16, ptr=BASE + 131072)
+    for arg, value in (("alpha", 1e39), ("beta", -1e300), ("alpha", 10**400), ("beta", np.float64(4e38))):
+        with pytest.raises(ValueError, match=f"{arg}=.* outside the float32 range"):
+            g(a, b, c=c, out=out, **{arg: value})
+    from deepgemm_jit import device
+    if not device.gpu_count():
+        for value in (float("inf"), float("nan"), 3.4e38):  # valid: the launch is what needs the GPU
+            with pytest.raises(NoGPUError):
+                g(a, b, c=c, out=out, alpha=value)
+
+
+def test_lazy_torch_views_never_replay_a_plan(fake_torch):
+    """A launch plan is found by the operands' signatures; a lazily negated / conjugated torch view has the plain
+    tensor's pointer, shape and strides, so it replayed the plain tensor's plan and was read as stored (review,
+    session 60). Such views have no signature: the call validates, and validation refuses them."""
+    plain = fake_torch.Tensor((5, 40), ptr=BASE)
+    assert arrays.signature(plain) is not None
+    for flags in ({"neg": True}, {"conj": True}):
+        assert arrays.signature(fake_torch.Tensor((5, 40), ptr=BASE, **flags)) is None
+
+
+def test_amax_out_call_is_checked_before_the_twin_is_built(shared_cache_dir, fake_gpu_memory, monkeypatch):
+    """A call with amax_out= on a static-scale quantizing Gemm runs its amax twin, built on that first call. The
+    twin was built before any argument was looked at: offline (DEEPGEMM_JIT_OFFLINE=1, twin not warmed) a wrong
+    argument surfaced as KernelNotCachedError, online only after a compile (review, session 60)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    q = dg.build(64, 512, 128, dtype="fp16", epilogue="quant_fp8_tensor", arch="sm_90a")
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    built = []
+    monkeypatch.setattr(q, "_amax_gemm", lambda: built.append(1))
+    a, b = FakeDeviceArray((64, 128), F16, ptr=BASE), FakeDeviceArray((512, 128), F16, ptr=BASE + (1 << 20))
+    out = FakeDeviceArray((64, 512), np.uint8, ptr=BASE + (2 << 20))
+    qs, amax = (FakeDeviceArray((1,), np.float32, ptr=BASE + (p << 20)) for p in (4, 5))
+    cases = ((dict(a=np.zeros((64, 128), F16)), TypeError, "a is a NumPy"),
+             (dict(quant_scale=None), TypeError, "quant_scale is required"),
+             (dict(amax_out=FakeDeviceArray((1,), F16, ptr=BASE + (5 << 20))), TypeError, "amax_out has dtype"),
+             (dict(amax_out=0.0), TypeError, "amax_out must be a GPU array"))
+    for change, exc, words in cases:
+        call = dict(a=a, b=b, out=out, quant_scale=qs, amax_out=amax) | change
+        with pytest.raises(exc, match=words):
+            q(call.pop("a"), call.pop("b"), **call)
+    assert not built
+
+
+def test_bias_dtype_error_says_why(shared_cache_dir, fake_gpu_memory, monkeypatch):
+    """A float32-only bias (quantized outputs) with a wrong dtype was refused as 'scales are float32' (review)."""
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(shared_cache_dir))
+    a, b = FakeDeviceArray((64, 128), F16, ptr=BASE), FakeDeviceArray((256, 128), F16, ptr=BASE + (1 << 20))
+    g = dg.build(64, 256, 128, dtype="fp16", epilogue="bias+quant_fp8_g128", arch="sm_90a")
+    with pytest.raises(TypeError, match="bias has dtype float16; this epilogue adds it in float32"):
+        g(a, b, bias=FakeDeviceArray((256,), F16, ptr=BASE + (2 << 20)))
+    h = dg.build(64, 256, 128, dtype="fp16", epilogue="bias", arch="sm_90a")
+    with pytest.raises(TypeError, match="bias has dtype float32; it must be float16 like the output"):
+        h(a, b, bias=FakeDeviceArray((256,), np.float32, ptr=BASE + (2 << 20)))

@@ -350,6 +350,15 @@ def test_epilogue_operand_errors(cache, nothing_runs):
     out = FakeDeviceArray((5, 48), ptr=BASE + 65536)
     with pytest.raises(ValueError, match="out overlaps bias"):
         ge(a, b, bias=FakeDeviceArray((48,), ptr=BASE + 65536 + 8), residual=res, out=out)
+    # written quantize-on-store outputs over the bias or the caller's a: refused before the split launches (they
+    # were checked only by the TF32 Gemm, after the split kernel ran; review, session 60)
+    gq = dg.build_fp32(64, 256, 128, epilogue="bias+quant_fp8_g128", arch=ARCH)
+    aq, bq = FakeDeviceArray((5, 128), ptr=BASE), FakeDeviceArray((256, 128), ptr=BASE + (1 << 20))
+    bias = FakeDeviceArray((256,), ptr=BASE + (2 << 20))
+    outq = FakeDeviceArray((5, 256), np.uint8, ptr=BASE + (3 << 20))
+    for ptr, words in ((BASE + (2 << 20) + 64, "scales_out overlaps bias"), (BASE + 64, "scales_out overlaps a")):
+        with pytest.raises(ValueError, match=words):
+            gq(aq, bq, bias=bias, out=outq, scales_out=FakeDeviceArray((5, 2), ptr=ptr))
 
 
 @pytest.mark.torch
