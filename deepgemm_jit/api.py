@@ -715,9 +715,10 @@ def _with_split_k(cfg: config_mod.KernelConfig, spec: GemmSpec, arch: str, split
         out = dataclasses.replace(out, num_stages=out.num_stages - 1)
     try:
         out.check_for(spec, arch)
-    except ValueError:
+    except ValueError as exc:
         if not chosen:
-            raise
+            raise ValueError(f"split_k={splits} with config {cfg.tag}: its split-K form cannot serve this problem "
+                             f"({exc}); pass split_k=None or 1, or a config that splits") from None
         out = config_mod.sm90_split_config(spec, bucket, num_sms, splits)
     return out
 

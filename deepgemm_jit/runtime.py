@@ -57,8 +57,10 @@ class LoadedKernel:
             count = ctypes.c_int(0)
             code = _cu_occupancy_max_active_clusters()(ctypes.byref(count), ctypes.c_void_p(self.function.ptr),
                                                        ctypes.byref(config))
-            if code != 0 or count.value < 1:
+            if code != 0:
                 raise LaunchError(code, (cluster, 1, 1), block, "cuOccupancyMaxActiveClusters")
+            if count.value < 1:  # e.g. a GPU partition with too few SMs per GPC for the cluster
+                raise NoClusterFitsError(cluster, block)
             found = self._active_clusters[key] = count.value
         return found
 
@@ -127,6 +129,18 @@ class LaunchError(RuntimeError):
         super().__init__(f"{call} failed with {code} ({driver.error_name(code)}); grid {tuple(grid)}, "
                          f"block {tuple(block)}")
         self.code = code
+
+
+class NoClusterFitsError(LaunchError):
+    """cuOccupancyMaxActiveClusters said that no cluster of the kernel fits on this GPU (a cluster-tile kernel:
+    sm90_tiles.sm90_quant_cluster) at once."""
+
+    def __init__(self, cluster: int, block):
+        RuntimeError.__init__(self, f"no cluster of {cluster} CTAs x {tuple(block)} threads of this kernel fits on "
+                              "this GPU at once (cuOccupancyMaxActiveClusters: 0). The tile's quant_fp8_g128 groups "
+                              "span such a cluster; build with config= a tile of 128 or 256 output columns "
+                              "(deepgemm_jit.config.sm90_config(spec, block_m, 128)) instead")
+        self.code = 0
 
 
 class PackedArgs:

@@ -2,6 +2,7 @@
 dtype family x epilogue with SASS checks (no local memory, no wgmma serialisation)."""
 import itertools
 import re
+import types
 
 import numpy as np
 import pytest
@@ -412,6 +413,31 @@ def test_cluster_grid_counts_resident_clusters(monkeypatch):
     cfg = config.sm90_config(narrow, 64, 32, num_stages=4)
     assert launch.cluster_grid(_FakeClusterKernel(30), narrow, cfg, 70, 4, 384, 0) == 10
     assert launch.cluster_grid(_FakeClusterKernel(30), narrow, cfg, 64 * 13, 4, 384, 0) == 22  # 65: 3 rounds of 22
+
+
+def test_no_resident_cluster_is_a_clear_error(monkeypatch):
+    """cuOccupancyMaxActiveClusters answering 0 clusters (a GPU partition too small for the cluster) raised
+    'cuOccupancyMaxActiveClusters failed with 0 (CUDA_SUCCESS)' (review, session 60); a driver error still names its
+    code. Both are asked once per block shape."""
+    from deepgemm_jit import runtime
+
+    answers = {"count": 0, "code": 0}
+
+    def occupancy(count_ptr, function, cfg):
+        count_ptr._obj.value = answers["count"]
+        return answers["code"]
+
+    monkeypatch.setattr(runtime, "_cu_occupancy_max_active_clusters", lambda: occupancy)
+    kernel = runtime.LoadedKernel.__new__(runtime.LoadedKernel)
+    kernel.function, kernel.dynamic_smem_bytes, kernel._active_clusters = types.SimpleNamespace(ptr=1), 1024, {}
+    with pytest.raises(runtime.NoClusterFitsError, match="no cluster of 4 CTAs .* fits on this GPU"):
+        kernel.max_active_clusters(4, (384, 1, 1))
+    answers.update(count=3, code=1)
+    monkeypatch.setattr(runtime.driver, "error_name", lambda code: "CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(runtime.LaunchError, match="failed with 1 .CUDA_ERROR_INVALID_VALUE"):
+        kernel.max_active_clusters(4, (384, 1, 1))
+    answers.update(code=0)
+    assert kernel.max_active_clusters(4, (384, 1, 1)) == 3 and kernel.max_active_clusters(4, (384, 1, 1)) == 3
 
 
 @pytest.mark.parametrize("dtype,scaling,epilogue,tile", [

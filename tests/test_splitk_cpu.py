@@ -171,8 +171,15 @@ def test_build_split_k_argument(shared_cache_dir, monkeypatch):
     plain = build(64, 7168, 16384, dtype="bf16", arch="sm_90a", split_k=1)
     assert not plain.config.split_k
     explicit = config.sm90_config(plain.spec, 128, 256, 3)
-    with pytest.raises(ValueError, match="accumulators"):
+    with pytest.raises(ValueError, match=r"split_k=2 with config sm90_m128n256k64_s3\S*: .*accumulators"):
         build(64, 7168, 16384, dtype="bf16", arch="sm_90a", config=explicit, split_k=2)
+    # a cluster tile (quant_fp8_g128 narrower than a group) given with split_k: named as the caller wrote them
+    # (the error named neither split_k nor the given config, only its split-K form's tag; review, session 60)
+    quant = build(64, 2112, 7168, dtype="fp8", scaling="block", epilogue="quant_fp8_g128", arch="sm_90a")
+    cluster_cfg = config.sm90_config(quant.spec, 64, 32)
+    with pytest.raises(ValueError, match=f"split_k=2 with config {cluster_cfg.tag}: .*split-K tiles do not run"):
+        build(64, 2112, 7168, dtype="fp8", scaling="block", epilogue="quant_fp8_g128", arch="sm_90a",
+              config=cluster_cfg, split_k=2)
     # A swapped pick (no split-K form) gives way to the cost model's split tile; an explicit one is refused by name.
     swapped = build(1050, 2112, 7168, dtype="bf16", arch="sm_90a")
     assert swapped.config.swap_ab
