@@ -1549,3 +1549,19 @@ def test_offline_compiles_every_kernel_the_rows_build(tmp_path, monkeypatch, cap
     monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE")
     assert bench_main.main(dense + ["--epilogue", "bias+gelu", "--offline"]) == 0
     assert " 0 compiled," in capsys.readouterr().out
+
+
+def test_decode_rows_name_the_decode_kernel_that_ran(tmp_path, monkeypatch):
+    """A call at M <= weight_streaming_max_m runs a decode kernel (gemv / gemv_kn), not the Gemm's tile: the row's
+    config and, for epilogue rows, plain_config name it. plain_config named the plain GEMM's unused sm90 tile
+    (review, session 60), so its overhead compared a decode kernel against a tile kernel under the tile's name."""
+    import deepgemm_jit as dg
+    from bench import runner
+
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path))
+    plain = dg.build(1, 2112, 7168, dtype="bf16", arch="sm_90a")
+    assert plain.weight_streaming_max_m >= 1
+    assert runner._decode_kernel_tag(plain, 1).startswith("gemv")
+    assert runner._decode_kernel_tag(plain, plain.weight_streaming_max_m + 1) is None
+    fused = dg.build(1, 2112, 7168, dtype="bf16", epilogue="bias+gelu", arch="sm_90a")
+    assert runner._decode_kernel_tag(fused, 1) is None   # fused epilogues run the tile kernel at every M
