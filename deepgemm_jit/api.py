@@ -76,6 +76,10 @@ class Gemm:
         # The spec the kernel was compiled for: `spec`, or its nt (tn at small M: nn) twin, whose calls transpose
         # MN-major TF32 operands into K-major staging buffers first (sm90_rules.kernel_spec, copies.py).
         self.kernel_spec = artifact.spec
+        # What an offline miss of a kernel built later for this Gemm (its amax twin) prints as the warmup line:
+        # build_spec sets how this Gemm was chosen (_warmup_command), build_fp32 the line of its own shape.
+        self._warmup_origin: tuple[bool, bool] = (True, False)  # (forced config / split_k / promoted, built on the GPU)
+        self._warmup_line_override: str | None = None
         self._transposes = artifact.spec.layout != spec.layout
         # The operands those calls transpose: MN-major in `spec`, K-major in the kernel's; empty for every other Gemm.
         self.transposed_operands = tuple(role for role, k_major, kernel_k_major in (
@@ -430,14 +434,32 @@ class Gemm:
                                                      weight_streaming=self.weight_streaming_max_m > 0,
                                                      split_k=self.split_k, deterministic=self.deterministic)
                     except KernelNotCachedError as exc:
-                        # build_spec names no warmup line for a forced config, but warmup of this Gemm's own
-                        # shape plans the twin with the heuristic's config (warmup.plan_buckets)
-                        from .warmup_sources import warmup_command_for
-
-                        raise exc.with_warmup_command(warmup_command_for(self.spec, self.m_hint, self.arch),
-                                                      note="") from None
+                        # build_spec names no warmup line for the twin's forced config, but warmup of this Gemm's
+                        # own shape plans the twin with this Gemm's config (warmup.plan_buckets)
+                        line = self._warmup_command()
+                        note = "" if line is not None else (
+                            "warmup cannot plan this Gemm's kernels (built with config=, split_k= or promoted=True): "
+                            "pre-generate the amax twin by making a call with amax_out= once without "
+                            "DEEPGEMM_JIT_OFFLINE")
+                        raise exc.with_warmup_command(line, note=note) from None
                 twin = self._amax_twin
         return twin
+
+    def _warmup_command(self) -> str | None:
+        """The warmup line that plans this Gemm's kernel and its twins, as build() would print it for a miss of its
+        own kernel (the GPU's SM count, no --arch for a config the tuning store gave), or None where warmup cannot
+        plan it (built with config=, split_k= or promoted=True)."""
+        if self._warmup_line_override is not None:
+            return self._warmup_line_override
+        forced, on_gpu = self._warmup_origin
+        if forced:
+            return None
+        from . import tuning
+        from .warmup_sources import warmup_command_for
+
+        local_sms = device.num_sms() if on_gpu else None
+        tuned = on_gpu and tuning.stored_config(self.kernel_spec, self.m_hint, self.arch) == self.config
+        return warmup_command_for(self.spec, self.m_hint, self.arch, local_sms, this_gpu=tuned)
 
     def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int, cu_stream
                         ) -> splitk.SplitOperands | None:
@@ -633,8 +655,11 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
             copies.get_kernel(copies.CopySpec("transpose", dtypes.get(spec.dtype).storage_bytes), target)
         if cfg.family == "sm90" and (sm90_tiles.sm90_unaligned_rows(kspec) or sm90_tiles.sm90_off_sector_rows(kspec)):
             copies.get_kernel(copies.ROWS, target)
-        return Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming),
-                    forced_splits, bool(deterministic))
+        g = Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming), forced_splits,
+                 bool(deterministic))
+        g._warmup_origin = (config is not None or forced_splits is not None or (spec.promoted and not spec.hi_lo),
+                            arch is None)
+        return g
     except KernelNotCachedError as exc:
         from . import tuning
         from .warmup_sources import warmup_command_for

@@ -391,8 +391,10 @@ def candidate_configs(spec: GemmSpec, m_hint: int, arch: str, num_sms: int | Non
         for cfg in staples + ranked:
             if len(found) >= limit:
                 break
-            if all((cfg.block_m, cfg.block_n, cfg.pingpong, cfg.swap_ab) != (f.block_m, f.block_n, False, f.swap_ab)
-                   for f in found):
+            # (one per tile shape and schedule: a cooperative tile beside the ping-pong one of its shape; the
+            # heuristic's pick at another stage count counts as that shape)
+            if all((cfg.block_m, cfg.block_n, cfg.pingpong, cfg.swap_ab) != (f.block_m, f.block_n, f.pingpong,
+                                                                           f.swap_ab) for f in found):
                 found.append(cfg)
     else:
         for block_m, warps_m in ((128, 2), (64, 1)):

@@ -50,10 +50,10 @@ _OFFLINE = "DEEPGEMM_JIT_OFFLINE"
 # planner and kept importable from warmup, where api.py, grouped.py, quantization.py and the tests find them.
 from .warmup_sources import (ACTIVATION_DTYPE, DEFAULT_M_RANGE, EP_DEGREES, M_MAX_BUCKET,
                              QUANTIZE_EXAMPLES, QUANTIZE_SYNTAX, SHAPE_SYNTAX, TYPE_EXAMPLES, TYPE_SYNTAX, GemmType,
-                             WarmupEntry, _hints_text, _m_text, activation_quantize_spec, expert_group_counts,
-                             grouped_warmup_command_for, hf_config_entries, m_buckets, parse_grouped, parse_m,
-                             parse_num_groups, parse_quantize, parse_shape, parse_shapes_file, parse_type,
-                             quantize_command_for, quantize_text, type_text, warmup_command_for)
+                             WarmupEntry, _hints_text, _m_text, activation_quantize_spec, activation_quantize_specs,
+                             expert_group_counts, grouped_warmup_command_for, hf_config_entries, m_buckets,
+                             parse_grouped, parse_m, parse_num_groups, parse_quantize, parse_shape, parse_shapes_file,
+                             parse_type, quantize_command_for, quantize_text, type_text, warmup_command_for)
 
 
 # The public names: the planner's, and the sources' (importable from here as before).
@@ -62,7 +62,8 @@ __all__ = ["SegmentsKernel", "Summary", "plan_buckets", "plan_grouped", "plan_se
            "M_MAX_BUCKET", "SHAPE_SYNTAX",
            "GemmType", "WarmupEntry", "expert_group_counts", "grouped_warmup_command_for", "hf_config_entries",
            "m_buckets", "parse_grouped", "parse_m", "parse_quantize", "parse_shape", "parse_shapes_file",
-           "parse_type", "quantize_command_for", "type_text", "warmup_command_for", "activation_quantize_spec"]
+           "parse_type", "quantize_command_for", "type_text", "warmup_command_for", "activation_quantize_spec",
+           "activation_quantize_specs"]
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,11 @@ def plan_segments(entries: list[WarmupEntry]) -> list[SegmentsKernel]:
 def plan_quantize(entries: list[WarmupEntry], extra: list[QuantKernelSpec] = ()
                   ) -> dict[QuantKernelSpec, tuple[str, ...]]:
     """Quantization kernel -> what needs it, in first-seen order: the activations' quantize kernel of every
-    8-bit entry with scales (``activation_quantize_spec``) and the ``--quantize`` kernels of `extra`, each
+    8-bit entry with scales (``activation_quantize_specs``) and the ``--quantize`` kernels of `extra`, each
     with the amax kernel a tensor granularity runs first."""
     needs: dict[QuantKernelSpec, list[str]] = {}
-    wanted = [(activation_quantize_spec(e.spec), f"{type_text(e.spec)} activations") for e in entries]
+    wanted = [(spec, f"{type_text(e.spec)} activations")
+              for e in entries for spec in activation_quantize_specs(e.spec)]
     wanted += [(spec, f"--quantize {quantize_text(spec)}") for spec in extra]
     for spec, why in wanted:
         if spec is None:
@@ -262,10 +264,14 @@ def _compile_one(spec: GemmSpec | QuantKernelSpec | GemvSpec | SegmentsKernel, c
             art = quantization.get_kernel(spec, arch)
         else:
             art = jit.get_kernel(spec, cfg, arch)
-        if art.compiled_now:
-            store = cache.default_cache()
-            if store is None or store.load(art.key) is None:
+        store = cache.default_cache()
+        if store is None or store.load(art.key) is None:
+            if art.compiled_now:
                 return False, "compiled, but not saved to the disk cache (see the warning about the cache directory)"
+            # found in this process's memo, built while the disk cache was off or pointed elsewhere (review,
+            # session 60: it was counted as already cached)
+            return False, ("in this process's memory only, not in the disk cache (built while the cache was off or "
+                           "elsewhere): run warmup in a fresh process")
         return art.compiled_now, None
     except Exception as exc:  # any failure is reported per kernel in the summary
         return False, f"{type(exc).__name__}: {exc}"

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import config as config_mod
@@ -404,6 +404,17 @@ def activation_quantize_spec(spec: GemmSpec) -> QuantKernelSpec | None:
     vec = config_mod.max_vector(dtypes.get(ACTIVATION_DTYPE).storage_bytes, 0, spec.k, 2)
     return QuantKernelSpec("quantize", ACTIVATION_DTYPE, spec.dtype,
                            quantization.ACTIVATION_GRANULARITY[spec.scaling], vec)
+
+
+def activation_quantize_specs(spec: GemmSpec) -> tuple[QuantKernelSpec, ...]:
+    """Every quantize kernel a call's activations may need (what warmup plans): activation_quantize_spec's, and,
+    where K % 8 != 0 narrows it, the 16-byte one a single row (M = 1: no row stride to align) runs."""
+    packed = activation_quantize_spec(spec)
+    if packed is None:
+        return ()
+    one_row = replace(packed, vec=config_mod.max_vector(dtypes.get(ACTIVATION_DTYPE).storage_bytes, 0,
+                                                                    spec.k, 1))
+    return (packed,) if one_row == packed else (packed, one_row)
 
 
 def parse_shapes_file(path: str | Path) -> list[WarmupEntry]:

@@ -262,6 +262,28 @@ def test_amax_twin_missing_offline_names_the_warmup_that_plans_it(tmp_path, monk
         g._amax_gemm()
     assert info.value.warmup_command == warmup_command_for(g.spec, 4096, "sm_90a")
     assert "cannot plan" not in str(info.value) and g._amax_twin is None
+    # The line is the one build() prints for the Gemm's own kernel (review, session 60): a GPU of another SM count
+    # gets --num-sms (the line above compiled the 132-SM twin and the miss stayed), dtype='fp32' the fp32 --shape of
+    # the outer GEMM (it printed the inner TF32 spec with K' = 3 Kp), a forced config the note that nothing plans it.
+    from deepgemm_jit import build_fp32, device, tuning
+
+    monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE")
+    monkeypatch.setattr(device, "num_sms", lambda device_id=None: 114)
+    monkeypatch.setattr(tuning, "stored_config", lambda *args, **kwargs: None)
+    g114 = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_int8_tensor", arch="sm_90a")
+    g114._warmup_origin = (False, True)  # as a build on a 114-SM GPU (arch=None) records it
+    f = build_fp32(256, 2112, 512, epilogue="quant_fp8_tensor", arch="sm_90a")
+    forced = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_int8_tensor", arch="sm_90a", config=g.config)
+    monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
+    lines = {}
+    for name, gemm in (("114", g114), ("fp32", f.gemm), ("forced", forced)):
+        with pytest.raises(KernelNotCachedError) as info:
+            gemm._amax_gemm()
+        lines[name] = info.value
+    assert "--num-sms 114" in lines["114"].warmup_command
+    assert lines["fp32"].warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 256:2112:512:fp32:" \
+                                           "epilogue=quant_fp8_tensor"
+    assert lines["forced"].warmup_command is None and "amax_out= once without" in str(lines["forced"])
 
 
 def test_interleave_gate_up_roundtrip():

@@ -49,6 +49,10 @@ def test_candidates_start_with_the_heuristic_and_are_valid():
         for cfg in cands:
             cfg.check_for(spec, "sm_90a")
         assert any(c.pingpong for c in cands) == (dt == "bf16" and epi is not None), (n, k, dt, epi)
+    # the cooperative 128x128 tile stays a candidate beside the ping-pong one of its shape (it was dropped: the
+    # dedup compared the found tiles' schedule with a literal False; review, session 60)
+    cands = config.candidate_configs(GemmSpec.create(24576, 1536, dtype="bf16", epilogue="bias+gelu"), 4096, "sm_90a")
+    assert {(c.block_m, c.block_n, c.pingpong) for c in cands} >= {(128, 128, True), (128, 128, False)}
 
 
 def test_wide_64_row_static_quant_tiles_compile_clean(shared_cache_dir, monkeypatch):

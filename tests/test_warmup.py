@@ -338,6 +338,14 @@ def test_activation_quantize_spec():
         QuantKernelSpec("quantize", "bf16", "fp8_e5m2", "tensor", 8)  # A's type
     assert spec(64, 100, "int8", scaling="row") == QuantKernelSpec("quantize", "bf16", "int8", "row", 4)  # K % 8 == 4
     assert spec(64, 99, "int8", scaling="tensor").vec == 1
+    # K % 8 != 0 narrows the packed rows' loads; one row (decode, M = 1) has no stride to align and loads 16 bytes:
+    # warmup plans both (M = 1 missed offline; review, session 60)
+    k4100 = GemmSpec.create(2048, 4100, "fp8")
+    assert [q.vec for q in warmup.activation_quantize_specs(k4100)] == [4, 8]
+    assert warmup.activation_quantize_specs(GemmSpec.create(2048, 4096, "fp8")) == (spec(2048, 4096, "fp8"),)
+    assert warmup.activation_quantize_specs(GemmSpec.create(64, 64, "bf16")) == ()
+    planned = warmup.plan_quantize([warmup.parse_shape("1-64:2048:4100:fp8/block")])
+    assert {q.vec for q in planned if q.op == "quantize"} == {4, 8}
     for unscaled in (GemmSpec.create(64, 64, "bf16"), GemmSpec.create(64, 64, "tf32"), GemmSpec.create(64, 64, "int8")):
         assert warmup.activation_quantize_spec(unscaled) is None, unscaled.tag
     assert quantization.ACTIVATION_GRANULARITY.keys() == {"block", "row", "tensor"}
@@ -1147,3 +1155,19 @@ def test_offline_miss_notes_survive_and_the_fp32_split_kernel_keeps_its_line(mon
     with pytest.raises(KernelNotCachedError) as info:
         fp32x3.build_fp32(64, 264, 1024, config=portable, arch="sm_90a")
     assert info.value.warmup_command == "deepgemm-jit warmup --arch sm_90a --shape 64:264:1024:fp32"
+
+
+def test_warmup_does_not_count_a_memo_only_kernel_as_cached(tmp_path, monkeypatch):
+    """A kernel this process built while the disk cache was off sits in the memo only: warmup into a cache that
+    lacks it counted it "already cached" (review, session 60); it is reported as a failure that says why."""
+    from deepgemm_jit import build, cache
+
+    monkeypatch.setenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", "1")
+    build(4096, 512, 512, arch="sm_90a")
+    monkeypatch.delenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE")
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(tmp_path))
+    summary = warmup.run(list(warmup.plan_buckets([warmup.parse_shape("4096:512:512:bf16")], "sm_90a")), "sm_90a",
+                         progress=False)
+    assert not cache.default_cache().keys()
+    assert "already cached 0" in summary.line("sm_90a") and "failed 1" in summary.line("sm_90a")
+
