@@ -23,7 +23,8 @@ ceil(K/128))). Epilogues: bias (per group, (G, N)), activations, swiglu / geglu 
 ``interleave_gate_up`` does), quant_fp8_g128 (returns (q, scales), scales one row per row of d, M-major over all
 rows like quantize's group128 scales, so they serve as the next grouped FP8 GEMM's scale_a on its fast path).
 Bounds are range-checked on the device: offsets outside [0, M] are clamped, so bad group metadata cannot make
-the kernel write outside d.
+the kernel write outside d. ``offs`` must be non-decreasing (as torch._grouped_mm requires): the device cannot
+refuse others without a host sync, and decreasing offsets make groups overlap, whose rows two weights then write.
 
 Example::
 
@@ -278,7 +279,7 @@ class GroupedGemm:
             if num_groups > _SEGMENTS_MAX_GROUPS:
                 raise ValueError(f"m_indices takes at most {_SEGMENTS_MAX_GROUPS} groups, b has {num_groups}; "
                                  "pass offs= instead")
-        sa, sb = self._scales(m, max_m, num_groups, scale_a, scale_b)
+        sa, sb = self._scales(m, masked, max_m, num_groups, scale_a, scale_b)
         vbias = self._bias(bias, num_groups)
         sv = None
         if scales_out is not None:
@@ -347,7 +348,7 @@ class GroupedGemm:
         return result
 
     # -- pieces of the call ---------------------------------------------------------------------------------
-    def _scales(self, m: int, max_m: int, num_groups: int, scale_a, scale_b):
+    def _scales(self, m: int, masked: bool, max_m: int, num_groups: int, scale_a, scale_b):
         spec = self.spec
         if spec.scaling == "none":
             for x, arg in ((scale_a, "scale_a"), (scale_b, "scale_b")):
@@ -358,7 +359,7 @@ class GroupedGemm:
         if scale_a is None or scale_b is None:
             raise TypeError("scale_a and scale_b are required: FP8 grouped GEMMs take block scales (scale_a one per "
                             "1x128 group of A's rows, scale_b (G, ceil(N/128), ceil(K/128)))")
-        shape_a = (num_groups, max_m, kb) if max_m else (m, kb)
+        shape_a = (num_groups, max_m, kb) if masked else (m, kb)  # (masked with max_m = 0 too: (G, 0, kb))
         sa = _scale_rows(scale_a, "scale_a", shape_a, "one per 1x128 group of each row of a")
         sb = _scale_rows(scale_b, "scale_b", (num_groups, nb, kb), "one per 128x128 block of each group's weight")
         return sa, sb

@@ -193,6 +193,14 @@ def test_fp8_needs_block_scales(cache, fake_gpu_memory):
         g8(a, b, offs=offs, scale_a=sa, scale_b=_arr((G, 1), np.float32, ptr=BASE + 4 * 10**7))
     with pytest.raises(NoGPUError):
         g8(a, b, offs=offs, scale_a=sa, scale_b=_arr((G, 2, 1), np.float32, ptr=BASE + 4 * 10**7))
+    # masked with max_m = 0 (an empty decode step): scale_a is (G, 0, kb) as for any max_m; the 2-D contiguous shape
+    # was demanded instead (review, session 60)
+    a0, mm = _arr((G, 0, K), np.uint8), _arr((G,), np.int32, ptr=BASE + 2 * 10**7)
+    sb = _arr((G, 2, 1), np.float32, ptr=BASE + 4 * 10**7)
+    with pytest.raises(NoGPUError):
+        g8(a0, b, masked_m=mm, scale_a=_arr((G, 0, 1), np.float32, ptr=BASE + 3 * 10**7), scale_b=sb)
+    with pytest.raises(ValueError, match=r"scale_a has shape \(0, 1\); expected \(\d+, 0, 1\)"):
+        g8(a0, b, masked_m=mm, scale_a=_arr((0, 1), np.float32, ptr=BASE + 3 * 10**7), scale_b=sb)
 
 
 # -- the tile walk ---------------------------------------------------------------------------------------------
