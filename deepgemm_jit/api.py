@@ -701,10 +701,8 @@ def _fits_float32(v) -> bool:
         x = float(v)
     except OverflowError:  # an int beyond float64
         return False
-    if not math.isfinite(x):
-        return True
-    with np.errstate(over="ignore"):
-        return bool(np.isfinite(np.float32(x)))
+    # (float32 rounds up to inf from FLT_MAX + half its ulp, 2^128 - 2^103, on; no numpy: this is on the call path)
+    return not math.isfinite(x) or abs(x) < 2.0**128 - 2.0**103
 
 
 def _check_split_k(split_k: object) -> int | None:
