@@ -454,12 +454,7 @@ class Gemm:
         forced, on_gpu = self._warmup_origin
         if forced:
             return None
-        from . import tuning
-        from .warmup_sources import warmup_command_for
-
-        local_sms = device.num_sms() if on_gpu else None
-        tuned = on_gpu and tuning.stored_config(self.kernel_spec, self.m_hint, self.arch) == self.config
-        return warmup_command_for(self.spec, self.m_hint, self.arch, local_sms, this_gpu=tuned)
+        return _warmup_line(self.spec, self.kernel_spec, self.m_hint, self.arch, self.config, on_gpu)
 
     def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int, cu_stream
                         ) -> splitk.SplitOperands | None:
@@ -648,6 +643,9 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
         raise TypeError(f"deterministic must be True or False, got {type(deterministic).__name__}")
     if forced_splits is not None:
         cfg = _with_split_k(cfg, kspec, target, forced_splits, m_hint, config is None, arch is None)
+    # What makes the kernel one that warmup (which plans the heuristic's kernel of a --shape) cannot plan
+    forced = [name for name, given in (("config=", config is not None), ("split_k=", forced_splits is not None),
+                                       ("promoted=True", spec.promoted and not spec.hi_lo)) if given]
     try:
         # The staging copies every call will run (copies.py; warmup.plan_copies lists the same), loaded here so
         # that an offline build without them fails now, with its warmup line.
@@ -657,25 +655,29 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
             copies.get_kernel(copies.ROWS, target)
         g = Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming), forced_splits,
                  bool(deterministic))
-        g._warmup_origin = (config is not None or forced_splits is not None or (spec.promoted and not spec.hi_lo),
-                            arch is None)
+        g._warmup_origin = (bool(forced), arch is None)
         return g
     except KernelNotCachedError as exc:
-        from . import tuning
-        from .warmup_sources import warmup_command_for
-
-        forced = [name for name, given in (("config=", config is not None), ("split_k=", forced_splits is not None),
-                                           ("promoted=True", spec.promoted and not spec.hi_lo)) if given]
-        if forced:  # warmup plans the heuristic's kernel of a --shape: none of these
+        if forced:
             where = ("on this GPU (an arch= build plans for the arch's usual SM count, which may pick another "
                      "kernel)" if arch is None else f"with arch={arch!r}, also on a machine without a GPU")
             raise exc.with_warmup_command(None, note=(
                 f"warmup cannot plan a build with {', '.join(forced)}: pre-generate it by making this build() call "
                 f"once without DEEPGEMM_JIT_OFFLINE, {where}")) from None
-        local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
-        # A tuned config (the store's, on this GPU) is what only a warmup on this GPU plans: no --arch in the line
-        tuned = config is None and arch is None and tuning.stored_config(kspec, m_hint, target) == cfg
-        raise exc.with_warmup_command(warmup_command_for(spec, m_hint, target, local_sms, this_gpu=tuned)) from None
+        raise exc.with_warmup_command(_warmup_line(spec, kspec, m_hint, target, cfg, arch is None)) from None
+
+
+def _warmup_line(spec: GemmSpec, kspec: GemmSpec, m_hint: int, target: str, cfg: config_mod.KernelConfig,
+                 on_gpu: bool) -> str:
+    """The warmup line that plans the heuristic's (or the tuning store's) kernel `cfg` of a build of (spec, M):
+    chosen for this GPU's SM count when built on it (`on_gpu`), and, for a tuned config (the store's, which only a
+    warmup on this GPU plans), with no --arch."""
+    from . import tuning
+    from .warmup_sources import warmup_command_for
+
+    local_sms = device.num_sms() if on_gpu else None
+    tuned = on_gpu and tuning.stored_config(kspec, m_hint, target) == cfg
+    return warmup_command_for(spec, m_hint, target, local_sms, this_gpu=tuned)
 
 
 def _check_fp32_options(scaling=None, b_dtype=None, fast_accum=False, weight_streaming=None, split_k=None,
