@@ -531,7 +531,7 @@ class Gemm:
                                staged["a"], staged["b"], vd2, dev, sa, sb, epi2,
                                split=self._split_operands(self.artifact, m, dev, cu_stream))
         out = () if vd2 is vd else (copies.rows_plan([(vd, vd2)], self.arch, dev),)
-        return staging.StagedPlan(tuple(steps), plan, out)
+        return staging.StagedPlan(tuple(steps), plan, out, self._staging.launch_lock)
 
     def explain(self) -> dict:
         from .explain import describe

@@ -205,6 +205,7 @@ class GroupedGemm:
         # kernels serve only their stream, whose workspaces (segments, split partials) they write.
         self._plans = launch.KeptPlans(_MAX_LAUNCH_PLANS)
         self._lock = threading.Lock()
+        self._launch_lock = threading.Lock()  # _run
         # Device-split kernels (sm90_rules.grouped_split_tile): the most K shares per tile, how they meet (as Gemm's
         # split-K calls: in split order unless deterministic=False) and their workspace, sized for the grid. One
         # share where the kernel was chosen for its speed alone (`launch_splits` False:
@@ -235,8 +236,7 @@ class GroupedGemm:
             hit = self._plans.lookup(key, stream) if None not in key else None
             if hit is not None:
                 plans, cu_stream = hit
-                for plan in plans:
-                    plan.run(cu_stream)
+                self._run(plans, cu_stream)
                 return (out, scales_out) if self._returns_scales else out
         given = [name for name, v in (("offs", offs), ("m_indices", m_indices), ("masked_m", masked_m))
                  if v is not None]
@@ -339,13 +339,23 @@ class GroupedGemm:
                 self.split_adds_atomically, "this GroupedGemm (a split-K kernel)")
         plans += (launch.plan(launch.load(self.artifact, spec, dev), self.artifact, spec, m, va, vb, vd, dev, sa, sb,
                               ops, group, split),)
-        for plan in plans:
-            plan.run(cu_stream)
+        self._run(plans, cu_stream)
         # Not the plans of a CUDA-graph capture (as Gemm's): it may borrow another stream's split workspace.
         if key is not None and None not in key and not runtime.is_capturing(cu_stream):
             bound = m_indices is not None or split is not None and split.partials
             self._plans.keep(key, plans, kind, dev, cu_stream.ptr if bound else None)
         return result
+
+    def _run(self, plans: tuple, cu_stream) -> None:
+        """The call's launches as one sequence: with m_indices= the segments kernel writes the stream's segments
+        table, which the GEMM then reads; two threads calling on one stream (every thread's default) interleaved
+        them, and a GEMM read the other call's table (each launch releases the GIL; review, session 60)."""
+        if len(plans) == 1:
+            plans[0].run(cu_stream)
+            return
+        with self._launch_lock:
+            for plan in plans:
+                plan.run(cu_stream)
 
     # -- pieces of the call ---------------------------------------------------------------------------------
     def _scales(self, m: int, masked: bool, max_m: int, num_groups: int, scale_a, scale_b):

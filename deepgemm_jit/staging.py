@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from . import stream_buffers
 from .arrays import MatrixView
@@ -67,6 +68,7 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._sets = stream_buffers.StreamBuffers()
+        self.launch_lock = threading.Lock()  # held by this Gemm's StagedPlans while they launch (StagedPlan.lock)
 
     def held(self) -> dict[tuple, object]:
         """Live buffers by (device, stream_buffers.stream_key, role) (tests, inspection)."""
@@ -124,6 +126,10 @@ class StagedPlan:
     #                                    D itself, among them, so all of them precede D's writes
     launch: LaunchPlan
     copies_out: tuple[LaunchPlan, ...]  # D's copy out of its staging buffer, if any
+    # The staging buffers' lock (StagingBuffers.launch_lock): the launches go in as one sequence. Two threads calling
+    # a Gemm on one stream (every thread's default stream) interleaved them, and a GEMM read the other thread's
+    # copies (each launch releases the GIL; review, session 60).
+    lock: object = dataclasses.field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def device_id(self) -> int:
@@ -133,8 +139,9 @@ class StagedPlan:
         # Every launch after the first is programmatic (its kernel waits for the previous one first: griddep_wait;
         # LaunchPlan.run): a launch on the stream cost ~3 us at tiny sizes, ~2 when programmatic (docs/NOTES.md
         # session 26). The first keeps its plan's default.
-        for i, copy in enumerate(self.copies_in):
-            copy.run(stream, programmatic=True if i else None)
-        self.launch.run(stream, programmatic=True if self.copies_in else None)
-        for copy in self.copies_out:
-            copy.run(stream, programmatic=True)
+        with self.lock:
+            for i, copy in enumerate(self.copies_in):
+                copy.run(stream, programmatic=True if i else None)
+            self.launch.run(stream, programmatic=True if self.copies_in else None)
+            for copy in self.copies_out:
+                copy.run(stream, programmatic=True)

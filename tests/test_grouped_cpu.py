@@ -361,3 +361,15 @@ def test_scales_out_must_be_distinct_and_apart_from_inputs(cache, fake_gpu_memor
             gq(a, b, **kw, scales_out=_arr((rows, groups), np.float32, ptr=ptr, strides=strides))
     with pytest.raises(NoGPUError):  # apart and distinct: validation passes
         gq(a, b, **kw, scales_out=_arr((rows, groups), np.float32, ptr=BASE + 6 * 10**7))
+
+
+def test_segments_and_gemm_launch_as_one_sequence(g):
+    """m_indices= calls launch the segments kernel (writing the stream's segments table) and then the GEMM reading
+    it; two threads on one stream interleaved the four launches (review, session 60): both run under the
+    GroupedGemm's launch lock, a single launch without it."""
+    held = []
+    plan = type("Plan", (), {"run": lambda self, stream: held.append(g._launch_lock.locked())})()
+    g._run((plan, plan), object())
+    g._run((plan,), object())
+    assert held == [True, True, False]
+

@@ -93,6 +93,35 @@ def test_staged_plan_copies_in_then_launches_then_copies_d_out():
     assert ran == [("launch", None), ("copy d out", True)]
 
 
+def test_staged_launches_of_one_gemm_go_in_as_one_sequence():
+    """Two threads calling one Gemm on one stream (every thread's default) interleaved copies and launches, and a
+    GEMM read the other thread's staged rows (each launch releases the GIL; review, session 60). A StagedPlan
+    launches under its Gemm's StagingBuffers.launch_lock: a second thread's sequence waits for the first."""
+    import threading
+    import time
+
+    buffers = staging.StagingBuffers()
+    order = []
+
+    def step(name):
+        def run(self, stream, programmatic=None):
+            order.append((threading.current_thread().name, name))
+            time.sleep(0.002)  # a launch releasing the GIL
+        return type(name, (), {"device_id": 0, "run": run})()
+
+    plan = staging.StagedPlan((step("copy a"),), step("launch"), (step("copy d out"),), buffers.launch_lock)
+    other = staging.StagedPlan((step("copy a"),), step("launch"), (), buffers.launch_lock)
+    threads = [threading.Thread(target=p.run, args=(object(),), name=f"t{i}") for i, p in enumerate((plan, other) * 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runs = [order[i][0] for i in range(len(order))]
+    # each thread's steps are consecutive
+    groups = [runs[0]] + [b for a, b in zip(runs, runs[1:]) if a != b]
+    assert len(groups) == len(threads), order
+
+
 def test_row_copy_and_transpose_launches():
     """copies.py's launch geometry: one thread per 16-byte chunk of a row (pitches in bytes), one block per 32 x 32
     tile of a transpose; shapes checked (no GPU: the launch plans are built with a fake kernel)."""
