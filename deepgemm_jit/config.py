@@ -555,8 +555,10 @@ def choose_sm80_config(spec: GemmSpec, m_hint: int, arch: str, vec_a: int | None
     - 128x128 tiles with 8 warps (64x32 per warp) for large M; 64x128 with 4 warps
       when M is small, so that a few M tiles still spread over the SMs.
     - BLOCK_K of 32 for every dtype (64 bytes of 16-bit or 128 bytes of FP32 per
-      row), three stages: enough cp.async in flight to hide latency, under 100 KB
-      so that two blocks fit per SM.
+      row), three stages: enough cp.async in flight to hide latency. 16-bit tiles
+      stay under 100 KB; 128-row FP32 (TF32) tiles need 104-108 KB with three, more
+      than sm_86 / sm_89 give a block (99 KB), so there they run two stages
+      (session 60: every TF32 and dtype='fp32' build above 64 rows was refused).
     - vec_a/vec_b: widest loads the operands allow (packed operands by default).
     """
     if vec_a is None or vec_b is None:
@@ -569,5 +571,9 @@ def choose_sm80_config(spec: GemmSpec, m_hint: int, arch: str, vec_a: int | None
         block_m, warps_m = 128, 2
     cfg = KernelConfig(family="sm80", block_m=block_m, block_n=128, block_k=32, num_stages=3,
                        warps_m=warps_m, warps_n=4, vec_a=vec_a, vec_b=vec_b)
+    if not cfg.fits(spec, arch):
+        two_stages = dataclasses.replace(cfg, num_stages=2)
+        if two_stages.fits(spec, arch):
+            return two_stages
     cfg.check_for(spec, arch)
     return cfg

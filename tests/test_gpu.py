@@ -47,6 +47,18 @@ def test_out_dtypes(dtype, out_dtype):
     check(dg.build(200, 136, 264, dtype=dtype, out_dtype=out_dtype), 200)
 
 
+@pytest.mark.parametrize("dtype,layout", [("tf32", "nt"), ("tf32", "nn"), ("bf16", "nt")])
+def test_portable_two_stage_tiles(dtype, layout):
+    """The portable kernel with a two-stage ring, what 128-row TF32 tiles run on sm_86 / sm_89 (their 99 KB per block
+    hold no third stage; config.choose_sm80_config, session 60): forced here, where the H200 would pick the Hopper
+    family, on odd sizes. Added without a GPU: not yet run."""
+    cfg = dg.KernelConfig("sm80", 128, 128, 32, 2, 2, 4, vec_a=1, vec_b=1)  # (scalar loads: any row length)
+    for m, n, k in ((300, 1001, 1003), (128, 256, 4096), (1, 33, 65)):
+        g = dg.build(m, n, k, dtype=dtype, layout=layout, config=cfg)
+        assert g.config.num_stages == 2 and g.family == "sm80", g.config
+        check(g, m)
+
+
 def test_one_kernel_serves_every_m():
     g = dg.build(4096, 520, 1032, dtype="bf16")
     for m in (1, 2, 63, 64, 65, 127, 129, 777, 5001):

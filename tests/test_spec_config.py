@@ -724,3 +724,18 @@ def test_swap_ab_buckets():
     assert cands[0].swap_ab and any(c.block_m == 64 for c in cands), [c.tag for c in cands]
     split = api.build(300, 2112, 7168, dtype="fp8", scaling="tensor", arch="sm_90a", split_k=2)
     assert split.config == config.sm90_split_config(fp8, 320, 132, 2) and split.config.block_m == 64, split.config.tag
+
+
+def test_portable_tf32_tiles_fit_sm86_and_sm89():
+    """128-row FP32 (TF32) portable tiles need 104-108 KB with three stages, more than sm_86 / sm_89 give a block:
+    every TF32 build above 64 rows (and dtype='fp32') was refused there (review, session 60). They run two stages
+    there; sm_80 and 16-bit types keep three."""
+    import deepgemm_jit as dg
+
+    for arch in ("sm_86", "sm_89"):
+        for layout in ("nt", "nn", "tt"):
+            cfg = config.choose_config(GemmSpec.create(4096, 4096, dtype="tf32", layout=layout), 4096, arch)
+            assert (cfg.family, cfg.block_m, cfg.num_stages) == ("sm80", 128, 2), (arch, layout)
+        assert config.choose_config(GemmSpec.create(4096, 4096, dtype="bf16"), 4096, arch).num_stages == 3
+        assert dg.build_fp32(1000, 1001, 1003, arch=arch).gemm.config.num_stages == 2
+    assert config.choose_config(GemmSpec.create(4096, 4096, dtype="tf32"), 4096, "sm_80").num_stages == 3
