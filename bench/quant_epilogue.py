@@ -266,6 +266,11 @@ def main(argv=None) -> int:
             print(f"{dt:9s} {e:32s} m{m} n{n} k{k}")
         print(f"{len(rows_spec)} rows")
         return 0
+    from deepgemm_jit import device
+
+    if not device.gpu_count():  # (it ran every row into an error, then a traceback collecting the environment)
+        print("bench.quant_epilogue: no usable CUDA device (--list and --offline need none)", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else int(time.time())
     rows = []
     for i, (m, n, k, e, dt) in enumerate(rows_spec):

@@ -184,6 +184,9 @@ def test_tile_sweep_cases_force_configs():
     assert (cfg.family, cfg.block_m, cfg.block_n, cfg.num_stages) == ("sm90", 128, 192, 4)
     with pytest.raises(ValueError, match="BMxBN"):
         suites.Case("square", "bf16", "nt", 8, 8, 8, "big").forced_config(spec)
+    # a width whose D rows are no 16-byte multiple: a ValueError the sweeps skip (was StopIteration; review, s60)
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        suites.forced_tile_config(spec, "128x100")
 
 
 # ------------------------------------------------------------------------------------------ 8-bit recipes

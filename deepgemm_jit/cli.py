@@ -22,15 +22,18 @@ def _cmd_demo(args) -> int:
     arch = device.current_arch() if has_gpu else device.normalize_arch(args.arch or "sm_90a")
     if not has_gpu:
         print(f"No GPU found: compiling the demo kernels for {arch} only (nothing is run).")
+        stored = True
         for dt in DEMO_DTYPES:
             for m, n, k in DEMO_SHAPES:
                 start = time.perf_counter()
                 g = build(m, n, k, dtype=dt, arch=arch)
                 took = time.perf_counter() - start
                 how = "compiled" if g.artifact.compiled_now else "cached"
-                print(f"  {dt:5s} {m}x{n}x{k}: {g.config.tag} {how} in {took:.2f} s -> "
-                      f"{g.artifact.cubin_path or '(memory only)'}")
-        print("No GPU found: kernels were compiled and cached, not run.")
+                path = g.artifact.cubin_path
+                stored = stored and path is not None
+                print(f"  {dt:5s} {m}x{n}x{k}: {g.config.tag} {how} in {took:.2f} s -> {path or '(memory only)'}")
+        print("No GPU found: kernels were compiled and " + ("cached" if stored else "NOT all saved to the disk cache "
+              "(it is off or unusable: see the warning above)") + ", not run.")
         return 0
 
     from . import baseline, reference
@@ -95,6 +98,8 @@ def _cmd_explain(args) -> int:
     mix = ", ".join(f"{op} {n}" for op, n in list(info["sass"].items())[:16])
     print(f"MMA       {tensor_ops}")
     print(f"SASS      {mix}")
+    if info["family"] == "sm90":  # ptxas's wgmma serialisation notes (a silent ~2x slowdown; README lists them)
+        print(f"wgmma     serialized by ptxas: {', '.join(info.get('wgmma_serialized') or []) or 'no'}")
     decode = info.get("weight_streaming", {})
     if decode.get("max_m"):
         launches = []

@@ -49,8 +49,13 @@ class KernelArtifact(BuiltKernel):
 
     @property
     def cubin_path(self) -> str | None:
+        """The cubin's file in the disk cache, or None where it is not there (the cache off or unusable: the
+        kernel then lives in this process's memory only)."""
         c = cache.default_cache()
-        return str(c.cubin_path(self.key)) if c is not None else None
+        if c is None:
+            return None
+        path = c.cubin_path(self.key)
+        return str(path) if path.is_file() else None
 
 
 Artifact = TypeVar("Artifact")

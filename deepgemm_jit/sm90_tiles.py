@@ -332,7 +332,12 @@ def sm90_d_slice_bytes(block_n: int, out_esize: int) -> int:
     """Width of the column slices the sm90 epilogue stores D in: the widest of 128/64/32/16 bytes
     that divides a tile row (mirror of StoreTraits in gemm_sm90.cuh)."""
     row_bytes = block_n * out_esize
-    return next(w for w in (128, 64, 32, 16) if row_bytes % w == 0)
+    for width in (128, 64, 32, 16):
+        if row_bytes % width == 0:
+            return width
+    # (a ValueError like every other refusal of a tile: a forced block_n such as 100 raised StopIteration)
+    raise ValueError(f"block_n={block_n}: a D tile row of {row_bytes} bytes is not a multiple of 16 (TMA store "
+                     "boxes); use a multiple of 8 columns (16-bit D) or 4 (FP32 D)")
 
 
 # The last share holds its accumulators while it loads and adds the partials: 128 per thread (128x256) spilled

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import config as config_mod
-from . import copies, device, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization, sm90_rules, sm90_tiles, tuning
+from . import (copies, device, dtypes, env, fp32x3, gemv, gemv_kn, gemv_rows, quantization, sm90_rules, sm90_tiles,
+               tuning)
 from .config import KernelConfig
 from .errors import DeepGemmError
 from .gemv import GemvSpec
@@ -458,6 +459,15 @@ def _check_cache_writable() -> None:
                          "writable directory") from None
 
 
+def _check_quantize_arch(quantize: dict, arch: str) -> None:
+    """FP8 conversions need sm_89 or newer (quantize() refuses older GPUs the same way): a plan for an older arch
+    failed in NVRTC instead (review, session 60)."""
+    fp8 = sorted({q.q_dtype for q in quantize if q.q_dtype in dtypes.FP8_DTYPES})
+    if fp8 and int("".join(ch for ch in arch if ch.isdigit())) < 89:  # sm_80 -> 80, sm_90a -> 90
+        raise ValueError(f"{', '.join(fp8)} quantization needs sm_89 or newer (FP8 conversions); --arch {arch} "
+                         "cannot run it: drop the FP8 --quantize / FP8 entries, or target sm_89 / sm_90a")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``warmup`` for parsed arguments: 0 when every kernel is in the cache, 1 when any failed."""
     arch, num_sms = _target(args.arch, args.num_sms)
@@ -468,8 +478,15 @@ def main(args: argparse.Namespace) -> int:
     # plan for another GPU (--arch, or --num-sms other than this one's) has no store to ask: its builds find none.
     this_gpu = args.arch is None and args.num_sms in (None, device.num_sms())
     served = plan_buckets(entries, arch, num_sms, tuning.stored_config if this_gpu else None)
-    grouped = plan_grouped(entries, arch, num_sms)
+    try:
+        grouped = plan_grouped(entries, arch, num_sms)
+    except ValueError as exc:  # a model's experts (--num-groups auto) on a GPU without grouped GEMMs: say the way out
+        if not args.from_hf_config:
+            raise
+        raise ValueError(f"{exc}; --from-hf-config plans the experts as grouped GEMMs (--num-groups auto): pass "
+                         "--num-groups none to plan them as dense GEMMs only") from None
     quantize = plan_quantize(entries, [parse_quantize(text) for text in args.quantize])
+    _check_quantize_arch(quantize, arch)
     decode = plan_gemv(entries, arch, num_sms)
     segments = plan_segments(entries)
     # fp32 entries' split kernels and the staging copies (plan() lists the same; before session 25 the command left

@@ -11,6 +11,21 @@ def test_demo_without_gpu_compiles_and_says_so(cache_dir, capsys):
     assert cli.main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "No GPU found" in out and str(cache_dir) in out
+    assert "compiled and cached, not run" in out
+
+
+def test_demo_without_gpu_says_when_nothing_was_stored(tmp_path, monkeypatch, capsys):
+    """An unusable cache directory (here a file): the kernels live in memory only, and demo said they were cached,
+    printing cubin paths that did not exist (review, session 60)."""
+    if device.gpu_count():
+        pytest.skip("a GPU is present: the GPU demo runs in the GPU tests")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(not_a_dir))
+    with pytest.warns(Warning):
+        assert cli.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "(memory only)" in out and "NOT all saved to the disk cache" in out and str(not_a_dir) not in out
 
 
 def test_explain_json(cache_dir, capsys):
@@ -90,7 +105,9 @@ def test_explain_names_the_m_bucket(cache_dir, capsys):
 
 def test_explain_text_and_cache_commands(cache_dir, capsys):
     assert cli.main(["explain", "64", "64", "64", "--arch", "sm_90a"]) == 0
-    assert "HGMMA" in capsys.readouterr().out  # 64x64x64 nt bf16 goes to the Hopper family
+    text = capsys.readouterr().out
+    assert "HGMMA" in text  # 64x64x64 nt bf16 goes to the Hopper family
+    assert "wgmma     serialized by ptxas: no" in text  # README lists it in this view too (it was JSON only)
     assert cli.main(["cache", "list"]) == 0
     listing = capsys.readouterr().out
     assert "1 kernels" in listing
