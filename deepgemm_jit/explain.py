@@ -83,9 +83,9 @@ def _staging(gemm) -> dict | None:
         info["transpose_note"] = ("b (TF32, stored (K, N)) read as stored and transposed in shared memory by the "
                                   "kernel's converter warps, one stage each in turn; builds for more than "
                                   f"{sm90_rules.SM90_TF32_TRANS_B_MAX_M} rows run the nt kernel on per-call copies")
-    if "kernel_spec" in info:  # the twin's calls copy its MN-major operands: no off-sector reads to speak of
-        return info
-    off_sector = sm90_tiles.sm90_off_sector_rows(kspec)
+    # (a twin's transposed operands land in aligned buffers; its other operand is read as stored, and realigned
+    # like any: the twin returned here before, so explain hid a copy every call made; review, session 60)
+    off_sector = [role for role in sm90_tiles.sm90_off_sector_rows(kspec) if role not in info.get("transposed", ())]
     if off_sector:
         info["realigned"] = off_sector
         info["realign_note"] = (

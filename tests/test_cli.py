@@ -59,6 +59,12 @@ def test_explain_says_which_packed_operands_calls_may_realign(cache_dir, capsys)
         assert info["staging"]["packed_staged"] == [] and info["staging"].get("realigned", []) == realigned, argv
     assert cli.main(["explain", "4096", "4096", "4104", "--dtype", "bf16", "--arch", "sm_90a"]) == 0
     assert "realign   a and b: rows an odd multiple of 16 bytes" in capsys.readouterr().out
+    # TF32 nn above 256 rows runs the nt twin on a transposed copy of b; a (K = 4100: 16400-byte rows, off sectors)
+    # is read as stored and realigned like any operand (explain returned before saying so; review, session 60)
+    assert cli.main(["explain", "4096", "4096", "4100", "--dtype", "tf32", "--layout", "nn", "--arch", "sm_90a",
+                     "--json"]) == 0
+    staging = json.loads(capsys.readouterr().out)["staging"]
+    assert staging["transposed"] == ["b"] and staging["realigned"] == ["a"], staging
 
 
 def test_explain_names_the_decode_kernel(cache_dir, capsys):
