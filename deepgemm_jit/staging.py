@@ -13,7 +13,8 @@ Example::
 
     staging = StagingBuffers()
     va2 = staging.aligned(va, "a", stream, device_id)   # va itself when TMA can read it
-    plan = StagedPlan((copies.rows_plan([(va2, va)], arch, device_id),), launch.plan(... va2 ...), ())
+    plan = StagedPlan((copies.rows_plan([(va2, va)], arch, device_id),), launch.plan(... va2 ...), (),
+                      staging.launch_lock)
     plan.run(stream)
 """
 from __future__ import annotations
@@ -129,7 +130,7 @@ class StagedPlan:
     # The staging buffers' lock (StagingBuffers.launch_lock): the launches go in as one sequence. Two threads calling
     # a Gemm on one stream (every thread's default stream) interleaved them, and a GEMM read the other thread's
     # copies (each launch releases the GIL; review, session 60).
-    lock: object = dataclasses.field(default_factory=threading.Lock, compare=False, repr=False)
+    lock: object = dataclasses.field(compare=False, repr=False)  # (required: a private lock would serialise nothing)
 
     @property
     def device_id(self) -> int:

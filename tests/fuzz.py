@@ -799,7 +799,9 @@ def _check(case: FuzzCase, spec, call: _Call, result, what: str) -> None:
         check_close(case, got, value, bound + rel, FP8_REL, what.format(f"quant_{epi.quant} dequantized"))
         if "amax_out" in call.kwargs:
             amax, amax_ref = float(call.kwargs["amax_out"][0]), float(cupy.abs(value).max())
-            assert abs(amax - amax_ref) <= ELEMENT_FACTOR * bound * amax_ref, \
+            # (the largest |x| is the best-conditioned element: within the Frobenius bound, not ELEMENT_FACTOR times
+            # it, which let a max over one tile or half the rows pass; review, session 60)
+            assert abs(amax - amax_ref) <= bound * amax_ref, \
                 what.format(f"amax_out {amax!r} vs {amax_ref!r} -- {case.describe()}")
     else:
         d = result

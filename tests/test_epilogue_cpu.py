@@ -315,6 +315,14 @@ def test_gated_and_quant_references_on_numpy():
     assert q.shape == (6, 16) and s.shape == (6, 1) and np.allclose(s[:, 0], (np.abs(v).max(axis=1) / 448).astype(np.float32))
     q8, amax = reference.quantized_epilogue_reference(v, "quant_int8_tensor", np.float32(0.01))
     assert q8.dtype == np.int8 and np.abs(q8).max() <= 127 and amax == np.abs(v.astype(np.float32)).max()
+    # q's values, computed independently: one float32 division, then round to nearest even and saturate (INT8), or
+    # ml_dtypes' round to nearest E4M3 (FP8; no value here reaches 448) (only shapes and scales were checked)
+    import ml_dtypes
+
+    v32 = v.astype(np.float32)
+    assert np.array_equal(q8, np.clip(np.rint(v32 / np.float32(0.01)), -127, 127).astype(np.int8))
+    want_fp8 = (v32 / s.astype(np.float32)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    assert np.array_equal(np.asarray(q).view(np.uint8), want_fp8)
 
 
 def test_gated_and_quant_spec_rules():
@@ -443,9 +451,10 @@ def test_no_resident_cluster_is_a_clear_error(monkeypatch):
     code. Both are asked once per block shape."""
     from deepgemm_jit import runtime
 
-    answers = {"count": 0, "code": 0}
+    answers = {"count": 0, "code": 0, "asked": 0}
 
     def occupancy(count_ptr, function, cfg):
+        answers["asked"] += 1
         count_ptr._obj.value = answers["count"]
         return answers["code"]
 
@@ -458,8 +467,10 @@ def test_no_resident_cluster_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(runtime.driver, "error_name", lambda code: "CUDA_ERROR_INVALID_VALUE")
     with pytest.raises(runtime.LaunchError, match="failed with 1 .CUDA_ERROR_INVALID_VALUE"):
         kernel.max_active_clusters(4, (384, 1, 1))
-    answers.update(code=0)
+    answers.update(code=0, asked=0)
     assert kernel.max_active_clusters(4, (384, 1, 1)) == 3 and kernel.max_active_clusters(4, (384, 1, 1)) == 3
+    assert answers["asked"] == 1  # remembered per (cluster, block) once answered
+    assert kernel.max_active_clusters(2, (384, 1, 1)) == 3 and answers["asked"] == 2
 
 
 @pytest.mark.parametrize("dtype,scaling,epilogue,tile", [

@@ -83,13 +83,14 @@ def test_staged_plan_copies_in_then_launches_then_copies_d_out():
         return type(name, (), {"device_id": 0,
                                "run": lambda self, stream, programmatic=None: ran.append((name, programmatic))})()
 
-    plan = staging.StagedPlan((step("copy a"), step("transpose b")), step("launch"), (step("copy d out"),))
+    lock = staging.StagingBuffers().launch_lock
+    plan = staging.StagedPlan((step("copy a"), step("transpose b")), step("launch"), (step("copy d out"),), lock)
     plan.run(object())
     plan.run(object())  # replayed: the same steps again
     assert plan.device_id == 0
     assert ran == [("copy a", None), ("transpose b", True), ("launch", True), ("copy d out", True)] * 2
     ran.clear()
-    staging.StagedPlan((), step("launch"), (step("copy d out"),)).run(object())
+    staging.StagedPlan((), step("launch"), (step("copy d out"),), lock).run(object())
     assert ran == [("launch", None), ("copy d out", True)]
 
 
