@@ -6,6 +6,7 @@ import math
 import operator
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -76,10 +77,10 @@ class Gemm:
         # The spec the kernel was compiled for: `spec`, or its nt (tn at small M: nn) twin, whose calls transpose
         # MN-major TF32 operands into K-major staging buffers first (sm90_rules.kernel_spec, copies.py).
         self.kernel_spec = artifact.spec
-        # What an offline miss of a kernel built later for this Gemm (its amax twin) prints as the warmup line:
-        # build_spec sets how this Gemm was chosen (_warmup_command), build_fp32 the line of its own shape.
-        self._warmup_origin: tuple[bool, bool] = (True, False)  # (forced config / split_k / promoted, built on the GPU)
-        self._warmup_line_override: str | None = None
+        # The warmup line that plans this Gemm's kernel and its twins (what an offline miss of its amax twin
+        # prints), computed only then: build_spec sets it (None where warmup cannot plan the build: config=, split_k=,
+        # promoted=True), build_fp32 the line of its own shape.
+        self._warmup_command: Callable[[], str | None] = lambda: None
         self._transposes = artifact.spec.layout != spec.layout
         # The operands those calls transpose: MN-major in `spec`, K-major in the kernel's; empty for every other Gemm.
         self.transposed_operands = tuple(role for role, k_major, kernel_k_major in (
@@ -445,17 +446,6 @@ class Gemm:
                 twin = self._amax_twin
         return twin
 
-    def _warmup_command(self) -> str | None:
-        """The warmup line that plans this Gemm's kernel and its twins, as build() would print it for a miss of its
-        own kernel (the GPU's SM count, no --arch for a config the tuning store gave), or None where warmup cannot
-        plan it (built with config=, split_k= or promoted=True)."""
-        if self._warmup_line_override is not None:
-            return self._warmup_line_override
-        forced, on_gpu = self._warmup_origin
-        if forced:
-            return None
-        return _warmup_line(self.spec, self.kernel_spec, self.m_hint, self.arch, self.config, on_gpu)
-
     def _split_operands(self, artifact: jit.KernelArtifact, m: int, dev: int, cu_stream
                         ) -> splitk.SplitOperands | None:
         """A split-K kernel's shares for this M and the workspace they meet in (None for other kernels)."""
@@ -655,7 +645,8 @@ def build_spec(spec: GemmSpec, m_hint: int, *, arch: str | None = None, config: 
             copies.get_kernel(copies.ROWS, target)
         g = Gemm(spec, target, m_hint, jit.get_kernel(kspec, cfg, target), bool(weight_streaming), forced_splits,
                  bool(deterministic))
-        g._warmup_origin = (bool(forced), arch is None)
+        if not forced:  # (as the miss below prints it: the GPU's SM count, no --arch for a tuned config)
+            g._warmup_command = lambda: _warmup_line(spec, kspec, m_hint, target, cfg, arch is None)
         return g
     except KernelNotCachedError as exc:
         if forced:

@@ -684,5 +684,6 @@ def build_fp32(M: int, N: int, K: int, *, out_dtype: str | None = None, layout: 
         local_sms = device.num_sms() if arch is None else None  # the heuristic chose for this GPU's SMs
         raise exc.with_warmup_command(warmup_command_for(spec, M, target, local_sms)) from None
     if config is None:  # the inner Gemm's later kernels (an amax twin) are planned by this shape's warmup line
-        gemm._warmup_line_override = warmup_command_for(spec, M, gemm.arch, device.num_sms() if arch is None else None)
+        on_gpu = arch is None
+        gemm._warmup_command = lambda: warmup_command_for(spec, M, gemm.arch, device.num_sms() if on_gpu else None)
     return Fp32Gemm(spec, gemm.arch, gemm.m_hint, gemm, split)

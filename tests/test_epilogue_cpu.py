@@ -268,10 +268,11 @@ def test_amax_twin_missing_offline_names_the_warmup_that_plans_it(tmp_path, monk
     from deepgemm_jit import build_fp32, device, tuning
 
     monkeypatch.delenv("DEEPGEMM_JIT_OFFLINE")
-    monkeypatch.setattr(device, "num_sms", lambda device_id=None: 114)
+    monkeypatch.setattr(device, "num_sms", lambda device_id=None: 114)  # a 114-SM Hopper GPU (H100 PCIe)
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    monkeypatch.setattr(device, "current_arch", lambda: "sm_90a")
     monkeypatch.setattr(tuning, "stored_config", lambda *args, **kwargs: None)
-    g114 = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_int8_tensor", arch="sm_90a")
-    g114._warmup_origin = (False, True)  # as a build on a 114-SM GPU (arch=None) records it
+    g114 = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_int8_tensor")  # built on that GPU (arch=None)
     f = build_fp32(256, 2112, 512, epilogue="quant_fp8_tensor", arch="sm_90a")
     forced = build(4096, 7168, 2048, dtype="bf16", epilogue="quant_int8_tensor", arch="sm_90a", config=g.config)
     monkeypatch.setenv("DEEPGEMM_JIT_OFFLINE", "1")
