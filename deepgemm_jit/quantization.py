@@ -224,16 +224,20 @@ def _device_of(view_device: int, arg: str) -> int:
     return dev
 
 
+# The first GPU generation with FP8 conversions (cvt to e4m3 / e5m2), as device.arch_number counts: sm_89.
+FP8_CONVERSIONS_MIN_ARCH = 89
+
+
 def _target_arch(device_id: int, q_dtype: str) -> str:
     """The compile target of `device_id`; ValueError if that GPU cannot convert to `q_dtype`."""
     arch = _arch_of_device.get(device_id)
     if arch is None:
         major, minor = device.capability(device_id)
-        if q_dtype in dtypes.FP8_DTYPES and (major, minor) < (8, 9):
+        if q_dtype in dtypes.FP8_DTYPES and 10 * major + minor < FP8_CONVERSIONS_MIN_ARCH:
             raise ValueError(f"dtype={q_dtype!r} needs an sm_89 or newer GPU (FP8 conversions); device "
                              f"{device_id} is sm_{major}{minor}")
         arch = device.arch_of_capability(major, minor)
-        if (major, minor) >= (8, 9):  # remembered only where every dtype is allowed
+        if 10 * major + minor >= FP8_CONVERSIONS_MIN_ARCH:  # remembered only where every dtype is allowed
             _arch_of_device[device_id] = arch
     return arch
 

@@ -463,7 +463,7 @@ def _check_quantize_arch(quantize: dict, arch: str) -> None:
     """FP8 conversions need sm_89 or newer (quantize() refuses older GPUs the same way): a plan for an older arch
     failed in NVRTC instead (review, session 60)."""
     fp8 = sorted({q.q_dtype for q in quantize if q.q_dtype in dtypes.FP8_DTYPES})
-    if fp8 and int("".join(ch for ch in arch if ch.isdigit())) < 89:  # sm_80 -> 80, sm_90a -> 90
+    if fp8 and device.arch_number(arch) < quantization.FP8_CONVERSIONS_MIN_ARCH:
         raise ValueError(f"{', '.join(fp8)} quantization needs sm_89 or newer (FP8 conversions); --arch {arch} "
                          "cannot run it: drop the FP8 --quantize / FP8 entries, or target sm_89 / sm_90a")
 
