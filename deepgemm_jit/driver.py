@@ -1,6 +1,6 @@
 """The CUDA driver library through ctypes: loaded once, initialised, with the prototypes of the entry points the
 package calls directly (tensor-map encoding in ``tma``, kernel launches in ``runtime``, allocation extents in
-``arrays``). Nothing here runs at
+``arrays``, a scale word's fill in ``quantization``). Nothing here runs at
 import: a machine without a driver fails only when one of these is first needed."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import functools
 @functools.lru_cache(maxsize=None)
 def libcuda() -> ctypes.CDLL:
     """libcuda.so.1 with cuInit done (idempotent; driver calls made before any other would fail without it) and
-    the argument types of cuTensorMapEncodeTiled, cuLaunchKernel, cuMemGetAddressRange and cuGetErrorName set.
+    the argument types of cuTensorMapEncodeTiled, cuLaunchKernel, cuMemGetAddressRange, cuMemsetD32Async and
+    cuGetErrorName set.
     Raises OSError when the library is missing, RuntimeError when cuInit fails."""
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuInit.restype = ctypes.c_int
@@ -38,6 +39,8 @@ def libcuda() -> ctypes.CDLL:
     lib.cuMemGetAddressRange_v2.restype = ctypes.c_int
     lib.cuMemGetAddressRange_v2.argtypes = [  # base (out), size (out), any address inside the allocation
         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+    lib.cuMemsetD32Async.restype = ctypes.c_int
+    lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
     lib.cuGetErrorName.restype = ctypes.c_int
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     code = lib.cuInit(0)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, config, cubin, device, dtypes, jit, runtime
+from . import arrays, config, cubin, device, driver, dtypes, jit, runtime
 from .arrays import (ScaleView, array_kind, has_distinct_elements, matrix_view, mn_major_storage_shape,
                      mn_major_view, signature)
 from .errors import KernelNotCachedError, NoGPUError
@@ -366,11 +366,11 @@ def _placed(layout: ScaleView, a, arg: str, kind: str, device_id: int) -> ScaleV
 def _new_scales(kind: str, granularity: str, m: int, k: int, device_id: int, cu_stream, is_explicit_stream: bool):
     """(scales, ScaleView): new scales in the layout quantize returns. group128: M-major, storage (ceil(K/128),
     round_up(M, 4)) seen as its transpose cut to M rows (what FP8 block GEMMs bulk-copy); the others row-major."""
-    storage_shape, mn_major_rows = _new_scales_storage(granularity, m, k)
+    storage_shape, _ = _new_scales_storage(granularity, m, k)
     storage, ptr = _empty(kind, storage_shape, "fp32", device_id, cu_stream, is_explicit_stream)
     shape = scale_shape(granularity, m, k)
-    if mn_major_rows:
-        return mn_major_view(storage, mn_major_rows), ScaleView(ptr, shape, 1, storage_shape[1], device_id)
+    if granularity == "group128":  # (M = 0 too: the view of no rows, not the storage)
+        return mn_major_view(storage, m), ScaleView(ptr, shape, 1, storage_shape[1], device_id)
     if len(shape) == 2:
         return storage, ScaleView(ptr, shape, shape[1], 1, device_id)
     return storage, ScaleView(ptr, (shape[0], 1), 1, 0, device_id)
@@ -504,8 +504,8 @@ def _new_outputs_key(x, dtype, granularity) -> tuple | None:
 
 
 def _check_size(rows: int, cols: int, arg: str) -> tuple[int, int]:
-    if rows < 1 or cols < 1:
-        raise ValueError(f"{arg} has shape ({rows}, {cols}); quantization needs M >= 1 and K >= 1")
+    if rows < 0 or cols < 1:
+        raise ValueError(f"{arg} has shape ({rows}, {cols}); quantization needs K >= 1")
     if rows > _MAX_DIM or cols > _MAX_DIM:
         raise ValueError(f"{arg} has shape ({rows}, {cols}); M and K must each be below 2**31")
     return rows, cols
@@ -554,6 +554,8 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
       round_up(M, 4)) (CuPy: a transposed slice; torch: ``torch.empty((kb, m4)).t()[:M]``), the layout the
       FP8 block GEMM reads fastest; reshaping its rows (e.g. to (G, max_m, kb)) keeps it a view. The other
       granularities' scales are contiguous.
+    - M may be 0 (the Gemms take it too): q (0, K), scales of that shape, the tensor granularity's one scale 1
+      (an all-zero group's); nothing is launched but that word's fill.
     - out: optional ``(q, scales)`` to write into instead (q contiguous and 16-byte aligned; scales of
       the shape above with any non-negative strides that address each element once: row-major and
       M-major alike); they are returned.
@@ -589,6 +591,12 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
     dev = _device_of(view.device, "x")
     arch = _target_arch(dev, q_name)
     cu_stream = runtime.stream_for(kind, stream, dev)
+    if m == 0:  # no rows (an expert no token chose, as the Gemms take): empty q, and scales by the contract
+        q, scales, _, scales_layout, _ = _quantize_outputs(out, _out_kind(kind), q_name, gran, (m, k), dev, cu_stream,
+                                                          stream is not None)
+        if gran == "tensor":  # the one scale of an empty tensor: that of an all-zero group, 1
+            _fill_unit_scale(scales_layout.ptr, dev, cu_stream)
+        return q, scales
 
     # Loads as wide as x's base and row stride allow (16 bytes for packed rows of 8/4-element multiples).
     vec = config.max_vector(view.itemsize, view.ptr, view.row_stride, view.rows)
@@ -633,6 +641,19 @@ def quantize(x, dtype: str = "fp8", granularity: str = "group128", *, out=None, 
                 kind, dev, plan.kernel, plan.grid, plan.block, plan.bound,
                 runtime.ArgTemplate(plan.args.args, pointer_slots), (m, k), q_name, *_new_scales_storage(gran, m, k)))
     return q, scales
+
+
+def _fill_unit_scale(ptr: int, device_id: int, cu_stream) -> None:
+    """Writes float32 1.0 to the word at `ptr` on `cu_stream` (a memset node under a CUDA-graph capture)."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        code = driver.libcuda().cuMemsetD32Async(ptr, _ONE_F32_BITS, 1, cu_stream.ptr)
+    if code != 0:
+        raise RuntimeError(f"cuMemsetD32Async of the tensor scale failed with {code} ({driver.error_name(code)})")
+
+
+_ONE_F32_BITS = 0x3F800000
 
 
 def _keep(plans: dict, key: tuple, plan) -> None:
@@ -681,6 +702,12 @@ def dequantize(q, scales, dtype: str = "fp8", granularity: str = "group128", out
     scales_layout = _placed(scales_layout, scales, "scales", kind, dev)
     arch = _target_arch(dev, q_name)
     cu_stream = runtime.stream_for(kind, stream, dev)
+    if m == 0:  # no rows: nothing to launch (nor to compile)
+        if out is None:
+            out, _ = _empty(kind, (m, k), out_name, dev, cu_stream, stream is not None)
+        else:
+            _pointer(out, "out", kind, dev)  # on q's device
+        return out
 
     art = get_kernel(QuantKernelSpec("dequantize", out_name, q_name), arch)
     rows_per_scale, cols_per_scale = {"tensor": (m, k), "row": (1, k), "group128": (1, GROUP),

@@ -326,7 +326,7 @@ def _quantize_op(x: torch.Tensor, dtype: str = "fp8", granularity: str = "group1
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     p = _quant_problem(x, dtype, granularity)
     _require_cuda("quantize", x, "x")
-    if p.m == 0:   # nothing to launch; the library refuses empty matrices
+    if p.m == 0:   # no rows: quantization.quantize's answer (empty q, scales 1) without a driver call
         return x.new_empty((0, p.k), dtype=p.torch_dtype), _new_scales(x, p).fill_(1.0)
     with torch.cuda.device(x.device):
         return quantization.quantize(_k_contiguous(x), p.dtype, p.granularity)   # torch's current stream

@@ -4,6 +4,7 @@ with SASS checks, and the float64 references (on NumPy arrays) against ml_dtypes
 The GPU side (kernels against these references) is tests/test_quantize_gpu.py.
 """
 import argparse
+import contextlib
 import itertools
 
 import jinja2
@@ -72,8 +73,7 @@ F32 = np.float32
     (FakeDeviceArray((4, 8, 2), F32), {}, ValueError, "x must be 2-D"),
     (FakeDeviceArray((4, 8), F32, strides=(16, 2)), {}, ValueError, "x must have unit stride"),
     (FakeDeviceArray((4, 8), F32, ptr=BASE + 2), {}, ValueError, "x data pointer"),
-    (FakeDeviceArray((0, 8), F32), {}, ValueError, "M >= 1 and K >= 1"),
-    (FakeDeviceArray((4, 0), F32), {}, ValueError, "M >= 1 and K >= 1"),
+    (FakeDeviceArray((4, 0), F32), {}, ValueError, "K >= 1"),
     (FakeDeviceArray((4, 8), F32), {"dtype": "fp16"}, ValueError, "dtype='fp16' is not supported"),
     (FakeDeviceArray((4, 8), F32), {"dtype": 8}, TypeError, "dtype must be a string"),
     (FakeDeviceArray((4, 8), F32), {"granularity": "group64"}, ValueError, "granularity='group64'"),
@@ -718,6 +718,85 @@ def test_quantize_out_scales_overlapping_strides_are_refused(fake_cupy, gran, m,
     scales = FakeCupy(quant.scale_shape(gran, m, k), np.float32, SCALES_AT, strides)
     with pytest.raises(ValueError, match=words):
         quant.quantize(x, "fp8", gran, out=(q, scales))
+    assert not [c for c in fake_cupy if c[0] == "launch"]
+
+
+@pytest.fixture
+def unit_fills(fake_cupy, monkeypatch):
+    """fake_cupy, with quantization._fill_unit_scale recorded as ("fill1", ptr, device, stream) in its calls."""
+    monkeypatch.setattr(quant, "_fill_unit_scale",
+                        lambda ptr, device_id, cu_stream: fake_cupy.append(("fill1", ptr, device_id, cu_stream.ptr)))
+    return fake_cupy
+
+
+@pytest.mark.parametrize("dt,gran", Q_GRAN)
+def test_quantize_of_no_rows_returns_empty_outputs(unit_fills, dt, gran):
+    """M = 0 (an expert that no token chose; the Gemms take M = 0 too) gives q (0, K) and scales of scale_shape with no
+    kernel compiled or launched; the tensor granularity's one scale is 1 (an all-zero group's, as the contract and
+    the torch op say), written on the call's stream. It was refused (session 60)."""
+    k = 300
+    for out in (None, (FakeCupy((0, k), np.int8 if dt == "int8" else np.uint8, BASE + 2048),
+                       FakeCupy(quant.scale_shape(gran, 0, k), F32, BASE + 4096))):
+        unit_fills.clear()
+        q, s = quant.quantize(FakeCupy((0, k), np.float16, BASE), dt, gran, out=out)
+        assert tuple(q.shape) == (0, k) and tuple(s.shape) == quant.scale_shape(gran, 0, k)
+        if out is not None:
+            assert q is out[0] and s is out[1]
+        assert not [c for c in unit_fills if c[0] == "launch"]
+        fills = [c for c in unit_fills if c[0] == "fill1"]
+        if gran == "tensor":
+            s_ptr = BASE + 4096 if out is not None else [c for c in unit_fills if c[0] == "alloc"][1][4]
+            assert fills == [("fill1", s_ptr, 0, FakeStream.ptr)]
+        else:
+            assert fills == []
+
+
+def test_quantize_of_no_rows_still_checks_its_arguments(unit_fills):
+    x = FakeCupy((0, 300), np.float16, BASE)
+    with pytest.raises(ValueError, match=r"out\[1\] has shape \(2,\), expected \(1,\)"):
+        quant.quantize(x, "fp8", "tensor", out=(FakeCupy((0, 300), np.uint8, BASE), FakeCupy((2,), F32, BASE + 64)))
+    with pytest.raises(ValueError, match=r"out\[0\] has shape \(1, 300\)"):
+        quant.quantize(x, "fp8", "row", out=(FakeCupy((1, 300), np.uint8, BASE), FakeCupy((0,), F32, BASE + 4096)))
+    with pytest.raises(TypeError, match="x has dtype int32"):
+        quant.quantize(FakeCupy((0, 300), np.int32, BASE), "fp8", "row")
+    assert not [c for c in unit_fills if c[0] in ("launch", "fill1")]
+
+
+def test_fill_unit_scale_writes_one_word_of_float_one(monkeypatch):
+    """The one driver call: cuMemsetD32Async(ptr, bits of 1.0f, 1 word, stream), its failure an error naming it."""
+    import cupy
+
+    seen = []
+
+    class Lib:
+        code = 0
+
+        def cuMemsetD32Async(self, *args):
+            seen.append(args)
+            return self.code
+
+    lib = Lib()
+    monkeypatch.setattr(quant.driver, "libcuda", lambda: lib)
+    monkeypatch.setattr(quant.driver, "error_name", lambda code, lib=None: "CUDA_ERROR_INVALID_VALUE")
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device_id: contextlib.nullcontext())
+    quant._fill_unit_scale(BASE + 64, 0, FakeStream())
+    assert seen == [(BASE + 64, int(np.float32(1.0).view(np.uint32)), 1, FakeStream.ptr)]
+    lib.code = 1
+    with pytest.raises(RuntimeError, match="cuMemsetD32Async of the tensor scale failed with 1"):
+        quant._fill_unit_scale(BASE + 64, 0, FakeStream())
+
+
+@pytest.mark.parametrize("gran", quant.GRANULARITIES)
+def test_dequantize_of_no_rows_launches_nothing(fake_cupy, gran):
+    k = 300
+    q = FakeCupy((0, k), np.uint8, BASE)
+    s = FakeCupy(quant.scale_shape(gran, 0, k), F32, BASE + 4096)
+    x = quant.dequantize(q, s, "fp8", gran)
+    assert (tuple(x.shape), x.dtype) == ((0, k), np.float32)
+    given = FakeCupy((0, k), np.float32, BASE + 8192)
+    assert quant.dequantize(q, s, "fp8", gran, out=given) is given
+    with pytest.raises(ValueError, match=r"out has shape \(1, 300\)"):
+        quant.dequantize(q, s, "fp8", gran, out=FakeCupy((1, k), np.float32, BASE + 8192))
     assert not [c for c in fake_cupy if c[0] == "launch"]
 
 

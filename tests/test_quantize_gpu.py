@@ -735,3 +735,23 @@ def test_torch_kept_plan_without_out_returns_new_tensors(torch, gran):
     for qq, ss in ((q1, s1), (q2, s2)):
         assert cupy.array_equal(to_cupy(qq), q_cp) and cupy.array_equal(to_cupy(ss), s_cp), case
     check_quantized(to_cupy(x), q_cp, s_cp, "fp8_e4m3", gran, case)
+
+
+@pytest.mark.parametrize("q_name,gran", Q_GRAN)
+def test_no_rows(q_name, gran):
+    """M = 0: empty q and scales, nothing launched but the tensor scale's fill with 1 (an all-zero group's): on the
+    stream given, into a NaN-poisoned out= word as into a new one; dequantize of no rows gives (0, K)."""
+    k = 300
+    x = cupy.empty((0, k), dtype=cupy.float16)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    q, s = quant.quantize(x, q_name, gran, stream=stream)
+    assert q.shape == (0, k) and s.shape == quant.scale_shape(gran, 0, k)
+    out = (poisoned_q((0, k), q_name), cupy.full(quant.scale_shape(gran, 0, k), cupy.nan, dtype=cupy.float32))
+    cupy.cuda.Device().synchronize()  # the poison (current stream) before the non-blocking stream's fill
+    got = quant.quantize(x, q_name, gran, out=out, stream=stream)
+    assert got[0] is out[0] and got[1] is out[1]
+    stream.synchronize()
+    if gran == "tensor":
+        assert float(s[0]) == 1.0 and float(out[1][0]) == 1.0
+    back = quant.dequantize(q, s, q_name, gran)
+    assert back.shape == (0, k) and back.dtype == cupy.float32
