@@ -373,3 +373,17 @@ def test_segments_and_gemm_launch_as_one_sequence(g):
     g._run((plan,), object())
     assert held == [True, True, False]
 
+
+
+def test_replayed_plans_launch_as_one_sequence(g, monkeypatch):
+    """A call that replays kept plans (out= given: the hot path, which skips every check) runs them through the
+    same lock as a planned call: the segments kernel and the GEMM of an m_indices= call stay together."""
+    held = []
+    plan = type("Plan", (), {"run": lambda self, stream: held.append((g._launch_lock.locked(), stream))})()
+    stream = object()
+    monkeypatch.setattr(grouped, "signature", lambda x: ("signature of", id(x)))
+    monkeypatch.setattr(g._plans, "lookup", lambda key, s: ((plan, plan), stream))
+    out = _arr((300, N), ptr=BASE + 5 * 10**7)
+    assert g(_arr((300, K)), _arr((G, N, K), ptr=BASE + 10**7), m_indices=_arr((300,), np.int32,
+             ptr=BASE + 2 * 10**7), out=out) is out
+    assert held == [(True, stream), (True, stream)]
