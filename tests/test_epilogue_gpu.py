@@ -643,7 +643,8 @@ def test_quant_int8_tensor_saturates_both_ways_and_nan_is_zero(dtype, scaling):
 
 def test_amax_word_built_up_front_with_and_without_amax_out():
     """A Gemm built with the amax word runs its own kernel with or without amax_out (without: nothing is written
-    there); q equals the plain static-quant Gemm's bit for bit, and the amax is max |x| of the float64 result."""
+    there); q (into outputs poisoned with 0xFF, an FP8 NaN satfinite never makes) is within one ulp of the float64
+    reference and equals the plain static-quant Gemm's bit for bit, and the amax is max |x| of the float64 result."""
     import cupy
 
     rng = cupy.random.default_rng(5858)
@@ -656,11 +657,15 @@ def test_amax_word_built_up_front_with_and_without_amax_out():
     assert g.spec.epi.amax
     v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, g.spec.epi, bias=bias)
     scale = cupy.asarray([float(cupy.abs(v).max()) / 448.0], dtype=cupy.float32)
-    q_plain = plain(a, b, bias=bias, quant_scale=scale)
-    q = g(a, b, bias=bias, quant_scale=scale)
+    q_plain, q, q2 = (cupy.full((m, n), 0xFF, dtype=cupy.uint8) for _ in range(3))
+    assert plain(a, b, bias=bias, quant_scale=scale, out=q_plain) is q_plain
+    assert g(a, b, bias=bias, quant_scale=scale, out=q) is q
     amax = cupy.zeros(1, dtype=cupy.float32)
-    q2 = g(a, b, bias=bias, quant_scale=scale, amax_out=amax)
+    assert g(a, b, bias=bias, quant_scale=scale, amax_out=amax, out=q2) is q2
     assert g._amax_twin is None  # the built kernel already computes it
+    q_ref, _ = reference.quantized_epilogue_reference(v, g.spec.epi, scale)
+    assert not bool((q_plain == 0xFF).any())  # all written (0xFF is one ulp from -448, 0xFE)
+    _check_quantized_q(q_plain, q_ref, "fp8_e4m3", "plain static quant")
     assert bool(cupy.array_equal(q, q_plain)) and bool(cupy.array_equal(q2, q_plain))
     assert bool(cupy.allclose(amax, cupy.abs(v).max(), rtol=1e-5, atol=0)), (float(amax[0]), float(cupy.abs(v).max()))
 
