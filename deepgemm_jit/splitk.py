@@ -25,11 +25,11 @@ Dispatch:
   their speed alone (``config.grouped_launch_splits`` False) get one share and no workspace.
 
 Workspace (:class:`Workspace`): one per ``Gemm``, device and stream (``stream_buffers.py``: calls of one Gemm on
-two streams may overlap), allocated on a stream's first call that needs it (with a device synchronisation) and
-grown (never freed while the Gemm lives: kept launch plans hold its address) when a larger M needs more. The
-arrival counters are zeroed once at allocation; every launch leaves them zero. Nothing is allocated or
-synchronised on later calls, so a call can be captured in a CUDA graph once the Gemm has run at that size (on any
-stream: a capture borrows another stream's workspace when its own is missing or too small).
+two streams may overlap), allocated on a stream's first call that needs it (zeroed on that stream, which is then
+synchronised) and grown (never freed while the Gemm lives: kept launch plans hold its address) when a larger M
+needs more. The arrival counters are zeroed once at allocation; every launch leaves them zero. Nothing is allocated
+or synchronised on later calls, so a call can be captured in a CUDA graph once the Gemm has run at that size (on
+any stream: a capture borrows another stream's workspace when its own is missing or too small).
 
 Example::
 
@@ -178,16 +178,22 @@ class Workspace:
         """SplitOperands for `splits` shares over at least these many bytes of partials and counters (see
         operands; grouped kernels size theirs by grouped_workspace_bytes)."""
         bufs = self._sets.buffers(device_id, stream, {"partials": partial_bytes, "arrivals": arrival_bytes},
-                                  lambda role, nbytes, _stream: _allocate(nbytes, device_id), what)
+                                  lambda role, nbytes, for_stream: _allocate(nbytes, device_id, for_stream), what)
         return SplitOperands(splits, bufs["partials"].data.ptr, bufs["arrivals"].data.ptr, atomic)
 
 
-def _allocate(nbytes: int, device_id: int):
-    """Zeroed bytes (counters, or partial tiles the atomic mode adds into) on `device_id`; synchronised, so that the
-    zeros are in place whatever stream the first launch runs on."""
+def _allocate(nbytes: int, device_id: int, stream):
+    """Zeroed bytes (counters, or partial tiles the atomic mode adds into) on `device_id`, for `stream` (the call's,
+    which stream_buffers checked is not capturing). Allocated and zeroed with `stream` current, as staging._allocate
+    allocates: CuPy's pool then hands out a block no other stream's pending work may still use, and the memset is
+    queued on `stream`, not on CuPy's current stream (the legacy NULL stream by default, which would wait on every
+    blocking stream, a capturing one included). Only `stream` is synchronised, so that the zeros are in place
+    whatever stream later reads them (a capture on another stream may borrow the buffer): a device-wide
+    synchronisation is invalid while any stream of the device captures a CUDA graph, and would invalidate that
+    capture."""
     import cupy
 
-    with cupy.cuda.Device(device_id):
+    with cupy.cuda.Device(device_id), stream:
         buf = cupy.zeros(nbytes // 4, dtype=cupy.uint32)
-        cupy.cuda.runtime.deviceSynchronize()
+    stream.synchronize()
     return buf

@@ -295,7 +295,7 @@ def _recording_allocations(monkeypatch) -> list:
     """splitk's allocations replaced by fake buffers (a new address each); returns the list of their sizes."""
     made = []
 
-    def fake_allocate(nbytes, device_id):
+    def fake_allocate(nbytes, device_id, stream):
         made.append(nbytes)
         return _Buf(nbytes, 4096 * len(made))
 
@@ -368,7 +368,7 @@ def test_a_capture_borrows_buffers_role_by_role(monkeypatch):
     """A capture on a stream whose own workspace is too small takes, for partials and counters each, the largest of
     the device that fits, even from two streams (each warmed up at another M)."""
     capturing = {"now": False}
-    monkeypatch.setattr(splitk, "_allocate", lambda nbytes, device_id: _Buf(nbytes, nbytes))
+    monkeypatch.setattr(splitk, "_allocate", lambda nbytes, device_id, stream: _Buf(nbytes, nbytes))
     monkeypatch.setattr(stream_buffers.runtime, "is_capturing", lambda stream: capturing["now"])
     ws = splitk.Workspace()
     ws.reserve(1000, 8, 2, 0, _Stream(1))
@@ -387,6 +387,56 @@ def test_a_capture_borrows_buffers_role_by_role(monkeypatch):
         ws.reserve(2000, 8, 2, 0, _Stream(3))
 
 
+def test_allocation_zeroes_on_the_call_stream_without_a_device_sync(monkeypatch):
+    """The workspace is zeroed on the call's stream and only that stream is synchronised: a device-wide
+    synchronisation (or a memset on the legacy NULL stream) while another stream of the device captures a CUDA graph
+    is invalid and invalidates that capture (review: the first split-K call of a Gemm on an eager stream broke a
+    torch.cuda.graph capture on another)."""
+    import sys
+    import types
+
+    events = []
+
+    class FakeStream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def __enter__(self):
+            current.append(self)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+        def synchronize(self):
+            events.append(("sync", self.ptr))
+
+    current = [FakeStream(0)]
+
+    def zeros(n, dtype=None):
+        events.append(("memset", current[-1].ptr))
+        return _Buf(4 * n)
+
+    class Device:
+        def __init__(self, i):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    fake = types.SimpleNamespace(uint32="uint32", zeros=zeros, cuda=types.SimpleNamespace(
+        Device=Device, runtime=types.SimpleNamespace(
+            deviceSynchronize=lambda: events.append(("device sync", None)),
+            streamIsCapturing=lambda ptr: 0)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    spec = GemmSpec.create(2112, 7168, dtype="bf16")
+    cfg = config.sm90_config(spec, 64, 128, split_k=True)
+    splitk.Workspace().operands(spec, cfg, 16, 4, 0, FakeStream(77))
+    assert events == [("memset", 77), ("sync", 77)] * 2, events
+
+
 def test_workspace_grows_geometrically(monkeypatch):
     """Calls whose M creeps up (a serving loop) grow the workspace at least twofold each time: it grew to each new
     size exactly, retiring (and synchronising for) one buffer per size; a review counted 32 growths and 68 MiB
@@ -395,7 +445,7 @@ def test_workspace_grows_geometrically(monkeypatch):
     cfg = config.sm90_config(spec, 128, 64, split_k=True)
     made = []
 
-    def fake_allocate(nbytes, device_id):
+    def fake_allocate(nbytes, device_id, stream):
         made.append(nbytes)
         return _Buf(nbytes)
 
