@@ -510,7 +510,15 @@ class Gemm:
                     staged[role] = self._staging.aligned(view, role, cu_stream, dev, transposed=True)
                     steps.append(copies.transpose_plan(staged[role], view, self.arch, dev))
                 else:
-                    staged[role] = self._staging.aligned(view, role, cu_stream, dev, realign=role in realigned)
+                    row_bytes = view.cols * view.itemsize
+                    realign = role in realigned and row_bytes <= copies.MAX_ROW_BYTES  # (never past the copy's rows)
+                    if row_bytes > copies.MAX_ROW_BYTES and not staging.in_place(view, role, False, realign):
+                        raise ValueError(
+                            f"{role} has rows of {row_bytes} bytes whose base (0x{view.ptr:x}) or row pitch "
+                            f"({view.row_stride * view.itemsize} bytes) is not a multiple of 16, so the call would "
+                            f"copy it into an aligned buffer, and that copy takes rows of at most "
+                            f"{copies.MAX_ROW_BYTES} bytes: pass {role} with a 16-byte aligned base and row pitch")
+                    staged[role] = self._staging.aligned(view, role, cu_stream, dev, realign=realign)
                     if staged[role] is not view:
                         row_copies.append((staged[role], view))
             if row_copies:  # one launch for all of them (each launch costs ~3 us at tiny sizes)

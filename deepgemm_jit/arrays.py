@@ -146,6 +146,9 @@ def array_fields(x: object, arg: str) -> tuple[tuple[int, ...], tuple[int, ...],
         # Version 2 has no "stream": nothing says whether the producer's writes have finished (jaxlib exports its
         # arrays as v2 without waiting for them to be computed). A DLPack import is ordered after that work.
         return _dlpack_fields(x, arg)
+    if cai.get("mask") is not None:  # v1+: elements where the mask is 0 are invalid; the kernels read them all
+        raise ValueError(f"{arg} is a masked array (its __cuda_array_interface__ has a mask), which this library "
+                         "does not take: pass the data without a mask (fill the masked elements first)")
     shape = tuple(cai["shape"])
     dtype = np.dtype(cai["typestr"])
     ptr = int(cai["data"][0])

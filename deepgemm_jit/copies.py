@@ -42,6 +42,7 @@ _ROW_COPY = struct.Struct("<QQqqIIII")
 _ROW_COPIES_BYTES = -(-(MAX_ROW_COPIES * _ROW_COPY.size + 4) // 8) * 8
 _TEMPLATE = "copies.cu.j2"
 _MAX_GRID = 2**31 - 1
+MAX_ROW_BYTES = 2**32 - 1  # rows: the kernel's RowCopy.row_bytes is 32 bits
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def rows_plan(pairs: list[tuple[MatrixView, MatrixView]], arch: str, device_id: 
             raise ValueError(f"row copy: dst {dst.rows}x{dst.cols} ({dst.itemsize} B) is not src's shape "
                              f"{src.rows}x{src.cols} ({src.itemsize} B)")
         row_bytes = src.cols * src.itemsize
+        if row_bytes > MAX_ROW_BYTES:
+            raise ValueError(f"row copy: rows of {row_bytes} bytes, more than the copy kernel takes ({MAX_ROW_BYTES})")
         chunks = max(1, -(-row_bytes // CHUNK))
         blocks += -(-src.rows * chunks // ROWS_THREADS)
         if blocks > _MAX_GRID:

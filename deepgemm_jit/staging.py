@@ -48,7 +48,7 @@ def off_sector(view: MatrixView) -> bool:
     return view.ptr % SECTOR_BYTES != 0 or (view.rows > 1 and view.row_stride * view.itemsize % SECTOR_BYTES != 0)
 
 
-def _in_place(view: MatrixView, role: str, transposed: bool, realign: bool) -> bool:
+def in_place(view: MatrixView, role: str, transposed: bool, realign: bool) -> bool:
     """Whether the kernel reads (or, for D, writes) `view` itself: TMA can describe it (D: store into it,
     launch.tma_store_legal, rows of whole 16-byte chunks), and the call neither transposes it nor asks for a copy of
     it anyway (`realign`: rows that start off sectors, off_sector)."""
@@ -79,7 +79,7 @@ class StagingBuffers:
         """Whether a call on `stream` finds the buffer of `role` on `view`'s device already large enough for
         `view`'s aligned copy (or it needs none), or with `transposed` its transposed copy; `realign` as for
         aligned(). Under a CUDA-graph capture the buffer may be another stream's (stream_buffers.py)."""
-        if _in_place(view, role, transposed, realign):
+        if in_place(view, role, transposed, realign):
             return True
         rows, shaped = _staged_shape(view, transposed)
         return self._sets.find(view.device, stream, {role: rows * pitch_bytes(shaped)}) is not None
@@ -92,7 +92,7 @@ class StagingBuffers:
         transposed shape (cols, rows) in that buffer (the caller transposes into it: copies.py). Growing a buffer
         allocates (for `stream`, and synchronises it): `stream` must not be capturing a CUDA graph then
         (RuntimeError)."""
-        if _in_place(view, role, transposed, realign):
+        if in_place(view, role, transposed, realign):
             return view
         if role not in ROLES:
             raise ValueError(f"staging role {role!r} not in {ROLES}")

@@ -176,6 +176,16 @@ def test_cuda_array_interface_null_pointer_and_stream(fake_gpu_memory, monkeypat
             arrays.array_fields(x, "b")
 
 
+def test_cuda_array_interface_mask_is_refused(fake_gpu_memory):
+    """A CAI mask marks invalid elements, which the kernels would read as data (CuPy refuses masked arrays too)."""
+    x = FakeDeviceArray((64, 128), np.float16)
+    x.__cuda_array_interface__["mask"] = None  # no mask
+    assert arrays.array_fields(x, "a")[0] == (64, 128)
+    x.__cuda_array_interface__["mask"] = FakeDeviceArray((64, 128), np.bool_).__cuda_array_interface__
+    with pytest.raises(ValueError, match="a is a masked array"):
+        arrays.array_fields(x, "a")
+
+
 def test_cuda_array_interface_v2_with_dlpack_imports_through_dlpack(fake_gpu_memory, monkeypatch):
     """A CAI v2 export carries no stream, so it cannot say whether the producer's writes are done (jaxlib exports
     float arrays that way without waiting for them): an object that also speaks DLPack is imported through DLPack,

@@ -157,6 +157,10 @@ def test_row_copy_and_transpose_launches():
         assert t.grid == (1 * 32, 1, 1) and t.block == (32, 8, 1) and int(t.args[-1]) == 32
         with pytest.raises(ValueError, match="not src"):
             copies.rows_plan([(view(10, 1002, 1008), src)], "sm_90a", 0)
+        # RowCopy.row_bytes is 32 bits: a row of 4 GiB (TF32, K = 2^30 + 1) was a struct.error (review)
+        k = 2**30 + 1
+        with pytest.raises(ValueError, match="rows of 4294967300 bytes, more than the copy kernel takes"):
+            copies.rows_plan([(view(1, k, k + 3, dtype=np.float32), view(1, k, k, dtype=np.float32))], "sm_90a", 0)
         with pytest.raises(ValueError, match="transposed"):
             copies.transpose_plan(dst, src, "sm_90a", 0)
     with pytest.raises(ValueError, match="itemsize"):
@@ -230,6 +234,28 @@ def test_which_calls_realign_and_what_a_capture_does(fakes, cache_dir):
     g._staging.aligned(b, "b", FakeStream(99), 0, realign=True)  # sized on another stream
     capturing["now"] = True
     assert g._staged_roles(4096, a, b, d, none, STREAM) == {"b"}  # the capture borrows it
+
+
+def test_rows_past_the_copy_kernel_are_refused_by_name(fakes, cache_dir, monkeypatch):
+    """An operand the call must copy (base off 16 bytes) whose rows are 4 GiB or more (TF32, K = 2^30 + 1): a
+    ValueError naming it, before any staging buffer is allocated (was a struct.error from the row copy's 32-bit
+    row_bytes; review)."""
+    import contextlib
+
+    import cupy
+
+    import deepgemm_jit as dg
+    from deepgemm_jit import launch
+
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device_id: contextlib.nullcontext())
+    grown, _, _ = fakes
+    k = 2**30 + 1
+    g = dg.build(1, 8, k, dtype="tf32", arch="sm_90a")
+    a, b = view(1, k, k, ptr=4096 + 4, dtype=np.float32), view(8, k, k + 3, ptr=1 << 40, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"a has rows of 4294967300 bytes whose base \(0x1004\)"):
+        g._staged_plan(1, a, b, view(1, 8, 8, ptr=1 << 44, dtype=np.float32), None, None, launch.EpilogueOperands(),
+                       0, STREAM)
+    assert not grown
 
 
 def test_row_copy_kernel_compiles_for_sm90a_without_local_memory(cache_dir):
