@@ -346,21 +346,29 @@ def dequantize_reference(q, scales, dtype: str = "fp8", granularity: str = "grou
     return values * _expand_scales(xp, xp.asarray(scales).astype(xp.float64), gran, m, k)
 
 
+# What quant_ulp_distance reports where exactly one side (or two different codes) is NaN / Inf: no number of steps.
+NON_FINITE_DISTANCE = 1 << 20
+
+
 def quant_ulp_distance(a, b, dtype: str = "fp8"):
     """Per element, how many representable steps apart two quantized arrays are (int64; +0 and -0 are 0 apart).
 
-    FP8 bit patterns: the distance of sign-magnitude codes (adjacent codes are adjacent values); INT8: |a - b|.
+    FP8 bit patterns: the distance of sign-magnitude codes (adjacent codes are adjacent finite values); a NaN / Inf
+    code against any other code is NON_FINITE_DISTANCE apart (0x7F, an E4M3 NaN, is not one step from 0x7E = 448:
+    DESIGN.md, NaN never passes), the same code 0 apart (a NaN input's NaN). INT8: |a - b|.
     """
     name = dtypes.canonical(dtype, arg="dtype", allowed=("fp8_e4m3", "fp8_e5m2", "int8"))
     xp = _array_module(a)
     if name == "int8":
         return xp.abs(a.astype(xp.int64) - b.astype(xp.int64))
+    num_finite = _FP8_FORMATS[name][3]
 
     def signed(bits):
         mag = (bits & 0x7F).astype(xp.int64)
         return xp.where(bits >= 0x80, -mag, mag)
 
-    return xp.abs(signed(a) - signed(b))
+    non_finite = ((a & 0x7F) >= num_finite) | ((b & 0x7F) >= num_finite)
+    return xp.where(non_finite & (a != b), NON_FINITE_DISTANCE, xp.abs(signed(a) - signed(b)))
 
 
 # -------------------------------------------------------------------------------------------------------------------

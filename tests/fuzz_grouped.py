@@ -323,6 +323,7 @@ class _Reference:
             if epi.has_group_scales:
                 got = reference.dequantize_reference(d2[s:e], scales[s:e], "fp8_e4m3", "group128")
                 fuzz.check_close(case, got, value, bound + fuzz.FP8_REL, fuzz.FP8_REL, where)
+                fuzz.check_group_scales(case, scales[s:e], value, bound, where + ": {}")
             else:
                 rms_round, elem_round = trial.out_rounding(spec.out_dtype, (e - s) * d2.shape[1])
                 fuzz.check_close(case, d2[s:e], value, bound + rms_round, elem_round, where)

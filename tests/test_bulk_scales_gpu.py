@@ -107,11 +107,13 @@ def test_dense_pitches_and_split_k(m, pitch, monkeypatch):
 @pytest.mark.parametrize("epilogue,out_dtype", [("bias+gelu", "bf16"), ("bias_row+silu", "fp16"),
                                                 ("bias+gelu+quant_fp8_g128", None)])
 def test_epilogues_bitwise(epilogue, out_dtype, monkeypatch):
-    """Fused epilogues read nothing of the rows past M (bias_row: its rows; quant_fp8_g128: per-row group maxima)."""
+    """Fused epilogues read nothing of the rows past M (bias_row: its rows; quant_fp8_g128: per-row group maxima):
+    both paths into poisoned outputs, bit for bit, and within the FP8 bound of the float64 unfused epilogue (the
+    bits alone would pass an epilogue bug both paths share, and equal NaN bits compare equal)."""
     import cupy
 
     m, n, k = 211, 256, 1400
-    qa, sa, qb, sb, _, _ = _problem(m, n, k, seed=11)
+    qa, sa, qb, sb, a64, b64 = _problem(m, n, k, seed=11)
     g = dg.build(m, n, k, dtype="fp8", scaling="block", epilogue=epilogue, out_dtype=out_dtype,
                  weight_streaming=False)
     sa_mm = _m_major(sa)
@@ -119,16 +121,29 @@ def test_epilogues_bitwise(epilogue, out_dtype, monkeypatch):
     rng = cupy.random.default_rng(5)
     bias_len = m if "bias_row" in epilogue else n
     bias = reference.random_matrix((bias_len,), g.spec.epilogue_operand_dtype, rng)
+    quant = g.spec.epi.has_group_scales
     results = []
     for off in ("0", "1"):
         monkeypatch.setenv("DEEPGEMM_JIT_NO_BULK_SCALES", off)
-        results.append(g(qa, qb, scale_a=sa_mm, scale_b=sb, bias=bias))
+        if quant:  # an E4M3 NaN / NaN scales: never written from finite values
+            out = (cupy.full((m, n), 0xFF, dtype=cupy.uint8), cupy.full((m, -(-n // 128)), cupy.nan, cupy.float32))
+            results.append(g(qa, qb, scale_a=sa_mm, scale_b=sb, bias=bias, out=out[0], scales_out=out[1]))
+        else:
+            results.append(g(qa, qb, scale_a=sa_mm, scale_b=sb, bias=bias,
+                             out=reference.poisoned((m, n), g.spec.out_dtype)))
     monkeypatch.delenv("DEEPGEMM_JIT_NO_BULK_SCALES")
     bulk, warp = results
-    if isinstance(bulk, tuple):  # (q, scales)
+    value = reference.unfused_epilogue(a64 @ b64.T, g.spec.epi, bias=bias)
+    if quant:  # (q, scales)
         assert _same_bits(bulk[0], warp[0]) and _same_bits(bulk[1], warp[1]), epilogue
+        got = reference.dequantize_reference(bulk[0], bulk[1], "fp8_e4m3", "group128")  # NaN where unwritten
+        value = reference.dequantize_reference(*reference.quantized_epilogue_reference(value, g.spec.epi),
+                                               "fp8_e4m3", "group128")
     else:
         assert _same_bits(bulk, warp), epilogue
+        got = bulk
+    err = reference.error(got, value)
+    assert reference.within_bound(err, "fp8_e4m3"), (epilogue, err)
 
 
 def _offsets(sizes):

@@ -391,9 +391,12 @@ def test_quant_group128_matches_reference(m, n, k, epilogue, column_major_scales
     assert bool(cupy.allclose(scales, s_ref2, rtol=1e-4, atol=0)), case
     assert not bool((q == 0xFF).any()), case
     _check_quantized_q(q, q_ref2, "fp8_e4m3", case)
+    q_replayed = q.copy()
+    q.fill(0xFF)  # q held the replay's (right) codes: this call must write them again
     fresh = g(a2, b, bias=bias, out=q)  # allocates its scales: never kept as a plan
     assert len(g._launch_plans) == plans + 1, case
     assert fresh[1] is not scales and bool(cupy.array_equal(fresh[1], scales)), case
+    assert bool(cupy.array_equal(q, q_replayed)), case
 
 
 @pytest.mark.parametrize("dtype,m,n,k,epilogue,tile", [
@@ -576,8 +579,9 @@ def test_quant_tensor_fp8_with_amax_and_int8():
     v = reference.unfused_epilogue(reference.to_float64(a) @ reference.to_float64(b).T, g.spec.epi, bias=bias)
     scale = cupy.asarray([float(cupy.abs(v).max()) / 448.0 * 0.5], dtype=cupy.float32)
     amax = cupy.zeros(1, dtype=cupy.float32)
-    q = g(a, b, bias=bias, quant_scale=scale, amax_out=amax)
-    assert q.shape == (m, n) and q.dtype == cupy.uint8
+    q = cupy.full((m, n), 0xFF, dtype=cupy.uint8)  # an E4M3 NaN: satfinite never makes one from finite values
+    assert g(a, b, bias=bias, quant_scale=scale, amax_out=amax, out=q) is q
+    assert not bool((q == 0xFF).any()) and not bool((q == 0x7F).any())  # written, and no NaN where satfinite saturates
     q_ref, amax_ref = reference.quantized_epilogue_reference(v, g.spec.epi, scale)
     assert bool(cupy.allclose(amax, amax_ref, rtol=1e-5, atol=0)), (float(amax[0]), float(amax_ref))
     assert int((q_ref & 0x7F).max()) == 0x7E  # saturated values exist: satfinite is exercised

@@ -295,17 +295,24 @@ def test_stream_ordering_cupy():
         side.synchronize()
         err = reference.relative_error(out, ref)
         assert err <= BOUND, f"stream ordering ({how}): err={err:.2e}"
-    # Two streams at once, different operands: each result is its own product.
-    s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    # Two streams at once, different operands: each result is its own product. Both streams wait on one gate (a spin
+    # on a third stream), so their queued calls start together; with a spin on s1 alone, s2's call had finished
+    # before s1's began, and workspaces shared between them gave right results (review).
+    s1, s2, gate = (cupy.cuda.Stream(non_blocking=True) for _ in range(3))
     a_other = stored((m, k), rng)
-    out1, out2 = reference.poisoned((m, n), "fp32"), reference.poisoned((m, n), "fp32")
+    ref_other = reference.reference(g.spec, a_other, b)
+    outs = [[reference.poisoned((m, n), "fp32") for _ in range(8)] for _ in range(2)]
     cupy.cuda.Device().synchronize()
-    spin(s1, 0.01)
-    g(a, b, out=out1, stream=s1)
-    g(a_other, b, out=out2, stream=s2)
+    spin(gate, 0.05)
+    opened = gate.record()
+    s1.wait_event(opened)
+    s2.wait_event(opened)
+    for out1, out2 in zip(*outs):
+        g(a, b, out=out1, stream=s1)
+        g(a_other, b, out=out2, stream=s2)
     cupy.cuda.Device().synchronize()
-    assert reference.relative_error(out1, ref) <= BOUND
-    assert reference.relative_error(out2, reference.reference(g.spec, a_other, b)) <= BOUND
+    assert all(reference.relative_error(out, ref) <= BOUND for out in outs[0])
+    assert all(reference.relative_error(out, ref_other) <= BOUND for out in outs[1])
 
 
 def test_torch_tensors_current_stream_and_out():

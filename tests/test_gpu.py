@@ -173,13 +173,14 @@ def test_tf32_mn_major_operands_are_transposed_for_the_hopper_kernel(layout):
 @pytest.mark.parametrize("m_build,n,k,epilogue", [(64, 4096, 7168, None), (17, 32, 65, None), (200, 1001, 1003, None),
                                                    (256, 7168, 2048, "bias+gelu"), (1, 2112, 7168, None),
                                                    (128, 4096, 7168, None)])
-def test_tf32_nn_b_transposed_in_the_kernel(m_build, n, k, epilogue):
+def test_tf32_nn_b_transposed_in_the_kernel(m_build, n, k, epilogue, config=None):
     """TF32 nn at small M: the Hopper kernel reads B as stored (K, N) and its converter warps transpose every stage
     in shared memory (sm90_tiles.sm90_trans_b): awkward sizes (N and K tails, N = 1001 whose rows are copied to 16-byte
-    pitches, split-K at M = 1 / 128: 128x96 x 3 converter warps over 4 stages, where a converter that skipped stages
-    once waited a phase behind and hung), every M from 1 to past the build's, a fused epilogue, sliced views, and a
-    CUDA graph captured after a first call, replayed on fresh inputs."""
-    g = dg.build(m_build, n, k, dtype="tf32", layout="nn", epilogue=epilogue)
+    pitches, split-K at M = 1 / 128), every M from 1 to past the build's, a fused epilogue, sliced views, and a
+    CUDA graph captured after a first call, replayed on fresh inputs. (128x96 over 4 stages, where a converter that
+    skipped stages once waited a phase behind and hung, is no longer the heuristic's pick at M = 128: forced in
+    test_tf32_nn_128x96_split_k_four_stages.)"""
+    g = dg.build(m_build, n, k, dtype="tf32", layout="nn", epilogue=epilogue, config=config)
     assert g.family == "sm90" and g.kernel_spec.layout == "nn" and g.config.block_n % 32 == 0, g.config.tag
     bias = reference.random_matrix((n,), "tf32") if epilogue else None
     kwargs = {"bias": bias} if epilogue else {}
@@ -206,6 +207,18 @@ def test_tf32_nn_b_transposed_in_the_kernel(m_build, n, k, epilogue):
         out = reference.poisoned((77, n), "tf32")
         graph, stream = capture_call(g, a, b, out)
         replay_with_fresh_a(graph, stream, g.spec, a, b, out, times=2, dtype="tf32")
+
+
+@pytest.mark.parametrize("m_build", [1, 128])
+def test_tf32_nn_128x96_split_k_four_stages(m_build):
+    """The converter-warp configuration that once hung (128x96, split-K, 4 stages), forced: the heuristic's picks for
+    this shape moved to 64x64 / 128x64 tiles, so the test above no longer ran it."""
+    from deepgemm_jit import config, sm90_rules
+    from deepgemm_jit.spec import GemmSpec
+
+    kspec = sm90_rules.kernel_spec(GemmSpec.create(4096, 7168, dtype="tf32", layout="nn"), "sm_90a", m_build)
+    cfg = config.sm90_config(kspec, 128, 96, 4, split_k=True)
+    test_tf32_nn_b_transposed_in_the_kernel(m_build, 4096, 7168, None, config=cfg)
 
 
 @pytest.mark.parametrize("dtype,layout", [("bf16", "nt"), ("fp16", "nn"), ("tf32", "nt")])
@@ -265,6 +278,10 @@ def test_staged_plans_replay_after_the_buffers_grew():
     check(g, 900)  # grows the staging buffers of a, d
     assert g._staging._sets.retired
     reference.poison(out)
+    # Same buffer, new values: the retired A buffer the kept plan was made with still holds the old A's copy, so with
+    # the old values a replay whose kernel read it without the copy-in (or the copy went to the grown buffer) passed.
+    a[...] = reference.random_matrix(a.shape, "bf16")
+    ref = reference.reference(g.spec, a, b)
     assert g(a, b, out=out) is out  # the kept plan
     assert reference.within_bound(reference.error(out, ref), "bf16")
 

@@ -404,6 +404,15 @@ def test_quant_ulp_distance():
     np.testing.assert_array_equal(reference.quant_ulp_distance(a, b, "fp8"), [0, 0, 2, 1, 1, 2])
     np.testing.assert_array_equal(reference.quant_ulp_distance(np.array([-127, 5], np.int8),
                                                                np.array([127, 4], np.int8), "int8"), [254, 1])
+    # NaN / Inf codes are no step from the largest finite ones (an unwritten 0xFF next to -448, a conversion that
+    # lost satfinite next to +448, E5M2's inf next to 57344); the same code is 0 apart (a NaN input's NaN)
+    far = reference.NON_FINITE_DISTANCE
+    np.testing.assert_array_equal(reference.quant_ulp_distance(np.array([0xFF, 0x7F, 0x7F, 0x7E], np.uint8),
+                                                               np.array([0xFE, 0x7E, 0x7F, 0x7F], np.uint8), "fp8"),
+                                  [far, far, 0, far])
+    np.testing.assert_array_equal(reference.quant_ulp_distance(np.array([0x7C, 0xFB], np.uint8),
+                                                               np.array([0x7B, 0xFB], np.uint8), "fp8_e5m2"),
+                                  [far, 0])
 
 
 # -- launches, with the GPU-touching pieces replaced -------------------------------------------------------------
