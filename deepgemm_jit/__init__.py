@@ -15,6 +15,30 @@ Importing the package touches no GPU and creates no directory.
 """
 __version__ = "0.1.0"
 
+import os as _os  # noqa: E402
+
+
+# The package modules that shape rendered kernels (render.py says which and why): render.source_digest hashes them
+# for the render index. Listed here so that their stat signatures can be taken
+# before any of them is imported (render.rendering_code_is_current).
+_RENDERING_MODULES = ("render.py", "spec.py", "config.py", "sm90_tiles.py", "epilogue.py", "dtypes.py", "jit.py")
+
+
+def _rendering_module_stats() -> dict:
+    """(device, inode, size, mtime_ns, ctime_ns) of each of _RENDERING_MODULES' files."""
+    from_dir = _os.path.dirname(_os.path.abspath(__file__))
+    stats = {}
+    for name in _RENDERING_MODULES:
+        try:
+            st = _os.stat(_os.path.join(from_dir, name))
+        except OSError:  # installed without its source: source_digest skips it too
+            continue
+        stats[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return stats
+
+
+_IMPORTED_RENDERING_MODULE_STATS = _rendering_module_stats()
+
 from .errors import (CacheCorruptionWarning, CacheUnavailableWarning, CompileError,  # noqa: E402
                      DeepGemmError, NoGPUError)
 from .api import Gemm, build, gemm  # noqa: E402

@@ -69,6 +69,8 @@ def _read_umask() -> int:
 
 _UMASK = _read_umask()
 TOUCH_INTERVAL_S = 24 * 3600
+# A temporary younger than this may be a write in progress in another process (clear leaves it alone).
+TMP_GRACE_S = 3600
 
 
 def _sha256(data: bytes) -> str:
@@ -138,8 +140,9 @@ class DiskCache:
         return self._dir(key) / f"{key}.json"
 
     # -- read -------------------------------------------------------------------
-    def load(self, key: str) -> CacheEntry | None:
-        """The entry, verified; None when absent. Corrupt entries are reported and removed."""
+    def load(self, key: str, *, repair: bool = True) -> CacheEntry | None:
+        """The entry, verified; None when absent. Corrupt entries are reported and removed with `repair` (only
+        under the key's lock: another process may have rebuilt the entry since this one read it), else a miss."""
         meta_path = self.meta_path(key)
         try:
             meta_bytes = meta_path.read_bytes()
@@ -152,12 +155,14 @@ class DiskCache:
             cubin = self.cubin_path(key).read_bytes()
             ok = (isinstance(meta, dict) and meta.get("key") == key
                   and meta.get("cubin_sha256") == _sha256(cubin) and meta.get("cubin_bytes") == len(cubin))
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, RecursionError) as exc:  # RecursionError: JSON nested past the limit
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         else:
             reason = "checksum mismatch"
         if ok:
             self._touch(meta_path)
+        elif not repair:
+            return None
         else:
             warnings.warn(f"deepgemm-jit: cache entry {key[:16]} in {self._dir(key)} is corrupt "
                           f"({reason}); removing it and rebuilding", CacheCorruptionWarning, stacklevel=3)
@@ -187,14 +192,37 @@ class DiskCache:
     def lock(self, key: str) -> Iterator[None]:
         lock_dir = self.root / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{key}.lock", "a+b") as f:
-            if fcntl is not None:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        path = lock_dir / f"{key}.lock"
+        while True:
+            f = open(path, "a+b")
+            if fcntl is None:
+                break
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            # The lock counts only while `path` still names the file we locked: prune may have unlinked it while we
+            # waited (another process then creates and locks a new file under the same name).
+            try:
+                held, now = os.fstat(f.fileno()), os.stat(path)
+                if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()  # (closing releases the flock)
+        with f:
             try:
                 yield
             finally:
                 if fcntl is not None:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _remove_lock_if_idle(self, path: Path) -> None:
+        """Unlink a lock file nobody holds, holding it meanwhile (lock() re-opens one unlinked under it)."""
+        with open(path, "a+b") as f:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # held: a kernel is being built under it
+            path.unlink()
 
     # -- management ---------------------------------------------------------------
     # -- render index -------------------------------------------------------------
@@ -224,7 +252,7 @@ class DiskCache:
         """The parsed JSON of memo `name`, or None (absent or unreadable; the caller checks its shape)."""
         try:
             return json.loads(self.files_memo_path(name).read_bytes())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
 
     def files_memo_put(self, name: str, memo: dict) -> None:
@@ -256,7 +284,7 @@ class DiskCache:
             try:
                 meta = json.loads(self.meta_path(key).read_bytes())
                 size = self.cubin_path(key).stat().st_size + self.meta_path(key).stat().st_size
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 continue
             if not isinstance(meta, dict) or meta.get("key") != key:
                 continue
@@ -278,11 +306,14 @@ class DiskCache:
                         kept += 1
             except FileNotFoundError:
                 continue
-        for pattern in ("kernels/*/.tmp-*", "locks/*.lock"):
-            for path in self.root.glob(pattern):
-                with contextlib.suppress(OSError):
-                    if path.stat().st_mtime < cutoff:
-                        path.unlink()
+        for path in self.root.glob("kernels/*/.tmp-*"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+        for path in self.root.glob("locks/*.lock"):  # a lock's mtime is its creation: old ones may be held now
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    self._remove_lock_if_idle(path)
         return removed, kept
 
     def clear(self) -> tuple[int, int]:
@@ -292,9 +323,10 @@ class DiskCache:
         gone = sum(self.remove(key) for key in keys)
         base = self.root / "kernels"
         if base.is_dir():
-            for tmp in base.glob("*/.tmp-*"):
+            for tmp in base.glob("*/.tmp-*"):  # stale ones only: a young one is another process's write in flight
                 with contextlib.suppress(OSError):
-                    tmp.unlink()
+                    if tmp.stat().st_mtime < time.time() - TMP_GRACE_S:
+                        tmp.unlink()
         for pattern in ("index/*/*", "sources/*"):  # the index would only point at removed keys; its memo too
             for path in self.root.glob(pattern):
                 with contextlib.suppress(OSError):
@@ -329,7 +361,11 @@ def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[by
     (offline mode).
     """
     if missing is not None:
-        entry = cache.load(key) if cache is not None else None
+        entry = cache.load(key, repair=False) if cache is not None else None
+        if entry is None and cache is not None:  # a corrupt entry is reported and removed under the lock
+            with contextlib.suppress(OSError):
+                with cache.lock(key):
+                    entry = cache.load(key)
         if entry is None:
             raise missing()
         return entry, False
@@ -341,7 +377,7 @@ def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[by
     if cache is None:
         return in_memory()
     try:
-        entry = cache.load(key)
+        entry = cache.load(key, repair=False)
         if entry is not None:
             return entry, False
         with cache.lock(key):

@@ -180,7 +180,7 @@ def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch
     # Render index: with `render_id` (the render context; `rendered` may then be a callable that renders), a
     # kernel this cache has seen rendered from the same files loads without rendering (cache.py's rules).
     render_digest = None
-    if render_id is not None and store is not None:
+    if render_id is not None and store is not None and render_mod.rendering_code_is_current():
         def digest() -> str:
             return hashlib.sha256(json.dumps(
                 [_INDEX_FORMAT, render_id, render_mod.source_digest(store), list(options), list(nvrtc_version),
@@ -188,7 +188,7 @@ def build_artifact(rendered: RenderedSource | Callable[[], RenderedSource], arch
 
         render_digest = digest()
         indexed = store.index_get(render_digest)
-        entry = store.load(indexed) if indexed is not None else None
+        entry = store.load(indexed, repair=False) if indexed is not None else None  # (repaired under the lock)
         if entry is not None and isinstance(entry.meta.get("entry"), str):
             if env.verbose():
                 print(f"deepgemm-jit: loaded {label} for {arch} from the cache", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import posixpath
 import re
 import time
 from dataclasses import dataclass
@@ -97,10 +98,33 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return _TemplateBytecodeCache(str(env.cache_dir() / "jinja"))
 
 
+class _Loader(jinja2.FileSystemLoader):
+    """FileSystemLoader whose up-to-date check is the file's whole stat signature (_stat_signature: device, inode,
+    size, mtime, ctime), not its mtime alone: an edit that puts mtime back (os.utime, cp -p, rsync -a, an archive)
+    or lands in the same timestamp tick must be rendered, else source_digest (which hashes the new file) would
+    index the old template's key for the new files. A template changed within _RACY_NS is reloaded every time."""
+
+    def get_source(self, environment, template):
+        # The file's signature is taken before super() reads it: an edit in between fails the next check.
+        pieces = jinja2.loaders.split_template_path(template)
+        paths = [posixpath.join(base, *pieces) for base in self.searchpath]
+        path = next((os.path.normpath(p) for p in paths if os.path.isfile(p)), None)
+        signature, settled = _stat_signature(path) if path is not None else (None, False)
+        source, filename, _ = super().get_source(environment, template)
+
+        def uptodate() -> bool:
+            try:
+                return settled and filename == path and _stat_signature(filename)[0] == signature
+            except OSError:
+                return False
+
+        return source, filename, uptodate
+
+
 @functools.lru_cache(maxsize=None)
 def _environment(root: str) -> jinja2.Environment:
     env_ = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(root),
+        loader=_Loader(root),
         bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -155,6 +179,9 @@ def collect_headers(source: str, include_root: Path) -> tuple[tuple[str, str], .
         name = pending.pop()
         if name in found:
             continue
+        if "/" in name[len("dgjit/"):]:  # source_digest (the render index) lists include/dgjit/ only, not below it
+            raise ValueError(f"kernel header {name!r}: headers sit directly in include/dgjit/ (source_digest does not "
+                             "cover subfolders, so edits there would not invalidate the render index)")
         path = include_root / name
         try:
             signature, settled = _stat_signature(str(path))
@@ -194,8 +221,20 @@ def _with_labels(paths: list[str]) -> tuple[tuple[str, str], ...]:
 # The package's modules whose code shapes a rendered source beyond the fields of the render context: the
 # filters here, the spec/config/epilogue properties templates read, dtype tables, the template choice, and the tile
 # arithmetic KernelConfig's methods take from sm90_tiles (threads, shared memory: stored beside each cubin).
-# source_digest skips any installed without its source.
-_RENDERING_MODULES = ("render.py", "spec.py", "config.py", "sm90_tiles.py", "epilogue.py", "dtypes.py", "jit.py")
+# source_digest skips any installed without its source. (The list lives in __init__, which stats the files before
+# importing them.)
+from . import _RENDERING_MODULES  # noqa: E402
+
+
+def rendering_code_is_current() -> bool:
+    """Whether the rendering modules' files are still those this process imported (the package's __init__ took
+    their stat signatures before importing them). source_digest hashes the files as they are now, the process
+    renders with the code it loaded: after an update under a running process (git pull, pip install -e) the
+    two differ, and indexing the old code's render under the new files' digest would hand that kernel to every
+    later process. The render index is then not used (jit.build_artifact): it renders and keys as always."""
+    from . import _IMPORTED_RENDERING_MODULE_STATS, _rendering_module_stats
+
+    return _rendering_module_stats() == _IMPORTED_RENDERING_MODULE_STATS
 
 # Per process: templates root -> (the files source_digest() covers, the template directories' settled stat
 # signatures taken before they were listed, or None), listed once: adding a file to the templates is not an

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -297,3 +298,128 @@ def test_damaged_template_bytecode_is_rendered_from_source(tmp_path, monkeypatch
         fresh = jinja2.bccache.Bucket(env, "key", "checksum")
         store.load_bytecode(fresh)   # must not raise
         assert fresh.code is None
+
+
+# -- review (session 61, helper 76): the machinery around the key ------------------------------------------------
+
+def test_render_index_is_not_used_once_the_rendering_code_changed_under_the_process(cache_dir, monkeypatch):
+    """A process renders with the modules it imported, source_digest hashes the files on disk: after an update under
+    a running process (git pull, pip install -e) it would index the old code's kernels under the new files' digest
+    for every later process. Such a process neither reads nor writes the index (it renders and keys as always)."""
+    key = _build_small().artifact.key
+    jit.clear_memo()
+    monkeypatch.setattr(dg, "_IMPORTED_RENDERING_MODULE_STATS", {"spec.py": "as imported"})
+    assert not render.rendering_code_is_current()
+    touched = []
+    monkeypatch.setattr(cache.DiskCache, "index_get", lambda self, digest: touched.append(digest))
+    monkeypatch.setattr(cache.DiskCache, "index_put", lambda self, digest, key: touched.append(digest))
+    g = _build_small()
+    assert g.artifact.key == key and not g.artifact.compiled_now and touched == []
+
+
+def test_a_template_edited_with_its_mtime_put_back_is_rendered_anew(tmp_path):
+    """Jinja2's FileSystemLoader reloads a template only when its mtime changed: an edit that puts it back (cp -p,
+    rsync -a, os.utime) rendered the old template while source_digest hashed the new one, and the render index
+    then filed the old kernel under the new files. render._Loader compares the whole stat signature."""
+    import jinja2
+
+    path = tmp_path / "t.j2"
+    path.write_text("old")
+    old = os.stat(path)
+    os.utime(path, ns=(old.st_atime_ns - 10**10, old.st_mtime_ns - 10**10))  # settled (past render._RACY_NS)
+    env_ = jinja2.Environment(loader=render._Loader(str(tmp_path)))
+    assert env_.get_template("t.j2").render() == "old"
+    settled = os.stat(path)
+    path.write_text("new")
+    os.utime(path, ns=(settled.st_atime_ns, settled.st_mtime_ns))  # mtime put back (ctime moves)
+    assert env_.get_template("t.j2").render() == "new"
+
+
+def test_headers_in_subfolders_are_refused(tmp_path):
+    """source_digest lists include/dgjit/ only: an edit in a subfolder would not invalidate the render index."""
+    (tmp_path / "dgjit" / "sub").mkdir(parents=True)
+    (tmp_path / "dgjit" / "sub" / "x.cuh").write_text("int x;")
+    with pytest.raises(ValueError, match="headers sit directly in include/dgjit/"):
+        render.collect_headers('#include "dgjit/sub/x.cuh"\n', tmp_path)
+
+
+def test_json_nested_past_the_recursion_limit_is_corrupt(tmp_path):
+    """json.loads raises RecursionError (not a ValueError) on deep nesting: a damaged entry crashed every build of
+    its kernel instead of being reported and rebuilt, and a damaged sources/ memo every GEMM build."""
+    store = cache.DiskCache(tmp_path)
+    key = "12" * 32
+    store.store(key, b"\x7fELF" + bytes(60), {"entry": "k"})
+    store.meta_path(key).write_bytes(b"[" * 5000)
+    with pytest.warns(CacheCorruptionWarning):
+        entry, built = cache.get_or_build(store, key, lambda: (b"\x7fELF" + bytes(61), {"entry": "k"}))
+    assert built and len(entry.cubin) == 65 and store.load(key) is not None
+    store.files_memo_path("m").parent.mkdir(parents=True, exist_ok=True)
+    store.files_memo_path("m").write_bytes(b'{"files": ' + b"[" * 5000)
+    assert store.files_memo_get("m") is None
+
+
+def test_a_corrupt_entry_is_removed_only_under_its_lock(tmp_path, monkeypatch):
+    """Removed outside the lock, a corrupt entry could be one another process had just rebuilt (compiled twice)."""
+    store = cache.DiskCache(tmp_path)
+    key = "34" * 32
+    store.store(key, b"\x7fELF" + bytes(60), {"entry": "k"})
+    store.cubin_path(key).write_bytes(b"truncated")
+    held = []
+    real_lock, real_remove = cache.DiskCache.lock, cache.DiskCache.remove
+
+    def lock(self, k):
+        held.append(True)
+        return real_lock(self, k)
+
+    monkeypatch.setattr(cache.DiskCache, "lock", lock)
+    monkeypatch.setattr(cache.DiskCache, "remove", lambda self, k: (held or pytest.fail("removed unlocked"),
+                                                                      real_remove(self, k))[1])
+    with pytest.warns(CacheCorruptionWarning):
+        entry, built = cache.get_or_build(store, key, lambda: (b"\x7fELF" + bytes(61), {"entry": "k"}))
+    assert built and held
+
+
+def test_clear_leaves_a_young_temporary_alone(tmp_path):
+    """A young .tmp- file may be another process's write in flight: clear removed it, and that process's rename
+    failed ("cache directory is not usable") and its kernel was not saved."""
+    store = cache.DiskCache(tmp_path)
+    store.store("56" * 32, b"\x7fELF" + bytes(60), {"entry": "k"})
+    young, old = (store.cubin_path("56" * 32).parent / name for name in (".tmp-young", ".tmp-old"))
+    young.write_bytes(b"x")
+    old.write_bytes(b"x")
+    past = time.time() - 2 * cache.TMP_GRACE_S
+    os.utime(old, (past, past))
+    store.clear()
+    assert young.exists() and not old.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_prune_keeps_a_held_lock_and_lock_survives_an_unlink(tmp_path):
+    """A lock file's mtime is its creation: prune unlinked old locks while held, and the next process locked a new
+    file under the same name, so two compiled one kernel at once. prune leaves held locks; a waiter whose file was
+    unlinked meanwhile locks the file that now has the name."""
+    import threading
+
+    store = cache.DiskCache(tmp_path)
+    key = "78" * 32
+    path = tmp_path / "locks" / f"{key}.lock"
+    with store.lock(key):
+        past = time.time() - 10 * 24 * 3600
+        os.utime(path, (past, past))
+        store.prune(24 * 3600)
+        assert path.exists()  # held: kept
+        seen = []
+        waiter = threading.Thread(target=lambda: seen.append(_locked_path_is_live(store, key, path)))
+        waiter.start()
+        time.sleep(0.2)
+        path.unlink()  # as an old prune did under a waiter
+    waiter.join(10)
+    assert seen == [True]
+    os.utime(path, (past, past))
+    store.prune(24 * 3600)
+    assert not path.exists()  # idle: pruned
+
+
+def _locked_path_is_live(store, key, path) -> bool:
+    with store.lock(key):
+        return path.exists()
