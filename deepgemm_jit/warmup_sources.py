@@ -115,8 +115,19 @@ class GemmType:
 
     def spec(self, n: int, k: int, out_dtype: str | None = None, layout: str = "nt", grouped: bool = False,
              epilogue: str | None = None) -> GemmSpec:
-        return GemmSpec.create(n, k, self.dtype, out_dtype, layout, b_dtype=self.b_dtype, scaling=self.scaling,
+        spec = GemmSpec.create(n, k, self.dtype, out_dtype, layout, b_dtype=self.b_dtype, scaling=self.scaling,
                                fast_accum=self.fast_accum, epilogue=epilogue, grouped=grouped)
+        return _grouped_checked(spec) if grouped else spec
+
+
+def _grouped_checked(spec: GemmSpec) -> GemmSpec:
+    """`spec` (grouped), refused as build_grouped refuses it (grouped.grouped_spec: K and D rows TMA cannot read or
+    store): warmup must not plan kernels no build_grouped call can use."""
+    from .grouped import grouped_spec
+
+    grouped_spec(spec.n, spec.k, spec.dtype, spec.out_dtype, epilogue=spec.epilogue, scaling=spec.scaling,
+                 b_dtype=spec.b_dtype)
+    return spec
 
 
 # -- M ranges -----------------------------------------------------------------------------------------
@@ -477,6 +488,8 @@ def _file_entry(item: object, where: str) -> WarmupEntry:
                                out_dtype=item.get("out_dtype"), layout=given.get("layout", "nt"),
                                b_dtype=given.get("b_dtype"), scaling=given.get("scaling"),
                                fast_accum=given.get("fast_accum", False), epilogue=epilogue, grouped=grouped)
+        if grouped:
+            _grouped_checked(spec)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
     return WarmupEntry(spec=spec, m_buckets=buckets, source=item.get("name") or where, num_groups=num_groups)

@@ -2,6 +2,7 @@
 compiles (CPU)."""
 import argparse
 import json
+import re
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -1182,3 +1183,15 @@ def test_warmup_does_not_count_a_memo_only_kernel_as_cached(tmp_path, monkeypatc
     assert not cache.default_cache().keys()
     assert "already cached 0" in summary.line("sm_90a") and "failed 1" in summary.line("sm_90a")
 
+
+
+@pytest.mark.parametrize("text,word", [
+    ("8:1-4096:4096:24:fp8/block", "K=24: grouped GEMMs read a and b through TMA"),
+    ("8:1-4096:24:4096:bf16:epilogue=quant_fp8_g128", "N=24: the output rows"),
+    ("8:64:16:4096:bf16:epilogue=swiglu+quant_fp8_g128", "N=16: the output rows"),
+])
+def test_grouped_entries_build_grouped_refuses_are_refused(text, word):
+    """Warmup planned (and compiled) grouped kernels for problems build_grouped refuses (TMA rows of K or of D not
+    whole 16-byte chunks): no call could ever use them (review, session 61)."""
+    with pytest.raises(ValueError, match=f"--grouped {re.escape(text)}: {word}"):
+        warmup.parse_grouped(text)
