@@ -430,6 +430,8 @@ def has_distinct_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> b
     >>> [has_distinct_elements((5, 3), strides) for strides in ((1, 8), (3, 1), (1, 2), (0, 1))]
     [True, True, False, False]
     """
+    if 0 in shape:  # no elements (CuPy and NumPy give zero-size arrays all-zero strides): none is addressed twice
+        return True
     extent = 1  # elements spanned by the dimensions seen so far, from offset 0
     for n, stride in sorted(((n, st) for n, st in zip(shape, strides) if n > 1), key=lambda d: d[1]):
         if stride < extent:

@@ -362,10 +362,14 @@ def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[by
     """
     if missing is not None:
         entry = cache.load(key, repair=False) if cache is not None else None
-        if entry is None and cache is not None:  # a corrupt entry is reported and removed under the lock
-            with contextlib.suppress(OSError):
-                with cache.lock(key):
+        if entry is None and cache is not None and cache.meta_path(key).exists():  # there but corrupt: a plain
+            try:                                                                  # miss writes nothing
+                with cache.lock(key):  # reported and removed under the lock
                     entry = cache.load(key)
+            except OSError:  # a read-only cache (the usual offline deployment): reported all the same, left in place
+                warnings.warn(f"deepgemm-jit: cache entry {key[:16]} in {cache.root} is corrupt (and cannot be "
+                              "removed here): rebuild it with deepgemm-jit warmup", CacheCorruptionWarning,
+                              stacklevel=3)
         if entry is None:
             raise missing()
         return entry, False

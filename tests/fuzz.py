@@ -486,9 +486,13 @@ def check_group_scales(case, scales, value, bound: float, what: str) -> None:
 
     _, ref_scales = reference.quantize_reference(value.astype(cupy.float32), "fp8_e4m3", "group128")
     s, s_ref = scales.astype(cupy.float64), ref_scales.astype(cupy.float64)
-    rel = cupy.abs(s - s_ref) / s_ref
-    worst = float(rel.max()) if rel.size else 0.0
-    assert worst <= bound, what.format(f"group scales off by {worst:.2e} (relative) -- {case.describe()}")
+    # The amax element may miss by what check_close lets any element miss (bound x the output's rms), which is no
+    # small part of a tiny amax: a last group of one or two columns, whose values may all be near zero.
+    tol = bound * s_ref + bound * _rms(value) / dtypes.QUANT_MAX["fp8_e4m3"]
+    over = cupy.abs(s - s_ref) - tol
+    if over.size and float(over.max()) > 0:
+        worst = float((cupy.abs(s - s_ref) / s_ref).max())
+        raise AssertionError(what.format(f"group scales off by {worst:.2e} (relative) -- {case.describe()}"))
 
 
 def as_bytes(x):

@@ -423,3 +423,19 @@ def test_prune_keeps_a_held_lock_and_lock_survives_an_unlink(tmp_path):
 def _locked_path_is_live(store, key, path) -> bool:
     with store.lock(key):
         return path.exists()
+
+
+def test_offline_reports_a_corrupt_entry_it_cannot_lock_and_a_miss_writes_nothing(tmp_path):
+    """Offline (get_or_build with `missing`): a corrupt entry in a cache whose lock cannot be taken (read-only) is
+    still reported, not only "not cached"; an absent entry leaves no lock file behind."""
+    store = cache.DiskCache(tmp_path)
+    key = "9a" * 32
+    store.store(key, b"\x7fELF" + bytes(60), {"entry": "k"})
+    store.cubin_path(key).write_bytes(b"truncated")
+    (tmp_path / "locks").write_text("not a folder")  # lock() fails with an OSError, as on a read-only cache
+    with pytest.warns(CacheCorruptionWarning), pytest.raises(LookupError):
+        cache.get_or_build(store, key, lambda: pytest.fail("built offline"), missing=lambda: LookupError("missing"))
+    other = cache.DiskCache(tmp_path / "other")
+    with pytest.raises(LookupError):
+        cache.get_or_build(other, "9b" * 32, lambda: pytest.fail("built offline"), missing=lambda: LookupError("x"))
+    assert not (tmp_path / "other").exists()

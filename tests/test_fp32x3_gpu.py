@@ -302,7 +302,15 @@ def test_stream_ordering_cupy():
     a_other = stored((m, k), rng)
     ref_other = reference.reference(g.spec, a_other, b)
     outs = [[reference.poisoned((m, n), "fp32") for _ in range(8)] for _ in range(2)]
+    # A first call on a stream sizes that stream's split-K workspace (the TF32 Gemm splits K at M = 512) and
+    # synchronises the stream: made behind the gate, it would wait the spin out on the host and open the gate
+    # before the other calls were queued. One call per stream first, so that the gated calls allocate nothing.
+    for s in (s1, s2):
+        g(a, b, out=reference.poisoned((m, n), "fp32"), stream=s)
     cupy.cuda.Device().synchronize()
+    from deepgemm_jit.stream_buffers import stream_key
+    owners = {owner for _, owner, _ in g.gemm._split_workspace.held()}
+    assert {stream_key(s1.ptr), stream_key(s2.ptr)} <= owners  # a workspace per stream: what the calls keep apart
     spin(gate, 0.05)
     opened = gate.record()
     s1.wait_event(opened)
