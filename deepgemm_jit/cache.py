@@ -197,15 +197,18 @@ class DiskCache:
             f = open(path, "a+b")
             if fcntl is None:
                 break
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            # The lock counts only while `path` still names the file we locked: prune may have unlinked it while we
-            # waited (another process then creates and locks a new file under the same name).
             try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                # The lock counts only while `path` still names the file we locked: prune may have unlinked it while
+                # we waited (another process then creates and locks a new file under the same name).
                 held, now = os.fstat(f.fileno()), os.stat(path)
                 if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
                     break
             except FileNotFoundError:
                 pass
+            except BaseException:  # ENOLCK (some network file systems), an interrupt while waiting: not leaked
+                f.close()
+                raise
             f.close()  # (closing releases the flock)
         with f:
             try:
@@ -216,7 +219,7 @@ class DiskCache:
 
     def _remove_lock_if_idle(self, path: Path) -> None:
         """Unlink a lock file nobody holds, holding it meanwhile (lock() re-opens one unlinked under it)."""
-        with open(path, "a+b") as f:
+        with open(path, "rb") as f:  # (read-only: another user's lock can be pruned; a vanished one is not made)
             if fcntl is not None:
                 try:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -533,7 +533,7 @@ def _quantize_outputs(out, kind: str, q_name: str, granularity: str, shape: tupl
         layout = _placed(layout, scales, "out[1]", kind, device_id)
         q_ptr, q_bytes = _pointer(q, "out[0]", kind, device_id)
         spans = {"out[0]": (q_ptr, q_bytes), "out[1]": _span(layout)}
-    if q_ptr % 16:  # the kernel stores whole 4- or 8-byte chunks of q where K allows (quantize.cuh, store_chunk)
+    if q_ptr % 16 and m:  # the kernel stores whole 4- or 8-byte chunks of q where K allows (quantize.cuh, store_chunk)
         raise ValueError(f"out[0] data pointer 0x{q_ptr:x} is not 16-byte aligned")
     return q, scales, q_ptr, layout, spans
 
