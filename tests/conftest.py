@@ -1,6 +1,6 @@
 import pytest
 
-from deepgemm_jit import arrays, device, jit
+from deepgemm_jit import arrays, device, grouped, jit, quantization
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,9 +25,17 @@ def cache_dir(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("DEEPGEMM_JIT_CACHE_DIR", str(root))
     monkeypatch.delenv("DEEPGEMM_JIT_DISABLE_DISK_CACHE", raising=False)
-    jit.clear_memo()
+    _clear_process_memos()
     yield root
+    _clear_process_memos()
+
+
+def _clear_process_memos():
+    # Every in-process memo, not only the GEMM one: a kernel another test built while the cache pointed elsewhere
+    # would otherwise count as "in this process's memory only" here (warmup then reports it as not on disk).
     jit.clear_memo()
+    grouped._segments_memo.clear()
+    quantization.clear_memo()
 
 
 @pytest.fixture(scope="session")
