@@ -674,9 +674,10 @@ struct GemmSm90 {
 
   // M / N index of box j of an MN-major stage from mn0 (a multiple of 64, inside the tensor) in an operand of
   // `extent` M / N indices. A box that would lie wholly past the tensor (the last tile's boxes beyond its rows)
-  // loads the tensor's last box instead: then no TMA load is entirely out of bounds (the nt kernel never issues one,
-  // so only partial boxes' zero fill is proven on hardware), and what it loads sits in rows / columns of the tile
-  // that no output element depends on (D[i][j] reads A row i and B column j only; those are never stored).
+  // loads the tensor's last box instead (written when only partial boxes' zero fill had been seen on hardware; the
+  // K-major cluster ranks past N now issue wholly out-of-bounds boxes, zero-filled, GPU-tested in session 59). What
+  // it loads sits in rows / columns of the tile that no output element depends on (D[i][j] reads A row i and B
+  // column j only; those are never stored).
   static DGJIT_DEVICE constexpr int32_t mn_box_col(int32_t mn0, uint32_t j, uint32_t extent) {
     const int32_t col = mn0 + static_cast<int32_t>(j * kMnBlockElems);
     const int32_t last = static_cast<int32_t>((extent - 1) / kMnBlockElems * kMnBlockElems);

@@ -110,7 +110,8 @@ DGJIT_DEVICE void group_rows(const GroupArgs& ga, uint32_t m, uint32_t g, uint32
 // tiles, one M block by kClusterN adjacent N blocks, taken by cluster c = b / kClusterN at units c, c + clusters,
 // ...; the CTA of rank r takes N block kClusterN * n + r of cluster tile n, so every CTA of a cluster walks as many
 // tiles as the others, in step. Where kClusterN does not divide the N blocks, the last cluster tile's ranks past
-// them get N blocks past N (their loads are zero-filled, nothing of them is stored).
+// them get N blocks past N (nothing of them is stored; K-major B boxes there lie wholly outside the tensor and are
+// zero-filled, MN-major B loads GemmSm90::mn_box_col's clamped last box, which no stored element reads).
 template <uint32_t kBlockM, uint32_t kNumNBlocks, uint32_t kGroupM, uint32_t kNumKBlocks, uint32_t kClusterN = 1>
 struct TileScheduler {
   static constexpr uint32_t kWalkNBlocks = (kNumNBlocks + kClusterN - 1) / kClusterN;
