@@ -83,7 +83,7 @@ def unfused_epilogue(epilogue: str) -> str:
 def _bitwise_equal(got, want) -> bool:
     import cupy
 
-    bits = {1: cupy.uint8, 4: cupy.uint32}[got.dtype.itemsize]  # same width: any strides view
+    bits = {1: cupy.uint8, 2: cupy.uint16, 4: cupy.uint32}[got.dtype.itemsize]  # same width: any strides view
     return bool(cupy.array_equal(got.view(bits), want.view(bits)))
 
 

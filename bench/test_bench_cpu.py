@@ -967,6 +967,21 @@ def test_quant_epilogue_rows_and_unfused_pair(capsys):
     assert any(cfg is None and getattr(spec, "granularity", "") == "group128" for spec, cfg in work)
 
 
+def test_quant_epilogue_bitwise_equal_takes_every_checked_width(monkeypatch):
+    """The post-timing checks compare q (1 byte), the scales (4) and the plain GEMM's BF16 D (2): a width missing
+    from _bitwise_equal's table was a KeyError that turned every checked row into an error after its timing."""
+    import cupy
+    import ml_dtypes
+    import numpy as np
+
+    from bench import quant_epilogue as qe
+
+    monkeypatch.setattr(cupy, "array_equal", np.array_equal)  # NumPy stand-ins: no GPU here
+    for dtype in (np.uint8, ml_dtypes.bfloat16, np.float32):
+        x = np.arange(6).astype(dtype).reshape(2, 3)
+        assert qe._bitwise_equal(x, x.copy()) and not qe._bitwise_equal(x, x[::-1].copy()), dtype
+
+
 def test_quant_epilogue_markdown_and_geomeans():
     from bench import quant_epilogue as qe
 
