@@ -219,13 +219,25 @@ class DiskCache:
 
     def _remove_lock_if_idle(self, path: Path) -> None:
         """Unlink a lock file nobody holds, holding it meanwhile (lock() re-opens one unlinked under it)."""
-        with open(path, "rb") as f:  # (read-only: another user's lock can be pruned; a vanished one is not made)
+        try:  # r+ (a vanished one is not made): NFS emulates flock with fcntl locks, whose exclusive kind needs a
+            f = open(path, "r+b")  # file open for writing (EBADF on a read-only one: no lock was ever pruned there)
+        except PermissionError:  # another user's lock: read-only (a local flock takes that)
+            f = open(path, "rb")
+        with f:
             if fcntl is not None:
                 try:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     return  # held: a kernel is being built under it
-            path.unlink()
+            # Only while `path` still names the file locked here: another prune may have unlinked it meanwhile,
+            # and a build then locked a new file under the same name (it holds that one, not this).
+            held = os.fstat(f.fileno())
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                return  # the other prune's unlink, and no build since
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                path.unlink()
 
     # -- management ---------------------------------------------------------------
     # -- render index -------------------------------------------------------------
@@ -356,6 +368,15 @@ def _warn_unavailable(root: Path, exc: OSError) -> None:
                   CacheUnavailableWarning, stacklevel=4)
 
 
+def _readable(path: Path) -> bool:
+    """Whether `path` exists and this process may read it."""
+    try:
+        path.read_bytes()
+    except OSError:
+        return False
+    return True
+
+
 def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[bytes, dict]],
                  missing: Callable[[], Exception] | None = None) -> tuple[CacheEntry, bool]:
     """(entry, compiled_now): from disk if present, else built once across processes.
@@ -365,8 +386,9 @@ def get_or_build(cache: DiskCache | None, key: str, build: Callable[[], tuple[by
     """
     if missing is not None:
         entry = cache.load(key, repair=False) if cache is not None else None
-        if entry is None and cache is not None and cache.meta_path(key).exists():  # there but corrupt: a plain
-            try:                                                                  # miss writes nothing
+        # There but corrupt (a plain miss, or an entry this process may not read, is no corruption and writes nothing):
+        if entry is None and cache is not None and _readable(cache.meta_path(key)):
+            try:
                 with cache.lock(key):  # reported and removed under the lock
                     entry = cache.load(key)
             except OSError:  # a read-only cache (the usual offline deployment): reported all the same, left in place

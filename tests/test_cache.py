@@ -48,6 +48,28 @@ def test_entries_are_readable_by_other_users_and_unreadable_ones_are_misses(tmp_
     assert blocked.load(key) is None
 
 
+def test_offline_an_entry_it_may_not_read_is_a_miss_not_corruption(tmp_path, monkeypatch):
+    """Offline, on a read-only cache, an intact entry this process may not read (another user's 0600 files) was
+    reported as corrupt ("rebuild it with deepgemm-jit warmup"): it is a miss, as load() says."""
+    store = cache.DiskCache(tmp_path)
+    key = "ac" * 32
+    store.store(key, b"\x7fELF" + bytes(60), {"entry": "k"})
+    (tmp_path / "locks").write_text("not a folder")  # lock() fails with an OSError, as on a read-only cache
+    real = type(store.meta_path(key)).read_bytes
+
+    def read_bytes(path):
+        if path.suffix == ".json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(type(store.meta_path(key)), "read_bytes", read_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheCorruptionWarning)
+        with pytest.raises(LookupError):
+            cache.get_or_build(store, key, lambda: pytest.fail("built offline"),
+                               missing=lambda: LookupError("missing"))
+
+
 def test_second_build_hits_disk(cache_dir):
     g1 = _build_small()
     assert g1.artifact.compiled_now
@@ -428,6 +450,32 @@ def _locked_path_is_live(store, key, path) -> bool:
         return path.exists()
 
 
+def test_prune_removes_idle_locks_where_flock_needs_a_writable_file(tmp_path, monkeypatch):
+    """On NFS, flock is emulated with fcntl byte-range locks, and an exclusive one needs the file open for writing
+    (flock(2)): prune opened lock files read-only, its LOCK_EX failed with EBADF (suppressed), and no lock file was
+    ever pruned there."""
+    import errno
+
+    fcntl = pytest.importorskip("fcntl")
+    store = cache.DiskCache(tmp_path)
+    key = "6d" * 32
+    path = tmp_path / "locks" / f"{key}.lock"
+    with store.lock(key):
+        pass
+    past = time.time() - 10 * 24 * 3600
+    os.utime(path, (past, past))
+    real_flock = fcntl.flock
+
+    def nfs_flock(fd, op):
+        if op & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(cache.fcntl, "flock", nfs_flock)
+    store.prune(24 * 3600)
+    assert not path.exists()
+
+
 def test_offline_reports_a_corrupt_entry_it_cannot_lock_and_a_miss_writes_nothing(tmp_path):
     """Offline (get_or_build with `missing`): a corrupt entry in a cache whose lock cannot be taken (read-only) is
     still reported, not only "not cached"; an absent entry leaves no lock file behind."""
@@ -442,3 +490,36 @@ def test_offline_reports_a_corrupt_entry_it_cannot_lock_and_a_miss_writes_nothin
     with pytest.raises(LookupError):
         cache.get_or_build(other, "9b" * 32, lambda: pytest.fail("built offline"), missing=lambda: LookupError("x"))
     assert not (tmp_path / "other").exists()
+
+
+def test_prune_leaves_the_lock_file_that_replaced_the_one_it_locked(tmp_path, monkeypatch):
+    """Two prunes at once: the second opened an old idle lock file, the first unlinked it, and a build locked a new
+    file under the name; the second then took the (now nameless) old file's lock and unlinked the name, i.e. the held
+    lock, so a third process locked yet another file and built the same kernel concurrently. A prune unlinks a lock
+    file only while the name still points at the file it locked."""
+    fcntl = pytest.importorskip("fcntl")
+    store = cache.DiskCache(tmp_path)
+    key = "5c" * 32
+    path = tmp_path / "locks" / f"{key}.lock"
+    with store.lock(key):
+        pass
+    past = time.time() - 10 * 24 * 3600
+    os.utime(path, (past, past))
+    real_flock, builds = fcntl.flock, []
+
+    def flock(fd, op):
+        if op & fcntl.LOCK_NB and not builds:  # the prune has opened the old file; meanwhile:
+            path.unlink()  # another prune unlinks it
+            builds.append(store.lock(key))  # and a build locks a new file under the name
+            builds[0].__enter__()
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(cache.fcntl, "flock", flock)
+    store.prune(24 * 3600)
+    monkeypatch.setattr(cache.fcntl, "flock", real_flock)
+    try:
+        assert builds and path.exists()  # the build's lock file is still the one the name points at
+        with open(path, "rb") as f, pytest.raises(BlockingIOError):
+            real_flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # and it is held: the next build waits
+    finally:
+        builds[0].__exit__(None, None, None)
