@@ -1,8 +1,8 @@
 """Experiment (GPU): template trees A/B on any recipe the fuzz knows (INT8 row-scaled, quantize-on-store, ...),
 each tree's call checked by the fuzz's own check, then all timed interleaved in one process (L2 flushed, medians).
 
-    python3 scripts/exp_ab_fuzz.py --tree NAME=DIR [--tree ...] --cases RECIPE:LAYOUT:MxNxK[:EPILOGUE[:OUT]],...
-                                   [--reps 30] [--out DIR]
+    python3 -m scripts.exp_ab_fuzz --tree NAME=DIR [--tree ...] --cases RECIPE:LAYOUT:MxNxK[:EPILOGUE[:OUT]],...
+                                   [--reps 30] [--out DIR]   # from the repo root
 
 RECIPE is a tests/fuzz.py recipe (int8_row, fp8_block, bf16, ...); "base" is the checkout's templates. The operands
 are made once per case (fuzz._prepare: fresh random values, out= poisoned) and every tree's kernel runs on them:
@@ -12,18 +12,12 @@ trees' outputs compared bit for bit. scripts/exp_ab_templates.py does the same f
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from scripts.exp_ab_templates import _use_tree  # the tree switch both A/B scripts share
+
 sys.path.insert(0, "tests")
-
-
-def _use_tree(tdir: str | None) -> None:
-    if tdir is None:
-        os.environ.pop("DEEPGEMM_JIT_TEMPLATES_DIR", None)
-    else:
-        os.environ["DEEPGEMM_JIT_TEMPLATES_DIR"] = tdir
 
 
 def _case(text: str):

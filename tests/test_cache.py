@@ -450,6 +450,16 @@ def _locked_path_is_live(store, key, path) -> bool:
         return path.exists()
 
 
+def _idle_lock_file(store, key):
+    """The lock file of `key`, made by a finished build and aged past any prune's idle limit (10 days)."""
+    with store.lock(key):
+        pass
+    path = store.root / "locks" / f"{key}.lock"
+    past = time.time() - 10 * 24 * 3600
+    os.utime(path, (past, past))
+    return path
+
+
 def test_prune_removes_idle_locks_where_flock_needs_a_writable_file(tmp_path, monkeypatch):
     """On NFS, flock is emulated with fcntl byte-range locks, and an exclusive one needs the file open for writing
     (flock(2)): prune opened lock files read-only, its LOCK_EX failed with EBADF (suppressed), and no lock file was
@@ -457,13 +467,8 @@ def test_prune_removes_idle_locks_where_flock_needs_a_writable_file(tmp_path, mo
     import errno
 
     fcntl = pytest.importorskip("fcntl")
-    store = cache.DiskCache(tmp_path)
-    key = "6d" * 32
-    path = tmp_path / "locks" / f"{key}.lock"
-    with store.lock(key):
-        pass
-    past = time.time() - 10 * 24 * 3600
-    os.utime(path, (past, past))
+    store, key = cache.DiskCache(tmp_path), "6d" * 32
+    path = _idle_lock_file(store, key)
     real_flock = fcntl.flock
 
     def nfs_flock(fd, op):
@@ -498,13 +503,8 @@ def test_prune_leaves_the_lock_file_that_replaced_the_one_it_locked(tmp_path, mo
     lock, so a third process locked yet another file and built the same kernel concurrently. A prune unlinks a lock
     file only while the name still points at the file it locked."""
     fcntl = pytest.importorskip("fcntl")
-    store = cache.DiskCache(tmp_path)
-    key = "5c" * 32
-    path = tmp_path / "locks" / f"{key}.lock"
-    with store.lock(key):
-        pass
-    past = time.time() - 10 * 24 * 3600
-    os.utime(path, (past, past))
+    store, key = cache.DiskCache(tmp_path), "5c" * 32
+    path = _idle_lock_file(store, key)
     real_flock, builds = fcntl.flock, []
 
     def flock(fd, op):
